@@ -1,0 +1,15 @@
+"""Defaults that come from the environment, in one place."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+
+def data_home() -> Path:
+    return Path(os.environ.get("XDG_DATA_HOME") or Path.home() / ".local" / "share") / "k3artifacts"
+
+
+def default_store_url() -> str:
+    """``K3A_STORE`` or the embedded default: a local tree under the user's data directory."""
+    return os.environ.get("K3A_STORE") or f"file://{data_home() / 'store'}"

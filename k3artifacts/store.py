@@ -1,0 +1,332 @@
+"""Where releases live: one interface, a POSIX tree (local disk or an FSx mount) or S3.
+
+Two kinds of content share one key space (see DESIGN.md, Storage):
+
+* revisions: ``models/<org>/<name>/<commit>/...``, large, written once through a
+  :class:`RevisionWriter` and visible only once complete (``.k3a/manifest.json`` exists);
+* small records: tuples, channel pointers, history. Written with :meth:`Store.create`
+  (exclusive: never overwrites) or :meth:`Store.replace` (compare-and-swap on a version token).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import hashlib
+import os
+import shutil
+import stat
+import tempfile
+from abc import ABC, abstractmethod
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO
+from urllib.parse import unquote, urlparse
+
+from .errors import AlreadyExists, ConfigError, Conflict, NotFound
+from .manifest import META_DIR, FileRecord, ShardManifest, manifest_key, revision_prefix
+
+READ_ONLY_FILE = stat.S_IRUSR | stat.S_IRGRP | stat.S_IROTH
+READ_ONLY_DIR = READ_ONLY_FILE | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH
+
+
+@dataclass(frozen=True)
+class Versioned:
+    data: bytes
+    #: Opaque version of ``data``: pass it back to :meth:`Store.replace` to compare-and-swap.
+    token: str
+
+
+class RevisionWriter(ABC):
+    """Accumulates one revision's files; nothing is visible to readers until :meth:`commit`."""
+
+    @abstractmethod
+    def put_file(self, record: FileRecord, local_path: Path) -> None:
+        """Add a verified file. ``local_path`` is left in place (the caller owns quarantine)."""
+
+    @abstractmethod
+    def commit(self, manifest: ShardManifest) -> None:
+        """Make the revision visible, manifest last. Idempotent for an identical manifest."""
+
+    @abstractmethod
+    def abort(self) -> None:
+        """Drop whatever was written; readers never saw any of it."""
+
+
+class Store(ABC):
+    url: str
+
+    # ---- small records -------------------------------------------------------------------
+    @abstractmethod
+    def read(self, key: str) -> Versioned | None: ...
+
+    @abstractmethod
+    def create(self, key: str, data: bytes) -> None:
+        """Write ``key`` only if absent; raise :class:`AlreadyExists` otherwise."""
+
+    @abstractmethod
+    def replace(self, key: str, data: bytes, expected: str | None) -> str:
+        """Compare-and-swap: write ``key`` only if its token is ``expected`` (None: absent).
+
+        Returns the new token; raises :class:`Conflict` when another writer got there first.
+        """
+
+    @abstractmethod
+    def list_keys(self, prefix: str) -> list[str]:
+        """Every key under ``prefix`` (a folder-like prefix ending in ``/``), sorted."""
+
+    # ---- revisions -----------------------------------------------------------------------
+    @abstractmethod
+    def begin_revision(self, repo_id: str, commit: str) -> RevisionWriter: ...
+
+    @abstractmethod
+    def open_read(self, key: str) -> BinaryIO:
+        """A streaming reader of a stored object; raises :class:`NotFound`."""
+
+    @abstractmethod
+    def delete_revision(self, repo_id: str, commit: str) -> None:
+        """Remove a published revision (an admin action, e.g. retention)."""
+
+    def local_path(self, key: str) -> Path | None:
+        """The POSIX path of ``key`` when the store is a mounted tree, else None."""
+        return None
+
+    def read_manifest(self, repo_id: str, commit: str) -> ShardManifest | None:
+        found = self.read(manifest_key(repo_id, commit))
+        return None if found is None else ShardManifest.parse(found.data)
+
+    def list_revisions(self, repo_id: str) -> list[str]:
+        """Commits of ``repo_id`` that are published (their manifest exists)."""
+        suffix = f"/{META_DIR}/manifest.json"
+        prefix = f"models/{repo_id}/"
+        return sorted(
+            key[len(prefix) : -len(suffix)]
+            for key in self.list_keys(prefix)
+            if key.endswith(suffix) and "/" not in key[len(prefix) : -len(suffix)]
+        )
+
+    def location(self, repo_id: str, commit: str) -> str:
+        """Where a server reads this revision from: a path or an ``s3://`` URL."""
+        return f"{self.url.rstrip('/')}/{revision_prefix(repo_id, commit)}"
+
+
+def _token(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _write_durable(path: Path, data: bytes) -> None:
+    with open(path, "wb") as fh:
+        fh.write(data)
+        fh.flush()
+        os.fsync(fh.fileno())
+
+
+def _make_writable(root: Path) -> None:
+    """Published trees are read-only; deleting or rebuilding one needs write bits back."""
+    for dirpath, dirnames, _ in os.walk(root):
+        os.chmod(dirpath, 0o755)
+        for name in dirnames:
+            os.chmod(os.path.join(dirpath, name), 0o755)
+
+
+class FileStore(Store):
+    """A POSIX tree: the embedded default and an FSx for Lustre mount.
+
+    Atomicity comes from rename: a revision is assembled in a hidden sibling directory and
+    renamed into place; records are written to a temporary file and linked (exclusive create)
+    or renamed under a lock (compare-and-swap).
+    """
+
+    def __init__(self, root: Path):
+        self.root = Path(root).absolute()
+        self.url = f"file://{self.root}"
+
+    def _path(self, key: str) -> Path:
+        parts = key.split("/")
+        if key.startswith("/") or any(p in ("", ".", "..") for p in parts):
+            raise ConfigError(f"invalid store key {key!r}")
+        return self.root.joinpath(*parts)
+
+    def local_path(self, key: str) -> Path:
+        return self._path(key)
+
+    def read(self, key: str) -> Versioned | None:
+        try:
+            data = self._path(key).read_bytes()
+        except FileNotFoundError:
+            return None
+        return Versioned(data, _token(data))
+
+    def _tmp_sibling(self, path: Path) -> Path:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        os.close(fd)
+        return Path(name)
+
+    def create(self, key: str, data: bytes) -> None:
+        path = self._path(key)
+        tmp = self._tmp_sibling(path)
+        try:
+            _write_durable(tmp, data)
+            os.chmod(tmp, READ_ONLY_FILE)
+            try:
+                # link() fails if the name exists: exclusive create of a complete file.
+                os.link(tmp, path)
+            except FileExistsError:
+                raise AlreadyExists(key) from None
+            _fsync_dir(path.parent)
+        finally:
+            tmp.unlink(missing_ok=True)
+
+    @contextlib.contextmanager
+    def _locked(self, path: Path) -> Iterator[None]:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path.parent / f".{path.name}.lock", "a+b") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(lock, fcntl.LOCK_UN)
+
+    def replace(self, key: str, data: bytes, expected: str | None) -> str:
+        path = self._path(key)
+        with self._locked(path):
+            current = self.read(key)
+            current_token = None if current is None else current.token
+            if current_token != expected:
+                raise Conflict(
+                    f"{key} changed under us (expected version {expected}, found {current_token})"
+                )
+            tmp = self._tmp_sibling(path)
+            try:
+                _write_durable(tmp, data)
+                os.replace(tmp, path)
+                _fsync_dir(path.parent)
+            finally:
+                tmp.unlink(missing_ok=True)
+        return _token(data)
+
+    def list_keys(self, prefix: str) -> list[str]:
+        base = self.root / prefix if prefix else self.root
+        if not base.is_dir():
+            return []
+        keys = []
+        for dirpath, dirnames, filenames in os.walk(base):
+            # Hidden entries are in-progress revisions, temp files and locks, never content.
+            dirnames[:] = [d for d in dirnames if not d.startswith(".") or d == META_DIR]
+            rel = Path(dirpath).relative_to(self.root).as_posix()
+            for name in filenames:
+                if not name.startswith("."):
+                    keys.append(name if rel == "." else f"{rel}/{name}")
+        return sorted(keys)
+
+    def open_read(self, key: str) -> BinaryIO:
+        try:
+            return open(self._path(key), "rb")
+        except FileNotFoundError:
+            raise NotFound(f"{key} is not in {self.url}") from None
+
+    def begin_revision(self, repo_id: str, commit: str) -> RevisionWriter:
+        return _FileRevisionWriter(self, repo_id, commit)
+
+    def delete_revision(self, repo_id: str, commit: str) -> None:
+        target = self._path(revision_prefix(repo_id, commit))
+        if not target.exists():
+            raise NotFound(f"{repo_id}@{commit} is not in {self.url}")
+        # Rename first so readers see the revision vanish whole, then delete at leisure.
+        doomed = target.with_name(f".deleting-{commit}-{os.getpid()}")
+        os.rename(target, doomed)
+        _make_writable(doomed)
+        shutil.rmtree(doomed)
+
+
+class _FileRevisionWriter(RevisionWriter):
+    def __init__(self, store: FileStore, repo_id: str, commit: str):
+        self.store = store
+        self.final = store._path(revision_prefix(repo_id, commit))
+        self.work = self.final.with_name(f".staging-{commit}")
+        if self.work.exists():
+            # Left by a crashed run: its files are rebuilt from quarantine, which still has them.
+            _make_writable(self.work)
+            shutil.rmtree(self.work)
+        self.work.mkdir(parents=True)
+
+    def put_file(self, record: FileRecord, local_path: Path) -> None:
+        dest = self.work.joinpath(*record.path.split("/"))
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            # Same file system (quarantine under the store root): no byte is read again.
+            os.link(local_path, dest)
+        except OSError as exc:
+            if exc.errno not in (errno.EXDEV, errno.EPERM, errno.EMLINK):
+                raise
+            shutil.copyfile(local_path, dest)
+        os.chmod(dest, READ_ONLY_FILE)
+
+    def commit(self, manifest: ShardManifest) -> None:
+        meta = self.work / META_DIR
+        meta.mkdir(exist_ok=True)
+        _write_durable(meta / "manifest.json", manifest.canonical())
+        for dirpath, dirnames, filenames in os.walk(self.work, topdown=False):
+            for name in filenames:
+                path = os.path.join(dirpath, name)
+                os.chmod(path, READ_ONLY_FILE)
+                fd = os.open(path, os.O_RDONLY)
+                try:
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
+            os.chmod(dirpath, READ_ONLY_DIR)
+        # The revision directory itself stays writable by its owner so that rename works;
+        # everything inside is read-only.
+        os.chmod(self.work, 0o755)
+        try:
+            os.rename(self.work, self.final)
+        except OSError as exc:
+            if exc.errno not in (errno.ENOTEMPTY, errno.EEXIST):
+                raise
+            existing = self.store.read_manifest(manifest.repo_id, manifest.commit)
+            self.abort()
+            if existing is None or existing.digest() != manifest.digest():
+                raise Conflict(
+                    f"{self.final} exists with a different manifest; refusing to overwrite"
+                ) from None
+            return
+        _fsync_dir(self.final.parent)
+
+    def abort(self) -> None:
+        if self.work.exists():
+            _make_writable(self.work)
+            shutil.rmtree(self.work)
+
+
+def open_store(url: str) -> Store:
+    """``file:///abs/path``, a plain path, or ``s3://bucket/prefix``."""
+    parsed = urlparse(url)
+    if parsed.scheme in ("", "file"):
+        if parsed.scheme == "file" and parsed.netloc not in ("", "localhost"):
+            raise ConfigError(
+                f"store URL {url!r} has a host; use file:///absolute/path",
+                hint="for a local tree write file:///path (three slashes)",
+            )
+        path = unquote(parsed.path) if parsed.scheme == "file" else url
+        if not path:
+            raise ConfigError(f"store URL {url!r} has no path")
+        return FileStore(Path(path).expanduser())
+    if parsed.scheme == "s3":
+        from .s3store import S3Store
+
+        return S3Store.from_url(url)
+    raise ConfigError(
+        f"unsupported store URL {url!r}", hint="use file:///path or s3://bucket/prefix"
+    )
