@@ -14,3 +14,30 @@ pytest_plugins: list[str] = []
 @pytest.fixture
 def file_store(tmp_path: Path) -> FileStore:
     return FileStore(tmp_path / "store")
+
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture
+def k3a_env(tmp_path: Path) -> dict[str, str]:
+    """Environment for running ``k3a`` in a subprocess: this checkout first on the path, and a
+    private HOME so no default store or cache outside tmp_path is touched."""
+    import os
+
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(REPO_ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    env["HOME"] = str(tmp_path / "home")
+    env["XDG_DATA_HOME"] = str(tmp_path / "home" / "data")
+    env["HF_HUB_DISABLE_XET"] = "1"
+    env["HF_HUB_DISABLE_TELEMETRY"] = "1"
+    env.pop("K3A_STORE", None)
+    return env
+
+
+@pytest.fixture
+def k3a_cmd() -> list[str]:
+    """argv prefix for the CLI in a subprocess (works installed or from a checkout)."""
+    import sys
+
+    return [sys.executable, "-m", "k3artifacts"]
