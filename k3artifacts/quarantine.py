@@ -36,6 +36,8 @@ class VerifiedEntry(BaseModel):
     mtime_ns: int
     #: Tensor names of a safetensors file, kept so the index check needs no re-read on resume.
     tensors: list[str] | None = None
+    #: Handed to the store and deleted here (bounded-window staging).
+    stored: bool = False
 
 
 class Quarantine:
@@ -87,12 +89,17 @@ class Quarantine:
                 entry = VerifiedEntry.model_validate_json(line)
             except ValueError:
                 continue  # a line cut short by a crash; that file is simply redone
+            path = entry.record.path
+            if entry.stored:
+                entries[path] = entry
+                continue
+            entries.pop(path, None)
             try:
-                st = self.final_path(entry.record.path).stat()
+                st = self.final_path(path).stat()
             except FileNotFoundError:
                 continue
             if st.st_size == entry.record.size and st.st_mtime_ns == entry.mtime_ns:
-                entries[entry.record.path] = entry
+                entries[path] = entry
         return entries
 
     def accept(
@@ -107,12 +114,20 @@ class Quarantine:
             mtime_ns=final.stat().st_mtime_ns,
             tensors=sorted(tensors) if tensors is not None else None,
         )
+        self._append(entry)
+        return entry
+
+    def mark_stored(self, entry: VerifiedEntry) -> None:
+        """The store holds this file now: log that, then free the local disk."""
+        self._append(entry.model_copy(update={"stored": True}))
+        self.final_path(entry.record.path).unlink(missing_ok=True)
+
+    def _append(self, entry: VerifiedEntry) -> None:
         line = entry.model_dump_json() + "\n"
         with self._write_lock, open(self._log, "a") as fh:
             fh.write(line)
             fh.flush()
             os.fsync(fh.fileno())
-        return entry
 
     def discard(self, part: Path) -> None:
         part.unlink(missing_ok=True)

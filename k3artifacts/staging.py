@@ -30,7 +30,7 @@ from .manifest import FileRecord, RemoteCodeEntry, ShardManifest
 from .quarantine import Quarantine, VerifiedEntry
 from .rules import file_kind, listing_refusals
 from .safetensors_header import check_header, check_index
-from .store import Store
+from .store import RevisionWriter, Store
 
 #: Files below this size are checked against their git blob sha1 when the hub gives no sha256.
 GIT_OID_CHECK_LIMIT = 64 << 20
@@ -60,6 +60,10 @@ class StageOptions:
     retry: RetryPolicy = RetryPolicy()
     #: Keep the quarantine copy after publishing (default: remove it, it is in the store now).
     keep_quarantine: bool = False
+    #: Bound on local quarantine disk: weights in flight plus verified-but-not-yet-stored stay
+    #: under this many bytes, and a shard's local copy is deleted once the store has it. For a
+    #: checkpoint larger than the staging worker's disk (S3, or an FSx mount off local NVMe).
+    window_bytes: int | None = None
 
 
 @dataclass
@@ -99,6 +103,7 @@ class Stager:
         self.options = options
         self.observer = observer or StageObserver()
         self._headers = source.headers()
+        self.writer: RevisionWriter | None = None
         self._downloaded = 0
         self._count_lock = threading.Lock()
 
@@ -111,11 +116,16 @@ class Stager:
         if refusals:
             raise ReleaseRefused(refusals)
         verified = self.quarantine.verified()
-        reusable = {
-            f.path: verified[f.path]
-            for f in files
-            if f.path in verified and _matches_listing(verified[f.path].record, f)
-        }
+        reusable = {}
+        for f in files:
+            entry = verified.get(f.path)
+            if entry is None or not _matches_listing(entry.record, f):
+                continue
+            # A shard already handed to the store and dropped locally is reusable only if the
+            # store-side revision still holds it; otherwise it is downloaded again.
+            if entry.stored and not (self.writer is not None and self.writer.has_file(entry.record)):
+                continue
+            reusable[f.path] = entry
         self.observer.planned(files, set(reusable))
         return files, reusable
 
@@ -150,8 +160,25 @@ class Stager:
             self.quarantine.discard(part)
             raise
         entry = self.quarantine.accept(record, part, tensors)
+        self._store(entry)
         self.observer.file_done(record, reused=False)
         return entry
+
+    def open_writer(self) -> None:
+        """Start the store-side revision; files are handed to it as soon as they verify, so
+        uploads overlap downloads. Nothing is visible to readers until :meth:`publish`."""
+        self.writer = self.store.begin_revision(self.repo_id, self.commit)
+
+    def _store(self, entry: VerifiedEntry) -> None:
+        if self.writer is None:
+            return
+        record = entry.record
+        if not entry.stored:
+            self.writer.put_file(record, self.quarantine.final_path(record.path))
+        if self.options.window_bytes is not None and record.kind == "weights" and not entry.stored:
+            # Only weights leave quarantine early: small files (index, license, card) are
+            # read again when the manifest is built.
+            self.quarantine.mark_stored(entry)
 
     def _check(
         self, remote: RemoteFile, part: Path, hasher: MultiHasher
@@ -193,6 +220,7 @@ class Stager:
         return record, tensors
 
     def reuse(self, entry: VerifiedEntry) -> VerifiedEntry:
+        self._store(entry)
         self.observer.file_done(entry.record, reused=True)
         return entry
 
@@ -232,14 +260,13 @@ class Stager:
         )
 
     def publish(self, manifest: ShardManifest) -> None:
-        writer = self.store.begin_revision(self.repo_id, self.commit)
-        try:
-            for record in manifest.files:
-                writer.put_file(record, self.quarantine.final_path(record.path))
-            writer.commit(manifest)
-        except BaseException:
-            writer.abort()
-            raise
+        """Make the revision visible, manifest last."""
+        self.writer.commit(manifest)
+
+    def abandon(self) -> None:
+        """The revision was refused: drop what the store-side revision holds."""
+        if self.writer is not None:
+            self.writer.abort()
 
     @property
     def downloaded_bytes(self) -> int:
@@ -278,32 +305,18 @@ def stage(
             observer.note(f"{repo_id}@{commit} is already published in {store.url}; nothing to do")
             return _result(existing, store, started, already=True)
 
+        stager.open_writer()
         files, reusable = stager.plan()
-        entries = [stager.reuse(reusable[f.path]) for f in files if f.path in reusable]
         todo = [f for f in files if f.path not in reusable]
         # Large files first: the tail of the run is then many small files spread over workers.
         todo.sort(key=lambda f: -f.size)
-        refusals: list[Refusal] = []
-        with ThreadPoolExecutor(max(1, options.workers), thread_name_prefix="k3a-fetch") as pool:
-            futures = [pool.submit(stager.fetch_file, f) for f in todo]
-            for fut in as_completed(futures):
-                if fut.cancelled():
-                    continue
-                exc = fut.exception()
-                if exc is None:
-                    entries.append(fut.result())
-                    continue
-                # Wrong bytes at a pinned commit will not become right, and anything else
-                # (network gone, disk full) stops the run: start nothing new, let running
-                # downloads finish so their partial files stay resumable.
-                for other in futures:
-                    other.cancel()
-                if not isinstance(exc, Refusal):
-                    raise exc
-                refusals.append(exc)
-        if refusals:
-            raise ReleaseRefused(sorted(refusals, key=lambda r: r.path))
-
+        try:
+            entries = [stager.reuse(reusable[f.path]) for f in files if f.path in reusable]
+            entries += _fetch_all(stager, todo, options)
+            manifest = stager.build_manifest(entries)
+        except ReleaseRefused:
+            stager.abandon()
+            raise
         manifest = stager.build_manifest(entries)
         stager.publish(manifest)
         result = _result(manifest, store, started, already=False)
@@ -312,6 +325,65 @@ def stage(
     if not options.keep_quarantine:
         quarantine.remove()
     return result
+
+
+class _ByteBudget:
+    """Admits files while the bytes they hold locally stay under a window."""
+
+    def __init__(self, window: int | None):
+        self.window = window
+        self.used = 0
+        self._cond = threading.Condition()
+
+    def acquire(self, size: int) -> None:
+        if self.window is None:
+            return
+        with self._cond:
+            # A file bigger than the window runs alone rather than never.
+            self._cond.wait_for(lambda: self.used == 0 or self.used + size <= self.window)
+            self.used += size
+
+    def release(self, size: int) -> None:
+        if self.window is None:
+            return
+        with self._cond:
+            self.used -= size
+            self._cond.notify_all()
+
+
+def _fetch_all(stager: Stager, todo: list[RemoteFile], options: StageOptions) -> list[VerifiedEntry]:
+    budget = _ByteBudget(options.window_bytes)
+
+    def one(remote: RemoteFile) -> VerifiedEntry:
+        counted = remote.size if file_kind(remote.path) == "weights" else 0
+        budget.acquire(counted)
+        try:
+            return stager.fetch_file(remote)
+        finally:
+            budget.release(counted)
+
+    entries: list[VerifiedEntry] = []
+    refusals: list[Refusal] = []
+    with ThreadPoolExecutor(max(1, options.workers), thread_name_prefix="k3a-fetch") as pool:
+        futures = [pool.submit(one, f) for f in todo]
+        for fut in as_completed(futures):
+            if fut.cancelled():
+                continue
+            exc = fut.exception()
+            if exc is None:
+                entries.append(fut.result())
+                continue
+            # Wrong bytes at a pinned commit will not become right, and anything else
+            # (network gone, disk full) stops the run: start nothing new, let running
+            # downloads finish so their partial files stay resumable.
+            for other in futures:
+                other.cancel()
+            if not isinstance(exc, Refusal):
+                raise exc
+            refusals.append(exc)
+    if refusals:
+        raise ReleaseRefused(sorted(refusals, key=lambda r: r.path))
+    return entries
 
 
 def _result(manifest: ShardManifest, store: Store, started: float, *, already: bool) -> StageResult:
