@@ -19,8 +19,9 @@ import urllib3
 from urllib3.exceptions import HTTPError as Urllib3Error
 
 from .errors import Unavailable
-from .hashing import CHUNK, MultiHasher, feed_file
+from .hashing import MultiHasher, feed_file
 
+NET_CHUNK = 1 << 20
 RETRY_STATUS = {408, 425, 429, 500, 502, 503, 504}
 
 
@@ -106,19 +107,19 @@ def _attempt(
             raise RangeIgnored()
         if resp.status not in (200, 206):
             raise PermanentError(f"HTTP {resp.status}")
-        buf = bytearray(CHUNK)
-        view = memoryview(buf)
         while hasher.size < size:
             try:
-                n = resp.readinto(view[: min(CHUNK, size - hasher.size)])
+                # read1 returns what has arrived instead of waiting for a full chunk, so a
+                # dropped connection loses no byte already received: resume starts there.
+                data = resp.read1(min(NET_CHUNK, size - hasher.size))
             except Urllib3Error as exc:
                 raise TransientError(f"connection lost at byte {hasher.size}: {exc}") from None
-            if not n:
+            if not data:
                 raise TransientError(f"body ended at byte {hasher.size} of {size}")
-            fh.write(view[:n])
-            hasher.update(view[:n])
+            fh.write(data)
+            hasher.update(data)
             if on_bytes is not None:
-                on_bytes(n)
+                on_bytes(len(data))
         if resp.read(1):
             raise PermanentError(f"server sent more than the listed {size} bytes")
     except BaseException:

@@ -11,7 +11,6 @@ import click
 from ..config import data_home
 from ..localhub import LocalHub
 from ..staging import StageOptions
-from ..synthetic import write_release
 from ..verify import verify_revision
 from . import cli
 from .common import ByteSize, emit, get_store, handle_errors, json_option, store_option
@@ -27,6 +26,8 @@ def demo_release(workdir: Path, size: int, shards: int, seed: int) -> dict[str, 
     done = out / ".complete.json"
     if done.exists():
         return {p: Path(f) for p, f in json.loads(done.read_text()).items()}
+    from ..synthetic import write_release  # the generator is only needed on a first run
+
     files = write_release(out, total_bytes=size, shards=shards, seed=seed)
     done.write_text(json.dumps({p: str(f) for p, f in files.items()}))
     return files
