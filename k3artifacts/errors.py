@@ -38,6 +38,11 @@ class Refusal(K3AError):
         self.rule = rule
         self.detail = detail
 
+    def __reduce__(self):
+        # Refusals cross process boundaries (a Dask worker's task result); pickle's default
+        # would call __init__ with the formatted message alone.
+        return (type(self), (self.path, self.rule, self.detail), self.__dict__)
+
 
 class ReleaseRefused(K3AError):
     exit_code = 3
@@ -47,6 +52,9 @@ class ReleaseRefused(K3AError):
         lines = "\n".join(f"  {r.path}: [{r.rule}] {r.detail}" for r in refusals)
         super().__init__(f"{len(refusals)} file(s) refused:\n{lines}")
         self.refusals = refusals
+
+    def __reduce__(self):
+        return (type(self), (self.refusals,), self.__dict__)
 
 
 class VerifyMismatch(K3AError):

@@ -1,0 +1,46 @@
+"""What the flows share: names Prefect accepts, the store, and the task runner from config."""
+
+from __future__ import annotations
+
+import os
+import re
+
+from prefect.task_runners import ThreadPoolTaskRunner
+
+from k3artifacts.config import default_store_url
+from k3artifacts.store import Store, open_store
+
+#: Address of a Dask scheduler (``tcp://host:8786``): per-file tasks run on its workers.
+DASK_ADDRESS_ENV = "K3A_DASK_ADDRESS"
+#: Files downloaded at once by the default (thread pool) runner.
+WORKERS_ENV = "K3A_WORKERS"
+
+
+def store_from(url: str | None) -> Store:
+    return open_store(url or default_store_url())
+
+
+def slug(*parts: str) -> str:
+    """A name Prefect accepts for artifact keys, tags and concurrency limits.
+
+    Artifact keys allow only lowercase letters, digits and dashes, and concurrency-limit
+    names refuse ``/``: ``moonshotai/Kimi-K3`` becomes ``moonshotai--kimi-k3``.
+    """
+    text = "-".join(p.replace("/", "--") for p in parts).lower()
+    return re.sub(r"[^a-z0-9-]+", "-", text).strip("-")
+
+
+def revision_slug(repo_id: str, commit: str) -> str:
+    return slug(repo_id, commit)
+
+
+def task_runner_from_env():
+    """``DaskTaskRunner`` on ``$K3A_DASK_ADDRESS`` when set, else a thread pool of
+    ``$K3A_WORKERS`` (default 4) threads. Read when a flow module is imported, i.e. in the
+    process that runs the flow (a Prefect worker's job), so each work pool can differ."""
+    address = os.environ.get(DASK_ADDRESS_ENV)
+    if address:
+        from prefect_dask import DaskTaskRunner
+
+        return DaskTaskRunner(address=address)
+    return ThreadPoolTaskRunner(max_workers=int(os.environ.get(WORKERS_ENV, "4")))

@@ -1,0 +1,54 @@
+"""stage-release end to end: real Prefect API, real huggingface_hub against the local hub."""
+
+from __future__ import annotations
+
+from prefect.client.orchestration import get_client
+from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId
+
+from flows.stage_release import stage_release
+from k3artifacts.localhub import Fault
+from k3artifacts.verify import verify_revision
+from tests.flow_helpers import resolve_gets
+from tests.staging_helpers import REPO, small_release
+
+SHARD = "model-00001-of-00002.safetensors"
+FAST = dict(attempts=2, backoff=0.01, task_retries=1, task_retry_delay=0)
+
+
+def run(local_hub, store, tmp_path, **kw):
+    params = dict(repo_id=REPO, revision="main", store_url=store.url,
+                  quarantine=str(tmp_path / "quarantine"), endpoint=local_hub.endpoint) | FAST
+    return stage_release(**(params | kw), return_state=True)
+
+
+def artifacts_of(state):
+    with get_client(sync_client=True) as client:
+        found = client.read_artifacts(artifact_filter=ArtifactFilter(
+            flow_run_id=ArtifactFilterFlowRunId(any_=[state.state_details.flow_run_id])))
+    return {a.type: a for a in found}
+
+
+def test_stage_flow_publishes_with_artifacts(local_hub, file_store, tmp_path):
+    commit = local_hub.hub.add_commit(REPO, small_release(tmp_path))
+    state = run(local_hub, file_store, tmp_path)
+
+    assert state.is_completed(), state
+    summary = state.result()
+    manifest = file_store.read_manifest(REPO, commit)
+    assert summary["commit"] == commit and summary["manifest_digest"] == manifest.digest()
+    assert verify_revision(store=file_store, repo_id=REPO, commit=commit, full=True).ok
+    assert sorted(resolve_gets(local_hub.hub)) == sorted(f.path for f in manifest.files)
+
+    arts = artifacts_of(state)
+    assert set(arts) == {"table", "markdown", "progress"}
+    rows = arts["table"].data if isinstance(arts["table"].data, list) else __import__("json").loads(arts["table"].data)
+    assert {r["path"]: (r["sha256"], r["status"]) for r in rows} == {
+        f.path: (f.sha256, "downloaded") for f in manifest.files}
+    assert manifest.digest() in arts["markdown"].data
+    assert "modeling_kimi_k3.py" in arts["markdown"].data
+    assert float(arts["progress"].data) == 100.0
+
+    with get_client(sync_client=True) as client:
+        limit = client.read_global_concurrency_limit_by_name(
+            f"k3a-stage-moonshotai--kimi-k3-{commit}")
+    assert limit.limit == 1 and limit.active_slots == 0
