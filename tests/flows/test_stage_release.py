@@ -41,7 +41,7 @@ def test_stage_flow_publishes_with_artifacts(local_hub, file_store, tmp_path):
 
     arts = artifacts_of(state)
     assert set(arts) == {"table", "markdown", "progress"}
-    rows = arts["table"].data if isinstance(arts["table"].data, list) else __import__("json").loads(arts["table"].data)
+    rows = _table(arts)
     assert {r["path"]: (r["sha256"], r["status"]) for r in rows} == {
         f.path: (f.sha256, "downloaded") for f in manifest.files}
     assert manifest.digest() in arts["markdown"].data
@@ -52,3 +52,45 @@ def test_stage_flow_publishes_with_artifacts(local_hub, file_store, tmp_path):
         limit = client.read_global_concurrency_limit_by_name(
             f"k3a-stage-moonshotai--kimi-k3-{commit}")
     assert limit.limit == 1 and limit.active_slots == 0
+
+
+def test_rerun_after_network_failure_fetches_only_the_failed_file(local_hub, file_store, tmp_path):
+    commit = local_hub.hub.add_commit(REPO, small_release(tmp_path))
+    local_hub.hub.faults.add(SHARD, Fault.http_status(500, times=None))
+    failed = run(local_hub, file_store, tmp_path)
+
+    assert failed.is_failed()
+    assert file_store.list_revisions(REPO) == []
+    # attempts=2 inside the task, and the task retried once on Unavailable: 4 GETs.
+    assert resolve_gets(local_hub.hub).count(SHARD) == 4
+    rows = {r["path"]: r["status"] for r in _table(artifacts_of(failed))}
+    assert rows[SHARD] == "failed: Unavailable"
+    assert {s for p, s in rows.items() if p != SHARD} == {"downloaded"}
+
+    local_hub.hub.faults.clear()
+    before = len(local_hub.hub.requests)
+    state = run(local_hub, file_store, tmp_path)
+    assert state.is_completed(), state
+    assert resolve_gets(local_hub.hub, before) == [SHARD]
+    assert state.result()["reused_files"] == len(rows) - 1
+    assert verify_revision(store=file_store, repo_id=REPO, commit=commit, full=True).ok
+
+
+def test_refused_file_is_not_retried_and_nothing_is_published(local_hub, file_store, tmp_path):
+    local_hub.hub.add_commit(REPO, small_release(tmp_path))
+    local_hub.hub.faults.add(SHARD, Fault.corrupt(offset=4096))
+    state = run(local_hub, file_store, tmp_path)
+
+    assert state.is_failed()
+    assert "sha256" in state.message or "refused" in state.message
+    assert resolve_gets(local_hub.hub).count(SHARD) == 1
+    assert file_store.list_revisions(REPO) == [] and file_store.list_keys("models/") == []
+    rows = {r["path"]: r["status"] for r in _table(artifacts_of(state))}
+    assert rows[SHARD] == "refused: sha256"
+
+
+def _table(arts):
+    import json
+
+    data = arts["table"].data
+    return json.loads(data) if isinstance(data, str) else data
