@@ -119,7 +119,9 @@ def test_list_repo_tree_paginates_and_carries_lfs_sha256(make_local_hub, weights
 def test_download_bytes_and_metadata(local_hub, repo, weights):
     commit, _ = repo
     path = hf_hub_download(
-        REPO, "model-00001-of-00001.safetensors", endpoint=local_hub.endpoint,
+        REPO,
+        "model-00001-of-00001.safetensors",
+        endpoint=local_hub.endpoint,
         cache_dir=local_hub.cache_dir,
     )
     assert Path(path).read_bytes() == weights.read_bytes()
@@ -162,7 +164,9 @@ def test_not_found_errors_map_to_client_exceptions(local_hub, repo):
     with pytest.raises(RevisionNotFoundError):
         list(api.list_repo_tree(REPO, revision="0" * 40))
     with pytest.raises(EntryNotFoundError):
-        hf_hub_download(REPO, "missing.bin", endpoint=local_hub.endpoint, cache_dir=local_hub.cache_dir)
+        hf_hub_download(
+            REPO, "missing.bin", endpoint=local_hub.endpoint, cache_dir=local_hub.cache_dir
+        )
     with pytest.raises(EntryNotFoundError):
         list(api.list_repo_tree(REPO, "no/such/dir"))
 
@@ -195,7 +199,9 @@ def test_hostile_paths_are_listed_verbatim_and_never_touch_the_filesystem(local_
         "model.safetensors": b"lower",
     }
     local_hub.hub.add_commit(REPO, hostile)
-    listed = {e.path for e in local_hub.api().list_repo_tree(REPO, recursive=True) if hasattr(e, "size")}
+    listed = {
+        e.path for e in local_hub.api().list_repo_tree(REPO, recursive=True) if hasattr(e, "size")
+    }
     assert listed == set(hostile)
     info = local_hub.api().model_info(REPO, files_metadata=True)
     assert {s.rfilename for s in info.siblings} == set(hostile)
