@@ -119,7 +119,9 @@ def test_list_repo_tree_paginates_and_carries_lfs_sha256(make_local_hub, weights
 def test_download_bytes_and_metadata(local_hub, repo, weights):
     commit, _ = repo
     path = hf_hub_download(
-        REPO, "model-00001-of-00001.safetensors", endpoint=local_hub.endpoint,
+        REPO,
+        "model-00001-of-00001.safetensors",
+        endpoint=local_hub.endpoint,
         cache_dir=local_hub.cache_dir,
     )
     assert Path(path).read_bytes() == weights.read_bytes()
@@ -162,7 +164,9 @@ def test_not_found_errors_map_to_client_exceptions(local_hub, repo):
     with pytest.raises(RevisionNotFoundError):
         list(api.list_repo_tree(REPO, revision="0" * 40))
     with pytest.raises(EntryNotFoundError):
-        hf_hub_download(REPO, "missing.bin", endpoint=local_hub.endpoint, cache_dir=local_hub.cache_dir)
+        hf_hub_download(
+            REPO, "missing.bin", endpoint=local_hub.endpoint, cache_dir=local_hub.cache_dir
+        )
     with pytest.raises(EntryNotFoundError):
         list(api.list_repo_tree(REPO, "no/such/dir"))
 
@@ -181,3 +185,171 @@ def test_token_is_enforced(make_local_hub):
         REPO, "config.json", endpoint=server.endpoint, token="hf_secret", cache_dir=server.cache_dir
     )
     assert Path(path).read_bytes() == b"{}"
+
+
+# ----- hostile listings ----------------------------------------------------------------------
+
+
+def test_hostile_paths_are_listed_verbatim_and_never_touch_the_filesystem(local_hub, tmp_path):
+    hostile = {
+        "../x": b"dotdot",
+        "/etc/passwd": b"root",
+        "a/../../b": b"climb",
+        "Model.safetensors": b"upper",
+        "model.safetensors": b"lower",
+    }
+    local_hub.hub.add_commit(REPO, hostile)
+    listed = {
+        e.path for e in local_hub.api().list_repo_tree(REPO, recursive=True) if hasattr(e, "size")
+    }
+    assert listed == set(hostile)
+    info = local_hub.api().model_info(REPO, files_metadata=True)
+    assert {s.rfilename for s in info.siblings} == set(hostile)
+    resp, body = _raw(local_hub.endpoint, "GET", f"/{REPO}/resolve/main/%2E%2E%2Fx")
+    assert resp.status == 200 and body == b"dotdot"
+    resp, body = _raw(local_hub.endpoint, "GET", f"/{REPO}/resolve/main/%2Fetc%2Fpasswd")
+    assert resp.status == 200 and body == b"root"
+    resp, body = _raw(local_hub.endpoint, "GET", f"/{REPO}/resolve/main/Model.safetensors")
+    assert body == b"upper"
+    assert not (tmp_path / "x").exists()
+
+
+# ----- faults --------------------------------------------------------------------------------
+
+SHARD = "model-00001-of-00001.safetensors"
+SHARD_URL = f"/{REPO}/resolve/main/{SHARD}"
+
+
+def _gets(hub, path=SHARD):
+    return [r for r in hub.requests if r.method == "GET" and r.target == path]
+
+
+def test_drop_then_range_resume(local_hub, repo, weights):
+    data = weights.read_bytes()
+    local_hub.hub.faults.add(SHARD, Fault.drop(after_bytes=100_000))
+    resp, body = _raw(local_hub.endpoint, "GET", SHARD_URL)
+    assert resp.status == 200 and body == data[:100_000]
+    resp, rest = _raw(local_hub.endpoint, "GET", SHARD_URL, {"Range": f"bytes={len(body)}-"})
+    assert resp.status == 206 and body + rest == data
+    first, second = _gets(local_hub.hub)
+    assert (first.bytes_sent, first.range) == (100_000, None)
+    assert (second.bytes_sent, second.range) == (200_000, "bytes=100000-")
+
+
+def test_client_recovers_from_a_drop(local_hub, repo, weights):
+    local_hub.hub.faults.add("*.safetensors", Fault.drop(after_bytes=50_000))
+    path = hf_hub_download(REPO, SHARD, endpoint=local_hub.endpoint, cache_dir=local_hub.cache_dir)
+    assert Path(path).read_bytes() == weights.read_bytes()
+    assert [r.bytes_sent for r in _gets(local_hub.hub)] == [50_000, 300_000]
+
+
+def test_status_fault_with_retry_after_for_k_requests(local_hub, repo):
+    local_hub.hub.faults.add(SHARD, Fault.http_status(503, retry_after=7, times=2))
+    for _ in range(2):
+        resp, _ = _raw(local_hub.endpoint, "GET", SHARD_URL)
+        assert resp.status == 503 and resp.getheader("Retry-After") == "7"
+    resp, _ = _raw(local_hub.endpoint, "GET", SHARD_URL)
+    assert resp.status == 200
+    assert [r.status for r in _gets(local_hub.hub)] == [503, 503, 200]
+
+
+def test_status_fault_on_the_api(local_hub, repo):
+    local_hub.hub.faults.add("/api/models/*", Fault.http_status(500))
+    with pytest.raises(HfHubHTTPError) as err:
+        local_hub.api().model_info(REPO)
+    assert err.value.response.status_code == 500
+    assert local_hub.api().model_info(REPO).sha == repo[0]
+
+
+def test_status_fault_can_hit_head(local_hub, repo):
+    local_hub.hub.faults.add(SHARD, Fault.http_status(429, methods=frozenset({"HEAD"})))
+    resp, _ = _raw(local_hub.endpoint, "HEAD", SHARD_URL)
+    assert resp.status == 429
+    resp, _ = _raw(local_hub.endpoint, "GET", SHARD_URL)
+    assert resp.status == 200
+
+
+def test_stall_before_headers_trips_a_client_timeout(local_hub, repo):
+    local_hub.hub.faults.add(SHARD, Fault.stall(5.0))
+    u = urlsplit(local_hub.endpoint)
+    conn = http.client.HTTPConnection(u.hostname, u.port, timeout=0.3)
+    conn.request("GET", SHARD_URL)
+    with pytest.raises(TimeoutError):
+        conn.getresponse()
+    conn.close()
+
+
+def test_stall_mid_body(local_hub, repo, weights):
+    local_hub.hub.faults.add(SHARD, Fault.stall(5.0, after_bytes=4096))
+    u = urlsplit(local_hub.endpoint)
+    conn = http.client.HTTPConnection(u.hostname, u.port, timeout=0.3)
+    conn.request("GET", SHARD_URL)
+    resp = conn.getresponse()
+    assert resp.status == 200
+    assert resp.read(4096) == weights.read_bytes()[:4096]
+    with pytest.raises(TimeoutError):
+        resp.read(1)
+    conn.close()
+
+
+def test_short_body(local_hub, repo, weights):
+    local_hub.hub.faults.add(SHARD, Fault.short(missing=10))
+    resp, body = _raw(local_hub.endpoint, "GET", SHARD_URL)
+    assert resp.getheader("Content-Length") == "300000"
+    assert body == weights.read_bytes()[:-10]
+
+
+def test_corrupt_bytes_under_a_true_listing(local_hub, repo, weights):
+    data = weights.read_bytes()
+    local_hub.hub.faults.add(SHARD, Fault.corrupt(offset=12_345))
+    path = hf_hub_download(REPO, SHARD, endpoint=local_hub.endpoint, cache_dir=local_hub.cache_dir)
+    got = Path(path).read_bytes()
+    # The client accepts it: only the size is checked, which is why staging hashes.
+    assert len(got) == len(data) and got != data
+    assert [i for i in range(len(data)) if got[i] != data[i]] == [12_345]
+    assert got[12_345] == data[12_345] ^ 0xFF
+    info = local_hub.api().model_info(REPO, files_metadata=True)
+    lfs = next(s.lfs for s in info.siblings if s.rfilename == SHARD)
+    assert lfs.sha256 == hashlib.sha256(data).hexdigest()
+    resp, body = _raw(local_hub.endpoint, "GET", SHARD_URL, {"Range": "bytes=12340-12349"})
+    assert body == data[12340:12345] + bytes([data[12345] ^ 0xFF]) + data[12346:12350]
+
+
+@pytest.mark.parametrize("good_first", [True, False])
+def test_content_changes_between_attempts(local_hub, repo, weights, good_first):
+    data = weights.read_bytes()
+    local_hub.hub.faults.add(SHARD, Fault.mutate(good_first=good_first))
+    _, first = _raw(local_hub.endpoint, "GET", SHARD_URL)
+    _, second = _raw(local_hub.endpoint, "GET", SHARD_URL)
+    _, tail = _raw(local_hub.endpoint, "GET", SHARD_URL, {"Range": "bytes=1000-"})
+    assert len(first) == len(second) == len(data)
+    good, bad = (first, second) if good_first else (second, first)
+    assert good == data and bad != data
+    assert tail == (second[1000:])
+
+
+def test_faults_are_scoped_by_repo_and_count(local_hub, repo, weights):
+    local_hub.hub.add_commit("other/repo", {SHARD: weights})
+    local_hub.hub.faults.add(SHARD, Fault.http_status(500, repo_id="other/repo", times=None))
+    assert _raw(local_hub.endpoint, "GET", SHARD_URL)[0].status == 200
+    for _ in range(3):
+        assert _raw(local_hub.endpoint, "GET", f"/other/repo/resolve/main/{SHARD}")[0].status == 500
+    local_hub.hub.faults.clear()
+    assert _raw(local_hub.endpoint, "GET", f"/other/repo/resolve/main/{SHARD}")[0].status == 200
+
+
+def test_a_file_fetched_once_is_logged_once(local_hub, repo, weights):
+    for _ in range(2):
+        hf_hub_download(REPO, SHARD, endpoint=local_hub.endpoint, cache_dir=local_hub.cache_dir)
+    gets = _gets(local_hub.hub)
+    assert len(gets) == 1 and gets[0].bytes_sent == os.path.getsize(weights)
+
+
+def test_served_from_an_existing_root(tmp_path, hf_env):
+    first = LocalHub(tmp_path / "root")
+    commit = first.add_commit(REPO, {"config.json": b"{}"})
+    first.add_tag(REPO, "v1", commit)
+    with LocalHub(tmp_path / "root").serve() as endpoint:
+        from huggingface_hub import HfApi
+
+        assert HfApi(endpoint=endpoint).model_info(REPO, revision="v1").sha == commit
