@@ -45,6 +45,7 @@ def repo(local_hub, weights):
         "config.json": b'{"model_type": "kimi_k3"}',
         "model-00001-of-00001.safetensors": weights,
         "tokenizer/vocab.txt": b"a\nb\n",
+        "empty.txt": b"",
         "README.md": b"---\nlicense: other\nlicense_name: modified-mit\n---\n# K3\n",
     }
     commit = local_hub.hub.add_commit(REPO, files)
@@ -132,6 +133,10 @@ def test_download_bytes_and_metadata(local_hub, repo, weights):
     small = get_hf_file_metadata(local_hub.url(REPO, "tokenizer/vocab.txt"))
     assert small.etag == hashlib.sha1(b"blob 4\0a\nb\n").hexdigest()
     assert small.size == 4
+    empty = hf_hub_download(
+        REPO, "empty.txt", endpoint=local_hub.endpoint, cache_dir=local_hub.cache_dir
+    )
+    assert Path(empty).read_bytes() == b""
 
 
 def test_range_requests(local_hub, repo, weights):
