@@ -13,3 +13,8 @@ def data_home() -> Path:
 def default_store_url() -> str:
     """``K3A_STORE`` or the embedded default: a local tree under the user's data directory."""
     return os.environ.get("K3A_STORE") or f"file://{data_home() / 'store'}"
+
+
+def default_policies_dir() -> Path:
+    """``K3A_POLICIES`` or ``./policies``: the checkout's policy data, reviewed like code."""
+    return Path(os.environ.get("K3A_POLICIES") or "policies")

@@ -24,3 +24,6 @@ def cli() -> None:
 
 def main() -> None:
     cli()
+
+
+from . import channels  # noqa: E402,F401
