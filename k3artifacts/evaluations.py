@@ -10,7 +10,7 @@ one. The gate judges the most recently attached report of the suite the policy n
 from __future__ import annotations
 
 import json
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -87,7 +87,7 @@ def attach_evaluation(
         tuple_id=tuple_id,
         report_sha256=sha,
         attached_by=by,
-        attached_at=now or datetime.now(timezone.utc),
+        attached_at=now or datetime.now(UTC),
         report=report,
     )
     try:
@@ -112,8 +112,10 @@ def list_evaluations(store: Store, tuple_id: str) -> list[EvaluationRecord]:
         except ValidationError as exc:
             raise ConfigError(f"{key} is malformed: {exc.errors()[0]['msg']}") from None
         sha = canonical_digest(record.report)
-        if record.tuple_id != tuple_id or sha != record.report_sha256 or not key.endswith(
-            f"/{sha}.json"
+        if (
+            record.tuple_id != tuple_id
+            or sha != record.report_sha256
+            or not key.endswith(f"/{sha}.json")
         ):
             raise ConfigError(f"{key} does not match its key; it was edited in the store")
         records.append(record)

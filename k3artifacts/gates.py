@@ -93,7 +93,10 @@ def _read_manifest(store: Store, release: ReleaseTuple) -> tuple[ShardManifest |
     except ValueError as exc:
         return None, f"{key} in {store.url} is malformed: {str(exc).splitlines()[0]}"
     if manifest is None:
-        return None, f"no manifest at {key} in {store.url}: the revision is not staged (or was deleted)"
+        return (
+            None,
+            f"no manifest at {key} in {store.url}: the revision is not staged (or was deleted)",
+        )
     return manifest, ""
 
 
@@ -195,7 +198,8 @@ def remote_code_gate(
 
 def evaluation_gate(store: Store, release: ReleaseTuple, policy: EvaluationPolicy) -> GateResult:
     records = [
-        r for r in list_evaluations(store, release.id)
+        r
+        for r in list_evaluations(store, release.id)
         if policy.suite is None or r.parsed().suite == policy.suite
     ]
     suite = f"suite {policy.suite!r}" if policy.suite else "any suite"
@@ -231,7 +235,9 @@ def run_gates(
     store: Store, release: ReleaseTuple, channel: str, chan: ChannelPolicy, *, policies_dir: Path
 ) -> GateReport:
     manifest, missing = (
-        _read_manifest(store, release) if {"artifact", "remote_code"} & set(chan.gates) else (None, "")
+        _read_manifest(store, release)
+        if {"artifact", "remote_code"} & set(chan.gates)
+        else (None, "")
     )
     results = []
     for name in chan.gates:

@@ -8,7 +8,7 @@ changes nothing and succeeds, so a retried flow task does not fail on its own ea
 from __future__ import annotations
 
 from collections.abc import Mapping
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
@@ -51,7 +51,7 @@ class MoveResult(BaseModel):
 
 
 def _now(now: datetime | None) -> datetime:
-    return now or datetime.now(timezone.utc)
+    return now or datetime.now(UTC)
 
 
 def _unchanged(pointer: ChannelPointer, gates: list[GateResult]) -> MoveResult:
@@ -67,7 +67,11 @@ def _unchanged(pointer: ChannelPointer, gates: list[GateResult]) -> MoveResult:
 
 
 def _commit(
-    store: Store, state: ChannelState, entry: HistoryEntry, gates: list[GateResult], unused: list[str]
+    store: Store,
+    state: ChannelState,
+    entry: HistoryEntry,
+    gates: list[GateResult],
+    unused: list[str],
 ) -> MoveResult:
     try:
         pointer = commit_move(store, state, entry)

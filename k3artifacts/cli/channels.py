@@ -8,8 +8,8 @@ from pathlib import Path
 
 import click
 
-from ..config import default_policies_dir
 from ..channels import GateResult, HistoryEntry, history, list_channels
+from ..config import default_policies_dir
 from ..errors import GateFailed
 from ..evaluations import attach_evaluation, list_evaluations, parse_report
 from ..gates import check_gates
@@ -291,7 +291,9 @@ def review_license_cmd(
     Idempotent: a text already reviewed is not recorded again. Commit the file it writes.
     Exit codes: 0 ok, 7 unknown tuple or no license, 9 malformed review file.
     """
-    outcome = review_license(get_store(store_url), tuple_id, by=by, note=note, policies_dir=policies_dir)
+    outcome = review_license(
+        get_store(store_url), tuple_id, by=by, note=note, policies_dir=policies_dir
+    )
 
     def human() -> None:
         r = outcome.review
@@ -323,7 +325,9 @@ def review_code_cmd(
     Files are recorded by sha256 in POLICIES/code-reviews/; ones already reviewed are skipped.
     Exit codes: 0 ok, 7 unknown tuple or revision not staged, 9 malformed review file.
     """
-    outcome = review_code(get_store(store_url), tuple_id, by=by, note=note, policies_dir=policies_dir)
+    outcome = review_code(
+        get_store(store_url), tuple_id, by=by, note=note, policies_dir=policies_dir
+    )
 
     def human() -> None:
         for r in outcome.recorded:
