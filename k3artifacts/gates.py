@@ -33,11 +33,10 @@ from .policies import (
     load_gate_policy,
     load_license_reviews,
 )
+from .rules import PICKLE_SUFFIXES
 from .store import Store
 from .tuples import DIGEST, ReleaseTuple, TupleStore
 
-#: Pickle-based checkpoint formats: loading one runs code, so staging refuses them.
-REFUSED_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt")
 MAX_LISTED = 5  # problems named in one reason; the count says how many more
 
 
@@ -128,8 +127,9 @@ def artifact_gate(
             problems.append(f"{record.path} is missing")
         elif size != record.size:
             problems.append(f"{record.path} is {size} bytes, manifest says {record.size}")
-        if record.path.lower().endswith(REFUSED_SUFFIXES):
-            problems.append(f"{record.path} is a pickle-based format (refused)")
+        if record.path.lower().endswith(PICKLE_SUFFIXES):
+            # Staged only with --allow-pickle: serving it needs a recorded override too.
+            problems.append(f"{record.path} is a pickle-family format (runs code when loaded)")
         if record.path.endswith(".safetensors") and record.safetensors is None:
             problems.append(f"{record.path} has no checked safetensors header")
     problems.extend(f"{path} is in the store but not in the manifest" for path in sorted(stored))

@@ -126,7 +126,7 @@ def test_artifact_gate_refuses_pickles_and_unchecked_safetensors(
     reviewed(release)
     report = check_gates(store, release.id, "staging", policies_dir=policies)
     assert not report.passed
-    assert "training_args.bin is a pickle-based format" in report.failed[0].reason
+    assert "training_args.bin is a pickle-family format" in report.failed[0].reason
 
 
 def test_artifact_gate_checks_sizes_and_unlisted_files(file_store, tmp_path, policies):
