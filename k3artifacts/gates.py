@@ -153,12 +153,19 @@ def license_gate(release: ReleaseTuple, policies_dir: Path) -> GateResult:
         )
     reviews = load_license_reviews(policies_dir)
     if sha not in reviews:
-        known = len(reviews)
+        repo = release.binding.weights.repo_id
+        earlier = [r for r, _ in reviews.values() if r.repo_id == repo]
+        changed = (
+            f"; the text differs from the one {earlier[-1].reviewed_by} reviewed for {repo} "
+            f"on {earlier[-1].reviewed_on} ({earlier[-1].sha256[:12]})"
+            if earlier
+            else ""
+        )
         return GateResult(
             name="license",
             passed=False,
-            reason=f"license sha256 {sha} has not been reviewed ({known} other text(s) have); "
-            f"read it, then `k3a review license {release.id} --by NAME`",
+            reason=f"license sha256 {sha} has not been reviewed{changed}; read it, then "
+            f"`k3a review license {release.id} --by NAME`",
         )
     review, path = reviews[sha]
     return GateResult(

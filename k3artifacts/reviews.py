@@ -7,12 +7,13 @@ Recording is idempotent: content already reviewed (in any file) is not recorded 
 
 from __future__ import annotations
 
+import hashlib
 from datetime import date
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
 
-from .errors import NotFound
+from .errors import NotFound, VerifyMismatch
 from .manifest import ShardManifest, manifest_key
 from .policies import (
     CODE_REVIEWS_DIR,
@@ -59,6 +60,20 @@ def _manifest(store: Store, release: ReleaseTuple) -> ShardManifest:
             hint=f"stage the revision first: `k3a stage {w.repo_id} --revision {w.commit}`",
         )
     return manifest
+
+
+def license_text(store: Store, tuple_id: str) -> str:
+    """The license text a review of ``tuple_id`` is about, as captured at its commit."""
+    release = TupleStore(store).get(tuple_id)
+    captured = _manifest(store, release).license
+    if captured.text is None or release.binding.license_sha256 is None:
+        raise NotFound(f"tuple {tuple_id} binds no license text (its revision has no LICENSE)")
+    if hashlib.sha256(captured.text.encode()).hexdigest() != release.binding.license_sha256:
+        raise VerifyMismatch(
+            f"the license text in the manifest of {tuple_id} does not hash to the tuple's "
+            f"license sha256 {release.binding.license_sha256}; do not review it"
+        )
+    return captured.text
 
 
 def review_license(

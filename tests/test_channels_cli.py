@@ -51,6 +51,8 @@ def test_staged_revision_to_production_and_back(k3a, releases, store, tmp_path):
     blocked = k3a("promote", old.id, "staging", expect=5)
     assert "2 gate(s) failed" in blocked.stderr and "--override-gate" in blocked.stderr
 
+    assert k3a("review", "license", old.id, "--show").stdout.startswith("MIT License")
+    k3a("review", "license", old.id, expect=2)  # who read it?
     k3a("review", "license", old.id, "--by", "alice", "--note", "read it")
     code = k3a("review", "code", old.id, "--by", "alice")
     assert "recorded: modeling_kimi.py" in code.stdout

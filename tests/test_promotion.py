@@ -179,8 +179,11 @@ def test_license_changed_since_review_blocks_until_reviewed(store, releases, pol
     reviewed(old)
     _promote(store, old, "staging", policies)
     new = releases.release(license_text="MIT License, modified: attribution required\n")
-    with pytest.raises(GateFailed, match=f"license sha256 {new.binding.license_sha256}"):
+    with pytest.raises(GateFailed, match=f"license sha256 {new.binding.license_sha256}") as err:
         _promote(store, new, "staging", policies)
+    assert f"differs from the one alice reviewed for {new.binding.weights.repo_id}" in str(
+        err.value
+    )
     outcome = review_license(store, new.id, by="bob", policies_dir=policies, note="attribution")
     assert outcome.written and outcome.review.license == "modified-mit"
     assert _promote(store, new, "staging", policies).changed

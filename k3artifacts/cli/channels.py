@@ -14,7 +14,7 @@ from ..errors import GateFailed
 from ..evaluations import attach_evaluation, list_evaluations, parse_report
 from ..gates import check_gates
 from ..promotion import MoveResult, promote, rollback
-from ..reviews import review_code, review_license
+from ..reviews import license_text, review_code, review_license
 from . import cli
 from .common import emit, get_store, handle_errors, json_option, store_option
 
@@ -277,20 +277,34 @@ def review_group() -> None:
 
 @review_group.command("license")
 @click.argument("tuple_id")
-@click.option("--by", "by", required=True, help="Your name: who read the license text.")
+@click.option("--by", "by", default=None, help="Your name: who read the license text.")
 @click.option("--note", default=None, help="Anything the next reader should know.")
+@click.option("--show", is_flag=True, help="Print the license text to read; record nothing.")
 @policies_option
 @store_option
 @json_option
 @handle_errors
 def review_license_cmd(
-    tuple_id: str, by: str, note: str | None, policies_dir: Path, store_url: str, as_json: bool
+    tuple_id: str,
+    by: str | None,
+    note: str | None,
+    show: bool,
+    policies_dir: Path,
+    store_url: str,
+    as_json: bool,
 ) -> None:
     """Record a review of TUPLE_ID's license text (by its sha256) in POLICIES/licenses/.
 
-    Idempotent: a text already reviewed is not recorded again. Commit the file it writes.
-    Exit codes: 0 ok, 7 unknown tuple or no license, 9 malformed review file.
+    Read the text first (`--show`), then record with `--by NAME`. Idempotent: a text already
+    reviewed is not recorded again. Commit the file it writes.
+    Exit codes: 0 ok, 4 manifest text does not match the tuple, 7 unknown tuple or no license,
+    9 malformed review file.
     """
+    if show:
+        click.echo(license_text(get_store(store_url), tuple_id), nl=False)
+        return
+    if not by:
+        raise click.UsageError("say who read the license: --by NAME (read it with --show)")
     outcome = review_license(
         get_store(store_url), tuple_id, by=by, note=note, policies_dir=policies_dir
     )
