@@ -14,7 +14,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict
 
 from .errors import NotFound, VerifyMismatch
-from .manifest import ShardManifest, manifest_key
+from .manifest import ShardManifest, manifest_key, revision_prefix
 from .policies import (
     CODE_REVIEWS_DIR,
     LICENSES_DIR,
@@ -63,17 +63,22 @@ def _manifest(store: Store, release: ReleaseTuple) -> ShardManifest:
 
 
 def license_text(store: Store, tuple_id: str) -> str:
-    """The license text a review of ``tuple_id`` is about, as captured at its commit."""
+    """The license file of ``tuple_id``'s revision, read from the store and checked against
+    the tuple's license sha256: the bytes a review is about, decoded for reading."""
     release = TupleStore(store).get(tuple_id)
-    captured = _manifest(store, release).license
-    if captured.text is None or release.binding.license_sha256 is None:
+    path = _manifest(store, release).license.path
+    sha = release.binding.license_sha256
+    if path is None or sha is None:
         raise NotFound(f"tuple {tuple_id} binds no license text (its revision has no LICENSE)")
-    if hashlib.sha256(captured.text.encode()).hexdigest() != release.binding.license_sha256:
+    w = release.binding.weights
+    with store.open_read(f"{revision_prefix(w.repo_id, w.commit)}/{path}") as fh:
+        raw = fh.read()
+    if hashlib.sha256(raw).hexdigest() != sha:
         raise VerifyMismatch(
-            f"the license text in the manifest of {tuple_id} does not hash to the tuple's "
-            f"license sha256 {release.binding.license_sha256}; do not review it"
+            f"{path} of {w.repo_id}@{w.commit} in {store.url} does not hash to the license "
+            f"sha256 {sha} that {tuple_id} binds; do not review it"
         )
-    return captured.text
+    return raw.decode("utf-8", errors="replace")
 
 
 def review_license(
