@@ -15,6 +15,7 @@ from click.testing import CliRunner, Result
 
 from k3artifacts.channels import current, history
 from k3artifacts.cli import cli
+from tests.fixtures.releases import require_atomic_cas
 
 CODE = {"modeling_kimi.py": b"def forward(x):\n    return x\n"}
 
@@ -177,6 +178,7 @@ cli(args=sys.argv[2:], prog_name="k3a")
 def test_racing_promotions_in_separate_processes(k3a, releases, store, reviewed, tmp_path):
     """Separate processes, no hooks in k3a: whatever the interleaving, every racer either won
     (its entry is in the history) or exited 6 naming a winner, and the history has no gap."""
+    require_atomic_cas(store)
     candidates = [releases.release() for _ in range(5)]
     for r in candidates:
         reviewed(r)

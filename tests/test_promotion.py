@@ -22,6 +22,7 @@ from k3artifacts.evaluations import attach_evaluation
 from k3artifacts.gates import check_gates
 from k3artifacts.promotion import promote, rollback
 from k3artifacts.reviews import review_code, review_license
+from tests.fixtures.releases import require_atomic_cas
 
 CODE = {"modeling_kimi.py": b"def forward(x):\n    return x\n"}
 
@@ -218,6 +219,7 @@ def test_malformed_policy_files_are_named(store, releases, policies):
 
 
 def test_racing_promotions_threads_leave_one_winner(store, releases, policies, reviewed):
+    require_atomic_cas(store)
     base, a, b = releases.release(), releases.release(), releases.release()
     for r in (base, a, b):
         reviewed(r)
@@ -238,6 +240,7 @@ def test_racing_promotions_threads_leave_one_winner(store, releases, policies, r
 
 
 def test_promotion_racing_a_rollback_leaves_one_winner(store, releases, policies, reviewed):
+    require_atomic_cas(store)
     first, second, third = releases.release(), releases.release(), releases.release()
     for r in (first, second, third):
         reviewed(r)
