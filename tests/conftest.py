@@ -8,7 +8,11 @@ import pytest
 
 from k3artifacts.store import FileStore
 
-pytest_plugins: list[str] = ["tests.fixtures.localhub", "tests.fixtures.moto_server"]
+pytest_plugins: list[str] = [
+    "tests.fixtures.localhub",
+    "tests.fixtures.moto_server",
+    "tests.fixtures.releases",
+]
 
 
 @pytest.fixture

@@ -26,3 +26,4 @@ def main() -> None:
     cli()
 from . import stage  # noqa: E402,F401
 from . import demo  # noqa: E402,F401
+from . import channels  # noqa: E402,F401
