@@ -8,7 +8,7 @@ import pytest
 
 from k3artifacts.store import FileStore
 
-pytest_plugins: list[str] = ["tests.fixtures.registry"]
+pytest_plugins: list[str] = ["tests.fixtures.registry", "tests.fixtures.releases"]
 
 
 @pytest.fixture
