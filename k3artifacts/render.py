@@ -197,11 +197,10 @@ def completion_check(release: ReleaseTuple) -> list[str]:
         {"model": served_name(release), "prompt": "ping", "max_tokens": 1}, sort_keys=True
     )
     script = (
-        "import sys, urllib.request\n"
-        f"req = urllib.request.Request('http://127.0.0.1:{port}/v1/completions', "
-        f"data={body!r}.encode(), headers={{'Content-Type': 'application/json'}})\n"
-        "sys.exit(0 if urllib.request.urlopen(req, timeout=25).status == 200 else 1)\n"
-    )
+        "import sys, urllib.request as u; "
+        f"u.urlopen(u.Request('http://127.0.0.1:{port}/v1/completions', data={body!r}.encode(), "
+        "headers={'Content-Type': 'application/json'}), timeout=25); sys.exit(0)"
+    )  # urlopen raises on any non-2xx answer or timeout: the probe fails
     return ["python3", "-c", script]
 
 
@@ -321,8 +320,10 @@ def _volume_objects(release: ReleaseTuple, vol: WeightsVolume, name: str, namesp
     if vol.kind == "host":
         # A node-local tree (e.g. a copy on instance NVMe): no PV, the node must hold it.
         return [], {"name": VOLUME, "hostPath": {"path": vol.host_path, "type": "Directory"}}
+    claim_name = f"{name}-weights"
+    # A PV binds one claim only: one PV per claim, named after its namespace and claim.
+    pv_name = slug(f"{namespace or 'default'}-{claim_name}")
     if vol.kind == "fsx":
-        pv_name = f"k3a-{vol.details['fileSystemId']}"
         csi = {
             "driver": "fsx.csi.aws.com",
             "volumeHandle": vol.details["fileSystemId"],
@@ -333,7 +334,6 @@ def _volume_objects(release: ReleaseTuple, vol: WeightsVolume, name: str, namesp
         }
         mount_options = ["flock"]
     else:
-        pv_name = slug(f"k3a-s3-{vol.bucket}-{vol.s3_prefix}")
         # Mountpoint for S3: read-only, the volume root is the store's prefix.
         csi = {
             "driver": "s3.csi.aws.com",
@@ -356,7 +356,6 @@ def _volume_objects(release: ReleaseTuple, vol: WeightsVolume, name: str, namesp
             "csi": csi,
         },
     }
-    claim_name = f"{name}-weights"
     claim_meta: dict[str, Any] = {"name": claim_name}
     if namespace:
         claim_meta["namespace"] = namespace

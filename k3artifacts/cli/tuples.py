@@ -127,7 +127,7 @@ def tuple_create(
     spec = serving_spec(profile, storage=storage, verifier_image=verifier)
     created = create_tuple(store, repo_id, commit, pinned, spec)
     release = created.release
-    payload = {"created": created.new, "tuple": release}
+    payload = {"created": created.new, "tuple": release.model_dump(mode="json")}
 
     def human() -> None:
         state = "created" if created.new else "already exists"
