@@ -173,7 +173,9 @@ def registry_credentials(registry: str) -> tuple[str, str] | None:
 
 
 def _is_loopback(registry: str) -> bool:
-    host = registry.rsplit(":", 1)[0] if not registry.startswith("[") else registry[1:].split("]")[0]
+    host = (
+        registry.rsplit(":", 1)[0] if not registry.startswith("[") else registry[1:].split("]")[0]
+    )
     if host == "localhost":
         return True
     try:
@@ -218,7 +220,9 @@ class RegistryClient:
         raw = ":".join(self.credentials).encode()
         return {"Authorization": "Basic " + base64.b64encode(raw).decode()}
 
-    def _request(self, method: str, url: str, headers: Mapping[str, str]) -> urllib3.BaseHTTPResponse:
+    def _request(
+        self, method: str, url: str, headers: Mapping[str, str]
+    ) -> urllib3.BaseHTTPResponse:
         try:
             return self.http.request(method, url, headers=dict(headers), redirect=True)
         except urllib3.exceptions.HTTPError as exc:
@@ -246,12 +250,16 @@ class RegistryClient:
                 hint="set K3A_REGISTRY_USERNAME/K3A_REGISTRY_PASSWORD or `docker login` the registry",
             )
         if resp.status != 200:
-            raise Unavailable(f"registry {self.registry}: token service {realm} answered HTTP {resp.status}")
+            raise Unavailable(
+                f"registry {self.registry}: token service {realm} answered HTTP {resp.status}"
+            )
         try:
             body = json.loads(resp.data)
             return body.get("token") or body["access_token"]
         except (ValueError, KeyError):
-            raise Unavailable(f"registry {self.registry}: token service {realm} sent no token") from None
+            raise Unavailable(
+                f"registry {self.registry}: token service {realm} sent no token"
+            ) from None
 
     def _authorized(
         self, method: str, name: str, url: str, headers: dict[str, str]
@@ -282,7 +290,11 @@ class RegistryClient:
                 digest = "sha256:" + hashlib.sha256(resp.data).hexdigest()
         if resp.status == 200 and digest and DIGEST.match(digest):
             return digest
-        where = f"{self.registry}/{name}:{reference}" if ":" not in reference else f"{self.registry}/{name}@{reference}"
+        where = (
+            f"{self.registry}/{name}:{reference}"
+            if ":" not in reference
+            else f"{self.registry}/{name}@{reference}"
+        )
         if resp.status == 404:
             raise NotFound(
                 f"image {where} is not in the registry; cannot pin it to a digest",

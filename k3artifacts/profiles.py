@@ -164,7 +164,9 @@ def check_profile(profile: Profile, source: str, flags: frozenset[str]) -> None:
         if not ENV_NAME.match(name):
             problems.append(f"env {name!r} is not a valid variable name")
         if name in OFFLINE_ENV and value != OFFLINE_ENV[name]:
-            problems.append(f"env {name}={value}: the server must stay offline ({OFFLINE_ENV[name]})")
+            problems.append(
+                f"env {name}={value}: the server must stay offline ({OFFLINE_ENV[name]})"
+            )
     if problems:
         raise ConfigError(
             f"profile {source}: " + "; ".join(problems),
@@ -194,7 +196,9 @@ def load_profile(name_or_path: str, *, flags_file: Path | None = None) -> Profil
         detail = "; ".join(
             f"{'.'.join(map(str, e['loc'])) or '(top)'}: {e['msg']}" for e in exc.errors()
         )
-        raise ConfigError(f"profile {path}: {detail}", hint="see manifests/profiles/*.yaml") from None
+        raise ConfigError(
+            f"profile {path}: {detail}", hint="see manifests/profiles/*.yaml"
+        ) from None
     if profile.name != path.stem:
         raise ConfigError(f"profile {path}: name {profile.name!r} differs from the file name")
     check_profile(profile, str(path), known_flags(flags_file))
@@ -240,4 +244,3 @@ def serving_resources(spec: ServingSpec, where: str) -> ServingResources:
             f"{where}: serving resources are incomplete: {exc.errors()[0]['msg']}",
             hint="make the tuple with `k3a tuple create ... --profile NAME`",
         ) from None
-

@@ -428,7 +428,9 @@ def _pod_spec(
     }
 
 
-def _vllm_container(release: ReleaseTuple, res: ServingResources, vol: WeightsVolume, **extra) -> dict:
+def _vllm_container(
+    release: ReleaseTuple, res: ServingResources, vol: WeightsVolume, **extra
+) -> dict:
     b = release.binding
     container = {
         "name": "vllm",
@@ -476,7 +478,9 @@ def render_eks(release: ReleaseTuple, *, name: str, namespace: str | None) -> li
                 "progressDeadlineSeconds": res.startup_seconds + res.verify_timeout_seconds + 600,
                 "template": {
                     "metadata": pod_meta,
-                    "spec": _pod_spec(release, res, vol, volume, _vllm_container(release, res, vol)),
+                    "spec": _pod_spec(
+                        release, res, vol, volume, _vllm_container(release, res, vol)
+                    ),
                 },
             },
         }
@@ -487,7 +491,11 @@ def render_eks(release: ReleaseTuple, *, name: str, namespace: str | None) -> li
     service = {
         "apiVersion": "v1",
         "kind": "Service",
-        "metadata": {**meta_base, "labels": labels(release, name), "annotations": annotations(release)},
+        "metadata": {
+            **meta_base,
+            "labels": labels(release, name),
+            "annotations": annotations(release),
+        },
         "spec": {
             "type": "ClusterIP",
             "selector": service_selector,

@@ -32,7 +32,12 @@ DIGEST = "sha256:" + "ab" * 32
 )
 def test_parse(reference, registry, name, tag, digest):
     parsed = parse_image(reference)
-    assert (parsed.registry, parsed.name, parsed.tag, parsed.digest) == (registry, name, tag, digest)
+    assert (parsed.registry, parsed.name, parsed.tag, parsed.digest) == (
+        registry,
+        name,
+        tag,
+        digest,
+    )
 
 
 def test_ecr_host_is_recognised():
@@ -140,7 +145,9 @@ def test_ecr_tag_resolves_through_boto3(moto_ecr, monkeypatch):
     ref = resolve_image(f"{moto_ecr.registry}/serving/vllm:k3-b300")
     assert ref.digest == pushed.digest
     assert ref.repository == f"{moto_ecr.registry}/serving/vllm"
-    assert resolve_image(f"{moto_ecr.registry}/serving/vllm@{pushed.digest}").digest == pushed.digest
+    assert (
+        resolve_image(f"{moto_ecr.registry}/serving/vllm@{pushed.digest}").digest == pushed.digest
+    )
     with pytest.raises(NotFound):
         resolve_image(f"{moto_ecr.registry}/serving/vllm:absent")
     with pytest.raises(NotFound):

@@ -14,14 +14,18 @@ from k3artifacts.binding import create_tuple
 from k3artifacts.errors import ConfigError, NotFound, ReleaseRefused
 from k3artifacts.profiles import MANIFESTS_DIR, FsxTarget, StorageTarget, load_profile, serving_spec
 from k3artifacts.render import render, resolve_tuple
-from k3artifacts.tuples import ImageRef, TupleStore, WeightsRef, tuple_key
+from k3artifacts.tuples import ImageRef, WeightsRef, tuple_key
 
 IMAGE = ImageRef(repository="registry.example.com/vllm", digest="sha256:" + "1" * 64, tag="k3")
 VERIFIER = "registry.example.com/k3a-worker@sha256:" + "2" * 64
 SCHEMA = json.loads((MANIFESTS_DIR / "schemas" / "inferenceendpointconfig-v1.json").read_text())
 K8S = "1.33.0"
-FSX = FsxTarget(file_system_id="fs-0123456789abcdef0", dns_name="fs-0123.fsx.us-west-2.amazonaws.com",
-                mount_name="abcdefgh", mounted_at="/")
+FSX = FsxTarget(
+    file_system_id="fs-0123456789abcdef0",
+    dns_name="fs-0123.fsx.us-west-2.amazonaws.com",
+    mount_name="abcdefgh",
+    mounted_at="/",
+)
 
 
 def make(published, profile="p6-b300-tp8", storage=None, verifier=VERIFIER):
@@ -47,8 +51,15 @@ def validate_k8s(docs):
             lwt = doc["spec"]["leaderWorkerTemplate"]
             for key in ("leaderTemplate", "workerTemplate"):
                 kubernetes_validate.validate(
-                    {"apiVersion": "v1", "kind": "PodTemplate", "metadata": {"name": key.lower()},
-                     "template": lwt[key]}, K8S, strict=True)
+                    {
+                        "apiVersion": "v1",
+                        "kind": "PodTemplate",
+                        "metadata": {"name": key.lower()},
+                        "template": lwt[key],
+                    },
+                    K8S,
+                    strict=True,
+                )
         else:
             kubernetes_validate.validate(doc, K8S, strict=True)
 
@@ -62,14 +73,22 @@ def test_hyperpod_fsx(published_revision):
     assert spec["instanceType"] == "ml.p6-b300.48xlarge"
     source = spec["modelSourceConfig"]
     assert source["modelSourceType"] == "fsx"
-    assert source["fsxStorage"] == {"fileSystemId": FSX.file_system_id, "dnsName": FSX.dns_name,
-                                    "mountName": FSX.mount_name}
+    assert source["fsxStorage"] == {
+        "fileSystemId": FSX.file_system_id,
+        "dnsName": FSX.dns_name,
+        "mountName": FSX.mount_name,
+    }
     root = str(published_revision.store.root).lstrip("/")
-    assert source["modelLocation"] == f"{root}/models/{published_revision.repo_id}/{published_revision.commit}"
+    assert (
+        source["modelLocation"]
+        == f"{root}/models/{published_revision.repo_id}/{published_revision.commit}"
+    )
     worker = spec["worker"]
     assert worker["image"] == IMAGE.reference
     assert worker["args"] == release.binding.serving.args
-    assert {"name": "VLLM_ENABLE_K3_LATENT_MOE_TAIL_FUSION", "value": "1"} in worker["environmentVariables"]
+    assert {"name": "VLLM_ENABLE_K3_LATENT_MOE_TAIL_FUSION", "value": "1"} in worker[
+        "environmentVariables"
+    ]
     assert worker["modelVolumeMount"]["mountPath"] == "/opt/ml/model"
     assert worker["resources"]["limits"]["nvidia.com/gpu"] == "8"
     assert worker["requestLimits"]["maxConcurrentRequests"] == 256
@@ -82,7 +101,10 @@ def test_hyperpod_s3(published_revision):
     jsonschema.validate(doc, SCHEMA)
     source = doc["spec"]["modelSourceConfig"]
     assert source["s3Storage"] == {"bucketName": "k3a-releases", "region": "us-west-2"}
-    assert source["modelLocation"] == f"prod/models/moonshotai/Kimi-K3-tiny/{release.binding.weights.commit}"
+    assert (
+        source["modelLocation"]
+        == f"prod/models/moonshotai/Kimi-K3-tiny/{release.binding.weights.commit}"
+    )
 
 
 def test_schema_rejects_what_the_crd_rejects(published_revision):
@@ -117,7 +139,9 @@ def test_eks_single_node_validates(published_revision, where):
     validate_k8s(docs)
     kinds = [d["kind"] for d in docs]
     expected = ["Deployment", "Service", "PodDisruptionBudget"]
-    assert kinds == (expected if where == "host" else ["PersistentVolume", "PersistentVolumeClaim", *expected])
+    assert kinds == (
+        expected if where == "host" else ["PersistentVolume", "PersistentVolumeClaim", *expected]
+    )
     deploy = docs[kinds.index("Deployment")]
     assert deploy["metadata"]["annotations"]["k3a.io/tuple-id"] == release.id
     pod = deploy["spec"]["template"]["spec"]
@@ -125,8 +149,13 @@ def test_eks_single_node_validates(published_revision, where):
     assert init["image"] == VERIFIER
     b = release.binding
     assert init["command"][:3] == ["timeout", "--kill-after=30", "2700"]
-    assert init["command"][3:] == ["k3a", "verify", f"{b.weights.repo_id}@{b.weights.commit}",
-                                   "--store", "file:///k3a-store"]
+    assert init["command"][3:] == [
+        "k3a",
+        "verify",
+        f"{b.weights.repo_id}@{b.weights.commit}",
+        "--store",
+        "file:///k3a-store",
+    ]
     (vllm,) = pod["containers"]
     assert vllm["image"] == IMAGE.reference and vllm["args"] == b.serving.args
     assert vllm["resources"]["limits"]["nvidia.com/gpu"] == "8"
@@ -141,7 +170,9 @@ def test_eks_single_node_validates(published_revision, where):
 
 
 def test_eks_two_nodes_is_a_leader_worker_set(published_revision):
-    release = make(published_revision, profile="b200x8-2node-tp8-pp2", storage=StorageTarget(fsx=FSX))
+    release = make(
+        published_revision, profile="b200x8-2node-tp8-pp2", storage=StorageTarget(fsx=FSX)
+    )
     docs = render(release, "eks").documents
     validate_k8s(docs)
     (lws,) = [d for d in docs if d["kind"] == "LeaderWorkerSet"]
@@ -189,9 +220,23 @@ def test_cli_render_is_byte_identical(published_revision, k3a_cmd, k3a_env, tmp_
         runs = []
         for n in (1, 2):
             out = tmp_path / f"run{n}"
-            proc = subprocess.run([*k3a_cmd, "render", release.id, "--target", target, "--out",
-                                   str(out), "--store", store], env=k3a_env, capture_output=True,
-                                  text=True, timeout=120)
+            proc = subprocess.run(  # noqa: PLW1510 (exit code asserted below)
+                [
+                    *k3a_cmd,
+                    "render",
+                    release.id,
+                    "--target",
+                    target,
+                    "--out",
+                    str(out),
+                    "--store",
+                    store,
+                ],
+                env=k3a_env,
+                capture_output=True,
+                text=True,
+                timeout=120,
+            )
             assert proc.returncode == 0, proc.stderr
             runs.append((out / f"kimi-k3-p6-b300-tp8.{target}.yaml").read_bytes())
         assert runs[0] == runs[1]
@@ -199,8 +244,13 @@ def test_cli_render_is_byte_identical(published_revision, k3a_cmd, k3a_env, tmp_
     jsonschema.validate(outputs["hyperpod"][0], SCHEMA)
     validate_k8s(outputs["eks"])
     # stdout and --out carry the same bytes
-    stdout = subprocess.run([*k3a_cmd, "render", release.id, "--target", "eks", "--store", store],
-                            env=k3a_env, capture_output=True, timeout=120).stdout
+    stdout = subprocess.run(
+        [*k3a_cmd, "render", release.id, "--target", "eks", "--store", store],
+        check=True,
+        env=k3a_env,
+        capture_output=True,
+        timeout=120,
+    ).stdout
     assert stdout == runs[1]
 
 

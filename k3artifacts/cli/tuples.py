@@ -70,20 +70,37 @@ def tuple_group() -> None:
 @tuple_group.command("create")
 @click.argument("revision")
 @click.option("--image", "image", required=True, help="Serving image: REPO:TAG or REPO@sha256:...")
-@click.option("--profile", "profile_name", required=True,
-              help="Serving profile: a name in manifests/profiles/ or a path to a YAML file.")
-@click.option("--verifier-image", default=None,
-              help="Pipeline worker image (contains k3a) for the EKS verify init container.")
-@click.option("--insecure-registry", multiple=True, metavar="HOST:PORT",
-              help="Reach this registry over plain http (repeatable). Loopback always is.")
-@click.option("--offline", is_flag=True,
-              help="Contact no registry: images must be given by digest.")
-@click.option("--s3-region", default=None, help="Region of an S3 store (default: the store's or AWS_REGION).")
+@click.option(
+    "--profile",
+    "profile_name",
+    required=True,
+    help="Serving profile: a name in manifests/profiles/ or a path to a YAML file.",
+)
+@click.option(
+    "--verifier-image",
+    default=None,
+    help="Pipeline worker image (contains k3a) for the EKS verify init container.",
+)
+@click.option(
+    "--insecure-registry",
+    multiple=True,
+    metavar="HOST:PORT",
+    help="Reach this registry over plain http (repeatable). Loopback always is.",
+)
+@click.option(
+    "--offline", is_flag=True, help="Contact no registry: images must be given by digest."
+)
+@click.option(
+    "--s3-region", default=None, help="Region of an S3 store (default: the store's or AWS_REGION)."
+)
 @click.option("--fsx-id", default=None, help="FSx for Lustre file system id holding a file store.")
 @click.option("--fsx-dns-name", default=None, help="Its DNS name.")
 @click.option("--fsx-mount-name", default=None, help="Its Lustre mount name.")
-@click.option("--fsx-mounted-at", default=None,
-              help="Where its root is mounted here (the store path lies under it).")
+@click.option(
+    "--fsx-mounted-at",
+    default=None,
+    help="Where its root is mounted here (the store path lies under it).",
+)
 @store_option
 @json_option
 @handle_errors
@@ -190,7 +207,9 @@ def tuples_show(tuple_id: str, store_url: str, as_json: bool) -> None:
         click.echo(f"revision  {b.weights.repo_id}@{b.weights.commit}")
         click.echo(f"manifest  {b.weights.manifest_digest}")
         click.echo(f"weights   {b.weights.location}")
-        click.echo(f"image     {b.image.reference}" + (f"  (was tag {b.image.tag})" if b.image.tag else ""))
+        click.echo(
+            f"image     {b.image.reference}" + (f"  (was tag {b.image.tag})" if b.image.tag else "")
+        )
         click.echo(f"license   {b.license_sha256 or 'none captured'}")
         click.echo(f"profile   {b.serving.profile}  model path {b.serving.model_path}")
         click.echo("args      " + " ".join(b.serving.args))
@@ -224,14 +243,26 @@ def tuples_diff(a: str, b: str, store_url: str, as_json: bool) -> None:
 
 @cli.command("render")
 @click.argument("tuple_or_channel")
-@click.option("--target", type=click.Choice(TARGETS), required=True,
-              help="hyperpod: InferenceEndpointConfig; eks: PV/PVC, Deployment (or "
-              "LeaderWorkerSet), Service, PodDisruptionBudget.")
-@click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
-              help="Write <name>.<target>.yaml into this directory instead of stdout.")
-@click.option("--name", default=None,
-              help="Object name (default: served model name + profile, stable across tuples so "
-              "applying a new render updates in place).")
+@click.option(
+    "--target",
+    type=click.Choice(TARGETS),
+    required=True,
+    help="hyperpod: InferenceEndpointConfig; eks: PV/PVC, Deployment (or "
+    "LeaderWorkerSet), Service, PodDisruptionBudget.",
+)
+@click.option(
+    "--out",
+    "out_dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="Write <name>.<target>.yaml into this directory instead of stdout.",
+)
+@click.option(
+    "--name",
+    default=None,
+    help="Object name (default: served model name + profile, stable across tuples so "
+    "applying a new render updates in place).",
+)
 @click.option("--namespace", default=None, help="Kubernetes namespace to put in the objects.")
 @store_option
 @json_option
