@@ -8,7 +8,12 @@ import pytest
 
 from k3artifacts.store import FileStore
 
-pytest_plugins: list[str] = ["tests.fixtures.registry", "tests.fixtures.releases"]
+pytest_plugins: list[str] = [
+    "tests.fixtures.localhub",
+    "tests.fixtures.moto_server",
+    "tests.fixtures.registry",
+    "tests.fixtures.releases",
+]
 
 
 @pytest.fixture

@@ -24,4 +24,6 @@ def cli() -> None:
 
 def main() -> None:
     cli()
+from . import stage  # noqa: E402,F401
+from . import demo  # noqa: E402,F401
 from . import tuples  # noqa: E402,F401

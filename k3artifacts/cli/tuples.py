@@ -36,9 +36,10 @@ def _storage(
             raise ConfigError(f"FSx details: {exc}") from None
         return StorageTarget(fsx=target)
     if store.url.startswith("s3://"):
+        client = getattr(store, "client", None)  # S3Store's boto3 client knows its region
         region = (
             s3_region
-            or getattr(store, "region", None)
+            or (client.meta.region_name if client is not None else None)
             or os.environ.get("AWS_REGION")
             or os.environ.get("AWS_DEFAULT_REGION")
         )
