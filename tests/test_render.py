@@ -260,3 +260,22 @@ def test_the_kubernetes_check_can_fail(published_revision):
     deploy["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"]["gpu"] = ["8"]
     with pytest.raises(kubernetes_validate.ValidationError):
         validate_k8s(docs)
+
+
+@pytest.mark.s3
+def test_s3_store_tuple_renders_for_hyperpod(s3_store, tmp_path):
+    from tests.fixtures.releases import COMMIT, LICENSE_TEXT, REPO_ID, publish
+
+    publish(s3_store, tmp_path / "q", REPO_ID, COMMIT, {"LICENSE": LICENSE_TEXT.encode()})
+    spec = serving_spec(load_profile("p6-b300-tp8"), storage=StorageTarget(s3_region="us-east-1"))
+    release = create_tuple(s3_store, REPO_ID, COMMIT, IMAGE, spec).release
+    assert release.binding.weights.location.startswith("s3://")
+    (doc,) = render(release, "hyperpod").documents
+    jsonschema.validate(doc, SCHEMA)
+    source = doc["spec"]["modelSourceConfig"]
+    assert source["s3Storage"] == {"bucketName": s3_store.bucket, "region": "us-east-1"}
+    key_prefix = "/".join(p for p in (s3_store.prefix, "models", REPO_ID, COMMIT) if p)
+    assert source["modelLocation"] == key_prefix
+    # The rendered location names the published bytes in the bucket.
+    head = s3_store.client.head_object(Bucket=s3_store.bucket, Key=f"{key_prefix}/LICENSE")
+    assert head["ContentLength"] == len(LICENSE_TEXT.encode())
