@@ -11,6 +11,8 @@ from k3artifacts.store import FileStore
 pytest_plugins: list[str] = [
     "tests.fixtures.localhub",
     "tests.fixtures.moto_server",
+    "tests.fixtures.registry",
+    "tests.fixtures.revisions",
     "tests.fixtures.releases",
 ]
 

@@ -27,3 +27,4 @@ def main() -> None:
 from . import stage  # noqa: E402,F401
 from . import demo  # noqa: E402,F401
 from . import channels  # noqa: E402,F401
+from . import tuples  # noqa: E402,F401
