@@ -113,7 +113,8 @@ class LocalHub:
             self._requests.append(rec)
 
     def last_commit(self, commit: Commit, path: str, kind: str) -> Commit:
-        """The oldest ancestor in an unbroken line where ``path`` looked as it does in ``commit``."""
+        """The oldest ancestor, in an unbroken line, where ``path`` is as it is in ``commit``."""
+
         def view(c: Commit) -> object:
             if kind == "file":
                 e = c.files.get(path)

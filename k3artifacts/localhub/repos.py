@@ -65,7 +65,9 @@ class Commit:
 
 
 def lfs_pointer(sha256: str, size: int) -> bytes:
-    return f"version https://git-lfs.github.com/spec/v1\noid sha256:{sha256}\nsize {size}\n".encode()
+    return (
+        f"version https://git-lfs.github.com/spec/v1\noid sha256:{sha256}\nsize {size}\n".encode()
+    )
 
 
 def git_blob_sha1(data: bytes) -> str:

@@ -23,13 +23,16 @@ import threading
 import traceback
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qsl, unquote, urlencode
 
 import yaml
 
-from .faults import BodyPlan, FaultSet
-from .repos import Commit, Entry, RepoStore
+if TYPE_CHECKING:
+    from . import LocalHub
+
+from .faults import BodyPlan
+from .repos import Commit, Entry
 
 _READ_CHUNK = 1024 * 1024
 _TREE_EXPAND_PAGE = 50  # the real Hub pages expanded listings by 50
@@ -64,7 +67,7 @@ class _Server(ThreadingHTTPServer):
     daemon_threads = True
     request_queue_size = 64
 
-    def __init__(self, addr: tuple[str, int], state: Any):
+    def __init__(self, addr: tuple[str, int], state: LocalHub):
         self.state = state
         self.stopping = threading.Event()
         self.live: set[socket.socket] = set()
@@ -208,7 +211,10 @@ class _Handler(BaseHTTPRequestHandler):
             f = plan.status
             headers = {"Retry-After": str(f.retry_after)} if f.retry_after is not None else {}
             self._send_json(
-                f.status, {"error": f"injected fault: status {f.status}"}, head=False, headers=headers
+                f.status,
+                {"error": f"injected fault: status {f.status}"},
+                head=False,
+                headers=headers,
             )
             raise _Answered
         return plan
@@ -345,7 +351,9 @@ class _Handler(BaseHTTPRequestHandler):
             headers["X-Linked-Size"] = str(size)
         if span == "unsatisfiable":
             headers["Content-Range"] = f"bytes */{size}"
-            self._send_json(416, {"error": "Requested Range Not Satisfiable"}, head=head, headers=headers)
+            self._send_json(
+                416, {"error": "Requested Range Not Satisfiable"}, head=head, headers=headers
+            )
             return
         if span is None:
             status, start, length = 200, 0, size
