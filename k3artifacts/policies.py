@@ -44,6 +44,10 @@ class EvaluationPolicy(_Strict):
 class ChannelPolicy(_Strict):
     gates: list[GateName]
     evaluation: EvaluationPolicy | None = None
+    #: The rollback flow waits for a release engineer's approval before moving this channel
+    #: back. Promotion through the flow always waits for one; a rollback is an incident
+    #: response, so by default it does not.
+    rollback_approval: bool = False
 
     @model_validator(mode="after")
     def _evaluation_configured(self) -> ChannelPolicy:

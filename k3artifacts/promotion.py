@@ -169,6 +169,7 @@ def rollback(
     to: str | None = None,
     actor: str,
     reason: str | None = None,
+    approval: Approval | None = None,
     now: datetime | None = None,
 ) -> MoveResult:
     """Point ``channel`` back at a tuple it served before: ``to``, or by default the previous
@@ -177,9 +178,17 @@ def rollback(
     Gates are not re-run (the target passed them, or was overridden, to serve this channel);
     what is checked is that its weights are still in the store, by one manifest read: the cost
     does not grow with the size of the release. Raises NotFound (exit 7) for an unknown channel,
-    a target never on this channel, or a target whose weights are gone.
+    a target never on this channel, or a target whose weights are gone. ``approval`` (when the
+    channel's policy asks for one, see ``ChannelPolicy.rollback_approval``) is recorded in the
+    history entry; a rejection raises GateFailed and writes nothing.
     """
     check_channel(channel)
+    if approval is not None and approval.decision != "approved":
+        raise GateFailed(
+            f"rollback of {channel} was rejected by {approval.who}"
+            + (f": {approval.reason}" if approval.reason else ""),
+            hint="nothing was written; the channel still points where it did",
+        )
     state = read_state(store, channel)
     if state.pointer is None:
         raise unknown_channel(store, channel)
@@ -246,5 +255,6 @@ def rollback(
         when=_now(now),
         why=reason,
         gates=[check],
+        approval=approval,
     )
     return _commit(store, state, entry, [check], [])

@@ -8,3 +8,47 @@ from k3artifacts.localhub import LocalHub
 def resolve_gets(hub: LocalHub, since: int = 0) -> list[str]:
     """Repo paths of file downloads the hub answered, in order."""
     return [r.target for r in hub.requests[since:] if "/resolve/" in r.url and r.method == "GET"]
+
+
+def answer_when_paused(tag: str, run_input: dict, timeout: float = 120.0):
+    """Start a thread that waits for the flow run tagged ``tag`` to pause, then resumes it with
+    ``run_input``, as a release engineer's form (or script) would. Returns (thread, outcome):
+    outcome gets "resumed" or the error."""
+    import contextvars
+    import threading
+    import time
+
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import (
+        FlowRunFilter,
+        FlowRunFilterState,
+        FlowRunFilterStateType,
+        FlowRunFilterTags,
+    )
+    from prefect.client.schemas.objects import StateType
+    from prefect.flow_runs import resume_flow_run
+
+    outcome: list[object] = []
+
+    def answer() -> None:
+        deadline = time.monotonic() + timeout
+        try:
+            with get_client(sync_client=True) as client:
+                while time.monotonic() < deadline:
+                    paused = client.read_flow_runs(flow_run_filter=FlowRunFilter(
+                        tags=FlowRunFilterTags(all_=[tag]),
+                        state=FlowRunFilterState(type=FlowRunFilterStateType(any_=[StateType.PAUSED])),
+                    ))
+                    if paused:
+                        resume_flow_run(paused[0].id, run_input=run_input)
+                        outcome.append("resumed")
+                        return
+                    time.sleep(0.2)
+            outcome.append(TimeoutError(f"no paused run tagged {tag}"))
+        except Exception as exc:  # noqa: BLE001 - handed to the test
+            outcome.append(exc)
+
+    # The thread needs the test's Prefect settings (the API URL), which live in a contextvar.
+    thread = threading.Thread(target=contextvars.copy_context().run, args=(answer,), daemon=True)
+    thread.start()
+    return thread, outcome
