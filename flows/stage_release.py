@@ -63,11 +63,14 @@ from prefect.exceptions import ObjectAlreadyExists
 from prefect.futures import as_completed
 from prefect.tasks import exponential_backoff
 
+from k3artifacts.binding import create_tuple
 from k3artifacts.config import default_quarantine
 from k3artifacts.download import RetryPolicy
 from k3artifacts.errors import K3AError, Refusal, ReleaseRefused, Unavailable
 from k3artifacts.hub import HubSource, RemoteFile, check_repo_id
+from k3artifacts.images import resolve_image
 from k3artifacts.manifest import ShardManifest
+from k3artifacts.profiles import load_profile, serving_spec
 from k3artifacts.quarantine import Quarantine, VerifiedEntry
 from k3artifacts.staging import StageOptions, Stager, StageResult
 from k3artifacts.store import FileStore, Store
@@ -300,10 +303,6 @@ def make_tuple(store: Store, repo_id: str, commit: str, image: str, profile: str
     """Bind the published revision, the image (a tag is pinned to its digest now, once) and
     the serving profile (a name in manifests/profiles/ or a site profile file carrying the
     FSx/region facts) into a release tuple; the same inputs give the same id."""
-    from k3artifacts.binding import create_tuple
-    from k3artifacts.images import resolve_image
-    from k3artifacts.profiles import load_profile, serving_spec
-
     spec = serving_spec(load_profile(profile))
     created = create_tuple(store, repo_id, commit, resolve_image(image), spec,
                            created_by="prefect:stage-release")

@@ -94,3 +94,17 @@ def _table(arts):
 
     data = arts["table"].data
     return json.loads(data) if isinstance(data, str) else data
+
+
+def test_stage_flow_makes_the_release_tuple(local_hub, file_store, tmp_path, oci_registry):
+    from k3artifacts.tuples import TupleStore
+
+    commit = local_hub.hub.add_commit(REPO, small_release(tmp_path))
+    pushed = oci_registry.push("k3a/vllm", "k3-flow")
+    state = run(local_hub, file_store, tmp_path, image=f"{oci_registry.host}/k3a/vllm:k3-flow",
+                profile="p6-b300-tp8")
+    assert state.is_completed(), state
+    release = TupleStore(file_store).get(state.result()["tuple_id"])
+    assert release.binding.weights.commit == commit
+    assert release.binding.image.digest == pushed.digest
+    assert release.id in artifacts_of(state)["markdown"].data
