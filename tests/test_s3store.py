@@ -233,3 +233,57 @@ def test_record_helper_matches_store_hash(tmp_path: Path) -> None:
 
     crc, sha, size = crc64nvme_and_sha256(path)
     assert (crc, sha, size) == (crc64(b"hello"), record_for(path, "x").sha256, 5)
+
+
+_KILLED_WRITER = """
+import sys
+from pathlib import Path
+from k3artifacts.s3store import MiB, S3Store, TransferTuning
+from tests.s3_helpers import REPO, record_for
+url, endpoint, local = sys.argv[1:4]
+store = S3Store.from_url(url, endpoint_url=endpoint, tuning=TransferTuning(
+    multipart_threshold=5 * MiB, min_part_size=5 * MiB, max_concurrency=1,
+    max_bandwidth=4 * MiB))  # slow enough to be killed mid-upload
+writer = store.begin_revision(REPO, sys.argv[4])
+writer.put_file(record_for(Path(local), "model.safetensors"), Path(local))
+writer.commit(None)  # never reached
+"""
+
+
+def test_killed_upload_leaves_nothing_visible_and_is_cleaned(
+    s3_store: S3Store, s3_url: str, moto_endpoint: str, s3_client, s3_bucket, tmp_path: Path
+) -> None:
+    import subprocess
+    import sys
+    import time
+
+    files = write_revision(tmp_path / "q", {"model.safetensors": os.urandom(24 * MiB)})
+    rec, local = files["model.safetensors"]
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _KILLED_WRITER, s3_url, moto_endpoint, str(local), C1],
+        cwd=Path(__file__).resolve().parent.parent,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while "Uploads" not in s3_client.list_multipart_uploads(Bucket=s3_bucket):
+            assert proc.poll() is None, "writer ended before it started a multipart upload"
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        time.sleep(0.5)  # let a part or two land
+    finally:
+        proc.kill()
+        proc.wait()
+    assert proc.returncode < 0  # killed, not finished
+    dangling = s3_client.list_multipart_uploads(Bucket=s3_bucket)["Uploads"]
+    assert [u["Key"] for u in dangling] == [f"k3a/models/{REPO}/{C1}/model.safetensors"]
+    assert s3_store.list_revisions(REPO) == []
+    assert s3_store.read_manifest(REPO, C1) is None
+    assert s3_store.list_keys(f"models/{REPO}/{C1}/") == []
+
+    # The next run of the same revision clears the debris and publishes cleanly.
+    writer = s3_store.begin_revision(REPO, C1)
+    assert "Uploads" not in s3_client.list_multipart_uploads(Bucket=s3_bucket)
+    writer.put_file(rec, local)
+    writer.commit(manifest_for(C1, files))
+    assert s3_store.list_revisions(REPO) == [C1]
+    assert writer.receipts["model.safetensors"].checksum_type == "FULL_OBJECT"

@@ -24,3 +24,4 @@ def cli() -> None:
 
 def main() -> None:
     cli()
+from . import aws  # noqa: E402,F401
