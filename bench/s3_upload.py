@@ -29,7 +29,7 @@ from boto3.s3.transfer import TransferConfig  # noqa: E402
 from botocore.config import Config  # noqa: E402
 
 from k3artifacts.s3store import MiB, S3Store  # noqa: E402
-from tests.s3_helpers import REPO, publish, write_revision  # noqa: E402
+from tests.s3_helpers import publish, write_revision  # noqa: E402
 
 
 def main() -> None:

@@ -96,7 +96,7 @@ def test_logging_needs_the_log_bucket_to_allow_delivery(s3_client, s3_bucket: st
 
 
 def run(cmd: list[str], env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([*cmd, *args], env=env, capture_output=True, text=True, timeout=120)
+    return subprocess.run([*cmd, *args], env=env, check=False, capture_output=True, text=True, timeout=120)
 
 
 def test_cli_creates_applies_and_reports_no_changes(k3a_cmd, s3_env, s3_client, tmp_path) -> None:

@@ -50,7 +50,7 @@ def fsx_env(s3_env: dict[str, str], moto_endpoint: str) -> dict[str, str]:
 
 
 def preload(cmd, env, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([*cmd, "fsx", "preload", *args], env=env, capture_output=True,
+    return subprocess.run([*cmd, "fsx", "preload", *args], env=env, check=False, capture_output=True,
                           text=True, timeout=120)
 
 

@@ -14,7 +14,12 @@ from botocore.validate import validate_parameters
 
 from k3artifacts.errors import ConfigError
 from k3artifacts.policies import (
-    BucketPolicyInputs, iam_policies, load_template, policies_dir, render, rendered,
+    BucketPolicyInputs,
+    iam_policies,
+    load_template,
+    policies_dir,
+    render,
+    rendered,
 )
 
 ACCOUNT = "123456789012"
@@ -249,8 +254,8 @@ def test_unknown_placeholder_is_an_error() -> None:
     ("bucket", "Not_A_Bucket"),
 ])
 def test_bad_inputs_are_config_errors(field: str, value: str) -> None:
-    args = dict(bucket="k3a-releases", prefix="", admin_role_arn=ADMIN,
-                inference_role_arn=INFERENCE, kms_key_arn=KMS)
+    args = {"bucket": "k3a-releases", "prefix": "", "admin_role_arn": ADMIN,
+            "inference_role_arn": INFERENCE, "kms_key_arn": KMS}
     args[field] = value
     with pytest.raises(ConfigError):
         BucketPolicyInputs(**args)
