@@ -21,7 +21,7 @@ import botocore.exceptions as bex
 from .awsclients import aws_errors, error_code, http_status
 from .canonical import canonical_json
 from .errors import ConfigError, NotFound
-from .policies import BucketPolicyInputs, rendered
+from .bucket_policies import BucketPolicyInputs, rendered
 
 #: Order of application (policy last, see module doc).
 SETTINGS = (

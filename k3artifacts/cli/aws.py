@@ -13,7 +13,7 @@ from .. import awsclients
 from ..bootstrap import BootstrapReport, bootstrap
 from ..errors import ConfigError, NotFound
 from ..fsx import start_preload
-from ..policies import BucketPolicyInputs, iam_policies
+from ..bucket_policies import BucketPolicyInputs, iam_policies
 from . import cli
 from .common import emit, get_store, handle_errors, json_option, store_option
 

@@ -1,4 +1,5 @@
-"""The JSON under ``policies/s3`` and ``policies/iam``, rendered for one bucket.
+"""The bucket and IAM policy JSON under ``policies/s3`` and ``policies/iam``, rendered for one
+bucket (the promotion-gate and review policies are ``k3artifacts.policies``).
 
 The files are data with ``{{name}}`` placeholders; this module fills them in. A string that is
 exactly ``{{name}}`` whose value is a list becomes that list (e.g. the reader role ARNs of a
@@ -9,15 +10,14 @@ so a typo in a policy file cannot ship as a literal ``{{...}}``.
 from __future__ import annotations
 
 import json
-import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .config import default_policies_dir
 from .errors import ConfigError
 
-POLICIES_ENV = "K3A_POLICIES_DIR"
 IAM_ROLES = ("downloader", "promoter", "inference")
 
 _PLACEHOLDER = re.compile(r"\{\{([a-z_]+)\}\}")
@@ -27,15 +27,15 @@ _BUCKET = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
 
 
 def policies_dir() -> Path:
-    """``$K3A_POLICIES_DIR``, else ``policies/`` beside the package (a checkout or -e install)."""
-    configured = os.environ.get(POLICIES_ENV)
-    path = Path(configured) if configured else Path(__file__).resolve().parent.parent / "policies"
-    if not (path / "s3").is_dir():
-        raise ConfigError(
-            f"policy templates not found in {path}",
-            hint=f"set {POLICIES_ENV} to the policies/ directory of a k3artifacts checkout",
-        )
-    return path
+    """Where the ``s3/`` and ``iam/`` templates are: ``$K3A_POLICIES`` (or ``./policies``) when
+    it holds them, else the ``policies/`` of the checkout this package runs from."""
+    for path in (default_policies_dir(), Path(__file__).resolve().parent.parent / "policies"):
+        if (path / "s3").is_dir() and (path / "iam").is_dir():
+            return path
+    raise ConfigError(
+        "bucket and IAM policy templates (policies/s3, policies/iam) not found",
+        hint="set K3A_POLICIES to the policies/ directory of a k3artifacts checkout",
+    )
 
 
 def role_arn(value: str, what: str) -> str:

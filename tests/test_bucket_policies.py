@@ -13,7 +13,7 @@ import pytest
 from botocore.validate import validate_parameters
 
 from k3artifacts.errors import ConfigError
-from k3artifacts.policies import (
+from k3artifacts.bucket_policies import (
     BucketPolicyInputs,
     iam_policies,
     load_template,
