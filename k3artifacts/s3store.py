@@ -292,17 +292,20 @@ class S3Store(Store):
                     ) from None
                 raise
 
-    def list_keys(self, prefix: str) -> list[str]:
+    def object_sizes(self, prefix: str) -> dict[str, int]:
         s3_prefix = f"{self.prefix}/{prefix}" if self.prefix else prefix
-        keys: list[str] = []
+        sizes: dict[str, int] = {}
         with aws_errors(f"listing s3://{self.bucket}/{s3_prefix}"):
             pages = self.client.get_paginator("list_objects_v2").paginate(
                 Bucket=self.bucket, Prefix=s3_prefix,
                 PaginationConfig={"PageSize": self.list_page_size},
             )
             for page in pages:
-                keys.extend(self._unkey(obj["Key"]) for obj in page.get("Contents", []))
-        return sorted(keys)
+                sizes.update((self._unkey(o["Key"]), o["Size"]) for o in page.get("Contents", []))
+        return sizes
+
+    def list_keys(self, prefix: str) -> list[str]:
+        return sorted(self.object_sizes(prefix))
 
     # ---- objects -------------------------------------------------------------------------
     def head(self, key: str) -> dict[str, Any] | None:

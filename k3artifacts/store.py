@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import BinaryIO
 from urllib.parse import unquote, urlparse
 
-from .errors import AlreadyExists, ConfigError, Conflict, NotFound
+from .errors import AlreadyExists, ConfigError, Conflict, K3AError, NotFound
 from .manifest import META_DIR, FileRecord, ShardManifest, manifest_key, revision_prefix
 
 READ_ONLY_FILE = stat.S_IRUSR | stat.S_IRGRP | stat.S_IROTH
@@ -46,9 +46,15 @@ class RevisionWriter(ABC):
     def put_file(self, record: FileRecord, local_path: Path) -> None:
         """Add a verified file. ``local_path`` is left in place (the caller owns quarantine)."""
 
+    def has_file(self, record: FileRecord) -> bool:
+        """Whether an earlier, interrupted run already put this exact file."""
+        return False
+
     @abstractmethod
     def commit(self, manifest: ShardManifest) -> None:
-        """Make the revision visible, manifest last. Idempotent for an identical manifest."""
+        """Make the revision visible, manifest last. Idempotent for an identical manifest.
+
+        Files put that the manifest does not list are dropped."""
 
     @abstractmethod
     def abort(self) -> None:
@@ -76,6 +82,14 @@ class Store(ABC):
     @abstractmethod
     def list_keys(self, prefix: str) -> list[str]:
         """Every key under ``prefix`` (a folder-like prefix ending in ``/``), sorted."""
+
+    @abstractmethod
+    def object_sizes(self, prefix: str) -> dict[str, int]:
+        """Every key under ``prefix`` with its size in bytes, from one listing (no reads).
+
+        What the promotion gate uses to check a published revision cheaply; on S3 the
+        ListObjectsV2 pages already carry each object's size.
+        """
 
     # ---- revisions -----------------------------------------------------------------------
     @abstractmethod
@@ -230,6 +244,9 @@ class FileStore(Store):
                     keys.append(name if rel == "." else f"{rel}/{name}")
         return sorted(keys)
 
+    def object_sizes(self, prefix: str) -> dict[str, int]:
+        return {key: os.stat(self._path(key)).st_size for key in self.list_keys(prefix)}
+
     def open_read(self, key: str) -> BinaryIO:
         try:
             return open(self._path(key), "rb")
@@ -254,28 +271,51 @@ class _FileRevisionWriter(RevisionWriter):
     def __init__(self, store: FileStore, repo_id: str, commit: str):
         self.store = store
         self.final = store._path(revision_prefix(repo_id, commit))
+        # A fixed name: a crashed run's work is found and reused (see has_file). Every file
+        # in it arrived by rename, so a file that exists is complete.
         self.work = self.final.with_name(f".staging-{commit}")
-        if self.work.exists():
-            # Left by a crashed run: its files are rebuilt from quarantine, which still has them.
-            _make_writable(self.work)
-            shutil.rmtree(self.work)
-        self.work.mkdir(parents=True)
+        self.work.mkdir(parents=True, exist_ok=True)
+
+    def _dest(self, path: str) -> Path:
+        return self.work.joinpath(*path.split("/"))
+
+    def has_file(self, record: FileRecord) -> bool:
+        try:
+            return self._dest(record.path).stat().st_size == record.size
+        except FileNotFoundError:
+            return False
 
     def put_file(self, record: FileRecord, local_path: Path) -> None:
-        dest = self.work.joinpath(*record.path.split("/"))
+        dest = self._dest(record.path)
         dest.parent.mkdir(parents=True, exist_ok=True)
+        tmp = dest.with_name(f".{dest.name}.{os.getpid()}.tmp")
+        tmp.unlink(missing_ok=True)
         try:
             # Same file system (quarantine under the store root): no byte is read again.
-            os.link(local_path, dest)
+            os.link(local_path, tmp)
         except OSError as exc:
             if exc.errno not in (errno.EXDEV, errno.EPERM, errno.EMLINK):
                 raise
-            shutil.copyfile(local_path, dest)
-        os.chmod(dest, READ_ONLY_FILE)
+            shutil.copyfile(local_path, tmp)
+        os.chmod(tmp, READ_ONLY_FILE)
+        os.replace(tmp, dest)
 
     def commit(self, manifest: ShardManifest) -> None:
+        missing = [r.path for r in manifest.files if not self.has_file(r)]
+        if missing:
+            raise K3AError(f"refusing to publish {self.final}: files never stored: {missing[:5]}")
+        listed = {r.path for r in manifest.files}
         meta = self.work / META_DIR
-        meta.mkdir(exist_ok=True)
+        if meta.exists():
+            _make_writable(meta)
+            shutil.rmtree(meta)
+        for dirpath, _, filenames in os.walk(self.work):
+            rel = Path(dirpath).relative_to(self.work).as_posix()
+            for name in filenames:
+                if (name if rel == "." else f"{rel}/{name}") not in listed:
+                    os.chmod(dirpath, 0o755)
+                    os.unlink(os.path.join(dirpath, name))
+        meta.mkdir()
         _write_durable(meta / "manifest.json", manifest.canonical())
         for dirpath, dirnames, filenames in os.walk(self.work, topdown=False):
             for name in filenames:

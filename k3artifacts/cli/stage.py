@@ -1,0 +1,186 @@
+"""k3a stage / k3a verify."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import click
+
+from ..config import default_quarantine
+from ..download import RetryPolicy
+from ..errors import ConfigError
+from ..hub import HubSource, check_repo_id
+from ..progress import BytesProgress, StageProgress, make_progress
+from ..staging import StageOptions, StageResult, stage
+from ..store import FileStore, Store
+from ..verify import verify_revision
+from . import cli
+from .common import ByteSize, emit, get_store, handle_errors, json_option, store_option
+
+REVISION_REF = re.compile(r"^(?P<repo>[^@]+)@(?P<commit>[0-9a-f]{40})$")
+
+
+def quarantine_for(store: Store, explicit: Path | None) -> Path:
+    if explicit is not None:
+        return explicit
+    return default_quarantine(store.root if isinstance(store, FileStore) else None)
+
+
+def run_stage(
+    store: Store,
+    repo_id: str,
+    revision: str,
+    *,
+    endpoint: str | None,
+    quarantine: Path | None,
+    options: StageOptions,
+    as_json: bool,
+    quiet: bool,
+) -> StageResult:
+    """The stage command's body; `k3a demo` runs exactly this against its local hub."""
+    source = HubSource(endpoint=endpoint)
+    with make_progress(enabled=not (as_json or quiet)) as progress:
+        observer = StageProgress(progress, quiet=as_json or quiet)
+        return stage(
+            source,
+            store,
+            repo_id,
+            revision,
+            quarantine_for(store, quarantine),
+            options,
+            observer,
+        )
+
+
+def print_stage_result(result: StageResult) -> None:
+    if result.already_published:
+        click.echo(f"already published (no-op): {result.location}")
+    else:
+        rate = result.downloaded_bytes / result.seconds / 1e6 if result.seconds else 0.0
+        click.echo(
+            f"published {result.files} files, {result.total_bytes:,} bytes "
+            f"({result.downloaded_bytes:,} downloaded, {result.reused_files} reused) "
+            f"in {result.seconds:.1f}s ({rate:.0f} MB/s)"
+        )
+        click.echo(f"location:        {result.location}")
+    click.echo(f"commit:          {result.commit}")
+    click.echo(f"manifest digest: {result.manifest_digest}")
+    click.echo(f"license sha256:  {result.license_sha256 or '(no license file)'}")
+    if result.remote_code:
+        click.echo(
+            f"remote code:     {len(result.remote_code)} file(s) need review before promotion: "
+            + ", ".join(result.remote_code)
+        )
+
+
+@cli.command("stage")
+@click.argument("repo_id")
+@click.option("--revision", default="main", show_default=True, help="Branch, tag or commit.")
+@store_option
+@click.option(
+    "--quarantine",
+    type=click.Path(path_type=Path, file_okay=False),
+    envvar="K3A_QUARANTINE",
+    help="Local download directory [default: beside a file store, else ~/.cache/k3artifacts].",
+)
+@click.option("--endpoint", envvar="HF_ENDPOINT", help="Hub URL [default: $HF_ENDPOINT or huggingface.co].")
+@click.option("--workers", default=4, show_default=True, help="Files downloaded at once.")
+@click.option("--allow-pickle", is_flag=True, help="Accept .bin/.pt/.pkl weights (they can run code).")
+@click.option("--keep-quarantine", is_flag=True, help="Keep the local copy after publishing.")
+@click.option("--window-bytes", type=ByteSize(), default=None,
+              help="Bound local quarantine disk (e.g. 500GiB): shards leave it once stored.")
+@click.option("--retries", default=8, show_default=True, help="Attempts per file on network errors.")
+@click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
+@json_option
+@handle_errors
+def stage_cmd(repo_id, revision, store_url, quarantine, endpoint, workers, allow_pickle,
+              keep_quarantine, window_bytes, retries, quiet, as_json):
+    """Download, verify and publish REPO_ID at --revision into the store.
+
+    The revision is resolved to a commit once; every file is hashed as it arrives (sha256
+    against the hub's LFS sha256, xxh3-128 for later checks), safetensors headers and the
+    shard index are checked, the license and any *.py remote code are captured, and the
+    revision is published atomically with its manifest. An interrupted run re-run with the
+    same arguments resumes partial files and skips verified ones.
+
+    \b
+    Example:
+      k3a stage moonshotai/Kimi-K3 --revision main --store file:///fsx/k3a
+    Exit codes: 0 published or already published, 3 refused (nothing published),
+    6 another run holds this revision, 7 repo/revision not found, 8 hub unreachable.
+    """
+    check_repo_id(repo_id)
+    store = get_store(store_url)
+    options = StageOptions(
+        allow_pickle=allow_pickle,
+        workers=workers,
+        keep_quarantine=keep_quarantine,
+        window_bytes=window_bytes,
+        retry=RetryPolicy(attempts=retries),
+    )
+    result = run_stage(
+        store, repo_id, revision, endpoint=endpoint, quarantine=quarantine,
+        options=options, as_json=as_json, quiet=quiet,
+    )
+    emit(as_json, result.__dict__, lambda: print_stage_result(result))
+
+
+def parse_target(target: str) -> tuple[str, str] | Path:
+    match = REVISION_REF.match(target)
+    if match:
+        return check_repo_id(match["repo"]), match["commit"]
+    path = Path(target)
+    if path.is_dir():
+        return path
+    raise ConfigError(
+        f"{target!r} is neither org/name@<40-hex commit> nor a revision directory",
+        hint="e.g. k3a verify moonshotai/Kimi-K3@<commit>, or a path ending in /<commit>",
+    )
+
+
+@cli.command("verify")
+@click.argument("target")
+@store_option
+@click.option("--full", is_flag=True, help="Check sha256 (slower) instead of xxh3-128.")
+@click.option("--expect-digest", help="Refuse unless the manifest digest is exactly this.")
+@click.option("--workers", default=4, show_default=True, help="Files hashed at once.")
+@click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
+@json_option
+@handle_errors
+def verify_cmd(target, store_url, full, expect_digest, workers, quiet, as_json):
+    """Re-hash a published revision against its manifest; run on a node before serving.
+
+    TARGET is org/name@<commit> (looked up in --store) or a revision directory such as
+    /fsx/k3a/models/moonshotai/Kimi-K3/<commit>.
+
+    Exit codes: 0 every file matches, 4 some file is missing, changed or unexpected
+    (listed), 7 not a published revision.
+    """
+    parsed = parse_target(target)
+    with make_progress(enabled=not (as_json or quiet)) as progress:
+        bar = BytesProgress(progress, "verifying")
+        kwargs = dict(full=full, expect_digest=expect_digest, workers=workers, on_bytes=bar,
+                      on_manifest=lambda m: bar.set_total(m.total_bytes))
+        if isinstance(parsed, Path):
+            report = verify_revision(directory=parsed, **kwargs)
+        else:
+            report = verify_revision(store=get_store(store_url), repo_id=parsed[0],
+                                     commit=parsed[1], **kwargs)
+    payload = {
+        "target": report.target,
+        "ok": report.ok,
+        "algorithm": report.algorithm,
+        "manifest_digest": report.manifest_digest,
+        "files": report.files,
+        "bytes": report.bytes,
+        "problems": [p.__dict__ for p in report.problems],
+    }
+
+    def human() -> None:
+        if report.ok:
+            click.echo(f"ok: {report.files} files, {report.bytes:,} bytes match ({report.algorithm})")
+            click.echo(f"manifest digest: {report.manifest_digest}")
+
+    emit(as_json, payload, human)
+    report.raise_for_problems()

@@ -1,0 +1,111 @@
+"""The upstream: a Hugging Face Hub (or anything speaking its API), through huggingface_hub.
+
+Metadata (commit resolution, listing with LFS sha256) goes through the real client, which
+honours ``HF_ENDPOINT``, ``HF_TOKEN`` and the user's login. File bytes are streamed by
+:mod:`k3artifacts.download` from the URLs and headers this module builds, so that they can be
+hashed as they arrive and resumed across processes (the client does neither: DESIGN.md).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import httpx2
+from huggingface_hub import HfApi, constants, hf_hub_url
+from huggingface_hub.errors import (
+    EntryNotFoundError,
+    GatedRepoError,
+    HfHubHTTPError,
+    RepositoryNotFoundError,
+    RevisionNotFoundError,
+)
+from huggingface_hub.hf_api import RepoFile
+from huggingface_hub.utils import build_hf_headers
+
+from .errors import ConfigError, NotFound, Unavailable
+
+COMMIT = re.compile(r"^[0-9a-f]{40}$")
+REPO_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
+
+
+@dataclass(frozen=True)
+class RemoteFile:
+    """One listing entry, parsed once at the edge."""
+
+    path: str
+    size: int
+    entry_type: str
+    lfs_sha256: str | None
+    git_oid: str | None
+
+
+def check_repo_id(repo_id: str) -> str:
+    if not REPO_ID.match(repo_id) or ".." in repo_id:
+        raise ConfigError(f"{repo_id!r} is not a Hub repo id", hint="write it as org/name")
+    return repo_id
+
+
+class HubSource:
+    def __init__(self, endpoint: str | None = None, token: str | bool | None = None):
+        self.endpoint = (endpoint or constants.ENDPOINT).rstrip("/")
+        self.token = token
+        self.api = HfApi(endpoint=self.endpoint, token=token)
+
+    def _call(self, what: str, fn, *args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except GatedRepoError as exc:
+            raise NotFound(
+                f"{what}: gated repository, access not granted ({exc})",
+                hint="accept the model's terms on the Hub and set HF_TOKEN",
+            ) from None
+        except RepositoryNotFoundError:
+            raise NotFound(
+                f"{what}: repository not found at {self.endpoint}",
+                hint="check the repo id, HF_ENDPOINT and HF_TOKEN",
+            ) from None
+        except RevisionNotFoundError:
+            raise NotFound(
+                f"{what}: revision not found", hint="check the branch, tag or commit"
+            ) from None
+        except EntryNotFoundError:
+            raise NotFound(f"{what}: not found") from None
+        except (HfHubHTTPError, httpx2.HTTPError, OSError) as exc:
+            raise Unavailable(
+                f"{what}: hub at {self.endpoint} unavailable: {exc}",
+                hint="check network access to HF_ENDPOINT, then re-run (work done is kept)",
+            ) from None
+
+    def resolve(self, repo_id: str, revision: str) -> str:
+        """Branch, tag or commit -> the 40-hex commit. Called once per staging."""
+        info = self._call(f"{repo_id}@{revision}", self.api.model_info, repo_id, revision=revision)
+        sha = info.sha
+        if not sha or not COMMIT.match(sha):
+            raise Unavailable(f"{repo_id}@{revision}: hub returned no commit sha ({sha!r})")
+        return sha
+
+    def list_files(self, repo_id: str, commit: str) -> list[RemoteFile]:
+        entries = self._call(
+            f"{repo_id}@{commit}",
+            lambda: list(self.api.list_repo_tree(repo_id, revision=commit, recursive=True)),
+        )
+        files = []
+        for entry in entries:
+            if isinstance(entry, RepoFile):
+                files.append(
+                    RemoteFile(
+                        path=entry.path,
+                        size=int(entry.size),
+                        entry_type="file",
+                        lfs_sha256=entry.lfs.sha256 if entry.lfs else None,
+                        git_oid=None if entry.lfs else entry.blob_id,
+                    )
+                )
+        return sorted(files, key=lambda f: f.path)
+
+    def file_url(self, repo_id: str, commit: str, path: str) -> str:
+        return hf_hub_url(repo_id, path, revision=commit, endpoint=self.endpoint)
+
+    def headers(self) -> dict[str, str]:
+        return build_hf_headers(token=self.token, library_name="k3artifacts")

@@ -1,0 +1,181 @@
+"""A local Hugging Face Hub for the demo, the staging tests, the fault suite and the benchmarks.
+
+It speaks, over real HTTP on 127.0.0.1, the part of the Hub API that ``huggingface_hub`` 2.4
+needs to resolve a revision, list files (with LFS sha256) and download them (HEAD metadata,
+Range resume), and it can misbehave on purpose (:mod:`.faults`)::
+
+    hub = LocalHub(tmp_path / "hub")
+    commit = hub.add_commit("moonshotai/Kimi-K3", {"config.json": b"{}", "model.safetensors": path})
+    hub.add_tag("moonshotai/Kimi-K3", "v1", commit)
+    hub.faults.add("*.safetensors", Fault.drop(after_bytes=4096))
+    with hub.serve() as endpoint:
+        HfApi(endpoint=endpoint).model_info("moonshotai/Kimi-K3", files_metadata=True)
+    [r for r in hub.requests if r.target == "model.safetensors"]
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+from collections.abc import Collection, Iterator, Mapping
+from contextlib import contextmanager
+from pathlib import Path
+
+from .faults import Fault, FaultSet
+from .repos import LFS_PATTERNS, LFS_THRESHOLD, Commit, Entry, RepoStore
+from .server import RequestRecord, _Server
+
+__all__ = [
+    "LFS_PATTERNS",
+    "LFS_THRESHOLD",
+    "Commit",
+    "Entry",
+    "Fault",
+    "FaultSet",
+    "LocalHub",
+    "RequestRecord",
+]
+
+
+class LocalHub:
+    """Repos under ``root`` plus the server that serves them.
+
+    ``token``: when set, every request must carry ``Authorization: Bearer <token>`` (401
+    otherwise, as the Hub answers for a private repo). ``page_size``: entries per page of a tree
+    listing (the Hub uses 1000; make it small to exercise pagination).
+    """
+
+    def __init__(self, root: Path, *, token: str | None = None, page_size: int = 1000):
+        self.repos = RepoStore(Path(root))
+        self.token = token
+        self.page_size = page_size
+        self.faults = FaultSet()
+        #: Tracebacks of unexpected errors inside the server (a test fixture asserts none).
+        self.server_errors: list[str] = []
+        self._requests: list[RequestRecord] = []
+        self._req_lock = threading.Lock()
+        self._server: _Server | None = None
+        self._thread: threading.Thread | None = None
+
+    # ----- content ---------------------------------------------------------------------------
+
+    def add_commit(
+        self,
+        repo_id: str,
+        files: Mapping[str, bytes | Path],
+        *,
+        branch: str = "main",
+        lfs: bool | Collection[str] | None = None,
+        message: str = "Upload folder using huggingface_hub",
+    ) -> str:
+        """Make ``files`` (the whole tree: repo path -> bytes or a file on disk) the new head of
+        ``branch`` and return the 40-hex commit id, derived from repo, parent and content.
+
+        Files given as paths are hard-linked (else copied) into the blob store and never read
+        into memory, so do not rewrite them in place afterwards. ``lfs``: None = the Hub's rule
+        (:data:`LFS_PATTERNS` or above :data:`LFS_THRESHOLD`), a bool for all files, or the
+        exact set of LFS paths.
+        """
+        return self.repos.add_commit(repo_id, files, branch=branch, lfs=lfs, message=message)
+
+    def add_tag(self, repo_id: str, tag: str, commit: str) -> None:
+        self.repos.set_ref(repo_id, "tags", tag, commit)
+
+    def set_branch(self, repo_id: str, branch: str, commit: str) -> None:
+        """Point ``branch`` at any existing commit (a force-push, e.g. upstream rewriting main)."""
+        self.repos.set_ref(repo_id, "branches", branch, commit)
+
+    def resolve(self, repo_id: str, revision: str) -> str | None:
+        return self.repos.resolve(repo_id, revision)
+
+    def files(self, repo_id: str, revision: str = "main") -> dict[str, Entry]:
+        """The index of a revision: repo path -> size, sha256, git oid, lfs."""
+        commit_id = self.repos.resolve(repo_id, revision)
+        commit = self.repos.commit(repo_id, commit_id) if commit_id else None
+        if commit is None:
+            raise KeyError(f"{repo_id}@{revision}: no such revision")
+        return dict(commit.files)
+
+    # ----- observation -----------------------------------------------------------------------
+
+    @property
+    def requests(self) -> list[RequestRecord]:
+        """Every request answered so far, in completion order (a copy)."""
+        with self._req_lock:
+            return list(self._requests)
+
+    def clear_requests(self) -> None:
+        with self._req_lock:
+            self._requests.clear()
+
+    def record(self, rec: RequestRecord) -> None:
+        with self._req_lock:
+            self._requests.append(rec)
+
+    def last_commit(self, commit: Commit, path: str, kind: str) -> Commit:
+        """The oldest ancestor, in an unbroken line, where ``path`` is as it is in ``commit``."""
+
+        def view(c: Commit) -> object:
+            if kind == "file":
+                e = c.files.get(path)
+                return None if e is None else (e.sha256, e.lfs)
+            return sorted((p, e.sha256) for p, e in c.files.items() if p.startswith(path + "/"))
+
+        current = view(commit)
+        found = commit
+        while found.parent is not None:
+            parent = self.repos.commit(found.repo_id, found.parent)
+            if parent is None or view(parent) != current:
+                break
+            found = parent
+        return found
+
+    # ----- serving ---------------------------------------------------------------------------
+
+    @property
+    def endpoint(self) -> str:
+        if self._server is None:
+            raise RuntimeError("the local hub is not serving; call start() or use serve()")
+        host, port = self._server.server_address[:2]
+        return f"http://{host}:{port}"
+
+    def start(self, port: int = 0) -> str:
+        """Serve on 127.0.0.1 (port 0 = a free one) in a background thread; return the endpoint."""
+        if self._server is not None:
+            return self.endpoint
+        self._server = _Server(("127.0.0.1", port), self)
+        self._thread = threading.Thread(
+            target=self._server.serve_forever,
+            kwargs={"poll_interval": 0.05},
+            name="localhub",
+            daemon=True,
+        )
+        self._thread.start()
+        return self.endpoint
+
+    def stop(self) -> None:
+        server, self._server = self._server, None
+        if server is None:
+            return
+        server.stopping.set()
+        server.shutdown()
+        # Keep-alive connections would leave their handler threads waiting for a next request.
+        with server.live_lock:
+            live = list(server.live)
+        for conn in live:
+            try:
+                conn.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+        server.server_close()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+            self._thread = None
+
+    @contextmanager
+    def serve(self, port: int = 0) -> Iterator[str]:
+        endpoint = self.start(port)
+        try:
+            yield endpoint
+        finally:
+            self.stop()

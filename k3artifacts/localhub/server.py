@@ -1,0 +1,510 @@
+"""The HTTP face of the local hub: the subset of the Hugging Face Hub API that
+``huggingface_hub`` 2.4 uses to resolve a revision, list files and download them.
+
+Routes (model repos only, ``org/name`` ids)::
+
+    GET      /api/models/{org}/{name}[/revision/{rev}]      model_info (blobs=true -> sizes, LFS)
+    GET      /api/models/{org}/{name}/tree/{rev}[/{path}]   list_repo_tree, Link-header pagination
+    GET|HEAD /{org}/{name}/resolve/{rev}/{path}             file bytes, Range, Hub headers
+
+Files are served straight from the blob store with ``sendfile`` (no copy through Python) unless
+a fault has to alter the bytes.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import os
+import socket
+import sys
+import threading
+import traceback
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import TYPE_CHECKING, Any
+from urllib.parse import parse_qsl, unquote, urlencode
+
+import yaml
+
+if TYPE_CHECKING:
+    from . import LocalHub
+
+from .faults import BodyPlan
+from .repos import Commit, Entry
+
+_READ_CHUNK = 1024 * 1024
+_TREE_EXPAND_PAGE = 50  # the real Hub pages expanded listings by 50
+
+
+@dataclass(frozen=True)
+class RequestRecord:
+    """One request as the hub answered it; ``target`` is the repo file path for ``resolve``
+    requests and the URL path otherwise (the same string faults are matched against)."""
+
+    method: str
+    url: str
+    query: str
+    repo_id: str | None
+    revision: str | None
+    target: str
+    range: str | None
+    status: int
+    bytes_sent: int
+
+
+class HubError(Exception):
+    def __init__(self, status: int, code: str | None, message: str, commit: str | None = None):
+        super().__init__(message)
+        self.status = status
+        self.code = code
+        self.message = message
+        self.commit = commit
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    request_queue_size = 64
+
+    def __init__(self, addr: tuple[str, int], state: LocalHub):
+        self.state = state
+        self.stopping = threading.Event()
+        self.live: set[socket.socket] = set()
+        self.live_lock = threading.Lock()
+        super().__init__(addr, _Handler)
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        exc = sys.exc_info()[1]
+        if isinstance(exc, ConnectionError | TimeoutError) or self.stopping.is_set():
+            return  # a client going away mid-answer is normal (and exactly what faults cause)
+        self.state.server_errors.append(traceback.format_exc())
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server: _Server
+    server_version = "k3a-localhub"
+    sys_version = ""
+
+    def setup(self) -> None:
+        super().setup()
+        with self.server.live_lock:
+            self.server.live.add(self.connection)
+
+    def finish(self) -> None:
+        with self.server.live_lock:
+            self.server.live.discard(self.connection)
+        try:
+            super().finish()
+        except OSError:
+            pass
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - base class name
+        pass
+
+    def send_response(self, code: int, message: str | None = None) -> None:
+        self._status = code
+        super().send_response(code, message)
+
+    def do_GET(self) -> None:
+        self._dispatch(head=False)
+
+    def do_HEAD(self) -> None:
+        self._dispatch(head=True)
+
+    # ----- dispatch --------------------------------------------------------------------------
+
+    def _dispatch(self, *, head: bool) -> None:
+        st = self.server.state
+        self._status = 0
+        self._sent = 0
+        self._repo_id: str | None = None
+        self._revision: str | None = None
+        raw, _, query = self.path.partition("?")
+        self._target = unquote(raw)
+        self._query = query
+        try:
+            try:
+                self._check_auth(st.token)
+                self._route(raw, head=head)
+            except HubError as e:
+                self._send_error(e, head=head)
+        except (ConnectionError, TimeoutError):
+            self.close_connection = True
+        except Exception:
+            st.server_errors.append(traceback.format_exc())
+            self.close_connection = True
+            if self._status == 0:
+                self._send_json(500, {"error": "internal error in the local hub"}, head=head)
+        finally:
+            st.record(
+                RequestRecord(
+                    method=self.command,
+                    url=raw,
+                    query=query,
+                    repo_id=self._repo_id,
+                    revision=self._revision,
+                    target=self._target,
+                    range=self.headers.get("Range"),
+                    status=self._status,
+                    bytes_sent=self._sent,
+                )
+            )
+
+    def _check_auth(self, token: str | None) -> None:
+        if token is None:
+            return
+        got = self.headers.get("Authorization")
+        if got == f"Bearer {token}":
+            return
+        if got is None:
+            # What the Hub says to an anonymous request for a private repo.
+            raise HubError(401, "RepoNotFound", "Repository not found")
+        raise HubError(401, None, "Invalid credentials in Authorization header")
+
+    def _route(self, raw: str, *, head: bool) -> None:
+        if raw.startswith("/api/models/"):
+            segs = raw[len("/api/models/") :].split("/")
+            if len(segs) < 2 or not segs[0] or not segs[1]:
+                raise HubError(404, None, "Not Found")
+            self._repo_id = f"{unquote(segs[0])}/{unquote(segs[1])}"
+            rest = segs[2:]
+            if not rest or rest == [""]:
+                self._model_info("main", head=head)
+            elif rest[0] == "revision" and len(rest) >= 2:
+                self._model_info(unquote("/".join(rest[1:])), head=head)
+            elif rest[0] == "tree" and len(rest) >= 2:
+                self._tree(unquote(rest[1]), unquote("/".join(rest[2:])), head=head)
+            else:
+                raise HubError(404, None, "Not Found")
+            return
+        segs = raw.lstrip("/").split("/")
+        if len(segs) >= 5 and segs[2] == "resolve":
+            self._repo_id = f"{unquote(segs[0])}/{unquote(segs[1])}"
+            self._resolve_file(unquote(segs[3]), unquote("/".join(segs[4:])), head=head)
+            return
+        raise HubError(404, None, "Not Found")
+
+    def _commit_for(self, revision: str) -> Commit:
+        st = self.server.state
+        repo_id = self._repo_id
+        assert repo_id is not None
+        self._revision = revision
+        if not st.repos.repo_exists(repo_id):
+            raise HubError(404, "RepoNotFound", "Repository not found")
+        commit_id = st.repos.resolve(repo_id, revision)
+        if commit_id is None:
+            raise HubError(404, "RevisionNotFound", f"Invalid rev id: {revision}")
+        commit = st.repos.commit(repo_id, commit_id)
+        assert commit is not None
+        return commit
+
+    def _faults(self, target: str) -> BodyPlan:
+        self._target = target
+        plan = self.server.state.faults.plan(
+            method=self.command, repo_id=self._repo_id, target=target
+        )
+        if plan.stall_before:
+            self.server.stopping.wait(plan.stall_before)
+        if plan.status is not None:
+            f = plan.status
+            headers = {"Retry-After": str(f.retry_after)} if f.retry_after is not None else {}
+            self._send_json(
+                f.status,
+                {"error": f"injected fault: status {f.status}"},
+                head=False,
+                headers=headers,
+            )
+            raise _Answered
+        return plan
+
+    # ----- API -------------------------------------------------------------------------------
+
+    def _model_info(self, revision: str, *, head: bool) -> None:
+        try:
+            self._faults(self._target)
+        except _Answered:
+            return
+        commit = self._commit_for(revision)
+        blobs = _truthy(dict(parse_qsl(self._query)).get("blobs"))
+        siblings = []
+        for e in commit.files.values():
+            s: dict[str, Any] = {"rfilename": e.path}
+            if blobs:
+                s["blobId"] = e.git_oid
+                s["size"] = e.size
+                if e.lfs:
+                    s["lfs"] = {"sha256": e.sha256, "size": e.size, "pointerSize": e.pointer_size}
+            siblings.append(s)
+        org = commit.repo_id.split("/", 1)[0]
+        body: dict[str, Any] = {
+            "_id": hashlib.sha1(commit.repo_id.encode()).hexdigest()[:24],
+            "id": commit.repo_id,
+            "modelId": commit.repo_id,
+            "author": org,
+            "sha": commit.id,
+            "lastModified": commit.date,
+            "createdAt": commit.date,
+            "private": self.server.state.token is not None,
+            "disabled": False,
+            "gated": False,
+            "downloads": 0,
+            "likes": 0,
+            "tags": [],
+            "library_name": "transformers",
+            "pipeline_tag": "text-generation",
+            "siblings": siblings,
+            "usedStorage": sum(e.size for e in commit.files.values()),
+        }
+        card = self._card_data(commit)
+        if card is not None:
+            body["cardData"] = card
+        self._send_json(200, body, head=head)
+
+    def _card_data(self, commit: Commit) -> dict[str, Any] | None:
+        readme = commit.files.get("README.md")
+        if readme is None or readme.size > 1024 * 1024:
+            return None
+        text = self.server.state.repos.blob_path(readme.sha256).read_text("utf-8", "replace")
+        if not text.startswith("---"):
+            return None
+        end = text.find("\n---", 3)
+        if end < 0:
+            return None
+        try:
+            data = yaml.safe_load(text[3:end])
+        except yaml.YAMLError:
+            return None
+        return data if isinstance(data, dict) else None
+
+    def _tree(self, revision: str, path: str, *, head: bool) -> None:
+        try:
+            self._faults(self._target)
+        except _Answered:
+            return
+        commit = self._commit_for(revision)
+        query = parse_qsl(self._query, keep_blank_values=True)
+        params = dict(query)
+        recursive = _truthy(params.get("recursive"))
+        expand = _truthy(params.get("expand"))
+        entries = _tree_entries(commit, path, recursive=recursive)
+        if entries is None:
+            raise HubError(404, "EntryNotFound", f"{path} does not exist on {revision}", commit.id)
+        st = self.server.state
+        page = min(st.page_size, _TREE_EXPAND_PAGE) if expand else st.page_size
+        start = _decode_cursor(params.get("cursor"))
+        chunk = entries[start : start + page]
+        out = []
+        for kind, name, value in chunk:
+            if kind == "file":
+                assert isinstance(value, Entry)
+                item: dict[str, Any] = {
+                    "type": "file",
+                    "oid": value.git_oid,
+                    "size": value.size,
+                    "path": name,
+                }
+                if value.lfs:
+                    item["lfs"] = {
+                        "oid": value.sha256,
+                        "size": value.size,
+                        "pointerSize": value.pointer_size,
+                    }
+            else:
+                item = {"type": "directory", "oid": value, "size": 0, "path": name}
+            if expand:
+                last = st.last_commit(commit, name, kind)
+                item["lastCommit"] = {"id": last.id, "title": last.message, "date": last.date}
+            out.append(item)
+        headers = {}
+        if start + page < len(entries):
+            rest = [(k, v) for k, v in query if k != "cursor"]
+            rest.append(("cursor", _encode_cursor(start + page)))
+            host = self.headers.get("Host") or "%s:%d" % self.server.server_address[:2]
+            raw = self.path.partition("?")[0]
+            headers["Link"] = f'<http://{host}{raw}?{urlencode(rest)}>; rel="next"'
+        self._send_json(200, out, head=head, headers=headers)
+
+    # ----- files -----------------------------------------------------------------------------
+
+    def _resolve_file(self, revision: str, path: str, *, head: bool) -> None:
+        self._target = path
+        commit = self._commit_for(revision)
+        entry = commit.files.get(path)
+        if entry is None:
+            raise HubError(404, "EntryNotFound", f"{path} does not exist on {revision}", commit.id)
+        try:
+            plan = self._faults(path)
+        except _Answered:
+            return
+        size = entry.size
+        span = _parse_range(self.headers.get("Range"), size)
+        headers = {
+            "Content-Type": "application/octet-stream",
+            "Accept-Ranges": "bytes",
+            "ETag": f'"{entry.etag}"',
+            "X-Repo-Commit": commit.id,
+        }
+        if entry.lfs:
+            headers["X-Linked-Etag"] = f'"{entry.sha256}"'
+            headers["X-Linked-Size"] = str(size)
+        if span == "unsatisfiable":
+            headers["Content-Range"] = f"bytes */{size}"
+            self._send_json(
+                416, {"error": "Requested Range Not Satisfiable"}, head=head, headers=headers
+            )
+            return
+        if span is None:
+            status, start, length = 200, 0, size
+        else:
+            status, start, length = 206, span[0], span[1] - span[0] + 1
+            headers["Content-Range"] = f"bytes {span[0]}-{span[1]}/{size}"
+        self.send_response(status)
+        headers["Content-Length"] = str(length)
+        for k, v in headers.items():
+            self.send_header(k, v)
+        self.end_headers()
+        if head:
+            return
+        with open(self.server.state.repos.blob_path(entry.sha256), "rb") as f:
+            self._send_body(f, start, length, plan)
+
+    def _send_body(self, f: Any, start: int, length: int, plan: BodyPlan) -> None:
+        limit = length
+        if plan.cut_at is not None:
+            limit = min(limit, plan.cut_at)
+        if plan.short_by:
+            limit = min(limit, max(length - plan.short_by, 0))
+        stalls = sorted((off, s) for off, s in plan.stalls if off < limit)
+        pos = 0
+        for off, seconds in [*stalls, (limit, 0.0)]:
+            if off > pos:
+                self._send_span(f, start + pos, off - pos, plan)
+                pos = off
+            if seconds:
+                self.server.stopping.wait(seconds)
+        if limit < length:
+            # Promised Content-Length, delivered less: the client must see a broken transfer.
+            self.close_connection = True
+            try:
+                self.connection.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+    def _send_span(self, f: Any, offset: int, count: int, plan: BodyPlan) -> None:
+        if not plan.transforms:
+            sent = 0
+            try:
+                sent = self.connection.sendfile(f, offset, count)
+            finally:
+                self._sent += sent
+            return
+        end = offset + count
+        while offset < end:
+            buf = bytearray(os.pread(f.fileno(), min(_READ_CHUNK, end - offset), offset))
+            if not buf:
+                raise OSError("blob shorter than its index entry")
+            for t in plan.transforms:
+                t(offset, buf)
+            self.connection.sendall(buf)
+            self._sent += len(buf)
+            offset += len(buf)
+
+    # ----- plumbing --------------------------------------------------------------------------
+
+    def _send_error(self, e: HubError, *, head: bool) -> None:
+        headers = {"X-Error-Message": e.message.encode("ascii", "replace").decode("ascii")}
+        if e.code:
+            headers["X-Error-Code"] = e.code
+        if e.commit:
+            headers["X-Repo-Commit"] = e.commit
+        self._send_json(e.status, {"error": e.message}, head=head, headers=headers)
+
+    def _send_json(
+        self, status: int, body: Any, *, head: bool, headers: dict[str, str] | None = None
+    ) -> None:
+        data = json.dumps(body).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json; charset=utf-8")
+        self.send_header("Content-Length", str(len(data)))
+        for k, v in (headers or {}).items():
+            self.send_header(k, v)
+        self.end_headers()
+        if not head:
+            self.wfile.write(data)
+            self._sent += len(data)
+
+
+class _Answered(Exception):
+    """A fault already answered this request."""
+
+
+def _truthy(value: str | None) -> bool:
+    return value is not None and value.lower() in ("1", "true", "yes")
+
+
+def _encode_cursor(offset: int) -> str:
+    return base64.urlsafe_b64encode(json.dumps({"offset": offset}).encode()).decode()
+
+
+def _decode_cursor(cursor: str | None) -> int:
+    if not cursor:
+        return 0
+    try:
+        return int(json.loads(base64.urlsafe_b64decode(cursor.encode()))["offset"])
+    except (ValueError, KeyError, TypeError) as e:
+        raise HubError(400, None, f"bad cursor: {cursor!r}") from e
+
+
+def _tree_entries(
+    commit: Commit, path: str, *, recursive: bool
+) -> list[tuple[str, str, Entry | str]] | None:
+    """Sorted (kind, path, Entry or tree oid) under ``path``; None when it is no directory."""
+    prefix = path.strip("/") + "/" if path.strip("/") else ""
+    files: dict[str, Entry] = {}
+    dirs: dict[str, list[str]] = {}
+    for name, entry in commit.files.items():
+        if not name.startswith(prefix):
+            continue
+        parts = name[len(prefix) :].split("/")
+        for i in range(1, len(parts)):
+            d = prefix + "/".join(parts[:i])
+            dirs.setdefault(d, []).append(entry.git_oid)
+            if not recursive:
+                break
+        if recursive or len(parts) == 1:
+            files[name] = entry
+    if prefix and not files and not dirs:
+        return None
+    out: list[tuple[str, str, Entry | str]] = [("file", n, e) for n, e in files.items()]
+    for d, oids in dirs.items():
+        oid = hashlib.sha1("\n".join(sorted(oids)).encode()).hexdigest()
+        out.append(("directory", d, oid))
+    out.sort(key=lambda t: t[1])
+    return out
+
+
+def _parse_range(header: str | None, size: int) -> tuple[int, int] | str | None:
+    """(first, last) inclusive, "unsatisfiable", or None to ignore the header and send it all
+    (what RFC 9110 allows for syntax we do not support, e.g. several ranges)."""
+    if not header or not header.startswith("bytes=") or "," in header:
+        return None
+    first, sep, last = header[len("bytes=") :].strip().partition("-")
+    if not sep:
+        return None
+    try:
+        if first == "":
+            n = int(last)
+            if n <= 0:
+                return "unsatisfiable"
+            return (max(size - n, 0), size - 1) if size else "unsatisfiable"
+        a = int(first)
+        b = int(last) if last else size - 1
+    except ValueError:
+        return None
+    if a >= size:
+        return "unsatisfiable"
+    if b < a:
+        return None
+    return (a, min(b, size - 1))
