@@ -24,12 +24,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import boto3  # noqa: E402
-from boto3.s3.transfer import TransferConfig  # noqa: E402
-from botocore.config import Config  # noqa: E402
+import boto3
+from boto3.s3.transfer import TransferConfig
+from botocore.config import Config
 
-from k3artifacts.s3store import MiB, S3Store  # noqa: E402
-from tests.s3_helpers import publish, write_revision  # noqa: E402
+from k3artifacts.s3store import MiB, S3Store
+from tests.s3_helpers import publish, write_revision
 
 
 def main() -> None:

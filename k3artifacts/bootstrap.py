@@ -19,9 +19,9 @@ from typing import Any
 import botocore.exceptions as bex
 
 from .awsclients import aws_errors, error_code, http_status
+from .bucket_policies import BucketPolicyInputs, rendered
 from .canonical import canonical_json
 from .errors import ConfigError, NotFound
-from .bucket_policies import BucketPolicyInputs, rendered
 
 #: Order of application (policy last, see module doc).
 SETTINGS = (

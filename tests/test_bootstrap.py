@@ -10,8 +10,8 @@ import pytest
 
 from k3artifacts import awsclients
 from k3artifacts.bootstrap import bootstrap, log_target_statement
-from k3artifacts.errors import ConfigError
 from k3artifacts.bucket_policies import BucketPolicyInputs
+from k3artifacts.errors import ConfigError
 
 pytestmark = pytest.mark.s3
 

@@ -11,9 +11,9 @@ import click
 
 from .. import awsclients
 from ..bootstrap import BootstrapReport, bootstrap
+from ..bucket_policies import BucketPolicyInputs, iam_policies
 from ..errors import ConfigError, NotFound
 from ..fsx import start_preload
-from ..bucket_policies import BucketPolicyInputs, iam_policies
 from . import cli
 from .common import emit, get_store, handle_errors, json_option, store_option
 
