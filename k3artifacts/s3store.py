@@ -27,7 +27,6 @@ from __future__ import annotations
 import base64
 import dataclasses
 import hashlib
-import json
 import logging
 import math
 import re
@@ -46,7 +45,14 @@ from s3transfer.subscribers import BaseSubscriber
 from . import awsclients
 from .awsclients import aws_errors, error_code, http_status
 from .canonical import canonical_json
-from .errors import AlreadyExists, ConfigError, Conflict, K3AError, NotFound, VerifyMismatch
+from .errors import (
+    AlreadyExists,
+    ConfigError,
+    Conflict,
+    K3AError,
+    NotFound,
+    VerifyMismatch,
+)
 from .manifest import META_DIR, FileRecord, ShardManifest, manifest_key, revision_prefix
 from .store import RevisionWriter, Store, Versioned
 
@@ -62,6 +68,9 @@ META_XXH3 = "k3a-xxh3-128"
 OBJECTS_NAME = "s3-objects.json"
 CHECKSUM_ALGORITHM = "CRC64NVME"
 READ_BLOCK = 8 * MiB
+
+#: What S3 answers when the bytes it received do not match the checksum sent with them.
+_DIGEST_ERRORS = {"BadDigest", "InvalidDigest", "XAmzContentChecksumMismatch"}
 
 _BUCKET_RE = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
 
@@ -483,11 +492,21 @@ class S3RevisionWriter(RevisionWriter):
             self._written.add(key)
         s3_key = self.store.key(key)
         with aws_errors(f"uploading {local_path} to s3://{self.store.bucket}/{s3_key}"):
-            with self._manager(size) as manager:
-                manager.upload(
-                    str(local_path), self.store.bucket, s3_key, extra_args=extra,
-                    subscribers=[self._subscriber(record, "bytes_uploaded")],
-                ).result()
+            try:
+                with self._manager(size) as manager:
+                    manager.upload(
+                        str(local_path), self.store.bucket, s3_key, extra_args=extra,
+                        subscribers=[self._subscriber(record, "bytes_uploaded")],
+                    ).result()
+            except bex.ClientError as exc:
+                if error_code(exc) not in _DIGEST_ERRORS:
+                    raise
+                raise VerifyMismatch(
+                    f"s3://{self.store.bucket}/{s3_key}: S3 refused the upload of {local_path}:"
+                    f" the bytes it received do not match CRC64NVME {crc} ({error_code(exc)})",
+                    hint="the file changed during the upload or was corrupted in transit; "
+                    "nothing was published, re-run",
+                ) from None
         head = self._checked_head(key, record, crc)
         self._count(objects_uploaded=1)
         return self._receipt(record, "uploaded", head)
@@ -501,13 +520,13 @@ class S3RevisionWriter(RevisionWriter):
         if source_head.get("VersionId"):
             # Pin the version we just checked, so a concurrent overwrite cannot slip in.
             copy_source["VersionId"] = source_head["VersionId"]
-        with aws_errors(f"copying {self.store.s3_url(source)} to s3://{self.store.bucket}/{s3_key}"):
-            with self._manager(record.size) as manager:
-                manager.copy(
-                    copy_source, self.store.bucket, s3_key,
-                    extra_args={"ChecksumAlgorithm": CHECKSUM_ALGORITHM},
-                    subscribers=[self._subscriber(record, "bytes_copied")],
-                ).result()
+        what = f"copying {self.store.s3_url(source)} to s3://{self.store.bucket}/{s3_key}"
+        with aws_errors(what), self._manager(record.size) as manager:
+            manager.copy(
+                copy_source, self.store.bucket, s3_key,
+                extra_args={"ChecksumAlgorithm": CHECKSUM_ALGORITHM},
+                subscribers=[self._subscriber(record, "bytes_copied")],
+            ).result()
         head = self._checked_head(key, record, source_head.get("ChecksumCRC64NVME"))
         self._count(objects_copied=1)
         return self._receipt(record, "copied", head, copied_from=self.store.s3_url(source))
