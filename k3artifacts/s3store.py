@@ -31,7 +31,7 @@ import logging
 import math
 import re
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -193,6 +193,7 @@ class S3Store(Store):
 
     #: Keys per ListObjectsV2 page (S3 returns at most 1000).
     list_page_size = 1000
+    wanted_checksums = frozenset({"crc64nvme"})
 
     def __init__(
         self,
@@ -449,7 +450,21 @@ class S3RevisionWriter(RevisionWriter):
     def _manager(self, size: int) -> TransferManager:
         return TransferManager(self.store.client, self.store.tuning.config(size))
 
-    def put_file(self, record: FileRecord, local_path: Path) -> ObjectReceipt:
+    def adopt(self, record: FileRecord) -> bool:
+        key = f"{self.prefix}/{record.path}"
+        existing = self.store.head(key)
+        if not self._matches(existing, record):
+            return False
+        self._count(objects_skipped=1)
+        self._receipt(record, "kept", existing)
+        return True
+
+    def stats(self) -> dict[str, int]:
+        return self.counters.as_dict()
+
+    def put_file(
+        self, record: FileRecord, local_path: Path, *, checksums: Mapping[str, str] | None = None
+    ) -> ObjectReceipt:
         """Put one verified file: keep it if already there, copy it inside S3 if an earlier
         revision has the same sha256, else upload it. Returns what S3 stored."""
         key = f"{self.prefix}/{record.path}"
@@ -465,7 +480,7 @@ class S3RevisionWriter(RevisionWriter):
                 assert source_head is not None
                 return self._copy(record, key, source, source_head)
             log.warning("dedup source %s no longer matches its manifest; uploading", source)
-        return self._upload(record, key, local_path)
+        return self._upload(record, key, local_path, (checksums or {}).get("crc64nvme"))
 
     def _count(self, **amounts: int) -> None:
         self.counters.add(**amounts)
@@ -475,8 +490,17 @@ class S3RevisionWriter(RevisionWriter):
         return _Progress(record.path, [self.counters, self.store.counters], field_name,
                          self.progress)
 
-    def _upload(self, record: FileRecord, key: str, local_path: Path) -> ObjectReceipt:
-        crc, sha256, size = crc64nvme_and_sha256(local_path)
+    def _upload(
+        self, record: FileRecord, key: str, local_path: Path, crc: str | None
+    ) -> ObjectReceipt:
+        size = record.size
+        if crc is None:
+            # No CRC from the download: compute it, and re-check the sha256 on the same pass.
+            crc, sha256, size = crc64nvme_and_sha256(local_path)
+        else:
+            # Computed as the bytes arrived; S3 checks the upload against it and the read-back
+            # below holds S3 to it, so the file is not read an extra time here.
+            sha256 = record.sha256
         if sha256 != record.sha256 or size != record.size:
             raise VerifyMismatch(
                 f"{local_path}: changed since it was verified as {record.path} "
