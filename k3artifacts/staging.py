@@ -32,9 +32,6 @@ from .rules import file_kind, listing_refusals
 from .safetensors_header import check_header, check_index
 from .store import RevisionWriter, Store
 
-#: Files below this size are checked against their git blob sha1 when the hub gives no sha256.
-GIT_OID_CHECK_LIMIT = 64 << 20
-
 
 class StageObserver:
     """Progress and bookkeeping subscriber; every method is optional to override.
@@ -136,7 +133,9 @@ class Stager:
         """Download, hash and check one file into quarantine; raise Refusal if it is wrong."""
         part = self.quarantine.part_path(remote.path)
         self.observer.file_started(remote.path, remote.size)
-        git_size = remote.size if remote.git_oid and remote.size <= GIT_OID_CHECK_LIMIT else None
+        if not remote.lfs_sha256 and not remote.git_oid:
+            raise Refusal(remote.path, "unverifiable", "the hub lists no sha256 or git blob id")
+        git_size = remote.size if remote.git_oid else None
 
         def counted(n: int) -> None:
             with self._count_lock:
