@@ -151,6 +151,7 @@ class Stager:
                 lambda: MultiHasher(git_blob_size=git_size, crc64nvme=self._want_crc),
                 policy=self.options.retry,
                 on_bytes=counted,
+                on_resumed=lambda n: self.observer.advance(remote.path, n),
                 label=remote.path,
             )
         except PermanentError as exc:

@@ -284,3 +284,13 @@ def test_s3_window_mode_resume_adopts_uploaded_shards(local_hub, s3_store, tmp_p
     assert SHARD not in refetched and second in refetched
     assert result.store_stats["objects_skipped"] >= 1
     assert verify_revision(store=s3_store, repo_id=REPO, commit=commit, full=True).ok
+
+
+def test_flaky_link_that_keeps_moving_bytes_is_not_given_up(local_hub, file_store, quarantine, tmp_path):
+    """Every attempt drops after 64 kB; each makes progress, so two attempts are plenty."""
+    commit = local_hub.hub.add_commit(REPO, small_release(tmp_path))
+    local_hub.hub.faults.add(SHARD, Fault.drop(after_bytes=64_000, times=None))
+    run_stage(local_hub.endpoint, file_store, quarantine, retry=RetryPolicy(attempts=2, backoff=0))
+    assert verify_revision(store=file_store, repo_id=REPO, commit=commit, full=True).ok
+    ranges = [r.range for r in local_hub.hub.requests if r.target == SHARD]
+    assert len(ranges) >= 4 and ranges[0] is None
