@@ -19,7 +19,7 @@ import shutil
 import stat
 import tempfile
 from abc import ABC, abstractmethod
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
@@ -43,12 +43,23 @@ class RevisionWriter(ABC):
     """Accumulates one revision's files; nothing is visible to readers until :meth:`commit`."""
 
     @abstractmethod
-    def put_file(self, record: FileRecord, local_path: Path) -> None:
-        """Add a verified file. ``local_path`` is left in place (the caller owns quarantine)."""
+    def put_file(
+        self, record: FileRecord, local_path: Path, *, checksums: Mapping[str, str] | None = None
+    ) -> None:
+        """Add a verified file. ``local_path`` is left in place (the caller owns quarantine).
 
-    def has_file(self, record: FileRecord) -> bool:
-        """Whether an earlier, interrupted run already put this exact file."""
+        ``checksums`` carries digests computed while the file was downloaded (those named in
+        :attr:`Store.wanted_checksums`), so the store need not read the file to compute them.
+        """
+
+    def adopt(self, record: FileRecord) -> bool:
+        """If an earlier, interrupted run already stored this exact file, take it into this
+        revision and return True; the caller then need not have the bytes at hand."""
         return False
+
+    def stats(self) -> dict[str, int]:
+        """Transfer counters of this revision (bytes uploaded, copied...), for reports."""
+        return {}
 
     @abstractmethod
     def commit(self, manifest: ShardManifest) -> None:
@@ -63,6 +74,8 @@ class RevisionWriter(ABC):
 
 class Store(ABC):
     url: str
+    #: Digests, beyond sha256 and xxh3-128, the store wants computed as bytes arrive.
+    wanted_checksums: frozenset[str] = frozenset()
 
     # ---- small records -------------------------------------------------------------------
     @abstractmethod
@@ -279,13 +292,15 @@ class _FileRevisionWriter(RevisionWriter):
     def _dest(self, path: str) -> Path:
         return self.work.joinpath(*path.split("/"))
 
-    def has_file(self, record: FileRecord) -> bool:
+    def adopt(self, record: FileRecord) -> bool:
         try:
             return self._dest(record.path).stat().st_size == record.size
         except FileNotFoundError:
             return False
 
-    def put_file(self, record: FileRecord, local_path: Path) -> None:
+    def put_file(
+        self, record: FileRecord, local_path: Path, *, checksums: Mapping[str, str] | None = None
+    ) -> None:
         dest = self._dest(record.path)
         dest.parent.mkdir(parents=True, exist_ok=True)
         tmp = dest.with_name(f".{dest.name}.{os.getpid()}.tmp")
@@ -301,7 +316,7 @@ class _FileRevisionWriter(RevisionWriter):
         os.replace(tmp, dest)
 
     def commit(self, manifest: ShardManifest) -> None:
-        missing = [r.path for r in manifest.files if not self.has_file(r)]
+        missing = [r.path for r in manifest.files if not self.adopt(r)]
         if missing:
             raise K3AError(f"refusing to publish {self.final}: files never stored: {missing[:5]}")
         listed = {r.path for r in manifest.files}
