@@ -26,12 +26,12 @@ os.environ.setdefault("DO_NOT_TRACK", "1")
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
 
-from k3artifacts.cli.common import ByteSize  # noqa: E402
-from k3artifacts.hub import HubSource  # noqa: E402
-from k3artifacts.localhub import LocalHub  # noqa: E402
-from k3artifacts.staging import StageOptions, stage  # noqa: E402
-from k3artifacts.store import FileStore  # noqa: E402
-from k3artifacts.synthetic import write_release  # noqa: E402
+from k3artifacts.cli.common import ByteSize
+from k3artifacts.hub import HubSource
+from k3artifacts.localhub import LocalHub
+from k3artifacts.staging import StageOptions, stage
+from k3artifacts.store import FileStore
+from k3artifacts.synthetic import write_release
 
 REPO = "moonshotai/Kimi-K3"
 

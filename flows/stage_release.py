@@ -88,7 +88,7 @@ def _network_error(task, task_run, state) -> bool:
         state.result()
     except Unavailable:
         return True
-    except BaseException:
+    except Exception:  # noqa: BLE001 - any other failure: no retry
         return False
     return False
 
@@ -338,8 +338,8 @@ def _summary_artifact(summary: dict) -> None:
         f"| manifest digest | `{summary['manifest_digest']}` |",
         f"| license sha256 | `{summary['license_sha256'] or 'no license file'}` |",
         f"| remote code (review before promotion) | {code} |",
-        f"| files | {summary['files']} ({summary['total_bytes']:,} bytes; "
-        f"{summary['downloaded_bytes']:,} downloaded, {summary['reused_files']} reused) |",
+        (f"| files | {summary['files']} ({summary['total_bytes']:,} bytes; "
+         f"{summary['downloaded_bytes']:,} downloaded, {summary['reused_files']} reused) |"),
         f"| release tuple | {('`' + summary['tuple_id'] + '`') if summary['tuple_id'] else 'not made'} |",
     ]
     create_markdown_artifact(

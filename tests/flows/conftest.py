@@ -7,7 +7,6 @@ from pathlib import Path
 import pytest
 
 
-
 def pytest_collection_modifyitems(items):
     here = Path(__file__).parent
     for item in items:

@@ -12,12 +12,12 @@ from tests.flow_helpers import resolve_gets
 from tests.staging_helpers import REPO, small_release
 
 SHARD = "model-00001-of-00002.safetensors"
-FAST = dict(attempts=2, backoff=0.01, task_retries=1, task_retry_delay=0)
+FAST = {"attempts": 2, "backoff": 0.01, "task_retries": 1, "task_retry_delay": 0}
 
 
 def run(local_hub, store, tmp_path, **kw):
-    params = dict(repo_id=REPO, revision="main", store_url=store.url,
-                  quarantine=str(tmp_path / "quarantine"), endpoint=local_hub.endpoint) | FAST
+    params = {"repo_id": REPO, "revision": "main", "store_url": store.url,
+              "quarantine": str(tmp_path / "quarantine"), "endpoint": local_hub.endpoint} | FAST
     return stage_release(**(params | kw), return_state=True)
 
 

@@ -18,9 +18,9 @@ def staging_runs(commit: str) -> list:
 
 def test_watcher_stages_a_new_commit_once(local_hub, file_store, tmp_path):
     commit = local_hub.hub.add_commit(REPO, small_release(tmp_path))
-    params = dict(repo_id=REPO, store_url=file_store.url, endpoint=local_hub.endpoint,
-                  stage_parameters={"quarantine": str(tmp_path / "q"), "attempts": 2,
-                                    "backoff": 0.01})
+    params = {"repo_id": REPO, "store_url": file_store.url, "endpoint": local_hub.endpoint,
+              "stage_parameters": {"quarantine": str(tmp_path / "q"), "attempts": 2,
+                                   "backoff": 0.01}}
 
     first = watch_upstream(**params)
     assert [(a["commit"], a["action"]) for a in first] == [(commit, "staged: completed")]
