@@ -53,6 +53,11 @@ def test_stage_flow_publishes_with_artifacts(local_hub, file_store, tmp_path):
             f"k3a-stage-moonshotai--kimi-k3-{commit}")
     assert limit.limit == 1 and limit.active_slots == 0
 
+    before = len(local_hub.hub.requests)
+    again = run(local_hub, file_store, tmp_path)
+    assert again.is_completed() and again.result()["already_published"]
+    assert resolve_gets(local_hub.hub, before) == []
+
 
 def test_rerun_after_network_failure_fetches_only_the_failed_file(local_hub, file_store, tmp_path):
     commit = local_hub.hub.add_commit(REPO, small_release(tmp_path))
