@@ -21,6 +21,7 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from . import faultpoints
 from . import license as license_capture
 from .download import PermanentError, RetryPolicy, fetch
 from .errors import Refusal, ReleaseRefused
@@ -153,6 +154,7 @@ class Stager:
             )
         except PermanentError as exc:
             raise Refusal(remote.path, "download", str(exc)) from None
+        faultpoints.pause("downloaded", remote.path)
         try:
             record, tensors = self._check(remote, part, hasher)
         except Refusal:

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import BinaryIO
 from urllib.parse import unquote, urlparse
 
+from . import faultpoints
 from .errors import AlreadyExists, ConfigError, Conflict, K3AError, NotFound
 from .manifest import META_DIR, FileRecord, ShardManifest, manifest_key, revision_prefix
 
@@ -319,6 +320,7 @@ class _FileRevisionWriter(RevisionWriter):
         # The revision directory itself stays writable by its owner so that rename works;
         # everything inside is read-only.
         os.chmod(self.work, 0o755)
+        faultpoints.pause("publish", str(self.final))
         try:
             os.rename(self.work, self.final)
         except OSError as exc:
