@@ -155,6 +155,10 @@ def fetch(
             # Cross-process resume: the old process's hash state is gone; rebuild it from the
             # bytes already on disk (read once), then fetch only the rest.
             feed_file(hasher, part, limit=existing, on_bytes=on_bytes)
+            if existing == size:
+                # The old process received every byte and died before checking them. Asking
+                # for the rest would be a Range past the end, which servers answer with 416.
+                return hasher
     attempt = 0
     with open(part, "r+b" if part.exists() else "wb") as fh:
         while True:
