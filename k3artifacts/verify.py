@@ -121,6 +121,12 @@ def verify_revision(
     else:
         local = store.local_path(revision_prefix(repo_id, commit))
         if local is not None:
+            if not (local / META_DIR / MANIFEST_NAME).exists():
+                # Said here, in the store's terms: the operator named a revision, not a path.
+                raise NotFound(
+                    f"{repo_id}@{commit} is not published in {store.url}",
+                    hint="stage it first with `k3a stage`, or check the commit",
+                )
             reader = _Reader(directory=local)
         else:
             reader = _Reader(store=store, prefix=revision_prefix(repo_id, commit))
