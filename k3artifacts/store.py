@@ -264,6 +264,9 @@ class _FileRevisionWriter(RevisionWriter):
         # A fixed name: a crashed run's work is found and reused (see has_file). Every file
         # in it arrived by rename, so a file that exists is complete.
         self.work = self.final.with_name(f".staging-{commit}")
+        if self.work.exists():
+            # A run killed inside commit() left it read-only, which only root could add to.
+            _make_writable(self.work)
         self.work.mkdir(parents=True, exist_ok=True)
 
     def _dest(self, path: str) -> Path:
