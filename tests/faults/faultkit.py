@@ -18,8 +18,6 @@ from tests.staging_helpers import REPO
 
 SHARD1 = "model-00001-of-00002.safetensors"
 SHARD2 = "model-00002-of-00002.safetensors"
-#: Files of ``small_release``.
-RELEASE_FILES = 7
 #: Waits for a subprocess to reach a point; generous because the machine is shared.
 WAIT = 30.0
 
