@@ -67,7 +67,7 @@ def pool() -> urllib3.PoolManager:
     return _pool
 
 
-def _retry_after(value: str | None) -> float | None:
+def retry_after(value: str | None) -> float | None:
     if not value:
         return None
     try:
@@ -100,7 +100,7 @@ def _attempt(
     try:
         if resp.status in RETRY_STATUS:
             raise TransientError(
-                f"HTTP {resp.status}", _retry_after(resp.headers.get("Retry-After"))
+                f"HTTP {resp.status}", retry_after(resp.headers.get("Retry-After"))
             )
         if offset and resp.status == 200:
             # The server ignored Range: start over rather than append a second copy.
