@@ -84,6 +84,14 @@ class Store(ABC):
     def list_keys(self, prefix: str) -> list[str]:
         """Every key under ``prefix`` (a folder-like prefix ending in ``/``), sorted."""
 
+    @abstractmethod
+    def object_sizes(self, prefix: str) -> dict[str, int]:
+        """Every key under ``prefix`` with its size in bytes, from one listing (no reads).
+
+        What the promotion gate uses to check a published revision cheaply; on S3 the
+        ListObjectsV2 pages already carry each object's size.
+        """
+
     # ---- revisions -----------------------------------------------------------------------
     @abstractmethod
     def begin_revision(self, repo_id: str, commit: str) -> RevisionWriter: ...
@@ -236,6 +244,9 @@ class FileStore(Store):
                 if not name.startswith("."):
                     keys.append(name if rel == "." else f"{rel}/{name}")
         return sorted(keys)
+
+    def object_sizes(self, prefix: str) -> dict[str, int]:
+        return {key: os.stat(self._path(key)).st_size for key in self.list_keys(prefix)}
 
     def open_read(self, key: str) -> BinaryIO:
         try:

@@ -212,3 +212,33 @@ def test_verify_detects_a_flipped_byte(local_hub, file_store, quarantine, tmp_pa
         env=k3a_env, capture_output=True, text=True,
     )
     assert by_dir.returncode == 4 and f'"path": "{SHARD}"' in by_dir.stdout
+
+
+def test_window_mode_stores_shards_and_frees_quarantine(local_hub, file_store, tmp_path):
+    """With a window smaller than the checkpoint, shards leave quarantine once stored."""
+    commit = local_hub.hub.add_commit(REPO, small_release(tmp_path))
+    quarantine = tmp_path / "local-nvme"
+    result = run_stage(local_hub.endpoint, file_store, quarantine, window_bytes=300_000,
+                       keep_quarantine=True)
+    files = quarantine / "moonshotai--Kimi-K3" / commit / "files"
+    assert not list(files.glob("*.safetensors"))
+    assert (files / "model.safetensors.index.json").exists()
+    assert verify_revision(store=file_store, repo_id=REPO, commit=commit, full=True).ok
+    assert result.files == 7
+
+
+def test_window_mode_resume_reuses_stored_shards(local_hub, file_store, tmp_path):
+    commit = local_hub.hub.add_commit(REPO, small_release(tmp_path))
+    quarantine = tmp_path / "q"
+    second = "model-00002-of-00002.safetensors"
+    local_hub.hub.faults.add(second, Fault.http_status(500, times=None))
+    with pytest.raises(Unavailable, match=second):
+        run_stage(local_hub.endpoint, file_store, quarantine, window_bytes=300_000, workers=1,
+                  retry=RetryPolicy(attempts=1))
+    assert_nothing_published(file_store)
+    local_hub.hub.faults.clear()
+    mark = len(local_hub.hub.requests)
+    run_stage(local_hub.endpoint, file_store, quarantine, window_bytes=300_000)
+    refetched = {r.target for r in local_hub.hub.requests[mark:] if "/resolve/" in r.url}
+    assert SHARD not in refetched and second in refetched
+    assert verify_revision(store=file_store, repo_id=REPO, commit=commit, full=True).ok
