@@ -14,6 +14,7 @@ pytest_plugins: list[str] = [
     "tests.fixtures.registry",
     "tests.fixtures.revisions",
     "tests.fixtures.releases",
+    "tests.fixtures.s3_fault_proxy",
 ]
 
 
