@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 import time
 from dataclasses import dataclass
+from urllib.parse import urlparse
 
 import httpx2
 from huggingface_hub import HfApi, constants, hf_hub_url
@@ -48,6 +49,21 @@ def check_repo_id(repo_id: str) -> str:
     return repo_id
 
 
+def check_endpoint(endpoint: str) -> str:
+    """A typo in the endpoint is a configuration error, not a hub outage worth retrying."""
+    parsed = urlparse(endpoint)
+    try:
+        parsed.port  # noqa: B018 - raises ValueError on a malformed port
+    except ValueError:
+        parsed = parsed._replace(netloc="")
+    if parsed.scheme not in ("http", "https") or not parsed.hostname:
+        raise ConfigError(
+            f"hub endpoint {endpoint!r} is not a valid http(s) URL (scheme://host[:port])",
+            hint="set --endpoint (or HF_ENDPOINT) to e.g. https://huggingface.co",
+        )
+    return endpoint
+
+
 class HubSource:
     def __init__(
         self,
@@ -55,7 +71,7 @@ class HubSource:
         token: str | bool | None = None,
         retry: RetryPolicy = RetryPolicy(),
     ):
-        self.endpoint = (endpoint or constants.ENDPOINT).rstrip("/")
+        self.endpoint = check_endpoint(endpoint or constants.ENDPOINT).rstrip("/")
         self.token = token
         self.retry = retry
         self.api = HfApi(endpoint=self.endpoint, token=token)
