@@ -422,7 +422,7 @@ def open_store(url: str) -> Store:
             )
         path = unquote(parsed.path) if parsed.scheme == "file" else url
         if not path:
-            raise ConfigError(f"store URL {url!r} has no path")
+            raise ConfigError(f"store URL {url!r} has no path", hint="use file:///absolute/path")
         return FileStore(Path(path).expanduser())
     if parsed.scheme == "s3":
         from .s3store import S3Store
