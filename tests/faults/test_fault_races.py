@@ -9,8 +9,18 @@ answers.
 
 from __future__ import annotations
 
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
 import pytest
 
+from k3artifacts.binding import create_tuple
+from k3artifacts.channels import current, history, history_key
+from k3artifacts.profiles import load_profile, serving_spec
+from k3artifacts.promotion import promote
+from k3artifacts.reviews import review_code, review_license
+from k3artifacts.s3store import S3Store
+from k3artifacts.tuples import ImageRef, TupleStore, tuple_key
 from k3artifacts.verify import verify_revision
 from tests.faults.faultkit import (
     run_k3a,
@@ -18,6 +28,7 @@ from tests.faults.faultkit import (
     start_k3a,
     wait_for,
 )
+from tests.fixtures.releases import REPO_ID, Releases
 from tests.staging_helpers import REPO, small_release
 
 pytestmark = pytest.mark.faults
@@ -55,3 +66,65 @@ def test_two_stagings_of_one_revision_into_one_file_store(local_hub, file_store,
     beside = sorted(p.name for p in (file_store.root / "models" / REPO).iterdir()
                     if not p.name.endswith(".lock"))
     assert beside == [commit]
+
+
+def test_tuple_writes_racing_with_the_same_id(published_revision):
+    """Sixteen writers bind the same inputs at once (a retried flow, two operators): one record
+    is written, every writer gets the same id, the first record is never overwritten."""
+    p = published_revision
+    spec = serving_spec(load_profile("p6-b300-tp8"))
+    image = ImageRef(repository="registry.example.com/vllm", digest="sha256:" + "1" * 64)
+    barrier = threading.Barrier(16)
+
+    def write(i: int):
+        barrier.wait()
+        return create_tuple(p.store, p.repo_id, p.commit, image, spec, created_by=f"writer-{i}")
+
+    with ThreadPoolExecutor(16) as pool:
+        results = list(pool.map(write, range(16)))
+    assert len({r.release.id for r in results}) == 1
+    winners = [r for r in results if r.new]
+    assert len(winners) == 1
+    key = tuple_key(results[0].release.id)
+    stored = p.store.local_path(key)
+    before = stored.stat()
+    assert TupleStore(p.store).get(results[0].release.id).created_by == winners[0].release.created_by
+    create_tuple(p.store, p.repo_id, p.commit, image, spec, created_by="late")
+    after = stored.stat()
+    assert (after.st_ino, after.st_mtime_ns) == (before.st_ino, before.st_mtime_ns)
+    assert TupleStore(p.store).list_ids() == [results[0].release.id]
+
+
+@pytest.mark.s3
+def test_lost_answers_to_tuple_and_channel_writes_on_s3(s3_fault_proxy, s3_url, tmp_path,
+                                                        policies):
+    """S3 applied the conditional write but its answer was lost; boto3 retries and gets 412.
+    The tuple write and the move must still count as done, and the history stay complete."""
+    proxy = s3_fault_proxy
+    store = S3Store.from_url(s3_url, endpoint_url=proxy.endpoint)
+    releases = Releases(store, tmp_path / "scratch")
+    first, second = releases.publish(), releases.publish()
+    spec = serving_spec(load_profile("p6-b300-tp8"))
+    image = ImageRef(repository="registry.example.com/vllm", digest="sha256:" + "1" * 64)
+
+    proxy.add("PutObject", "*/releases/tuples/*", action="lose")
+    made = create_tuple(store, REPO_ID, first.commit, image, spec)
+    assert [r.status for r in proxy.ops("PutObject") if "/releases/tuples/" in r.key] == [500, 412]
+    assert TupleStore(store).list_ids() == [made.release.id]
+    old = made.release
+    new = create_tuple(store, REPO_ID, second.commit, image, spec).release
+    for release in (old, new):
+        review_license(store, release.id, by="alice", policies_dir=policies)
+        review_code(store, release.id, by="alice", policies_dir=policies)
+
+    proxy.add("PutObject", "*/releases/channels/staging.json", action="lose")
+    moved = promote(store, old.id, "staging", actor="alice", policies_dir=policies)
+    assert moved.tuple_id == old.id
+    assert current(store, "staging").tuple_id == old.id
+    assert [e.tuple_id for e in history(store, "staging")] == [old.id]
+
+    promote(store, new.id, "staging", actor="alice", policies_dir=policies)
+    entries = history(store, "staging")
+    assert [(e.seq, e.tuple_id, e.previous_tuple_id) for e in entries] == [
+        (1, old.id, None), (2, new.id, old.id)]
+    assert store.read(history_key("staging", 1)) is not None
