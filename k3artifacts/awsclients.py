@@ -29,6 +29,7 @@ from .errors import ConfigError, K3AError, NotFound, Unavailable
 S3_ENDPOINT_ENV = "K3A_S3_ENDPOINT_URL"
 
 DEFAULT_RETRY_MODE = "standard"
+#: Attempts per request, the first included.
 DEFAULT_MAX_ATTEMPTS = 10
 CONNECT_TIMEOUT_S = 10
 #: Time to wait for response bytes. A part upload is answered as soon as its bytes arrive, so
@@ -89,7 +90,7 @@ def _retry_settings(sess: boto3.Session) -> dict[str, Any]:
     )
     if configured:
         return {}
-    return {"retries": {"mode": DEFAULT_RETRY_MODE, "max_attempts": DEFAULT_MAX_ATTEMPTS}}
+    return {"retries": {"mode": DEFAULT_RETRY_MODE, "total_max_attempts": DEFAULT_MAX_ATTEMPTS}}
 
 
 def client(

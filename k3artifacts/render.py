@@ -395,6 +395,9 @@ def verify_container(release: ReleaseTuple, res: ServingResources, vol: WeightsV
     command = [
         "timeout", "--kill-after=30", str(res.verify_timeout_seconds),
         "k3a", "verify", f"{w.repo_id}@{w.commit}", "--store", f"file://{STORE_MOUNT}",
+        # The manifest on the volume must be the one the tuple bound, not merely consistent
+        # with the files beside it.
+        "--expect-digest", w.manifest_digest,
     ]  # fmt: skip
     return {
         "name": "verify-weights",

@@ -27,12 +27,11 @@ from __future__ import annotations
 import base64
 import dataclasses
 import hashlib
-import json
 import logging
 import math
 import re
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -46,7 +45,14 @@ from s3transfer.subscribers import BaseSubscriber
 from . import awsclients
 from .awsclients import aws_errors, error_code, http_status
 from .canonical import canonical_json
-from .errors import AlreadyExists, ConfigError, Conflict, K3AError, NotFound, VerifyMismatch
+from .errors import (
+    AlreadyExists,
+    ConfigError,
+    Conflict,
+    K3AError,
+    NotFound,
+    VerifyMismatch,
+)
 from .manifest import META_DIR, FileRecord, ShardManifest, manifest_key, revision_prefix
 from .store import RevisionWriter, Store, Versioned
 
@@ -62,6 +68,9 @@ META_XXH3 = "k3a-xxh3-128"
 OBJECTS_NAME = "s3-objects.json"
 CHECKSUM_ALGORITHM = "CRC64NVME"
 READ_BLOCK = 8 * MiB
+
+#: What S3 answers when the bytes it received do not match the checksum sent with them.
+_DIGEST_ERRORS = {"BadDigest", "InvalidDigest", "XAmzContentChecksumMismatch"}
 
 _BUCKET_RE = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
 
@@ -184,6 +193,7 @@ class S3Store(Store):
 
     #: Keys per ListObjectsV2 page (S3 returns at most 1000).
     list_page_size = 1000
+    wanted_checksums = frozenset({"crc64nvme"})
 
     def __init__(
         self,
@@ -451,7 +461,21 @@ class S3RevisionWriter(RevisionWriter):
     def _manager(self, size: int) -> TransferManager:
         return TransferManager(self.store.client, self.store.tuning.config(size))
 
-    def put_file(self, record: FileRecord, local_path: Path) -> ObjectReceipt:
+    def adopt(self, record: FileRecord) -> bool:
+        key = f"{self.prefix}/{record.path}"
+        existing = self.store.head(key)
+        if not self._matches(existing, record):
+            return False
+        self._count(objects_skipped=1)
+        self._receipt(record, "kept", existing)
+        return True
+
+    def stats(self) -> dict[str, int]:
+        return self.counters.as_dict()
+
+    def put_file(
+        self, record: FileRecord, local_path: Path, *, checksums: Mapping[str, str] | None = None
+    ) -> ObjectReceipt:
         """Put one verified file: keep it if already there, copy it inside S3 if an earlier
         revision has the same sha256, else upload it. Returns what S3 stored."""
         key = f"{self.prefix}/{record.path}"
@@ -467,7 +491,7 @@ class S3RevisionWriter(RevisionWriter):
                 assert source_head is not None
                 return self._copy(record, key, source, source_head)
             log.warning("dedup source %s no longer matches its manifest; uploading", source)
-        return self._upload(record, key, local_path)
+        return self._upload(record, key, local_path, (checksums or {}).get("crc64nvme"))
 
     def _count(self, **amounts: int) -> None:
         self.counters.add(**amounts)
@@ -477,8 +501,17 @@ class S3RevisionWriter(RevisionWriter):
         return _Progress(record.path, [self.counters, self.store.counters], field_name,
                          self.progress)
 
-    def _upload(self, record: FileRecord, key: str, local_path: Path) -> ObjectReceipt:
-        crc, sha256, size = crc64nvme_and_sha256(local_path)
+    def _upload(
+        self, record: FileRecord, key: str, local_path: Path, crc: str | None
+    ) -> ObjectReceipt:
+        size = record.size
+        if crc is None:
+            # No CRC from the download: compute it, and re-check the sha256 on the same pass.
+            crc, sha256, size = crc64nvme_and_sha256(local_path)
+        else:
+            # Computed as the bytes arrived; S3 checks the upload against it and the read-back
+            # below holds S3 to it, so the file is not read an extra time here.
+            sha256 = record.sha256
         if sha256 != record.sha256 or size != record.size:
             raise VerifyMismatch(
                 f"{local_path}: changed since it was verified as {record.path} "
@@ -494,11 +527,21 @@ class S3RevisionWriter(RevisionWriter):
             self._written.add(key)
         s3_key = self.store.key(key)
         with aws_errors(f"uploading {local_path} to s3://{self.store.bucket}/{s3_key}"):
-            with self._manager(size) as manager:
-                manager.upload(
-                    str(local_path), self.store.bucket, s3_key, extra_args=extra,
-                    subscribers=[self._subscriber(record, "bytes_uploaded")],
-                ).result()
+            try:
+                with self._manager(size) as manager:
+                    manager.upload(
+                        str(local_path), self.store.bucket, s3_key, extra_args=extra,
+                        subscribers=[self._subscriber(record, "bytes_uploaded")],
+                    ).result()
+            except bex.ClientError as exc:
+                if error_code(exc) not in _DIGEST_ERRORS:
+                    raise
+                raise VerifyMismatch(
+                    f"s3://{self.store.bucket}/{s3_key}: S3 refused the upload of {local_path}:"
+                    f" the bytes it received do not match CRC64NVME {crc} ({error_code(exc)})",
+                    hint="the file changed during the upload or was corrupted in transit; "
+                    "nothing was published, re-run",
+                ) from None
         head = self._checked_head(key, record, crc)
         self._count(objects_uploaded=1)
         return self._receipt(record, "uploaded", head)
@@ -512,13 +555,13 @@ class S3RevisionWriter(RevisionWriter):
         if source_head.get("VersionId"):
             # Pin the version we just checked, so a concurrent overwrite cannot slip in.
             copy_source["VersionId"] = source_head["VersionId"]
-        with aws_errors(f"copying {self.store.s3_url(source)} to s3://{self.store.bucket}/{s3_key}"):
-            with self._manager(record.size) as manager:
-                manager.copy(
-                    copy_source, self.store.bucket, s3_key,
-                    extra_args={"ChecksumAlgorithm": CHECKSUM_ALGORITHM},
-                    subscribers=[self._subscriber(record, "bytes_copied")],
-                ).result()
+        what = f"copying {self.store.s3_url(source)} to s3://{self.store.bucket}/{s3_key}"
+        with aws_errors(what), self._manager(record.size) as manager:
+            manager.copy(
+                copy_source, self.store.bucket, s3_key,
+                extra_args={"ChecksumAlgorithm": CHECKSUM_ALGORITHM},
+                subscribers=[self._subscriber(record, "bytes_copied")],
+            ).result()
         head = self._checked_head(key, record, source_head.get("ChecksumCRC64NVME"))
         self._count(objects_copied=1)
         return self._receipt(record, "copied", head, copied_from=self.store.s3_url(source))

@@ -19,7 +19,7 @@ import shutil
 import stat
 import tempfile
 from abc import ABC, abstractmethod
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
@@ -51,12 +51,23 @@ class RevisionWriter(ABC):
     """Accumulates one revision's files; nothing is visible to readers until :meth:`commit`."""
 
     @abstractmethod
-    def put_file(self, record: FileRecord, local_path: Path) -> None:
-        """Add a verified file. ``local_path`` is left in place (the caller owns quarantine)."""
+    def put_file(
+        self, record: FileRecord, local_path: Path, *, checksums: Mapping[str, str] | None = None
+    ) -> None:
+        """Add a verified file. ``local_path`` is left in place (the caller owns quarantine).
 
-    def has_file(self, record: FileRecord) -> bool:
-        """Whether an earlier, interrupted run already put this exact file."""
+        ``checksums`` carries digests computed while the file was downloaded (those named in
+        :attr:`Store.wanted_checksums`), so the store need not read the file to compute them.
+        """
+
+    def adopt(self, record: FileRecord) -> bool:
+        """If an earlier, interrupted run already stored this exact file, take it into this
+        revision and return True; the caller then need not have the bytes at hand."""
         return False
+
+    def stats(self) -> dict[str, int]:
+        """Transfer counters of this revision (bytes uploaded, copied...), for reports."""
+        return {}
 
     @abstractmethod
     def commit(self, manifest: ShardManifest) -> None:
@@ -71,6 +82,8 @@ class RevisionWriter(ABC):
 
 class Store(ABC):
     url: str
+    #: Digests, beyond sha256 and xxh3-128, the store wants computed as bytes arrive.
+    wanted_checksums: frozenset[str] = frozenset()
 
     # ---- small records -------------------------------------------------------------------
     @abstractmethod
@@ -279,8 +292,8 @@ class _FileRevisionWriter(RevisionWriter):
     """Assembles a revision in ``.staging-<commit>`` beside where it will appear.
 
     Several writers may share that directory: a staging run's per-file tasks, and two workers
-    staging the same revision onto one FSx tree. They hold a shared lock on
-    ``.<commit>.lock`` (kept, as record locks are) while they add files, and :meth:`commit` holds it exclusively,
+    staging the same revision onto one FSx tree. They hold a shared lock on ``.<commit>.lock``
+    (kept, as record locks are) while they add files, and :meth:`commit` holds it exclusively,
     so files are never added to a tree being sealed and renamed, and a second committer finds
     the revision published instead of a directory that vanished under it.
     """
@@ -290,7 +303,7 @@ class _FileRevisionWriter(RevisionWriter):
         self.repo_id = repo_id
         self.commit_sha = commit
         self.final = store._path(revision_prefix(repo_id, commit))
-        # A fixed name: a crashed run's work is found and reused (see has_file). Every file
+        # A fixed name: a crashed run's work is found and reused (see adopt). Every file
         # in it arrived by rename, so a file that exists is complete.
         self.work = self.final.with_name(f".staging-{commit}")
         self._lock_path = self.final.with_name(f".{commit}.lock")
@@ -312,13 +325,15 @@ class _FileRevisionWriter(RevisionWriter):
     def _dest(self, path: str) -> Path:
         return self.work.joinpath(*path.split("/"))
 
-    def has_file(self, record: FileRecord) -> bool:
+    def adopt(self, record: FileRecord) -> bool:
         try:
             return self._dest(record.path).stat().st_size == record.size
         except FileNotFoundError:
             return False
 
-    def put_file(self, record: FileRecord, local_path: Path) -> None:
+    def put_file(
+        self, record: FileRecord, local_path: Path, *, checksums: Mapping[str, str] | None = None
+    ) -> None:
         with self._locked(fcntl.LOCK_SH):
             if (self.final / META_DIR / MANIFEST_NAME).exists():
                 return  # another writer published the revision; commit() compares manifests
@@ -353,7 +368,7 @@ class _FileRevisionWriter(RevisionWriter):
             raise Conflict(f"{self.final} exists with a different manifest; refusing to overwrite")
 
     def _seal_and_rename(self, manifest: ShardManifest) -> None:
-        missing = [r.path for r in manifest.files if not self.has_file(r)]
+        missing = [r.path for r in manifest.files if not self.adopt(r)]
         if missing:
             raise K3AError(f"refusing to publish {self.final}: files never stored: {missing[:5]}")
         self.work.mkdir(parents=True, exist_ok=True)

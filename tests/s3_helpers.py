@@ -40,7 +40,7 @@ def manifest_for(commit: str, files: dict[str, tuple[FileRecord, Path]]) -> Shar
     )
 
 
-def publish(store, commit: str, files: dict[str, tuple[FileRecord, Path]]):  # noqa: ANN001
+def publish(store, commit: str, files: dict[str, tuple[FileRecord, Path]]):
     writer = store.begin_revision(REPO, commit)
     for rec, local in files.values():
         writer.put_file(rec, local)

@@ -155,6 +155,8 @@ def test_eks_single_node_validates(published_revision, where):
         f"{b.weights.repo_id}@{b.weights.commit}",
         "--store",
         "file:///k3a-store",
+        "--expect-digest",
+        b.weights.manifest_digest,
     ]
     (vllm,) = pod["containers"]
     assert vllm["image"] == IMAGE.reference and vllm["args"] == b.serving.args

@@ -13,7 +13,6 @@ from k3artifacts.errors import AlreadyExists, Conflict, NotFound, VerifyMismatch
 from k3artifacts.manifest import manifest_key
 from k3artifacts.s3store import META_SHA256, META_XXH3, MiB, S3Store, TransferTuning
 from k3artifacts.store import open_store
-
 from tests.s3_helpers import REPO, manifest_for, publish, record_for, write_revision
 
 pytestmark = pytest.mark.s3
@@ -151,6 +150,28 @@ def test_changed_quarantine_file_is_refused(s3_store: S3Store, tmp_path: Path) -
     assert s3_store.list_keys(f"models/{REPO}/") == []
 
 
+def test_bytes_changed_during_upload_are_caught_by_the_checksum(
+    s3_store: S3Store, s3_url: str, moto_endpoint: str, tmp_path: Path
+) -> None:
+    files = write_revision(tmp_path / "q", {"model.safetensors": os.urandom(15 * MiB)})
+    rec, local = files["model.safetensors"]
+    store = S3Store.from_url(s3_url, endpoint_url=moto_endpoint, tuning=TransferTuning(
+        multipart_threshold=5 * MiB, min_part_size=5 * MiB, max_concurrency=1))
+    tampered = []
+
+    def tamper(path: str, n: int) -> None:
+        if not tampered:  # while part 1 is in flight, overwrite the (unread) last part
+            with open(local, "r+b") as fh:
+                fh.seek(-4, os.SEEK_END)
+                fh.write(b"\0\0\0\0")
+            tampered.append(n)
+
+    store.progress = tamper
+    with pytest.raises(VerifyMismatch, match="CRC64NVME"):
+        store.begin_revision(REPO, C1).put_file(rec, local)
+    assert tampered and store.list_revisions(REPO) == []
+
+
 def test_second_revision_uploads_only_the_changed_file(s3_store: S3Store, tmp_path: Path) -> None:
     shards = {f"model-0000{i}-of-00003.safetensors": os.urandom(6 * MiB) for i in (1, 2, 3)}
     rev1 = write_revision(tmp_path / "r1", {**shards, "config.json": b'{"v": 1}'})
@@ -172,6 +193,7 @@ def test_second_revision_uploads_only_the_changed_file(s3_store: S3Store, tmp_pa
         assert receipt.action == "copied"
         assert receipt.copied_from == f"{s3_store.url}/models/{REPO}/{C1}/{name}"
         assert receipt.checksum_crc64nvme == crc64(data)
+        assert receipt.etag.endswith('-2"')  # 6 MiB over 5 MiB parts: UploadPartCopy ran
         with s3_store.open_read(f"models/{REPO}/{C2}/{name}") as body:
             assert body.read() == data
     assert s3_store.list_revisions(REPO) == [C1, C2]
@@ -233,3 +255,57 @@ def test_record_helper_matches_store_hash(tmp_path: Path) -> None:
 
     crc, sha, size = crc64nvme_and_sha256(path)
     assert (crc, sha, size) == (crc64(b"hello"), record_for(path, "x").sha256, 5)
+
+
+_KILLED_WRITER = """
+import sys
+from pathlib import Path
+from k3artifacts.s3store import MiB, S3Store, TransferTuning
+from tests.s3_helpers import REPO, record_for
+url, endpoint, local = sys.argv[1:4]
+store = S3Store.from_url(url, endpoint_url=endpoint, tuning=TransferTuning(
+    multipart_threshold=5 * MiB, min_part_size=5 * MiB, max_concurrency=1,
+    max_bandwidth=4 * MiB))  # slow enough to be killed mid-upload
+writer = store.begin_revision(REPO, sys.argv[4])
+writer.put_file(record_for(Path(local), "model.safetensors"), Path(local))
+writer.commit(None)  # never reached
+"""
+
+
+def test_killed_upload_leaves_nothing_visible_and_is_cleaned(
+    s3_store: S3Store, s3_url: str, moto_endpoint: str, s3_client, s3_bucket, tmp_path: Path
+) -> None:
+    import subprocess
+    import sys
+    import time
+
+    files = write_revision(tmp_path / "q", {"model.safetensors": os.urandom(24 * MiB)})
+    rec, local = files["model.safetensors"]
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _KILLED_WRITER, s3_url, moto_endpoint, str(local), C1],
+        cwd=Path(__file__).resolve().parent.parent,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while "Uploads" not in s3_client.list_multipart_uploads(Bucket=s3_bucket):
+            assert proc.poll() is None, "writer ended before it started a multipart upload"
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        time.sleep(0.5)  # let a part or two land
+    finally:
+        proc.kill()
+        proc.wait()
+    assert proc.returncode < 0  # killed, not finished
+    dangling = s3_client.list_multipart_uploads(Bucket=s3_bucket)["Uploads"]
+    assert [u["Key"] for u in dangling] == [f"k3a/models/{REPO}/{C1}/model.safetensors"]
+    assert s3_store.list_revisions(REPO) == []
+    assert s3_store.read_manifest(REPO, C1) is None
+    assert s3_store.list_keys(f"models/{REPO}/{C1}/") == []
+
+    # The next run of the same revision clears the debris and publishes cleanly.
+    writer = s3_store.begin_revision(REPO, C1)
+    assert "Uploads" not in s3_client.list_multipart_uploads(Bucket=s3_bucket)
+    writer.put_file(rec, local)
+    writer.commit(manifest_for(C1, files))
+    assert s3_store.list_revisions(REPO) == [C1]
+    assert writer.receipts["model.safetensors"].checksum_type == "FULL_OBJECT"

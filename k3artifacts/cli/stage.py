@@ -64,6 +64,13 @@ def print_stage_result(result: StageResult) -> None:
             f"in {result.seconds:.1f}s ({rate:.0f} MB/s)"
         )
         click.echo(f"location:        {result.location}")
+        stats = result.store_stats
+        if stats.get("bytes_uploaded") or stats.get("bytes_copied"):
+            click.echo(
+                f"store:           {stats.get('bytes_uploaded', 0):,} bytes uploaded, "
+                f"{stats.get('bytes_copied', 0):,} copied inside the store, "
+                f"{stats.get('objects_skipped', 0)} object(s) already there"
+            )
     click.echo(f"commit:          {result.commit}")
     click.echo(f"manifest digest: {result.manifest_digest}")
     click.echo(f"license sha256:  {result.license_sha256 or '(no license file)'}")

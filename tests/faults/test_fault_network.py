@@ -8,15 +8,15 @@ import pytest
 
 from k3artifacts.download import RetryPolicy
 from k3artifacts.errors import ReleaseRefused, Unavailable
+from k3artifacts.hub import HubSource
 from k3artifacts.localhub import Fault
+from k3artifacts.staging import StageObserver, StageOptions, stage
 from k3artifacts.verify import verify_revision
 from tests.faults.faultkit import (
     SHARD1,
     assert_nothing_published,
     file_gets,
     quarantine_of,
-    run_k3a,
-    stage_args,
 )
 from tests.staging_helpers import REPO, run_stage, small_release
 
@@ -87,17 +87,35 @@ def test_server_errors_on_revision_lookup_are_retried(local_hub, file_store, qua
     assert [r.status for r in local_hub.hub.requests][:2] == [status, 200]
 
 
-def test_retries_exhausted_keeps_partial_and_says_rerun(local_hub, file_store, quarantine, release,
-                                                        k3a_cmd, k3a_env):
-    local_hub.hub.faults.add(SHARD1, Fault.drop(after_bytes=CUT, times=None))
-    proc = run_k3a(k3a_cmd, k3a_env,
-                   *stage_args(local_hub.endpoint, file_store, quarantine, "--retries", "2"))
-    assert proc.returncode == 8, proc.stderr
-    assert f"{SHARD1}: gave up after 2 attempts" in proc.stderr
-    assert "re-run the same command to resume" in proc.stderr
+def test_retries_exhausted_keeps_partial_and_says_rerun(local_hub, file_store, quarantine, release):
+    """The link drops after CUT bytes, then the hub answers 503 for good. Attempts that move
+    bytes do not count towards giving up; the ones that move none do."""
+    hub = local_hub.hub
+    hub.faults.add(SHARD1, Fault.drop(after_bytes=CUT))
+
+    class HubDiesAfterFirstBytes(StageObserver):
+        armed = False
+
+        def advance(self, path: str, nbytes: int) -> None:
+            if path == SHARD1 and not self.armed:
+                self.armed = True  # the first response is already being served: later ones fail
+                hub.faults.add(SHARD1, Fault.http_status(503, times=None))
+
+    retry = RetryPolicy(attempts=3, backoff=0.01)
+    with pytest.raises(Unavailable) as err:
+        stage(HubSource(local_hub.endpoint, token=False, retry=retry), file_store, REPO, "main",
+              quarantine, StageOptions(retry=retry), HubDiesAfterFirstBytes())
+    assert f"{SHARD1}: gave up after 3 attempts: HTTP 503" in str(err.value)
+    assert "re-run the same command to resume" in err.value.hint
+    assert [g.status for g in file_gets(hub, path=SHARD1)] == [200, 503, 503]
     assert_nothing_published(file_store)
-    # Every byte received is kept for the re-run.
-    assert quarantine_of(quarantine, release).part_path(SHARD1).stat().st_size == 2 * CUT
+    # Every byte received is kept for the re-run, which asks only for the rest.
+    assert quarantine_of(quarantine, release).part_path(SHARD1).stat().st_size == CUT
+    hub.faults.clear()
+    mark = len(hub.requests)
+    run_stage(local_hub.endpoint, file_store, quarantine)
+    assert [g.range for g in file_gets(hub, mark, SHARD1)] == [f"bytes={CUT}-"]
+    assert published(file_store, release)
 
 
 @pytest.mark.parametrize(
