@@ -128,3 +128,19 @@ def test_lost_answers_to_tuple_and_channel_writes_on_s3(s3_fault_proxy, s3_url, 
     assert [(e.seq, e.tuple_id, e.previous_tuple_id) for e in entries] == [
         (1, old.id, None), (2, new.id, old.id)]
     assert store.read(history_key("staging", 1)) is not None
+
+
+def test_two_stagings_of_one_revision_sharing_a_quarantine(local_hub, file_store, tmp_path,
+                                                          k3a_cmd, k3a_env):
+    commit = local_hub.hub.add_commit(REPO, small_release(tmp_path))
+    quarantine, go = tmp_path / "q", tmp_path / "go"
+    args = stage_args(local_hub.endpoint, file_store, quarantine)
+    first = start_k3a(k3a_cmd, k3a_env, *args,
+                      K3A_FAULT_PAUSE="publish:60", K3A_FAULT_RESUME=str(go))
+    first.wait_line("paused at publish")
+    second = run_k3a(k3a_cmd, k3a_env, *args)
+    assert second.returncode == 6, second.stderr
+    assert "another k3a process is staging this revision" in second.stderr
+    go.touch()
+    assert first.finish() == 0, first.stderr
+    assert file_store.list_revisions(REPO) == [commit]
