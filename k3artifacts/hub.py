@@ -69,11 +69,11 @@ class HubSource:
         self,
         endpoint: str | None = None,
         token: str | bool | None = None,
-        retry: RetryPolicy = RetryPolicy(),
+        retry: RetryPolicy | None = None,
     ):
         self.endpoint = check_endpoint(endpoint or constants.ENDPOINT).rstrip("/")
         self.token = token
-        self.retry = retry
+        self.retry = retry or RetryPolicy()
         self.api = HfApi(endpoint=self.endpoint, token=token)
 
     def _call(self, what: str, fn, *args, **kwargs):

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from .errors import NotFound, VerifyMismatch
 from .hashing import MultiHasher, feed_file, hash_stream
-from .manifest import META_DIR, MANIFEST_NAME, FileRecord, ShardManifest, revision_prefix
+from .manifest import MANIFEST_NAME, META_DIR, FileRecord, ShardManifest, revision_prefix
 from .store import Store
 
 

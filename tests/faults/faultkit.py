@@ -90,7 +90,7 @@ def run_k3a(k3a_cmd: list[str], env: dict[str, str], *args: str, timeout: float 
             **extra_env: str) -> subprocess.CompletedProcess:
     return subprocess.run(
         [*k3a_cmd, *args], env={**env, **extra_env}, stdin=subprocess.DEVNULL,
-        capture_output=True, text=True, timeout=timeout,
+        capture_output=True, text=True, timeout=timeout, check=False,
     )
 
 

@@ -17,8 +17,8 @@ from k3artifacts.errors import GateFailed, ReleaseRefused
 from k3artifacts.gates import check_gates
 from k3artifacts.promotion import promote
 from k3artifacts.reviews import review_code, review_license
-from tests.fixtures.releases import Releases
 from tests.faults.faultkit import SHARD1, assert_nothing_published, run_k3a, stage_args
+from tests.fixtures.releases import Releases
 from tests.staging_helpers import LICENSE, REPO, raw_safetensors, run_stage, small_release
 
 pytestmark = pytest.mark.faults
