@@ -67,7 +67,7 @@ def pool() -> urllib3.PoolManager:
     return _pool
 
 
-def _retry_after(value: str | None) -> float | None:
+def retry_after(value: str | None) -> float | None:
     if not value:
         return None
     try:
@@ -100,7 +100,7 @@ def _attempt(
     try:
         if resp.status in RETRY_STATUS:
             raise TransientError(
-                f"HTTP {resp.status}", _retry_after(resp.headers.get("Retry-After"))
+                f"HTTP {resp.status}", retry_after(resp.headers.get("Retry-After"))
             )
         if offset and resp.status == 200:
             # The server ignored Range: start over rather than append a second copy.
@@ -158,6 +158,10 @@ def fetch(
             # Cross-process resume: the old process's hash state is gone; rebuild it from the
             # bytes already on disk (read once), then fetch only the rest.
             feed_file(hasher, part, limit=existing, on_bytes=on_resumed)
+            if existing == size:
+                # The old process received every byte and died before checking them. Asking
+                # for the rest would be a Range past the end, which servers answer with 416.
+                return hasher
     attempt = 0
     with open(part, "r+b" if part.exists() else "wb") as fh:
         while True:

@@ -9,7 +9,9 @@ hashed as they arrive and resumed across processes (the client does neither: DES
 from __future__ import annotations
 
 import re
+import time
 from dataclasses import dataclass
+from urllib.parse import urlparse
 
 import httpx2
 from huggingface_hub import HfApi, constants, hf_hub_url
@@ -23,6 +25,7 @@ from huggingface_hub.errors import (
 from huggingface_hub.hf_api import RepoFile
 from huggingface_hub.utils import build_hf_headers
 
+from .download import RETRY_STATUS, RetryPolicy, retry_after
 from .errors import ConfigError, NotFound, Unavailable
 
 COMMIT = re.compile(r"^[0-9a-f]{40}$")
@@ -46,13 +49,47 @@ def check_repo_id(repo_id: str) -> str:
     return repo_id
 
 
+def check_endpoint(endpoint: str) -> str:
+    """A typo in the endpoint is a configuration error, not a hub outage worth retrying."""
+    parsed = urlparse(endpoint)
+    try:
+        parsed.port  # noqa: B018 - raises ValueError on a malformed port
+    except ValueError:
+        parsed = parsed._replace(netloc="")
+    if parsed.scheme not in ("http", "https") or not parsed.hostname:
+        raise ConfigError(
+            f"hub endpoint {endpoint!r} is not a valid http(s) URL (scheme://host[:port])",
+            hint="set --endpoint (or HF_ENDPOINT) to e.g. https://huggingface.co",
+        )
+    return endpoint
+
+
 class HubSource:
-    def __init__(self, endpoint: str | None = None, token: str | bool | None = None):
-        self.endpoint = (endpoint or constants.ENDPOINT).rstrip("/")
+    def __init__(
+        self,
+        endpoint: str | None = None,
+        token: str | bool | None = None,
+        retry: RetryPolicy | None = None,
+    ):
+        self.endpoint = check_endpoint(endpoint or constants.ENDPOINT).rstrip("/")
         self.token = token
+        self.retry = retry or RetryPolicy()
         self.api = HfApi(endpoint=self.endpoint, token=token)
 
     def _call(self, what: str, fn, *args, **kwargs):
+        # The client retries some calls itself (tree listing) but not model_info: one 503 or
+        # 429 while resolving the revision would otherwise fail a whole staging.
+        attempt = 0
+        while True:
+            try:
+                return self._call_once(what, fn, *args, **kwargs)
+            except _Transient as exc:
+                attempt += 1
+                if attempt >= self.retry.attempts:
+                    raise exc.error from None
+                time.sleep(self.retry.delay(attempt - 1, exc.retry_after))
+
+    def _call_once(self, what: str, fn, *args, **kwargs):
         try:
             return fn(*args, **kwargs)
         except GatedRepoError as exc:
@@ -72,10 +109,16 @@ class HubSource:
         except EntryNotFoundError:
             raise NotFound(f"{what}: not found") from None
         except (HfHubHTTPError, httpx2.HTTPError, OSError) as exc:
-            raise Unavailable(
+            error = Unavailable(
                 f"{what}: hub at {self.endpoint} unavailable: {exc}",
                 hint="check network access to HF_ENDPOINT, then re-run (work done is kept)",
-            ) from None
+            )
+            response = getattr(exc, "response", None)
+            if isinstance(exc, HfHubHTTPError) and response is not None:
+                if response.status_code not in RETRY_STATUS:
+                    raise error from None
+                raise _Transient(error, retry_after(response.headers.get("Retry-After"))) from None
+            raise _Transient(error, None) from None
 
     def resolve(self, repo_id: str, revision: str) -> str:
         """Branch, tag or commit -> the 40-hex commit. Called once per staging."""
@@ -109,3 +152,12 @@ class HubSource:
 
     def headers(self) -> dict[str, str]:
         return build_hf_headers(token=self.token, library_name="k3artifacts")
+
+
+class _Transient(Exception):
+    """A metadata call failed in a way a retry may fix; ``error`` is what to raise if not."""
+
+    def __init__(self, error: Unavailable, retry_after: float | None):
+        super().__init__(str(error))
+        self.error = error
+        self.retry_after = retry_after

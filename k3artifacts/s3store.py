@@ -208,7 +208,11 @@ class S3Store(Store):
         progress: ProgressCallback | None = None,
     ):
         if not _BUCKET_RE.match(bucket):
-            raise ConfigError(f"{bucket!r} is not a valid S3 bucket name")
+            raise ConfigError(
+                f"{bucket!r} is not a valid S3 bucket name",
+                hint="bucket names are 3-63 characters of a-z, 0-9, '.' and '-'; "
+                "write the store as s3://bucket/prefix",
+            )
         self.bucket = bucket
         self.prefix = prefix.strip("/")
         self.url = f"s3://{bucket}/{self.prefix}" if self.prefix else f"s3://{bucket}"
@@ -221,9 +225,16 @@ class S3Store(Store):
     def from_url(cls, url: str, **kwargs: Any) -> S3Store:
         parsed = urlparse(url)
         if parsed.scheme != "s3" or not parsed.netloc:
-            raise ConfigError(f"{url!r} is not an s3://bucket[/prefix] URL")
+            raise ConfigError(
+                f"{url!r} is not an s3://bucket[/prefix] URL",
+                hint="write the store as s3://bucket/prefix, e.g. s3://my-models/k3a",
+            )
         if parsed.query or parsed.fragment:
-            raise ConfigError(f"store URL {url!r} has a query or fragment; write s3://bucket/prefix")
+            raise ConfigError(
+                f"store URL {url!r} has a query or fragment",
+                hint="write the store as s3://bucket/prefix; set the endpoint with "
+                "K3A_S3_ENDPOINT_URL and the region with AWS_REGION",
+            )
         return cls(parsed.netloc, parsed.path, **kwargs)
 
     # ---- keys ----------------------------------------------------------------------------

@@ -14,16 +14,18 @@ one task per file; :func:`stage` runs them all with a thread pool.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from . import faultpoints
 from . import license as license_capture
 from .download import PermanentError, RetryPolicy, fetch
-from .errors import Refusal, ReleaseRefused
+from .errors import Refusal, ReleaseRefused, Unavailable
 from .hashing import MultiHasher
 from .hub import COMMIT, HubSource, RemoteFile, check_repo_id
 from .manifest import FileRecord, RemoteCodeEntry, ShardManifest
@@ -142,27 +144,29 @@ class Stager:
                 self._downloaded += n
             self.observer.advance(remote.path, n)
 
-        try:
-            hasher = fetch(
-                self.source.file_url(self.repo_id, self.commit, remote.path),
-                self._headers,
-                part,
-                remote.size,
-                lambda: MultiHasher(git_blob_size=git_size, crc64nvme=self._want_crc),
-                policy=self.options.retry,
-                on_bytes=counted,
-                on_resumed=lambda n: self.observer.advance(remote.path, n),
-                label=remote.path,
-            )
-        except PermanentError as exc:
-            raise Refusal(remote.path, "download", str(exc)) from None
-        try:
-            record, tensors = self._check(remote, part, hasher)
-        except Refusal:
-            # Wrong bytes are not worth resuming from: the next attempt starts clean.
-            self.quarantine.discard(part)
-            raise
-        entry = self.quarantine.accept(record, part, tensors, hasher.extra_checksums())
+        with self._in_quarantine(remote.path):
+            try:
+                hasher = fetch(
+                    self.source.file_url(self.repo_id, self.commit, remote.path),
+                    self._headers,
+                    part,
+                    remote.size,
+                    lambda: MultiHasher(git_blob_size=git_size, crc64nvme=self._want_crc),
+                    policy=self.options.retry,
+                    on_bytes=counted,
+                    on_resumed=lambda n: self.observer.advance(remote.path, n),
+                    label=remote.path,
+                )
+            except PermanentError as exc:
+                raise Refusal(remote.path, "download", str(exc)) from None
+            faultpoints.pause("downloaded", remote.path)
+            try:
+                record, tensors = self._check(remote, part, hasher)
+            except Refusal:
+                # Wrong bytes are not worth resuming from: the next attempt starts clean.
+                self.quarantine.discard(part)
+                raise
+            entry = self.quarantine.accept(record, part, tensors, hasher.extra_checksums())
         self._store(entry)
         self.observer.file_done(record, reused=False)
         return entry
@@ -177,13 +181,39 @@ class Stager:
             return
         record = entry.record
         if not entry.stored:
-            self.writer.put_file(
-                record, self.quarantine.final_path(record.path), checksums=entry.checksums
-            )
+            with self._in_store(record.path):
+                self.writer.put_file(
+                    record, self.quarantine.final_path(record.path), checksums=entry.checksums
+                )
         if self.options.window_bytes is not None and record.kind == "weights" and not entry.stored:
             # Only weights leave quarantine early: small files (index, license, card) are
             # read again when the manifest is built.
-            self.quarantine.mark_stored(entry)
+            with self._in_quarantine(record.path):
+                self.quarantine.mark_stored(entry)
+
+    # A full or failing disk is no reason for a traceback: the operator needs to know which
+    # side (local quarantine or the store), which file, and that a re-run resumes.
+    @contextlib.contextmanager
+    def _in_quarantine(self, path: str) -> Iterator[None]:
+        try:
+            yield
+        except OSError as exc:
+            raise Unavailable(
+                f"{path}: writing to quarantine {self.quarantine.dir}: {exc.strerror or exc}",
+                hint="free space there or point --quarantine (K3A_QUARANTINE) at a larger disk, "
+                "then re-run: partial and verified files are kept and resumed",
+            ) from None
+
+    @contextlib.contextmanager
+    def _in_store(self, path: str) -> Iterator[None]:
+        try:
+            yield
+        except OSError as exc:
+            raise Unavailable(
+                f"{path}: writing to store {self.store.url}: {exc.strerror or exc}",
+                hint="free space in the store (or fix its permissions), then re-run: "
+                "files verified in quarantine are reused, nothing was published",
+            ) from None
 
     def _check(
         self, remote: RemoteFile, part: Path, hasher: MultiHasher
@@ -266,7 +296,8 @@ class Stager:
 
     def publish(self, manifest: ShardManifest) -> None:
         """Make the revision visible, manifest last."""
-        self.writer.commit(manifest)
+        with self._in_store(f"{self.repo_id}@{self.commit}"):
+            self.writer.commit(manifest)
 
     def abandon(self) -> None:
         """The revision was refused: drop what the store-side revision holds."""

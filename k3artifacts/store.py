@@ -25,8 +25,16 @@ from pathlib import Path
 from typing import BinaryIO
 from urllib.parse import unquote, urlparse
 
+from . import faultpoints
 from .errors import AlreadyExists, ConfigError, Conflict, K3AError, NotFound
-from .manifest import META_DIR, FileRecord, ShardManifest, manifest_key, revision_prefix
+from .manifest import (
+    MANIFEST_NAME,
+    META_DIR,
+    FileRecord,
+    ShardManifest,
+    manifest_key,
+    revision_prefix,
+)
 
 READ_ONLY_FILE = stat.S_IRUSR | stat.S_IRGRP | stat.S_IROTH
 READ_ONLY_DIR = READ_ONLY_FILE | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH
@@ -281,13 +289,38 @@ class FileStore(Store):
 
 
 class _FileRevisionWriter(RevisionWriter):
+    """Assembles a revision in ``.staging-<commit>`` beside where it will appear.
+
+    Several writers may share that directory: a staging run's per-file tasks, and two workers
+    staging the same revision onto one FSx tree. They hold a shared lock on ``.<commit>.lock``
+    (kept, as record locks are) while they add files, and :meth:`commit` holds it exclusively,
+    so files are never added to a tree being sealed and renamed, and a second committer finds
+    the revision published instead of a directory that vanished under it.
+    """
+
     def __init__(self, store: FileStore, repo_id: str, commit: str):
         self.store = store
+        self.repo_id = repo_id
+        self.commit_sha = commit
         self.final = store._path(revision_prefix(repo_id, commit))
-        # A fixed name: a crashed run's work is found and reused (see has_file). Every file
+        # A fixed name: a crashed run's work is found and reused (see adopt). Every file
         # in it arrived by rename, so a file that exists is complete.
         self.work = self.final.with_name(f".staging-{commit}")
-        self.work.mkdir(parents=True, exist_ok=True)
+        self._lock_path = self.final.with_name(f".{commit}.lock")
+        with self._locked(fcntl.LOCK_SH):
+            if self.work.exists():
+                # A run killed inside commit() left it read-only, which only root could add to.
+                _make_writable(self.work)
+
+    @contextlib.contextmanager
+    def _locked(self, mode: int) -> Iterator[None]:
+        self._lock_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self._lock_path, "a+b") as lock:
+            fcntl.flock(lock, mode)
+            yield  # closing the file releases the lock
+
+    def _published(self) -> ShardManifest | None:
+        return self.store.read_manifest(self.repo_id, self.commit_sha)
 
     def _dest(self, path: str) -> Path:
         return self.work.joinpath(*path.split("/"))
@@ -301,6 +334,12 @@ class _FileRevisionWriter(RevisionWriter):
     def put_file(
         self, record: FileRecord, local_path: Path, *, checksums: Mapping[str, str] | None = None
     ) -> None:
+        with self._locked(fcntl.LOCK_SH):
+            if (self.final / META_DIR / MANIFEST_NAME).exists():
+                return  # another writer published the revision; commit() compares manifests
+            self._put(record, local_path)
+
+    def _put(self, record: FileRecord, local_path: Path) -> None:
         dest = self._dest(record.path)
         dest.parent.mkdir(parents=True, exist_ok=True)
         tmp = dest.with_name(f".{dest.name}.{os.getpid()}.tmp")
@@ -316,9 +355,23 @@ class _FileRevisionWriter(RevisionWriter):
         os.replace(tmp, dest)
 
     def commit(self, manifest: ShardManifest) -> None:
+        with self._locked(fcntl.LOCK_EX):
+            existing = self._published()
+            if existing is not None:
+                self._remove_work()
+                self._same_or_conflict(existing, manifest)
+                return
+            self._seal_and_rename(manifest)
+
+    def _same_or_conflict(self, existing: ShardManifest, manifest: ShardManifest) -> None:
+        if existing.digest() != manifest.digest():
+            raise Conflict(f"{self.final} exists with a different manifest; refusing to overwrite")
+
+    def _seal_and_rename(self, manifest: ShardManifest) -> None:
         missing = [r.path for r in manifest.files if not self.adopt(r)]
         if missing:
             raise K3AError(f"refusing to publish {self.final}: files never stored: {missing[:5]}")
+        self.work.mkdir(parents=True, exist_ok=True)
         listed = {r.path for r in manifest.files}
         meta = self.work / META_DIR
         if meta.exists():
@@ -345,21 +398,29 @@ class _FileRevisionWriter(RevisionWriter):
         # The revision directory itself stays writable by its owner so that rename works;
         # everything inside is read-only.
         os.chmod(self.work, 0o755)
+        faultpoints.pause("publish", str(self.final))
         try:
             os.rename(self.work, self.final)
         except OSError as exc:
             if exc.errno not in (errno.ENOTEMPTY, errno.EEXIST):
                 raise
-            existing = self.store.read_manifest(manifest.repo_id, manifest.commit)
-            self.abort()
-            if existing is None or existing.digest() != manifest.digest():
+            # A directory without a manifest (made by hand, or by a writer that did not lock).
+            existing = self._published()
+            self._remove_work()
+            if existing is None:
                 raise Conflict(
-                    f"{self.final} exists with a different manifest; refusing to overwrite"
+                    f"{self.final} exists without a manifest; refusing to overwrite",
+                    hint="nothing reads it as a revision; move it away and re-run",
                 ) from None
+            self._same_or_conflict(existing, manifest)
             return
         _fsync_dir(self.final.parent)
 
     def abort(self) -> None:
+        with self._locked(fcntl.LOCK_EX):
+            self._remove_work()
+
+    def _remove_work(self) -> None:
         if self.work.exists():
             _make_writable(self.work)
             shutil.rmtree(self.work)
@@ -376,7 +437,7 @@ def open_store(url: str) -> Store:
             )
         path = unquote(parsed.path) if parsed.scheme == "file" else url
         if not path:
-            raise ConfigError(f"store URL {url!r} has no path")
+            raise ConfigError(f"store URL {url!r} has no path", hint="use file:///absolute/path")
         return FileStore(Path(path).expanduser())
     if parsed.scheme == "s3":
         from .s3store import S3Store

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from .errors import NotFound, VerifyMismatch
 from .hashing import MultiHasher, feed_file, hash_stream
-from .manifest import META_DIR, MANIFEST_NAME, FileRecord, ShardManifest, revision_prefix
+from .manifest import MANIFEST_NAME, META_DIR, FileRecord, ShardManifest, revision_prefix
 from .store import Store
 
 
@@ -121,6 +121,12 @@ def verify_revision(
     else:
         local = store.local_path(revision_prefix(repo_id, commit))
         if local is not None:
+            if not (local / META_DIR / MANIFEST_NAME).exists():
+                # Said here, in the store's terms: the operator named a revision, not a path.
+                raise NotFound(
+                    f"{repo_id}@{commit} is not published in {store.url}",
+                    hint="stage it first with `k3a stage`, or check the commit",
+                )
             reader = _Reader(directory=local)
         else:
             reader = _Reader(store=store, prefix=revision_prefix(repo_id, commit))

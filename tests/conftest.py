@@ -15,6 +15,7 @@ pytest_plugins: list[str] = [
     "tests.fixtures.revisions",
     "tests.fixtures.releases",
     "tests.fixtures.prefect_api",
+    "tests.fixtures.s3_fault_proxy",
 ]
 
 

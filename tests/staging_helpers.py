@@ -53,5 +53,5 @@ def raw_safetensors(header: dict, data: bytes, header_len: int | None = None) ->
 def run_stage(endpoint: str, store: Store, quarantine: Path, revision: str = "main",
               **options) -> StageResult:
     options.setdefault("retry", FAST_RETRY)
-    return stage(HubSource(endpoint=endpoint, token=False), store, REPO, revision, quarantine,
-                 StageOptions(**options))
+    source = HubSource(endpoint=endpoint, token=False, retry=options["retry"])
+    return stage(source, store, REPO, revision, quarantine, StageOptions(**options))

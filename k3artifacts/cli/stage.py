@@ -39,7 +39,7 @@ def run_stage(
     quiet: bool,
 ) -> StageResult:
     """The stage command's body; `k3a demo` runs exactly this against its local hub."""
-    source = HubSource(endpoint=endpoint)
+    source = HubSource(endpoint=endpoint, retry=options.retry)
     with make_progress(enabled=not (as_json or quiet)) as progress:
         observer = StageProgress(progress, quiet=as_json or quiet)
         return stage(

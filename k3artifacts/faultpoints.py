@@ -1,0 +1,40 @@
+"""Named pause points for crash testing, set with ``K3A_FAULT_PAUSE=<point>[@<glob>]:<seconds>``.
+
+The fault suite (tests/faults) kills ``k3a stage`` with SIGKILL at chosen points and checks that
+no reader saw a partial revision and that a re-run completes, reusing what was verified. Some of
+those points last microseconds (every byte of a file on disk but not yet checked; a revision
+fully assembled but not yet renamed into view), so a test asks the process to wait there: when
+the variable names the point (and ``<glob>`` matches the detail, e.g. a file path), the process
+prints ``k3a: paused at <point> <detail>`` on stderr and sleeps for ``<seconds>``, or until the
+file named by ``K3A_FAULT_RESUME`` exists (so a test can let it go on at a moment it chooses).
+Unset, :func:`pause` returns at once; it changes nothing else, so it is harmless in production.
+
+Points:
+  ``downloaded``  a file's bytes are all in its partial file, before size/hash/header checks
+  ``publish``     the store-side revision holds every file and the manifest, not yet visible
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import os
+import sys
+import time
+
+ENV = "K3A_FAULT_PAUSE"
+RESUME_ENV = "K3A_FAULT_RESUME"
+
+
+def pause(point: str, detail: str = "") -> None:
+    spec = os.environ.get(ENV)
+    if not spec:
+        return
+    target, _, seconds = spec.rpartition(":")
+    name, _, glob = target.partition("@")
+    if name != point or (glob and not fnmatch.fnmatchcase(detail, glob)):
+        return
+    print(f"k3a: paused at {point} {detail}", file=sys.stderr, flush=True)
+    resume = os.environ.get(RESUME_ENV)
+    deadline = time.monotonic() + float(seconds)
+    while time.monotonic() < deadline and not (resume and os.path.exists(resume)):
+        time.sleep(0.05)
