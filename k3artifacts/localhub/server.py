@@ -127,6 +127,7 @@ class _Handler(BaseHTTPRequestHandler):
         raw, _, query = self.path.partition("?")
         self._target = unquote(raw)
         self._query = query
+        st.begin_request()
         try:
             try:
                 self._check_auth(st.token)
