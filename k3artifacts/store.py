@@ -288,11 +288,12 @@ class _FileRevisionWriter(RevisionWriter):
             shutil.copyfile(local_path, tmp)
         os.chmod(tmp, READ_ONLY_FILE)
         # Durable before it is in place, so commit() needs no pass over every file: this runs
-        # in the stager's worker threads, and is nearly free when the link's inode is already
-        # synced (quarantine fsyncs what it verifies).
+        # in the stager's worker threads. fdatasync, not fsync: a link to bytes quarantine has
+        # already synced then costs nothing (fsync would commit the journal for the new link
+        # count and mode); the names are synced with their directories at commit.
         fd = os.open(tmp, os.O_RDONLY)
         try:
-            os.fsync(fd)
+            os.fdatasync(fd)
         finally:
             os.close(fd)
         os.replace(tmp, dest)
