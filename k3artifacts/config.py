@@ -15,6 +15,11 @@ def default_store_url() -> str:
     return os.environ.get("K3A_STORE") or f"file://{data_home() / 'store'}"
 
 
+def default_policies_dir() -> Path:
+    """``K3A_POLICIES`` or ``./policies``: the checkout's policy data, reviewed like code."""
+    return Path(os.environ.get("K3A_POLICIES") or "policies")
+
+
 def default_quarantine(store_local_root: Path | None) -> Path:
     """``K3A_QUARANTINE``, else beside a file store (publication is then a hard link, no
     copy), else the user's cache directory."""

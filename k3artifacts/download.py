@@ -139,12 +139,15 @@ def fetch(
     *,
     policy: RetryPolicy = RetryPolicy(),
     on_bytes: Callable[[int], None] | None = None,
+    on_resumed: Callable[[int], None] | None = None,
     label: str = "",
 ) -> MultiHasher:
     """Complete ``part`` to ``size`` bytes from ``url``; return the hasher over the whole file.
 
-    Raises :class:`Unavailable` when retries are exhausted and :class:`PermanentError` when
-    the server's answer cannot become right by retrying.
+    ``on_bytes`` sees bytes received from the network, ``on_resumed`` bytes re-read from a
+    partial file left by an earlier process. Raises :class:`Unavailable` when attempts that
+    make no progress are exhausted and :class:`PermanentError` when the server's answer cannot
+    become right by retrying.
     """
     hasher = hasher_factory()
     if part.exists():
@@ -154,12 +157,13 @@ def fetch(
         elif existing:
             # Cross-process resume: the old process's hash state is gone; rebuild it from the
             # bytes already on disk (read once), then fetch only the rest.
-            feed_file(hasher, part, limit=existing, on_bytes=on_bytes)
+            feed_file(hasher, part, limit=existing, on_bytes=on_resumed)
     attempt = 0
     with open(part, "r+b" if part.exists() else "wb") as fh:
         while True:
             fh.seek(hasher.size)
             fh.truncate()
+            before = hasher.size
             try:
                 _attempt(url, headers, fh, hasher, size, policy, on_bytes)
                 fh.flush()
@@ -168,7 +172,9 @@ def fetch(
             except RangeIgnored:
                 hasher = hasher_factory()
             except TransientError as exc:
-                attempt += 1
+                # A flaky link that still moves bytes is not a dead one: only attempts that
+                # made no progress count towards giving up.
+                attempt = 1 if hasher.size > before else attempt + 1
                 if attempt >= policy.attempts:
                     raise Unavailable(
                         f"{label or url}: gave up after {attempt} attempts: {exc}",

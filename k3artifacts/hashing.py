@@ -9,6 +9,7 @@ hashlib releases the GIL on large buffers, so hashing in worker threads uses bot
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import mmap
 import os
@@ -17,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import xxhash
+from awscrt import checksums as crt_checksums
 
 CHUNK = 8 << 20
 #: Bytes of a mapped file hashed per call: progress callbacks stay frequent, call overhead nil.
@@ -31,9 +33,18 @@ class Digests:
 
 
 class MultiHasher:
-    def __init__(self, *, sha256: bool = True, xxh3: bool = True, git_blob_size: int | None = None):
+    def __init__(
+        self,
+        *,
+        sha256: bool = True,
+        xxh3: bool = True,
+        git_blob_size: int | None = None,
+        crc64nvme: bool = False,
+    ):
         self._sha = hashlib.sha256() if sha256 else None
         self._xxh = xxhash.xxh3_128() if xxh3 else None
+        # S3's full-object checksum: computed here it spares the upload a read of the file.
+        self._crc: int | None = 0 if crc64nvme else None
         # Small files on the Hub carry a git blob sha1 instead of an LFS sha256; checking it
         # needs the size up front, which the listing gives.
         self._git = None
@@ -48,6 +59,8 @@ class MultiHasher:
             self._xxh.update(data)
         if self._git is not None:
             self._git.update(data)
+        if self._crc is not None:
+            self._crc = crt_checksums.crc64nvme(data, self._crc)
         self.size += len(data)
 
     def hexdigests(self) -> Digests:
@@ -59,6 +72,12 @@ class MultiHasher:
 
     def git_oid(self) -> str | None:
         return None if self._git is None else self._git.hexdigest()
+
+    def extra_checksums(self) -> dict[str, str]:
+        """Store-side digests, in the form the store sends them (S3: base64 big-endian)."""
+        if self._crc is None:
+            return {}
+        return {"crc64nvme": base64.b64encode(self._crc.to_bytes(8, "big")).decode("ascii")}
 
 
 def hash_stream(

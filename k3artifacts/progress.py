@@ -68,7 +68,7 @@ class StageProgress(StageObserver):
 
     def note(self, message: str) -> None:
         if not self.quiet:
-            self.progress.console.print(message, highlight=False, markup=False)
+            self.progress.console.print(message, highlight=False, markup=False, soft_wrap=True)
 
 
 class BytesProgress:

@@ -38,6 +38,8 @@ class VerifiedEntry(BaseModel):
     tensors: list[str] | None = None
     #: Handed to the store and deleted here (bounded-window staging).
     stored: bool = False
+    #: Store-side digests computed during the download (see Store.wanted_checksums).
+    checksums: dict[str, str] = {}
 
 
 class Quarantine:
@@ -103,7 +105,11 @@ class Quarantine:
         return entries
 
     def accept(
-        self, record: FileRecord, part: Path, tensors: frozenset[str] | None
+        self,
+        record: FileRecord,
+        part: Path,
+        tensors: frozenset[str] | None,
+        checksums: dict[str, str] | None = None,
     ) -> VerifiedEntry:
         """Move a verified partial file into files/ and log it."""
         final = self.final_path(record.path)
@@ -113,6 +119,7 @@ class Quarantine:
             record=record,
             mtime_ns=final.stat().st_mtime_ns,
             tensors=sorted(tensors) if tensors is not None else None,
+            checksums=checksums or {},
         )
         self._append(entry)
         return entry

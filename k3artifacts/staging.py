@@ -32,9 +32,6 @@ from .rules import file_kind, listing_refusals
 from .safetensors_header import check_header, check_index
 from .store import RevisionWriter, Store
 
-#: Files below this size are checked against their git blob sha1 when the hub gives no sha256.
-GIT_OID_CHECK_LIMIT = 64 << 20
-
 
 class StageObserver:
     """Progress and bookkeeping subscriber; every method is optional to override.
@@ -80,6 +77,8 @@ class StageResult:
     seconds: float = 0.0
     remote_code: list[str] = field(default_factory=list)
     license_sha256: str | None = None
+    #: What the store moved for this revision (S3: bytes uploaded / copied server-side...).
+    store_stats: dict[str, int] = field(default_factory=dict)
 
 
 class Stager:
@@ -103,6 +102,7 @@ class Stager:
         self.options = options
         self.observer = observer or StageObserver()
         self._headers = source.headers()
+        self._want_crc = "crc64nvme" in store.wanted_checksums
         self.writer: RevisionWriter | None = None
         self._downloaded = 0
         self._count_lock = threading.Lock()
@@ -123,7 +123,7 @@ class Stager:
                 continue
             # A shard already handed to the store and dropped locally is reusable only if the
             # store-side revision still holds it; otherwise it is downloaded again.
-            if entry.stored and not (self.writer is not None and self.writer.has_file(entry.record)):
+            if entry.stored and not (self.writer is not None and self.writer.adopt(entry.record)):
                 continue
             reusable[f.path] = entry
         self.observer.planned(files, set(reusable))
@@ -133,7 +133,9 @@ class Stager:
         """Download, hash and check one file into quarantine; raise Refusal if it is wrong."""
         part = self.quarantine.part_path(remote.path)
         self.observer.file_started(remote.path, remote.size)
-        git_size = remote.size if remote.git_oid and remote.size <= GIT_OID_CHECK_LIMIT else None
+        if not remote.lfs_sha256 and not remote.git_oid:
+            raise Refusal(remote.path, "unverifiable", "the hub lists no sha256 or git blob id")
+        git_size = remote.size if remote.git_oid else None
 
         def counted(n: int) -> None:
             with self._count_lock:
@@ -146,9 +148,10 @@ class Stager:
                 self._headers,
                 part,
                 remote.size,
-                lambda: MultiHasher(git_blob_size=git_size),
+                lambda: MultiHasher(git_blob_size=git_size, crc64nvme=self._want_crc),
                 policy=self.options.retry,
                 on_bytes=counted,
+                on_resumed=lambda n: self.observer.advance(remote.path, n),
                 label=remote.path,
             )
         except PermanentError as exc:
@@ -159,7 +162,7 @@ class Stager:
             # Wrong bytes are not worth resuming from: the next attempt starts clean.
             self.quarantine.discard(part)
             raise
-        entry = self.quarantine.accept(record, part, tensors)
+        entry = self.quarantine.accept(record, part, tensors, hasher.extra_checksums())
         self._store(entry)
         self.observer.file_done(record, reused=False)
         return entry
@@ -174,7 +177,9 @@ class Stager:
             return
         record = entry.record
         if not entry.stored:
-            self.writer.put_file(record, self.quarantine.final_path(record.path))
+            self.writer.put_file(
+                record, self.quarantine.final_path(record.path), checksums=entry.checksums
+            )
         if self.options.window_bytes is not None and record.kind == "weights" and not entry.stored:
             # Only weights leave quarantine early: small files (index, license, card) are
             # read again when the manifest is built.
@@ -321,6 +326,7 @@ def stage(
         result = _result(manifest, store, started, already=False)
         result.downloaded_bytes = stager.downloaded_bytes
         result.reused_files = len(reusable)
+        result.store_stats = stager.writer.stats()
     if not options.keep_quarantine:
         quarantine.remove()
     return result

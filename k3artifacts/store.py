@@ -19,7 +19,7 @@ import shutil
 import stat
 import tempfile
 from abc import ABC, abstractmethod
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
@@ -43,12 +43,23 @@ class RevisionWriter(ABC):
     """Accumulates one revision's files; nothing is visible to readers until :meth:`commit`."""
 
     @abstractmethod
-    def put_file(self, record: FileRecord, local_path: Path) -> None:
-        """Add a verified file. ``local_path`` is left in place (the caller owns quarantine)."""
+    def put_file(
+        self, record: FileRecord, local_path: Path, *, checksums: Mapping[str, str] | None = None
+    ) -> None:
+        """Add a verified file. ``local_path`` is left in place (the caller owns quarantine).
 
-    def has_file(self, record: FileRecord) -> bool:
-        """Whether an earlier, interrupted run already put this exact file."""
+        ``checksums`` carries digests computed while the file was downloaded (those named in
+        :attr:`Store.wanted_checksums`), so the store need not read the file to compute them.
+        """
+
+    def adopt(self, record: FileRecord) -> bool:
+        """If an earlier, interrupted run already stored this exact file, take it into this
+        revision and return True; the caller then need not have the bytes at hand."""
         return False
+
+    def stats(self) -> dict[str, int]:
+        """Transfer counters of this revision (bytes uploaded, copied...), for reports."""
+        return {}
 
     @abstractmethod
     def commit(self, manifest: ShardManifest) -> None:
@@ -63,6 +74,8 @@ class RevisionWriter(ABC):
 
 class Store(ABC):
     url: str
+    #: Digests, beyond sha256 and xxh3-128, the store wants computed as bytes arrive.
+    wanted_checksums: frozenset[str] = frozenset()
 
     # ---- small records -------------------------------------------------------------------
     @abstractmethod
@@ -82,6 +95,14 @@ class Store(ABC):
     @abstractmethod
     def list_keys(self, prefix: str) -> list[str]:
         """Every key under ``prefix`` (a folder-like prefix ending in ``/``), sorted."""
+
+    @abstractmethod
+    def object_sizes(self, prefix: str) -> dict[str, int]:
+        """Every key under ``prefix`` with its size in bytes, from one listing (no reads).
+
+        What the promotion gate uses to check a published revision cheaply; on S3 the
+        ListObjectsV2 pages already carry each object's size.
+        """
 
     # ---- revisions -----------------------------------------------------------------------
     @abstractmethod
@@ -236,6 +257,9 @@ class FileStore(Store):
                     keys.append(name if rel == "." else f"{rel}/{name}")
         return sorted(keys)
 
+    def object_sizes(self, prefix: str) -> dict[str, int]:
+        return {key: os.stat(self._path(key)).st_size for key in self.list_keys(prefix)}
+
     def open_read(self, key: str) -> BinaryIO:
         try:
             return open(self._path(key), "rb")
@@ -268,13 +292,15 @@ class _FileRevisionWriter(RevisionWriter):
     def _dest(self, path: str) -> Path:
         return self.work.joinpath(*path.split("/"))
 
-    def has_file(self, record: FileRecord) -> bool:
+    def adopt(self, record: FileRecord) -> bool:
         try:
             return self._dest(record.path).stat().st_size == record.size
         except FileNotFoundError:
             return False
 
-    def put_file(self, record: FileRecord, local_path: Path) -> None:
+    def put_file(
+        self, record: FileRecord, local_path: Path, *, checksums: Mapping[str, str] | None = None
+    ) -> None:
         dest = self._dest(record.path)
         dest.parent.mkdir(parents=True, exist_ok=True)
         tmp = dest.with_name(f".{dest.name}.{os.getpid()}.tmp")
@@ -299,7 +325,7 @@ class _FileRevisionWriter(RevisionWriter):
         os.replace(tmp, dest)
 
     def commit(self, manifest: ShardManifest) -> None:
-        missing = [r.path for r in manifest.files if not self.has_file(r)]
+        missing = [r.path for r in manifest.files if not self.adopt(r)]
         if missing:
             raise K3AError(f"refusing to publish {self.final}: files never stored: {missing[:5]}")
         listed = {r.path for r in manifest.files}

@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from datetime import datetime
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from .canonical import canonical_digest, canonical_json
 from .errors import AlreadyExists, ConfigError, NotFound, Refusal, ReleaseRefused
@@ -34,6 +34,16 @@ class ImageRef(_Frozen):
     repository: str
     digest: str
     tag: str | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _not_a_tag_alone(cls, data: object) -> object:
+        if isinstance(data, dict) and not data.get("digest") and data.get("tag"):
+            raise ValueError(
+                f"image {data.get('repository')} has tag {data['tag']} and no digest; "
+                "a tuple binds images by digest (k3a tuple create resolves tags)"
+            )
+        return data
 
     @field_validator("digest")
     @classmethod

@@ -8,7 +8,13 @@ import pytest
 
 from k3artifacts.store import FileStore
 
-pytest_plugins: list[str] = ["tests.fixtures.localhub"]
+pytest_plugins: list[str] = [
+    "tests.fixtures.localhub",
+    "tests.fixtures.moto_server",
+    "tests.fixtures.registry",
+    "tests.fixtures.revisions",
+    "tests.fixtures.releases",
+]
 
 
 @pytest.fixture

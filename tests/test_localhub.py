@@ -45,6 +45,7 @@ def repo(local_hub, weights):
         "config.json": b'{"model_type": "kimi_k3"}',
         "model-00001-of-00001.safetensors": weights,
         "tokenizer/vocab.txt": b"a\nb\n",
+        "empty.txt": b"",
         "README.md": b"---\nlicense: other\nlicense_name: modified-mit\n---\n# K3\n",
     }
     commit = local_hub.hub.add_commit(REPO, files)
@@ -132,6 +133,10 @@ def test_download_bytes_and_metadata(local_hub, repo, weights):
     small = get_hf_file_metadata(local_hub.url(REPO, "tokenizer/vocab.txt"))
     assert small.etag == hashlib.sha1(b"blob 4\0a\nb\n").hexdigest()
     assert small.size == 4
+    empty = hf_hub_download(
+        REPO, "empty.txt", endpoint=local_hub.endpoint, cache_dir=local_hub.cache_dir
+    )
+    assert Path(empty).read_bytes() == b""
 
 
 def test_range_requests(local_hub, repo, weights):
@@ -353,3 +358,76 @@ def test_served_from_an_existing_root(tmp_path, hf_env):
         from huggingface_hub import HfApi
 
         assert HfApi(endpoint=endpoint).model_info(REPO, revision="v1").sha == commit
+
+
+def test_module_serves_a_root_in_the_foreground(tmp_path, hf_env, k3a_env):
+    import signal
+    import subprocess
+    import sys
+
+    from huggingface_hub import HfApi
+
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "k3artifacts.localhub", "--root", str(tmp_path / "root"),
+         "--synthetic", REPO, "--total-bytes", "256K", "--shards", "2"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=k3a_env,
+    )  # fmt: skip
+    try:
+        endpoint = proc.stdout.readline().strip()
+        assert endpoint.startswith("http://127.0.0.1:")
+        info = HfApi(endpoint=endpoint).model_info(REPO, files_metadata=True)
+        assert "model-00002-of-00002.safetensors" in {s.rfilename for s in info.siblings}
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=20) == 0
+
+
+def test_lfs_rules(tmp_path):
+    from k3artifacts.localhub.repos import is_lfs_by_default
+
+    assert is_lfs_by_default("sub/model.safetensors", 10)
+    assert is_lfs_by_default("w.gguf", 10) and is_lfs_by_default("x.pkl", 10)
+    assert not is_lfs_by_default("config.json", 10 * 1024 * 1024)
+    assert is_lfs_by_default("tokenizer.json", 10 * 1024 * 1024 + 1)
+    hub = LocalHub(tmp_path)
+    hub.add_commit("o/r", {"a.json": b"{}", "b.bin": b"x"}, lfs={"a.json"})
+    files = hub.files("o/r")
+    assert files["a.json"].lfs and not files["b.bin"].lfs
+    assert files["a.json"].etag == hashlib.sha256(b"{}").hexdigest()
+    assert files["b.bin"].etag == hashlib.sha1(b"blob 1\0x").hexdigest()
+
+
+def test_keep_alive_survives_errors_and_partial_ranges(local_hub, repo, weights):
+    u = urlsplit(local_hub.endpoint)
+    conn = http.client.HTTPConnection(u.hostname, u.port, timeout=10)
+    for path, headers, status in [
+        (f"/{REPO}/resolve/main/nope", {}, 404),
+        (SHARD_URL, {"Range": "bytes=0-9"}, 206),
+        ("/api/models/" + REPO, {}, 200),
+        (SHARD_URL, {}, 200),
+    ]:
+        conn.request("GET", path, headers=headers)
+        resp = conn.getresponse()
+        assert resp.status == status
+        resp.read()
+    conn.close()
+    assert len({r.url for r in local_hub.hub.requests}) == 3
+
+
+def test_force_moved_branch_and_expanded_listing(local_hub, repo):
+    first, files = repo
+    hub = local_hub.hub
+    second = hub.add_commit(REPO, {**files, "config.json": b'{"v": 2}'}, message="bump config")
+    entries = {e.path: e for e in local_hub.api().list_repo_tree(REPO, expand=True)}
+    assert entries["config.json"].last_commit.oid == second
+    assert entries["config.json"].last_commit.title == "bump config"
+    assert entries[SHARD].last_commit.oid == first
+    hub.set_branch(REPO, "main", first)
+    assert local_hub.api().model_info(REPO).sha == first
+
+
+def test_unknown_fault_kind_is_refused():
+    with pytest.raises(ValueError):
+        Fault("explode")  # type: ignore[arg-type]
+    with pytest.raises(ValueError):
+        Fault.drop(10, times=0)

@@ -212,3 +212,85 @@ def test_verify_detects_a_flipped_byte(local_hub, file_store, quarantine, tmp_pa
         env=k3a_env, capture_output=True, text=True,
     )
     assert by_dir.returncode == 4 and f'"path": "{SHARD}"' in by_dir.stdout
+
+
+def test_window_mode_stores_shards_and_frees_quarantine(local_hub, file_store, tmp_path):
+    """With a window smaller than the checkpoint, shards leave quarantine once stored."""
+    commit = local_hub.hub.add_commit(REPO, small_release(tmp_path))
+    quarantine = tmp_path / "local-nvme"
+    result = run_stage(local_hub.endpoint, file_store, quarantine, window_bytes=300_000,
+                       keep_quarantine=True)
+    files = quarantine / "moonshotai--Kimi-K3" / commit / "files"
+    assert not list(files.glob("*.safetensors"))
+    assert (files / "model.safetensors.index.json").exists()
+    assert verify_revision(store=file_store, repo_id=REPO, commit=commit, full=True).ok
+    assert result.files == 7
+
+
+def test_window_mode_resume_reuses_stored_shards(local_hub, file_store, tmp_path):
+    commit = local_hub.hub.add_commit(REPO, small_release(tmp_path))
+    quarantine = tmp_path / "q"
+    second = "model-00002-of-00002.safetensors"
+    local_hub.hub.faults.add(second, Fault.http_status(500, times=None))
+    with pytest.raises(Unavailable, match=second):
+        run_stage(local_hub.endpoint, file_store, quarantine, window_bytes=300_000, workers=1,
+                  retry=RetryPolicy(attempts=1))
+    assert_nothing_published(file_store)
+    local_hub.hub.faults.clear()
+    mark = len(local_hub.hub.requests)
+    run_stage(local_hub.endpoint, file_store, quarantine, window_bytes=300_000)
+    refetched = {r.target for r in local_hub.hub.requests[mark:] if "/resolve/" in r.url}
+    assert SHARD not in refetched and second in refetched
+    assert verify_revision(store=file_store, repo_id=REPO, commit=commit, full=True).ok
+
+
+@pytest.mark.s3
+def test_stage_to_s3_then_one_changed_file_uploads_only_that_file(local_hub, s3_store, tmp_path):
+    from k3artifacts.synthetic import derive_revision, write_release
+
+    files = write_release(tmp_path / "r1", total_bytes=12 << 20, shards=2, seed=3)
+    first_commit = local_hub.hub.add_commit(REPO, files)
+    first = run_stage(local_hub.endpoint, s3_store, tmp_path / "q")
+    assert first.commit == first_commit
+    assert first.store_stats["bytes_uploaded"] == first.total_bytes
+    assert verify_revision(store=s3_store, repo_id=REPO, commit=first_commit, full=True).ok
+
+    changed = derive_revision(files, tmp_path / "r2")
+    second_commit = local_hub.hub.add_commit(REPO, changed)
+    second = run_stage(local_hub.endpoint, s3_store, tmp_path / "q")
+    assert second.commit == second_commit != first_commit
+    new = s3_store.read_manifest(REPO, second_commit)
+    old = s3_store.read_manifest(REPO, first_commit)
+    differing = [f for f in new.files if old.file(f.path) != f]
+    assert [f.path for f in differing] == ["generation_config.json"]
+    assert second.store_stats["bytes_uploaded"] == differing[0].size
+    assert second.store_stats["bytes_copied"] == second.total_bytes - differing[0].size
+    assert verify_revision(store=s3_store, repo_id=REPO, commit=second_commit).ok
+
+
+@pytest.mark.s3
+def test_s3_window_mode_resume_adopts_uploaded_shards(local_hub, s3_store, tmp_path):
+    commit = local_hub.hub.add_commit(REPO, small_release(tmp_path))
+    second = "model-00002-of-00002.safetensors"
+    local_hub.hub.faults.add(second, Fault.http_status(500, times=None))
+    with pytest.raises(Unavailable):
+        run_stage(local_hub.endpoint, s3_store, tmp_path / "q", window_bytes=300_000, workers=1,
+                  retry=RetryPolicy(attempts=1))
+    assert s3_store.list_revisions(REPO) == []
+    local_hub.hub.faults.clear()
+    mark = len(local_hub.hub.requests)
+    result = run_stage(local_hub.endpoint, s3_store, tmp_path / "q", window_bytes=300_000)
+    refetched = {r.target for r in local_hub.hub.requests[mark:] if "/resolve/" in r.url}
+    assert SHARD not in refetched and second in refetched
+    assert result.store_stats["objects_skipped"] >= 1
+    assert verify_revision(store=s3_store, repo_id=REPO, commit=commit, full=True).ok
+
+
+def test_flaky_link_that_keeps_moving_bytes_is_not_given_up(local_hub, file_store, quarantine, tmp_path):
+    """Every attempt drops after 64 kB; each makes progress, so two attempts are plenty."""
+    commit = local_hub.hub.add_commit(REPO, small_release(tmp_path))
+    local_hub.hub.faults.add(SHARD, Fault.drop(after_bytes=64_000, times=None))
+    run_stage(local_hub.endpoint, file_store, quarantine, retry=RetryPolicy(attempts=2, backoff=0))
+    assert verify_revision(store=file_store, repo_id=REPO, commit=commit, full=True).ok
+    ranges = [r.range for r in local_hub.hub.requests if r.target == SHARD]
+    assert len(ranges) >= 4 and ranges[0] is None

@@ -26,3 +26,6 @@ def main() -> None:
     cli()
 from . import stage  # noqa: E402,F401
 from . import demo  # noqa: E402,F401
+from . import channels  # noqa: E402,F401
+from . import tuples  # noqa: E402,F401
+from . import aws  # noqa: E402,F401

@@ -19,6 +19,10 @@ from .stage import print_stage_result, run_stage
 DEMO_REPO = "demo/Kimi-K3-synthetic"
 
 
+def files_key(files: dict[str, Path]) -> str:
+    return hashlib.sha256(json.dumps(sorted(map(str, files.values()))).encode()).hexdigest()[:12]
+
+
 def demo_release(workdir: Path, size: int, shards: int, seed: int) -> dict[str, Path]:
     """The synthetic release for these parameters, generated once and reused."""
     key = hashlib.sha256(json.dumps([size, shards, seed]).encode()).hexdigest()[:12]
@@ -61,8 +65,10 @@ def demo_cmd(store_url, size, shards, seed, workdir, workers, quiet, as_json):
     """
     store = get_store(store_url)
     files = demo_release(workdir, size, shards, seed)
-    hub = LocalHub(workdir / "hub")
-    hub.add_commit(DEMO_REPO, files)
+    hub = LocalHub(workdir / f"hub-{files_key(files)}")
+    if not hub.repos.repo_exists(DEMO_REPO):
+        # Once per release: a second commit of the same files would be a new revision.
+        hub.add_commit(DEMO_REPO, files)
     with hub.serve() as endpoint:
         result = run_stage(
             store, DEMO_REPO, "main", endpoint=endpoint, quarantine=None,

@@ -16,7 +16,7 @@ from ..staging import StageOptions, StageResult, stage
 from ..store import FileStore, Store
 from ..verify import verify_revision
 from . import cli
-from .common import emit, get_store, handle_errors, json_option, store_option
+from .common import ByteSize, emit, get_store, handle_errors, json_option, store_option
 
 REVISION_REF = re.compile(r"^(?P<repo>[^@]+)@(?P<commit>[0-9a-f]{40})$")
 
@@ -64,6 +64,13 @@ def print_stage_result(result: StageResult) -> None:
             f"in {result.seconds:.1f}s ({rate:.0f} MB/s)"
         )
         click.echo(f"location:        {result.location}")
+        stats = result.store_stats
+        if stats.get("bytes_uploaded") or stats.get("bytes_copied"):
+            click.echo(
+                f"store:           {stats.get('bytes_uploaded', 0):,} bytes uploaded, "
+                f"{stats.get('bytes_copied', 0):,} copied inside the store, "
+                f"{stats.get('objects_skipped', 0)} object(s) already there"
+            )
     click.echo(f"commit:          {result.commit}")
     click.echo(f"manifest digest: {result.manifest_digest}")
     click.echo(f"license sha256:  {result.license_sha256 or '(no license file)'}")
@@ -88,12 +95,14 @@ def print_stage_result(result: StageResult) -> None:
 @click.option("--workers", default=4, show_default=True, help="Files downloaded at once.")
 @click.option("--allow-pickle", is_flag=True, help="Accept .bin/.pt/.pkl weights (they can run code).")
 @click.option("--keep-quarantine", is_flag=True, help="Keep the local copy after publishing.")
+@click.option("--window-bytes", type=ByteSize(), default=None,
+              help="Bound local quarantine disk (e.g. 500GiB): shards leave it once stored.")
 @click.option("--retries", default=8, show_default=True, help="Attempts per file on network errors.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
 @json_option
 @handle_errors
 def stage_cmd(repo_id, revision, store_url, quarantine, endpoint, workers, allow_pickle,
-              keep_quarantine, retries, quiet, as_json):
+              keep_quarantine, window_bytes, retries, quiet, as_json):
     """Download, verify and publish REPO_ID at --revision into the store.
 
     The revision is resolved to a commit once; every file is hashed as it arrives (sha256
@@ -114,6 +123,7 @@ def stage_cmd(repo_id, revision, store_url, quarantine, endpoint, workers, allow
         allow_pickle=allow_pickle,
         workers=workers,
         keep_quarantine=keep_quarantine,
+        window_bytes=window_bytes,
         retry=RetryPolicy(attempts=retries),
     )
     result = run_stage(

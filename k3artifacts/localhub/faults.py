@@ -40,8 +40,16 @@ class Fault:
     missing: int = 1
     offset: int = 0
     good_first: bool = True
+    #: Which methods it hits. GET only by default, so a client's HEAD before the download
+    #: neither trips nor uses up a body fault; add "HEAD" to break metadata calls too.
     methods: frozenset[str] = frozenset({"GET"})
     repo_id: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.kind not in ("drop", "status", "stall", "short", "corrupt", "mutate"):
+            raise ValueError(f"unknown fault kind {self.kind!r}")
+        if self.times is not None and self.times < 1:
+            raise ValueError("Fault.times must be >= 1 or None (every matching request)")
 
     @classmethod
     def drop(cls, after_bytes: int, *, times: int | None = 1, **kw) -> Fault:

@@ -1,0 +1,310 @@
+"""``k3a tuple create``, ``k3a tuples list|show|diff`` and ``k3a render``."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import click
+
+from ..binding import create_tuple, diff_bindings, parse_revision, published_manifest
+from ..errors import ConfigError, ReleaseRefused
+from ..images import resolve_image
+from ..profiles import FsxTarget, StorageTarget, load_profile, serving_spec
+from ..render import TARGETS, render, resolve_tuple
+from ..store import Store
+from ..tuples import ReleaseTuple, TupleStore, check_tuple_id
+from . import cli
+from .common import emit, get_store, handle_errors, json_option, store_option
+
+
+def _storage(
+    store: Store,
+    s3_region: str | None,
+    fsx: tuple[str | None, str | None, str | None, str | None],
+) -> StorageTarget | None:
+    if any(fsx):
+        if not all(fsx):
+            raise ConfigError(
+                "FSx details are all-or-nothing",
+                hint="pass --fsx-id, --fsx-dns-name, --fsx-mount-name and --fsx-mounted-at",
+            )
+        fs_id, dns, mount, at = fsx
+        try:
+            target = FsxTarget(file_system_id=fs_id, dns_name=dns, mount_name=mount, mounted_at=at)
+        except ValueError as exc:
+            raise ConfigError(f"FSx details: {exc}") from None
+        return StorageTarget(fsx=target)
+    if store.url.startswith("s3://"):
+        client = getattr(store, "client", None)  # S3Store's boto3 client knows its region
+        region = (
+            s3_region
+            or (client.meta.region_name if client is not None else None)
+            or os.environ.get("AWS_REGION")
+            or os.environ.get("AWS_DEFAULT_REGION")
+        )
+        if not region:
+            raise ConfigError(
+                f"the region of {store.url} is unknown", hint="pass --s3-region REGION"
+            )
+        return StorageTarget(s3_region=region)
+    return None
+
+
+def _summary(release: ReleaseTuple) -> dict:
+    b = release.binding
+    return {
+        "id": release.id,
+        "revision": f"{b.weights.repo_id}@{b.weights.commit}",
+        "profile": b.serving.profile,
+        "image": b.image.reference,
+        "created_at": release.created_at.isoformat(),
+        "created_by": release.created_by,
+    }
+
+
+@cli.group("tuple")
+def tuple_group() -> None:
+    """Make release tuples (see also `k3a tuples`)."""
+
+
+@tuple_group.command("create")
+@click.argument("revision")
+@click.option("--image", "image", required=True, help="Serving image: REPO:TAG or REPO@sha256:...")
+@click.option(
+    "--profile",
+    "profile_name",
+    required=True,
+    help="Serving profile: a name in manifests/profiles/ or a path to a YAML file.",
+)
+@click.option(
+    "--verifier-image",
+    default=None,
+    help="Pipeline worker image (contains k3a) for the EKS verify init container.",
+)
+@click.option(
+    "--insecure-registry",
+    multiple=True,
+    metavar="HOST:PORT",
+    help="Reach this registry over plain http (repeatable). Loopback always is.",
+)
+@click.option(
+    "--offline", is_flag=True, help="Contact no registry: images must be given by digest."
+)
+@click.option(
+    "--s3-region", default=None, help="Region of an S3 store (default: the store's or AWS_REGION)."
+)
+@click.option("--fsx-id", default=None, help="FSx for Lustre file system id holding a file store.")
+@click.option("--fsx-dns-name", default=None, help="Its DNS name.")
+@click.option("--fsx-mount-name", default=None, help="Its Lustre mount name.")
+@click.option(
+    "--fsx-mounted-at",
+    default=None,
+    help="Where its root is mounted here (the store path lies under it).",
+)
+@store_option
+@json_option
+@handle_errors
+def tuple_create(
+    revision: str,
+    image: str,
+    profile_name: str,
+    verifier_image: str | None,
+    insecure_registry: tuple[str, ...],
+    offline: bool,
+    s3_region: str | None,
+    fsx_id: str | None,
+    fsx_dns_name: str | None,
+    fsx_mount_name: str | None,
+    fsx_mounted_at: str | None,
+    store_url: str,
+    as_json: bool,
+) -> None:
+    """Bind a published REVISION (org/name@<commit>), an image and a profile into a tuple.
+
+    The image tag is resolved to a digest now, once (ECR through boto3, other registries
+    through the OCI distribution API); the tuple never holds a tag alone. The tuple id derives
+    from the binding only: running this again with the same inputs prints the same id.
+
+    \b
+    Exit codes: 0 created or already present, 7 revision/image/profile not found,
+    8 registry unreachable, 9 bad reference/profile/options.
+    """
+    repo_id, commit = parse_revision(revision)
+    store = get_store(store_url)
+    profile = load_profile(profile_name)
+    # Check the revision before asking any registry: no network for a typo'd commit.
+    published_manifest(store, repo_id, commit)
+    pinned = resolve_image(image, insecure_registries=insecure_registry, offline=offline)
+    verifier = None
+    if verifier_image:
+        verifier = resolve_image(
+            verifier_image, insecure_registries=insecure_registry, offline=offline
+        ).reference
+    storage = _storage(store, s3_region, (fsx_id, fsx_dns_name, fsx_mount_name, fsx_mounted_at))
+    spec = serving_spec(profile, storage=storage, verifier_image=verifier)
+    created = create_tuple(store, repo_id, commit, pinned, spec)
+    release = created.release
+    payload = {"created": created.new, "tuple": release.model_dump(mode="json")}
+
+    def human() -> None:
+        state = "created" if created.new else "already exists"
+        click.echo(f"{release.id} ({state})")
+        click.echo(f"  revision  {repo_id}@{commit}")
+        click.echo(f"  image     {release.binding.image.reference}")
+        click.echo(f"  profile   {profile.name}")
+        click.echo(f"  weights   {release.binding.weights.location}")
+
+    emit(as_json, payload, human)
+
+
+@cli.group("tuples")
+def tuples_group() -> None:
+    """Inspect release tuples."""
+
+
+@tuples_group.command("list")
+@store_option
+@json_option
+@handle_errors
+def tuples_list(store_url: str, as_json: bool) -> None:
+    """Every tuple in the store, oldest first. A tuple whose body does not match its id is
+    listed as tampered (exit 3) instead of being hidden."""
+    tuples = TupleStore(get_store(store_url))
+    rows, broken = [], []
+    for tuple_id in tuples.list_ids():
+        try:
+            rows.append(_summary(tuples.get(tuple_id)))
+        except ReleaseRefused as exc:
+            broken.append({"id": tuple_id, "error": str(exc.refusals[0])})
+    rows.sort(key=lambda r: (r["created_at"], r["id"]))
+
+    def human() -> None:
+        if not rows and not broken:
+            click.echo("no tuples")
+        for r in rows:
+            click.echo(f"{r['id']}  {r['created_at'][:19]}  {r['profile']:<24} {r['revision']}")
+        for b in broken:
+            click.secho(f"{b['id']}  REFUSED  {b['error']}", fg="red")
+
+    emit(as_json, {"tuples": rows, "refused": broken}, human)
+    if broken:
+        raise SystemExit(ReleaseRefused.exit_code)
+
+
+@tuples_group.command("show")
+@click.argument("tuple_id")
+@store_option
+@json_option
+@handle_errors
+def tuples_show(tuple_id: str, store_url: str, as_json: bool) -> None:
+    """One tuple, in full (its id is re-derived from the body: a tampered one is refused)."""
+    release = TupleStore(get_store(store_url)).get(check_tuple_id(tuple_id))
+
+    def human() -> None:
+        b = release.binding
+        click.echo(f"tuple     {release.id}")
+        click.echo(f"created   {release.created_at.isoformat()} by {release.created_by}")
+        click.echo(f"revision  {b.weights.repo_id}@{b.weights.commit}")
+        click.echo(f"manifest  {b.weights.manifest_digest}")
+        click.echo(f"weights   {b.weights.location}")
+        click.echo(
+            f"image     {b.image.reference}" + (f"  (was tag {b.image.tag})" if b.image.tag else "")
+        )
+        click.echo(f"license   {b.license_sha256 or 'none captured'}")
+        click.echo(f"profile   {b.serving.profile}  model path {b.serving.model_path}")
+        click.echo("args      " + " ".join(b.serving.args))
+        for key, value in sorted(b.serving.env.items()):
+            click.echo(f"env       {key}={value}")
+
+    emit(as_json, release, human)
+
+
+@tuples_group.command("diff")
+@click.argument("a")
+@click.argument("b")
+@store_option
+@json_option
+@handle_errors
+def tuples_diff(a: str, b: str, store_url: str, as_json: bool) -> None:
+    """What differs between the bindings of tuples A and B (exit 0 either way)."""
+    tuples = TupleStore(get_store(store_url))
+    left, right = tuples.get(check_tuple_id(a)), tuples.get(check_tuple_id(b))
+    changes = diff_bindings(left.binding, right.binding)
+    payload = {"a": a, "b": b, "changes": [{"field": f, "a": x, "b": y} for f, x, y in changes]}
+
+    def human() -> None:
+        if not changes:
+            click.echo("identical bindings")
+        for f, x, y in changes:
+            click.echo(f"{f}:\n  - {x}\n  + {y}")
+
+    emit(as_json, payload, human)
+
+
+@cli.command("render")
+@click.argument("tuple_or_channel")
+@click.option(
+    "--target",
+    type=click.Choice(TARGETS),
+    required=True,
+    help="hyperpod: InferenceEndpointConfig; eks: PV/PVC, Deployment (or "
+    "LeaderWorkerSet), Service, PodDisruptionBudget.",
+)
+@click.option(
+    "--out",
+    "out_dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="Write <name>.<target>.yaml into this directory instead of stdout.",
+)
+@click.option(
+    "--name",
+    default=None,
+    help="Object name (default: served model name + profile, stable across tuples so "
+    "applying a new render updates in place).",
+)
+@click.option("--namespace", default=None, help="Kubernetes namespace to put in the objects.")
+@store_option
+@json_option
+@handle_errors
+def render_cmd(
+    tuple_or_channel: str,
+    target: str,
+    out_dir: Path | None,
+    name: str | None,
+    namespace: str | None,
+    store_url: str,
+    as_json: bool,
+) -> None:
+    """Render serving manifests from a tuple (or the tuple a channel points at) alone.
+
+    The output is byte-identical for the same tuple and options, ready for `kubectl apply`.
+
+    \b
+    Exit codes: 0 rendered, 3 tuple body tampered, 7 tuple or channel not found,
+    9 the tuple cannot be served on this target (reason and fix printed).
+    """
+    release = resolve_tuple(get_store(store_url), tuple_or_channel)
+    rendered = render(release, target, name=name, namespace=namespace)
+    text = rendered.text()
+    path = None
+    if out_dir is not None:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        path = out_dir / rendered.filename
+        path.write_text(text)
+    payload = {
+        "tuple_id": rendered.tuple_id,
+        "target": target,
+        "name": rendered.name,
+        "path": str(path) if path else None,
+        "documents": rendered.documents,
+    }
+
+    def human() -> None:
+        if path is None:
+            click.echo(text, nl=False)
+        else:
+            click.echo(f"{path} ({len(rendered.documents)} objects, tuple {rendered.tuple_id})")
+
+    emit(as_json, payload, human)

@@ -1,0 +1,66 @@
+"""Client configuration and what an unusable endpoint turns into."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+
+import pytest
+
+from k3artifacts import awsclients
+from k3artifacts.errors import ConfigError, Unavailable
+from k3artifacts.s3store import S3Store
+
+
+def closed_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])  # nobody listens once the socket is closed
+
+
+@pytest.mark.parametrize("endpoint", ["127.0.0.1:9000", "ftp://host", "http://", "http://h:x"])
+def test_malformed_endpoint_is_a_config_error(endpoint: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        awsclients.s3_client(endpoint)
+    assert err.value.hint
+
+
+def test_malformed_endpoint_from_env(monkeypatch) -> None:
+    monkeypatch.setenv("K3A_S3_ENDPOINT_URL", "localhost:5000")
+    with pytest.raises(ConfigError, match="localhost:5000"):
+        S3Store.from_url("s3://k3a-bucket/p")
+
+
+def test_unreachable_endpoint_is_unavailable(monkeypatch) -> None:
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "x")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "x")
+    monkeypatch.setenv("AWS_MAX_ATTEMPTS", "1")  # the operator's setting wins over ours
+    store = S3Store.from_url("s3://k3a-bucket/p", endpoint_url=f"http://127.0.0.1:{closed_port()}")
+    assert store.client.meta.config.retries.get("max_attempts") is None
+    with pytest.raises(Unavailable) as err:
+        store.read("releases/channels/production.json")
+    assert "k3a-bucket" in str(err.value) and "endpoint" in (err.value.hint or "")
+
+
+def test_retry_timeouts_and_addressing_defaults(monkeypatch) -> None:
+    monkeypatch.delenv("AWS_RETRY_MODE", raising=False)
+    monkeypatch.delenv("AWS_MAX_ATTEMPTS", raising=False)
+    monkeypatch.setenv("AWS_CONFIG_FILE", "/nonexistent")
+    client = awsclients.s3_client("http://127.0.0.1:1")
+    config = client.meta.config
+    assert config.retries == {"mode": "standard", "total_max_attempts": 10}
+    assert (config.connect_timeout, config.read_timeout) == (10, 120)
+    assert config.s3 == {"addressing_style": "path"}
+    assert client.meta.region_name  # some region to sign with, even with none configured
+
+
+def test_cli_reports_unreachable_store_with_exit_8(k3a_cmd, k3a_env) -> None:
+    env = {**k3a_env, "AWS_ACCESS_KEY_ID": "x", "AWS_SECRET_ACCESS_KEY": "x",
+           "AWS_MAX_ATTEMPTS": "1", "AWS_CONFIG_FILE": "/nonexistent",
+           "K3A_S3_ENDPOINT_URL": f"http://127.0.0.1:{closed_port()}"}
+    out = subprocess.run(
+        [*k3a_cmd, "fsx", "preload", f"org/name@{'a' * 40}", "--file-system-id", "fs-1",
+         "--store", "s3://k3a-bucket/p"], env=env, check=False, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 8, out.stderr
+    assert "cannot reach the endpoint" in out.stderr and "next:" in out.stderr
+    assert "Traceback" not in out.stderr

@@ -1,0 +1,60 @@
+"""The k3a command as a user runs it: a subprocess, exit codes, --json, messages."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+from tests.staging_helpers import REPO, small_release
+
+
+def run(cmd, env, *args):
+    return subprocess.run([*cmd, *args], env=env, capture_output=True, text=True, timeout=300)
+
+
+def test_demo_publishes_and_verifies_then_is_a_noop(k3a_cmd, k3a_env, tmp_path):
+    store = f"file://{tmp_path / 'store'}"
+    first = run(k3a_cmd, k3a_env, "demo", "--size", "4MiB", "--shards", "2", "--store", store, "--json")
+    assert first.returncode == 0, first.stderr
+    out = json.loads(first.stdout)
+    assert out["verified"] and not out["already_published"] and out["files"] > 5
+    second = run(k3a_cmd, k3a_env, "demo", "--size", "4MiB", "--shards", "2", "--store", store, "--json")
+    assert second.returncode == 0, second.stderr
+    again = json.loads(second.stdout)
+    assert again["already_published"] and again["manifest_digest"] == out["manifest_digest"]
+
+
+def test_stage_exit_codes(k3a_cmd, k3a_env, local_hub, tmp_path):
+    files = small_release(tmp_path)
+    files["weights.pkl"] = b"\x80\x04pickle"
+    local_hub.hub.add_commit(REPO, files)
+    store = f"file://{tmp_path / 'store'}"
+    base = ("stage", REPO, "--endpoint", local_hub.endpoint, "--store", store, "-q")
+
+    refused = run(k3a_cmd, k3a_env, *base)
+    assert refused.returncode == 3
+    assert "weights.pkl: [pickle]" in refused.stderr and "next:" in refused.stderr
+
+    missing = run(k3a_cmd, k3a_env, *base, "--revision", "nope")
+    assert missing.returncode == 7 and "revision not found" in missing.stderr
+
+    bad_store = run(k3a_cmd, k3a_env, "stage", REPO, "--endpoint", local_hub.endpoint,
+                    "--store", "file://host/x")
+    assert bad_store.returncode == 9 and "file:///path" in bad_store.stderr
+
+    allowed = run(k3a_cmd, k3a_env, *base, "--allow-pickle", "--json")
+    assert allowed.returncode == 0, allowed.stderr
+    assert json.loads(allowed.stdout)["files"] == 8
+
+
+def test_unreachable_hub_is_exit_8(k3a_cmd, k3a_env, tmp_path):
+    proc = run(k3a_cmd, k3a_env, "stage", REPO, "--endpoint", "http://127.0.0.1:9",
+               "--store", f"file://{tmp_path}/s", "-q")
+    assert proc.returncode == 8 and "unavailable" in proc.stderr
+
+
+def test_help_explains(k3a_cmd, k3a_env):
+    proc = run(k3a_cmd, k3a_env, "--help")
+    assert proc.returncode == 0 and "Exit codes" in proc.stdout
+    for command in ("stage", "verify", "demo"):
+        assert command in proc.stdout
