@@ -3,6 +3,7 @@ timed with their peak RSS, page-cache control, and the table rows figures return
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -10,6 +11,7 @@ import shutil
 import stat
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -41,6 +43,7 @@ class Row:
 class Child:
     seconds: float
     max_rss: int  # bytes
+    cpu_seconds: float  # user + system
     stdout: str
     stderr: str
     returncode: int
@@ -187,28 +190,23 @@ class Bench:
         stdout_to: Path | None = None,
     ) -> Child:
         """Run a child to completion; wall time and its own peak RSS (wait4 rusage)."""
-        out = open(stdout_to, "wb") if stdout_to else subprocess.PIPE
-        started = time.perf_counter()
-        proc = subprocess.Popen(
-            list(argv),
-            stdout=out,
-            stderr=subprocess.PIPE,
-            env=dict(env or self.env),
-            cwd=REPO_ROOT,
-        )
-        # communicate() reaps through waitpid and loses the rusage; drain pipes by hand.
-        stdout, stderr = b"", b""
-        if proc.stdout is not None:
-            stdout = proc.stdout.read()
-        stderr = proc.stderr.read()
-        _, status, usage = os.wait4(proc.pid, 0)
-        seconds = time.perf_counter() - started
-        proc.returncode = os.waitstatus_to_exitcode(status)
-        if stdout_to:
-            out.close()
+        with contextlib.ExitStack() as stack:
+            out = stack.enter_context(open(stdout_to, "wb")) if stdout_to else subprocess.PIPE
+            err = stack.enter_context(tempfile.TemporaryFile())
+            started = time.perf_counter()
+            proc = subprocess.Popen(
+                list(argv), stdout=out, stderr=err, env=dict(env or self.env), cwd=REPO_ROOT
+            )
+            # communicate() reaps through waitpid and loses the rusage: read, then wait4.
+            stdout = proc.stdout.read() if proc.stdout is not None else b""
+            _, status, usage = os.wait4(proc.pid, 0)
+            seconds = time.perf_counter() - started
+            proc.returncode = os.waitstatus_to_exitcode(status)
+            err.seek(0)
+            stderr = err.read()
         child = Child(
-            seconds, usage.ru_maxrss * 1024, stdout.decode(errors="replace"),
-            stderr.decode(errors="replace"), proc.returncode,
+            seconds, usage.ru_maxrss * 1024, usage.ru_utime + usage.ru_stime,
+            stdout.decode(errors="replace"), stderr.decode(errors="replace"), proc.returncode,
         )
         if check and child.returncode != 0:
             raise RuntimeError(

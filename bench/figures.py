@@ -3,9 +3,7 @@ returns table rows. Every ratio compares two sides measured in this run, on this
 
 from __future__ import annotations
 
-import json
 import os
-import shutil
 import sys
 import time
 from dataclasses import dataclass
@@ -24,7 +22,6 @@ class Options:
     rss_size: int
     tiny_files: int
     s3_size: int
-    tmpfs: bool
     workers: int
 
 
@@ -106,31 +103,12 @@ def staging(bench: Bench, opts: Options, shared: dict) -> list[Row]:
             staged / limit >= 0.8,
             note=f"{total / 2**30:.2f} GiB, {len(files)} files, {opts.workers} workers; "
                  f"stage time from resolve to publish (process start "
-                 f"{child.seconds - result['seconds']:.1f}s excluded); {cache_note(bench)}",
+                 f"{child.seconds - result['seconds']:.1f}s excluded); {cache_note(bench)}; "
+                 f"stage used {child.cpu_seconds / (total / 1e9):.2f} CPU-s/GB, a ceiling of "
+                 f"{2 * total / child.cpu_seconds / MB:.0f} MB/s on 2 idle cores",
             extra={"cp_sync_MBps": disk, "curl_MBps": net, "stage_seconds": result["seconds"],
-                   "process_seconds": child.seconds},
+                   "process_seconds": child.seconds, "cpu_seconds": child.cpu_seconds},
         ))
-        if opts.tmpfs:
-            shm = Path("/dev/shm") / f"k3a-bench-{os.getpid()}"
-            force_rmtree(shm)
-            shm.mkdir()
-            try:
-                tdisk = cp_rate(bench, blobs, shm)
-                bench.settle(blobs)
-                tresult, _ = stage_child(bench, endpoint, f"file://{shm / 'store'}",
-                                         workers=opts.workers)
-            finally:
-                force_rmtree(shm)
-            tstaged = _rate(tresult["total_bytes"], tresult["seconds"])
-            tlimit = min(tdisk, net)
-            rows.append(Row(
-                "1 stage -> file store (tmpfs)", tstaged, "MB/s",
-                f"min(cp {tdisk:.0f}, curl {net:.0f})", tlimit, tstaged / tlimit, ">= 0.8",
-                tstaged / tlimit >= 0.8,
-                note="store and quarantine on /dev/shm: the disk taken out, what is left is "
-                     "the CPU path (HTTP read, sha256+xxh3, write) against curl",
-                extra={"cp_MBps": tdisk, "curl_MBps": net},
-            ))
         rows.append(handwritten(bench, endpoint, commit, blobs, result, opts))
     return rows
 
@@ -187,7 +165,7 @@ print(json.dumps({"ok": report.ok, "bytes": report.bytes, "seconds": seconds}))
 def verify(bench: Bench, opts: Options, shared: dict) -> list[Row]:
     if "file_store" not in shared:
         with bench.hub() as endpoint:
-            files, commit, blobs = _published_release(bench, opts)
+            _, commit, blobs = _published_release(bench, opts)
             store = bench.fresh("store-file")
             bench.settle(blobs)
             result, _ = stage_child(bench, endpoint, f"file://{store}", workers=opts.workers)
@@ -198,17 +176,21 @@ def verify(bench: Bench, opts: Options, shared: dict) -> list[Row]:
     total = sum(os.path.getsize(p) for p in paths)
     rows = []
     for mode, tool, target in (("fast", "cat", 0.9), ("full", "sha256sum", 1.0)):
-        bench.settle([Path(p) for p in paths])
-        base = bench.run(["sh", "-c", f'{tool} "$@" > /dev/null', "sh", *paths])
-        bench.settle([Path(p) for p in paths])
-        ours = bench.python(_VERIFY_CHILD, f"file://{store}", REPO, commit, mode).json()
-        assert ours["ok"], "the published release does not verify"
-        rate, base_rate = _rate(total, ours["seconds"]), _rate(total, base.seconds)
+        base_s, ours_s = [], []
+        for _ in range(3):  # best of 3, sides interleaved: the machine is shared
+            bench.settle([Path(p) for p in paths])
+            base_s.append(bench.run(["sh", "-c", f'{tool} "$@" > /dev/null', "sh", *paths]).seconds)
+            bench.settle([Path(p) for p in paths])
+            ours = bench.python(_VERIFY_CHILD, f"file://{store}", REPO, commit, mode).json()
+            assert ours["ok"], "the published release does not verify"
+            ours_s.append(ours["seconds"])
+        rate, base_rate = _rate(total, min(ours_s)), _rate(total, min(base_s))
         name = "4 k3a verify (xxh3-128)" if mode == "fast" else "4 k3a verify --full (sha256)"
         rows.append(Row(
             name, rate, "MB/s", f"{tool} FILES > /dev/null", base_rate, rate / base_rate,
             f">= {target}", rate / base_rate >= target,
-            note=f"{total / 2**30:.2f} GiB; library call timed after imports; {cache_note(bench)}",
+            note=f"{total / 2**30:.2f} GiB; best of 3 each; library call timed after imports "
+                 f"(4 threads); {cache_note(bench)}",
         ))
     return rows
 
@@ -273,8 +255,8 @@ def per_file(bench: Bench, opts: Options, shared: dict) -> list[Row]:
     with bench.hub() as endpoint:
         gets = bench.python(_GET_CHILD, endpoint, TINY_REPO, commit, str(opts.workers)).json()
         store = bench.fresh("store-tiny")
-        result, child = stage_child(bench, endpoint, f"file://{store}", repo_id=TINY_REPO,
-                                    workers=opts.workers)
+        result, _ = stage_child(bench, endpoint, f"file://{store}", repo_id=TINY_REPO,
+                                workers=opts.workers)
         force_rmtree(store)
     ours = result["files"] / result["seconds"]
     base = gets["files"] / gets["seconds"]
@@ -287,9 +269,132 @@ def per_file(bench: Bench, opts: Options, shared: dict) -> list[Row]:
     )]
 
 
+
+
+# ----- 3: staging to S3 (moto) ------------------------------------------------------------------
+
+_UPLOAD_CHILD = """
+import json, sys, time
+import boto3
+from botocore.config import Config
+client = boto3.client("s3", endpoint_url=sys.argv[1], region_name="us-east-1",
+                      config=Config(s3={"addressing_style": "path"}))
+bucket, paths = sys.argv[2], sys.argv[3:]
+t = time.perf_counter()
+for i, p in enumerate(paths):
+    client.upload_file(p, bucket, f"plain/{i}/{p.rsplit('/', 1)[-1]}")
+print(json.dumps({"seconds": time.perf_counter() - t}))
+"""
+
+
+def s3(bench: Bench, opts: Options, shared: dict) -> list[Row]:
+    from k3artifacts.synthetic import derive_revision
+
+    from .s3env import bucket, moto
+
+    repo = "bench/s3"
+    files = bench.release(opts.s3_size, 4, seed=3)
+    commit = bench.publish_on_hub(repo, files)
+    blobs = bench.blob_paths(repo, commit)
+    total = sum(p.stat().st_size for p in blobs)
+    with bench.hub() as hub, moto(bench) as endpoint:
+        plain_bucket = bucket(endpoint)
+        bench.settle(blobs)
+        plain = bench.python(_UPLOAD_CHILD, endpoint, plain_bucket,
+                             *[str(files[p]) for p in sorted(files)]).json()
+        url = f"s3://{bucket(endpoint)}/k3a"
+        bench.settle(blobs)
+        first, _ = stage_child(bench, hub, url, repo_id=repo, workers=opts.workers)
+        changed = "generation_config.json"
+        files2 = derive_revision(files, bench.fresh("rev2"), change=changed)
+        bench.publish_on_hub(repo, files2)
+        second, _ = stage_child(bench, hub, url, repo_id=repo, workers=opts.workers)
+    ours, base = _rate(total, first["seconds"]), _rate(total, plain["seconds"])
+    stats = second.get("store_stats", {})
+    uploaded = stats.get("bytes_uploaded", 0)
+    changed_size = files2[changed].stat().st_size
+    return [
+        Row("3 stage -> S3 (moto)", ours, "MB/s", "boto3 upload_file per file", base, ours / base,
+            ">= 0.8", ours / base >= 0.8,
+            note=f"{total / 2**20:.0f} MiB in {len(files)} files; staging includes the hub "
+                 f"download, hashing, the CRC64NVME pass and the HEAD read-back; moto is the "
+                 f"limit of both sides (DESIGN.md), so only the ratio means anything",
+            extra={"first_store_stats": first.get("store_stats", {})}),
+        Row("3 S3 bytes uploaded for a revision changing 1 file", uploaded, "bytes",
+            f"{changed} size", changed_size, None, "== that file", uploaded <= changed_size,
+            note=f"second revision changes {changed} only; store stats {stats}"),
+    ]
+
+
+# ----- 5: promote and rollback latency ----------------------------------------------------------
+
+_CHANNEL_CHILD = """
+import json, sys, time, statistics, shutil
+from pathlib import Path
+sys.path.insert(0, ".")
+from tests.fixtures.releases import Releases, REPO_ROOT
+from k3artifacts.store import open_store
+from k3artifacts.promotion import promote, rollback
+from k3artifacts.reviews import review_code, review_license
+url, scratch, nfiles, rounds = sys.argv[1], Path(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+store = open_store(url)
+policies = scratch / "policies"
+policies.mkdir(parents=True)
+shutil.copy(REPO_ROOT / "policies" / "promotion-gates.yaml", policies)
+rel = Releases(store, scratch / "files")
+extra = {f"extra/{i % 20:02d}/{i:05d}.json": b"{}" for i in range(nfiles - 4)}
+a, b = rel.release(extra=extra), rel.release(extra=extra)
+for t in (a, b):
+    review_license(store, t.id, by="bench", policies_dir=policies)
+    review_code(store, t.id, by="bench", policies_dir=policies)
+promote(store, a.id, "staging", actor="bench", policies_dir=policies)
+times = {"promote": [], "rollback": []}
+for _ in range(rounds):
+    t = time.perf_counter()
+    promote(store, b.id, "staging", actor="bench", policies_dir=policies)
+    times["promote"].append(time.perf_counter() - t)
+    t = time.perf_counter()
+    rollback(store, "staging", actor="bench")
+    times["rollback"].append(time.perf_counter() - t)
+files = len(store.read_manifest(a.binding.weights.repo_id, a.binding.weights.commit).files)
+print(json.dumps({"files": files, **{k: statistics.median(v) for k, v in times.items()}}))
+"""
+
+
+def channels(bench: Bench, opts: Options, shared: dict) -> list[Row]:
+    from .s3env import bucket, moto
+
+    rows = []
+    with moto(bench) as endpoint:
+        for backend in ("file", "s3"):
+            results = {}
+            for nfiles in (10, 2000):
+                scratch = bench.fresh(f"channels-{backend}-{nfiles}")
+                url = f"file://{scratch / 'store'}" if backend == "file" else \
+                    f"s3://{bucket(endpoint)}/k3a"
+                results[nfiles] = bench.python(_CHANNEL_CHILD, url, str(scratch), str(nfiles),
+                                               "5").json()
+            for action in ("promote", "rollback"):
+                small, big = results[10][action], results[2000][action]
+                target = "big/small <= 2" + (", < 1 s" if backend == "file" else "")
+                ok = big / small <= 2 and (backend != "file" or big < 1)
+                rows.append(Row(
+                    f"5 {action} on {backend} store, {results[2000]['files']} files",
+                    big * 1e3, "ms", f"{results[10]['files']}-file release", small * 1e3,
+                    small / big, target, ok,
+                    note="median of 5, library call (no process start); gates: artifact, "
+                         "license, remote_code (staging channel)" if action == "promote" else
+                         "median of 5, library call; rollback to the previous tuple",
+                ))
+    return rows
+
+
+#: In the issue's order; ``--only`` takes these names.
 FIGURES = {
-    "staging": staging,
-    "verify": verify,
-    "rss": rss,
-    "perfile": per_file,
+    "staging": staging,  # 1 and 2
+    "s3": s3,  # 3
+    "verify": verify,  # 4
+    "channels": channels,  # 5
+    "rss": rss,  # 6
+    "perfile": per_file,  # 7
 }

@@ -40,7 +40,10 @@ def table(rows: list[Row]) -> str:
         result = "-" if r.passed is None else ("pass" if r.passed else "MISS")
         body.append([r.figure, f"{_fmt(r.value)} {r.unit}", base, _fmt(r.ratio), r.target, result])
     widths = [max(len(x[i]) for x in [head, *body]) for i in range(len(head))]
-    line = lambda cells: "| " + " | ".join(c.ljust(w) for c, w in zip(cells, widths)) + " |"  # noqa: E731
+
+    def line(cells: list[str]) -> str:
+        return "| " + " | ".join(c.ljust(w) for c, w in zip(cells, widths, strict=True)) + " |"
+
     out = [line(head), "|" + "|".join("-" * (w + 2) for w in widths) + "|"]
     out += [line(b) for b in body]
     notes = [f"- {r.figure}: {r.note}" for r in rows if r.note]
@@ -67,8 +70,6 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--workers", type=int, default=4, help="concurrent files (default 4)")
     p.add_argument("--only", action="append", choices=sorted(FIGURES),
                    help="run only this figure (repeatable)")
-    p.add_argument("--no-tmpfs", dest="tmpfs", action="store_false",
-                   help="skip the staging-into-/dev/shm row")
     p.add_argument("--cold", action="store_true",
                    help="drop the page cache before each timed side (root only); default: "
                    "inputs warm in the page cache for every side")
@@ -79,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
 
     bench = Bench(args.workdir, cold=args.cold)
     opts = Options(size=args.size, shards=args.shards, rss_size=args.rss_size,
-                   tiny_files=args.tiny_files, s3_size=args.s3_size, tmpfs=args.tmpfs,
+                   tiny_files=args.tiny_files, s3_size=args.s3_size,
                    workers=args.workers)
     names = args.only or list(FIGURES)
     rows: list[Row] = []
