@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import mmap
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -20,6 +21,8 @@ import xxhash
 from awscrt import checksums as crt_checksums
 
 CHUNK = 8 << 20
+#: Bytes of a mapped file hashed per call: progress callbacks stay frequent, call overhead nil.
+MAP_STEP = 8 << 20
 
 
 @dataclass(frozen=True)
@@ -102,25 +105,53 @@ def feed_file(
     on_bytes: Callable[[int], None] | None = None,
     limit: int | None = None,
 ) -> MultiHasher:
-    """Feed ``path`` (its first ``limit`` bytes if given) to ``hasher`` in one sequential read."""
+    """Feed ``path`` (its first ``limit`` bytes if given) to ``hasher`` in one sequential pass.
+
+    The file is memory-mapped so the engines read the page cache directly: a ``read()`` into a
+    buffer costs one more copy of every byte through the CPU cache, and on a warm cache that
+    copy, not the hash, was the limit (xxh3 re-verification ran at a third of ``cat``).
+    A file that shrinks while mapped kills the process with SIGBUS: published files are
+    read-only and quarantine files are ours, and dying is a failed verification anyway.
+    """
     with open(path, "rb", buffering=0) as fh:
+        size = os.fstat(fh.fileno()).st_size
+        end = size if limit is None else min(limit, size)
+        if end == 0:
+            return hasher
         try:
-            os.posix_fadvise(fh.fileno(), 0, 0, os.POSIX_FADV_SEQUENTIAL)
-        except (AttributeError, OSError):
-            pass
-        if limit is None:
-            return hash_stream(fh.readinto, hasher, on_bytes)
-        remaining = limit
+            mapped = mmap.mmap(fh.fileno(), end, access=mmap.ACCESS_READ)
+        except (OSError, ValueError):
+            # Not mappable (some FUSE or special files): read it instead.
+            return _read_file(fh, hasher, on_bytes, limit)
+        with mapped:
+            mapped.madvise(mmap.MADV_SEQUENTIAL)
+            with memoryview(mapped) as view:
+                for offset in range(0, end, MAP_STEP):
+                    with view[offset : offset + MAP_STEP] as step:
+                        hasher.update(step)
+                        if on_bytes is not None:
+                            on_bytes(len(step))
+        return hasher
 
-        def bounded(view: memoryview) -> int:
-            nonlocal remaining
-            if remaining <= 0:
-                return 0
-            n = fh.readinto(view[: min(len(view), remaining)])
-            remaining -= n
-            return n
 
-        return hash_stream(bounded, hasher, on_bytes)
+def _read_file(fh, hasher: MultiHasher, on_bytes, limit: int | None) -> MultiHasher:
+    try:
+        os.posix_fadvise(fh.fileno(), 0, 0, os.POSIX_FADV_SEQUENTIAL)
+    except (AttributeError, OSError):
+        pass
+    if limit is None:
+        return hash_stream(fh.readinto, hasher, on_bytes)
+    remaining = limit
+
+    def bounded(view: memoryview) -> int:
+        nonlocal remaining
+        if remaining <= 0:
+            return 0
+        n = fh.readinto(view[: min(len(view), remaining)])
+        remaining -= n
+        return n
+
+    return hash_stream(bounded, hasher, on_bytes)
 
 
 def hash_file(

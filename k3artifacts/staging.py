@@ -353,7 +353,6 @@ def stage(
         except ReleaseRefused:
             stager.abandon()
             raise
-        manifest = stager.build_manifest(entries)
         stager.publish(manifest)
         result = _result(manifest, store, started, already=False)
         result.downloaded_bytes = stager.downloaded_bytes

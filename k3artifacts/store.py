@@ -352,6 +352,15 @@ class _FileRevisionWriter(RevisionWriter):
                 raise
             shutil.copyfile(local_path, tmp)
         os.chmod(tmp, READ_ONLY_FILE)
+        # Durable before it is in place, so commit() needs no pass over every file: this runs
+        # in the stager's worker threads. fdatasync, not fsync: a link to bytes quarantine has
+        # already synced then costs nothing (fsync would commit the journal for the new link
+        # count and mode); the names are synced with their directories at commit.
+        fd = os.open(tmp, os.O_RDONLY)
+        try:
+            os.fdatasync(fd)
+        finally:
+            os.close(fd)
         os.replace(tmp, dest)
 
     def commit(self, manifest: ShardManifest) -> None:
@@ -385,15 +394,12 @@ class _FileRevisionWriter(RevisionWriter):
                     os.unlink(os.path.join(dirpath, name))
         meta.mkdir()
         _write_durable(meta / "manifest.json", manifest.canonical())
+        # Every file's bytes were synced by put_file; the names linking them still need their
+        # directories synced. One fsync per directory, not per file (thousands of small files).
         for dirpath, dirnames, filenames in os.walk(self.work, topdown=False):
             for name in filenames:
-                path = os.path.join(dirpath, name)
-                os.chmod(path, READ_ONLY_FILE)
-                fd = os.open(path, os.O_RDONLY)
-                try:
-                    os.fsync(fd)
-                finally:
-                    os.close(fd)
+                os.chmod(os.path.join(dirpath, name), READ_ONLY_FILE)
+            _fsync_dir(Path(dirpath))
             os.chmod(dirpath, READ_ONLY_DIR)
         # The revision directory itself stays writable by its owner so that rename works;
         # everything inside is read-only.

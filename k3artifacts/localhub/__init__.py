@@ -53,7 +53,8 @@ class LocalHub:
         #: Tracebacks of unexpected errors inside the server (a test fixture asserts none).
         self.server_errors: list[str] = []
         self._requests: list[RequestRecord] = []
-        self._req_lock = threading.Lock()
+        self._req_lock = threading.Condition()
+        self._in_flight = 0
         self._server: _Server | None = None
         self._thread: threading.Thread | None = None
 
@@ -100,17 +101,27 @@ class LocalHub:
 
     @property
     def requests(self) -> list[RequestRecord]:
-        """Every request answered so far, in completion order (a copy)."""
+        """Every request answered so far, in completion order (a copy).
+
+        A client can read the last byte of an answer before the server thread has recorded
+        it, so this waits (briefly) for answers in progress to be recorded."""
         with self._req_lock:
+            self._req_lock.wait_for(lambda: self._in_flight == 0, timeout=2.0)
             return list(self._requests)
 
     def clear_requests(self) -> None:
         with self._req_lock:
             self._requests.clear()
 
+    def begin_request(self) -> None:
+        with self._req_lock:
+            self._in_flight += 1
+
     def record(self, rec: RequestRecord) -> None:
         with self._req_lock:
             self._requests.append(rec)
+            self._in_flight -= 1
+            self._req_lock.notify_all()
 
     def last_commit(self, commit: Commit, path: str, kind: str) -> Commit:
         """The oldest ancestor, in an unbroken line, where ``path`` is as it is in ``commit``."""

@@ -1,0 +1,106 @@
+"""Command line of the benchmark: ``python -m bench [--size 4GiB] [--only NAME] [--json]``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+from .env import Bench, Row, force_rmtree
+
+SIZE_UNITS = {"": 1, "b": 1, "kib": 2**10, "mib": 2**20, "gib": 2**30, "kb": 10**3,
+              "mb": 10**6, "gb": 10**9}
+
+
+def parse_size(text: str) -> int:
+    t = text.strip().lower()
+    number = t.rstrip("kmgib")
+    try:
+        return int(float(number) * SIZE_UNITS[t[len(number):]])
+    except (ValueError, KeyError):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a size like 512MiB or 4GiB") from None
+
+
+def _fmt(v: float | None) -> str:
+    if v is None:
+        return "-"
+    return f"{v:,.0f}" if abs(v) >= 100 else f"{v:,.2f}"
+
+
+def table(rows: list[Row]) -> str:
+    head = ["figure", "value", "limit / baseline", "ratio", "target", "result"]
+    body = []
+    for r in rows:
+        base = f"{_fmt(r.baseline)} ({r.baseline_name})" if r.baseline is not None else r.baseline_name
+        result = "-" if r.passed is None else ("pass" if r.passed else "MISS")
+        body.append([r.figure, f"{_fmt(r.value)} {r.unit}", base, _fmt(r.ratio), r.target, result])
+    widths = [max(len(x[i]) for x in [head, *body]) for i in range(len(head))]
+
+    def line(cells: list[str]) -> str:
+        return "| " + " | ".join(c.ljust(w) for c, w in zip(cells, widths, strict=True)) + " |"
+
+    out = [line(head), "|" + "|".join("-" * (w + 2) for w in widths) + "|"]
+    out += [line(b) for b in body]
+    notes = [f"- {r.figure}: {r.note}" for r in rows if r.note]
+    return "\n".join(out + ([""] + notes if notes else []))
+
+
+def main(argv: list[str] | None = None) -> int:
+    from .figures import FIGURES, Options
+
+    p = argparse.ArgumentParser(
+        prog="python -m bench",
+        description="k3artifacts benchmarks (issue 6): each figure against its physical limit "
+        "or hand-written baseline, measured in this run on this machine.",
+    )
+    p.add_argument("--size", type=parse_size, default=parse_size("2GiB"),
+                   help="synthetic checkpoint size for staging and verify (default 2GiB)")
+    p.add_argument("--shards", type=int, default=8, help="shards of that checkpoint (default 8)")
+    p.add_argument("--rss-size", type=parse_size, default=parse_size("1GiB"),
+                   help="size of the one-shard vs many-shards RSS releases (default 1GiB; "
+                   "the issue's figure is 4GiB)")
+    p.add_argument("--tiny-files", type=int, default=2000, help="files in the per-file figure")
+    p.add_argument("--s3-size", type=parse_size, default=parse_size("48MiB"),
+                   help="checkpoint size for the S3 figures (moto is slow; default 48MiB)")
+    p.add_argument("--workers", type=int, default=4, help="concurrent files (default 4)")
+    p.add_argument("--only", action="append", choices=sorted(FIGURES),
+                   help="run only this figure (repeatable)")
+    p.add_argument("--cold", action="store_true",
+                   help="drop the page cache before each timed side (root only); default: "
+                   "inputs warm in the page cache for every side")
+    p.add_argument("--workdir", type=Path, default=Path(os.environ.get("TMPDIR", "/tmp")) / "k3a-bench",
+                   help="synthetic releases (kept between runs) and scratch stores")
+    p.add_argument("--json", action="store_true", help="print the rows as JSON on stdout")
+    args = p.parse_args(argv)
+
+    bench = Bench(args.workdir, cold=args.cold)
+    opts = Options(size=args.size, shards=args.shards, rss_size=args.rss_size,
+                   tiny_files=args.tiny_files, s3_size=args.s3_size,
+                   workers=args.workers)
+    names = args.only or list(FIGURES)
+    rows: list[Row] = []
+    shared: dict = {}
+    started = time.time()
+    try:
+        for name in names:
+            bench.log(f"figure: {name}")
+            rows += FIGURES[name](bench, opts, shared)
+    finally:
+        force_rmtree(bench.scratch)
+    meta = {
+        "date": time.strftime("%Y-%m-%d %H:%M %Z", time.localtime(started)),
+        "command": "python -m bench " + " ".join(sys.argv[1:] if argv is None else argv),
+        "machine": f"{platform.node()} {os.cpu_count()} cores, load {os.getloadavg()[0]:.1f}",
+        "seconds": round(time.time() - started, 1),
+    }
+    if args.json:
+        print(json.dumps({"meta": meta, "rows": [asdict(r) for r in rows]}, indent=2))
+    else:
+        print(f"{meta['date']}  {meta['command']}  ({meta['machine']}, {meta['seconds']}s)\n")
+        print(table(rows))
+    return 0 if all(r.passed is not False for r in rows) else 1
