@@ -141,13 +141,15 @@ def fetch(
     on_bytes: Callable[[int], None] | None = None,
     on_resumed: Callable[[int], None] | None = None,
     label: str = "",
+    durable: bool = True,
 ) -> MultiHasher:
     """Complete ``part`` to ``size`` bytes from ``url``; return the hasher over the whole file.
 
     ``on_bytes`` sees bytes received from the network, ``on_resumed`` bytes re-read from a
     partial file left by an earlier process. Raises :class:`Unavailable` when attempts that
     make no progress are exhausted and :class:`PermanentError` when the server's answer cannot
-    become right by retrying.
+    become right by retrying. ``durable=False`` skips the fsync (the caller makes the bytes
+    durable some other way, or re-checks them after a crash).
     """
     hasher = hasher_factory()
     if part.exists():
@@ -171,7 +173,8 @@ def fetch(
             try:
                 _attempt(url, headers, fh, hasher, size, policy, on_bytes)
                 fh.flush()
-                os.fsync(fh.fileno())
+                if durable:
+                    os.fsync(fh.fileno())
                 return hasher
             except RangeIgnored:
                 hasher = hasher_factory()

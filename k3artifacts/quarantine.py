@@ -26,6 +26,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict
 
 from .errors import Conflict
+from .hashing import hash_file
 from .manifest import FileRecord
 
 
@@ -40,6 +41,9 @@ class VerifiedEntry(BaseModel):
     stored: bool = False
     #: Store-side digests computed during the download (see Store.wanted_checksums).
     checksums: dict[str, str] = {}
+    #: False for small files written without an fsync: a re-run re-hashes them before reuse,
+    #: since after a power loss their size could be right and their bytes not.
+    durable: bool = True
 
 
 class Quarantine:
@@ -100,9 +104,16 @@ class Quarantine:
                 st = self.final_path(path).stat()
             except FileNotFoundError:
                 continue
-            if st.st_size == entry.record.size and st.st_mtime_ns == entry.mtime_ns:
-                entries[path] = entry
+            if st.st_size != entry.record.size or st.st_mtime_ns != entry.mtime_ns:
+                continue
+            if not entry.durable and not self._intact(entry):
+                continue
+            entries[path] = entry
         return entries
+
+    def _intact(self, entry: VerifiedEntry) -> bool:
+        digests = hash_file(self.final_path(entry.record.path), xxh3=False).hexdigests()
+        return digests.sha256 == entry.record.sha256
 
     def accept(
         self,
@@ -110,6 +121,7 @@ class Quarantine:
         part: Path,
         tensors: frozenset[str] | None,
         checksums: dict[str, str] | None = None,
+        durable: bool = True,
     ) -> VerifiedEntry:
         """Move a verified partial file into files/ and log it."""
         final = self.final_path(record.path)
@@ -120,6 +132,7 @@ class Quarantine:
             mtime_ns=final.stat().st_mtime_ns,
             tensors=sorted(tensors) if tensors is not None else None,
             checksums=checksums or {},
+            durable=durable,
         )
         self._append(entry)
         return entry
@@ -133,7 +146,8 @@ class Quarantine:
         """Append one line with a single ``write`` (O_APPEND: lines never interleave).
 
         Not fsynced: the log is a hint that saves work on a re-run, never the proof (the proof
-        is the bytes, fsynced before their line is written, and their hashes). A line lost in a
+        is the bytes, fsynced before their line is written or re-hashed on reuse, and their
+        hashes). A line lost in a
         crash only means that file is fetched again. Syncing it cost one serialized fsync per
         file, the largest cost of staging thousands of small files.
         """

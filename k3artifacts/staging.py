@@ -32,7 +32,7 @@ from .manifest import FileRecord, RemoteCodeEntry, ShardManifest
 from .quarantine import Quarantine, VerifiedEntry
 from .rules import file_kind, listing_refusals
 from .safetensors_header import check_header, check_index
-from .store import RevisionWriter, Store
+from .store import SMALL_FILE, RevisionWriter, Store
 
 
 class StageObserver:
@@ -156,6 +156,7 @@ class Stager:
                     on_bytes=counted,
                     on_resumed=lambda n: self.observer.advance(remote.path, n),
                     label=remote.path,
+                    durable=remote.size >= SMALL_FILE,
                 )
             except PermanentError as exc:
                 raise Refusal(remote.path, "download", str(exc)) from None
@@ -166,7 +167,9 @@ class Stager:
                 # Wrong bytes are not worth resuming from: the next attempt starts clean.
                 self.quarantine.discard(part)
                 raise
-            entry = self.quarantine.accept(record, part, tensors, hasher.extra_checksums())
+            entry = self.quarantine.accept(
+            record, part, tensors, hasher.extra_checksums(), durable=remote.size >= SMALL_FILE
+        )
         self._store(entry)
         self.observer.file_done(record, reused=False)
         return entry
