@@ -38,7 +38,9 @@ REPO = "moonshotai/Kimi-K3"
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--size", default="256MiB", type=lambda v: ByteSize().convert(v, None, None))
+    parser.add_argument(
+        "--size", default="256MiB", type=lambda v: ByteSize().convert(v, None, None)
+    )
     parser.add_argument("--shards", type=int, default=8)
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--workers", type=int, default=4)

@@ -36,7 +36,9 @@ def table(rows: list[Row]) -> str:
     head = ["figure", "value", "limit / baseline", "ratio", "target", "result"]
     body = []
     for r in rows:
-        base = f"{_fmt(r.baseline)} ({r.baseline_name})" if r.baseline is not None else r.baseline_name
+        base = (
+            f"{_fmt(r.baseline)} ({r.baseline_name})" if r.baseline is not None else r.baseline_name
+        )
         result = "-" if r.passed is None else ("pass" if r.passed else "MISS")
         body.append([r.figure, f"{_fmt(r.value)} {r.unit}", base, _fmt(r.ratio), r.target, result])
     widths = [max(len(x[i]) for x in [head, *body]) for i in range(len(head))]
@@ -73,7 +75,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cold", action="store_true",
                    help="drop the page cache before each timed side (root only); default: "
                    "inputs warm in the page cache for every side")
-    p.add_argument("--workdir", type=Path, default=Path(os.environ.get("TMPDIR", "/tmp")) / "k3a-bench",
+    p.add_argument("--workdir", type=Path,
+                   default=Path(os.environ.get("TMPDIR", "/tmp")) / "k3a-bench",
                    help="synthetic releases (kept between runs) and scratch stores")
     p.add_argument("--json", action="store_true", help="print the rows as JSON on stdout")
     args = p.parse_args(argv)

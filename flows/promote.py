@@ -96,7 +96,8 @@ def promote_release(
     result = move_pointer(store, tuple_id, channel, actor=requested_by or approval.who,
                           reason=reason, overrides=overrides, policies_dir=pdir,
                           approval=approval)
-    state = f"moved from {result.previous_tuple_id or '(nothing)'}" if result.changed else "already there"
+    previous = result.previous_tuple_id or "(nothing)"
+    state = f"moved from {previous}" if result.changed else "already there"
     create_markdown_artifact(
         f"# {tuple_id} -> {channel}: {state}\n\nhistory #{result.entry.seq}, approved by "
         f"{approval.who}" + (f": {approval.reason}" if approval.reason else "")

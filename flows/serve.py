@@ -40,11 +40,15 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m flows.serve", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repo", default=DEFAULT_REPO, help="Hub repo to watch")
-    parser.add_argument("--branch", action="append", help="branch to watch (repeatable; default main)")
+    parser.add_argument(
+        "--branch", action="append", help="branch to watch (repeatable; default main)"
+    )
     parser.add_argument("--store", help="store URL (default: $K3A_STORE or the local default)")
     parser.add_argument("--cron", default=HOURLY, help=f"watcher schedule (default {HOURLY!r})")
     args = parser.parse_args(argv)
-    serve(*deployments(repo_id=args.repo, branches=args.branch, store_url=args.store, cron=args.cron))
+    serve(
+        *deployments(repo_id=args.repo, branches=args.branch, store_url=args.store, cron=args.cron)
+    )
 
 
 if __name__ == "__main__":

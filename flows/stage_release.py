@@ -67,7 +67,8 @@ from k3artifacts.binding import create_tuple
 from k3artifacts.config import default_quarantine
 from k3artifacts.download import RetryPolicy
 from k3artifacts.errors import K3AError, Refusal, ReleaseRefused, Unavailable
-from k3artifacts.hub import HubSource, RemoteFile, check_repo_id
+from k3artifacts.hub import HubSource, RemoteFile
+from k3artifacts.ids import check_repo_id
 from k3artifacts.images import resolve_image
 from k3artifacts.manifest import ShardManifest
 from k3artifacts.profiles import load_profile, serving_spec
@@ -215,7 +216,9 @@ def _stage(
     with Quarantine(qroot, repo_id, commit) as q:
         existing = store.read_manifest(repo_id, commit)
         if existing is not None:
-            logger.info("%s@%s is already published in %s; nothing to do", repo_id, commit, store.url)
+            logger.info(
+                "%s@%s is already published in %s; nothing to do", repo_id, commit, store.url
+            )
             return _result(existing, store, started, already=True)
         stager = Stager(HubSource(endpoint=endpoint), store, repo_id, commit, q, options)
         stager.open_writer()
@@ -333,14 +336,16 @@ def _summary_artifact(summary: dict) -> None:
         "",
         "| | |",
         "|---|---|",
-        f"| state | {'already published (no-op)' if summary['already_published'] else 'published'} |",
+        f"| state | {'already published (no-op)' if summary['already_published'] else 'published'}"
+        " |",
         f"| location | `{summary['location']}` |",
         f"| manifest digest | `{summary['manifest_digest']}` |",
         f"| license sha256 | `{summary['license_sha256'] or 'no license file'}` |",
         f"| remote code (review before promotion) | {code} |",
         (f"| files | {summary['files']} ({summary['total_bytes']:,} bytes; "
          f"{summary['downloaded_bytes']:,} downloaded, {summary['reused_files']} reused) |"),
-        f"| release tuple | {('`' + summary['tuple_id'] + '`') if summary['tuple_id'] else 'not made'} |",
+        f"| release tuple | "
+        f"{('`' + summary['tuple_id'] + '`') if summary['tuple_id'] else 'not made'} |",
     ]
     create_markdown_artifact(
         "\n".join(lines), key=slug("k3a", summary["repo_id"], summary["commit"][:12], "summary"),

@@ -23,7 +23,7 @@ from prefect.client.schemas.objects import StateType
 from prefect.deployments import run_deployment
 
 from k3artifacts.errors import K3AError
-from k3artifacts.hub import check_repo_id
+from k3artifacts.ids import check_repo_id
 
 from .common import slug, store_from
 from .stage_release import DEFAULT_REPO, resolve_commit, stage_release
@@ -78,7 +78,9 @@ def watch_upstream(
         tag = commit_tag(repo_id, commit)
         running = _in_flight(tag)
         if running:
-            logger.info("%s@%s: staging already in progress (%s)", repo_id, commit, ", ".join(running))
+            logger.info(
+                "%s@%s: staging already in progress (%s)", repo_id, commit, ", ".join(running)
+            )
             actions.append(action | {"action": f"in progress: {', '.join(running)}"})
             continue
         params = (stage_parameters or {}) | {

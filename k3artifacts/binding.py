@@ -28,7 +28,8 @@ def parse_revision(text: str) -> tuple[str, str]:
     if not match:
         raise ConfigError(
             f"{text!r} is not a pinned revision",
-            hint="write org/name@<40-hex commit>; list staged commits with `k3a revisions org/name`",
+            hint="write org/name@<40-hex commit>; list staged commits with "
+            "`k3a revisions org/name`",
         )
     return match["repo"], match["commit"]
 

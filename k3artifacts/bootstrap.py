@@ -54,7 +54,8 @@ class Change:
         def lines(value: Any) -> list[str]:
             if value is None:
                 return ["(not set)\n"]
-            return [line + "\n" for line in json.dumps(value, indent=2, sort_keys=True).splitlines()]
+            text = json.dumps(value, indent=2, sort_keys=True)
+            return [line + "\n" for line in text.splitlines()]
 
         return "".join(difflib.unified_diff(
             lines(self.live), lines(self.wanted),
@@ -124,7 +125,7 @@ def _project(live: Any, wanted: Any) -> Any:
     if isinstance(live, dict) and isinstance(wanted, dict):
         return {k: _project(live[k], wanted[k]) for k in wanted if k in live}
     if isinstance(live, list) and isinstance(wanted, list) and len(live) == len(wanted):
-        return [_project(lv, wv) for lv, wv in zip(live, wanted)]
+        return [_project(lv, wv) for lv, wv in zip(live, wanted, strict=True)]
     return live
 
 

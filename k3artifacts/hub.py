@@ -8,7 +8,6 @@ hashed as they arrive and resumed across processes (the client does neither: DES
 
 from __future__ import annotations
 
-import re
 import time
 from dataclasses import dataclass
 from urllib.parse import urlparse
@@ -27,9 +26,7 @@ from huggingface_hub.utils import build_hf_headers
 
 from .download import RETRY_STATUS, RetryPolicy, retry_after
 from .errors import ConfigError, NotFound, Unavailable
-
-COMMIT = re.compile(r"^[0-9a-f]{40}$")
-REPO_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
+from .ids import COMMIT
 
 
 @dataclass(frozen=True)
@@ -41,12 +38,6 @@ class RemoteFile:
     entry_type: str
     lfs_sha256: str | None
     git_oid: str | None
-
-
-def check_repo_id(repo_id: str) -> str:
-    if not REPO_ID.match(repo_id) or ".." in repo_id:
-        raise ConfigError(f"{repo_id!r} is not a Hub repo id", hint="write it as org/name")
-    return repo_id
 
 
 def check_endpoint(endpoint: str) -> str:

@@ -247,7 +247,8 @@ class RegistryClient:
             raise ConfigError(
                 f"registry {self.registry}: token service {realm} refused the credentials "
                 f"(HTTP {resp.status}) for {fields['scope']}",
-                hint="set K3A_REGISTRY_USERNAME/K3A_REGISTRY_PASSWORD or `docker login` the registry",
+                hint="set K3A_REGISTRY_USERNAME/K3A_REGISTRY_PASSWORD or `docker login` the "
+                "registry",
             )
         if resp.status != 200:
             raise Unavailable(
@@ -303,7 +304,8 @@ class RegistryClient:
         if resp.status in (401, 403):
             raise ConfigError(
                 f"registry refused access to {where} (HTTP {resp.status})",
-                hint="set K3A_REGISTRY_USERNAME/K3A_REGISTRY_PASSWORD or `docker login` the registry",
+                hint="set K3A_REGISTRY_USERNAME/K3A_REGISTRY_PASSWORD or `docker login` the "
+                "registry",
             )
         if resp.status == 200:
             raise Unavailable(f"registry answered {where} with an unusable digest {digest!r}")

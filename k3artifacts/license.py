@@ -25,7 +25,9 @@ def card_metadata(card: bytes) -> dict:
     return data if isinstance(data, dict) else {}
 
 
-def capture(license_path: str | None, license_file: Path | None, card_file: Path | None) -> LicenseRecord:
+def capture(
+    license_path: str | None, license_file: Path | None, card_file: Path | None
+) -> LicenseRecord:
     text = sha = None
     if license_file is not None:
         raw = license_file.read_bytes()

@@ -158,9 +158,11 @@ def review_file_for(policies_dir: Path, sub: str, repo_id: str) -> Path:
 
 
 _HEADERS: dict[type[BaseModel], str] = {
-    LicenseReviewFile: "# License texts someone has read, by sha256. Written by `k3a review license`;\n"
+    LicenseReviewFile: "# License texts someone has read, by sha256. "
+    "Written by `k3a review license`;\n"
     "# commit this file: the license gate passes only for a sha256 listed here.\n",
-    CodeReviewFile: "# Remote-code files someone has read, by sha256. Written by `k3a review code`;\n"
+    CodeReviewFile: "# Remote-code files someone has read, by sha256. "
+    "Written by `k3a review code`;\n"
     "# commit this file: the remote_code gate passes only for files listed here.\n",
 }
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from typing import TYPE_CHECKING
 
 from rich.console import Console
 from rich.progress import (
@@ -15,9 +16,11 @@ from rich.progress import (
     TransferSpeedColumn,
 )
 
-from .hub import RemoteFile
-from .manifest import FileRecord
-from .staging import StageObserver
+from .observer import StageObserver
+
+if TYPE_CHECKING:
+    from .hub import RemoteFile
+    from .manifest import FileRecord
 
 
 def make_progress(enabled: bool) -> Progress:

@@ -8,7 +8,6 @@ changes nothing and succeeds, so a retried flow task does not fail on its own ea
 from __future__ import annotations
 
 import hashlib
-
 from collections.abc import Mapping
 from datetime import UTC, datetime
 from pathlib import Path

@@ -27,29 +27,14 @@ from . import license as license_capture
 from .download import PermanentError, RetryPolicy, fetch
 from .errors import Refusal, ReleaseRefused, Unavailable
 from .hashing import MultiHasher
-from .hub import COMMIT, HubSource, RemoteFile, check_repo_id
+from .hub import HubSource, RemoteFile
+from .ids import COMMIT, check_repo_id
 from .manifest import FileRecord, RemoteCodeEntry, ShardManifest
+from .observer import StageObserver
 from .quarantine import Quarantine, VerifiedEntry
 from .rules import file_kind, listing_refusals
 from .safetensors_header import check_header, check_index
 from .store import SMALL_FILE, RevisionWriter, Store
-
-
-class StageObserver:
-    """Progress and bookkeeping subscriber; every method is optional to override.
-
-    Called from worker threads: implementations must be thread-safe.
-    """
-
-    def planned(self, files: list[RemoteFile], reused: set[str]) -> None: ...
-
-    def file_started(self, path: str, size: int) -> None: ...
-
-    def advance(self, path: str, nbytes: int) -> None: ...
-
-    def file_done(self, record: FileRecord, reused: bool) -> None: ...
-
-    def note(self, message: str) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -390,7 +375,9 @@ class _ByteBudget:
             self._cond.notify_all()
 
 
-def _fetch_all(stager: Stager, todo: list[RemoteFile], options: StageOptions) -> list[VerifiedEntry]:
+def _fetch_all(
+    stager: Stager, todo: list[RemoteFile], options: StageOptions
+) -> list[VerifiedEntry]:
     budget = _ByteBudget(options.window_bytes)
 
     def one(remote: RemoteFile) -> VerifiedEntry:

@@ -164,6 +164,16 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+def _link_or_copy(src: Path, dst: Path) -> None:
+    try:
+        # Same file system (quarantine under the store root): no byte is read again.
+        os.link(src, dst)
+    except OSError as exc:
+        if exc.errno not in (errno.EXDEV, errno.EPERM, errno.EMLINK):
+            raise
+        shutil.copyfile(src, dst)
+
+
 def _syncfs(path: Path) -> None:
     """Flush the whole file system holding ``path`` (Linux syncfs; os.sync elsewhere)."""
     try:
@@ -327,6 +337,8 @@ class _FileRevisionWriter(RevisionWriter):
         # in it arrived by rename, so a file that exists is complete.
         self.work = self.final.with_name(f".staging-{commit}")
         self._lock_path = self.final.with_name(f".{commit}.lock")
+        self._dirs: set[Path] = set()
+        self._lock_path.parent.mkdir(parents=True, exist_ok=True)
         with self._locked(fcntl.LOCK_SH):
             if self.work.exists():
                 # A run killed inside commit() left it read-only, which only root could add to.
@@ -334,7 +346,8 @@ class _FileRevisionWriter(RevisionWriter):
 
     @contextlib.contextmanager
     def _locked(self, mode: int) -> Iterator[None]:
-        self._lock_path.parent.mkdir(parents=True, exist_ok=True)
+        # A fresh open per use: flock belongs to the open file, so threads sharing one
+        # descriptor would release each other's lock.
         with open(self._lock_path, "a+b") as lock:
             fcntl.flock(lock, mode)
             yield  # closing the file releases the lock
@@ -361,16 +374,20 @@ class _FileRevisionWriter(RevisionWriter):
 
     def _put(self, record: FileRecord, local_path: Path) -> None:
         dest = self._dest(record.path)
-        dest.parent.mkdir(parents=True, exist_ok=True)
         tmp = dest.with_name(f".{dest.name}.{os.getpid()}.tmp")
-        tmp.unlink(missing_ok=True)
+        # Directories made once per writer, stale temp files removed only when met: on a
+        # 2,000-file release every avoided syscall per file shows.
+        if dest.parent not in self._dirs:
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            self._dirs.add(dest.parent)
         try:
-            # Same file system (quarantine under the store root): no byte is read again.
-            os.link(local_path, tmp)
-        except OSError as exc:
-            if exc.errno not in (errno.EXDEV, errno.EPERM, errno.EMLINK):
-                raise
-            shutil.copyfile(local_path, tmp)
+            _link_or_copy(local_path, tmp)
+        except FileExistsError:  # left by a killed run of this pid
+            tmp.unlink()
+            _link_or_copy(local_path, tmp)
+        except FileNotFoundError:  # another writer aborted and removed the staging tree
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            _link_or_copy(local_path, tmp)
         os.chmod(tmp, READ_ONLY_FILE)
         # Large files are durable before they are in place, so commit() needs no pass over
         # them: this runs in the stager's worker threads. fdatasync, not fsync: a link to bytes
@@ -419,7 +436,7 @@ class _FileRevisionWriter(RevisionWriter):
         _write_durable(meta / "manifest.json", manifest.canonical())
         # Every file's bytes were synced by put_file; the names linking them still need their
         # directories synced. One fsync per directory, not per file (thousands of small files).
-        for dirpath, dirnames, filenames in os.walk(self.work, topdown=False):
+        for dirpath, _, filenames in os.walk(self.work, topdown=False):
             for name in filenames:
                 os.chmod(os.path.join(dirpath, name), READ_ONLY_FILE)
             _fsync_dir(Path(dirpath))

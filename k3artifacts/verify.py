@@ -73,7 +73,8 @@ class _Reader:
 
     def digest(self, record: FileRecord, hasher: MultiHasher, on_bytes) -> MultiHasher:
         if self.directory is not None:
-            return feed_file(hasher, self.directory.joinpath(*record.path.split("/")), on_bytes=on_bytes)
+            path = self.directory.joinpath(*record.path.split("/"))
+            return feed_file(hasher, path, on_bytes=on_bytes)
         with self.store.open_read(f"{self.prefix}/{record.path}") as fh:
             read_into = getattr(fh, "readinto", None) or _readinto_from_read(fh)
             return hash_stream(read_into, hasher, on_bytes)
@@ -82,7 +83,7 @@ class _Reader:
         listed = {r.path for r in manifest.files}
         if self.directory is not None:
             present = []
-            for dirpath, dirnames, filenames in os.walk(self.directory):
+            for dirpath, _, filenames in os.walk(self.directory):
                 rel = Path(dirpath).relative_to(self.directory).as_posix()
                 if rel == META_DIR or rel.startswith(META_DIR + "/"):
                     continue

@@ -58,3 +58,16 @@ def test_help_explains(k3a_cmd, k3a_env):
     assert proc.returncode == 0 and "Exit codes" in proc.stdout
     for command in ("stage", "verify", "demo"):
         assert command in proc.stdout
+
+
+def test_revisions_lists_what_is_published(k3a_cmd, k3a_env, local_hub, tmp_path):
+    commit = local_hub.hub.add_commit(REPO, small_release(tmp_path))
+    store = f"file://{tmp_path / 'store'}"
+    empty = run(k3a_cmd, k3a_env, "revisions", REPO, "--store", store, "--json")
+    assert empty.returncode == 0 and json.loads(empty.stdout) == []
+    staged = run(k3a_cmd, k3a_env, "stage", REPO, "--endpoint", local_hub.endpoint,
+                 "--store", store, "--json", "-q")
+    assert staged.returncode == 0, staged.stderr
+    listed = json.loads(run(k3a_cmd, k3a_env, "revisions", REPO, "--store", store, "--json").stdout)
+    assert [r["commit"] for r in listed] == [commit]
+    assert listed[0]["manifest_digest"] == json.loads(staged.stdout)["manifest_digest"]

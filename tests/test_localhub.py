@@ -157,7 +157,7 @@ def test_range_requests(local_hub, repo, weights):
     assert resp.status == 200
     assert resp.getheader("Accept-Ranges") == "bytes"
     assert resp.getheader("X-Linked-Size") == "300000"
-    assert resp.getheader("X-Linked-Etag") == '"%s"' % hashlib.sha256(data).hexdigest()
+    assert resp.getheader("X-Linked-Etag") == f'"{hashlib.sha256(data).hexdigest()}"'
 
 
 def test_not_found_errors_map_to_client_exceptions(local_hub, repo):

@@ -300,9 +300,11 @@ def test_small_files_are_rehashed_before_reuse(local_hub, file_store, quarantine
     """Small files skip the per-file fsync; after a crash their size and mtime could be right
     and their bytes not, so a re-run re-hashes them instead of trusting the log."""
     commit = local_hub.hub.add_commit(REPO, small_release(tmp_path))
-    local_hub.hub.faults.add(SHARD, Fault.http_status(500, times=None))
+    # One worker takes files largest first: the smallest fails after the others verified.
+    local_hub.hub.faults.add("modeling_kimi_k3.py", Fault.http_status(500, times=None))
     with pytest.raises(Unavailable):
-        run_stage(local_hub.endpoint, file_store, quarantine, retry=RetryPolicy(attempts=1))
+        run_stage(local_hub.endpoint, file_store, quarantine, workers=1,
+                  retry=RetryPolicy(attempts=1))
     config = quarantine / "moonshotai--Kimi-K3" / commit / "files" / "config.json"
     stat = config.stat()
     config.write_bytes(b"X" * stat.st_size)  # what a lost write-back can leave: same size

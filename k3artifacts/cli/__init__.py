@@ -2,12 +2,51 @@
 
 from __future__ import annotations
 
+import importlib
+
 import click
 
 from .. import __version__
 
+#: Which module defines each command. A command's module is imported only when that command
+#: runs (or for `k3a --help`), so `k3a verify` on a node does not pay for the Hub client,
+#: boto3 or the renderers.
+COMMAND_MODULES = {
+    "stage": "stage",
+    "verify": "verify",
+    "revisions": "revisions",
+    "demo": "demo",
+    "promote": "channels",
+    "rollback": "channels",
+    "history": "channels",
+    "channels": "channels",
+    "gates": "channels",
+    "review": "channels",
+    "eval": "channels",
+    "tuple": "tuples",
+    "tuples": "tuples",
+    "render": "tuples",
+    "bootstrap": "aws",
+    "fsx": "aws",
+    "docker": "docker",
+}
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+
+class LazyGroup(click.Group):
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(set(super().list_commands(ctx)) | set(COMMAND_MODULES))
+
+    def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
+        if name not in self.commands and name in COMMAND_MODULES:
+            # Importing the module registers its commands on this group (@cli.command).
+            importlib.import_module(f"{__name__}.{COMMAND_MODULES[name]}")
+        return super().get_command(ctx, name)
+
+
+@click.group(
+    cls=LazyGroup,
+    context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},
+)
 @click.version_option(__version__, prog_name="k3a")
 def cli() -> None:
     """Stage Kimi K3 (or any Hugging Face safetensors model) into a verified, pinned release.
@@ -24,9 +63,3 @@ def cli() -> None:
 
 def main() -> None:
     cli()
-from . import stage  # noqa: E402,F401
-from . import demo  # noqa: E402,F401
-from . import channels  # noqa: E402,F401
-from . import tuples  # noqa: E402,F401
-from . import aws  # noqa: E402,F401
-from . import docker  # noqa: E402,F401

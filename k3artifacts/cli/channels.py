@@ -45,7 +45,7 @@ actor_option = click.option(
 def _table(rows: list[list[str]], header: list[str]) -> None:
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
     for row in [header, *rows]:
-        click.echo("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
+        click.echo("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
 
 
 def _verdict(r: GateResult) -> str:
@@ -128,7 +128,7 @@ def promote_cmd(
     """
     if len(override_gates) != len(override_reasons):
         raise click.UsageError("give exactly one --reason for each --override-gate")
-    overrides = dict(zip(override_gates, override_reasons))
+    overrides = dict(zip(override_gates, override_reasons, strict=True))
     result = promote(
         get_store(store_url),
         tuple_id,

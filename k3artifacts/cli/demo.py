@@ -44,7 +44,8 @@ def demo_release(workdir: Path, size: int, shards: int, seed: int) -> dict[str, 
 @click.option("--shards", default=4, show_default=True, help="Number of safetensors shards.")
 @click.option("--seed", default=0, show_default=True, help="Changes every byte of the release.")
 @click.option("--workdir", type=click.Path(path_type=Path, file_okay=False),
-              default=lambda: str(data_home() / "demo"), show_default="~/.local/share/k3artifacts/demo",
+              default=lambda: str(data_home() / "demo"),
+              show_default="~/.local/share/k3artifacts/demo",
               help="Where the synthetic release and the local hub's files live.")
 @click.option("--workers", default=4, show_default=True, help="Files downloaded at once.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
@@ -79,7 +80,8 @@ def demo_cmd(store_url, size, shards, seed, workdir, workers, quiet, as_json):
 
     def human() -> None:
         print_stage_result(result)
-        click.echo(f"verify:          {'ok' if report.ok else 'FAILED'} ({report.algorithm}, {report.files} files)")
+        outcome = "ok" if report.ok else "FAILED"
+        click.echo(f"verify:          {outcome} ({report.algorithm}, {report.files} files)")
         click.echo(f"next:            k3a verify {DEMO_REPO}@{result.commit} --store {store.url}")
 
     emit(as_json, payload, human)

@@ -2,23 +2,19 @@
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 import click
 
 from ..config import default_quarantine
 from ..download import RetryPolicy
-from ..errors import ConfigError
-from ..hub import HubSource, check_repo_id
-from ..progress import BytesProgress, StageProgress, make_progress
+from ..hub import HubSource
+from ..ids import check_repo_id
+from ..progress import StageProgress, make_progress
 from ..staging import StageOptions, StageResult, stage
 from ..store import FileStore, Store
-from ..verify import verify_revision
 from . import cli
 from .common import ByteSize, emit, get_store, handle_errors, json_option, store_option
-
-REVISION_REF = re.compile(r"^(?P<repo>[^@]+)@(?P<commit>[0-9a-f]{40})$")
 
 
 def quarantine_for(store: Store, explicit: Path | None) -> Path:
@@ -91,13 +87,16 @@ def print_stage_result(result: StageResult) -> None:
     envvar="K3A_QUARANTINE",
     help="Local download directory [default: beside a file store, else ~/.cache/k3artifacts].",
 )
-@click.option("--endpoint", envvar="HF_ENDPOINT", help="Hub URL [default: $HF_ENDPOINT or huggingface.co].")
+@click.option("--endpoint", envvar="HF_ENDPOINT",
+              help="Hub URL [default: $HF_ENDPOINT or huggingface.co].")
 @click.option("--workers", default=4, show_default=True, help="Files downloaded at once.")
-@click.option("--allow-pickle", is_flag=True, help="Accept .bin/.pt/.pkl weights (they can run code).")
+@click.option("--allow-pickle", is_flag=True,
+              help="Accept .bin/.pt/.pkl weights (they can run code).")
 @click.option("--keep-quarantine", is_flag=True, help="Keep the local copy after publishing.")
 @click.option("--window-bytes", type=ByteSize(), default=None,
               help="Bound local quarantine disk (e.g. 500GiB): shards leave it once stored.")
-@click.option("--retries", default=8, show_default=True, help="Attempts per file on network errors.")
+@click.option("--retries", default=8, show_default=True,
+              help="Attempts per file that make no progress before giving up.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
 @json_option
 @handle_errors
@@ -131,63 +130,3 @@ def stage_cmd(repo_id, revision, store_url, quarantine, endpoint, workers, allow
         options=options, as_json=as_json, quiet=quiet,
     )
     emit(as_json, result.__dict__, lambda: print_stage_result(result))
-
-
-def parse_target(target: str) -> tuple[str, str] | Path:
-    match = REVISION_REF.match(target)
-    if match:
-        return check_repo_id(match["repo"]), match["commit"]
-    path = Path(target)
-    if path.is_dir():
-        return path
-    raise ConfigError(
-        f"{target!r} is neither org/name@<40-hex commit> nor a revision directory",
-        hint="e.g. k3a verify moonshotai/Kimi-K3@<commit>, or a path ending in /<commit>",
-    )
-
-
-@cli.command("verify")
-@click.argument("target")
-@store_option
-@click.option("--full", is_flag=True, help="Check sha256 (slower) instead of xxh3-128.")
-@click.option("--expect-digest", help="Refuse unless the manifest digest is exactly this.")
-@click.option("--workers", default=4, show_default=True, help="Files hashed at once.")
-@click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
-@json_option
-@handle_errors
-def verify_cmd(target, store_url, full, expect_digest, workers, quiet, as_json):
-    """Re-hash a published revision against its manifest; run on a node before serving.
-
-    TARGET is org/name@<commit> (looked up in --store) or a revision directory such as
-    /fsx/k3a/models/moonshotai/Kimi-K3/<commit>.
-
-    Exit codes: 0 every file matches, 4 some file is missing, changed or unexpected
-    (listed), 7 not a published revision.
-    """
-    parsed = parse_target(target)
-    with make_progress(enabled=not (as_json or quiet)) as progress:
-        bar = BytesProgress(progress, "verifying")
-        kwargs = dict(full=full, expect_digest=expect_digest, workers=workers, on_bytes=bar,
-                      on_manifest=lambda m: bar.set_total(m.total_bytes))
-        if isinstance(parsed, Path):
-            report = verify_revision(directory=parsed, **kwargs)
-        else:
-            report = verify_revision(store=get_store(store_url), repo_id=parsed[0],
-                                     commit=parsed[1], **kwargs)
-    payload = {
-        "target": report.target,
-        "ok": report.ok,
-        "algorithm": report.algorithm,
-        "manifest_digest": report.manifest_digest,
-        "files": report.files,
-        "bytes": report.bytes,
-        "problems": [p.__dict__ for p in report.problems],
-    }
-
-    def human() -> None:
-        if report.ok:
-            click.echo(f"ok: {report.files} files, {report.bytes:,} bytes match ({report.algorithm})")
-            click.echo(f"manifest digest: {report.manifest_digest}")
-
-    emit(as_json, payload, human)
-    report.raise_for_problems()

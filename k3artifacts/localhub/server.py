@@ -325,7 +325,7 @@ class _Handler(BaseHTTPRequestHandler):
         if start + page < len(entries):
             rest = [(k, v) for k, v in query if k != "cursor"]
             rest.append(("cursor", _encode_cursor(start + page)))
-            host = self.headers.get("Host") or "%s:%d" % self.server.server_address[:2]
+            host = self.headers.get("Host") or "{}:{}".format(*self.server.server_address[:2])
             raw = self.path.partition("?")[0]
             headers["Link"] = f'<http://{host}{raw}?{urlencode(rest)}>; rel="next"'
         self._send_json(200, out, head=head, headers=headers)

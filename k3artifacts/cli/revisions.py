@@ -1,0 +1,45 @@
+"""k3a revisions: what the store holds for a model."""
+
+from __future__ import annotations
+
+import click
+
+from ..ids import check_repo_id
+from . import cli
+from .common import emit, get_store, handle_errors, json_option, store_option
+
+
+@cli.command("revisions")
+@click.argument("repo_id")
+@store_option
+@json_option
+@handle_errors
+def revisions_cmd(repo_id, store_url, as_json):
+    """List the published revisions of REPO_ID in the store (commit, size, manifest digest).
+
+    A revision appears here only once its manifest is written, so a staging in progress or
+    an interrupted one is never listed. Exit code 0 (an empty list is not an error).
+    """
+    store = get_store(store_url)
+    rows = []
+    for commit in store.list_revisions(check_repo_id(repo_id)):
+        manifest = store.read_manifest(repo_id, commit)
+        if manifest is None:  # deleted between the listing and the read
+            continue
+        rows.append({
+            "commit": commit,
+            "files": len(manifest.files),
+            "total_bytes": manifest.total_bytes,
+            "manifest_digest": manifest.digest(),
+            "license_sha256": manifest.license.sha256,
+            "location": store.location(repo_id, commit),
+        })
+
+    def human() -> None:
+        if not rows:
+            click.echo(f"no published revisions of {repo_id} in {store.url}")
+        for row in rows:
+            click.echo(f"{row['commit']}  {row['files']:>5} files  {row['total_bytes']:>16,} bytes"
+                       f"  manifest {row['manifest_digest'][:16]}")
+
+    emit(as_json, rows, human)
