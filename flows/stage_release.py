@@ -70,7 +70,6 @@ from k3artifacts.errors import K3AError, Refusal, ReleaseRefused, Unavailable
 from k3artifacts.hub import HubSource, RemoteFile
 from k3artifacts.ids import check_repo_id
 from k3artifacts.images import resolve_image
-from k3artifacts.manifest import ShardManifest
 from k3artifacts.profiles import load_profile, serving_spec
 from k3artifacts.quarantine import Quarantine, VerifiedEntry
 from k3artifacts.staging import StageOptions, Stager, StageResult
@@ -219,7 +218,7 @@ def _stage(
             logger.info(
                 "%s@%s is already published in %s; nothing to do", repo_id, commit, store.url
             )
-            return _result(existing, store, started, already=True)
+            return StageResult.of(existing, store, started, already=True)
         stager = Stager(HubSource(endpoint=endpoint), store, repo_id, commit, q, options)
         stager.open_writer()
         files, reusable = stager.plan()
@@ -252,7 +251,7 @@ def _stage(
                 list(rows.values()), key=f"{key}-files",
                 description=f"files of {repo_id}@{commit}: size, sha256, status",
             )
-        result = _result(manifest, store, started, already=False)
+        result = StageResult.of(manifest, store, started, already=False)
         result.downloaded_bytes = sum(f.size for f in todo)
         result.reused_files = len(reusable)
     if not options.keep_quarantine:
@@ -312,21 +311,6 @@ def make_tuple(store: Store, repo_id: str, commit: str, image: str, profile: str
     get_run_logger().info("release tuple %s (%s)", created.release.id,
                           "created" if created.new else "already existed")
     return created.release.id
-
-
-def _result(manifest: ShardManifest, store: Store, started: float, *, already: bool) -> StageResult:
-    return StageResult(
-        repo_id=manifest.repo_id,
-        commit=manifest.commit,
-        manifest_digest=manifest.digest(),
-        location=store.location(manifest.repo_id, manifest.commit),
-        files=len(manifest.files),
-        total_bytes=manifest.total_bytes,
-        already_published=already,
-        seconds=time.monotonic() - started,
-        remote_code=[c.path for c in manifest.remote_code],
-        license_sha256=manifest.license.sha256,
-    )
 
 
 def _summary_artifact(summary: dict) -> None:

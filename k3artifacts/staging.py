@@ -67,6 +67,24 @@ class StageResult:
     #: What the store moved for this revision (S3: bytes uploaded / copied server-side...).
     store_stats: dict[str, int] = field(default_factory=dict)
 
+    @classmethod
+    def of(
+        cls, manifest: ShardManifest, store: Store, started: float, *, already: bool
+    ) -> StageResult:
+        """The result of staging ``manifest`` into ``store``, timed from ``started``."""
+        return cls(
+            repo_id=manifest.repo_id,
+            commit=manifest.commit,
+            manifest_digest=manifest.digest(),
+            location=store.location(manifest.repo_id, manifest.commit),
+            files=len(manifest.files),
+            total_bytes=manifest.total_bytes,
+            already_published=already,
+            seconds=time.monotonic() - started,
+            remote_code=[c.path for c in manifest.remote_code],
+            license_sha256=manifest.license.sha256,
+        )
+
 
 class Stager:
     def __init__(
@@ -327,7 +345,7 @@ def stage(
         existing = store.read_manifest(repo_id, commit)
         if existing is not None:
             observer.note(f"{repo_id}@{commit} is already published in {store.url}; nothing to do")
-            return _result(existing, store, started, already=True)
+            return StageResult.of(existing, store, started, already=True)
 
         stager.open_writer()
         files, reusable = stager.plan()
@@ -342,7 +360,7 @@ def stage(
             stager.abandon()
             raise
         stager.publish(manifest)
-        result = _result(manifest, store, started, already=False)
+        result = StageResult.of(manifest, store, started, already=False)
         result.downloaded_bytes = stager.downloaded_bytes
         result.reused_files = len(reusable)
         result.store_stats = stager.writer.stats()
@@ -410,18 +428,3 @@ def _fetch_all(
     if refusals:
         raise ReleaseRefused(sorted(refusals, key=lambda r: r.path))
     return entries
-
-
-def _result(manifest: ShardManifest, store: Store, started: float, *, already: bool) -> StageResult:
-    return StageResult(
-        repo_id=manifest.repo_id,
-        commit=manifest.commit,
-        manifest_digest=manifest.digest(),
-        location=store.location(manifest.repo_id, manifest.commit),
-        files=len(manifest.files),
-        total_bytes=manifest.total_bytes,
-        already_published=already,
-        seconds=time.monotonic() - started,
-        remote_code=[c.path for c in manifest.remote_code],
-        license_sha256=manifest.license.sha256,
-    )
