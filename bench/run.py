@@ -11,6 +11,8 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
+from k3artifacts.config import default_workers
+
 from .env import Bench, Row, force_rmtree
 
 SIZE_UNITS = {"": 1, "b": 1, "kib": 2**10, "mib": 2**20, "gib": 2**30, "kb": 10**3,
@@ -69,7 +71,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tiny-files", type=int, default=2000, help="files in the per-file figure")
     p.add_argument("--s3-size", type=parse_size, default=parse_size("48MiB"),
                    help="checkpoint size for the S3 figures (moto is slow; default 48MiB)")
-    p.add_argument("--workers", type=int, default=4, help="concurrent files (default 4)")
+    p.add_argument("--workers", type=int, default=default_workers(),
+                   help="concurrent files (default: k3a stage's, one per core from 2 to 8)")
     p.add_argument("--only", action="append", choices=sorted(FIGURES),
                    help="run only this figure (repeatable)")
     p.add_argument("--cold", action="store_true",

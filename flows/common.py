@@ -7,7 +7,7 @@ import re
 
 from prefect.task_runners import ThreadPoolTaskRunner
 
-from k3artifacts.config import default_store_url
+from k3artifacts.config import default_store_url, default_workers
 from k3artifacts.store import Store, open_store
 
 #: Address of a Dask scheduler (``tcp://host:8786``): per-file tasks run on its workers.
@@ -36,11 +36,13 @@ def revision_slug(repo_id: str, commit: str) -> str:
 
 def task_runner_from_env():
     """``DaskTaskRunner`` on ``$K3A_DASK_ADDRESS`` when set, else a thread pool of
-    ``$K3A_WORKERS`` (default 4) threads. Read when a flow module is imported, i.e. in the
-    process that runs the flow (a Prefect worker's job), so each work pool can differ."""
+    ``$K3A_WORKERS`` threads (default: ``k3a stage``'s, one per core from 2 to 8). Read when
+    a flow module is imported, i.e. in the process that runs the flow (a Prefect worker's
+    job), so each work pool can differ."""
     address = os.environ.get(DASK_ADDRESS_ENV)
     if address:
         from prefect_dask import DaskTaskRunner
 
         return DaskTaskRunner(address=address)
-    return ThreadPoolTaskRunner(max_workers=int(os.environ.get(WORKERS_ENV, "4")))
+    workers = os.environ.get(WORKERS_ENV)
+    return ThreadPoolTaskRunner(max_workers=int(workers) if workers else default_workers())

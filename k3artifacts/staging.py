@@ -24,6 +24,7 @@ from pathlib import Path
 
 from . import faultpoints
 from . import license as license_capture
+from .config import default_workers
 from .download import PermanentError, RetryPolicy, fetch
 from .errors import Refusal, ReleaseRefused, Unavailable
 from .hashing import MultiHasher
@@ -40,7 +41,7 @@ from .store import SMALL_FILE, RevisionWriter, Store
 @dataclass(frozen=True)
 class StageOptions:
     allow_pickle: bool = False
-    workers: int = 4
+    workers: int = field(default_factory=default_workers)
     retry: RetryPolicy = RetryPolicy()
     #: Keep the quarantine copy after publishing (default: remove it, it is in the store now).
     keep_quarantine: bool = False

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import click
 
-from ..config import data_home
+from ..config import data_home, default_workers
 from ..localhub import LocalHub
 from ..staging import StageOptions
 from ..verify import verify_revision
@@ -47,7 +47,8 @@ def demo_release(workdir: Path, size: int, shards: int, seed: int) -> dict[str, 
               default=lambda: str(data_home() / "demo"),
               show_default="~/.local/share/k3artifacts/demo",
               help="Where the synthetic release and the local hub's files live.")
-@click.option("--workers", default=4, show_default=True, help="Files downloaded at once.")
+@click.option("--workers", type=int, default=default_workers, show_default="cores, 2 to 8",
+              help="Files downloaded at once.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
 @json_option
 @handle_errors

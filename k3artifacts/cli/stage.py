@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from ..config import default_quarantine
+from ..config import default_quarantine, default_workers
 from ..download import RetryPolicy
 from ..hub import HubSource
 from ..ids import check_repo_id
@@ -89,7 +89,8 @@ def print_stage_result(result: StageResult) -> None:
 )
 @click.option("--endpoint", envvar="HF_ENDPOINT",
               help="Hub URL [default: $HF_ENDPOINT or huggingface.co].")
-@click.option("--workers", default=4, show_default=True, help="Files downloaded at once.")
+@click.option("--workers", type=int, default=default_workers, show_default="cores, 2 to 8",
+              help="Files downloaded at once.")
 @click.option("--allow-pickle", is_flag=True,
               help="Accept .bin/.pt/.pkl weights (they can run code).")
 @click.option("--keep-quarantine", is_flag=True, help="Keep the local copy after publishing.")
