@@ -184,15 +184,15 @@ class Stager:
         self.writer = self.store.begin_revision(self.repo_id, self.commit)
 
     def _store(self, entry: VerifiedEntry) -> None:
-        if self.writer is None:
+        # A stored entry was adopted by the writer in plan(); there is nothing left to hand over.
+        if self.writer is None or entry.stored:
             return
         record = entry.record
-        if not entry.stored:
-            with self._in_store(record.path):
-                self.writer.put_file(
-                    record, self.quarantine.final_path(record.path), checksums=entry.checksums
-                )
-        if self.options.window_bytes is not None and record.kind == "weights" and not entry.stored:
+        with self._in_store(record.path):
+            self.writer.put_file(
+                record, self.quarantine.final_path(record.path), checksums=entry.checksums
+            )
+        if self.options.window_bytes is not None and record.kind == "weights":
             # Only weights leave quarantine early: small files (index, license, card) are
             # read again when the manifest is built.
             with self._in_quarantine(record.path):
