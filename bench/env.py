@@ -113,7 +113,7 @@ class Bench:
         done = out / ".complete.json"
         if done.exists():
             return {p: Path(f) for p, f in json.loads(done.read_text()).items()}
-        from k3artifacts.synthetic import write_release
+        from k3artifacts.localhub.synthetic import write_release
 
         self.log(f"writing a synthetic release: {total_bytes / 2**30:.2f} GiB, {shards} shard(s)")
         force_rmtree(out)

@@ -47,7 +47,7 @@ def curl_rate(bench: Bench, endpoint: str, repo_id: str, commit: str, blobs: lis
               parallel: int) -> tuple[float, int]:
     """Loopback HTTP read rate of every file of the revision, ``parallel`` at a time, to
     /dev/null: the network side of the physical limit (no hashing, no disk write)."""
-    from k3artifacts.hub import HubSource
+    from k3artifacts.staging.hub import HubSource
 
     src = HubSource(endpoint, token=False)
     files = src.list_files(repo_id, commit)
@@ -151,8 +151,8 @@ def handwritten(bench: Bench, endpoint: str, commit: str, blobs: list[Path], sta
 _VERIFY_CHILD = """
 import json, sys, time
 from pathlib import Path
-from k3artifacts.store import open_store
-from k3artifacts.verify import verify_revision
+from k3artifacts.stores.registry import open_store
+from k3artifacts.stores.verify import verify_revision
 store = open_store(sys.argv[1])
 t = time.perf_counter()
 report = verify_revision(store=store, repo_id=sys.argv[2], commit=sys.argv[3],
@@ -234,7 +234,7 @@ _GET_CHILD = """
 import json, sys, time
 from concurrent.futures import ThreadPoolExecutor
 import urllib3
-from k3artifacts.hub import HubSource
+from k3artifacts.staging.hub import HubSource
 src = HubSource(sys.argv[1], token=False)
 repo, commit, workers = sys.argv[2], sys.argv[3], int(sys.argv[4])
 files = src.list_files(repo, commit)
@@ -289,7 +289,7 @@ print(json.dumps({"seconds": time.perf_counter() - t}))
 
 
 def s3(bench: Bench, opts: Options, shared: dict) -> list[Row]:
-    from k3artifacts.synthetic import derive_revision
+    from k3artifacts.localhub.synthetic import derive_revision
 
     from .s3env import bucket, moto
 
@@ -319,7 +319,7 @@ def s3(bench: Bench, opts: Options, shared: dict) -> list[Row]:
             ">= 0.8", ours / base >= 0.8,
             note=f"{total / 2**20:.0f} MiB in {len(files)} files; staging includes the hub "
                  f"download, hashing, the CRC64NVME pass and the HEAD read-back; moto is the "
-                 f"limit of both sides (DESIGN.md), so only the ratio means anything",
+                 f"limit of both sides (docs/architecture.md), so only the ratio means anything",
             extra={"first_store_stats": first.get("store_stats", {})}),
         Row("3 S3 bytes uploaded for a revision changing 1 file", uploaded, "bytes",
             f"{changed} size", changed_size, None, "== that file", uploaded <= changed_size,
@@ -333,10 +333,11 @@ _CHANNEL_CHILD = """
 import json, sys, time, statistics, shutil
 from pathlib import Path
 sys.path.insert(0, ".")
-from tests.fixtures.releases import Releases, REPO_ROOT
-from k3artifacts.store import open_store
-from k3artifacts.promotion import promote, rollback
-from k3artifacts.reviews import review_code, review_license
+from k3artifacts.config import CHECKOUT_ROOT as REPO_ROOT
+from k3artifacts.sandbox.releases import Releases
+from k3artifacts.stores.registry import open_store
+from k3artifacts.promotion.moves import promote, rollback
+from k3artifacts.releases.reviews import review_code, review_license
 url, scratch, nfiles, rounds = sys.argv[1], Path(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
 store = open_store(url)
 policies = scratch / "policies"

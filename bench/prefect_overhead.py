@@ -3,7 +3,7 @@
     python bench/prefect_overhead.py [--size 256MiB] [--shards 8] [--repeat 3]
 
 A synthetic Kimi-K3-shaped release is served by the local hub on loopback; each run stages it
-into a fresh file store (nothing reused), alternating the bare ``k3artifacts.staging.stage``
+into a fresh file store (nothing reused), alternating the bare ``k3artifacts.staging.engine.stage``
 (what ``k3a stage`` runs) and the ``stage-release`` flow with the same worker count. With
 PREFECT_API_URL unset the flow runs in Prefect's ephemeral mode: its first run in this process
 includes starting that server, reported separately ("first flow run"). Prints seconds per run
@@ -27,11 +27,11 @@ os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
 
 from k3artifacts.cli.common import ByteSize
-from k3artifacts.hub import HubSource
 from k3artifacts.localhub import LocalHub
-from k3artifacts.staging import StageOptions, stage
-from k3artifacts.store import FileStore
-from k3artifacts.synthetic import write_release
+from k3artifacts.localhub.synthetic import write_release
+from k3artifacts.staging.engine import StageOptions, stage
+from k3artifacts.staging.hub import HubSource
+from k3artifacts.stores.file import FileStore
 
 REPO = "moonshotai/Kimi-K3"
 

@@ -18,7 +18,7 @@ from prefect.input import RunInput
 from prefect.states import Cancelled, State
 from pydantic import Field
 
-from k3artifacts.channels import Approval
+from k3artifacts.releases.channels import Approval
 
 
 class ApprovalInput(RunInput):

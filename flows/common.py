@@ -8,7 +8,8 @@ import re
 from prefect.task_runners import ThreadPoolTaskRunner
 
 from k3artifacts.config import default_store_url, default_workers
-from k3artifacts.store import Store, open_store
+from k3artifacts.stores.base import Store
+from k3artifacts.stores.registry import open_store
 
 #: Address of a Dask scheduler (``tcp://host:8786``): per-file tasks run on its workers.
 DASK_ADDRESS_ENV = "K3A_DASK_ADDRESS"

@@ -14,7 +14,7 @@ import time
 
 from prefect.artifacts import create_progress_artifact, update_progress_artifact
 
-from k3artifacts.staging import StageObserver
+from k3artifacts.staging.engine import StageObserver
 
 #: Reporters of flow runs in this process, by artifact id.
 _LIVE: dict[str, ByteProgress] = {}

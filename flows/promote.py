@@ -17,12 +17,12 @@ from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
 
-from k3artifacts.channels import Approval, GateResult
 from k3artifacts.config import default_policies_dir
 from k3artifacts.errors import GateFailed
-from k3artifacts.gates import GateReport, check_gates
-from k3artifacts.promotion import MoveResult, promote
-from k3artifacts.store import Store
+from k3artifacts.promotion.gates import GateReport, check_gates
+from k3artifacts.promotion.moves import MoveResult, promote
+from k3artifacts.releases.channels import Approval, GateResult
+from k3artifacts.stores.base import Store
 
 from .approval import rejected, wait_for_approval
 from .common import slug, store_from

@@ -15,12 +15,12 @@ from prefect import flow, task
 from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
 
-from k3artifacts.channels import Approval, read_state
 from k3artifacts.config import default_policies_dir
-from k3artifacts.gates import channel_policy
-from k3artifacts.policies import load_gate_policy
-from k3artifacts.promotion import MoveResult, rollback
-from k3artifacts.store import Store
+from k3artifacts.promotion.gates import channel_policy
+from k3artifacts.promotion.moves import MoveResult, rollback
+from k3artifacts.releases.channels import Approval, read_state
+from k3artifacts.releases.policies import load_gate_policy
+from k3artifacts.stores.base import Store
 
 from .approval import rejected, wait_for_approval
 from .common import slug, store_from

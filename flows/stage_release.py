@@ -4,7 +4,7 @@
     handed to the store as soon as it verifies -> manifest (index check, license, remote code)
     -> publish -> release tuple (when ``image`` and ``profile`` are given) -> artifacts
 
-A thin layer over :class:`k3artifacts.staging.Stager`; ``k3a stage`` runs the same steps
+A thin layer over :class:`k3artifacts.staging.engine.Stager`; ``k3a stage`` runs the same steps
 without Prefect.
 
 Resume: the library's quarantine, not Prefect's result cache
@@ -63,17 +63,18 @@ from prefect.exceptions import ObjectAlreadyExists
 from prefect.futures import as_completed
 from prefect.tasks import exponential_backoff
 
-from k3artifacts.binding import create_tuple
 from k3artifacts.config import default_quarantine
-from k3artifacts.download import RetryPolicy
 from k3artifacts.errors import K3AError, Refusal, ReleaseRefused, Unavailable
-from k3artifacts.hub import HubSource, RemoteFile
-from k3artifacts.ids import check_repo_id
-from k3artifacts.images import resolve_image
-from k3artifacts.profiles import load_profile, serving_spec
-from k3artifacts.quarantine import Quarantine, VerifiedEntry
-from k3artifacts.staging import StageOptions, Stager, StageResult
-from k3artifacts.store import FileStore, Store
+from k3artifacts.releases.binding import create_tuple
+from k3artifacts.revisions.refs import check_repo_id
+from k3artifacts.serving.images import resolve_image
+from k3artifacts.serving.profiles import load_profile, serving_spec
+from k3artifacts.staging.download import RetryPolicy
+from k3artifacts.staging.engine import StageOptions, Stager, StageResult
+from k3artifacts.staging.hub import HubSource, RemoteFile
+from k3artifacts.staging.quarantine import Quarantine, VerifiedEntry
+from k3artifacts.stores.base import Store
+from k3artifacts.stores.file import FileStore
 
 from .common import revision_slug, slug, store_from, task_runner_from_env
 from .progress import ByteProgress, observer_for

@@ -23,7 +23,7 @@ from prefect.client.schemas.objects import StateType
 from prefect.deployments import run_deployment
 
 from k3artifacts.errors import K3AError
-from k3artifacts.ids import check_repo_id
+from k3artifacts.revisions.refs import check_repo_id
 
 from .common import slug, store_from
 from .stage_release import DEFAULT_REPO, resolve_commit, stage_release

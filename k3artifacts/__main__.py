@@ -1,3 +1,3 @@
-from .cli import main
+from k3artifacts.cli import main
 
 main()

@@ -5,6 +5,10 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+#: The checkout this package runs from (an editable install): where ``manifests/`` and
+#: ``policies/`` are found when no environment variable points elsewhere.
+CHECKOUT_ROOT = Path(__file__).resolve().parent.parent
+
 
 def data_home() -> Path:
     return Path(os.environ.get("XDG_DATA_HOME") or Path.home() / ".local" / "share") / "k3artifacts"

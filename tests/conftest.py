@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from k3artifacts.store import FileStore
+from k3artifacts.stores.file import FileStore
 
 pytest_plugins: list[str] = [
     "tests.fixtures.localhub",
@@ -16,6 +16,7 @@ pytest_plugins: list[str] = [
     "tests.fixtures.releases",
     "tests.fixtures.prefect_api",
     "tests.fixtures.s3_fault_proxy",
+    "tests.fixtures.seaweedfs",
 ]
 
 

@@ -9,10 +9,10 @@ from pathlib import Path
 import numpy as np
 from safetensors.numpy import save_file
 
-from k3artifacts.download import RetryPolicy
-from k3artifacts.hub import HubSource
-from k3artifacts.staging import StageOptions, StageResult, stage
-from k3artifacts.store import Store
+from k3artifacts.staging.download import RetryPolicy
+from k3artifacts.staging.engine import StageOptions, StageResult, stage
+from k3artifacts.staging.hub import HubSource
+from k3artifacts.stores.base import Store
 
 REPO = "moonshotai/Kimi-K3"
 LICENSE = b"Modified MIT License\n\nCopyright (c) 2026 Moonshot AI\n"

@@ -7,9 +7,9 @@ import subprocess
 
 import pytest
 
-from k3artifacts import awsclients
 from k3artifacts.errors import ConfigError, Unavailable
-from k3artifacts.s3store import S3Store
+from k3artifacts.stores import awsclients
+from k3artifacts.stores.s3 import S3Store
 
 
 def closed_port() -> int:

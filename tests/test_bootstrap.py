@@ -8,10 +8,10 @@ import uuid
 
 import pytest
 
-from k3artifacts import awsclients
-from k3artifacts.bootstrap import bootstrap, log_target_statement
-from k3artifacts.bucket_policies import BucketPolicyInputs
 from k3artifacts.errors import ConfigError
+from k3artifacts.stores import awsclients
+from k3artifacts.stores.bootstrap import bootstrap, log_target_statement
+from k3artifacts.stores.bucket_policies import BucketPolicyInputs
 
 pytestmark = pytest.mark.s3
 

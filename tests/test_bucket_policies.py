@@ -12,7 +12,8 @@ import parliament
 import pytest
 from botocore.validate import validate_parameters
 
-from k3artifacts.bucket_policies import (
+from k3artifacts.errors import ConfigError
+from k3artifacts.stores.bucket_policies import (
     BucketPolicyInputs,
     iam_policies,
     load_template,
@@ -20,7 +21,6 @@ from k3artifacts.bucket_policies import (
     render,
     rendered,
 )
-from k3artifacts.errors import ConfigError
 
 ACCOUNT = "123456789012"
 ADMIN = f"arn:aws:iam::{ACCOUNT}:role/k3a-admin"

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner, Result
 
-from k3artifacts.channels import current, history
 from k3artifacts.cli import cli
+from k3artifacts.releases.channels import current, history
 from tests.fixtures.releases import require_atomic_cas
 
 CODE = {"modeling_kimi.py": b"def forward(x):\n    return x\n"}
@@ -22,7 +22,7 @@ CODE = {"modeling_kimi.py": b"def forward(x):\n    return x\n"}
 
 @pytest.fixture
 def k3a_env_store(request, k3a_env, store, policies):
-    from k3artifacts.store import FileStore
+    from k3artifacts.stores.file import FileStore
 
     base = k3a_env if isinstance(store, FileStore) else request.getfixturevalue("s3_env")
     return dict(base, K3A_STORE=store.url, K3A_POLICIES=str(policies), K3A_ACTOR="ops-bot")

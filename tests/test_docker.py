@@ -15,7 +15,7 @@ import pytest
 from dockerfile_parse import DockerfileParser
 from packaging.requirements import Requirement
 
-from k3artifacts.store import FileStore
+from k3artifacts.stores.file import FileStore
 
 ROOT = Path(__file__).resolve().parent.parent
 WORKER = ROOT / "docker" / "worker" / "Dockerfile"

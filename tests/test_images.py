@@ -7,8 +7,8 @@ import json
 import pytest
 
 from k3artifacts.errors import ConfigError, NotFound
-from k3artifacts.images import parse_image, require_digest, resolve_image
-from k3artifacts.tuples import ImageRef
+from k3artifacts.releases.tuples import ImageRef
+from k3artifacts.serving.images import parse_image, require_digest, resolve_image
 
 DIGEST = "sha256:" + "ab" * 32
 

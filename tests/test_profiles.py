@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 from k3artifacts.errors import ConfigError, NotFound
-from k3artifacts.profiles import load_profile, profiles_dir, serving_spec
+from k3artifacts.serving.profiles import load_profile, profiles_dir, serving_spec
 
 SHIPPED = sorted(p.stem for p in profiles_dir().glob("*.yaml"))
 

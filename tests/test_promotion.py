@@ -8,7 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from k3artifacts.channels import (
+from k3artifacts.errors import ConfigError, GateFailed, NotFound
+from k3artifacts.promotion.gates import check_gates
+from k3artifacts.promotion.moves import promote, rollback
+from k3artifacts.releases.channels import (
     Approval,
     ChannelMoved,
     current,
@@ -17,11 +20,8 @@ from k3artifacts.channels import (
     list_channels,
     pointer_key,
 )
-from k3artifacts.errors import ConfigError, GateFailed, NotFound
-from k3artifacts.evaluations import attach_evaluation
-from k3artifacts.gates import check_gates
-from k3artifacts.promotion import promote, rollback
-from k3artifacts.reviews import review_code, review_license
+from k3artifacts.releases.evaluations import attach_evaluation
+from k3artifacts.releases.reviews import review_code, review_license
 from tests.fixtures.releases import require_atomic_cas
 
 CODE = {"modeling_kimi.py": b"def forward(x):\n    return x\n"}
@@ -134,7 +134,7 @@ def test_artifact_gate_checks_sizes_and_unlisted_files(file_store, tmp_path, pol
     """File-tree surgery, so this one runs on the file store only."""
     import os
 
-    from tests.fixtures.releases import Releases
+    from k3artifacts.sandbox.releases import Releases
 
     releases = Releases(file_store, tmp_path / "scratch")
     manifest = releases.publish(shards=3)

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import pytest
 
-from k3artifacts.channels import history
 from k3artifacts.errors import GateFailed, NotFound
-from k3artifacts.gates import check_gates
-from k3artifacts.promotion import promote, rollback
-from k3artifacts.reviews import review_code, review_license
+from k3artifacts.promotion.gates import check_gates
+from k3artifacts.promotion.moves import promote, rollback
+from k3artifacts.releases.channels import history
+from k3artifacts.releases.reviews import review_code, review_license
 from tests.staging_helpers import REPO, run_stage, small_release
 
 

@@ -4,17 +4,26 @@ from __future__ import annotations
 
 import json
 import subprocess
+from datetime import UTC, datetime
 
 import jsonschema
 import kubernetes_validate
 import pytest
 import yaml
 
-from k3artifacts.binding import create_tuple
 from k3artifacts.errors import ConfigError, NotFound, ReleaseRefused
-from k3artifacts.profiles import MANIFESTS_DIR, FsxTarget, StorageTarget, load_profile, serving_spec
-from k3artifacts.render import render, resolve_tuple
-from k3artifacts.tuples import ImageRef, WeightsRef, tuple_key
+from k3artifacts.releases.binding import create_tuple
+from k3artifacts.releases.channels import ChannelState, HistoryEntry, commit_move
+from k3artifacts.releases.lookup import resolve_tuple
+from k3artifacts.releases.tuples import ImageRef, WeightsRef, tuple_key
+from k3artifacts.serving.profiles import (
+    MANIFESTS_DIR,
+    FsxTarget,
+    StorageTarget,
+    load_profile,
+    serving_spec,
+)
+from k3artifacts.serving.render import render
 
 IMAGE = ImageRef(repository="registry.example.com/vllm", digest="sha256:" + "1" * 64, tag="k3")
 VERIFIER = "registry.example.com/k3a-worker@sha256:" + "2" * 64
@@ -196,7 +205,9 @@ def test_eks_needs_a_verifier_image(published_revision):
 def test_channel_name_resolves_through_its_pointer(published_revision):
     release = make(published_revision)
     store = published_revision.store
-    store.create("releases/channels/production.json", json.dumps({"tuple_id": release.id}).encode())
+    entry = HistoryEntry(channel="production", seq=1, action="promote", tuple_id=release.id,
+                         who="alice", when=datetime.now(UTC))
+    commit_move(store, ChannelState("production", None, None), entry)
     assert resolve_tuple(store, "production").id == release.id
     assert resolve_tuple(store, release.id).id == release.id
     with pytest.raises(NotFound):

@@ -6,10 +6,10 @@ from datetime import UTC, datetime
 
 import pytest
 
-from k3artifacts.channels import Approval, current, history
 from k3artifacts.errors import GateFailed
-from k3artifacts.policies import load_gate_policy
-from k3artifacts.promotion import promote, rollback
+from k3artifacts.promotion.moves import promote, rollback
+from k3artifacts.releases.channels import Approval, current, history
+from k3artifacts.releases.policies import load_gate_policy
 
 
 def _two_promoted(store, releases, policies, reviewed):

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from k3artifacts.rules import file_kind, listing_refusals
+from k3artifacts.staging.rules import file_kind, listing_refusals
 
 
 @pytest.mark.parametrize(

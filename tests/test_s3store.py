@@ -10,10 +10,10 @@ import pytest
 from awscrt import checksums
 
 from k3artifacts.errors import AlreadyExists, Conflict, NotFound, VerifyMismatch
-from k3artifacts.manifest import manifest_key
-from k3artifacts.s3store import META_SHA256, META_XXH3, MiB, S3Store, TransferTuning
-from k3artifacts.store import open_store
-from tests.s3_helpers import REPO, manifest_for, publish, record_for, write_revision
+from k3artifacts.revisions.manifest import manifest_key
+from k3artifacts.sandbox.revisions import REPO, manifest_for, publish, record_for, write_revision
+from k3artifacts.stores.registry import open_store
+from k3artifacts.stores.s3 import META_SHA256, META_XXH3, MiB, S3Store, TransferTuning
 
 pytestmark = pytest.mark.s3
 
@@ -251,7 +251,7 @@ def test_part_size_keeps_large_files_under_10000_parts() -> None:
 def test_record_helper_matches_store_hash(tmp_path: Path) -> None:
     path = tmp_path / "x"
     path.write_bytes(b"hello")
-    from k3artifacts.s3store import crc64nvme_and_sha256
+    from k3artifacts.stores.s3 import crc64nvme_and_sha256
 
     crc, sha, size = crc64nvme_and_sha256(path)
     assert (crc, sha, size) == (crc64(b"hello"), record_for(path, "x").sha256, 5)
@@ -260,8 +260,8 @@ def test_record_helper_matches_store_hash(tmp_path: Path) -> None:
 _KILLED_WRITER = """
 import sys
 from pathlib import Path
-from k3artifacts.s3store import MiB, S3Store, TransferTuning
-from tests.s3_helpers import REPO, record_for
+from k3artifacts.stores.s3 import MiB, S3Store, TransferTuning
+from k3artifacts.sandbox.revisions import REPO, record_for
 url, endpoint, local = sys.argv[1:4]
 store = S3Store.from_url(url, endpoint_url=endpoint, tuning=TransferTuning(
     multipart_threshold=5 * MiB, min_part_size=5 * MiB, max_concurrency=1,

@@ -11,7 +11,7 @@ import pytest
 from safetensors.numpy import save_file
 
 from k3artifacts.errors import Refusal
-from k3artifacts.safetensors_header import check_header, check_index
+from k3artifacts.staging.safetensors_header import check_header, check_index
 
 
 def write_raw(path: Path, header: dict, data: bytes, header_len: int | None = None) -> Path:

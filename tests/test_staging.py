@@ -7,10 +7,10 @@ import subprocess
 
 import pytest
 
-from k3artifacts.download import RetryPolicy
 from k3artifacts.errors import NotFound, ReleaseRefused, Unavailable
 from k3artifacts.localhub import Fault
-from k3artifacts.verify import verify_revision
+from k3artifacts.staging.download import RetryPolicy
+from k3artifacts.stores.verify import verify_revision
 from tests.staging_helpers import (
     LICENSE,
     REPO,
@@ -246,7 +246,7 @@ def test_window_mode_resume_reuses_stored_shards(local_hub, file_store, tmp_path
 
 @pytest.mark.s3
 def test_stage_to_s3_then_one_changed_file_uploads_only_that_file(local_hub, s3_store, tmp_path):
-    from k3artifacts.synthetic import derive_revision, write_release
+    from k3artifacts.localhub.synthetic import derive_revision, write_release
 
     files = write_release(tmp_path / "r1", total_bytes=12 << 20, shards=2, seed=3)
     first_commit = local_hub.hub.add_commit(REPO, files)

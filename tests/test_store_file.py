@@ -11,8 +11,9 @@ import pytest
 import xxhash
 
 from k3artifacts.errors import AlreadyExists, ConfigError, Conflict
-from k3artifacts.manifest import FileRecord, LicenseRecord, ShardManifest
-from k3artifacts.store import FileStore, open_store
+from k3artifacts.revisions.manifest import FileRecord, LicenseRecord, ShardManifest
+from k3artifacts.stores.file import FileStore
+from k3artifacts.stores.registry import open_store
 
 COMMIT = "a" * 40
 

@@ -13,7 +13,7 @@ import yaml
 from safetensors import safe_open
 from safetensors.numpy import save
 
-from k3artifacts.synthetic import (
+from k3artifacts.localhub.synthetic import (
     MODIFIED_MIT,
     Tensor,
     derive_revision,

@@ -8,10 +8,11 @@ from datetime import UTC, datetime
 
 import pytest
 
-from k3artifacts.binding import create_tuple, diff_bindings, parse_revision
 from k3artifacts.errors import ConfigError, NotFound, ReleaseRefused
-from k3artifacts.profiles import load_profile, serving_spec
-from k3artifacts.tuples import ImageRef, TupleStore, tuple_key
+from k3artifacts.releases.binding import create_tuple, diff_bindings
+from k3artifacts.releases.tuples import ImageRef, TupleStore, tuple_key
+from k3artifacts.revisions.refs import parse_revision_ref
+from k3artifacts.serving.profiles import load_profile, serving_spec
 
 IMAGE = ImageRef(repository="registry.example.com/vllm", digest="sha256:" + "1" * 64, tag="k3")
 
@@ -62,7 +63,7 @@ def test_unpublished_revision_is_refused(file_store):
 @pytest.mark.parametrize("text", ["moonshotai/Kimi-K3@main", "moonshotai/Kimi-K3", "x@" + "a" * 39])
 def test_revision_must_be_a_commit(text):
     with pytest.raises(ConfigError):
-        parse_revision(text)
+        parse_revision_ref(text)
 
 
 def test_tampered_tuple_is_refused_on_read(published_revision):

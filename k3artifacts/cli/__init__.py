@@ -6,7 +6,7 @@ import importlib
 
 import click
 
-from .. import __version__
+from k3artifacts import __version__
 
 #: Which module defines each command. A command's module is imported only when that command
 #: runs (or for `k3a --help`), so `k3a verify` on a node does not pay for the Hub client,

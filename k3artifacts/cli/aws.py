@@ -3,21 +3,19 @@
 from __future__ import annotations
 
 import json
-import re
 from pathlib import Path
 from urllib.parse import urlparse
 
 import click
 
-from .. import awsclients
-from ..bootstrap import BootstrapReport, bootstrap
-from ..bucket_policies import BucketPolicyInputs, iam_policies
-from ..errors import ConfigError, NotFound
-from ..fsx import start_preload
-from . import cli
-from .common import emit, get_store, handle_errors, json_option, store_option
-
-_REF = re.compile(r"^(?P<repo>[\w.-]+/[\w.-]+)@(?P<commit>[0-9a-f]{40})$")
+from k3artifacts.cli import cli
+from k3artifacts.cli.common import emit, get_store, handle_errors, json_option, store_option
+from k3artifacts.errors import ConfigError, NotFound
+from k3artifacts.revisions.refs import match_revision_ref
+from k3artifacts.stores import awsclients
+from k3artifacts.stores.bootstrap import BootstrapReport, bootstrap
+from k3artifacts.stores.bucket_policies import BucketPolicyInputs, iam_policies
+from k3artifacts.stores.fsx import start_preload
 
 endpoint_option = click.option(
     "--endpoint-url", envvar=awsclients.S3_ENDPOINT_ENV, default=None,
@@ -146,10 +144,10 @@ def fsx_preload(ref: str, file_system_id: str, store_url: str, fsx_endpoint_url:
     Exit codes: 0 task started, 7 revision or file system not found, 8 FSx unreachable,
     9 store is not S3, file system not Lustre or not linked to the store's bucket.
     """
-    match = _REF.match(ref)
-    if match is None:
+    parsed = match_revision_ref(ref)
+    if parsed is None:
         raise click.BadParameter("write ORG/NAME@<40-hex commit>", param_hint="REF")
-    repo_id, commit = match.group("repo"), match.group("commit")
+    repo_id, commit = parsed
     store = get_store(store_url)
     if not store.url.startswith("s3://"):
         raise ConfigError(

@@ -2,21 +2,20 @@
 
 from __future__ import annotations
 
-import getpass
-import os
 from pathlib import Path
 
 import click
 
-from ..channels import GateResult, HistoryEntry, history, list_channels
-from ..config import default_policies_dir
-from ..errors import GateFailed
-from ..evaluations import attach_evaluation, list_evaluations, parse_report
-from ..gates import check_gates
-from ..promotion import MoveResult, promote, rollback
-from ..reviews import license_text, review_code, review_license
-from . import cli
-from .common import emit, get_store, handle_errors, json_option, store_option
+from k3artifacts.cli import cli
+from k3artifacts.cli.common import emit, get_store, handle_errors, json_option, store_option
+from k3artifacts.config import default_policies_dir
+from k3artifacts.errors import GateFailed
+from k3artifacts.promotion.gates import check_gates
+from k3artifacts.promotion.moves import MoveResult, promote, rollback
+from k3artifacts.releases.actor import current_actor
+from k3artifacts.releases.channels import GateResult, HistoryEntry, history, list_channels
+from k3artifacts.releases.evaluations import attach_evaluation, list_evaluations, parse_report
+from k3artifacts.releases.reviews import license_text, review_code, review_license
 
 policies_option = click.option(
     "--policies",
@@ -29,14 +28,10 @@ policies_option = click.option(
 )
 
 
-def _default_actor() -> str:
-    return os.environ.get("K3A_ACTOR") or getpass.getuser()
-
-
 actor_option = click.option(
     "--by",
     "actor",
-    default=_default_actor,
+    default=current_actor,
     show_default="$K3A_ACTOR or your login name",
     help="Who is making this move (recorded in the history).",
 )

@@ -10,10 +10,11 @@ from typing import Any
 
 import click
 
-from ..canonical import to_plain
-from ..config import default_store_url
-from ..errors import K3AError
-from ..store import Store, open_store
+from k3artifacts.canonical import to_plain
+from k3artifacts.config import default_store_url
+from k3artifacts.errors import K3AError
+from k3artifacts.stores.base import Store
+from k3artifacts.stores.registry import open_store
 
 store_option = click.option(
     "--store",

@@ -8,13 +8,20 @@ from pathlib import Path
 
 import click
 
-from ..config import data_home, default_workers
-from ..localhub import LocalHub
-from ..staging import StageOptions
-from ..verify import verify_revision
-from . import cli
-from .common import ByteSize, emit, get_store, handle_errors, json_option, store_option
-from .stage import print_stage_result, run_stage
+from k3artifacts.cli import cli
+from k3artifacts.cli.common import (
+    ByteSize,
+    emit,
+    get_store,
+    handle_errors,
+    json_option,
+    store_option,
+)
+from k3artifacts.cli.stage import print_stage_result, run_stage
+from k3artifacts.config import data_home, default_workers
+from k3artifacts.localhub import LocalHub
+from k3artifacts.staging.engine import StageOptions
+from k3artifacts.stores.verify import verify_revision
 
 DEMO_REPO = "demo/Kimi-K3-synthetic"
 
@@ -30,7 +37,9 @@ def demo_release(workdir: Path, size: int, shards: int, seed: int) -> dict[str, 
     done = out / ".complete.json"
     if done.exists():
         return {p: Path(f) for p, f in json.loads(done.read_text()).items()}
-    from ..synthetic import write_release  # the generator is only needed on a first run
+    from k3artifacts.localhub.synthetic import (
+        write_release,  # the generator is only needed on a first run
+    )
 
     files = write_release(out, total_bytes=size, shards=shards, seed=seed)
     done.write_text(json.dumps({p: str(f) for p, f in files.items()}))

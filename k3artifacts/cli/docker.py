@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import click
 
-from ..render import resolve_tuple
-from ..tuples import ReleaseTuple
-from . import cli
-from .common import emit, get_store, handle_errors, json_option, store_option
+from k3artifacts.cli import cli
+from k3artifacts.cli.common import emit, get_store, handle_errors, json_option, store_option
+from k3artifacts.releases.lookup import resolve_tuple
+from k3artifacts.releases.tuples import ReleaseTuple
 
 
 def serving_build_args(release: ReleaseTuple) -> dict[str, str]:

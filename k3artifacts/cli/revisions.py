@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import click
 
-from ..ids import check_repo_id
-from . import cli
-from .common import emit, get_store, handle_errors, json_option, store_option
+from k3artifacts.cli import cli
+from k3artifacts.cli.common import emit, get_store, handle_errors, json_option, store_option
+from k3artifacts.revisions.refs import check_repo_id
 
 
 @cli.command("revisions")

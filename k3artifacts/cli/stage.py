@@ -6,15 +6,23 @@ from pathlib import Path
 
 import click
 
-from ..config import default_quarantine, default_workers
-from ..download import RetryPolicy
-from ..hub import HubSource
-from ..ids import check_repo_id
-from ..progress import StageProgress, make_progress
-from ..staging import StageOptions, StageResult, stage
-from ..store import FileStore, Store
-from . import cli
-from .common import ByteSize, emit, get_store, handle_errors, json_option, store_option
+from k3artifacts.cli import cli
+from k3artifacts.cli.common import (
+    ByteSize,
+    emit,
+    get_store,
+    handle_errors,
+    json_option,
+    store_option,
+)
+from k3artifacts.config import default_quarantine, default_workers
+from k3artifacts.reporting.progress import StageProgress, make_progress
+from k3artifacts.revisions.refs import check_repo_id
+from k3artifacts.staging.download import RetryPolicy
+from k3artifacts.staging.engine import StageOptions, StageResult, stage
+from k3artifacts.staging.hub import HubSource
+from k3artifacts.stores.base import Store
+from k3artifacts.stores.file import FileStore
 
 
 def quarantine_for(store: Store, explicit: Path | None) -> Path:

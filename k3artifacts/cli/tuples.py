@@ -7,15 +7,21 @@ from pathlib import Path
 
 import click
 
-from ..binding import create_tuple, diff_bindings, parse_revision, published_manifest
-from ..errors import ConfigError, ReleaseRefused
-from ..images import resolve_image
-from ..profiles import FsxTarget, StorageTarget, load_profile, serving_spec
-from ..render import TARGETS, render, resolve_tuple
-from ..store import Store
-from ..tuples import ReleaseTuple, TupleStore, check_tuple_id
-from . import cli
-from .common import emit, get_store, handle_errors, json_option, store_option
+from k3artifacts.cli import cli
+from k3artifacts.cli.common import emit, get_store, handle_errors, json_option, store_option
+from k3artifacts.errors import ConfigError, ReleaseRefused
+from k3artifacts.releases.binding import (
+    create_tuple,
+    diff_bindings,
+    published_manifest,
+)
+from k3artifacts.releases.lookup import resolve_tuple
+from k3artifacts.releases.tuples import ReleaseTuple, TupleStore, check_tuple_id
+from k3artifacts.revisions.refs import parse_revision_ref
+from k3artifacts.serving.images import resolve_image
+from k3artifacts.serving.profiles import FsxTarget, StorageTarget, load_profile, serving_spec
+from k3artifacts.serving.render import TARGETS, render
+from k3artifacts.stores.base import Store
 
 
 def _storage(
@@ -130,7 +136,7 @@ def tuple_create(
     Exit codes: 0 created or already present, 7 revision/image/profile not found,
     8 registry unreachable, 9 bad reference/profile/options.
     """
-    repo_id, commit = parse_revision(revision)
+    repo_id, commit = parse_revision_ref(revision)
     store = get_store(store_url)
     profile = load_profile(profile_name)
     # Check the revision before asking any registry: no network for a typo'd commit.

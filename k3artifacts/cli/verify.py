@@ -2,25 +2,22 @@
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 import click
 
-from ..errors import ConfigError
-from ..ids import check_repo_id
-from ..progress import BytesProgress, make_progress
-from ..verify import verify_revision
-from . import cli
-from .common import emit, get_store, handle_errors, json_option, store_option
-
-REVISION_REF = re.compile(r"^(?P<repo>[^@]+)@(?P<commit>[0-9a-f]{40})$")
+from k3artifacts.cli import cli
+from k3artifacts.cli.common import emit, get_store, handle_errors, json_option, store_option
+from k3artifacts.errors import ConfigError
+from k3artifacts.reporting.progress import BytesProgress, make_progress
+from k3artifacts.revisions.refs import match_revision_ref
+from k3artifacts.stores.verify import verify_revision
 
 
 def parse_target(target: str) -> tuple[str, str] | Path:
-    match = REVISION_REF.match(target)
-    if match:
-        return check_repo_id(match["repo"]), match["commit"]
+    ref = match_revision_ref(target)
+    if ref is not None:
+        return ref
     path = Path(target)
     if path.is_dir():
         return path

@@ -21,9 +21,9 @@ from collections.abc import Collection, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 
-from .faults import Fault, FaultSet
-from .repos import LFS_PATTERNS, LFS_THRESHOLD, Commit, Entry, RepoStore
-from .server import RequestRecord, _Server
+from k3artifacts.localhub.faults import Fault, FaultSet
+from k3artifacts.localhub.repos import LFS_PATTERNS, LFS_THRESHOLD, Commit, Entry, RepoStore
+from k3artifacts.localhub.server import RequestRecord, _Server
 
 __all__ = [
     "LFS_PATTERNS",

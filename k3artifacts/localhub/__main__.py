@@ -16,7 +16,7 @@ import sys
 import threading
 from pathlib import Path
 
-from . import LocalHub
+from k3artifacts.localhub import LocalHub
 
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 
@@ -48,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
 
     hub = LocalHub(args.root, token=args.token, page_size=args.page_size)
     if args.synthetic:
-        from ..synthetic import write_release
+        from k3artifacts.localhub.synthetic import write_release
 
         files = write_release(
             args.root / "synthetic-src" / args.synthetic.replace("/", "--"),

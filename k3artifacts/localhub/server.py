@@ -29,10 +29,10 @@ from urllib.parse import parse_qsl, unquote, urlencode
 import yaml
 
 if TYPE_CHECKING:
-    from . import LocalHub
+    from k3artifacts.localhub import LocalHub
 
-from .faults import BodyPlan
-from .repos import Commit, Entry
+from k3artifacts.localhub.faults import BodyPlan
+from k3artifacts.localhub.repos import Commit, Entry
 
 _READ_CHUNK = 1024 * 1024
 _TREE_EXPAND_PAGE = 50  # the real Hub pages expanded listings by 50

@@ -12,8 +12,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from k3artifacts.quarantine import Quarantine
-from k3artifacts.store import FileStore, Store
+from k3artifacts.staging.quarantine import Quarantine
+from k3artifacts.stores.base import Store
+from k3artifacts.stores.file import FileStore
 from tests.staging_helpers import REPO
 
 SHARD1 = "model-00001-of-00002.safetensors"

@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import pytest
 
-from k3artifacts.download import RetryPolicy
 from k3artifacts.errors import ReleaseRefused, Unavailable
-from k3artifacts.hub import HubSource
 from k3artifacts.localhub import Fault
-from k3artifacts.staging import StageObserver, StageOptions, stage
-from k3artifacts.verify import verify_revision
+from k3artifacts.staging.download import RetryPolicy
+from k3artifacts.staging.engine import StageObserver, StageOptions, stage
+from k3artifacts.staging.hub import HubSource
+from k3artifacts.stores.verify import verify_revision
 from tests.faults.faultkit import (
     SHARD1,
     assert_nothing_published,

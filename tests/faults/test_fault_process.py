@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 
 from k3artifacts.localhub import Fault
-from k3artifacts.verify import verify_revision
+from k3artifacts.stores.verify import verify_revision
 from tests.faults.faultkit import (
     SHARD1,
     assert_not_visible,

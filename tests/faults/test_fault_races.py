@@ -14,21 +14,21 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from k3artifacts.binding import create_tuple
-from k3artifacts.channels import current, history, history_key
-from k3artifacts.profiles import load_profile, serving_spec
-from k3artifacts.promotion import promote
-from k3artifacts.reviews import review_code, review_license
-from k3artifacts.s3store import S3Store
-from k3artifacts.tuples import ImageRef, TupleStore, tuple_key
-from k3artifacts.verify import verify_revision
+from k3artifacts.promotion.moves import promote
+from k3artifacts.releases.binding import create_tuple
+from k3artifacts.releases.channels import current, history, history_key
+from k3artifacts.releases.reviews import review_code, review_license
+from k3artifacts.releases.tuples import ImageRef, TupleStore, tuple_key
+from k3artifacts.sandbox.releases import REPO_ID, Releases
+from k3artifacts.serving.profiles import load_profile, serving_spec
+from k3artifacts.stores.s3 import S3Store
+from k3artifacts.stores.verify import verify_revision
 from tests.faults.faultkit import (
     run_k3a,
     stage_args,
     start_k3a,
     wait_for,
 )
-from tests.fixtures.releases import REPO_ID, Releases
 from tests.staging_helpers import REPO, small_release
 
 pytestmark = pytest.mark.faults

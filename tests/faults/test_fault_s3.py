@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from k3artifacts.errors import Unavailable
-from k3artifacts.s3store import MiB, S3Store, TransferTuning
-from k3artifacts.verify import verify_revision
+from k3artifacts.stores.s3 import MiB, S3Store, TransferTuning
+from k3artifacts.stores.verify import verify_revision
 from tests.faults.faultkit import (
     SHARD1,
     SHARD2,

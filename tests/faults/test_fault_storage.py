@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from k3artifacts.store import FileStore
+from k3artifacts.stores.file import FileStore
 from tests.faults.faultkit import (
     SHARD1,
     SHARD2,

@@ -7,7 +7,7 @@ from distributed import LocalCluster
 from prefect_dask import DaskTaskRunner
 
 from flows.stage_release import stage_release
-from k3artifacts.verify import verify_revision
+from k3artifacts.stores.verify import verify_revision
 from tests.flow_helpers import resolve_gets
 from tests.staging_helpers import REPO, small_release
 

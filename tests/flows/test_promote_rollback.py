@@ -9,9 +9,9 @@ from prefect import tags
 
 from flows.promote import promote_release
 from flows.rollback import rollback_channel
-from k3artifacts.channels import current, history, read_state
-from k3artifacts.promotion import promote
-from k3artifacts.store import FileStore
+from k3artifacts.promotion.moves import promote
+from k3artifacts.releases.channels import current, history, read_state
+from k3artifacts.stores.file import FileStore
 from tests.flow_helpers import answer_when_paused
 
 

@@ -7,7 +7,7 @@ from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRun
 
 from flows.stage_release import stage_release
 from k3artifacts.localhub import Fault
-from k3artifacts.verify import verify_revision
+from k3artifacts.stores.verify import verify_revision
 from tests.flow_helpers import resolve_gets
 from tests.staging_helpers import REPO, small_release
 
@@ -102,7 +102,7 @@ def _table(arts):
 
 
 def test_stage_flow_makes_the_release_tuple(local_hub, file_store, tmp_path, oci_registry):
-    from k3artifacts.tuples import TupleStore
+    from k3artifacts.releases.tuples import TupleStore
 
     commit = local_hub.hub.add_commit(REPO, small_release(tmp_path))
     pushed = oci_registry.push("k3a/vllm", "k3-flow")

@@ -1,0 +1,97 @@
+"""Bind a published revision, a pinned image and a serving profile into a release tuple.
+
+Everything bound comes from something already pinned: the revision's manifest (read from the
+store, so an unpublished revision cannot be bound), the image digest (resolved once by
+:mod:`k3artifacts.serving.images`) and the profile data. Making the same tuple twice is
+harmless: the id is the same and the store keeps the first body.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+from k3artifacts.errors import NotFound
+from k3artifacts.releases.actor import current_actor
+from k3artifacts.releases.tuples import (
+    ImageRef,
+    ReleaseTuple,
+    ServingSpec,
+    TupleBinding,
+    TupleStore,
+    WeightsRef,
+)
+from k3artifacts.revisions.manifest import ShardManifest
+from k3artifacts.stores.base import Store
+
+
+@dataclass(frozen=True)
+class Created:
+    release: ReleaseTuple
+    #: False when an identical binding was already stored (its first record is returned).
+    new: bool
+
+
+def published_manifest(store: Store, repo_id: str, commit: str) -> ShardManifest:
+    manifest = store.read_manifest(repo_id, commit)
+    if manifest is None:
+        raise NotFound(
+            f"{repo_id}@{commit} is not published in {store.url}",
+            hint="stage it first (`k3a stage`); a tuple binds only a verified, published revision",
+        )
+    return manifest
+
+
+def bind(
+    store: Store, repo_id: str, commit: str, image: ImageRef, serving: ServingSpec
+) -> TupleBinding:
+    manifest = published_manifest(store, repo_id, commit)
+    weights = WeightsRef(
+        repo_id=repo_id,
+        commit=commit,
+        manifest_digest=manifest.digest(),
+        location=store.location(repo_id, commit),
+    )
+    return TupleBinding(
+        weights=weights, image=image, serving=serving, license_sha256=manifest.license.sha256
+    )
+
+
+def create_tuple(
+    store: Store,
+    repo_id: str,
+    commit: str,
+    image: ImageRef,
+    serving: ServingSpec,
+    *,
+    created_by: str | None = None,
+    now: datetime | None = None,
+) -> Created:
+    binding = bind(store, repo_id, commit, image, serving)
+    release = ReleaseTuple.make(
+        binding, created_at=now or datetime.now(UTC), created_by=created_by or current_actor()
+    )
+    tuples = TupleStore(store)
+    if tuples.put(release):
+        return Created(release, new=True)
+    return Created(tuples.get(release.id), new=False)
+
+
+def diff_bindings(a: TupleBinding, b: TupleBinding) -> list[tuple[str, object, object]]:
+    """Fields that differ, as (dotted path, value in a, value in b), sorted by path."""
+
+    def flatten(value: object, prefix: str, out: dict[str, object]) -> dict[str, object]:
+        if isinstance(value, dict) and value:
+            for key, sub in value.items():
+                flatten(sub, f"{prefix}.{key}" if prefix else key, out)
+        else:
+            out[prefix] = value
+        return out
+
+    left = flatten(a.model_dump(mode="json"), "", {})
+    right = flatten(b.model_dump(mode="json"), "", {})
+    return [
+        (key, left.get(key), right.get(key))
+        for key in sorted(left.keys() | right.keys())
+        if left.get(key) != right.get(key)
+    ]

@@ -1,0 +1,322 @@
+"""Channels: named pointers to release tuples, each with an append-only numbered history.
+
+Keys (same under every store)::
+
+    releases/channels/<channel>.json                        the pointer (compare-and-swap)
+    releases/channels/<channel>/history/<seq:010d>.json     one entry per move (create-once)
+
+Order of writes: the pointer first, then the history entry
+---------------------------------------------------------
+A move is ``Store.replace`` of the pointer against the version token read before the move,
+followed by ``Store.create`` of history entry ``seq``. The pointer carries a full copy of the
+entry it committed (``ChannelPointer.entry``). The compare-and-swap of the pointer is the commit
+point; the history write that follows is a copy of something already decided. Why this order
+and not "log entry first, then pointer":
+
+* The race is decided by one atomic operation on the one key that serving reads (``k3a render
+  production``, the flows, a node resolving its channel). The loser has written nothing at all,
+  so there is nothing to clean up or explain.
+* A reader of the pointer alone gets the truth in one read. With the log first, a process that
+  dies between the writes leaves an entry for a move the pointer never made: every reader would
+  have to probe the log past the pointer, and the move a dead process decided on (perhaps killed
+  by an operator who changed their mind) would be carried out later by whoever came next.
+* Nothing is lost if a process dies between the two writes: the entry is inside the pointer.
+  :func:`history` shows it (readers merge it in, they never need write access), and the next
+  move writes it to the log (create-once, the same content) *before* it swaps the pointer.
+  So entry ``N+1`` is only ever written by someone who saw pointer ``N+1``, whose mover first
+  made sure entry ``N`` was in the log: the log has no gaps and no orphans, at worst it lags the
+  pointer by the one entry the pointer itself holds.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from k3artifacts.canonical import canonical_json
+from k3artifacts.errors import AlreadyExists, ConfigError, Conflict, K3AError, NotFound
+from k3artifacts.releases.tuples import TUPLE_ID
+from k3artifacts.stores.base import Store
+
+CHANNEL_SCHEMA = 1
+CHANNELS_PREFIX = "releases/channels/"
+CHANNEL_NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
+SEQ_WIDTH = 10  # zero-padded so that keys sort in move order
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class GateResult(_Frozen):
+    name: str
+    passed: bool
+    reason: str
+    #: Failed, but the mover overrode it with a reason (see ``HistoryEntry.overrides``).
+    overridden: bool = False
+
+
+class Override(_Frozen):
+    gate: str
+    reason: str = Field(min_length=1)
+
+
+class Approval(_Frozen):
+    """A release engineer's decision, when a flow waited for one before moving the pointer."""
+
+    who: str = Field(min_length=1)
+    decision: Literal["approved", "rejected"]
+    reason: str | None = None
+    when: datetime | None = None
+
+
+class HistoryEntry(_Frozen):
+    schema_version: int = CHANNEL_SCHEMA
+    channel: str
+    seq: int = Field(ge=1)
+    action: Literal["promote", "rollback"]
+    tuple_id: str = Field(pattern=TUPLE_ID.pattern)
+    previous_tuple_id: str | None = Field(default=None, pattern=TUPLE_ID.pattern)
+    who: str
+    when: datetime
+    why: str | None = None
+    gates: list[GateResult] = Field(default_factory=list)
+    overrides: list[Override] = Field(default_factory=list)
+    approval: Approval | None = None
+
+
+class ChannelPointer(_Frozen):
+    schema_version: int = CHANNEL_SCHEMA
+    channel: str
+    tuple_id: str = Field(pattern=TUPLE_ID.pattern)
+    seq: int = Field(ge=1)
+    updated_at: datetime
+    updated_by: str
+    #: The history entry this move committed; the log is written from it (see module doc).
+    entry: HistoryEntry
+
+    @model_validator(mode="after")
+    def _matches_entry(self) -> ChannelPointer:
+        e = self.entry
+        if (e.channel, e.seq, e.tuple_id) != (self.channel, self.seq, self.tuple_id):
+            raise ValueError("pointer and its history entry disagree on channel, seq or tuple")
+        return self
+
+    @classmethod
+    def for_entry(cls, entry: HistoryEntry) -> ChannelPointer:
+        return cls(
+            channel=entry.channel,
+            tuple_id=entry.tuple_id,
+            seq=entry.seq,
+            updated_at=entry.when,
+            updated_by=entry.who,
+            entry=entry,
+        )
+
+
+class ChannelMoved(Conflict):
+    """Lost the race: the pointer moved between our read and our compare-and-swap."""
+
+    def __init__(self, message: str, *, winner: ChannelPointer | None, hint: str):
+        super().__init__(message, hint=hint)
+        self.winner = winner
+
+
+class CorruptRecord(K3AError):
+    """A channel record that does not parse or contradicts another: the store was edited."""
+
+    hint = "inspect the key named above; channel records are written only by k3a"
+
+
+def check_channel(name: str) -> str:
+    if not CHANNEL_NAME.match(name):
+        raise ConfigError(
+            f"{name!r} is not a valid channel name",
+            hint="channel names are 1-63 of a-z, 0-9 and '-', starting with a letter or digit",
+        )
+    return name
+
+
+def pointer_key(channel: str) -> str:
+    return f"{CHANNELS_PREFIX}{check_channel(channel)}.json"
+
+
+def history_prefix(channel: str) -> str:
+    return f"{CHANNELS_PREFIX}{check_channel(channel)}/history/"
+
+
+def history_key(channel: str, seq: int) -> str:
+    return f"{history_prefix(channel)}{seq:0{SEQ_WIDTH}d}.json"
+
+
+def _parse(model: type[BaseModel], key: str, data: bytes):  # type: ignore[no-untyped-def]
+    try:
+        return model.model_validate_json(data)
+    except ValidationError as exc:
+        raise CorruptRecord(f"{key} is malformed: {exc.errors()[0]['msg']}") from None
+
+
+@dataclass(frozen=True)
+class ChannelState:
+    """A channel as read just before a move: the pointer (None: never moved) and its token."""
+
+    channel: str
+    pointer: ChannelPointer | None
+    token: str | None
+
+    @property
+    def tuple_id(self) -> str | None:
+        return None if self.pointer is None else self.pointer.tuple_id
+
+    @property
+    def next_seq(self) -> int:
+        return 1 if self.pointer is None else self.pointer.seq + 1
+
+
+def read_state(store: Store, channel: str) -> ChannelState:
+    key = pointer_key(channel)
+    found = store.read(key)
+    if found is None:
+        return ChannelState(channel, None, None)
+    pointer = _parse(ChannelPointer, key, found.data)
+    if pointer.channel != channel:
+        raise CorruptRecord(f"{key} names channel {pointer.channel!r}")
+    return ChannelState(channel, pointer, found.token)
+
+
+def channel_names(store: Store) -> list[str]:
+    """Channels that have a pointer in ``store``."""
+    names = []
+    for key in store.list_keys(CHANNELS_PREFIX):
+        rest = key[len(CHANNELS_PREFIX) :]
+        if "/" not in rest and rest.endswith(".json") and CHANNEL_NAME.match(rest[:-5]):
+            names.append(rest[:-5])
+    return names
+
+
+def unknown_channel(store: Store, channel: str) -> NotFound:
+    known = channel_names(store)
+    listed = ", ".join(known) if known else "none yet"
+    return NotFound(
+        f"channel {channel!r} has never been promoted to in {store.url} (channels: {listed})",
+        hint=f"promote a tuple first: `k3a promote <tuple-id> {channel}`",
+    )
+
+
+def current(store: Store, channel: str) -> ChannelPointer:
+    """The channel's pointer; NotFound (with the known channels) if it was never moved."""
+    state = read_state(store, channel)
+    if state.pointer is None:
+        raise unknown_channel(store, channel)
+    return state.pointer
+
+
+def list_channels(store: Store) -> list[ChannelPointer]:
+    return [p for p in (read_state(store, n).pointer for n in channel_names(store)) if p]
+
+
+def _logged_seqs(store: Store, channel: str) -> list[int]:
+    prefix = history_prefix(channel)
+    seqs = []
+    for key in store.list_keys(prefix):
+        stem = key[len(prefix) :].removesuffix(".json")
+        if stem.isdigit() and len(stem) == SEQ_WIDTH:
+            seqs.append(int(stem))
+    return sorted(seqs)
+
+
+def _read_entry(store: Store, channel: str, seq: int) -> HistoryEntry:
+    key = history_key(channel, seq)
+    found = store.read(key)
+    if found is None:
+        raise CorruptRecord(f"{key} vanished while reading the history of {channel}")
+    entry = _parse(HistoryEntry, key, found.data)
+    if (entry.channel, entry.seq) != (channel, seq):
+        raise CorruptRecord(f"{key} holds entry {entry.channel}#{entry.seq}")
+    return entry
+
+
+def iter_history_reversed(
+    store: Store, channel: str, pointer: ChannelPointer | None = None
+) -> Iterator[HistoryEntry]:
+    """Newest first, as of ``pointer`` (default: read it now), one entry read at a time."""
+    if pointer is None:
+        pointer = read_state(store, channel).pointer
+    if pointer is None:
+        raise unknown_channel(store, channel)
+    seqs = _logged_seqs(store, channel)
+    if pointer.seq not in seqs:
+        # The mover died after swapping the pointer: the entry lives in the pointer.
+        yield pointer.entry
+    for seq in reversed(seqs):
+        if seq <= pointer.seq:
+            yield _read_entry(store, channel, seq)
+
+
+def history(store: Store, channel: str) -> list[HistoryEntry]:
+    """Every move of ``channel``, oldest first, seq 1..N without gaps."""
+    return list(reversed(list(iter_history_reversed(store, channel))))
+
+
+def _ensure_logged(store: Store, pointer: ChannelPointer) -> None:
+    """Write the pointer's entry to the log if its mover died before doing so."""
+    key = history_key(pointer.channel, pointer.seq)
+    found = store.read(key)
+    if found is None:
+        try:
+            store.create(key, canonical_json(pointer.entry))
+            return
+        except AlreadyExists:
+            found = store.read(key)
+            if found is None:
+                raise CorruptRecord(f"{key} was created by another mover, then deleted") from None
+    if _parse(HistoryEntry, key, found.data) != pointer.entry:
+        raise CorruptRecord(f"{key} differs from the entry its channel pointer committed")
+
+
+def commit_move(store: Store, state: ChannelState, entry: HistoryEntry) -> ChannelPointer:
+    """Move the pointer from ``state`` to ``entry`` (compare-and-swap), then log the entry.
+
+    Raises :class:`ChannelMoved` naming the winner if the pointer changed since ``state`` was
+    read; then nothing was written.
+    """
+    if entry.channel != state.channel or entry.seq != state.next_seq:
+        raise ValueError(f"entry {entry.channel}#{entry.seq} does not follow {state}")
+    if entry.previous_tuple_id != state.tuple_id:
+        raise ValueError("entry.previous_tuple_id must be the tuple the state points at")
+    if state.pointer is not None:
+        _ensure_logged(store, state.pointer)
+    pointer = ChannelPointer.for_entry(entry)
+    try:
+        store.replace(pointer_key(state.channel), canonical_json(pointer), state.token)
+    except Conflict:
+        raise _lost_race(store, state, entry) from None
+    # If we die here the entry survives in the pointer; the next move logs it.
+    _ensure_logged(store, pointer)
+    return pointer
+
+
+def _lost_race(store: Store, state: ChannelState, entry: HistoryEntry) -> ChannelMoved:
+    winner = read_state(store, state.channel).pointer
+    wanted = f"{entry.action} of {state.channel} to {entry.tuple_id}"
+    if winner is None:
+        return ChannelMoved(
+            f"{wanted} lost a race: the channel pointer changed and is now absent",
+            winner=None,
+            hint=f"check `k3a history {state.channel}` and retry",
+        )
+    w = winner.entry
+    return ChannelMoved(
+        f"{wanted} lost a race: {state.channel} moved to {winner.tuple_id} "
+        f"({w.action} #{w.seq} by {w.who} at {w.when.isoformat()}) first; nothing was written",
+        winner=winner,
+        hint=(
+            f"review `k3a history {state.channel}`; if {entry.tuple_id} should still replace "
+            f"{winner.tuple_id}, run the {entry.action} again"
+        ),
+    )

@@ -1,0 +1,49 @@
+"""Names of upstream revisions: ``org/name`` repo ids, 40-hex commits, and the pinned
+``org/name@<commit>`` reference every command that takes a revision parses here."""
+
+from __future__ import annotations
+
+import re
+from typing import NamedTuple
+
+from k3artifacts.errors import ConfigError
+
+COMMIT = re.compile(r"^[0-9a-f]{40}$")
+REPO_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
+
+
+def check_repo_id(repo_id: str) -> str:
+    if not REPO_ID.match(repo_id) or ".." in repo_id:
+        raise ConfigError(f"{repo_id!r} is not a Hub repo id", hint="write it as org/name")
+    return repo_id
+
+
+class RevisionRef(NamedTuple):
+    """A pinned revision: a repo id and a 40-hex commit (never a branch or tag)."""
+
+    repo_id: str
+    commit: str
+
+    def __str__(self) -> str:
+        return f"{self.repo_id}@{self.commit}"
+
+
+def match_revision_ref(text: str) -> RevisionRef | None:
+    """``org/name@<40-hex commit>`` as a :class:`RevisionRef`, or None if ``text`` is not one."""
+    repo_id, sep, commit = text.rpartition("@")
+    if not sep or not COMMIT.match(commit) or not REPO_ID.match(repo_id) or ".." in repo_id:
+        return None
+    return RevisionRef(repo_id, commit)
+
+
+def parse_revision_ref(text: str) -> RevisionRef:
+    """Like :func:`match_revision_ref`, but a malformed reference is an error that says how to
+    write it."""
+    ref = match_revision_ref(text)
+    if ref is None:
+        raise ConfigError(
+            f"{text!r} is not a pinned revision",
+            hint="write org/name@<40-hex commit>; list staged commits with "
+            "`k3a revisions org/name`",
+        )
+    return ref

@@ -1,0 +1,183 @@
+"""Checks of the safetensors format that need no tensor data, and of the shard index.
+
+A header is trusted by nothing downstream until it passes here: length within bounds, valid
+UTF-8 JSON, every dtype known, every tensor's byte span equal to its shape times its dtype
+size, spans contiguous from 0 and non-overlapping, and the data section ending exactly at the
+end of the file. These are the rules the safetensors library enforces when loading; running
+them at staging time means a bad shard is refused before it is published, not when a 1.5 TB
+server start reaches it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+
+from k3artifacts.errors import Refusal
+from k3artifacts.revisions.manifest import SafetensorsSummary
+
+#: The safetensors library refuses headers above 100 MB; so do we, before allocating anything.
+MAX_HEADER = 100_000_000
+
+#: A broken index can name every one of 100k tensors; the first few tell the story.
+MAX_INDEX_REPORTS = 20
+
+#: Bits per element. Sub-byte types (MXFP4 blocks as F4, F6) must fill whole bytes per tensor.
+DTYPE_BITS = {
+    "BOOL": 8,
+    "U8": 8,
+    "I8": 8,
+    "F8_E5M2": 8,
+    "F8_E4M3": 8,
+    "F8_E8M0": 8,
+    "E8M0": 8,
+    "I16": 16,
+    "U16": 16,
+    "F16": 16,
+    "BF16": 16,
+    "I32": 32,
+    "U32": 32,
+    "F32": 32,
+    "C64": 64,
+    "I64": 64,
+    "U64": 64,
+    "F64": 64,
+    "F4": 4,
+    "F6_E2M3": 6,
+    "F6_E3M2": 6,
+}
+
+
+@dataclass(frozen=True)
+class HeaderInfo:
+    summary: SafetensorsSummary
+    tensor_names: frozenset[str]
+
+
+def _refuse(path: str, detail: str) -> Refusal:
+    return Refusal(path, "safetensors-header", detail)
+
+
+def check_header(path: str, local: Path, file_size: int) -> HeaderInfo:
+    """Parse and validate the header of the safetensors file at ``local``; raise a Refusal."""
+    if file_size < 8:
+        raise _refuse(path, f"file is {file_size} bytes, shorter than the 8-byte header length")
+    with open(local, "rb") as fh:
+        (header_len,) = struct.unpack("<Q", fh.read(8))
+        if header_len > MAX_HEADER:
+            raise _refuse(path, f"header length {header_len} exceeds the {MAX_HEADER} limit")
+        if header_len > file_size - 8:
+            raise _refuse(
+                path, f"header length {header_len} runs past the end of a {file_size}-byte file"
+            )
+        raw = fh.read(header_len)
+    if len(raw) != header_len:
+        raise _refuse(path, "file ended inside the header")
+    try:
+        header = json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        raise _refuse(path, f"header is not UTF-8 ({exc.reason} at byte {exc.start})") from None
+    except json.JSONDecodeError as exc:
+        raise _refuse(path, f"header is not JSON ({exc.msg} at char {exc.pos})") from None
+    if not isinstance(header, dict):
+        raise _refuse(path, "header is not a JSON object")
+
+    metadata = header.pop("__metadata__", None)
+    if metadata is not None and not (
+        isinstance(metadata, dict) and all(isinstance(v, str) for v in metadata.values())
+    ):
+        raise _refuse(path, "__metadata__ must map strings to strings")
+
+    data_len = file_size - 8 - header_len
+    spans: list[tuple[int, int, str]] = []
+    dtypes: set[str] = set()
+    for name, info in header.items():
+        if not isinstance(info, dict):
+            raise _refuse(path, f"tensor {name!r}: entry is not an object")
+        dtype, shape, offsets = info.get("dtype"), info.get("shape"), info.get("data_offsets")
+        if dtype not in DTYPE_BITS:
+            raise _refuse(path, f"tensor {name!r}: unknown dtype {dtype!r}")
+        if not (
+            isinstance(shape, list)
+            and all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape)
+        ):
+            raise _refuse(path, f"tensor {name!r}: shape {shape!r} is not a list of sizes")
+        if not (
+            isinstance(offsets, list)
+            and len(offsets) == 2
+            and all(isinstance(o, int) and not isinstance(o, bool) for o in offsets)
+        ):
+            raise _refuse(path, f"tensor {name!r}: data_offsets {offsets!r} is not [begin, end]")
+        begin, end = offsets
+        if not 0 <= begin <= end <= data_len:
+            raise _refuse(
+                path,
+                f"tensor {name!r}: data_offsets [{begin}, {end}] out of bounds of the "
+                f"{data_len}-byte data section",
+            )
+        bits = math.prod(shape) * DTYPE_BITS[dtype]
+        if bits % 8 or bits // 8 != end - begin:
+            raise _refuse(
+                path,
+                f"tensor {name!r}: {dtype}{shape} needs {bits / 8:g} bytes, "
+                f"data_offsets span {end - begin}",
+            )
+        spans.append((begin, end, name))
+        dtypes.add(dtype)
+
+    position = 0
+    for begin, end, name in sorted(spans):
+        if begin < position:
+            raise _refuse(path, f"tensor {name!r}: data_offsets overlap the previous tensor")
+        if begin > position:
+            raise _refuse(path, f"tensor {name!r}: gap of {begin - position} bytes before it")
+        position = end
+    if position != data_len:
+        raise _refuse(
+            path,
+            f"tensors cover {position} bytes but the data section is {data_len} bytes "
+            "(file truncated or padded)",
+        )
+    summary = SafetensorsSummary(
+        header_len=header_len,
+        tensor_count=len(spans),
+        dtypes=sorted(dtypes),
+        header_sha256=hashlib.sha256(raw).hexdigest(),
+        data_bytes=data_len,
+    )
+    return HeaderInfo(summary, frozenset(name for _, _, name in spans))
+
+
+def check_index(
+    index_path: str, local: Path, present: set[str], tensors_by_file: dict[str, frozenset[str]]
+) -> list[Refusal]:
+    """Check ``*.safetensors.index.json``: every mapped shard present and holding the tensor."""
+    base = index_path.rsplit("/", 1)[0] + "/" if "/" in index_path else ""
+    try:
+        index = json.loads(local.read_bytes().decode("utf-8"))
+        weight_map = index["weight_map"]
+        if not isinstance(weight_map, dict):
+            raise TypeError("weight_map is not an object")
+    except (ValueError, KeyError, TypeError) as exc:
+        return [Refusal(index_path, "index", f"not a valid index: {exc}")]
+    refusals = []
+    missing_shards: set[str] = set()
+    for tensor, shard in sorted(weight_map.items()):
+        shard_path = base + shard if isinstance(shard, str) else None
+        if shard_path is None or shard_path not in present:
+            if shard not in missing_shards:
+                missing_shards.add(shard)
+                refusals.append(
+                    Refusal(index_path, "index", f"maps {tensor!r} to missing shard {shard!r}")
+                )
+            continue
+        held = tensors_by_file.get(shard_path)
+        if held is not None and tensor not in held and len(refusals) < MAX_INDEX_REPORTS:
+            refusals.append(
+                Refusal(index_path, "index", f"maps {tensor!r} to {shard!r}, which lacks it")
+            )
+    return refusals

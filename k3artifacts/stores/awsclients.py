@@ -1,0 +1,202 @@
+"""boto3 clients configured once: endpoint, retries, timeouts, and AWS errors as K3A errors.
+
+Every usual boto3 setting is honoured (``AWS_PROFILE``, ``AWS_REGION`` / ``AWS_DEFAULT_REGION``,
+credentials chain, ``AWS_ENDPOINT_URL_S3``, ``AWS_RETRY_MODE``, ``AWS_MAX_ATTEMPTS``, the shared
+config file). On top of them:
+
+* ``K3A_S3_ENDPOINT_URL`` (or an explicit ``endpoint_url``) points S3 at another server (moto,
+  MinIO, a VPC endpoint); path-style addressing is used then, since such servers rarely resolve
+  ``bucket.host`` names.
+* Retries default to botocore's ``standard`` mode with 10 attempts: a 1.5 TB upload meets
+  503 SlowDown and the odd 500 as a matter of course, and ``standard`` backs off with jitter on
+  both. An explicit ``AWS_RETRY_MODE`` / ``AWS_MAX_ATTEMPTS`` (env or profile) wins.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator
+from typing import Any
+from urllib.parse import urlparse
+
+import boto3
+import botocore.exceptions as bex
+from botocore.config import Config
+
+from k3artifacts.errors import ConfigError, K3AError, NotFound, Unavailable
+
+S3_ENDPOINT_ENV = "K3A_S3_ENDPOINT_URL"
+
+DEFAULT_RETRY_MODE = "standard"
+#: Attempts per request, the first included.
+DEFAULT_MAX_ATTEMPTS = 10
+CONNECT_TIMEOUT_S = 10
+#: Time to wait for response bytes. A part upload is answered as soon as its bytes arrive, so
+#: this does not bound how long a part may take to send.
+READ_TIMEOUT_S = 120
+
+_CONNECTION_ERRORS = (
+    bex.EndpointConnectionError,
+    bex.ConnectionClosedError,
+    bex.ConnectTimeoutError,
+    bex.ReadTimeoutError,
+    bex.ProxyConnectionError,
+    bex.SSLError,
+)
+
+
+def s3_endpoint(explicit: str | None = None) -> str | None:
+    """The S3 endpoint to use: ``explicit``, else ``$K3A_S3_ENDPOINT_URL``, else boto3's own."""
+    endpoint = explicit or os.environ.get(S3_ENDPOINT_ENV) or None
+    if endpoint is not None:
+        check_endpoint(endpoint)
+    return endpoint
+
+
+def check_endpoint(endpoint: str) -> None:
+    parsed = urlparse(endpoint)
+    if parsed.scheme not in ("http", "https") or not parsed.hostname:
+        raise ConfigError(
+            f"endpoint URL {endpoint!r} is not an http(s) URL with a host",
+            hint=f"set {S3_ENDPOINT_ENV} (or --endpoint-url) to e.g. http://127.0.0.1:5000",
+        )
+    try:
+        parsed.port  # noqa: B018 - raises ValueError on a malformed port
+    except ValueError:
+        raise ConfigError(
+            f"endpoint URL {endpoint!r} has a malformed port",
+            hint="write the endpoint as scheme://host:port",
+        ) from None
+
+
+def session(profile: str | None = None, region: str | None = None) -> boto3.Session:
+    try:
+        return boto3.Session(profile_name=profile, region_name=region)
+    except bex.ProfileNotFound as exc:
+        raise ConfigError(
+            str(exc), hint="name a profile from ~/.aws/config, or unset AWS_PROFILE"
+        ) from None
+
+
+def _retry_settings(sess: boto3.Session) -> dict[str, Any]:
+    """Our retry defaults, unless the operator configured retries the usual boto3 way."""
+    scoped = sess._session.get_scoped_config()  # the profile's section of ~/.aws/config
+    configured = (
+        os.environ.get("AWS_RETRY_MODE")
+        or os.environ.get("AWS_MAX_ATTEMPTS")
+        or scoped.get("retry_mode")
+        or scoped.get("max_attempts")
+    )
+    if configured:
+        return {}
+    return {"retries": {"mode": DEFAULT_RETRY_MODE, "total_max_attempts": DEFAULT_MAX_ATTEMPTS}}
+
+
+def client(
+    service: str,
+    *,
+    endpoint_url: str | None = None,
+    profile: str | None = None,
+    region: str | None = None,
+    max_pool_connections: int = 32,
+) -> Any:
+    """A boto3 client for ``service`` with our retries and timeouts."""
+    if endpoint_url is not None:
+        check_endpoint(endpoint_url)
+    sess = session(profile, region)
+    options: dict[str, Any] = {
+        "connect_timeout": CONNECT_TIMEOUT_S,
+        "read_timeout": READ_TIMEOUT_S,
+        # s3transfer runs up to max_concurrency threads per transfer: give each a connection.
+        "max_pool_connections": max_pool_connections,
+        **_retry_settings(sess),
+    }
+    if service == "s3" and endpoint_url is not None:
+        options["s3"] = {"addressing_style": "path"}
+    region_name = sess.region_name
+    if region_name is None and endpoint_url is not None:
+        # A custom endpoint (moto, MinIO) needs some region to sign with; AWS itself does not
+        # get here because an endpoint was named explicitly.
+        region_name = "us-east-1"
+    try:
+        return sess.client(
+            service, endpoint_url=endpoint_url, region_name=region_name, config=Config(**options)
+        )
+    except bex.NoRegionError:
+        raise ConfigError(
+            f"no AWS region configured for {service}",
+            hint="set AWS_REGION (or AWS_DEFAULT_REGION), or region= in your AWS profile",
+        ) from None
+    except ValueError as exc:  # botocore rejects malformed endpoints / regions with ValueError
+        raise ConfigError(f"cannot configure the {service} client: {exc}") from None
+
+
+def s3_client(
+    endpoint_url: str | None = None, profile: str | None = None, region: str | None = None
+) -> Any:
+    return client("s3", endpoint_url=s3_endpoint(endpoint_url), profile=profile, region=region)
+
+
+def error_code(exc: bex.ClientError) -> str:
+    return str(exc.response.get("Error", {}).get("Code", ""))
+
+
+def http_status(exc: bex.ClientError) -> int:
+    return int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0))
+
+
+_NOT_FOUND_CODES = {"NoSuchBucket", "NoSuchKey", "NotFound", "404", "FileSystemNotFound"}
+_AUTH_CODES = {
+    "AccessDenied",
+    "AccessDeniedException",
+    "InvalidAccessKeyId",
+    "SignatureDoesNotMatch",
+    "ExpiredToken",
+    "InvalidToken",
+    "UnrecognizedClientException",
+}
+
+
+def translate(exc: bex.BotoCoreError | bex.ClientError, what: str) -> K3AError:
+    """A K3A error (with exit code and next step) for an AWS failure while doing ``what``."""
+    if isinstance(exc, _CONNECTION_ERRORS):
+        return Unavailable(
+            f"{what}: cannot reach the endpoint ({exc})",
+            hint=f"check the network and the endpoint (--endpoint-url / {S3_ENDPOINT_ENV} / "
+            "AWS_ENDPOINT_URL*); transient failures were already retried",
+        )
+    if isinstance(exc, (bex.NoCredentialsError, bex.PartialCredentialsError)):
+        return ConfigError(
+            f"{what}: no usable AWS credentials ({exc})",
+            hint="set AWS_PROFILE or AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, or run on a role",
+        )
+    if isinstance(exc, bex.ProfileNotFound):
+        return ConfigError(f"{what}: {exc}", hint="name a profile from ~/.aws/config")
+    if isinstance(exc, bex.ClientError):
+        code, status = error_code(exc), http_status(exc)
+        message = exc.response.get("Error", {}).get("Message", "") or str(exc)
+        if code in _NOT_FOUND_CODES or status == 404:
+            return NotFound(f"{what}: {code or status}: {message}")
+        if code in _AUTH_CODES or status == 403:
+            return ConfigError(
+                f"{what}: {code or status}: {message}",
+                hint="the credentials in use lack this permission; see policies/ for the role "
+                "each k3a command expects",
+            )
+        if status >= 500 or code in ("SlowDown", "Throttling", "ThrottlingException"):
+            return Unavailable(
+                f"{what}: {code or status}: {message} (still failing after retries)",
+                hint="the service is throttling or failing; re-run later, the work is resumable",
+            )
+        return K3AError(f"{what}: {code or status}: {message}")
+    return Unavailable(f"{what}: {exc}", hint="re-run; the work is resumable")
+
+
+@contextlib.contextmanager
+def aws_errors(what: str) -> Iterator[None]:
+    """Translate botocore failures raised inside the block; K3A errors pass through."""
+    try:
+        yield
+    except (bex.BotoCoreError, bex.ClientError) as exc:
+        raise translate(exc, what) from exc

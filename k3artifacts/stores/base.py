@@ -1,0 +1,139 @@
+"""The store interface: where published revisions and release records live.
+
+Implementations: :mod:`.file` (a POSIX tree: local disk or an FSx mount) and :mod:`.s3`;
+:func:`k3artifacts.stores.registry.open_store` picks one from a URL. Two kinds of content share
+one key space (docs/architecture.md, "Storage layout"):
+
+* revisions: ``models/<org>/<name>/<commit>/...``, large, written once through a
+  :class:`RevisionWriter` and visible only once complete (``.k3a/manifest.json`` exists);
+* small records: tuples, channel pointers, history. Written with :meth:`Store.create`
+  (exclusive: never overwrites) or :meth:`Store.replace` (compare-and-swap on a version token).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO
+
+from k3artifacts.revisions.manifest import (
+    META_DIR,
+    FileRecord,
+    ShardManifest,
+    manifest_key,
+    revision_prefix,
+)
+
+#: Files below this size are not synced one by one (an fsync is ~10 ms, the largest cost of
+#: staging thousands of small files): quarantine re-hashes them before reusing them after a
+#: crash, and the file store syncs them with one syncfs before the manifest is written.
+SMALL_FILE = 16 << 20
+
+
+@dataclass(frozen=True)
+class Versioned:
+    data: bytes
+    #: Opaque version of ``data``: pass it back to :meth:`Store.replace` to compare-and-swap.
+    token: str
+
+
+class RevisionWriter(ABC):
+    """Accumulates one revision's files; nothing is visible to readers until :meth:`commit`."""
+
+    @abstractmethod
+    def put_file(
+        self, record: FileRecord, local_path: Path, *, checksums: Mapping[str, str] | None = None
+    ) -> None:
+        """Add a verified file. ``local_path`` is left in place (the caller owns quarantine).
+
+        ``checksums`` carries digests computed while the file was downloaded (those named in
+        :attr:`Store.wanted_checksums`), so the store need not read the file to compute them.
+        """
+
+    def adopt(self, record: FileRecord) -> bool:
+        """If an earlier, interrupted run already stored this exact file, take it into this
+        revision and return True; the caller then need not have the bytes at hand."""
+        return False
+
+    def stats(self) -> dict[str, int]:
+        """Transfer counters of this revision (bytes uploaded, copied...), for reports."""
+        return {}
+
+    @abstractmethod
+    def commit(self, manifest: ShardManifest) -> None:
+        """Make the revision visible, manifest last. Idempotent for an identical manifest.
+
+        Files put that the manifest does not list are dropped."""
+
+    @abstractmethod
+    def abort(self) -> None:
+        """Drop whatever was written; readers never saw any of it."""
+
+
+class Store(ABC):
+    url: str
+    #: Digests, beyond sha256 and xxh3-128, the store wants computed as bytes arrive.
+    wanted_checksums: frozenset[str] = frozenset()
+
+    # ---- small records -------------------------------------------------------------------
+    @abstractmethod
+    def read(self, key: str) -> Versioned | None: ...
+
+    @abstractmethod
+    def create(self, key: str, data: bytes) -> None:
+        """Write ``key`` only if absent; raise :class:`AlreadyExists` otherwise."""
+
+    @abstractmethod
+    def replace(self, key: str, data: bytes, expected: str | None) -> str:
+        """Compare-and-swap: write ``key`` only if its token is ``expected`` (None: absent).
+
+        Returns the new token; raises :class:`Conflict` when another writer got there first.
+        """
+
+    @abstractmethod
+    def list_keys(self, prefix: str) -> list[str]:
+        """Every key under ``prefix`` (a folder-like prefix ending in ``/``), sorted."""
+
+    @abstractmethod
+    def object_sizes(self, prefix: str) -> dict[str, int]:
+        """Every key under ``prefix`` with its size in bytes, from one listing (no reads).
+
+        What the promotion gate uses to check a published revision cheaply; on S3 the
+        ListObjectsV2 pages already carry each object's size.
+        """
+
+    # ---- revisions -----------------------------------------------------------------------
+    @abstractmethod
+    def begin_revision(self, repo_id: str, commit: str) -> RevisionWriter: ...
+
+    @abstractmethod
+    def open_read(self, key: str) -> BinaryIO:
+        """A streaming reader of a stored object; raises :class:`NotFound`."""
+
+    @abstractmethod
+    def delete_revision(self, repo_id: str, commit: str) -> None:
+        """Remove a published revision (an admin action, e.g. retention)."""
+
+    def local_path(self, key: str) -> Path | None:
+        """The POSIX path of ``key`` when the store is a mounted tree, else None."""
+        return None
+
+    def read_manifest(self, repo_id: str, commit: str) -> ShardManifest | None:
+        found = self.read(manifest_key(repo_id, commit))
+        return None if found is None else ShardManifest.parse(found.data)
+
+    def list_revisions(self, repo_id: str) -> list[str]:
+        """Commits of ``repo_id`` that are published (their manifest exists)."""
+        suffix = f"/{META_DIR}/manifest.json"
+        prefix = f"models/{repo_id}/"
+        return sorted(
+            key[len(prefix) : -len(suffix)]
+            for key in self.list_keys(prefix)
+            if key.endswith(suffix) and "/" not in key[len(prefix) : -len(suffix)]
+        )
+
+    def location(self, repo_id: str, commit: str) -> str:
+        """Where a server reads this revision from: a path or an ``s3://`` URL."""
+        return f"{self.url.rstrip('/')}/{revision_prefix(repo_id, commit)}"

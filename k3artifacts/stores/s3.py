@@ -1,0 +1,669 @@
+"""The S3 backend of :class:`~k3artifacts.stores.base.Store`: ``s3://bucket/prefix``.
+
+Same key layout as the file store, under ``prefix``. What S3 gives us instead of rename:
+
+* **Visibility**: a revision's objects are uploaded first and its ``.k3a/manifest.json`` last
+  (conditional put: never overwritten); readers treat a revision without it as absent.
+* **Integrity**: every object carries a CRC64NVME *full-object* checksum that we compute from
+  the quarantine file in the same pass that re-checks its sha256 against the verified record,
+  and hand to S3 with the upload. S3 verifies the bytes it received against it (a multipart
+  upload with a full-object checksum is rejected with BadDigest if any byte differs), so the
+  chain is: upstream sha256 == record == local bytes == CRC S3 checked. After the upload we read
+  back what S3 stored (HEAD with ChecksumMode) and compare it with ours, because some S3
+  implementations (moto among them) verify nothing. CRC64NVME rather than SHA-256 because S3
+  supports SHA-256 on multipart uploads only as a checksum-of-part-checksums, which depends on
+  the part size and cannot be compared with a whole-file digest; CRC64NVME is whole-object for
+  any part size, S3's own default, and runs at ~7 GB/s here (awscrt). Our sha256 and xxh3-128
+  ride along as object metadata (``x-amz-meta-k3a-sha256``, ``x-amz-meta-k3a-xxh3-128``).
+* **Dedup**: a file whose sha256 is already in a published revision of the same repo is copied
+  inside S3 (s3transfer ``copy``: CopyObject, or UploadPartCopy above the multipart threshold,
+  so past 5 GiB too); its bytes never pass through this machine.
+* **Resume**: an object already at its key with the record's sha256 and size is kept, so a
+  re-run after a crash uploads only what is missing.
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import hashlib
+import logging
+import math
+import re
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, BinaryIO
+from urllib.parse import urlparse
+
+import botocore.exceptions as bex
+from awscrt import checksums as crt_checksums
+from s3transfer.manager import TransferConfig, TransferManager
+from s3transfer.subscribers import BaseSubscriber
+
+from k3artifacts.canonical import canonical_json
+from k3artifacts.errors import (
+    AlreadyExists,
+    ConfigError,
+    Conflict,
+    K3AError,
+    NotFound,
+    VerifyMismatch,
+)
+from k3artifacts.revisions.manifest import (
+    META_DIR,
+    FileRecord,
+    ShardManifest,
+    manifest_key,
+    revision_prefix,
+)
+from k3artifacts.stores import awsclients
+from k3artifacts.stores.awsclients import aws_errors, error_code, http_status
+from k3artifacts.stores.base import RevisionWriter, Store, Versioned
+
+log = logging.getLogger(__name__)
+
+MiB = 1024 * 1024
+GiB = 1024 * MiB
+#: S3's limit on parts per multipart upload.
+MAX_PARTS = 10_000
+META_SHA256 = "k3a-sha256"
+META_XXH3 = "k3a-xxh3-128"
+#: Per-revision record of what S3 stored for each object (key, version id, checksum).
+OBJECTS_NAME = "s3-objects.json"
+CHECKSUM_ALGORITHM = "CRC64NVME"
+READ_BLOCK = 8 * MiB
+
+#: What S3 answers when the bytes it received do not match the checksum sent with them.
+_DIGEST_ERRORS = {"BadDigest", "InvalidDigest", "XAmzContentChecksumMismatch"}
+
+_BUCKET_RE = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
+
+#: ``progress(path, nbytes)``: ``nbytes`` more bytes of ``path`` reached S3 (negative when
+#: s3transfer rewinds a retried part). Called from transfer threads.
+ProgressCallback = Callable[[str, int], None]
+
+
+@dataclass(frozen=True)
+class TransferTuning:
+    """How s3transfer moves one file. Defaults suit multi-GB shards on a large instance.
+
+    Memory stays bounded: parts are read from the file as they are sent (never buffered
+    whole), and at most ``max_concurrency`` parts are in flight per file.
+    """
+
+    #: Files at least this big go multipart (parallel parts, per-part retries).
+    multipart_threshold: int = 64 * MiB
+    #: Smallest part; grown per file so that no file needs more than MAX_PARTS parts.
+    min_part_size: int = 64 * MiB
+    #: Parallel part uploads (or part copies) per file.
+    max_concurrency: int = 8
+    #: Bytes per second across one transfer, or None for no limit.
+    max_bandwidth: int | None = None
+
+    def part_size(self, size: int) -> int:
+        """Part size for a file of ``size`` bytes: ``min_part_size``, or the smallest whole MiB
+        that keeps the upload within S3's 10,000 parts (64 MiB parts reach 625 GiB; a 1 TiB
+        file gets 105 MiB parts)."""
+        needed = math.ceil(size / MAX_PARTS)
+        return max(self.min_part_size, math.ceil(needed / MiB) * MiB)
+
+    def config(self, size: int) -> TransferConfig:
+        return TransferConfig(
+            multipart_threshold=self.multipart_threshold,
+            multipart_chunksize=self.part_size(size),
+            max_request_concurrency=self.max_concurrency,
+            max_submission_concurrency=2,
+            max_in_memory_upload_chunks=self.max_concurrency,
+            max_bandwidth=self.max_bandwidth,
+        )
+
+
+@dataclass
+class TransferCounters:
+    """What went over the wire, for tests, benchmarks and the staging report. Thread-safe."""
+
+    bytes_uploaded: int = 0
+    bytes_copied: int = 0
+    objects_uploaded: int = 0
+    objects_copied: int = 0
+    objects_skipped: int = 0
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+
+    def add(self, **amounts: int) -> None:
+        with self._lock:
+            for name, amount in amounts.items():
+                setattr(self, name, getattr(self, name) + amount)
+
+    def as_dict(self) -> dict[str, int]:
+        with self._lock:
+            return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.repr}
+
+
+@dataclass(frozen=True)
+class ObjectReceipt:
+    """What S3 reported for one object of a revision after it was put, copied or found."""
+
+    path: str
+    key: str
+    size: int
+    action: str  # "uploaded" | "copied" | "kept"
+    etag: str
+    version_id: str | None
+    checksum_crc64nvme: str | None
+    checksum_type: str | None
+    copied_from: str | None = None
+
+
+def crc64nvme_and_sha256(path: Path) -> tuple[str, str, int]:
+    """One pass over ``path``: (base64 CRC64NVME as S3 writes it, sha256 hex, size)."""
+    crc = 0
+    sha = hashlib.sha256()
+    size = 0
+    buf = bytearray(READ_BLOCK)
+    view = memoryview(buf)
+    with open(path, "rb", buffering=0) as fh:
+        while n := fh.readinto(buf):
+            chunk = view[:n]
+            crc = crt_checksums.crc64nvme(chunk, crc)
+            sha.update(chunk)
+            size += n
+    return base64.b64encode(crc.to_bytes(8, "big")).decode("ascii"), sha.hexdigest(), size
+
+
+class _Progress(BaseSubscriber):
+    def __init__(self, path: str, counters: list[TransferCounters], field_name: str,
+                 callback: ProgressCallback | None):
+        self.path = path
+        self.counters = counters
+        self.field_name = field_name
+        self.callback = callback
+
+    def on_progress(self, future: Any, bytes_transferred: int, **kwargs: Any) -> None:
+        for counters in self.counters:
+            counters.add(**{self.field_name: bytes_transferred})
+        if self.callback is not None:
+            self.callback(self.path, bytes_transferred)
+
+
+def _etag(resp: dict[str, Any]) -> str:
+    return str(resp["ETag"])
+
+
+class S3Store(Store):
+    """``s3://bucket/prefix`` through boto3 + s3transfer.
+
+    ``counters`` sum every writer's transfers; ``progress`` is handed to each new writer.
+    """
+
+    #: Keys per ListObjectsV2 page (S3 returns at most 1000).
+    list_page_size = 1000
+    wanted_checksums = frozenset({"crc64nvme"})
+
+    def __init__(
+        self,
+        bucket: str,
+        prefix: str = "",
+        *,
+        client: Any = None,
+        endpoint_url: str | None = None,
+        profile: str | None = None,
+        region: str | None = None,
+        tuning: TransferTuning | None = None,
+        progress: ProgressCallback | None = None,
+    ):
+        if not _BUCKET_RE.match(bucket):
+            raise ConfigError(
+                f"{bucket!r} is not a valid S3 bucket name",
+                hint="bucket names are 3-63 characters of a-z, 0-9, '.' and '-'; "
+                "write the store as s3://bucket/prefix",
+            )
+        self.bucket = bucket
+        self.prefix = prefix.strip("/")
+        self.url = f"s3://{bucket}/{self.prefix}" if self.prefix else f"s3://{bucket}"
+        self.client = client or awsclients.s3_client(endpoint_url, profile, region)
+        self.tuning = tuning or TransferTuning()
+        self.progress = progress
+        self.counters = TransferCounters()
+
+    @classmethod
+    def from_url(cls, url: str, **kwargs: Any) -> S3Store:
+        parsed = urlparse(url)
+        if parsed.scheme != "s3" or not parsed.netloc:
+            raise ConfigError(
+                f"{url!r} is not an s3://bucket[/prefix] URL",
+                hint="write the store as s3://bucket/prefix, e.g. s3://my-models/k3a",
+            )
+        if parsed.query or parsed.fragment:
+            raise ConfigError(
+                f"store URL {url!r} has a query or fragment",
+                hint="write the store as s3://bucket/prefix; set the endpoint with "
+                "K3A_S3_ENDPOINT_URL and the region with AWS_REGION",
+            )
+        return cls(parsed.netloc, parsed.path, **kwargs)
+
+    # ---- keys ----------------------------------------------------------------------------
+    def key(self, key: str) -> str:
+        """The S3 object key of store key ``key``."""
+        parts = key.split("/")
+        if key.startswith("/") or any(p in ("", ".", "..") for p in parts):
+            raise ConfigError(f"invalid store key {key!r}")
+        return f"{self.prefix}/{key}" if self.prefix else key
+
+    def _unkey(self, s3_key: str) -> str:
+        return s3_key[len(self.prefix) + 1 :] if self.prefix else s3_key
+
+    def s3_url(self, key: str) -> str:
+        return f"s3://{self.bucket}/{self.key(key)}"
+
+    # ---- small records -------------------------------------------------------------------
+    def read(self, key: str) -> Versioned | None:
+        with aws_errors(f"reading {self.s3_url(key)}"):
+            try:
+                resp = self.client.get_object(Bucket=self.bucket, Key=self.key(key))
+            except bex.ClientError as exc:
+                if error_code(exc) == "NoSuchKey":
+                    return None
+                raise
+            with resp["Body"] as body:
+                return Versioned(body.read(), _etag(resp))
+
+    def _put_small(self, key: str, data: bytes, **conditions: str) -> dict[str, Any]:
+        return self.client.put_object(
+            Bucket=self.bucket,
+            Key=self.key(key),
+            Body=data,
+            ContentType="application/json",
+            ChecksumAlgorithm=CHECKSUM_ALGORITHM,
+            **conditions,
+        )
+
+    def create(self, key: str, data: bytes) -> None:
+        with aws_errors(f"creating {self.s3_url(key)}"):
+            try:
+                self._put_small(key, data, IfNoneMatch="*")
+            except bex.ClientError as exc:
+                if http_status(exc) == 412:
+                    raise AlreadyExists(key) from None
+                if http_status(exc) == 409:  # another conditional write to this key in flight
+                    raise Conflict(
+                        f"{key}: a concurrent write to the same key is in progress",
+                        hint="re-read and retry",
+                    ) from None
+                raise
+
+    def replace(self, key: str, data: bytes, expected: str | None) -> str:
+        condition = {"IfNoneMatch": "*"} if expected is None else {"IfMatch": expected}
+        with aws_errors(f"replacing {self.s3_url(key)}"):
+            try:
+                return _etag(self._put_small(key, data, **condition))
+            except bex.ClientError as exc:
+                # 412: the ETag moved (or the key appeared); 409: a racing conditional write;
+                # 404 on If-Match: the key we expected is gone.
+                if http_status(exc) in (409, 412) or (
+                    expected is not None and error_code(exc) == "NoSuchKey"
+                ):
+                    raise Conflict(
+                        f"{key} changed under us (expected version {expected})",
+                        hint="re-read the current value and decide again",
+                    ) from None
+                raise
+
+    def object_sizes(self, prefix: str) -> dict[str, int]:
+        s3_prefix = f"{self.prefix}/{prefix}" if self.prefix else prefix
+        sizes: dict[str, int] = {}
+        with aws_errors(f"listing s3://{self.bucket}/{s3_prefix}"):
+            pages = self.client.get_paginator("list_objects_v2").paginate(
+                Bucket=self.bucket, Prefix=s3_prefix,
+                PaginationConfig={"PageSize": self.list_page_size},
+            )
+            for page in pages:
+                sizes.update((self._unkey(o["Key"]), o["Size"]) for o in page.get("Contents", []))
+        return sizes
+
+    def list_keys(self, prefix: str) -> list[str]:
+        return sorted(self.object_sizes(prefix))
+
+    # ---- objects -------------------------------------------------------------------------
+    def head(self, key: str) -> dict[str, Any] | None:
+        """HEAD of store key ``key`` with its checksum, or None when absent."""
+        with aws_errors(f"inspecting {self.s3_url(key)}"):
+            try:
+                return self.client.head_object(
+                    Bucket=self.bucket, Key=self.key(key), ChecksumMode="ENABLED"
+                )
+            except bex.ClientError as exc:
+                if http_status(exc) == 404:
+                    return None
+                raise
+
+    def open_read(self, key: str) -> BinaryIO:
+        with aws_errors(f"reading {self.s3_url(key)}"):
+            try:
+                resp = self.client.get_object(Bucket=self.bucket, Key=self.key(key))
+            except bex.ClientError as exc:
+                if error_code(exc) == "NoSuchKey":
+                    raise NotFound(f"{key} is not in {self.url}") from None
+                raise
+        body: BinaryIO = resp["Body"]
+        return body
+
+    # ---- revisions -----------------------------------------------------------------------
+    def begin_revision(self, repo_id: str, commit: str) -> S3RevisionWriter:
+        return S3RevisionWriter(self, repo_id, commit)
+
+    def delete_revision(self, repo_id: str, commit: str) -> None:
+        if self.read_manifest(repo_id, commit) is None:
+            raise NotFound(f"{repo_id}@{commit} is not published in {self.url}")
+        # Manifest first: from that instant readers see no revision, never half of one.
+        mkey = manifest_key(repo_id, commit)
+        with aws_errors(f"deleting {self.s3_url(mkey)}"):
+            self.client.delete_object(Bucket=self.bucket, Key=self.key(mkey))
+        self._delete_keys(self.list_keys(f"{revision_prefix(repo_id, commit)}/"))
+
+    def _delete_keys(self, keys: list[str]) -> list[str]:
+        """Delete store keys in batches; returns those S3 refused (e.g. by bucket policy)."""
+        refused: list[str] = []
+        for start in range(0, len(keys), 1000):
+            batch = keys[start : start + 1000]
+            with aws_errors(f"deleting {len(batch)} objects under {self.url}"):
+                resp = self.client.delete_objects(
+                    Bucket=self.bucket,
+                    Delete={"Objects": [{"Key": self.key(k)} for k in batch], "Quiet": True},
+                )
+            refused.extend(self._unkey(err["Key"]) for err in resp.get("Errors", []))
+        return refused
+
+    def abort_multipart_uploads(self, prefix: str) -> int:
+        """Abort every in-progress multipart upload under store prefix ``prefix``."""
+        s3_prefix = self.key(prefix.rstrip("/")) + "/"
+        aborted = 0
+        with aws_errors(f"cleaning multipart uploads under s3://{self.bucket}/{s3_prefix}"):
+            pages = self.client.get_paginator("list_multipart_uploads").paginate(
+                Bucket=self.bucket, Prefix=s3_prefix
+            )
+            for page in pages:
+                for upload in page.get("Uploads", []):
+                    try:
+                        self.client.abort_multipart_upload(
+                            Bucket=self.bucket, Key=upload["Key"], UploadId=upload["UploadId"]
+                        )
+                    except bex.ClientError as exc:
+                        if error_code(exc) != "NoSuchUpload":  # finished or aborted meanwhile
+                            raise
+                    aborted += 1
+        return aborted
+
+    def sha256_index(self, repo_id: str, exclude_commit: str | None = None) -> dict[str, str]:
+        """sha256 -> store key of a file in a published revision of ``repo_id``: copy sources."""
+        index: dict[str, str] = {}
+        for commit in self.list_revisions(repo_id):
+            if commit == exclude_commit:
+                continue
+            manifest = self.read_manifest(repo_id, commit)
+            if manifest is None:  # deleted between list and read
+                continue
+            for record in manifest.files:
+                index.setdefault(record.sha256, f"{revision_prefix(repo_id, commit)}/{record.path}")
+        return index
+
+
+class S3RevisionWriter(RevisionWriter):
+    """Puts one revision's objects; :meth:`commit` writes the manifest last.
+
+    One writer per revision at a time (like the file store's staging directory): starting a
+    writer aborts multipart uploads a crashed writer of the same revision left behind.
+    ``receipts`` holds what S3 reported per file, ``counters`` this writer's transfers, and
+    ``abort_leftovers`` the keys :meth:`abort` was not allowed to delete.
+    """
+
+    def __init__(self, store: S3Store, repo_id: str, commit: str):
+        self.store = store
+        self.repo_id = repo_id
+        self.commit_sha = commit
+        self.prefix = revision_prefix(repo_id, commit)
+        self.progress: ProgressCallback | None = store.progress
+        self.counters = TransferCounters()
+        self.receipts: dict[str, ObjectReceipt] = {}
+        self.abort_leftovers: list[str] = []
+        self._written: set[str] = set()
+        self._lock = threading.Lock()
+        self._index: dict[str, str] | None = None
+        stale = store.abort_multipart_uploads(self.prefix)
+        if stale:
+            log.info("aborted %d multipart upload(s) left under %s", stale, self.prefix)
+
+    def _dedup_source(self, sha256: str) -> str | None:
+        with self._lock:
+            if self._index is None:
+                self._index = self.store.sha256_index(self.repo_id, exclude_commit=self.commit_sha)
+            return self._index.get(sha256)
+
+    def _matches(self, head: dict[str, Any] | None, record: FileRecord) -> bool:
+        return (
+            head is not None
+            and head.get("Metadata", {}).get(META_SHA256) == record.sha256
+            and int(head["ContentLength"]) == record.size
+        )
+
+    def _receipt(self, record: FileRecord, action: str, head: dict[str, Any],
+                 copied_from: str | None = None) -> ObjectReceipt:
+        receipt = ObjectReceipt(
+            path=record.path,
+            key=self.store.key(f"{self.prefix}/{record.path}"),
+            size=int(head["ContentLength"]),
+            action=action,
+            etag=_etag(head),
+            version_id=head.get("VersionId"),
+            checksum_crc64nvme=head.get("ChecksumCRC64NVME"),
+            checksum_type=head.get("ChecksumType"),
+            copied_from=copied_from,
+        )
+        with self._lock:
+            self.receipts[record.path] = receipt
+        return receipt
+
+    def _manager(self, size: int) -> TransferManager:
+        return TransferManager(self.store.client, self.store.tuning.config(size))
+
+    def adopt(self, record: FileRecord) -> bool:
+        key = f"{self.prefix}/{record.path}"
+        existing = self.store.head(key)
+        if not self._matches(existing, record):
+            return False
+        self._count(objects_skipped=1)
+        self._receipt(record, "kept", existing)
+        return True
+
+    def stats(self) -> dict[str, int]:
+        return self.counters.as_dict()
+
+    def put_file(
+        self, record: FileRecord, local_path: Path, *, checksums: Mapping[str, str] | None = None
+    ) -> ObjectReceipt:
+        """Put one verified file: keep it if already there, copy it inside S3 if an earlier
+        revision has the same sha256, else upload it. Returns what S3 stored."""
+        key = f"{self.prefix}/{record.path}"
+        existing = self.store.head(key)
+        if self._matches(existing, record):
+            assert existing is not None
+            self._count(objects_skipped=1)
+            return self._receipt(record, "kept", existing)
+        source = self._dedup_source(record.sha256)
+        if source is not None:
+            source_head = self.store.head(source)
+            if self._matches(source_head, record):
+                assert source_head is not None
+                return self._copy(record, key, source, source_head)
+            log.warning("dedup source %s no longer matches its manifest; uploading", source)
+        return self._upload(record, key, local_path, (checksums or {}).get("crc64nvme"))
+
+    def _count(self, **amounts: int) -> None:
+        self.counters.add(**amounts)
+        self.store.counters.add(**amounts)
+
+    def _subscriber(self, record: FileRecord, field_name: str) -> _Progress:
+        return _Progress(record.path, [self.counters, self.store.counters], field_name,
+                         self.progress)
+
+    def _upload(
+        self, record: FileRecord, key: str, local_path: Path, crc: str | None
+    ) -> ObjectReceipt:
+        size = record.size
+        if crc is None:
+            # No CRC from the download: compute it, and re-check the sha256 on the same pass.
+            crc, sha256, size = crc64nvme_and_sha256(local_path)
+        else:
+            # Computed as the bytes arrived; S3 checks the upload against it and the read-back
+            # below holds S3 to it, so the file is not read an extra time here.
+            sha256 = record.sha256
+        if sha256 != record.sha256 or size != record.size:
+            raise VerifyMismatch(
+                f"{local_path}: changed since it was verified as {record.path} "
+                f"(sha256 {sha256}, size {size}; the record says {record.sha256}, {record.size})",
+                hint="nothing was uploaded for this file; re-download it into quarantine",
+            )
+        extra = {
+            "ChecksumAlgorithm": CHECKSUM_ALGORITHM,
+            "ChecksumCRC64NVME": crc,
+            "Metadata": {META_SHA256: record.sha256, META_XXH3: record.xxh3_128},
+        }
+        with self._lock:
+            self._written.add(key)
+        s3_key = self.store.key(key)
+        with aws_errors(f"uploading {local_path} to s3://{self.store.bucket}/{s3_key}"):
+            try:
+                with self._manager(size) as manager:
+                    manager.upload(
+                        str(local_path), self.store.bucket, s3_key, extra_args=extra,
+                        subscribers=[self._subscriber(record, "bytes_uploaded")],
+                    ).result()
+            except bex.ClientError as exc:
+                if error_code(exc) not in _DIGEST_ERRORS:
+                    raise
+                raise VerifyMismatch(
+                    f"s3://{self.store.bucket}/{s3_key}: S3 refused the upload of {local_path}:"
+                    f" the bytes it received do not match CRC64NVME {crc} ({error_code(exc)})",
+                    hint="the file changed during the upload or was corrupted in transit; "
+                    "nothing was published, re-run",
+                ) from None
+        head = self._checked_head(key, record, crc)
+        self._count(objects_uploaded=1)
+        return self._receipt(record, "uploaded", head)
+
+    def _copy(self, record: FileRecord, key: str, source: str,
+              source_head: dict[str, Any]) -> ObjectReceipt:
+        with self._lock:
+            self._written.add(key)
+        s3_key = self.store.key(key)
+        copy_source = {"Bucket": self.store.bucket, "Key": self.store.key(source)}
+        if source_head.get("VersionId"):
+            # Pin the version we just checked, so a concurrent overwrite cannot slip in.
+            copy_source["VersionId"] = source_head["VersionId"]
+        what = f"copying {self.store.s3_url(source)} to s3://{self.store.bucket}/{s3_key}"
+        with aws_errors(what), self._manager(record.size) as manager:
+            manager.copy(
+                copy_source, self.store.bucket, s3_key,
+                extra_args={"ChecksumAlgorithm": CHECKSUM_ALGORITHM},
+                subscribers=[self._subscriber(record, "bytes_copied")],
+            ).result()
+        head = self._checked_head(key, record, source_head.get("ChecksumCRC64NVME"))
+        self._count(objects_copied=1)
+        return self._receipt(record, "copied", head, copied_from=self.store.s3_url(source))
+
+    def _checked_head(self, key: str, record: FileRecord, crc: str | None) -> dict[str, Any]:
+        """Read back what S3 stored and hold it to what we sent."""
+        head = self.store.head(key)
+        if head is None:
+            raise VerifyMismatch(f"{self.store.s3_url(key)}: missing right after it was written")
+        problems = []
+        if not self._matches(head, record):
+            problems.append(
+                f"size/sha256 metadata {head['ContentLength']}/"
+                f"{head.get('Metadata', {}).get(META_SHA256)} != {record.size}/{record.sha256}"
+            )
+        stored = head.get("ChecksumCRC64NVME")
+        if stored is None:
+            problems.append("S3 stored no CRC64NVME checksum")
+        elif crc is not None and stored != crc:
+            problems.append(f"S3 stored CRC64NVME {stored}, we computed {crc}")
+        if problems:
+            raise VerifyMismatch(
+                f"{self.store.s3_url(key)}: " + "; ".join(problems),
+                hint="the revision was not published; re-run to upload the file again",
+            )
+        return head
+
+    def _check_complete(self, manifest: ShardManifest) -> None:
+        missing = []
+        for record in manifest.files:
+            if record.path in self.receipts:
+                continue
+            head = self.store.head(f"{self.prefix}/{record.path}")
+            if not self._matches(head, record):
+                missing.append(record.path)
+            else:
+                assert head is not None
+                self._receipt(record, "kept", head)
+        if missing:
+            raise K3AError(
+                f"{self.repo_id}@{self.commit_sha}: {len(missing)} file(s) of the manifest are "
+                f"not in the store: {', '.join(missing[:5])}",
+                hint="put every file before committing (a bug in the caller)",
+            )
+
+    def commit(self, manifest: ShardManifest) -> None:
+        if (manifest.repo_id, manifest.commit) != (self.repo_id, self.commit_sha):
+            raise ConfigError(
+                f"manifest is for {manifest.repo_id}@{manifest.commit}, writer for "
+                f"{self.repo_id}@{self.commit_sha}"
+            )
+        existing = self.store.read_manifest(self.repo_id, self.commit_sha)
+        if existing is not None:
+            self._same_or_conflict(existing, manifest)
+            return
+        self._check_complete(manifest)
+        receipts = [dataclasses.asdict(self.receipts[r.path]) for r in manifest.files]
+        with aws_errors(f"writing {self.store.s3_url(self.prefix)}/{META_DIR}/{OBJECTS_NAME}"):
+            self.store._put_small(
+                f"{self.prefix}/{META_DIR}/{OBJECTS_NAME}",
+                canonical_json({"manifest_sha256": manifest.digest(), "objects": receipts}),
+            )
+        try:
+            self.store.create(manifest_key(self.repo_id, self.commit_sha), manifest.canonical())
+        except AlreadyExists:
+            raced = self.store.read_manifest(self.repo_id, self.commit_sha)
+            assert raced is not None
+            self._same_or_conflict(raced, manifest)
+
+    def _same_or_conflict(self, existing: ShardManifest, manifest: ShardManifest) -> None:
+        if existing.digest() != manifest.digest():
+            raise Conflict(
+                f"{self.store.location(self.repo_id, self.commit_sha)} is already published "
+                f"with a different manifest ({existing.digest()} != {manifest.digest()}); "
+                "refusing to overwrite",
+                hint="a published revision is immutable; investigate why staging differs",
+            )
+
+    def abort(self) -> None:
+        """Drop the objects this writer put and any multipart upload under the revision.
+
+        Nothing here was ever visible (no manifest). Deletes a bucket policy refuses (the
+        production policy lets only an admin delete under ``models/``) are left in
+        ``abort_leftovers``: harmless, and the next run of this revision keeps them.
+        """
+        if self.store.read_manifest(self.repo_id, self.commit_sha) is not None:
+            return  # published (by us or a peer): nothing of it is ours to drop any more
+        self.store.abort_multipart_uploads(self.prefix)
+        with self._lock:
+            written = sorted(self._written)
+            self._written.clear()
+        try:
+            self.abort_leftovers = self.store._delete_keys(written)
+        except K3AError as exc:
+            log.warning("abort could not delete objects of %s: %s", self.prefix, exc)
+            self.abort_leftovers = written
+        if self.abort_leftovers:
+            log.warning("abort left %d object(s) under %s (not visible: no manifest)",
+                        len(self.abort_leftovers), self.prefix)
