@@ -347,8 +347,8 @@ rel = Releases(store, scratch / "files")
 extra = {f"extra/{i % 20:02d}/{i:05d}.json": b"{}" for i in range(nfiles - 4)}
 a, b = rel.release(extra=extra), rel.release(extra=extra)
 for t in (a, b):
-    review_license(store, t.id, by="bench", policies_dir=policies)
-    review_code(store, t.id, by="bench", policies_dir=policies)
+    review_license(store, t.id, by="bench", by_source="os-user")
+    review_code(store, t.id, by="bench", by_source="os-user")
 promote(store, a.id, "staging", actor="bench", policies_dir=policies)
 times = {"promote": [], "rollback": []}
 for _ in range(rounds):

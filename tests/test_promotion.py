@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from k3artifacts.errors import ConfigError, GateFailed, NotFound
+from k3artifacts.errors import ConfigError, GateFailed, K3AError, NotFound
 from k3artifacts.promotion.gates import check_gates
 from k3artifacts.promotion.moves import promote, rollback
 from k3artifacts.releases.channels import (
@@ -22,7 +22,7 @@ from k3artifacts.releases.channels import (
 )
 from k3artifacts.releases.evaluations import attach_evaluation
 from k3artifacts.releases.reviews import review_code, review_license
-from tests.fixtures.releases import require_atomic_cas
+from tests.fixtures.releases import require_atomic_cas, staged_for
 
 CODE = {"modeling_kimi.py": b"def forward(x):\n    return x\n"}
 
@@ -71,7 +71,8 @@ def test_a_failing_gate_blocks_promotion_with_its_reason(store, releases, polici
 
 def test_an_override_needs_a_reason_and_is_recorded(store, releases, policies):
     release = releases.release()
-    review_license(store, release.id, by="alice", policies_dir=policies)
+    review_license(store, release.id, by="rita", by_source="os-user")
+    staged_for(store, release, policies)
     with pytest.raises(ConfigError, match="needs a reason"):
         _promote(store, release, "production", policies, overrides={"evaluation": "  "})
     with pytest.raises(ConfigError, match="cannot override gate 'bogus'"):
@@ -158,6 +159,7 @@ def test_evaluation_gate_uses_the_latest_report_against_the_threshold(
 ):
     release = releases.release()
     reviewed(release)
+    staged_for(store, release, policies)
 
     def evaluation():
         report = check_gates(store, release.id, "production", policies_dir=policies)
@@ -182,39 +184,42 @@ def test_license_changed_since_review_blocks_until_reviewed(store, releases, pol
     new = releases.release(license_text="MIT License, modified: attribution required\n")
     with pytest.raises(GateFailed, match=f"license sha256 {new.binding.license_sha256}") as err:
         _promote(store, new, "staging", policies)
-    assert f"differs from the one alice reviewed for {new.binding.weights.repo_id}" in str(
+    assert f"differs from the one rita reviewed for {new.binding.weights.repo_id}" in str(
         err.value
     )
-    outcome = review_license(store, new.id, by="bob", policies_dir=policies, note="attribution")
+    outcome = review_license(store, new.id, by="bob", by_source="os-user", note="attribution")
     assert outcome.written and outcome.review.license == "modified-mit"
     assert _promote(store, new, "staging", policies).changed
 
 
-def test_reviews_are_idempotent_and_land_in_one_file_per_repo(store, releases, policies):
+def test_reviews_are_idempotent_create_once_records_in_the_store(store, releases, policies):
     release = releases.release(code=CODE)
-    first = review_license(store, release.id, by="alice", policies_dir=policies)
-    path = Path(first.file)
-    assert path == policies / "licenses" / "moonshotai--Kimi-K3.yaml"
-    before = path.read_bytes()
-    again = review_license(store, release.id, by="bob", policies_dir=policies)
+    first = review_license(store, release.id, by="alice", by_source="os-user")
+    assert first.written and first.key == f"releases/reviews/license/{release.binding.license_sha256}.json"
+    before = store.read(first.key)
+    again = review_license(store, release.id, by="bob", by_source="os-user")
     assert not again.written and again.review.reviewed_by == "alice"
-    assert path.read_bytes() == before
-    code = review_code(store, release.id, by="alice", policies_dir=policies)
+    assert store.read(first.key).data == before.data
+    code = review_code(store, release.id, by="alice", by_source="os-user")
     assert [r.path for r in code.recorded] == ["modeling_kimi.py"]
-    code_again = review_code(store, release.id, by="alice", policies_dir=policies)
+    code_again = review_code(store, release.id, by="alice", by_source="os-user")
     assert code_again.recorded == [] and len(code_again.already_reviewed) == 1
+    assert not list(policies.rglob("*.yaml"))[1:]  # nothing but the gate policy in policies/
 
 
-def test_malformed_policy_files_are_named(store, releases, policies):
+def test_malformed_policy_files_and_review_records_are_named(store, releases, policies):
     release = releases.release()
-    review_file = policies / "licenses" / "team.yaml"
-    review_file.parent.mkdir()
-    review_file.write_text("reviews:\n  - sha256: abc\n    reviewer: alice\n")
-    with pytest.raises(ConfigError, match=str(review_file)):
+    key = f"releases/reviews/license/{release.binding.license_sha256}.json"
+    store.create(key, b'{"sha256": "abc", "reviewer": "alice"}')
+    with pytest.raises(K3AError, match=f"review record {key} is malformed") as bad:
         _promote(store, release, "staging", policies)
+    assert bad.value.exit_code == 9
     gates_file = policies / "promotion-gates.yaml"
     gates_file.write_text("channels:\n  production:\n    gates: [artifact, evaluation]\n")
     with pytest.raises(ConfigError, match=f"{gates_file}.*min_pass_rate"):
+        _promote(store, release, "production", policies)
+    gates_file.write_text("channels:\n  production:\n    gates: [artifact, signature]\n")
+    with pytest.raises(ConfigError, match=f"{gates_file}.*unknown gate.*signature"):
         _promote(store, release, "production", policies)
 
 

@@ -29,8 +29,8 @@ def test_staged_revisions_through_gates_promotion_and_rollback(
     with pytest.raises(GateFailed):
         promote(store, first.id, "staging", actor="alice", policies_dir=policies)
 
-    review_license(store, first.id, by="alice", policies_dir=policies)
-    assert review_code(store, first.id, by="alice", policies_dir=policies).recorded
+    review_license(store, first.id, by="alice", by_source="os-user")
+    assert review_code(store, first.id, by="alice", by_source="os-user").recorded
     promote(store, first.id, "staging", actor="alice", policies_dir=policies)
 
     # The next upstream revision carries the same license text and code: no new review.

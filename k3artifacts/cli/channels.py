@@ -12,10 +12,12 @@ from k3artifacts.config import default_policies_dir
 from k3artifacts.errors import GateFailed
 from k3artifacts.promotion.gates import check_gates
 from k3artifacts.promotion.moves import MoveResult, promote, rollback
-from k3artifacts.releases.actor import current_actor
+from k3artifacts.releases.actor import Actor, current_actor, resolve_actor
 from k3artifacts.releases.channels import GateResult, HistoryEntry, history, list_channels
 from k3artifacts.releases.evaluations import attach_evaluation, list_evaluations, parse_report
+from k3artifacts.releases.policies import load_gate_policy
 from k3artifacts.releases.reviews import license_text, review_code, review_license
+from k3artifacts.stores.base import Store
 
 policies_option = click.option(
     "--policies",
@@ -24,17 +26,23 @@ policies_option = click.option(
     default=lambda: str(default_policies_dir()),
     show_default="$K3A_POLICIES or ./policies",
     type=click.Path(file_okay=False, path_type=Path),
-    help="Policy directory (promotion-gates.yaml, licenses/, code-reviews/) of the checkout.",
+    help="Policy directory (promotion-gates.yaml) of the checkout.",
 )
 
 
-actor_option = click.option(
+by_option = click.option(
     "--by",
-    "actor",
-    default=current_actor,
-    show_default="$K3A_ACTOR or your login name",
-    help="Who is making this move (recorded in the history).",
+    "by",
+    default=None,
+    help="Who is acting, typed: accepted only on file stores whose gate policy allows it "
+    "(identity.claimed_actor_on_file_stores). Otherwise the actor is your AWS identity (STS) "
+    "on S3, the OS user on file stores.",
 )
+
+
+def _actor(store: Store, policies_dir: Path, by: str | None) -> Actor:
+    identity = load_gate_policy(policies_dir).identity
+    return resolve_actor(store, typed=by, claims_allowed=identity.claimed_actor_on_file_stores)
 
 
 def _table(rows: list[list[str]], header: list[str]) -> None:
@@ -89,7 +97,7 @@ def _move_summary(result: MoveResult) -> None:
     help="Why the preceding --override-gate is acceptable (recorded in the history).",
 )
 @click.option("--why", default=None, help="Why this promotion (recorded in the history).")
-@actor_option
+@by_option
 @policies_option
 @store_option
 @json_option
@@ -100,7 +108,7 @@ def promote_cmd(
     override_gates: tuple[str, ...],
     override_reasons: tuple[str, ...],
     why: str | None,
-    actor: str,
+    by: str | None,
     policies_dir: Path,
     store_url: str,
     as_json: bool,
@@ -124,11 +132,14 @@ def promote_cmd(
     if len(override_gates) != len(override_reasons):
         raise click.UsageError("give exactly one --reason for each --override-gate")
     overrides = dict(zip(override_gates, override_reasons, strict=True))
+    store = get_store(store_url)
+    actor = _actor(store, policies_dir, by)
     result = promote(
-        get_store(store_url),
+        store,
         tuple_id,
         channel,
-        actor=actor,
+        actor=actor.name,
+        actor_source=actor.source,
         reason=why,
         overrides=overrides,
         policies_dir=policies_dir,
@@ -151,12 +162,19 @@ def promote_cmd(
     help="A tuple this channel served before (default: the previous distinct one).",
 )
 @click.option("--why", default=None, help="Why roll back (recorded in the history).")
-@actor_option
+@by_option
+@policies_option
 @store_option
 @json_option
 @handle_errors
 def rollback_cmd(
-    channel: str, to: str | None, why: str | None, actor: str, store_url: str, as_json: bool
+    channel: str,
+    to: str | None,
+    why: str | None,
+    by: str | None,
+    policies_dir: Path,
+    store_url: str,
+    as_json: bool,
 ) -> None:
     """Point CHANNEL back at a tuple it served before.
 
@@ -167,7 +185,11 @@ def rollback_cmd(
     Exit codes: 0 moved (or already there), 4 target's manifest changed, 6 lost a race,
     7 unknown channel, target never on it, or target's weights gone.
     """
-    result = rollback(get_store(store_url), channel, to=to, actor=actor, reason=why)
+    store = get_store(store_url)
+    actor = _actor(store, policies_dir, by)
+    result = rollback(
+        store, channel, to=to, actor=actor.name, actor_source=actor.source, reason=why
+    )
     emit(as_json, result, lambda: _move_summary(result))
 
 
@@ -245,19 +267,24 @@ def channels_list(store_url: str, as_json: bool) -> None:
 @cli.command("gates")
 @click.argument("tuple_id")
 @click.argument("channel")
+@by_option
 @policies_option
 @store_option
 @json_option
 @handle_errors
 def gates_cmd(
-    tuple_id: str, channel: str, policies_dir: Path, store_url: str, as_json: bool
+    tuple_id: str, channel: str, by: str | None, policies_dir: Path, store_url: str,
+    as_json: bool,
 ) -> None:
-    """Dry run: the gates CHANNEL requires, run on TUPLE_ID. Writes nothing.
+    """Dry run: the gates CHANNEL requires, run on TUPLE_ID, with you as the promoter.
+    Writes nothing.
 
     Exit codes: 0 every gate passes, 5 at least one fails, 7 unknown tuple or channel,
     9 bad policy.
     """
-    report = check_gates(get_store(store_url), tuple_id, channel, policies_dir=policies_dir)
+    store = get_store(store_url)
+    actor = _actor(store, policies_dir, by)
+    report = check_gates(store, tuple_id, channel, policies_dir=policies_dir, actor=actor.name)
     emit(as_json, report, lambda: _gate_table(report.results))
     if report.failed:
         names = ", ".join(r.name for r in report.failed)
@@ -267,12 +294,13 @@ def gates_cmd(
 
 @cli.group("review")
 def review_group() -> None:
-    """Record that you read a tuple's license or remote code (in POLICIES, to commit)."""
+    """Record that you read a tuple's license or remote code (a create-once record in the
+    store, with your identity: the license and remote_code gates read only these)."""
 
 
 @review_group.command("license")
 @click.argument("tuple_id")
-@click.option("--by", "by", default=None, help="Your name: who read the license text.")
+@by_option
 @click.option("--note", default=None, help="Anything the next reader should know.")
 @click.option("--show", is_flag=True, help="Print the license text to read; record nothing.")
 @policies_option
@@ -288,31 +316,31 @@ def review_license_cmd(
     store_url: str,
     as_json: bool,
 ) -> None:
-    """Record a review of TUPLE_ID's license text (by its sha256) in POLICIES/licenses/.
+    """Record that you reviewed TUPLE_ID's license text (by its sha256), in the store under
+    releases/reviews/license/.
 
-    Read the text first (`--show`), then record with `--by NAME`. Idempotent: a text already
-    reviewed is not recorded again. Commit the file it writes.
-    Exit codes: 0 ok, 4 manifest text does not match the tuple, 7 unknown tuple or no license,
-    9 malformed review file.
+    Read the text first (`--show`), then record. The reviewer is who you are (AWS identity on
+    S3, OS user on file stores), so the separation_of_duties gate can tell you from the
+    promoter. Idempotent: a text already reviewed is not recorded again.
+    Exit codes: 0 ok, 4 stored text does not match the tuple, 7 unknown tuple or no license,
+    9 a typed --by the policy does not allow, or a corrupt review record.
     """
+    store = get_store(store_url)
     if show:
-        click.echo(license_text(get_store(store_url), tuple_id), nl=False)
+        click.echo(license_text(store, tuple_id), nl=False)
         return
-    if not by:
-        raise click.UsageError("say who read the license: --by NAME (read it with --show)")
-    outcome = review_license(
-        get_store(store_url), tuple_id, by=by, note=note, policies_dir=policies_dir
-    )
+    actor = _actor(store, policies_dir, by)
+    outcome = review_license(store, tuple_id, by=actor.name, by_source=actor.source, note=note)
 
     def human() -> None:
         r = outcome.review
         if outcome.written:
             click.echo(f"recorded: license sha256 {r.sha256} reviewed by {r.reviewed_by}")
-            click.echo(f"in {outcome.file}: commit it so the license gate sees it")
+            click.echo(f"in {store.url}: {outcome.key}")
         else:
             click.echo(
-                f"already reviewed: sha256 {r.sha256} by {r.reviewed_by} on {r.reviewed_on} "
-                f"({outcome.file}); nothing written"
+                f"already reviewed: sha256 {r.sha256} by {r.reviewed_by} on "
+                f"{r.reviewed_at:%Y-%m-%d} ({outcome.key}); nothing written"
             )
 
     emit(as_json, outcome, human)
@@ -320,32 +348,32 @@ def review_license_cmd(
 
 @review_group.command("code")
 @click.argument("tuple_id")
-@click.option("--by", "by", required=True, help="Your name: who read the *.py files.")
+@by_option
 @click.option("--note", default=None, help="Anything the next reader should know.")
 @policies_option
 @store_option
 @json_option
 @handle_errors
 def review_code_cmd(
-    tuple_id: str, by: str, note: str | None, policies_dir: Path, store_url: str, as_json: bool
+    tuple_id: str, by: str | None, note: str | None, policies_dir: Path, store_url: str,
+    as_json: bool,
 ) -> None:
-    """Record a review of every remote-code file (*.py) of TUPLE_ID's revision.
+    """Record that you reviewed every remote-code file (*.py) of TUPLE_ID's revision.
 
-    Files are recorded by sha256 in POLICIES/code-reviews/; ones already reviewed are skipped.
-    Exit codes: 0 ok, 7 unknown tuple or revision not staged, 9 malformed review file.
+    One record per file sha256 in the store (releases/reviews/code/); files already reviewed
+    are skipped. Exit codes: 0 ok, 7 unknown tuple or revision not staged, 9 a typed --by the
+    policy does not allow, or a corrupt review record.
     """
-    outcome = review_code(
-        get_store(store_url), tuple_id, by=by, note=note, policies_dir=policies_dir
-    )
+    store = get_store(store_url)
+    actor = _actor(store, policies_dir, by)
+    outcome = review_code(store, tuple_id, by=actor.name, by_source=actor.source, note=note)
 
     def human() -> None:
         for r in outcome.recorded:
-            click.echo(f"recorded: {r.path} sha256 {r.sha256}")
+            click.echo(f"recorded: {r.path} sha256 {r.sha256} reviewed by {r.reviewed_by}")
         for r in outcome.already_reviewed:
             click.echo(f"already reviewed: {r.path} sha256 {r.sha256} by {r.reviewed_by}")
-        if outcome.file:
-            click.echo(f"in {outcome.file}: commit it so the remote_code gate sees it")
-        elif not outcome.already_reviewed:
+        if not outcome.recorded and not outcome.already_reviewed:
             click.echo("the revision has no remote code; nothing to review")
 
     emit(as_json, outcome, human)
@@ -359,7 +387,13 @@ def eval_group() -> None:
 @eval_group.command("attach")
 @click.argument("tuple_id")
 @click.argument("report", type=click.Path(exists=True, dir_okay=False, path_type=Path))
-@actor_option
+@click.option(
+    "--by",
+    "actor",
+    default=current_actor,
+    show_default="$K3A_ACTOR or your login name",
+    help="Who attaches the report (recorded with it).",
+)
 @store_option
 @json_option
 @handle_errors

@@ -15,8 +15,14 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
 
-from k3artifacts.errors import ConfigError, GateFailed, NotFound, VerifyMismatch
-from k3artifacts.promotion.gates import channel_policy, run_gates
+from k3artifacts.errors import GateFailed, NotFound, VerifyMismatch
+from k3artifacts.promotion.gates import (
+    apply_overrides,
+    channel_policy,
+    check_overrides,
+    context,
+    run_gates,
+)
 from k3artifacts.releases.channels import (
     Approval,
     ChannelMoved,
@@ -24,7 +30,6 @@ from k3artifacts.releases.channels import (
     ChannelState,
     GateResult,
     HistoryEntry,
-    Override,
     check_channel,
     commit_move,
     iter_history_reversed,
@@ -99,6 +104,7 @@ def promote(
     channel: str,
     *,
     actor: str,
+    actor_source: str | None = None,
     reason: str | None = None,
     overrides: Mapping[str, str] | None = None,
     policies_dir: Path,
@@ -116,14 +122,7 @@ def promote(
     check_tuple_id(tuple_id)
     chan = channel_policy(load_gate_policy(policies_dir), channel, policies_dir)
     overrides = dict(overrides or {})
-    for gate, why in overrides.items():
-        if gate not in chan.gates:
-            raise ConfigError(
-                f"cannot override gate {gate!r}: channel {channel} requires only "
-                f"{', '.join(chan.gates) or 'no gates'}"
-            )
-        if not why.strip():
-            raise ConfigError(f"overriding gate {gate!r} needs a reason")
+    check_overrides(chan, channel, overrides)
     if approval is not None and approval.decision != "approved":
         raise GateFailed(
             f"promotion of {tuple_id} to {channel} was rejected by {approval.who}"
@@ -131,19 +130,10 @@ def promote(
             hint="nothing was written; address the rejection and request approval again",
         )
     release = TupleStore(store).get(tuple_id)
-    report = run_gates(store, release, channel, chan, policies_dir=policies_dir)
-    blocking = [r for r in report.failed if r.name not in overrides]
-    if blocking:
-        lines = "\n".join(f"  {r.name}: {r.reason}" for r in blocking)
-        raise GateFailed(
-            f"{tuple_id} cannot move onto {channel}: {len(blocking)} gate(s) failed:\n{lines}",
-            hint="fix what each gate names, or override one with "
-            '`--override-gate NAME --reason "why"` (recorded in the channel history)',
-        )
-    failed_names = {r.name for r in report.failed}
-    gates = [r.model_copy(update={"overridden": r.name in failed_names}) for r in report.results]
-    used = [Override(gate=g, reason=overrides[g]) for g in chan.gates if g in failed_names]
-    unused = sorted(set(overrides) - failed_names)
+    when = _now(now)
+    report = run_gates(context(store, release, channel, chan, policies_dir, actor, when))
+    verdict = apply_overrides(chan, report, overrides)
+    gates = verdict.gates
 
     state = read_state(store, channel)
     if state.pointer is not None and state.pointer.tuple_id == tuple_id:
@@ -155,13 +145,14 @@ def promote(
         tuple_id=tuple_id,
         previous_tuple_id=state.tuple_id,
         who=actor,
-        when=_now(now),
+        who_source=actor_source,
+        when=when,
         why=reason,
         gates=gates,
-        overrides=used,
+        overrides=verdict.used,
         approval=approval,
     )
-    return _commit(store, state, entry, gates, unused)
+    return _commit(store, state, entry, gates, verdict.unused)
 
 
 def rollback(
@@ -170,6 +161,7 @@ def rollback(
     *,
     to: str | None = None,
     actor: str,
+    actor_source: str | None = None,
     reason: str | None = None,
     approval: Approval | None = None,
     now: datetime | None = None,
@@ -258,6 +250,7 @@ def rollback(
         tuple_id=release.id,
         previous_tuple_id=current_id,
         who=actor,
+        who_source=actor_source,
         when=_now(now),
         why=reason,
         gates=[check],

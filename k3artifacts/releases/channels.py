@@ -83,6 +83,9 @@ class HistoryEntry(_Frozen):
     tuple_id: str = Field(pattern=TUPLE_ID.pattern)
     previous_tuple_id: str | None = Field(default=None, pattern=TUPLE_ID.pattern)
     who: str
+    #: Where ``who`` came from (``sts``, ``os-user``, ``claimed``; see ``releases/actor.py``);
+    #: None for entries written before identities were resolved, or by library callers.
+    who_source: str | None = None
     when: datetime
     why: str | None = None
     gates: list[GateResult] = Field(default_factory=list)

@@ -1,18 +1,14 @@
 """Policy data kept in the repository (``policies/``), reviewed and committed like code.
 
-* ``promotion-gates.yaml``: which gates a tuple must pass to move onto each channel.
-* ``licenses/*.yaml``: license texts (by sha256) that someone has read, with who and when.
-* ``code-reviews/*.yaml``: remote-code files (by sha256) that someone has read.
-
-Review files are written by ``k3a review license|code``; humans may edit them too, so every
-field is validated and a bad file is named in the error.
+``promotion-gates.yaml``: which gates a tuple must pass to move onto each channel, with each
+gate's settings, and where a typed actor name is accepted. Humans edit it, so every field is
+validated and a bad file is named in the error. (Reviews are records in the store, written by
+``k3a review``: ``releases/reviews.py``.)
 """
 
 from __future__ import annotations
 
-import os
-import tempfile
-from datetime import date
+import re
 from pathlib import Path
 from typing import Literal
 
@@ -23,11 +19,10 @@ from k3artifacts.errors import ConfigError
 from k3artifacts.releases.channels import CHANNEL_NAME
 
 GATES_FILE = "promotion-gates.yaml"
-LICENSES_DIR = "licenses"
-CODE_REVIEWS_DIR = "code-reviews"
 
-GateName = Literal["artifact", "license", "remote_code", "evaluation"]
-GATE_NAMES: tuple[str, ...] = ("artifact", "license", "remote_code", "evaluation")
+#: Which names exist is the promotion gate registry's business (``promotion/gates``): this
+#: layer only checks the spelling, the registry refuses a name it does not know.
+GATE_NAME = r"^[a-z][a-z0-9_]{0,40}$"
 SHA256_HEX = r"^[0-9a-f]{64}$"
 
 
@@ -41,9 +36,31 @@ class EvaluationPolicy(_Strict):
     suite: str | None = None
 
 
+class OrderPolicy(_Strict):
+    """The ``promotion_order`` gate: the tuple served ``after`` first, for a while."""
+
+    #: The earlier channel the tuple must have been promoted to (e.g. ``staging``).
+    after: str = Field(pattern=CHANNEL_NAME.pattern)
+    #: How long it must have been there (from that promotion) before moving on.
+    min_hours: float = Field(default=0.0, ge=0.0)
+    #: Gates that must have passed, not been overridden, in that promotion's history entry.
+    passed: list[str] = Field(default_factory=list)
+
+
+class DutiesPolicy(_Strict):
+    """The ``separation_of_duties`` gate: the promoter is not the one who reviewed."""
+
+    #: Review kinds whose reviewers may not promote (``license``, ``code``).
+    not_reviewer_of: list[Literal["license", "code"]] = Field(min_length=1)
+
+
 class ChannelPolicy(_Strict):
-    gates: list[GateName]
+    gates: list[str]
     evaluation: EvaluationPolicy | None = None
+    #: Serving targets (``hyperpod``, ``eks``) the ``renderable`` gate renders the tuple for.
+    targets: list[str] = Field(default_factory=list)
+    order: OrderPolicy | None = None
+    duties: DutiesPolicy | None = None
     #: The rollback flow waits for a release engineer's approval before moving this channel
     #: back. Promotion through the flow always waits for one; a rollback is an incident
     #: response, so by default it does not.
@@ -51,15 +68,36 @@ class ChannelPolicy(_Strict):
 
     @model_validator(mode="after")
     def _evaluation_configured(self) -> ChannelPolicy:
+        for name in self.gates:
+            if not re.match(GATE_NAME, name):
+                raise ValueError(f"{name!r} is not a gate name")
         if "evaluation" in self.gates and self.evaluation is None:
             raise ValueError("the evaluation gate needs `evaluation: {min_pass_rate: ...}`")
+        if "renderable" in self.gates and not self.targets:
+            raise ValueError("the renderable gate needs `targets: [hyperpod|eks, ...]`")
+        if "promotion_order" in self.gates and self.order is None:
+            raise ValueError("the promotion_order gate needs `order: {after: CHANNEL, ...}`")
+        if "separation_of_duties" in self.gates and self.duties is None:
+            raise ValueError(
+                "the separation_of_duties gate needs `duties: {not_reviewer_of: [license]}`"
+            )
         if len(set(self.gates)) != len(self.gates):
             raise ValueError("a gate is listed twice")
         return self
 
 
+class IdentityPolicy(_Strict):
+    """Where a typed name (``K3A_ACTOR``, ``--by``) may stand for who is acting.
+
+    On S3 stores the actor is always the STS caller identity; on file stores it is the OS user
+    unless this allows a claimed name (a shared service account acting for people, say)."""
+
+    claimed_actor_on_file_stores: bool = False
+
+
 class GatePolicy(_Strict):
     schema_version: Literal[1] = 1
+    identity: IdentityPolicy = IdentityPolicy()
     channels: dict[str, ChannelPolicy]
 
     @field_validator("channels")
@@ -69,35 +107,6 @@ class GatePolicy(_Strict):
             if not CHANNEL_NAME.match(name):
                 raise ValueError(f"{name!r} is not a valid channel name")
         return value
-
-
-class LicenseReview(_Strict):
-    sha256: str = Field(pattern=SHA256_HEX)
-    reviewed_by: str = Field(min_length=1)
-    reviewed_on: date
-    repo_id: str | None = None
-    commit: str | None = None
-    #: The model card's license name at review time, for people reading the file.
-    license: str | None = None
-    note: str | None = None
-
-
-class CodeReview(_Strict):
-    sha256: str = Field(pattern=SHA256_HEX)
-    path: str
-    reviewed_by: str = Field(min_length=1)
-    reviewed_on: date
-    repo_id: str | None = None
-    commit: str | None = None
-    note: str | None = None
-
-
-class LicenseReviewFile(_Strict):
-    reviews: list[LicenseReview] = Field(default_factory=list)
-
-
-class CodeReviewFile(_Strict):
-    reviews: list[CodeReview] = Field(default_factory=list)
 
 
 def _load_yaml(path: Path) -> object:
@@ -128,59 +137,3 @@ def _validate(model: type[BaseModel], path: Path, data: object):  # type: ignore
 def load_gate_policy(policies_dir: Path) -> GatePolicy:
     path = Path(policies_dir) / GATES_FILE
     return _validate(GatePolicy, path, _load_yaml(path))
-
-
-def _review_files(policies_dir: Path, sub: str) -> list[Path]:
-    folder = Path(policies_dir) / sub
-    return sorted(folder.glob("*.yaml")) if folder.is_dir() else []
-
-
-def load_license_reviews(policies_dir: Path) -> dict[str, tuple[LicenseReview, Path]]:
-    """Reviewed license sha256 -> (its first review, the file holding it)."""
-    found: dict[str, tuple[LicenseReview, Path]] = {}
-    for path in _review_files(policies_dir, LICENSES_DIR):
-        for review in _validate(LicenseReviewFile, path, _load_yaml(path)).reviews:
-            found.setdefault(review.sha256, (review, path))
-    return found
-
-
-def load_code_reviews(policies_dir: Path) -> dict[str, tuple[CodeReview, Path]]:
-    found: dict[str, tuple[CodeReview, Path]] = {}
-    for path in _review_files(policies_dir, CODE_REVIEWS_DIR):
-        for review in _validate(CodeReviewFile, path, _load_yaml(path)).reviews:
-            found.setdefault(review.sha256, (review, path))
-    return found
-
-
-def review_file_for(policies_dir: Path, sub: str, repo_id: str) -> Path:
-    """One file per upstream repo (``moonshotai--Kimi-K3.yaml``): small diffs, few conflicts."""
-    return Path(policies_dir) / sub / (repo_id.replace("/", "--") + ".yaml")
-
-
-_HEADERS: dict[type[BaseModel], str] = {
-    LicenseReviewFile: "# License texts someone has read, by sha256. "
-    "Written by `k3a review license`;\n"
-    "# commit this file: the license gate passes only for a sha256 listed here.\n",
-    CodeReviewFile: "# Remote-code files someone has read, by sha256. "
-    "Written by `k3a review code`;\n"
-    "# commit this file: the remote_code gate passes only for files listed here.\n",
-}
-
-
-def append_reviews(path: Path, file_model: type[BaseModel], new: list[BaseModel]) -> None:
-    """Append reviews to a review file, atomically (rename), keeping the ones already there."""
-    existing = _validate(file_model, path, _load_yaml(path)) if path.exists() else file_model()
-    updated = file_model(reviews=[*existing.reviews, *new])  # type: ignore[call-arg]
-    body = yaml.safe_dump(
-        updated.model_dump(mode="python", exclude_none=True), sort_keys=False, allow_unicode=True
-    )
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(_HEADERS[file_model] + body)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)

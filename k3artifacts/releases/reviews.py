@@ -1,42 +1,68 @@
 """Recording that a person read a tuple's license text or its remote code.
 
-A review binds a sha256, not a repo or a version: a license text that changes by one byte needs
-a new review, and the same text reviewed once passes for every later revision that carries it.
-Recording is idempotent: content already reviewed (in any file) is not recorded again.
+A review is a create-once record in the store, like tuples and history::
+
+    releases/reviews/license/<sha256>.json     one per license text
+    releases/reviews/code/<sha256>.json        one per remote-code file
+
+It binds a sha256, not a repo or a version: a license text that changes by one byte needs a
+new review, and the same text reviewed once passes for every later revision that carries it.
+It records who reviewed, as the same identity source that records who promotes (STS on S3,
+the OS user on file stores; ``releases/actor.py``), so a gate can tell the two apart. Only
+``k3a review`` writes them; a file under ``policies/`` counts for nothing. Recording is
+idempotent: content already reviewed is not recorded again (the first review stands).
 """
 
 from __future__ import annotations
 
 import hashlib
-from datetime import date
-from pathlib import Path
+from datetime import UTC, datetime
+from typing import Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from k3artifacts.errors import NotFound, VerifyMismatch
-from k3artifacts.releases.policies import (
-    CODE_REVIEWS_DIR,
-    LICENSES_DIR,
-    CodeReview,
-    CodeReviewFile,
-    LicenseReview,
-    LicenseReviewFile,
-    append_reviews,
-    load_code_reviews,
-    load_license_reviews,
-    review_file_for,
-)
-from k3artifacts.releases.tuples import ReleaseTuple, TupleStore
+from k3artifacts.canonical import canonical_json
+from k3artifacts.errors import AlreadyExists, K3AError, NotFound, VerifyMismatch
+from k3artifacts.releases.tuples import TUPLE_ID, ReleaseTuple, TupleStore
 from k3artifacts.revisions.manifest import ShardManifest, manifest_key, revision_prefix
 from k3artifacts.stores.base import Store
+
+REVIEWS_PREFIX = "releases/reviews/"
+SHA256_HEX = r"^[0-9a-f]{64}$"
+ReviewKind = Literal["license", "code"]
+
+
+class Review(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    schema_version: int = 1
+    kind: ReviewKind
+    sha256: str = Field(pattern=SHA256_HEX)
+    #: The file reviewed, as named in the revision (``LICENSE``, ``modeling_kimi.py``).
+    path: str | None = None
+    reviewed_by: str = Field(min_length=1)
+    #: Where ``reviewed_by`` came from: ``sts``, ``os-user`` or ``claimed``.
+    reviewer_source: str
+    reviewed_at: datetime
+    tuple_id: str = Field(pattern=TUPLE_ID.pattern)
+    repo_id: str
+    commit: str
+    #: The model card's license name at review time, for people reading the record.
+    license: str | None = None
+    note: str | None = None
+
+
+class CorruptReview(K3AError):
+    exit_code = 9
+    hint = "review records are written only by `k3a review`; inspect or remove the key named"
 
 
 class LicenseReviewOutcome(BaseModel):
     model_config = ConfigDict(frozen=True)
 
     tuple_id: str
-    review: LicenseReview
-    file: str
+    review: Review
+    key: str
     #: False: this sha256 was already reviewed; ``review`` is the earlier one.
     written: bool
 
@@ -45,9 +71,53 @@ class CodeReviewOutcome(BaseModel):
     model_config = ConfigDict(frozen=True)
 
     tuple_id: str
-    recorded: list[CodeReview]
-    already_reviewed: list[CodeReview]
-    file: str | None
+    recorded: list[Review]
+    already_reviewed: list[Review]
+
+
+def review_key(kind: ReviewKind, sha256: str) -> str:
+    return f"{REVIEWS_PREFIX}{kind}/{sha256}.json"
+
+
+def read_review(store: Store, kind: ReviewKind, sha256: str) -> Review | None:
+    """The review of ``sha256``, or None. A record that does not parse, or that is filed under
+    another sha256 or kind than it says, is refused naming its key (someone edited the store)."""
+    key = review_key(kind, sha256)
+    found = store.read(key)
+    if found is None:
+        return None
+    try:
+        review = Review.model_validate_json(found.data)
+    except ValidationError as exc:
+        raise CorruptReview(f"review record {key} is malformed: {exc.errors()[0]['msg']}") from None
+    if (review.kind, review.sha256) != (kind, sha256):
+        raise CorruptReview(
+            f"review record {key} is about {review.kind} {review.sha256}, not its key's"
+        )
+    return review
+
+
+def list_reviews(store: Store, kind: ReviewKind) -> list[Review]:
+    """Every review of ``kind``, oldest first."""
+    prefix = f"{REVIEWS_PREFIX}{kind}/"
+    found = []
+    for key in store.list_keys(prefix):
+        sha = key[len(prefix) :].removesuffix(".json")
+        review = read_review(store, kind, sha)
+        if review is not None:
+            found.append(review)
+    return sorted(found, key=lambda r: r.reviewed_at)
+
+
+def _create(store: Store, review: Review) -> tuple[Review, bool]:
+    try:
+        store.create(review_key(review.kind, review.sha256), canonical_json(review))
+    except AlreadyExists:
+        earlier = read_review(store, review.kind, review.sha256)
+        if earlier is None:
+            raise
+        return earlier, False
+    return review, True
 
 
 def _manifest(store: Store, release: ReleaseTuple) -> ShardManifest:
@@ -86,9 +156,9 @@ def review_license(
     tuple_id: str,
     *,
     by: str,
-    policies_dir: Path,
+    by_source: str,
     note: str | None = None,
-    today: date | None = None,
+    now: datetime | None = None,
 ) -> LicenseReviewOutcome:
     release = TupleStore(store).get(tuple_id)
     sha = release.binding.license_sha256
@@ -97,25 +167,28 @@ def review_license(
             f"tuple {tuple_id} binds no license text (its revision has no LICENSE file)",
             hint="a release without a license cannot pass the license gate; ask upstream",
         )
-    existing = load_license_reviews(policies_dir)
-    if sha in existing:
-        review, path = existing[sha]
-        return LicenseReviewOutcome(tuple_id=tuple_id, review=review, file=str(path), written=False)
     w = release.binding.weights
     manifest = store.read_manifest(w.repo_id, w.commit)
     card = None if manifest is None else manifest.license
-    review = LicenseReview(
-        sha256=sha,
-        reviewed_by=by,
-        reviewed_on=today or date.today(),
-        repo_id=w.repo_id,
-        commit=w.commit,
-        license=None if card is None else (card.card_license_name or card.card_license),
-        note=note,
+    review, written = _create(
+        store,
+        Review(
+            kind="license",
+            sha256=sha,
+            path=None if card is None else card.path,
+            reviewed_by=by,
+            reviewer_source=by_source,
+            reviewed_at=now or datetime.now(UTC),
+            tuple_id=release.id,
+            repo_id=w.repo_id,
+            commit=w.commit,
+            license=None if card is None else (card.card_license_name or card.card_license),
+            note=note,
+        ),
     )
-    path = review_file_for(policies_dir, LICENSES_DIR, w.repo_id)
-    append_reviews(path, LicenseReviewFile, [review])
-    return LicenseReviewOutcome(tuple_id=tuple_id, review=review, file=str(path), written=True)
+    return LicenseReviewOutcome(
+        tuple_id=tuple_id, review=review, key=review_key("license", sha), written=written
+    )
 
 
 def review_code(
@@ -123,38 +196,47 @@ def review_code(
     tuple_id: str,
     *,
     by: str,
-    policies_dir: Path,
+    by_source: str,
     note: str | None = None,
-    today: date | None = None,
+    now: datetime | None = None,
 ) -> CodeReviewOutcome:
     """Record every remote-code file of the tuple's revision that no review covers yet."""
     release = TupleStore(store).get(tuple_id)
     manifest = _manifest(store, release)
-    existing = load_code_reviews(policies_dir)
     w = release.binding.weights
-    recorded: list[CodeReview] = []
-    already: list[CodeReview] = []
+    recorded: list[Review] = []
+    already: list[Review] = []
     for entry in manifest.remote_code:
-        if entry.sha256 in existing:
-            already.append(existing[entry.sha256][0])
-        elif all(r.sha256 != entry.sha256 for r in recorded):
-            recorded.append(
-                CodeReview(
-                    sha256=entry.sha256,
-                    path=entry.path,
-                    reviewed_by=by,
-                    reviewed_on=today or date.today(),
-                    repo_id=w.repo_id,
-                    commit=w.commit,
-                    note=note,
-                )
-            )
-    path = review_file_for(policies_dir, CODE_REVIEWS_DIR, w.repo_id) if recorded else None
-    if path is not None:
-        append_reviews(path, CodeReviewFile, recorded)
-    return CodeReviewOutcome(
-        tuple_id=tuple_id,
-        recorded=recorded,
-        already_reviewed=already,
-        file=None if path is None else str(path),
-    )
+        if any(r.sha256 == entry.sha256 for r in recorded + already):
+            continue
+        review, written = _create(
+            store,
+            Review(
+                kind="code",
+                sha256=entry.sha256,
+                path=entry.path,
+                reviewed_by=by,
+                reviewer_source=by_source,
+                reviewed_at=now or datetime.now(UTC),
+                tuple_id=release.id,
+                repo_id=w.repo_id,
+                commit=w.commit,
+                note=note,
+            ),
+        )
+        (recorded if written else already).append(review)
+    return CodeReviewOutcome(tuple_id=tuple_id, recorded=recorded, already_reviewed=already)
+
+
+def reviewers_of(
+    store: Store, release: ReleaseTuple, manifest: ShardManifest | None
+) -> dict[str, set[str]]:
+    """Who reviewed what ``release`` carries: ``{"license": {...}, "code": {...}}``."""
+    found: dict[str, set[str]] = {"license": set(), "code": set()}
+    sha = release.binding.license_sha256
+    if sha is not None and (review := read_review(store, "license", sha)) is not None:
+        found["license"].add(review.reviewed_by)
+    for entry in [] if manifest is None else manifest.remote_code:
+        if (review := read_review(store, "code", entry.sha256)) is not None:
+            found["code"].add(review.reviewed_by)
+    return found

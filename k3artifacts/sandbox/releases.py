@@ -12,6 +12,7 @@ import json
 import struct
 from datetime import UTC, datetime
 from pathlib import Path
+from urllib.parse import urlparse
 
 import numpy as np
 import safetensors.numpy
@@ -20,7 +21,6 @@ import xxhash
 from k3artifacts.releases.tuples import (
     ImageRef,
     ReleaseTuple,
-    ServingSpec,
     TupleBinding,
     TupleStore,
     WeightsRef,
@@ -32,10 +32,13 @@ from k3artifacts.revisions.manifest import (
     SafetensorsSummary,
     ShardManifest,
 )
+from k3artifacts.serving.profiles import FsxTarget, StorageTarget, load_profile, serving_spec
 from k3artifacts.stores.base import Store
 
 REPO_ID = "moonshotai/Kimi-K3"
 IMAGE_DIGEST = "sha256:" + "ab" * 32
+PROFILE = "p6-b300-tp8"
+VERIFIER_IMAGE = "registry.example/k3a-worker@sha256:" + "cd" * 32
 MIT = "MIT License\n\nPermission is hereby granted, free of charge...\n"
 
 
@@ -129,9 +132,38 @@ class Releases:
         writer.commit(manifest)
         return manifest
 
+    def site_storage(self) -> StorageTarget:
+        """Where a cluster sees this store: S3 in a region, or the file store as the root of
+        an FSx file system (so the tuple renders for HyperPod as well as EKS)."""
+        if self.store.url.startswith("s3://"):
+            return StorageTarget(s3_region="us-east-1")
+        root = urlparse(self.store.url).path
+        return StorageTarget(
+            fsx=FsxTarget(
+                file_system_id="fs-0123456789abcdef0",
+                dns_name="fs-0123456789abcdef0.fsx.us-east-1.amazonaws.com",
+                mount_name="sandbox",
+                mounted_at=root,
+            )
+        )
+
     def tuple_for(
-        self, manifest: ShardManifest, *, manifest_digest: str | None = None
+        self,
+        manifest: ShardManifest,
+        *,
+        manifest_digest: str | None = None,
+        profile: str = PROFILE,
+        site: bool = True,
+        verifier_image: str | None = VERIFIER_IMAGE,
     ) -> ReleaseTuple:
+        """A tuple of ``manifest`` with a real profile's serving spec. ``site``: bind where the
+        cluster sees the store (:meth:`site_storage`); without it a file-store tuple renders
+        for EKS only (a host path), as a tuple made without ``--fsx-*`` does."""
+        serving = serving_spec(
+            load_profile(profile),
+            storage=self.site_storage() if site else None,
+            verifier_image=verifier_image,
+        )
         binding = TupleBinding(
             weights=WeightsRef(
                 repo_id=manifest.repo_id,
@@ -140,13 +172,7 @@ class Releases:
                 location=self.store.location(manifest.repo_id, manifest.commit),
             ),
             image=ImageRef(repository="registry.example/vllm", digest=IMAGE_DIGEST, tag="v1"),
-            serving=ServingSpec(
-                profile="p6-b300",
-                model_path=f"/models/{manifest.repo_id}/{manifest.commit}",
-                args=["--tensor-parallel-size", "8"],
-                env={},
-                port=8000,
-            ),
+            serving=serving,
             license_sha256=manifest.license.sha256,
         )
         release = ReleaseTuple.make(

@@ -7,6 +7,7 @@ config file). On top of them:
 * ``K3A_S3_ENDPOINT_URL`` (or an explicit ``endpoint_url``) points S3 at another server (moto,
   MinIO, a VPC endpoint); path-style addressing is used then, since such servers rarely resolve
   ``bucket.host`` names.
+* ``K3A_STS_ENDPOINT_URL`` does the same for STS (who is acting, ``releases/actor.py``).
 * Retries default to botocore's ``standard`` mode with 10 attempts: a 1.5 TB upload meets
   503 SlowDown and the odd 500 as a matter of course, and ``standard`` backs off with jitter on
   both. An explicit ``AWS_RETRY_MODE`` / ``AWS_MAX_ATTEMPTS`` (env or profile) wins.
@@ -27,6 +28,7 @@ from botocore.config import Config
 from k3artifacts.errors import ConfigError, K3AError, NotFound, Unavailable
 
 S3_ENDPOINT_ENV = "K3A_S3_ENDPOINT_URL"
+STS_ENDPOINT_ENV = "K3A_STS_ENDPOINT_URL"
 
 DEFAULT_RETRY_MODE = "standard"
 #: Attempts per request, the first included.
@@ -136,6 +138,11 @@ def s3_client(
     endpoint_url: str | None = None, profile: str | None = None, region: str | None = None
 ) -> Any:
     return client("s3", endpoint_url=s3_endpoint(endpoint_url), profile=profile, region=region)
+
+
+def sts_client(profile: str | None = None, region: str | None = None) -> Any:
+    endpoint = os.environ.get(STS_ENDPOINT_ENV) or None
+    return client("sts", endpoint_url=endpoint, profile=profile, region=region)
 
 
 def error_code(exc: bex.ClientError) -> str:

@@ -149,8 +149,8 @@ def test_changed_license_and_new_remote_code_stage_but_block_promotion(
     local_hub.hub.add_commit(REPO, files)
     first = run_stage(local_hub.endpoint, file_store, tmp_path / "q")
     old = reviewed.tuple_for(file_store.read_manifest(REPO, first.commit))
-    review_license(file_store, old.id, by="alice", policies_dir=policies)
-    review_code(file_store, old.id, by="alice", policies_dir=policies)
+    review_license(file_store, old.id, by="alice", by_source="os-user")
+    review_code(file_store, old.id, by="alice", by_source="os-user")
     promote(file_store, old.id, "staging", actor="alice", policies_dir=policies)
 
     files["LICENSE"] = LICENSE + b"\nYou must display 'Kimi K3' prominently.\n"
@@ -171,6 +171,6 @@ def test_changed_license_and_new_remote_code_stage_but_block_promotion(
     assert current(file_store, "staging").tuple_id == old.id
     assert len(history(file_store, "staging")) == 1
 
-    review_license(file_store, new.id, by="bob", policies_dir=policies)
-    review_code(file_store, new.id, by="bob", policies_dir=policies)
+    review_license(file_store, new.id, by="bob", by_source="os-user")
+    review_code(file_store, new.id, by="bob", by_source="os-user")
     assert promote(file_store, new.id, "staging", actor="bob", policies_dir=policies).changed

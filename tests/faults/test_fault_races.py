@@ -114,8 +114,8 @@ def test_lost_answers_to_tuple_and_channel_writes_on_s3(s3_fault_proxy, s3_url, 
     old = made.release
     new = create_tuple(store, REPO_ID, second.commit, image, spec).release
     for release in (old, new):
-        review_license(store, release.id, by="alice", policies_dir=policies)
-        review_code(store, release.id, by="alice", policies_dir=policies)
+        review_license(store, release.id, by="alice", by_source="os-user")
+        review_code(store, release.id, by="alice", by_source="os-user")
 
     proxy.add("PutObject", "*/releases/channels/staging.json", action="lose")
     moved = promote(store, old.id, "staging", actor="alice", policies_dir=policies)

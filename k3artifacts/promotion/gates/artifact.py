@@ -1,0 +1,63 @@
+"""``artifact``: the weights the tuple binds are in the store, complete, as the manifest lists.
+
+The revision's manifest is in the store and its digest is the tuple's; every file it lists is
+present with its listed size and nothing unlisted sits beside them; no file of a format staging
+refuses; the license in the manifest is the tuple's; the image is pinned by digest. These are
+cheap (one manifest read, one listing): re-hashing 1.5 TB is the job of ``k3a verify`` on the
+node, before the server starts.
+"""
+
+from __future__ import annotations
+
+from k3artifacts.promotion.gates.context import GateContext, human_bytes, summarize
+from k3artifacts.releases.channels import GateResult
+from k3artifacts.releases.tuples import DIGEST
+from k3artifacts.revisions.manifest import META_DIR, revision_prefix
+from k3artifacts.staging.rules import PICKLE_SUFFIXES
+
+NAME = "artifact"
+
+
+def check(ctx: GateContext) -> GateResult:
+    store, release, manifest = ctx.store, ctx.release, ctx.manifest
+    w = release.binding.weights
+    image = release.binding.image
+    if manifest is None:
+        return GateResult(name=NAME, passed=False, reason=ctx.missing)
+    problems = []
+    digest = manifest.digest()
+    if digest != w.manifest_digest:
+        problems.append(f"manifest digest {digest} is not the tuple's {w.manifest_digest}")
+    if manifest.license.sha256 != release.binding.license_sha256:
+        problems.append(
+            f"manifest license sha256 {manifest.license.sha256} is not the tuple's "
+            f"{release.binding.license_sha256}"
+        )
+    prefix = revision_prefix(w.repo_id, w.commit) + "/"
+    stored = {
+        key[len(prefix) :]: size
+        for key, size in store.object_sizes(prefix).items()
+        if not key[len(prefix) :].startswith(f"{META_DIR}/")
+    }
+    for record in manifest.files:
+        size = stored.pop(record.path, None)
+        if size is None:
+            problems.append(f"{record.path} is missing")
+        elif size != record.size:
+            problems.append(f"{record.path} is {size} bytes, manifest says {record.size}")
+        if record.path.lower().endswith(PICKLE_SUFFIXES):
+            # Staged only with --allow-pickle: serving it needs a recorded override too.
+            problems.append(f"{record.path} is a pickle-family format (runs code when loaded)")
+        if record.path.endswith(".safetensors") and record.safetensors is None:
+            problems.append(f"{record.path} has no checked safetensors header")
+    problems.extend(f"{path} is in the store but not in the manifest" for path in sorted(stored))
+    if not DIGEST.match(image.digest):
+        problems.append(f"image {image.repository} is not pinned by a sha256 digest")
+    if problems:
+        return GateResult(name=NAME, passed=False, reason=summarize(problems))
+    return GateResult(
+        name=NAME,
+        passed=True,
+        reason=f"manifest {digest[:12]} present, {len(manifest.files)} files "
+        f"({human_bytes(manifest.total_bytes)}) at listed sizes; image {image.reference}",
+    )

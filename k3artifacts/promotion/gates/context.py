@@ -1,0 +1,69 @@
+"""What every gate is given: one :class:`GateContext` per tuple and channel being judged."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from functools import cached_property
+from pathlib import Path
+
+from k3artifacts.releases.policies import ChannelPolicy
+from k3artifacts.releases.tuples import ReleaseTuple
+from k3artifacts.revisions.manifest import ShardManifest, manifest_key
+from k3artifacts.stores.base import Store
+
+MAX_LISTED = 5  # problems named in one reason; the count says how many more
+
+
+@dataclass
+class GateContext:
+    store: Store
+    release: ReleaseTuple
+    channel: str
+    #: The channel's section of ``promotion-gates.yaml``: each gate reads its own settings.
+    policy: ChannelPolicy
+    policies_dir: Path
+    #: Who is promoting; None in a dry run that names nobody (``k3a gates`` without identity).
+    actor: str | None = None
+    now: datetime = field(default_factory=lambda: datetime.now(UTC))
+
+    @cached_property
+    def _manifest(self) -> tuple[ShardManifest | None, str]:
+        # Read once, on first use, whichever gate asks first: a manifest lists thousands of
+        # files and several gates need it.
+        w = self.release.binding.weights
+        key = manifest_key(w.repo_id, w.commit)
+        try:
+            manifest = self.store.read_manifest(w.repo_id, w.commit)
+        except ValueError as exc:
+            return None, f"{key} in {self.store.url} is malformed: {str(exc).splitlines()[0]}"
+        if manifest is None:
+            return (
+                None,
+                f"no manifest at {key} in {self.store.url}: the revision is not staged "
+                "(or was deleted)",
+            )
+        return manifest, ""
+
+    @property
+    def manifest(self) -> ShardManifest | None:
+        """The tuple's manifest, or None: then :attr:`missing` says why."""
+        return self._manifest[0]
+
+    @property
+    def missing(self) -> str:
+        return self._manifest[1]
+
+
+def summarize(problems: list[str]) -> str:
+    shown = "; ".join(problems[:MAX_LISTED])
+    more = len(problems) - MAX_LISTED
+    return shown + (f"; and {more} more" if more > 0 else "")
+
+
+def human_bytes(n: int) -> str:
+    units = ("B", "KiB", "MiB", "GiB", "TiB", "PiB")
+    size, i = float(n), 0
+    while size >= 1024 and i < len(units) - 1:
+        size, i = size / 1024, i + 1
+    return f"{n} B" if i == 0 else f"{size:.1f} {units[i]}"

@@ -1,0 +1,38 @@
+"""``separation_of_duties``: whoever promotes did not review what the policy names.
+
+The promoter and the reviewers are identities from the same source (STS on S3, the OS user on
+file stores; see ``releases/actor.py``), so comparing them means something.
+"""
+
+from __future__ import annotations
+
+from k3artifacts.promotion.gates.context import GateContext
+from k3artifacts.releases.channels import GateResult
+from k3artifacts.releases.reviews import reviewers_of
+
+NAME = "separation_of_duties"
+
+
+def check(ctx: GateContext) -> GateResult:
+    duties = ctx.policy.duties
+    assert duties is not None  # ChannelPolicy refuses the gate without its settings
+    if ctx.actor is None:
+        return GateResult(
+            name=NAME, passed=False, reason="no promoter identity to compare with the reviewers"
+        )
+    reviewers = reviewers_of(ctx.store, ctx.release, ctx.manifest)
+    clashes = [kind for kind in duties.not_reviewer_of if ctx.actor in reviewers.get(kind, set())]
+    if clashes:
+        return GateResult(
+            name=NAME,
+            passed=False,
+            reason=f"{ctx.actor} reviewed the {' and '.join(clashes)} of {ctx.release.id}; "
+            f"the policy of {ctx.channel} needs someone else to promote it",
+        )
+    named = sorted({r for kind in duties.not_reviewer_of for r in reviewers.get(kind, set())})
+    return GateResult(
+        name=NAME,
+        passed=True,
+        reason=f"promoter {ctx.actor} is not a {'/'.join(duties.not_reviewer_of)} reviewer"
+        + (f" ({', '.join(named)})" if named else ""),
+    )
