@@ -27,6 +27,8 @@ from k3artifacts.stores.base import Store
 #: A typed actor name, honoured only where the policy allows claims (see module doc).
 ACTOR_ENV = "K3A_ACTOR"
 
+_CREDENTIAL_ENV = ("AWS_ACCESS_KEY_ID", "AWS_SESSION_TOKEN", "AWS_PROFILE")
+
 ActorSource = Literal["sts", "os-user", "claimed"]
 
 
@@ -44,8 +46,8 @@ def current_actor() -> str:
 
 
 @functools.cache
-def _sts_identity(endpoint: str | None) -> str:
-    # One call per process and endpoint: the credentials do not change under a running command.
+def _sts_identity(endpoint: str | None, credentials: tuple[str | None, ...]) -> str:
+    # One call per process, endpoint and credentials in the environment.
     with aws_errors("asking STS who is acting (GetCallerIdentity)"):
         return str(sts_client().get_caller_identity()["Arn"])
 
@@ -54,7 +56,10 @@ def resolve_actor(store: Store, *, typed: str | None, claims_allowed: bool) -> A
     """Who is acting on ``store``. ``typed`` is a ``--by`` given on the command line: refused
     (exit 9) where it cannot stand for the identity, rather than silently ignored."""
     if store.url.startswith("s3://"):
-        arn = _sts_identity(os.environ.get(STS_ENDPOINT_ENV) or None)
+        arn = _sts_identity(
+            os.environ.get(STS_ENDPOINT_ENV) or None,
+            tuple(os.environ.get(v) for v in _CREDENTIAL_ENV),
+        )
         if typed is not None and typed != arn:
             raise ConfigError(
                 f"--by {typed!r}: on an S3 store the actor is your AWS identity ({arn}), "

@@ -28,8 +28,8 @@ def check(ctx: GateContext) -> GateResult:
         return GateResult(
             name=NAME,
             passed=False,
-            reason=f"license sha256 {sha} has no review record in the store "
-            f"({review_key('license', sha)}){changed}; read it "
+            reason=f"license sha256 {sha} has not been reviewed (no record "
+            f"{review_key('license', sha)} in the store){changed}; read it "
             f"(`k3a review license {release.id} --show`), then `k3a review license {release.id}`",
         )
     return GateResult(
