@@ -185,6 +185,14 @@ def translate(exc: bex.BotoCoreError | bex.ClientError, what: str) -> K3AError:
         message = exc.response.get("Error", {}).get("Message", "") or str(exc)
         if code in _NOT_FOUND_CODES or status == 404:
             return NotFound(f"{what}: {code or status}: {message}")
+        if code == "NotImplemented" or status == 501:
+            # The server does not support what we asked: retrying cannot help, and "re-run
+            # later" would send the operator to wait for an outage that is not one.
+            return ConfigError(
+                f"{what}: {code or status}: {message}",
+                hint="the S3 server does not implement this request (a gateway or S3 clone "
+                "lacking a feature k3a needs); use AWS S3 or a server that implements it",
+            )
         if code in _AUTH_CODES or status == 403:
             return ConfigError(
                 f"{what}: {code or status}: {message}",

@@ -22,6 +22,7 @@ from k3artifacts.canonical import canonical_json
 from k3artifacts.errors import ConfigError, NotFound
 from k3artifacts.stores.awsclients import aws_errors, error_code, http_status
 from k3artifacts.stores.bucket_policies import BucketPolicyInputs, rendered
+from k3artifacts.stores.capabilities import probe
 
 #: Order of application (policy last, see module doc).
 SETTINGS = (
@@ -247,6 +248,18 @@ def plan(settings: BucketSettings, wanted: dict[str, Any]) -> list[Change]:
     return changes
 
 
+def _probe(client: Any, bucket: str, report: BootstrapReport) -> None:
+    try:
+        probe(client, bucket, "")
+    except ConfigError as exc:
+        cause = exc.__cause__
+        if not (isinstance(cause, bex.ClientError) and http_status(cause) == 403):
+            raise
+        # The guardrails already set deny this principal the scratch write (say, plain HTTP):
+        # the store probes again, with the writer's own credentials, before its first record.
+        report.unmanaged["conditional_writes"] = f"not probed by bootstrap: {exc}"
+
+
 def bootstrap(
     client: Any, inputs: BucketPolicyInputs, *, dry_run: bool = False,
     create_bucket: bool = False,
@@ -272,6 +285,10 @@ def bootstrap(
                 return report
             settings.create(inputs.region)
             report.created_bucket = True
+        if not dry_run:
+            # A bucket our records cannot rely on is refused here, not at the first promotion,
+            # and before its guardrails are set (nothing to undo).
+            _probe(client, inputs.bucket, report)
         report.changes = plan(settings, wanted)
         if not dry_run:
             for change in report.changes:

@@ -63,6 +63,7 @@ from k3artifacts.revisions.manifest import (
 from k3artifacts.stores import awsclients
 from k3artifacts.stores.awsclients import aws_errors, error_code, http_status
 from k3artifacts.stores.base import PutReceipt, RevisionWriter, Store, Versioned
+from k3artifacts.stores.capabilities import ensure_conditional_writes
 
 log = logging.getLogger(__name__)
 
@@ -294,6 +295,10 @@ class S3Store(Store):
                 return Versioned(body.read(), _etag(resp))
 
     def _put_small(self, key: str, data: bytes, **conditions: str) -> dict[str, Any]:
+        # Every record write (tuples, reviews, history, pointers, manifests) is conditional:
+        # refuse a server that would ignore the condition, before the first one.
+        ensure_conditional_writes(self.client, self.client.meta.endpoint_url, self.bucket,
+                                  self.prefix)
         return self.client.put_object(
             Bucket=self.bucket,
             Key=self.key(key),
