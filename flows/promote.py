@@ -19,9 +19,10 @@ from prefect.cache_policies import NO_CACHE
 
 from k3artifacts.config import default_policies_dir
 from k3artifacts.errors import GateFailed
-from k3artifacts.promotion.gates import GateReport, check_gates
+from k3artifacts.promotion.gates import GateReport, apply_overrides, channel_policy, check_gates
 from k3artifacts.promotion.moves import MoveResult, promote
 from k3artifacts.releases.channels import Approval, GateResult
+from k3artifacts.releases.policies import load_gate_policy
 from k3artifacts.stores.base import Store
 
 from .approval import rejected, wait_for_approval
@@ -29,8 +30,9 @@ from .common import slug, store_from
 
 
 @task(name="check-gates", cache_policy=NO_CACHE, persist_result=False)
-def gate_check(store: Store, tuple_id: str, channel: str, policies_dir: Path) -> GateReport:
-    return check_gates(store, tuple_id, channel, policies_dir=policies_dir)
+def gate_check(store: Store, tuple_id: str, channel: str, policies_dir: Path,
+               actor: str | None) -> GateReport:
+    return check_gates(store, tuple_id, channel, policies_dir=policies_dir, actor=actor)
 
 
 @task(name="move-pointer", cache_policy=NO_CACHE, persist_result=False)
@@ -69,17 +71,15 @@ def promote_release(
     store = store_from(store_url)
     pdir = Path(policies_dir) if policies_dir else default_policies_dir()
     overrides = overrides or {}
-    report = gate_check(store, tuple_id, channel, pdir)
-    blocking = [r for r in report.failed if r.name not in overrides]
+    report = gate_check(store, tuple_id, channel, pdir, requested_by)
     table = gate_table(report.results)
     key = slug("k3a-promote", channel)
-    if blocking:
+    try:
+        # The library's one override rule, before anyone is asked to approve.
+        apply_overrides(channel_policy(load_gate_policy(pdir), channel, pdir), report, overrides)
+    except GateFailed:
         create_markdown_artifact(f"# {tuple_id} -> {channel}: blocked\n\n{table}", key=key)
-        lines = "\n".join(f"  {r.name}: {r.reason}" for r in blocking)
-        raise GateFailed(
-            f"{tuple_id} cannot move onto {channel}: {len(blocking)} gate(s) failed:\n{lines}",
-            hint="fix what each gate names (or override it with a reason), then run again",
-        )
+        raise
     logger.info("gates pass for %s -> %s; waiting for approval", tuple_id, channel)
     approval = wait_for_approval(
         f"Promote **{tuple_id}** to **{channel}**"
