@@ -37,6 +37,7 @@ from k3artifacts.releases.channels import (
     unknown_channel,
 )
 from k3artifacts.releases.policies import load_gate_policy
+from k3artifacts.releases.retirement import pinned
 from k3artifacts.releases.tuples import TupleStore, check_tuple_id
 from k3artifacts.revisions.manifest import manifest_key
 from k3artifacts.stores.base import Store
@@ -131,28 +132,39 @@ def promote(
         )
     release = TupleStore(store).get(tuple_id)
     when = _now(now)
-    report = run_gates(context(store, release, channel, chan, policies_dir, actor, when))
-    verdict = apply_overrides(chan, report, overrides)
-    gates = verdict.gates
+    w = release.binding.weights
+    # The pin keeps `k3a gc` off these weights until the pointer references them (see
+    # releases/retirement.py); it refuses here if gc is already retiring them.
+    with pinned(store, w.repo_id, w.commit, who=actor, why=f"promote to {channel}"):
+        report = run_gates(context(store, release, channel, chan, policies_dir, actor, when))
+        verdict = apply_overrides(chan, report, overrides)
+        gates = verdict.gates
+        if store.read(manifest_key(w.repo_id, w.commit)) is None:
+            # Read under the pin whatever the gates (an overridden artifact gate included):
+            # what the retirement protocol relies on.
+            raise NotFound(
+                f"the weights of {tuple_id} ({w.repo_id}@{w.commit}) are not in {store.url}",
+                hint=f"re-stage them: `k3a stage {w.repo_id} --revision {w.commit}`",
+            )
 
-    state = read_state(store, channel)
-    if state.pointer is not None and state.pointer.tuple_id == tuple_id:
-        return _unchanged(state.pointer, gates)
-    entry = HistoryEntry(
-        channel=channel,
-        seq=state.next_seq,
-        action="promote",
-        tuple_id=tuple_id,
-        previous_tuple_id=state.tuple_id,
-        who=actor,
-        who_source=actor_source,
-        when=when,
-        why=reason,
-        gates=gates,
-        overrides=verdict.used,
-        approval=approval,
-    )
-    return _commit(store, state, entry, gates, verdict.unused)
+        state = read_state(store, channel)
+        if state.pointer is not None and state.pointer.tuple_id == tuple_id:
+            return _unchanged(state.pointer, gates)
+        entry = HistoryEntry(
+            channel=channel,
+            seq=state.next_seq,
+            action="promote",
+            tuple_id=tuple_id,
+            previous_tuple_id=state.tuple_id,
+            who=actor,
+            who_source=actor_source,
+            when=when,
+            why=reason,
+            gates=gates,
+            overrides=verdict.used,
+            approval=approval,
+        )
+        return _commit(store, state, entry, gates, verdict.unused)
 
 
 def rollback(
@@ -223,37 +235,40 @@ def rollback(
     # The raw bytes, not the parsed model: manifests are stored canonical, so their sha256 is
     # the manifest digest, and hashing ~1 MB is cheaper than parsing thousands of records:
     # a rollback costs the same whatever the release's file count.
-    found = store.read(manifest_key(w.repo_id, w.commit))
-    if found is None:
-        raise NotFound(
-            f"cannot roll {channel} back to {release.id}: its weights {w.repo_id}@{w.commit} are "
-            f"no longer in {store.url} (no {manifest_key(w.repo_id, w.commit)})",
-            hint=f"re-stage them (`k3a stage {w.repo_id} --revision {w.commit}` gives the same "
-            f"manifest digest), or roll back to another tuple with --to",
+    with pinned(store, w.repo_id, w.commit, who=actor, why=f"rollback of {channel}"):
+        found = store.read(manifest_key(w.repo_id, w.commit))
+        if found is None:
+            raise NotFound(
+                f"cannot roll {channel} back to {release.id}: its weights "
+                f"{w.repo_id}@{w.commit} are no longer in {store.url} "
+                f"(no {manifest_key(w.repo_id, w.commit)})",
+                hint=f"re-stage them (`k3a stage {w.repo_id} --revision {w.commit}` gives the same "
+                f"manifest digest), or roll back to another tuple with --to",
+            )
+        stored_digest = hashlib.sha256(found.data).hexdigest()
+        if stored_digest != w.manifest_digest:
+            raise VerifyMismatch(
+                f"cannot roll {channel} back to {release.id}: the manifest of "
+                f"{w.repo_id}@{w.commit} in {store.url} has digest {stored_digest}, the tuple "
+                f"binds {w.manifest_digest}"
+            )
+        check = GateResult(
+            name="weights_present",
+            passed=True,
+            reason=f"manifest {w.manifest_digest[:12]} of {w.repo_id}@{w.commit[:12]} is in the "
+            f"store; {release.id} served {channel} at #{target.seq}",
         )
-    stored_digest = hashlib.sha256(found.data).hexdigest()
-    if stored_digest != w.manifest_digest:
-        raise VerifyMismatch(
-            f"cannot roll {channel} back to {release.id}: the manifest of {w.repo_id}@{w.commit} "
-            f"in {store.url} has digest {stored_digest}, the tuple binds {w.manifest_digest}"
+        entry = HistoryEntry(
+            channel=channel,
+            seq=state.next_seq,
+            action="rollback",
+            tuple_id=release.id,
+            previous_tuple_id=current_id,
+            who=actor,
+            who_source=actor_source,
+            when=_now(now),
+            why=reason,
+            gates=[check],
+            approval=approval,
         )
-    check = GateResult(
-        name="weights_present",
-        passed=True,
-        reason=f"manifest {w.manifest_digest[:12]} of {w.repo_id}@{w.commit[:12]} is in the "
-        f"store; {release.id} served {channel} at #{target.seq}",
-    )
-    entry = HistoryEntry(
-        channel=channel,
-        seq=state.next_seq,
-        action="rollback",
-        tuple_id=release.id,
-        previous_tuple_id=current_id,
-        who=actor,
-        who_source=actor_source,
-        when=_now(now),
-        why=reason,
-        gates=[check],
-        approval=approval,
-    )
-    return _commit(store, state, entry, [check], [])
+        return _commit(store, state, entry, [check], [])

@@ -15,6 +15,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import BinaryIO
 
@@ -125,6 +126,15 @@ class Store(ABC):
 
         Returns the new token; raises :class:`Conflict` when another writer got there first.
         """
+
+    @abstractmethod
+    def delete(self, key: str) -> None:
+        """Remove the small record ``key``; absent is not an error. Only for records that live
+        while an operation runs (retention's pins and tombstones), never tuples or history."""
+
+    @abstractmethod
+    def modified_at(self, key: str) -> datetime | None:
+        """When ``key`` was last written, or None when absent (one metadata request)."""
 
     @abstractmethod
     def list_keys(self, prefix: str) -> list[str]:

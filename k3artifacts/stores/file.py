@@ -12,6 +12,7 @@ import shutil
 import stat
 import tempfile
 from collections.abc import Iterator, Mapping
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import BinaryIO
 from urllib.parse import unquote, urlparse
@@ -175,6 +176,18 @@ class FileStore(Store):
             finally:
                 tmp.unlink(missing_ok=True)
         return _token(data)
+
+    def delete(self, key: str) -> None:
+        path = self._path(key)
+        path.unlink(missing_ok=True)
+        if path.parent.exists():
+            _fsync_dir(path.parent)
+
+    def modified_at(self, key: str) -> datetime | None:
+        try:
+            return datetime.fromtimestamp(self._path(key).stat().st_mtime, UTC)
+        except FileNotFoundError:
+            return None
 
     def list_keys(self, prefix: str) -> list[str]:
         base = self.root / prefix if prefix else self.root

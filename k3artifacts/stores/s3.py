@@ -34,6 +34,7 @@ import re
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any, BinaryIO
 from urllib.parse import urlparse
@@ -353,6 +354,14 @@ class S3Store(Store):
 
     def list_keys(self, prefix: str) -> list[str]:
         return sorted(self.object_sizes(prefix))
+
+    def delete(self, key: str) -> None:
+        with aws_errors(f"deleting {self.s3_url(key)}"):
+            self.client.delete_object(Bucket=self.bucket, Key=self.key(key))
+
+    def modified_at(self, key: str) -> datetime | None:
+        found = self.head(key)
+        return None if found is None else found["LastModified"]
 
     # ---- objects -------------------------------------------------------------------------
     def head(self, key: str) -> dict[str, Any] | None:
