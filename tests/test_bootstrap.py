@@ -61,7 +61,7 @@ def test_bootstrap_shows_drift_applies_and_then_changes_nothing(
     assert enc["Rules"][0]["ApplyServerSideEncryptionByDefault"] == {
         "SSEAlgorithm": "aws:kms", "KMSMasterKeyID": KMS}
     rules = s3_client.get_bucket_lifecycle_configuration(Bucket=s3_bucket)["Rules"]
-    assert {r["ID"] for r in rules} == {"expire-scratch", "k3a-abort-incomplete-multipart-uploads"}
+    assert {r["ID"] for r in rules} == {"expire-scratch", "k3a-retention"}
     policy = json.loads(s3_client.get_bucket_policy(Bucket=s3_bucket)["Policy"])
     assert policy["Id"] == "k3artifacts-release-bucket"
 

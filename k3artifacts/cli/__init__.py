@@ -23,6 +23,7 @@ COMMAND_MODULES = {
     "gates": "channels",
     "review": "channels",
     "eval": "channels",
+    "gc": "gc",
     "tuple": "tuples",
     "tuples": "tuples",
     "render": "tuples",

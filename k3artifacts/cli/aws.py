@@ -49,6 +49,8 @@ def _bucket_and_prefix(url: str) -> tuple[str, str]:
 @click.option("--log-bucket", help="Bucket receiving server access logs (not managed when "
               "omitted). Its policy must allow logging.s3.amazonaws.com; the error says how.")
 @click.option("--log-prefix", help="Key prefix of the access logs. Default: BUCKET/PREFIX/.")
+@click.option("--noncurrent-days", type=click.IntRange(min=1), default=30, show_default=True,
+              help="Days before noncurrent object versions expire (what `k3a gc` leaves).")
 @click.option("--create-bucket", is_flag=True, help="Create the bucket when it does not exist.")
 @click.option("--dry-run", is_flag=True, help="Show what differs; change nothing.")
 @click.option("--iam-out", type=click.Path(file_okay=False, path_type=Path),
@@ -62,14 +64,15 @@ def bootstrap_cmd(
     bucket_url: str, admin_role_arn: str, inference_role_arn: str, kms_key_arn: str,
     downloader_role_arn: str | None, promoter_role_arn: str | None,
     extra_readers: tuple[str, ...], log_bucket: str | None, log_prefix: str | None,
-    create_bucket: bool, dry_run: bool, iam_out: Path | None, endpoint_url: str | None,
-    profile: str | None, as_json: bool,
+    noncurrent_days: int, create_bucket: bool, dry_run: bool, iam_out: Path | None,
+    endpoint_url: str | None, profile: str | None, as_json: bool,
 ) -> None:
     """Apply the release bucket's settings from policies/s3, idempotently.
 
     Versioning (Enabled, never Suspended), default SSE-KMS encryption, the public access
     block, BucketOwnerEnforced ownership, a lifecycle rule aborting incomplete multipart
-    uploads, access logging (with --log-bucket) and the bucket policy. Each live setting is
+    uploads and expiring noncurrent versions (--noncurrent-days), access logging (with
+    --log-bucket) and the bucket policy. Each live setting is
     compared with the wanted one; a differing one is shown as a diff and then written. A second
     run prints "no changes".
 
@@ -83,6 +86,7 @@ def bootstrap_cmd(
         inference_role_arn=inference_role_arn, kms_key_arn=kms_key_arn,
         downloader_role_arn=downloader_role_arn, promoter_role_arn=promoter_role_arn,
         extra_reader_arns=extra_readers, log_bucket=log_bucket, log_prefix=log_prefix,
+        noncurrent_days=noncurrent_days,
     )
     client = awsclients.s3_client(endpoint_url, profile, inputs.region)
     report = bootstrap(client, inputs, dry_run=dry_run, create_bucket=create_bucket)

@@ -54,6 +54,18 @@ class DutiesPolicy(_Strict):
     not_reviewer_of: list[Literal["license", "code"]] = Field(min_length=1)
 
 
+class RetentionPolicy(_Strict):
+    """What ``k3a gc`` keeps (each a default its flags override)."""
+
+    #: The newest N published revisions of each repo, whatever their age.
+    keep: int = Field(default=2, ge=1)
+    #: Any revision published less than this many days ago.
+    keep_days: float = Field(default=14.0, ge=0.0)
+    #: The tuples of a channel's newest N history entries (the ones a rollback reaches for),
+    #: besides its current pointer. A channel's own ``rollback_window`` wins.
+    rollback_window: int = Field(default=10, ge=1)
+
+
 class ChannelPolicy(_Strict):
     gates: list[str]
     evaluation: EvaluationPolicy | None = None
@@ -61,6 +73,8 @@ class ChannelPolicy(_Strict):
     targets: list[str] = Field(default_factory=list)
     order: OrderPolicy | None = None
     duties: DutiesPolicy | None = None
+    #: History entries whose tuples `k3a gc` keeps for this channel (default: retention's).
+    rollback_window: int | None = Field(default=None, ge=1)
     #: The rollback flow waits for a release engineer's approval before moving this channel
     #: back. Promotion through the flow always waits for one; a rollback is an incident
     #: response, so by default it does not.
@@ -98,6 +112,7 @@ class IdentityPolicy(_Strict):
 class GatePolicy(_Strict):
     schema_version: Literal[1] = 1
     identity: IdentityPolicy = IdentityPolicy()
+    retention: RetentionPolicy = RetentionPolicy()
     channels: dict[str, ChannelPolicy]
 
     @field_validator("channels")

@@ -37,6 +37,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from k3artifacts.canonical import canonical_json
 from k3artifacts.errors import Conflict
+from k3artifacts.faultpoints import pause
 from k3artifacts.stores.base import Store
 
 RETIREMENT_PREFIX = "releases/retirement/"
@@ -110,6 +111,7 @@ def pinned(store: Store, repo_id: str, commit: str, *, who: str, why: str) -> It
                 f"takes over a tombstone older than {STALE_AFTER.total_seconds() / 3600:.0f} h "
                 f"({tombstone_key(repo_id, commit)}) and finishes or withdraws it",
             )
+        pause("move-pinned", commit)
         yield
     finally:
         store.delete(key)

@@ -94,7 +94,11 @@ def wanted_settings(inputs: BucketPolicyInputs) -> dict[str, Any]:
         "encryption": rendered("s3/encryption.json", inputs),
         "public_access_block": rendered("s3/public-access-block.json", inputs),
         "ownership_controls": rendered("s3/ownership-controls.json", inputs),
-        "lifecycle_rule": rendered("s3/lifecycle-rule.json", inputs),
+        "lifecycle_rule": {
+            **rendered("s3/lifecycle-rule.json", inputs),
+            # A number, not a template placeholder (those are substituted as text).
+            "NoncurrentVersionExpiration": {"NoncurrentDays": inputs.noncurrent_days},
+        },
         "policy": rendered("s3/bucket-policy.json", inputs),
     }
     if inputs.log_bucket is not None:

@@ -64,6 +64,9 @@ class BucketPolicyInputs:
     extra_reader_arns: tuple[str, ...] = ()
     log_bucket: str | None = None
     log_prefix: str | None = None
+    #: Days a noncurrent object version (left by `k3a gc` deleting a revision, or by an
+    #: overwrite) is kept before the lifecycle rule expires it.
+    noncurrent_days: int = 30
 
     def __post_init__(self) -> None:
         if not _BUCKET.match(self.bucket):

@@ -1,16 +1,17 @@
 """``artifact``: the weights the tuple binds are in the store, complete, as the manifest lists.
 
-The revision's manifest is in the store and its digest is the tuple's; every file it lists is
-present with its listed size and nothing unlisted sits beside them; no file of a format staging
-refuses; the license in the manifest is the tuple's; the image is pinned by digest. These are
-cheap (one manifest read, one listing): re-hashing 1.5 TB is the job of ``k3a verify`` on the
-node, before the server starts.
+The revision's manifest is in the store (and ``k3a gc`` is not retiring it) and its digest is
+the tuple's; every file it lists is present with its listed size and nothing unlisted sits
+beside them; no file of a format staging refuses; the license in the manifest is the tuple's;
+the image is pinned by digest. These are cheap (one manifest read, one listing): re-hashing
+1.5 TB is the job of ``k3a verify`` on the node, before the server starts.
 """
 
 from __future__ import annotations
 
 from k3artifacts.promotion.gates.context import GateContext, human_bytes, summarize
 from k3artifacts.releases.channels import GateResult
+from k3artifacts.releases.retirement import read_tombstone
 from k3artifacts.releases.tuples import DIGEST
 from k3artifacts.revisions.manifest import META_DIR, revision_prefix
 from k3artifacts.staging.rules import PICKLE_SUFFIXES
@@ -25,6 +26,9 @@ def check(ctx: GateContext) -> GateResult:
     if manifest is None:
         return GateResult(name=NAME, passed=False, reason=ctx.missing)
     problems = []
+    stone = read_tombstone(store, w.repo_id, w.commit)
+    if stone is not None:
+        problems.append(f"the revision is being retired by {stone.who} (k3a gc)")
     digest = manifest.digest()
     if digest != w.manifest_digest:
         problems.append(f"manifest digest {digest} is not the tuple's {w.manifest_digest}")

@@ -1,0 +1,76 @@
+"""``k3a gc``: retire published revisions no channel can reach (dry run unless --apply)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from k3artifacts.cli import cli
+from k3artifacts.cli.channels import policies_option
+from k3artifacts.cli.common import emit, get_store, handle_errors, json_option, store_option
+from k3artifacts.promotion.gates.context import human_bytes
+from k3artifacts.releases.actor import resolve_actor
+from k3artifacts.releases.policies import load_gate_policy
+from k3artifacts.releases.retention import RevisionVerdict, plan, retire
+
+
+@cli.command("gc")
+@click.option("--apply", "apply_", is_flag=True, help="Delete what the plan retires.")
+@click.option("--keep", type=click.IntRange(min=1), default=None,
+              help="Keep the newest N revisions of each repo. Default: retention.keep.")
+@click.option("--keep-days", type=click.FloatRange(min=0), default=None,
+              help="Keep revisions published less than D days ago. Default: retention.keep_days.")
+@policies_option
+@store_option
+@json_option
+@handle_errors
+def gc_cmd(apply_: bool, keep: int | None, keep_days: float | None, policies_dir: Path,
+           store_url: str, as_json: bool) -> None:
+    """Retire published revisions by the retention policy (policies/promotion-gates.yaml).
+
+    Never retires a revision that a channel's current tuple, or the tuple of any entry in the
+    channel's rollback window (its newest `rollback_window` history entries), is bound to.
+    Without --apply it only prints the plan. With it, each revision is tombstoned, checked
+    again against promotions in flight and every channel, then deleted (manifest first); a
+    promotion racing gc is refused or keeps the revision. On S3 the current versions go; the
+    noncurrent ones expire by the lifecycle rule `k3a bootstrap --noncurrent-days` sets.
+
+    \b
+    Exit codes: 0 done (or plan shown), 8 store unreachable, 9 bad policy.
+    """
+    store = get_store(store_url)
+    policy = load_gate_policy(policies_dir)
+    verdicts = plan(
+        store,
+        policy,
+        keep=keep or policy.retention.keep,
+        keep_days=policy.retention.keep_days if keep_days is None else keep_days,
+    )
+    if apply_:
+        who = resolve_actor(
+            store, typed=None, claims_allowed=policy.identity.claimed_actor_on_file_stores
+        ).name
+        verdicts = [
+            retire(store, v, policy, who=who) if v.action == "retire" else v for v in verdicts
+        ]
+    emit(as_json, [v.model_dump(mode="json") for v in verdicts],
+         lambda: _print(verdicts, apply_))
+
+
+def _print(verdicts: list[RevisionVerdict], applied: bool) -> None:
+    if not verdicts:
+        click.echo("no published revisions")
+        return
+    freed = 0
+    for v in verdicts:
+        size = human_bytes(v.bytes)
+        line = f"{v.action:7} {v.repo_id}@{v.commit[:12]}  {size:>10}  {v.published_at:%Y-%m-%d}"
+        if v.action in ("retire", "retired"):
+            freed += v.bytes
+            verb = "frees" if v.action == "retired" else "would free"
+            click.echo(f"{line}  {verb} {size}")
+        else:
+            click.echo(f"{line}  {v.reason}")
+    total = human_bytes(freed)
+    click.echo(f"freed {total}" if applied else f"dry run: would free {total}; --apply to act")
