@@ -176,8 +176,10 @@ def test_bucket_policy_guards(inputs) -> None:
 
     deletes = by_sid["DenyDeletesOfReleasesAndModelsExceptAdmin"]
     assert set(deletes["Action"]) == {"s3:DeleteObject", "s3:DeleteObjectVersion"}
-    assert set(deletes["Resource"]) == {"arn:aws:s3:::k3a-releases/k3a/models/*",
-                                        "arn:aws:s3:::k3a-releases/k3a/releases/*"}
+    # Every record kind; not the pins and probes a promoter removes after itself.
+    assert set(deletes["Resource"]) == {"arn:aws:s3:::k3a-releases/k3a/models/*"} | {
+        f"arn:aws:s3:::k3a-releases/k3a/releases/{kind}/*"
+        for kind in ("tuples", "channels", "evaluations", "reviews", "retirement/tombstones")}
     assert deletes["Condition"] == {"ArnNotEquals": {"aws:PrincipalArn": ADMIN}}
 
     reads = by_sid["DenyReadsOfReleasesAndModelsExceptReaders"]
@@ -220,7 +222,9 @@ def test_promoter_writes_only_releases(inputs) -> None:
     doc = iam_policies(inputs)["promoter"]
     assert allowed_object_resources(doc, "s3:PutObject") == {
         "arn:aws:s3:::k3a-releases/k3a/releases/*"}
-    assert not allowed_object_resources(doc, "s3:DeleteObject")
+    assert allowed_object_resources(doc, "s3:DeleteObject") == {
+        "arn:aws:s3:::k3a-releases/k3a/releases/retirement/pins/*",
+        "arn:aws:s3:::k3a-releases/k3a/releases/probes/*"}
 
 
 def test_inference_is_read_only(inputs) -> None:

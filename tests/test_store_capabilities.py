@@ -31,8 +31,9 @@ def test_a_server_that_ignores_conditional_writes_is_refused(
     assert "If-None-Match: *" in message and "If-Match" in message
     assert "nothing was written" in refused.value.hint
     # Nothing but the probe's own (removed) scratch key ever reached the bucket.
-    listed = s3_client.list_object_versions(Bucket=s3_bucket).get("Versions", [])
-    assert listed == []
+    assert s3_client.list_objects_v2(Bucket=s3_bucket)["KeyCount"] == 0
+    versions = s3_client.list_object_versions(Bucket=s3_bucket).get("Versions", [])
+    assert {v["Key"].split("/")[1:3] == ["releases", "probes"] for v in versions} <= {True}
     # Refused for every record kind, from the cached verdict (one probe per process).
     probes = len(s3_fault_proxy.ops("PutObject"))
     with pytest.raises(MissingCapability):
@@ -48,7 +49,7 @@ def test_a_server_that_honours_them_passes_through_the_same_proxy(
     store = _store(s3_url, s3_fault_proxy.endpoint)
     release = Releases(store, tmp_path / "scratch").release()
     assert TupleStore(store).get(release.id) == release
-    assert store.list_keys(".k3a-probe/") == []
+    assert store.list_keys("releases/probes/") == []
 
 
 def test_not_implemented_is_a_configuration_error_at_once(s3_url, s3_fault_proxy):

@@ -252,9 +252,9 @@ def plan(settings: BucketSettings, wanted: dict[str, Any]) -> list[Change]:
     return changes
 
 
-def _probe(client: Any, bucket: str, report: BootstrapReport) -> None:
+def _probe(client: Any, inputs: BucketPolicyInputs, report: BootstrapReport) -> None:
     try:
-        probe(client, bucket, "")
+        probe(client, inputs.bucket, inputs.prefix)
     except ConfigError as exc:
         cause = exc.__cause__
         if not (isinstance(cause, bex.ClientError) and http_status(cause) == 403):
@@ -292,7 +292,7 @@ def bootstrap(
         if not dry_run:
             # A bucket our records cannot rely on is refused here, not at the first promotion,
             # and before its guardrails are set (nothing to undo).
-            _probe(client, inputs.bucket, report)
+            _probe(client, inputs, report)
         report.changes = plan(settings, wanted)
         if not dry_run:
             for change in report.changes:

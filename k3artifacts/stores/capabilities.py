@@ -4,10 +4,11 @@ Tuples, reviews and history entries are create-once (``If-None-Match: *``) and c
 move by compare-and-swap (``If-Match: <etag>``). A server that ignores those headers (some
 gateways, older MinIO/Ceph releases, test servers) answers 200 to every racer: two promotions
 both "win", a tuple body can be replaced. So before the first such write, and in
-``k3a bootstrap``, the store writes a scratch key twice with ``If-None-Match: *`` (the second
-must be refused with 412) and once with ``If-Match`` on a wrong ETag (refused with 412), then
-deletes it. A server that lets either through is refused for good (exit 9), naming the missing
-capability. A ``501 NotImplemented`` is a configuration answer, never an outage to retry.
+``k3a bootstrap``, the store writes a scratch key (under ``releases/probes/``) twice with
+``If-None-Match: *`` (the second must be refused with 412) and once with ``If-Match`` on a
+wrong ETag (refused with 412), then deletes it. A server that lets either through is refused
+for good (exit 9), naming the missing capability. A ``501 NotImplemented`` is a configuration
+answer, never an outage to retry.
 """
 
 from __future__ import annotations
@@ -21,7 +22,9 @@ import botocore.exceptions as bex
 from k3artifacts.errors import ConfigError
 from k3artifacts.stores.awsclients import aws_errors, http_status
 
-PROBE_DIR = ".k3a-probe"
+#: Under releases/, where every record writer may write; the promoter may delete here too
+#: (policies/iam/promoter.json), unlike under the records themselves.
+PROBE_DIR = "releases/probes"
 WRONG_ETAG = '"00000000000000000000000000000000"'
 
 
@@ -45,13 +48,6 @@ def _refused(call: Any) -> bool:
     return False
 
 
-def _delete_all_versions(client: Any, bucket: str, key: str) -> None:
-    versions = client.list_object_versions(Bucket=bucket, Prefix=key)
-    for v in [*versions.get("Versions", []), *versions.get("DeleteMarkers", [])]:
-        if v["Key"] == key:
-            client.delete_object(Bucket=bucket, Key=key, VersionId=v["VersionId"])
-
-
 def probe(client: Any, bucket: str, prefix: str) -> None:
     """Raise :class:`MissingCapability` unless ``bucket`` honours conditional writes."""
     key = "/".join(p for p in (prefix, PROBE_DIR, uuid.uuid4().hex) if p)
@@ -69,7 +65,8 @@ def probe(client: Any, bucket: str, prefix: str) -> None:
             if not _refused(lambda: put(IfMatch=WRONG_ETAG)):
                 missing.append("If-Match (compare-and-swap: channel pointers)")
         finally:
-            _delete_all_versions(client, bucket, key)
+            # The current version; noncurrent ones expire by the bucket's lifecycle rule.
+            client.delete_object(Bucket=bucket, Key=key)
     if missing:
         raise MissingCapability(
             f"the S3 server behind s3://{bucket} ignores conditional writes: a second write was "
