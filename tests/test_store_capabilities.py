@@ -61,3 +61,30 @@ def test_not_implemented_is_a_configuration_error_at_once(s3_url, s3_fault_proxy
     assert err.value.exit_code == 9 and "does not implement" in err.value.hint
     assert time.monotonic() - started < 5
     assert len(s3_fault_proxy.ops("PutObject")) == 1  # not retried as an outage
+
+
+def test_bootstrap_refuses_the_bucket_before_setting_its_guardrails(
+    s3_client, s3_bucket, s3_fault_proxy
+):
+    from k3artifacts.stores import awsclients
+    from k3artifacts.stores.bootstrap import bootstrap
+    from tests.test_bootstrap import inputs_for
+
+    s3_fault_proxy.strip_conditions = True
+    client = awsclients.s3_client(s3_fault_proxy.endpoint)
+    with pytest.raises(MissingCapability, match="ignores conditional writes"):
+        bootstrap(client, inputs_for(s3_bucket))
+    # Refused before any setting was applied: no bucket policy was written.
+    assert "Policy" not in _policy(s3_client, s3_bucket)
+    s3_fault_proxy.strip_conditions = False
+    report = bootstrap(client, inputs_for(s3_bucket))
+    assert report.changes and "conditional_writes" not in report.unmanaged
+    rule = s3_client.get_bucket_lifecycle_configuration(Bucket=s3_bucket)["Rules"][0]
+    assert rule["NoncurrentVersionExpiration"]["NoncurrentDays"] == 30
+
+
+def _policy(s3_client, bucket):
+    try:
+        return s3_client.get_bucket_policy(Bucket=bucket)
+    except s3_client.exceptions.ClientError:
+        return {}
