@@ -115,9 +115,14 @@ def promote(
     """Run the channel's gates on ``tuple_id`` and, if they pass (or failures are overridden
     with a reason), compare-and-swap the channel onto it and record the move.
 
+    ``actor`` is who promotes as the caller established it (the CLI: ``releases/actor.py``);
+    the separation_of_duties gate compares it with the reviewers. ``now`` is the move's time,
+    the one the promotion_order gate measures against.
+
     Raises GateFailed (exit 5) listing every failed gate, Conflict/ChannelMoved (exit 6) naming
-    the winner when another move got there first, NotFound (exit 7) for an unknown tuple or a
-    channel the policy does not configure, ConfigError (exit 9) for a bad policy or override.
+    the winner when another move got there first, RevisionRetiring (exit 6) when ``k3a gc`` is
+    deleting the weights, NotFound (exit 7) for an unknown tuple, a channel the policy does not
+    configure or weights gone, ConfigError (exit 9) for a bad policy or override.
     """
     check_channel(channel)
     check_tuple_id(tuple_id)
