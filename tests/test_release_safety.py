@@ -181,3 +181,16 @@ def test_on_s3_the_actor_is_the_sts_identity_and_no_flag_changes_it(
     entry = moved["entry"]
     assert entry["who"].endswith("/pat") and entry["who_source"] == "sts"
     assert "mallory" not in json.dumps(history(s3_store, "production")[-1].model_dump(mode="json"))
+
+
+def test_order_can_require_gates_passed_on_the_earlier_channel(store, releases, policies):
+    gates = policies / "promotion-gates.yaml"
+    gates.write_text(gates.read_text().replace("after: staging", "after: staging\n      passed: [license]"))
+    release = releases.release()
+    attach_evaluation(store, release.id, PASSING, by="ci")
+    promote(store, release.id, "staging", actor="ci", policies_dir=policies,
+            overrides={"license": "legal is reading it"},
+            now=datetime.now(UTC) - timedelta(hours=48))
+    review_license(store, release.id, by="rita", by_source="os-user")
+    reason = _failed(store, release, policies)["promotion_order"]
+    assert "on staging (#1) license did not pass (overridden or not run)" in reason
