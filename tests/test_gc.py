@@ -83,7 +83,10 @@ def test_gc_keeps_what_rollback_windows_reach_and_removes_the_rest(
     assert "production current" in reasons[commit[b.id]]
     assert "staging #3" in reasons[commit[c.id]] and "staging current" in reasons[commit[d.id]]
     assert "newest 1" in reasons[commit[f.id]]
-    assert all(_weights_present(store, r) for r in (a, b, c, d, e, f))  # a dry run
+    human = k3a("gc", "--keep", "1", "--keep-days", "0")
+    assert f"retire  moonshotai/Kimi-K3@{commit[e.id][:12]}" in human and "would free" in human
+    assert "dry run: would free" in human and "--apply to act" in human
+    assert all(_weights_present(store, r) for r in (a, b, c, d, e, f))  # dry runs
 
     out = k3a("gc", "--keep", "1", "--keep-days", "0", "--apply")
     size = dry[0]["bytes"]
