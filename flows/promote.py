@@ -19,7 +19,14 @@ from prefect.cache_policies import NO_CACHE
 
 from k3artifacts.config import default_policies_dir
 from k3artifacts.errors import GateFailed
-from k3artifacts.promotion.gates import GateReport, apply_overrides, channel_policy, check_gates
+from k3artifacts.promotion.gates import (
+    GATE_TABLE_HEADER,
+    GateReport,
+    apply_overrides,
+    channel_policy,
+    check_gates,
+    gate_rows,
+)
 from k3artifacts.promotion.moves import MoveResult, promote
 from k3artifacts.releases.channels import Approval, GateResult
 from k3artifacts.releases.policies import load_gate_policy
@@ -43,10 +50,8 @@ def move_pointer(store: Store, tuple_id: str, channel: str, *, actor: str, reaso
 
 
 def gate_table(results: list[GateResult]) -> str:
-    rows = ["| gate | result | reason |", "|---|---|---|"]
-    for r in results:
-        verdict = "pass" if r.passed else ("overridden" if r.overridden else "**FAIL**")
-        rows.append(f"| {r.name} | {verdict} | {r.reason} |")
+    rows = ["| " + " | ".join(GATE_TABLE_HEADER) + " |", "|---|---|---|"]
+    rows += ["| " + " | ".join(row) + " |" for row in gate_rows(results)]
     return "\n".join(rows)
 
 

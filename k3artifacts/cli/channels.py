@@ -10,7 +10,7 @@ from k3artifacts.cli import cli
 from k3artifacts.cli.common import emit, get_store, handle_errors, json_option, store_option
 from k3artifacts.config import default_policies_dir
 from k3artifacts.errors import GateFailed
-from k3artifacts.promotion.gates import check_gates
+from k3artifacts.promotion.gates import GATE_TABLE_HEADER, check_gates, gate_rows
 from k3artifacts.promotion.moves import MoveResult, promote, rollback
 from k3artifacts.releases.actor import Actor, current_actor, resolve_actor
 from k3artifacts.releases.channels import GateResult, HistoryEntry, history, list_channels
@@ -51,15 +51,9 @@ def _table(rows: list[list[str]], header: list[str]) -> None:
         click.echo("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
 
 
-def _verdict(r: GateResult) -> str:
-    if r.passed:
-        return "pass"
-    return "FAIL (overridden)" if r.overridden else "FAIL"
-
-
 def _gate_table(results: list[GateResult]) -> None:
     if results:
-        _table([[r.name, _verdict(r), r.reason] for r in results], ["gate", "result", "reason"])
+        _table(gate_rows(results), GATE_TABLE_HEADER)
     else:
         click.echo("(no gates apply)")
 

@@ -8,6 +8,7 @@ the manifest read lazily once) and returns a ``GateResult``.
 
 from k3artifacts.promotion.gates.context import GateContext
 from k3artifacts.promotion.gates.registry import (
+    GATE_TABLE_HEADER,
     GATES,
     Gate,
     GateReport,
@@ -17,10 +18,12 @@ from k3artifacts.promotion.gates.registry import (
     check_gates,
     check_overrides,
     context,
+    gate_rows,
     run_gates,
 )
 
 __all__ = [
+    "GATE_TABLE_HEADER",
     "GATES",
     "Gate",
     "GateContext",
@@ -31,5 +34,6 @@ __all__ = [
     "check_gates",
     "check_overrides",
     "context",
+    "gate_rows",
     "run_gates",
 ]

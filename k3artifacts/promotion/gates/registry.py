@@ -74,6 +74,18 @@ class GateReport(BaseModel):
         return [r for r in self.results if not r.passed]
 
 
+GATE_TABLE_HEADER = ["gate", "result", "reason"]
+
+
+def gate_rows(results: list[GateResult]) -> list[list[str]]:
+    """The gate results table every front end shows (terminal, flow artifact): one wording."""
+    return [
+        [r.name, "pass" if r.passed else ("FAIL (overridden)" if r.overridden else "FAIL"),
+         r.reason]
+        for r in results
+    ]
+
+
 def channel_policy(policy: GatePolicy, channel: str, policies_dir: Path) -> ChannelPolicy:
     """``channel``'s policy, its gates and targets checked against what this code knows."""
     check_channel(channel)
