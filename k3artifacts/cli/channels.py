@@ -7,8 +7,14 @@ from pathlib import Path
 import click
 
 from k3artifacts.cli import cli
-from k3artifacts.cli.common import emit, get_store, handle_errors, json_option, store_option
-from k3artifacts.config import default_policies_dir
+from k3artifacts.cli.common import (
+    emit,
+    get_store,
+    handle_errors,
+    json_option,
+    policies_option,
+    store_option,
+)
 from k3artifacts.errors import GateFailed
 from k3artifacts.promotion.gates import check_gates
 from k3artifacts.promotion.moves import MoveResult, promote, rollback
@@ -16,17 +22,6 @@ from k3artifacts.releases.actor import current_actor
 from k3artifacts.releases.channels import GateResult, HistoryEntry, history, list_channels
 from k3artifacts.releases.evaluations import attach_evaluation, list_evaluations, parse_report
 from k3artifacts.releases.reviews import license_text, review_code, review_license
-
-policies_option = click.option(
-    "--policies",
-    "policies_dir",
-    envvar="K3A_POLICIES",
-    default=lambda: str(default_policies_dir()),
-    show_default="$K3A_POLICIES or ./policies",
-    type=click.Path(file_okay=False, path_type=Path),
-    help="Policy directory (promotion-gates.yaml, licenses/, code-reviews/) of the checkout.",
-)
-
 
 actor_option = click.option(
     "--by",

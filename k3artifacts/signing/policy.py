@@ -6,7 +6,7 @@
     keys:                      # name -> PEM public key file, relative to policies/signing/
       release-2026: keys/release-2026.pub.pem
     channels:                  # a channel not listed requires nothing and trusts every key
-      production: {required: true, keys: [release-2026]}
+      production: {required: true, keys: [release-2026], verify_bytes: true}
 
 A channel's ``keys`` are the only ones whose signatures count for it (empty: every key listed
 above). Reviewed and committed like code: adding a key is a change someone approves.
@@ -35,6 +35,8 @@ class _Strict(BaseModel):
 class ChannelSigning(_Strict):
     required: bool = True
     keys: list[str] = Field(default_factory=list)
+    #: The promotion gate re-reads the weights (xxh3-128) against the signed manifest.
+    verify_bytes: bool = True
 
 
 class SigningPolicy(_Strict):
@@ -63,6 +65,10 @@ class TrustedKeys:
     def required(self, channel: str) -> bool:
         rule = self.policy.channels.get(channel)
         return rule is not None and rule.required
+
+    def verify_bytes(self, channel: str) -> bool:
+        rule = self.policy.channels.get(channel)
+        return rule is None or rule.verify_bytes
 
     def for_channel(self, channel: str | None) -> dict[str, ec.EllipticCurvePublicKey]:
         rule = None if channel is None else self.policy.channels.get(channel)

@@ -66,10 +66,16 @@ def verify_signed_revision(
     commit: str | None = None,
     directory: Path | None = None,
     full: bool = False,
+    read_weights: bool = True,
     workers: int = 4,
     on_bytes: Callable[[int], None] | None = None,
     on_manifest: Callable[[ShardManifest], None] | None = None,
 ) -> SignedReport:
+    """Signature, manifest against the signed digests, then (``read_weights``) every byte.
+
+    Problems are collected in the report (``report.raise_for_problems()`` refuses); with
+    ``read_weights=False`` only the signature and the manifest are checked (a few KB read).
+    """
     if directory is None and store is not None:
         directory = store.local_path(revision_prefix(repo_id, commit))
     prefix = "" if repo_id is None else revision_prefix(repo_id, commit)
@@ -101,7 +107,7 @@ def verify_signed_revision(
     for rel in _meta_files(store, directory, prefix):
         if rel not in allowed:
             early.report.problems.append(Problem(rel, "not covered by the signature"))
-    if early.report.problems:
+    if early.report.problems or not read_weights:
         return early
     # The manifest's bytes are the signed ones: now one pass over the weights against it.
     kwargs = dict(full=full, expect_digest=manifest.digest(), workers=workers,
