@@ -33,9 +33,9 @@ def signature_gate(
     if not policy.required(channel):
         return GateResult(name=NAME, passed=True,
                           reason=f"signatures are not required on {channel}")
-    trusted = policy.for_channel(channel)
     weights = release.binding.weights
     try:
+        trusted = policy.for_channel(channel)
         checked = verify_signed_revision(
             trusted, store=store, repo_id=weights.repo_id, commit=weights.commit,
             read_weights=policy.verify_bytes(channel),

@@ -58,9 +58,11 @@ class SigningPolicy(_Strict):
 class TrustedKeys:
     """The policy with its public keys loaded."""
 
-    def __init__(self, policy: SigningPolicy, keys: dict[str, ec.EllipticCurvePublicKey]):
+    def __init__(self, policy: SigningPolicy, keys: dict[str, ec.EllipticCurvePublicKey],
+                 path: Path):
         self.policy = policy
         self.keys = keys
+        self.path = path
 
     def required(self, channel: str) -> bool:
         rule = self.policy.channels.get(channel)
@@ -71,10 +73,19 @@ class TrustedKeys:
         return rule is None or rule.verify_bytes
 
     def for_channel(self, channel: str | None) -> dict[str, ec.EllipticCurvePublicKey]:
+        """The keys trusted on ``channel`` (None: every listed key); refuses an empty set."""
         rule = None if channel is None else self.policy.channels.get(channel)
         if rule is None or not rule.keys:
-            return dict(self.keys)
-        return {name: self.keys[name] for name in rule.keys}
+            trusted = dict(self.keys)
+        else:
+            trusted = {name: self.keys[name] for name in rule.keys}
+        if not trusted:
+            raise ConfigError(
+                f"{self.path} lists no trusted signing key"
+                + (f" for channel {channel}" if channel else ""),
+                hint="add the release public key there (README, 'Signing')",
+            )
+        return trusted
 
 
 def policy_path(policies_dir: Path) -> Path:
@@ -97,4 +108,4 @@ def load_trusted_keys(policies_dir: Path) -> TrustedKeys:
     except ValidationError as exc:
         raise ConfigError(f"{path}: {exc}") from None
     keys = {name: load_public_key(path.parent / rel) for name, rel in policy.keys.items()}
-    return TrustedKeys(policy, keys)
+    return TrustedKeys(policy, keys, path)
