@@ -158,4 +158,4 @@ def _verify_signed(target, store_url, full, expect_digest, channel, policies_dir
             click.echo(f"manifest digest: {report.manifest_digest}")
 
     emit(as_json, payload, human)
-    report.raise_for_problems()
+    checked.raise_for_problems()

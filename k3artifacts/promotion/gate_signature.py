@@ -17,7 +17,7 @@ from k3artifacts.releases.channels import GateResult
 from k3artifacts.releases.signatures import check_tuple_signature
 from k3artifacts.releases.tuples import ReleaseTuple
 from k3artifacts.signing.policy import load_trusted_keys
-from k3artifacts.signing.verify import verify_signed_revision
+from k3artifacts.signing.verify import SIGNATURE_STAGE, verify_signed_revision
 from k3artifacts.stores.base import Store
 
 NAME = "signature"
@@ -56,6 +56,6 @@ def signature_gate(
         tuple_key_name = check_tuple_signature(store, release.id, trusted)
     except K3AError as exc:
         return GateResult(name=NAME, passed=False, reason=str(exc))
-    how = "signature and bytes" if report.algorithm != "signature" else "signature"
+    how = "signature" if report.algorithm == SIGNATURE_STAGE else "signature and bytes"
     return GateResult(name=NAME, passed=True, reason=(
         f"revision {how} verified (key {checked.key_name}); tuple signed by {tuple_key_name}"))

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from cryptography.hazmat.primitives.asymmetric import ec
 
-from k3artifacts.errors import NotFound
+from k3artifacts.errors import NotFound, VerifyMismatch
 from k3artifacts.revisions.manifest import META_DIR, ShardManifest, revision_prefix
 from k3artifacts.signing.dsse import BundleError, verify_bundle
 from k3artifacts.signing.revision import (
@@ -27,6 +27,9 @@ from k3artifacts.signing.revision import (
 from k3artifacts.stores.base import Store
 from k3artifacts.stores.verify import Problem, VerifyReport, verify_revision
 
+#: ``VerifyReport.algorithm`` of a report that stopped at the signature.
+SIGNATURE_STAGE = "signature"
+
 
 @dataclass
 class SignedReport:
@@ -34,6 +37,18 @@ class SignedReport:
     #: Name of the trusted key that signed, when the signature verified.
     key_name: str | None = None
     key_hint: str | None = None
+
+    def raise_for_problems(self) -> None:
+        problems = self.report.problems
+        if problems and self.report.algorithm == SIGNATURE_STAGE:
+            lines = "\n".join(f"  {p.path}: {p.reason}" for p in problems)
+            raise VerifyMismatch(
+                f"{self.report.target}: refused by its signature ({len(problems)} problem(s); "
+                f"no weight byte was read):\n{lines}",
+                hint="do not serve this copy; restore the revision from a trusted store or "
+                "re-stage it, and sign only what `k3a verify --full` accepts",
+            )
+        self.report.raise_for_problems()
 
 
 def _meta_files(store: Store | None, directory: Path | None, prefix: str) -> list[str]:
@@ -86,7 +101,7 @@ def verify_signed_revision(
                        hint="stage it first with `k3a stage`, or check the commit")
     manifest = ShardManifest.parse(raw)
     early = SignedReport(VerifyReport(target, manifest.digest(), len(manifest.files),
-                                      manifest.total_bytes, "signature"))
+                                      manifest.total_bytes, SIGNATURE_STAGE))
 
     def refuse(path: str, reason: str) -> SignedReport:
         early.report.problems.append(Problem(path, reason))
