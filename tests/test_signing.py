@@ -367,3 +367,34 @@ def test_sign_and_verify_on_every_store(store, keys, policies, tmp_path):
     with pytest.raises(AlreadyExists):
         sign_revision(store, manifest.repo_id, manifest.commit,
                       load_signer(str(keys["release384"])))
+
+
+def test_k3a_stage_signs_at_publication(local_hub, tmp_path, keys, policies, k3a_cmd, k3a_env):
+    from tests.staging_helpers import REPO, small_release
+
+    commit = local_hub.hub.add_commit(REPO, small_release(tmp_path))
+    store = FileStore(tmp_path / "staged")
+    env = dict(k3a_env, K3A_SIGNING_KEY=str(keys["release"]))
+    staged = subprocess.run(
+        [*k3a_cmd, "stage", REPO, "--store", store.url, "--endpoint", local_hub.endpoint,
+         "--quarantine", str(tmp_path / "q"), "--json", "-q"],
+        env=env, capture_output=True, text=True, timeout=300,
+    )
+    assert staged.returncode == 0, staged.stderr
+    result = json.loads(staged.stdout)
+    assert result["signature"] == f"models/{REPO}/{commit}/{SIGNATURE_REL}"
+    directory = store.local_path(f"models/{REPO}/{commit}")
+    upstream = _upstream_verify(directory, keys["release"].with_suffix(".pub.pem"))
+    assert upstream.returncode == 0, upstream.stdout + upstream.stderr
+    trusted = load_trusted_keys(policies).for_channel("production")
+    assert verify_signed_revision(trusted, directory=directory).report.ok
+
+
+def test_stage_refuses_a_bad_signing_key_before_downloading(local_hub, tmp_path):
+    from tests.staging_helpers import REPO, run_stage, small_release
+
+    local_hub.hub.add_commit(REPO, small_release(tmp_path))
+    with pytest.raises(ConfigError, match="signing key"):
+        run_stage(local_hub.endpoint, FileStore(tmp_path / "s"), tmp_path / "q",
+                  signing_key=str(tmp_path / "missing.pem"))
+    assert not [r for r in local_hub.hub.requests if "/resolve/" in r.url]
