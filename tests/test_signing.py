@@ -398,3 +398,58 @@ def test_stage_refuses_a_bad_signing_key_before_downloading(local_hub, tmp_path)
         run_stage(local_hub.endpoint, FileStore(tmp_path / "s"), tmp_path / "q",
                   signing_key=str(tmp_path / "missing.pem"))
     assert not [r for r in local_hub.hub.requests if "/resolve/" in r.url]
+
+
+def test_eks_init_container_checks_signatures_before_vllm(
+    published_revision, keys, policies, tmp_path, k3a_cmd, k3a_env
+):
+    from k3artifacts.serving.render import render
+    from k3artifacts.serving.render.eks import POLICIES_MOUNT
+    from tests.test_render import make, validate_k8s
+
+    p = published_revision
+    signer = load_signer(str(keys["release"]))
+    sign_revision(p.store, p.repo_id, p.commit, signer)
+    release = make(p)
+    sign_tuple(p.store, release.id, signer)
+    docs = render(release, "eks", signing_policy=policies).documents
+    validate_k8s(docs)
+    (config_map,) = [d for d in docs if d["kind"] == "ConfigMap"]
+    assert set(config_map["data"]) == {"trusted-keys.yaml", "release.pub.pem",
+                                       "release384.pub.pem"}
+    pod = next(d for d in docs if d["kind"] == "Deployment")["spec"]["template"]["spec"]
+    assert {"name": "signing-keys", "configMap": {"name": config_map["metadata"]["name"]}} \
+        in pod["volumes"]
+    (init,) = pod["initContainers"]
+    command = init["command"]
+    assert command[3:8] == ["k3a", "verify", release.id, "--signature", "--policies"]
+    assert "--expect-digest" in command
+
+    # Run the rendered command as the pod would: the ConfigMap's files at the mount path, the
+    # store where the volume would be.
+    mounted = tmp_path / "pod-policies"
+    (mounted / "signing").mkdir(parents=True)
+    for name, text in config_map["data"].items():
+        (mounted / "signing" / name).write_text(text)
+    argv = [a.replace(POLICIES_MOUNT, str(mounted)).replace("file:///k3a-store", p.store.url)
+            for a in command]
+    k3a_at = argv.index("k3a")
+    argv = [*argv[:k3a_at], *k3a_cmd, *argv[k3a_at + 1:]]
+    ok = subprocess.run(argv, env=k3a_env, capture_output=True, text=True, timeout=120)
+    assert ok.returncode == 0, ok.stderr
+    assert "signature: ok, signed by release" in ok.stdout
+    directory = p.store.local_path(f"models/{p.repo_id}/{p.commit}")
+    _writable(directory)
+    (directory / "config.json").write_text('{"model_type": "evil"}')
+    refused = subprocess.run(argv, env=k3a_env, capture_output=True, text=True, timeout=120)
+    assert refused.returncode == 4 and "config.json" in refused.stderr
+
+
+def test_hyperpod_render_refuses_to_promise_a_signature_check(published_revision, policies):
+    from k3artifacts.serving.profiles import StorageTarget
+    from k3artifacts.serving.render import render
+    from tests.test_render import FSX, make
+
+    release = make(published_revision, storage=StorageTarget(fsx=FSX))
+    with pytest.raises(ConfigError, match="cannot check signatures in the pod"):
+        render(release, "hyperpod", signing_policy=policies)

@@ -13,6 +13,7 @@ from k3artifacts.cli.common import (
     get_store,
     handle_errors,
     json_option,
+    policies_option,
     signing_key_option,
     store_option,
 )
@@ -288,6 +289,13 @@ def tuples_diff(a: str, b: str, store_url: str, as_json: bool) -> None:
     "applying a new render updates in place).",
 )
 @click.option("--namespace", default=None, help="Kubernetes namespace to put in the objects.")
+@click.option(
+    "--verify-signature",
+    is_flag=True,
+    help="eks: the init container checks the tuple's and the revision's signatures before the "
+    "bytes, with the public keys of --policies/signing/ rendered into a ConfigMap.",
+)
+@policies_option
 @store_option
 @json_option
 @handle_errors
@@ -297,6 +305,8 @@ def render_cmd(
     out_dir: Path | None,
     name: str | None,
     namespace: str | None,
+    verify_signature: bool,
+    policies_dir: Path,
     store_url: str,
     as_json: bool,
 ) -> None:
@@ -309,7 +319,8 @@ def render_cmd(
     9 the tuple cannot be served on this target (reason and fix printed).
     """
     release = resolve_tuple(get_store(store_url), tuple_or_channel)
-    rendered = render(release, target, name=name, namespace=namespace)
+    rendered = render(release, target, name=name, namespace=namespace,
+                      signing_policy=policies_dir if verify_signature else None)
     text = rendered.text()
     path = None
     if out_dir is not None:

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Literal
 
 import yaml
+from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -109,3 +110,18 @@ def load_trusted_keys(policies_dir: Path) -> TrustedKeys:
         raise ConfigError(f"{path}: {exc}") from None
     keys = {name: load_public_key(path.parent / rel) for name, rel in policy.keys.items()}
     return TrustedKeys(policy, keys, path)
+
+
+def config_map_files(policies_dir: Path) -> dict[str, str]:
+    """``signing/`` of ``policies_dir`` as flat files for a Kubernetes ConfigMap (whose keys
+    cannot hold ``/``): the policy with each key file renamed ``<name>.pub.pem``, and those
+    files. Mounted at ``<policies>/signing``, it loads exactly like the original."""
+    trusted = load_trusted_keys(policies_dir)
+    renamed = {name: f"{name}.pub.pem" for name in trusted.policy.keys}
+    policy = trusted.policy.model_copy(update={"keys": renamed})
+    files = {TRUSTED_KEYS_FILE: yaml.safe_dump(policy.model_dump(mode="json"), sort_keys=True)}
+    for name, key in sorted(trusted.keys.items()):
+        files[renamed[name]] = key.public_bytes(
+            serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+        ).decode()
+    return files
