@@ -19,7 +19,7 @@ from k3artifacts.errors import AlreadyExists, K3AError
 from k3artifacts.releases.tuples import TUPLE_PREFIX, ReleaseTuple, TupleStore, tuple_key
 from k3artifacts.signing.attestation import statement, verify_statement
 from k3artifacts.signing.dsse import BundleError
-from k3artifacts.signing.keys import KeySigner
+from k3artifacts.signing.keys import Signer
 from k3artifacts.stores.base import Store
 
 PREDICATE_TYPE = "urn:k3artifacts:release-tuple:v1"
@@ -58,7 +58,7 @@ class TupleSignature:
     new: bool
 
 
-def sign_tuple(store: Store, tuple_id: str, signer: KeySigner) -> TupleSignature:
+def sign_tuple(store: Store, tuple_id: str, signer: Signer) -> TupleSignature:
     release, digest = _subject(store, tuple_id)
     predicate = tuple_predicate(release)
     key = signature_key(tuple_id)
@@ -66,7 +66,7 @@ def sign_tuple(store: Store, tuple_id: str, signer: KeySigner) -> TupleSignature
         store.create(key, signer.sign(statement(tuple_id, digest, PREDICATE_TYPE, predicate)))
     except AlreadyExists:
         try:
-            check_tuple_signature(store, tuple_id, {"signer": signer.private_key.public_key()})
+            check_tuple_signature(store, tuple_id, {"signer": signer.public_key})
         except K3AError:
             raise AlreadyExists(key) from None
         return TupleSignature(key, signer.key_hint, new=False)

@@ -24,7 +24,7 @@ from k3artifacts.revisions.manifest import (
     revision_prefix,
 )
 from k3artifacts.signing.dsse import STATEMENT_TYPE, BundleError, verify_bundle
-from k3artifacts.signing.keys import KeySigner
+from k3artifacts.signing.keys import Signer
 from k3artifacts.stores.base import Store
 
 SIGNATURE_NAME = "model.sig"
@@ -95,7 +95,7 @@ def published_manifest_bytes(store: Store, repo_id: str, commit: str) -> bytes:
     return found.data
 
 
-def sign_revision(store: Store, repo_id: str, commit: str, signer: KeySigner) -> RevisionSignature:
+def sign_revision(store: Store, repo_id: str, commit: str, signer: Signer) -> RevisionSignature:
     """Sign a published revision and store ``.k3a/model.sig``; reads only its manifest."""
     raw = published_manifest_bytes(store, repo_id, commit)
     statement = revision_statement(ShardManifest.parse(raw), raw)
@@ -105,7 +105,7 @@ def sign_revision(store: Store, repo_id: str, commit: str, signer: KeySigner) ->
         store.add_to_revision(repo_id, commit, SIGNATURE_REL, signer.sign(statement))
     except AlreadyExists:
         existing = store.read(key)
-        public = {"signer": signer.private_key.public_key()}
+        public = {"signer": signer.public_key}
         try:
             same = existing is not None and (
                 verify_bundle(existing.data, public).statement == statement

@@ -34,7 +34,7 @@ from k3artifacts.errors import (
 )
 from k3artifacts.revisions.manifest import FileRecord, RemoteCodeEntry, ShardManifest
 from k3artifacts.revisions.refs import COMMIT, check_repo_id
-from k3artifacts.signing.keys import KeySigner, load_signer
+from k3artifacts.signing.keys import Signer, load_signer
 from k3artifacts.signing.revision import sign_revision
 from k3artifacts.staging import license as license_capture
 from k3artifacts.staging.events import StageObserver
@@ -177,7 +177,7 @@ def stage(
 
 
 def _sign(
-    store: Store, repo_id: str, commit: str, signer: KeySigner, observer: StageObserver
+    store: Store, repo_id: str, commit: str, signer: Signer, observer: StageObserver
 ) -> str:
     """Sign the published revision from its manifest's digests (no byte is read again)."""
     try:
