@@ -189,7 +189,18 @@ def _remove_file(directory: Path, manifest: ShardManifest) -> str:
     return "config.json"
 
 
-@pytest.mark.parametrize("tamper", [_flip_shard_byte, _edit_manifest, _add_file, _remove_file])
+def _garble_manifest(directory: Path, manifest: ShardManifest) -> str:
+    (directory / ".k3a/manifest.json").write_text("{not json")
+    return ".k3a/manifest.json"
+
+
+def _add_meta_file(directory: Path, manifest: ShardManifest) -> str:
+    (directory / ".k3a/extra.json").write_text("{}")
+    return ".k3a/extra.json"
+
+
+@pytest.mark.parametrize("tamper", [_flip_shard_byte, _edit_manifest, _add_file, _remove_file,
+                                    _garble_manifest, _add_meta_file])
 def test_altered_revision_is_refused_by_k3a_gate_and_upstream(
     tamper, releases, keys, policies, k3a_cmd, k3a_env
 ):

@@ -8,6 +8,7 @@ untrusted key, or a signature over other bytes stops before the weights are read
 
 from __future__ import annotations
 
+import hashlib
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -99,7 +100,14 @@ def verify_signed_revision(
     if raw is None:
         raise NotFound(f"{target}: not a published revision (no {MANIFEST_REL})",
                        hint="stage it first with `k3a stage`, or check the commit")
-    manifest = ShardManifest.parse(raw)
+    try:
+        manifest = ShardManifest.parse(raw)
+    except ValueError as exc:
+        broken = SignedReport(VerifyReport(target, hashlib.sha256(raw).hexdigest(), 0, 0,
+                                           SIGNATURE_STAGE))
+        reason = str(exc).splitlines()[0]
+        broken.report.problems.append(Problem(MANIFEST_REL, f"not a valid manifest: {reason}"))
+        return broken
     early = SignedReport(VerifyReport(target, manifest.digest(), len(manifest.files),
                                       manifest.total_bytes, SIGNATURE_STAGE))
 
