@@ -399,6 +399,12 @@ def _s3_real(bench: Bench, opts: Options, shared: dict) -> list[Row]:
     return stage_vs_s5cmd(bench, opts, shared)
 
 
+def _signing(bench: Bench, opts: Options, shared: dict) -> list[Row]:
+    from .signing import signing
+
+    return signing(bench, opts, shared)
+
+
 FIGURES = {
     "staging": staging,  # 1 and 2
     "s3": s3,  # 3
@@ -407,4 +413,5 @@ FIGURES = {
     "rss": rss,  # 6
     "perfile": per_file,  # 7
     "s3real": _s3_real,  # 8
+    "signing": _signing,  # 9
 }

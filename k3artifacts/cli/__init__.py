@@ -14,6 +14,7 @@ from k3artifacts import __version__
 COMMAND_MODULES = {
     "stage": "stage",
     "verify": "verify",
+    "sign": "sign",
     "revisions": "revisions",
     "demo": "demo",
     "promote": "channels",

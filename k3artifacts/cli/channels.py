@@ -7,8 +7,14 @@ from pathlib import Path
 import click
 
 from k3artifacts.cli import cli
-from k3artifacts.cli.common import emit, get_store, handle_errors, json_option, store_option
-from k3artifacts.config import default_policies_dir
+from k3artifacts.cli.common import (
+    emit,
+    get_store,
+    handle_errors,
+    json_option,
+    policies_option,
+    store_option,
+)
 from k3artifacts.errors import GateFailed
 from k3artifacts.promotion.gates import GATE_TABLE_HEADER, check_gates, gate_rows
 from k3artifacts.promotion.moves import MoveResult, promote, rollback
@@ -18,17 +24,6 @@ from k3artifacts.releases.evaluations import attach_evaluation, list_evaluations
 from k3artifacts.releases.policies import load_gate_policy
 from k3artifacts.releases.reviews import license_text, review_code, review_license
 from k3artifacts.stores.base import Store
-
-policies_option = click.option(
-    "--policies",
-    "policies_dir",
-    envvar="K3A_POLICIES",
-    default=lambda: str(default_policies_dir()),
-    show_default="$K3A_POLICIES or ./policies",
-    type=click.Path(file_okay=False, path_type=Path),
-    help="Policy directory (promotion-gates.yaml) of the checkout.",
-)
-
 
 by_option = click.option(
     "--by",

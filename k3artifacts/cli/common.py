@@ -6,12 +6,13 @@ import functools
 import json
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import click
 
 from k3artifacts.canonical import to_plain
-from k3artifacts.config import default_store_url, parse_size
+from k3artifacts.config import default_policies_dir, default_store_url, parse_size
 from k3artifacts.errors import K3AError
 from k3artifacts.stores.base import Store
 from k3artifacts.stores.registry import open_store
@@ -23,6 +24,25 @@ store_option = click.option(
     default=default_store_url,
     show_default="$K3A_STORE or ~/.local/share/k3artifacts/store",
     help="Release store: file:///path (local disk or FSx mount) or s3://bucket/prefix.",
+)
+
+policies_option = click.option(
+    "--policies",
+    "policies_dir",
+    envvar="K3A_POLICIES",
+    default=lambda: str(default_policies_dir()),
+    show_default="$K3A_POLICIES or ./policies",
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Policy directory (promotion-gates.yaml, licenses/, code-reviews/, signing/) of the "
+    "checkout.",
+)
+
+signing_key_option = click.option(
+    "--signing-key",
+    envvar="K3A_SIGNING_KEY",
+    show_envvar=True,
+    help="PEM private key (ECDSA P-256/P-384) to sign with; its passphrase, if any, from "
+    "K3A_SIGNING_KEY_PASSWORD.",
 )
 
 json_option = click.option(

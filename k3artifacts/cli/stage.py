@@ -13,6 +13,7 @@ from k3artifacts.cli.common import (
     get_store,
     handle_errors,
     json_option,
+    signing_key_option,
     store_option,
 )
 from k3artifacts.config import default_workers
@@ -72,6 +73,8 @@ def print_stage_result(result: StageResult) -> None:
     click.echo(f"commit:          {result.commit}")
     click.echo(f"manifest digest: {result.manifest_digest}")
     click.echo(f"license sha256:  {result.license_sha256 or '(no license file)'}")
+    if result.signature:
+        click.echo(f"signature:       {result.signature}")
     if result.remote_code:
         click.echo(
             f"remote code:     {len(result.remote_code)} file(s) need review before promotion: "
@@ -100,18 +103,21 @@ def print_stage_result(result: StageResult) -> None:
               help="Bound local quarantine disk (e.g. 500GiB): shards leave it once stored.")
 @click.option("--retries", default=8, show_default=True,
               help="Attempts per file that make no progress before giving up.")
+@signing_key_option
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
 @json_option
 @handle_errors
 def stage_cmd(repo_id, revision, store_url, quarantine, endpoint, workers, allow_pickle,
-              keep_quarantine, window_bytes, retries, quiet, as_json):
+              keep_quarantine, window_bytes, retries, signing_key, quiet, as_json):
     """Download, verify and publish REPO_ID at --revision into the store.
 
     The revision is resolved to a commit once; every file is hashed as it arrives (sha256
     against the hub's LFS sha256, xxh3-128 for later checks), safetensors headers and the
     shard index are checked, the license and any *.py remote code are captured, and the
     revision is published atomically with its manifest. An interrupted run re-run with the
-    same arguments resumes partial files and skips verified ones.
+    same arguments resumes partial files and skips verified ones. With --signing-key (or
+    K3A_SIGNING_KEY) the published revision is signed (.k3a/model.sig) from the digests just
+    computed: no byte is read again.
 
     \b
     Example:
@@ -127,6 +133,7 @@ def stage_cmd(repo_id, revision, store_url, quarantine, endpoint, workers, allow
         keep_quarantine=keep_quarantine,
         window_bytes=window_bytes,
         retry=RetryPolicy(attempts=retries),
+        signing_key=signing_key,
     )
     result = run_stage(
         store, repo_id, revision, endpoint=endpoint, quarantine=quarantine,

@@ -8,7 +8,15 @@ from pathlib import Path
 import click
 
 from k3artifacts.cli import cli
-from k3artifacts.cli.common import emit, get_store, handle_errors, json_option, store_option
+from k3artifacts.cli.common import (
+    emit,
+    get_store,
+    handle_errors,
+    json_option,
+    policies_option,
+    signing_key_option,
+    store_option,
+)
 from k3artifacts.errors import ConfigError, ReleaseRefused
 from k3artifacts.releases.binding import (
     create_tuple,
@@ -16,11 +24,13 @@ from k3artifacts.releases.binding import (
     published_manifest,
 )
 from k3artifacts.releases.lookup import resolve_tuple
+from k3artifacts.releases.signatures import sign_tuple
 from k3artifacts.releases.tuples import ReleaseTuple, TupleStore, check_tuple_id
 from k3artifacts.revisions.refs import parse_revision_ref
 from k3artifacts.serving.images import resolve_image
 from k3artifacts.serving.profiles import FsxTarget, StorageTarget, load_profile, serving_spec
 from k3artifacts.serving.render import TARGETS, render
+from k3artifacts.signing.keys import load_signer
 from k3artifacts.stores.base import Store
 
 
@@ -108,6 +118,7 @@ def tuple_group() -> None:
     default=None,
     help="Where its root is mounted here (the store path lies under it).",
 )
+@signing_key_option
 @store_option
 @json_option
 @handle_errors
@@ -123,6 +134,7 @@ def tuple_create(
     fsx_dns_name: str | None,
     fsx_mount_name: str | None,
     fsx_mounted_at: str | None,
+    signing_key: str | None,
     store_url: str,
     as_json: bool,
 ) -> None:
@@ -131,12 +143,14 @@ def tuple_create(
     The image tag is resolved to a digest now, once (ECR through boto3, other registries
     through the OCI distribution API); the tuple never holds a tag alone. The tuple id derives
     from the binding only: running this again with the same inputs prints the same id.
+    With --signing-key the tuple is signed (releases/tuples/<id>.sig) once it is stored.
 
     \b
     Exit codes: 0 created or already present, 7 revision/image/profile not found,
     8 registry unreachable, 9 bad reference/profile/options.
     """
     repo_id, commit = parse_revision_ref(revision)
+    signer = load_signer(signing_key) if signing_key else None
     store = get_store(store_url)
     profile = load_profile(profile_name)
     # Check the revision before asking any registry: no network for a typo'd commit.
@@ -151,7 +165,9 @@ def tuple_create(
     spec = serving_spec(profile, storage=storage, verifier_image=verifier)
     created = create_tuple(store, repo_id, commit, pinned, spec)
     release = created.release
-    payload = {"created": created.new, "tuple": release.model_dump(mode="json")}
+    signed = None if signer is None else sign_tuple(store, release.id, signer)
+    payload = {"created": created.new, "tuple": release.model_dump(mode="json"),
+               "signature": None if signed is None else signed.key}
 
     def human() -> None:
         state = "created" if created.new else "already exists"
@@ -160,6 +176,8 @@ def tuple_create(
         click.echo(f"  image     {release.binding.image.reference}")
         click.echo(f"  profile   {profile.name}")
         click.echo(f"  weights   {release.binding.weights.location}")
+        if signed is not None:
+            click.echo(f"  signature {signed.key}")
 
     emit(as_json, payload, human)
 
@@ -271,6 +289,13 @@ def tuples_diff(a: str, b: str, store_url: str, as_json: bool) -> None:
     "applying a new render updates in place).",
 )
 @click.option("--namespace", default=None, help="Kubernetes namespace to put in the objects.")
+@click.option(
+    "--verify-signature",
+    is_flag=True,
+    help="eks: the init container checks the tuple's and the revision's signatures before the "
+    "bytes, with the public keys of --policies/signing/ rendered into a ConfigMap.",
+)
+@policies_option
 @store_option
 @json_option
 @handle_errors
@@ -280,6 +305,8 @@ def render_cmd(
     out_dir: Path | None,
     name: str | None,
     namespace: str | None,
+    verify_signature: bool,
+    policies_dir: Path,
     store_url: str,
     as_json: bool,
 ) -> None:
@@ -292,7 +319,8 @@ def render_cmd(
     9 the tuple cannot be served on this target (reason and fix printed).
     """
     release = resolve_tuple(get_store(store_url), tuple_or_channel)
-    rendered = render(release, target, name=name, namespace=namespace)
+    rendered = render(release, target, name=name, namespace=namespace,
+                      signing_policy=policies_dir if verify_signature else None)
     text = rendered.text()
     path = None
     if out_dir is not None:

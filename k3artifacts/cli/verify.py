@@ -7,14 +7,24 @@ from pathlib import Path
 import click
 
 from k3artifacts.cli import cli
-from k3artifacts.cli.common import emit, get_store, handle_errors, json_option, store_option
-from k3artifacts.errors import ConfigError
+from k3artifacts.cli.common import (
+    emit,
+    get_store,
+    handle_errors,
+    json_option,
+    policies_option,
+    store_option,
+)
+from k3artifacts.errors import ConfigError, VerifyMismatch
+from k3artifacts.releases.tuples import TUPLE_ID
 from k3artifacts.reporting.progress import BytesProgress, make_progress
 from k3artifacts.revisions.refs import COMMIT, check_repo_id, match_revision_ref
 from k3artifacts.stores.verify import verify_revision
 
 
-def parse_target(target: str) -> tuple[str, str] | Path:
+def parse_target(target: str, *, tuples: bool = False) -> tuple[str, str] | Path | str:
+    if tuples and TUPLE_ID.match(target):
+        return target
     ref = match_revision_ref(target)
     if ref is not None:
         return ref
@@ -35,19 +45,36 @@ def parse_target(target: str) -> tuple[str, str] | Path:
 @store_option
 @click.option("--full", is_flag=True, help="Check sha256 (slower) instead of xxh3-128.")
 @click.option("--expect-digest", help="Refuse unless the manifest digest is exactly this.")
+@click.option(
+    "--signature",
+    "check_signature",
+    is_flag=True,
+    help="First check the revision's signature (.k3a/model.sig) against the trusted keys of "
+    "policies/signing/, then the bytes against the signed manifest. TARGET may then be a tuple "
+    "id: its own signature is checked too.",
+)
+@click.option("--channel", default=None,
+              help="With --signature: trust only the keys this channel's signing policy lists.")
+@policies_option
 @click.option("--workers", default=4, show_default=True, help="Files hashed at once.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
 @json_option
 @handle_errors
-def verify_cmd(target, store_url, full, expect_digest, workers, quiet, as_json):
+def verify_cmd(target, store_url, full, expect_digest, check_signature, channel, policies_dir,
+               workers, quiet, as_json):
     """Re-hash a published revision against its manifest; run on a node before serving.
 
     TARGET is org/name@<commit> (looked up in --store) or a revision directory such as
     /fsx/k3a/models/moonshotai/Kimi-K3/<commit>.
 
-    Exit codes: 0 every file matches, 4 some file is missing, changed or unexpected
-    (listed), 7 not a published revision.
+    Exit codes: 0 every file matches, 4 some file is missing, changed or unexpected, or the
+    signature is missing, by an untrusted key or over other bytes (listed), 7 not a
+    published revision.
     """
+    if check_signature:
+        _verify_signed(target, store_url, full, expect_digest, channel, policies_dir, workers,
+                       quiet, as_json)
+        return
     parsed = parse_target(target)
     with make_progress(enabled=not (as_json or quiet)) as progress:
         bar = BytesProgress(progress, "verifying")
@@ -77,3 +104,61 @@ def verify_cmd(target, store_url, full, expect_digest, workers, quiet, as_json):
 
     emit(as_json, payload, human)
     report.raise_for_problems()
+
+
+def _verify_signed(target, store_url, full, expect_digest, channel, policies_dir, workers, quiet,
+                   as_json):
+    # Imported here: a plain `k3a verify` on a node needs neither cryptography nor policies.
+    from k3artifacts.releases.signatures import check_tuple_signature
+    from k3artifacts.releases.tuples import TupleStore
+    from k3artifacts.signing.policy import load_trusted_keys
+    from k3artifacts.signing.verify import verify_signed_revision
+
+    trusted = load_trusted_keys(policies_dir).for_channel(channel)
+    parsed = parse_target(target, tuples=True)
+    tuple_signer = None
+    if isinstance(parsed, str):
+        store = get_store(store_url)
+        tuple_signer = check_tuple_signature(store, parsed, trusted)
+        weights = TupleStore(store).get(parsed).binding.weights
+        if expect_digest is None:
+            expect_digest = weights.manifest_digest
+        parsed = (weights.repo_id, weights.commit)
+    with make_progress(enabled=not (as_json or quiet)) as progress:
+        bar = BytesProgress(progress, "verifying")
+        kwargs = dict(full=full, workers=workers, on_bytes=bar,
+                      on_manifest=lambda m: bar.set_total(m.total_bytes))
+        if isinstance(parsed, Path):
+            checked = verify_signed_revision(trusted, directory=parsed, **kwargs)
+        else:
+            checked = verify_signed_revision(trusted, store=get_store(store_url),
+                                             repo_id=parsed[0], commit=parsed[1], **kwargs)
+    report = checked.report
+    if expect_digest is not None and report.manifest_digest != expect_digest:
+        raise VerifyMismatch(f"{report.target}: the signed manifest has digest "
+                             f"{report.manifest_digest}, expected {expect_digest}")
+    payload = {
+        "target": report.target,
+        "ok": report.ok,
+        "algorithm": report.algorithm,
+        "manifest_digest": report.manifest_digest,
+        "signed_by": checked.key_name,
+        "key_hint": checked.key_hint,
+        "tuple_signed_by": tuple_signer,
+        "files": report.files,
+        "bytes": report.bytes,
+        "problems": [p.__dict__ for p in report.problems],
+    }
+
+    def human() -> None:
+        if report.ok:
+            if tuple_signer is not None:
+                click.echo(f"tuple {target}: signed by {tuple_signer}")
+            click.echo(f"signature: ok, signed by {checked.key_name}")
+            click.echo(
+                f"ok: {report.files} files, {report.bytes:,} bytes match ({report.algorithm})"
+            )
+            click.echo(f"manifest digest: {report.manifest_digest}")
+
+    emit(as_json, payload, human)
+    checked.raise_for_problems()

@@ -24,9 +24,11 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from k3artifacts.errors import K3AError, Refusal, ReleaseRefused, VerifyMismatch
+from k3artifacts.errors import AlreadyExists, K3AError, Refusal, ReleaseRefused, VerifyMismatch
 from k3artifacts.revisions.manifest import FileRecord, RemoteCodeEntry, ShardManifest
 from k3artifacts.revisions.refs import COMMIT, check_repo_id
+from k3artifacts.signing.keys import Signer, load_signer
+from k3artifacts.signing.revision import sign_revision
 from k3artifacts.staging import license as license_capture
 from k3artifacts.staging.events import StageObserver
 from k3artifacts.staging.hub import HubSource, RemoteFile
@@ -67,6 +69,8 @@ class StageResult:
     license_sha256: str | None = None
     #: What the store moved for this revision (S3: bytes uploaded / copied server-side...).
     store_stats: dict[str, int] = field(default_factory=dict)
+    #: Store key of the revision's signature when staging signed it (``--signing-key``).
+    signature: str | None = None
 
     @classmethod
     def of(
@@ -141,6 +145,8 @@ def stage(
     options = options or StageOptions()
     observer = observer or StageObserver()
     check_repo_id(repo_id)
+    # A bad key is refused before a byte is downloaded, not after 1.56 TB.
+    signer = load_signer(options.signing_key) if options.signing_key else None
     commit = source.resolve(repo_id, revision)
     if commit != revision:
         observer.note(f"resolved {repo_id}@{revision} to commit {commit}")
@@ -149,13 +155,32 @@ def stage(
         existing = store.read_manifest(repo_id, commit)
         if existing is not None:
             observer.note(f"{repo_id}@{commit} is already published in {store.url}; nothing to do")
-            return StageResult.of(existing, store, started, already=True)
+            result = StageResult.of(existing, store, started, already=True)
+            if signer is not None:
+                result.signature = _sign(store, repo_id, commit, signer, observer)
+            return result
         result = _Run(source, store, repo_id, commit, quarantine, options, observer).execute(
             runner or ThreadRunner(options.workers), started
         )
+    if signer is not None:
+        result.signature = _sign(store, repo_id, commit, signer, observer)
     if not options.keep_quarantine:
         quarantine.remove()
     return result
+
+
+def _sign(
+    store: Store, repo_id: str, commit: str, signer: Signer, observer: StageObserver
+) -> str:
+    """Sign the published revision from its manifest's digests (no byte is read again)."""
+    try:
+        signed = sign_revision(store, repo_id, commit, signer)
+    except AlreadyExists as exc:
+        # Published and signed earlier by another key: that signature stands (create-once).
+        observer.note(f"{exc.key} exists, signed by another key; left as it is")
+        return exc.key
+    observer.note(f"signed {repo_id}@{commit}: {signed.key}")
+    return signed.key
 
 
 class _Run:

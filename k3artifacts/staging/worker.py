@@ -46,6 +46,9 @@ class StageOptions:
     #: under this many bytes, and a shard's local copy is deleted once the store has it. For a
     #: checkpoint larger than the staging worker's disk (S3, or an FSx mount off local NVMe).
     window_bytes: int | None = None
+    #: PEM private key to sign the revision with once it is published (``.k3a/model.sig``);
+    #: read by the coordinating process only, never by a worker.
+    signing_key: str | None = None
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import BinaryIO
 
+from k3artifacts.errors import NotFound
 from k3artifacts.revisions.manifest import (
     META_DIR,
     FileRecord,
@@ -166,6 +167,17 @@ class Store(ABC):
     @abstractmethod
     def delete_revision(self, repo_id: str, commit: str) -> None:
         """Remove a published revision (an admin action, e.g. retention)."""
+
+    def add_to_revision(self, repo_id: str, commit: str, rel: str, data: bytes) -> None:
+        """Create ``<revision>/<rel>`` once in a published revision, touching nothing else.
+
+        For metadata that may come after publication (a signature in ``.k3a/``). Raises
+        :class:`NotFound` if the revision is not published, :class:`AlreadyExists` if ``rel``
+        is already there.
+        """
+        if self.read_manifest(repo_id, commit) is None:
+            raise NotFound(f"{repo_id}@{commit} is not published in {self.url}")
+        self.create(f"{revision_prefix(repo_id, commit)}/{rel}", data)
 
     def local_path(self, key: str) -> Path | None:
         """The POSIX path of ``key`` when the store is a mounted tree, else None."""

@@ -215,6 +215,24 @@ class FileStore(Store):
     def begin_revision(self, repo_id: str, commit: str) -> RevisionWriter:
         return _FileRevisionWriter(self, repo_id, commit)
 
+    def add_to_revision(self, repo_id: str, commit: str, rel: str, data: bytes) -> None:
+        final = self._path(revision_prefix(repo_id, commit))
+        if not (final / META_DIR / MANIFEST_NAME).exists():
+            raise NotFound(f"{repo_id}@{commit} is not published in {self.url}")
+        parent = self._path(f"{revision_prefix(repo_id, commit)}/{rel}").parent
+        if parent != final and not parent.is_dir():
+            raise ConfigError(f"{rel}: only existing directories of a revision can take a file")
+        # Published directories are read-only; open the one directory for the time of one
+        # exclusive create, under the revision's lock so that a concurrent adder does not
+        # close it under us. Every other file and directory keeps its mode.
+        with open(final.with_name(f".{commit}.lock"), "a+b") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            os.chmod(parent, 0o755)
+            try:
+                self.create(f"{revision_prefix(repo_id, commit)}/{rel}", data)
+            finally:
+                os.chmod(parent, READ_ONLY_DIR if parent != final else 0o755)
+
     def delete_revision(self, repo_id: str, commit: str) -> None:
         target = self._path(revision_prefix(repo_id, commit))
         if not target.exists():

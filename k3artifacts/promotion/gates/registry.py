@@ -23,6 +23,7 @@ from k3artifacts.promotion.gates import (
     order,
     remote_code,
     renderable,
+    signature,
 )
 from k3artifacts.promotion.gates.context import GateContext
 from k3artifacts.releases.channels import GateResult, Override, check_channel
@@ -54,6 +55,7 @@ GATES: dict[str, Gate] = {
     renderable.NAME: Gate(renderable.check, overridable=False),
     order.NAME: Gate(order.check),
     duties.NAME: Gate(duties.check, overridable=False),
+    signature.NAME: Gate(signature.check),
 }
 
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import yaml
 
@@ -31,12 +32,17 @@ from k3artifacts.releases.tuples import ReleaseTuple
 from k3artifacts.serving.render.common import default_name, slug
 from k3artifacts.serving.render.eks import render_eks
 from k3artifacts.serving.render.hyperpod import render_hyperpod
+from k3artifacts.signing.policy import config_map_files
 
 #: ``render(release, name=..., namespace=...) -> list of Kubernetes objects``, by target name.
 TARGETS: dict[str, Callable[..., list[dict]]] = {
     "hyperpod": render_hyperpod,
     "eks": render_eks,
 }
+
+
+#: Targets whose pods run our verifier, and so can check signatures before serving.
+SIGNATURE_TARGETS = ("eks",)
 
 
 @dataclass(frozen=True)
@@ -63,13 +69,29 @@ class Rendered:
 
 
 def render(
-    release: ReleaseTuple, target: str, *, name: str | None = None, namespace: str | None = None
+    release: ReleaseTuple,
+    target: str,
+    *,
+    name: str | None = None,
+    namespace: str | None = None,
+    signing_policy: Path | None = None,
 ) -> Rendered:
+    """``signing_policy``: a policies directory whose ``signing/`` the pods verify with
+    (eks only: a HyperPod endpoint has no init container of ours; there the signature gate
+    at promotion is the check)."""
     renderer = TARGETS.get(target)
     if renderer is None:
         raise ConfigError(
             f"unknown render target {target!r}", hint=f"use one of: {', '.join(TARGETS)}"
         )
     name = slug(name) if name else default_name(release)
-    docs = renderer(release, name=name, namespace=namespace)
+    extra = {}
+    if signing_policy is not None:
+        if target not in SIGNATURE_TARGETS:
+            raise ConfigError(
+                f"target {target} cannot check signatures in the pod",
+                hint="render without --verify-signature; the signature gate checks at promotion",
+            )
+        extra["signing_files"] = config_map_files(signing_policy)
+    docs = renderer(release, name=name, namespace=namespace, **extra)
     return Rendered(target=target, tuple_id=release.id, name=name, documents=docs)

@@ -1,6 +1,8 @@
 """Target ``eks``: the weights volume (PV + PVC), a Deployment (single node) or a LeaderWorkerSet
 (multi-node, vLLM over Ray), a Service and a PodDisruptionBudget. Every pod runs ``k3a verify``
-of the bound revision on the mounted weights, under a timeout, before vLLM starts."""
+of the bound revision on the mounted weights, under a timeout, before vLLM starts; rendered
+with the signing policy, that check starts with the tuple's and the revision's signatures
+(public keys from a ConfigMap rendered from ``policies/signing/``)."""
 
 from __future__ import annotations
 
@@ -93,7 +95,23 @@ def _mount(path: str, subpath: str) -> dict[str, Any]:
     return mount
 
 
-def verify_container(release: ReleaseTuple, res: ServingResources, vol: WeightsVolume) -> dict:
+#: Where the init container finds policies/signing/ (from the rendered ConfigMap).
+POLICIES_MOUNT = "/etc/k3a/policies"
+SIGNING_VOLUME = "signing-keys"
+
+
+def signing_config_map(name: str, namespace: str | None, files: dict[str, str]) -> dict:
+    """policies/signing/ as a ConfigMap: the trusted-keys policy and its public keys."""
+    meta: dict[str, Any] = {"name": f"{name}-{SIGNING_VOLUME}"}
+    if namespace:
+        meta["namespace"] = namespace
+    meta["labels"] = {"app.kubernetes.io/managed-by": "k3a"}
+    return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": meta, "data": dict(files)}
+
+
+def verify_container(
+    release: ReleaseTuple, res: ServingResources, vol: WeightsVolume, *, signed: bool = False
+) -> dict:
     if not res.verifier_image:
         raise ConfigError(
             f"tuple {release.id} names no verifier image; the EKS pod verifies the weights "
@@ -103,13 +121,22 @@ def verify_container(release: ReleaseTuple, res: ServingResources, vol: WeightsV
     w = release.binding.weights
     # coreutils timeout: an init container that hangs on a sick mount must fail, not wait
     # forever (KServe #5611); the pod then restarts and the Deployment reports it.
+    # With signatures: the tuple's signature (its record is in the store beside the weights),
+    # then the revision's, then every byte against the signed manifest, by the keys of the
+    # ConfigMap rendered from policies/signing/.
+    target = ([release.id, "--signature", "--policies", POLICIES_MOUNT] if signed
+              else [f"{w.repo_id}@{w.commit}"])
     command = [
         "timeout", "--kill-after=30", str(res.verify_timeout_seconds),
-        "k3a", "verify", f"{w.repo_id}@{w.commit}", "--store", f"file://{STORE_MOUNT}",
+        "k3a", "verify", *target, "--store", f"file://{STORE_MOUNT}",
         # The manifest on the volume must be the one the tuple bound, not merely consistent
         # with the files beside it.
         "--expect-digest", w.manifest_digest,
     ]  # fmt: skip
+    mounts = [_mount(STORE_MOUNT, vol.store_subpath)]
+    if signed:
+        mounts.append({"name": SIGNING_VOLUME, "mountPath": f"{POLICIES_MOUNT}/signing",
+                       "readOnly": True})
     return {
         "name": "verify-weights",
         "image": res.verifier_image,
@@ -118,7 +145,7 @@ def verify_container(release: ReleaseTuple, res: ServingResources, vol: WeightsV
             "requests": {"cpu": "4", "memory": "8Gi"},
             "limits": {"memory": "8Gi"},
         },
-        "volumeMounts": [_mount(STORE_MOUNT, vol.store_subpath)],
+        "volumeMounts": mounts,
     }
 
 
@@ -128,14 +155,18 @@ def _pod_spec(
     vol: WeightsVolume,
     volume: dict,
     container: dict,
+    signing_map: str | None = None,
 ) -> dict:
+    volumes = [
+        volume,
+        {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": res.pod.shm_size}},
+    ]
+    if signing_map is not None:
+        volumes.append({"name": SIGNING_VOLUME, "configMap": {"name": signing_map}})
     return {
-        "initContainers": [verify_container(release, res, vol)],
+        "initContainers": [verify_container(release, res, vol, signed=signing_map is not None)],
         "containers": [container],
-        "volumes": [
-            volume,
-            {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": res.pod.shm_size}},
-        ],
+        "volumes": volumes,
         "nodeSelector": {"node.kubernetes.io/instance-type": res.node_instance_type},
         "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
         "terminationGracePeriodSeconds": 120,
@@ -164,11 +195,24 @@ def _vllm_container(
     return container
 
 
-def render_eks(release: ReleaseTuple, *, name: str, namespace: str | None) -> list[dict]:
+def render_eks(
+    release: ReleaseTuple,
+    *,
+    name: str,
+    namespace: str | None,
+    signing_files: dict[str, str] | None = None,
+) -> list[dict]:
+    """``signing_files``: policies/signing/ flattened (``signing.policy.config_map_files``);
+    given, the init container checks the tuple's and the revision's signatures first."""
     b = release.binding
     res = serving_resources(b.serving, f"tuple {release.id}")
     vol = weights_volume(release, res)
     cluster_objects, volume = _volume_objects(release, vol, name, namespace)
+    signing_map = None
+    if signing_files is not None:
+        keys_map = signing_config_map(name, namespace, signing_files)
+        cluster_objects.append(keys_map)
+        signing_map = keys_map["metadata"]["name"]
     meta_base: dict[str, Any] = {"name": name}
     if namespace:
         meta_base["namespace"] = namespace
@@ -193,14 +237,15 @@ def render_eks(release: ReleaseTuple, *, name: str, namespace: str | None) -> li
                 "template": {
                     "metadata": pod_meta,
                     "spec": _pod_spec(
-                        release, res, vol, volume, _vllm_container(release, res, vol)
+                        release, res, vol, volume, _vllm_container(release, res, vol),
+                        signing_map,
                     ),
                 },
             },
         }
         service_selector = selector
     else:
-        workload = _leader_worker_set(release, res, vol, volume, meta, pod_meta)
+        workload = _leader_worker_set(release, res, vol, volume, meta, pod_meta, signing_map)
         service_selector = {**selector, "role": "leader"}
     service = {
         "apiVersion": "v1",
@@ -235,6 +280,7 @@ def _leader_worker_set(
     volume: dict,
     meta: dict,
     pod_meta: dict,
+    signing_map: str | None = None,
 ) -> dict:
     """vLLM multi-node: a Ray head plus the API server in the leader, Ray workers elsewhere.
     The leader waits until the whole group has joined before vLLM places its stages."""
@@ -269,11 +315,11 @@ def _leader_worker_set(
                 "restartPolicy": "RecreateGroupOnPodRestart",
                 "leaderTemplate": {
                     "metadata": {**pod_meta, "labels": {**pod_meta["labels"], "role": "leader"}},
-                    "spec": _pod_spec(release, res, vol, volume, leader),
+                    "spec": _pod_spec(release, res, vol, volume, leader, signing_map),
                 },
                 "workerTemplate": {
                     "metadata": {**pod_meta, "labels": {**pod_meta["labels"], "role": "worker"}},
-                    "spec": _pod_spec(release, res, vol, volume, worker),
+                    "spec": _pod_spec(release, res, vol, volume, worker, signing_map),
                 },
             },
         },

@@ -1,0 +1,127 @@
+"""Which keys are trusted, and which channels require signatures: ``policies/signing/``.
+
+``policies/signing/trusted-keys.yaml``::
+
+    schema_version: 1
+    keys:                      # name -> PEM public key file, relative to policies/signing/
+      release-2026: keys/release-2026.pub.pem
+    channels:                  # a channel not listed requires nothing and trusts every key
+      production: {required: true, keys: [release-2026], verify_bytes: true}
+
+A channel's ``keys`` are the only ones whose signatures count for it (empty: every key listed
+above). Reviewed and committed like code: adding a key is a change someone approves.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from k3artifacts.errors import ConfigError
+from k3artifacts.signing.keys import load_public_key
+
+SIGNING_DIR = "signing"
+TRUSTED_KEYS_FILE = "trusted-keys.yaml"
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class ChannelSigning(_Strict):
+    required: bool = True
+    keys: list[str] = Field(default_factory=list)
+    #: The promotion gate re-reads the weights (xxh3-128) against the signed manifest.
+    verify_bytes: bool = True
+
+
+class SigningPolicy(_Strict):
+    schema_version: Literal[1] = 1
+    keys: dict[str, str]
+    channels: dict[str, ChannelSigning] = Field(
+        default_factory=lambda: {"production": ChannelSigning()}
+    )
+
+    @model_validator(mode="after")
+    def _known_keys(self) -> SigningPolicy:
+        for channel, rule in self.channels.items():
+            unknown = sorted(set(rule.keys) - set(self.keys))
+            if unknown:
+                raise ValueError(f"channel {channel!r} names unknown key(s) {unknown}")
+        return self
+
+
+class TrustedKeys:
+    """The policy with its public keys loaded."""
+
+    def __init__(self, policy: SigningPolicy, keys: dict[str, ec.EllipticCurvePublicKey],
+                 path: Path):
+        self.policy = policy
+        self.keys = keys
+        self.path = path
+
+    def required(self, channel: str) -> bool:
+        rule = self.policy.channels.get(channel)
+        return rule is not None and rule.required
+
+    def verify_bytes(self, channel: str) -> bool:
+        rule = self.policy.channels.get(channel)
+        return rule is None or rule.verify_bytes
+
+    def for_channel(self, channel: str | None) -> dict[str, ec.EllipticCurvePublicKey]:
+        """The keys trusted on ``channel`` (None: every listed key); refuses an empty set."""
+        rule = None if channel is None else self.policy.channels.get(channel)
+        if rule is None or not rule.keys:
+            trusted = dict(self.keys)
+        else:
+            trusted = {name: self.keys[name] for name in rule.keys}
+        if not trusted:
+            raise ConfigError(
+                f"{self.path} lists no trusted signing key"
+                + (f" for channel {channel}" if channel else ""),
+                hint="add the release public key there (README, 'Signing')",
+            )
+        return trusted
+
+
+def policy_path(policies_dir: Path) -> Path:
+    return Path(policies_dir) / SIGNING_DIR / TRUSTED_KEYS_FILE
+
+
+def load_trusted_keys(policies_dir: Path) -> TrustedKeys:
+    path = policy_path(policies_dir)
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except FileNotFoundError:
+        raise ConfigError(
+            f"{path} not found: no trusted signing keys",
+            hint="list the release public keys there (README, 'Signing')",
+        ) from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not YAML: {exc}") from None
+    try:
+        policy = SigningPolicy.model_validate(raw)
+    except ValidationError as exc:
+        raise ConfigError(f"{path}: {exc}") from None
+    keys = {name: load_public_key(path.parent / rel) for name, rel in policy.keys.items()}
+    return TrustedKeys(policy, keys, path)
+
+
+def config_map_files(policies_dir: Path) -> dict[str, str]:
+    """``signing/`` of ``policies_dir`` as flat files for a Kubernetes ConfigMap (whose keys
+    cannot hold ``/``): the policy with each key file renamed ``<name>.pub.pem``, and those
+    files. Mounted at ``<policies>/signing``, it loads exactly like the original."""
+    trusted = load_trusted_keys(policies_dir)
+    renamed = {name: f"{name}.pub.pem" for name in trusted.policy.keys}
+    policy = trusted.policy.model_copy(update={"keys": renamed})
+    files = {TRUSTED_KEYS_FILE: yaml.safe_dump(policy.model_dump(mode="json"), sort_keys=True)}
+    for name, key in sorted(trusted.keys.items()):
+        files[renamed[name]] = key.public_bytes(
+            serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+        ).decode()
+    return files

@@ -1,0 +1,536 @@
+"""Signed provenance: revision and tuple signatures, checked by k3a, the gate and the upstream
+OpenSSF ``model_signing`` CLI (run for real in a subprocess, offline, with generated keys)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import xxhash
+import yaml
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ec, rsa
+
+from k3artifacts.errors import AlreadyExists, ConfigError
+from k3artifacts.promotion.gates.signature import signature_gate
+from k3artifacts.releases.signatures import (
+    TupleSignatureRefused,
+    check_tuple_signature,
+    sign_tuple,
+    signature_key,
+)
+from k3artifacts.releases.tuples import tuple_key
+from k3artifacts.revisions.manifest import FileRecord, LicenseRecord, ShardManifest
+from k3artifacts.sandbox.releases import Releases
+from k3artifacts.signing.keys import load_signer
+from k3artifacts.signing.policy import load_trusted_keys
+from k3artifacts.signing.revision import SIGNATURE_REL, sign_revision
+from k3artifacts.signing.verify import verify_signed_revision
+from k3artifacts.stores.file import FileStore
+
+MODEL_SIGNING = str(Path(sys.executable).parent / "model_signing")
+
+
+def _write_key(path: Path, curve: ec.EllipticCurve) -> Path:
+    key = ec.generate_private_key(curve)
+    path.write_bytes(key.private_bytes(serialization.Encoding.PEM,
+                                       serialization.PrivateFormat.PKCS8,
+                                       serialization.NoEncryption()))
+    path.with_suffix(".pub.pem").write_bytes(key.public_key().public_bytes(
+        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo))
+    return path
+
+
+@pytest.fixture
+def keys(tmp_path: Path) -> dict[str, Path]:
+    d = tmp_path / "keys"
+    d.mkdir()
+    return {
+        "release": _write_key(d / "release.pem", ec.SECP256R1()),
+        "release384": _write_key(d / "release384.pem", ec.SECP384R1()),
+        "intruder": _write_key(d / "intruder.pem", ec.SECP256R1()),
+    }
+
+
+@pytest.fixture
+def policies(tmp_path: Path, keys: dict[str, Path]) -> Path:
+    """Trusts `release` and `release384`; `intruder` is a valid key nobody listed."""
+    root = tmp_path / "policies"
+    (root / "signing" / "keys").mkdir(parents=True)
+    for name in ("release", "release384"):
+        shutil.copy(keys[name].with_suffix(".pub.pem"), root / "signing" / "keys" / f"{name}.pub.pem")
+    (root / "signing" / "trusted-keys.yaml").write_text(yaml.safe_dump({
+        "schema_version": 1,
+        "keys": {"release": "keys/release.pub.pem", "release384": "keys/release384.pub.pem"},
+        "channels": {"production": {"required": True, "keys": ["release", "release384"]},
+                     "staging": {"required": False}},
+    }))
+    return root
+
+
+@pytest.fixture
+def releases(file_store: FileStore, tmp_path: Path) -> Releases:
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    return Releases(file_store, scratch)
+
+
+def _revision_dir(store: FileStore, manifest: ShardManifest) -> Path:
+    return store.local_path(f"models/{manifest.repo_id}/{manifest.commit}")
+
+
+def _writable(tree: Path) -> None:
+    """Published trees are read-only; an attacker with write access to the store is what we
+    simulate, so give write bits back before tampering."""
+    for dirpath, _, filenames in os.walk(tree):
+        os.chmod(dirpath, 0o755)
+        for name in filenames:
+            os.chmod(os.path.join(dirpath, name), 0o644)
+
+
+def _upstream_verify(directory: Path, public_key: Path) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [MODEL_SIGNING, "verify", "key", str(directory), "--signature",
+         str(directory / SIGNATURE_REL), "--public_key", str(public_key)],
+        capture_output=True, text=True, timeout=120,
+    )
+
+
+def _k3a(k3a_cmd, k3a_env, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([*k3a_cmd, *args], capture_output=True, text=True, env=k3a_env,
+                          timeout=120)
+
+
+def _signed_release(releases: Releases, keys: dict[str, Path], key: str = "release"):
+    manifest = releases.publish(code={"modeling_k3.py": b"class K3: pass\n"})
+    signer = load_signer(str(keys[key]))
+    sign_revision(releases.store, manifest.repo_id, manifest.commit, signer)
+    release = releases.tuple_for(manifest)
+    sign_tuple(releases.store, release.id, signer)
+    return manifest, release
+
+
+def test_k3a_sign_then_upstream_and_k3a_verify_accept(releases, keys, policies, k3a_cmd, k3a_env):
+    manifest = releases.publish(code={"sub/a.py": b"a", "sub.x/b.py": b"b"})
+    ref = f"{manifest.repo_id}@{manifest.commit}"
+    store = releases.store.url
+    signed = _k3a(k3a_cmd, k3a_env, "sign", ref, "--signing-key", str(keys["release"]),
+                  "--store", store, "--json")
+    assert signed.returncode == 0, signed.stderr
+    out = json.loads(signed.stdout)
+    assert out["new"] and out["signature"].endswith("/.k3a/model.sig")
+    # Signed is covered: every file of the manifest, plus the manifest itself.
+    assert out["files"] == len(manifest.files) + 1
+    directory = _revision_dir(releases.store, manifest)
+    # Nothing else of the published tree changed, and it stays read-only.
+    assert oct(os.stat(directory / ".k3a").st_mode & 0o777) == "0o555"
+    assert oct(os.stat(directory / SIGNATURE_REL).st_mode & 0o777) == "0o444"
+
+    upstream = _upstream_verify(directory, keys["release"].with_suffix(".pub.pem"))
+    assert upstream.returncode == 0, upstream.stdout + upstream.stderr
+    assert "Verification succeeded" in upstream.stdout
+
+    checked = _k3a(k3a_cmd, k3a_env, "verify", "--signature", ref, "--store", store,
+                   "--policies", str(policies), "--channel", "production", "--json")
+    assert checked.returncode == 0, checked.stderr
+    report = json.loads(checked.stdout)
+    assert report["ok"] and report["signed_by"] == "release"
+    assert report["algorithm"] == "xxh3-128" and report["manifest_digest"] == manifest.digest()
+    # A node verifies a directory (an FSx mount) the same way.
+    by_path = _k3a(k3a_cmd, k3a_env, "verify", "--signature", str(directory),
+                   "--policies", str(policies), "-q")
+    assert by_path.returncode == 0, by_path.stderr
+
+    again = _k3a(k3a_cmd, k3a_env, "sign", ref, "--signing-key", str(keys["release"]),
+                 "--store", store, "--json")
+    assert again.returncode == 0 and not json.loads(again.stdout)["new"]
+    other = _k3a(k3a_cmd, k3a_env, "sign", ref, "--signing-key", str(keys["release384"]),
+                 "--store", store)
+    assert other.returncode == 6 and "already exists" in other.stderr
+
+
+def _flip_shard_byte(directory: Path, manifest: ShardManifest) -> str:
+    shard = next(r.path for r in manifest.files if r.path.endswith(".safetensors"))
+    path = directory / shard
+    data = bytearray(path.read_bytes())
+    data[-1] ^= 0x01
+    path.write_bytes(bytes(data))
+    return shard
+
+
+def _edit_manifest(directory: Path, manifest: ShardManifest) -> str:
+    """The attack hashes alone cannot stop: change a shard and its manifest record together."""
+    shard = _flip_shard_byte(directory, manifest)
+    body = (directory / shard).read_bytes()
+    files = [
+        r.model_copy(update={"sha256": hashlib.sha256(body).hexdigest(),
+                             "xxh3_128": xxhash.xxh3_128_hexdigest(body)})
+        if r.path == shard else r
+        for r in manifest.files
+    ]
+    (directory / ".k3a/manifest.json").write_bytes(
+        manifest.model_copy(update={"files": files}).canonical())
+    return ".k3a/manifest.json"
+
+
+def _add_file(directory: Path, manifest: ShardManifest) -> str:
+    (directory / "sitecustomize.py").write_text("import os\n")
+    return "sitecustomize.py"
+
+
+def _remove_file(directory: Path, manifest: ShardManifest) -> str:
+    (directory / "config.json").unlink()
+    return "config.json"
+
+
+def _garble_manifest(directory: Path, manifest: ShardManifest) -> str:
+    (directory / ".k3a/manifest.json").write_text("{not json")
+    return ".k3a/manifest.json"
+
+
+def _add_meta_file(directory: Path, manifest: ShardManifest) -> str:
+    (directory / ".k3a/extra.json").write_text("{}")
+    return ".k3a/extra.json"
+
+
+@pytest.mark.parametrize("tamper", [_flip_shard_byte, _edit_manifest, _add_file, _remove_file,
+                                    _garble_manifest, _add_meta_file])
+def test_altered_revision_is_refused_by_k3a_gate_and_upstream(
+    tamper, releases, keys, policies, k3a_cmd, k3a_env
+):
+    manifest, release = _signed_release(releases, keys)
+    directory = _revision_dir(releases.store, manifest)
+    assert signature_gate(releases.store, release, "production", policies).passed
+    _writable(directory)
+    named = tamper(directory, manifest)
+
+    checked = _k3a(k3a_cmd, k3a_env, "verify", "--signature",
+                   f"{manifest.repo_id}@{manifest.commit}", "--store", releases.store.url,
+                   "--policies", str(policies), "--json")
+    assert checked.returncode == 4, checked.stdout + checked.stderr
+    problems = json.loads(checked.stdout)["problems"]
+    assert named in {p["path"] for p in problems}, problems
+    assert named in checked.stderr
+
+    gate = signature_gate(releases.store, release, "production", policies)
+    assert not gate.passed and named in gate.reason
+
+    upstream = _upstream_verify(directory, keys["release"].with_suffix(".pub.pem"))
+    assert upstream.returncode != 0, upstream.stdout
+    assert "Verification failed" in upstream.stderr
+
+
+def test_edited_tuple_body_with_its_signature_kept_is_refused(
+    releases, keys, policies, k3a_cmd, k3a_env
+):
+    manifest, release = _signed_release(releases, keys)
+    trusted = load_trusted_keys(policies).for_channel("production")
+    assert check_tuple_signature(releases.store, release.id, trusted) == "release"
+    ok = _k3a(k3a_cmd, k3a_env, "verify", "--signature", release.id, "--store",
+              releases.store.url, "--policies", str(policies), "--json")
+    assert ok.returncode == 0, ok.stderr
+    assert json.loads(ok.stdout)["tuple_signed_by"] == "release"
+
+    # Who/when are outside the tuple id, so the id still derives; the signature catches it.
+    path = releases.store.local_path(tuple_key(release.id))
+    os.chmod(path, 0o644)
+    body = json.loads(path.read_bytes())
+    body["created_by"] = "someone-else"
+    path.write_bytes(json.dumps(body, sort_keys=True, separators=(",", ":")).encode())
+
+    with pytest.raises(TupleSignatureRefused, match=rf"{release.id}\.sig: the signature is over"):
+        check_tuple_signature(releases.store, release.id, trusted)
+    refused = _k3a(k3a_cmd, k3a_env, "verify", "--signature", release.id, "--store",
+                   releases.store.url, "--policies", str(policies))
+    assert refused.returncode == 4 and f"{release.id}.sig" in refused.stderr
+    gate = signature_gate(releases.store, release, "production", policies)
+    assert not gate.passed and f"{release.id}.sig" in gate.reason
+
+    # A changed binding no longer derives its id: refused before the signature is read.
+    body["binding"]["image"]["digest"] = "sha256:" + "9" * 64
+    path.write_bytes(json.dumps(body, sort_keys=True, separators=(",", ":")).encode())
+    gate = signature_gate(releases.store, release, "production", policies)
+    assert not gate.passed and "tuple-tampered" in gate.reason
+
+
+def test_key_not_listed_in_policies_is_refused(releases, keys, policies, k3a_cmd, k3a_env):
+    manifest, release = _signed_release(releases, keys, key="intruder")
+    # The signature itself is sound: upstream, given the intruder's own key, accepts it.
+    directory = _revision_dir(releases.store, manifest)
+    assert _upstream_verify(directory, keys["intruder"].with_suffix(".pub.pem")).returncode == 0
+    refused = _k3a(k3a_cmd, k3a_env, "verify", "--signature",
+                   f"{manifest.repo_id}@{manifest.commit}", "--store", releases.store.url,
+                   "--policies", str(policies))
+    assert refused.returncode == 4
+    assert ".k3a/model.sig: signed by an untrusted key" in refused.stderr
+    gate = signature_gate(releases.store, release, "production", policies)
+    assert not gate.passed and "untrusted key" in gate.reason
+    with pytest.raises(TupleSignatureRefused, match="untrusted key"):
+        check_tuple_signature(releases.store, release.id,
+                              load_trusted_keys(policies).for_channel("production"))
+
+
+def test_missing_signatures_are_refused_and_only_where_required(releases, keys, policies):
+    manifest = releases.publish()
+    release = releases.tuple_for(manifest)
+    gate = signature_gate(releases.store, release, "production", policies)
+    assert not gate.passed and ".k3a/model.sig: missing" in gate.reason
+    assert signature_gate(releases.store, release, "staging", policies).passed
+    sign_revision(releases.store, manifest.repo_id, manifest.commit,
+                  load_signer(str(keys["release384"])))
+    gate = signature_gate(releases.store, release, "production", policies)
+    assert not gate.passed and f"{signature_key(release.id)}: missing" in gate.reason
+    sign_tuple(releases.store, release.id, load_signer(str(keys["release384"])))
+    gate = signature_gate(releases.store, release, "production", policies)
+    assert gate.passed, gate.reason
+
+
+def test_checkout_policy_fails_closed_until_a_key_is_listed(releases, keys):
+    manifest, release = _signed_release(releases, keys)
+    checkout = Path(__file__).resolve().parents[1] / "policies"
+    gate = signature_gate(releases.store, release, "production", checkout)
+    assert not gate.passed and "lists no trusted signing key" in gate.reason
+
+
+def test_tuple_create_signs_with_signing_key(releases, keys, policies, k3a_cmd, k3a_env):
+    manifest = releases.publish()
+    created = _k3a(k3a_cmd, k3a_env, "tuple", "create", f"{manifest.repo_id}@{manifest.commit}",
+                   "--image", "registry.example.com/vllm@sha256:" + "1" * 64, "--offline",
+                   "--profile", "p6-b300-tp8", "--store", releases.store.url,
+                   "--signing-key", str(keys["release"]), "--json")
+    assert created.returncode == 0, created.stderr
+    out = json.loads(created.stdout)
+    tuple_id = out["tuple"]["id"]
+    assert out["signature"] == signature_key(tuple_id)
+    trusted = load_trusted_keys(policies).for_channel("production")
+    assert check_tuple_signature(releases.store, tuple_id, trusted) == "release"
+
+
+def test_bad_signing_keys_are_refused_clearly(tmp_path):
+    rsa_key = tmp_path / "rsa.pem"
+    rsa_key.write_bytes(rsa.generate_private_key(65537, 2048).private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+        serialization.NoEncryption()))
+    with pytest.raises(ConfigError, match="not ECDSA P-256 or P-384"):
+        load_signer(str(rsa_key))
+    with pytest.raises(ConfigError, match="No such file"):
+        load_signer(str(tmp_path / "absent.pem"))
+    with pytest.raises(ConfigError, match="PKCS#11"):
+        load_signer("pkcs11:token=release;object=k3a")
+
+
+def _rchar() -> int:
+    for line in Path("/proc/self/io").read_text().splitlines():
+        if line.startswith("rchar:"):
+            return int(line.split()[1])
+    raise AssertionError("no rchar in /proc/self/io")
+
+
+@pytest.mark.parametrize("shard_size", [16 << 20, 4 << 30])
+def test_signing_reads_no_weight_byte(shard_size, file_store, keys, tmp_path):
+    """Signing uses the digests staging recorded: the bytes read do not grow with the release.
+
+    The shards are sparse files (nothing to write, nothing cached), published through the file
+    store's real writer with the digests a stager would have recorded; any read of them would
+    show in rchar by GiBs.
+    """
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    records = []
+    writer = file_store.begin_revision("moonshotai/Kimi-K3", "c" * 40)
+    for i in range(4):
+        local = scratch / f"model-{i}.safetensors"
+        with open(local, "wb") as fh:
+            fh.truncate(shard_size)
+        record = FileRecord(path=local.name, size=shard_size, kind="weights",
+                            sha256=hashlib.sha256(local.name.encode()).hexdigest(),
+                            xxh3_128="0" * 32)
+        writer.put_file(record, local)
+        records.append(record)
+    manifest = ShardManifest(repo_id="moonshotai/Kimi-K3", commit="c" * 40, files=records,
+                             license=LicenseRecord(path=None, sha256=None, text=None),
+                             remote_code=[], total_bytes=4 * shard_size)
+    writer.commit(manifest)
+    signer = load_signer(str(keys["release"]))
+    before = _rchar()
+    signed = sign_revision(file_store, "moonshotai/Kimi-K3", "c" * 40, signer)
+    read = _rchar() - before
+    assert signed.files == 5
+    assert read < 64 * 1024, f"signing read {read} bytes of a {4 * shard_size} byte release"
+
+
+def test_sign_and_verify_on_every_store(store, keys, policies, tmp_path):
+    scratch = tmp_path / "scratch-any"
+    scratch.mkdir()
+    releases = Releases(store, scratch)
+    manifest, release = _signed_release(releases, keys)
+    trusted = load_trusted_keys(policies).for_channel("production")
+    checked = verify_signed_revision(trusted, store=store, repo_id=manifest.repo_id,
+                                     commit=manifest.commit)
+    assert checked.report.ok and checked.key_name == "release"
+    assert signature_gate(store, release, "production", policies).passed
+    with pytest.raises(AlreadyExists):
+        sign_revision(store, manifest.repo_id, manifest.commit,
+                      load_signer(str(keys["release384"])))
+
+
+def test_k3a_stage_signs_at_publication(local_hub, tmp_path, keys, policies, k3a_cmd, k3a_env):
+    from tests.staging_helpers import REPO, small_release
+
+    commit = local_hub.hub.add_commit(REPO, small_release(tmp_path))
+    store = FileStore(tmp_path / "staged")
+    env = dict(k3a_env, K3A_SIGNING_KEY=str(keys["release"]))
+    staged = subprocess.run(
+        [*k3a_cmd, "stage", REPO, "--store", store.url, "--endpoint", local_hub.endpoint,
+         "--quarantine", str(tmp_path / "q"), "--json", "-q"],
+        env=env, capture_output=True, text=True, timeout=300,
+    )
+    assert staged.returncode == 0, staged.stderr
+    result = json.loads(staged.stdout)
+    assert result["signature"] == f"models/{REPO}/{commit}/{SIGNATURE_REL}"
+    directory = store.local_path(f"models/{REPO}/{commit}")
+    upstream = _upstream_verify(directory, keys["release"].with_suffix(".pub.pem"))
+    assert upstream.returncode == 0, upstream.stdout + upstream.stderr
+    trusted = load_trusted_keys(policies).for_channel("production")
+    assert verify_signed_revision(trusted, directory=directory).report.ok
+
+
+def test_stage_refuses_a_bad_signing_key_before_downloading(local_hub, tmp_path):
+    from tests.staging_helpers import REPO, run_stage, small_release
+
+    local_hub.hub.add_commit(REPO, small_release(tmp_path))
+    with pytest.raises(ConfigError, match="signing key"):
+        run_stage(local_hub.endpoint, FileStore(tmp_path / "s"), tmp_path / "q",
+                  signing_key=str(tmp_path / "missing.pem"))
+    assert not [r for r in local_hub.hub.requests if "/resolve/" in r.url]
+
+
+def test_eks_init_container_checks_signatures_before_vllm(
+    published_revision, keys, policies, tmp_path, k3a_cmd, k3a_env
+):
+    from k3artifacts.serving.render import render
+    from k3artifacts.serving.render.eks import POLICIES_MOUNT
+    from tests.test_render import make, validate_k8s
+
+    p = published_revision
+    signer = load_signer(str(keys["release"]))
+    sign_revision(p.store, p.repo_id, p.commit, signer)
+    release = make(p)
+    sign_tuple(p.store, release.id, signer)
+    docs = render(release, "eks", signing_policy=policies).documents
+    validate_k8s(docs)
+    (config_map,) = [d for d in docs if d["kind"] == "ConfigMap"]
+    assert set(config_map["data"]) == {"trusted-keys.yaml", "release.pub.pem",
+                                       "release384.pub.pem"}
+    pod = next(d for d in docs if d["kind"] == "Deployment")["spec"]["template"]["spec"]
+    assert {"name": "signing-keys", "configMap": {"name": config_map["metadata"]["name"]}} \
+        in pod["volumes"]
+    (init,) = pod["initContainers"]
+    command = init["command"]
+    assert command[3:8] == ["k3a", "verify", release.id, "--signature", "--policies"]
+    assert "--expect-digest" in command
+
+    # Run the rendered command as the pod would: the ConfigMap's files at the mount path, the
+    # store where the volume would be.
+    mounted = tmp_path / "pod-policies"
+    (mounted / "signing").mkdir(parents=True)
+    for name, text in config_map["data"].items():
+        (mounted / "signing" / name).write_text(text)
+    argv = [a.replace(POLICIES_MOUNT, str(mounted)).replace("file:///k3a-store", p.store.url)
+            for a in command]
+    k3a_at = argv.index("k3a")
+    argv = [*argv[:k3a_at], *k3a_cmd, *argv[k3a_at + 1:]]
+    ok = subprocess.run(argv, env=k3a_env, capture_output=True, text=True, timeout=120)
+    assert ok.returncode == 0, ok.stderr
+    assert "signature: ok, signed by release" in ok.stdout
+    directory = p.store.local_path(f"models/{p.repo_id}/{p.commit}")
+    _writable(directory)
+    (directory / "config.json").write_text('{"model_type": "evil"}')
+    refused = subprocess.run(argv, env=k3a_env, capture_output=True, text=True, timeout=120)
+    assert refused.returncode == 4 and "config.json" in refused.stderr
+
+
+def test_hyperpod_render_refuses_to_promise_a_signature_check(published_revision, policies):
+    from k3artifacts.serving.profiles import StorageTarget
+    from k3artifacts.serving.render import render
+    from tests.test_render import FSX, make
+
+    release = make(published_revision, storage=StorageTarget(fsx=FSX))
+    with pytest.raises(ConfigError, match="cannot check signatures in the pod"):
+        render(release, "hyperpod", signing_policy=policies)
+
+
+SOFTHSM = Path("/usr/lib/softhsm/libsofthsm2.so")
+
+
+@pytest.fixture
+def softhsm_uri(tmp_path, monkeypatch):
+    """A SoftHSM token holding a P-256 key pair made inside it (the private key never leaves
+    the token); returns its pkcs11: URI and the public key as PEM."""
+    if not SOFTHSM.exists() or shutil.which("softhsm2-util") is None:
+        pytest.skip("softhsm2 is not installed (apt-get install softhsm2; .ci/run does)")
+    import PyKCS11
+
+    tokens = tmp_path / "tokens"
+    tokens.mkdir()
+    conf = tmp_path / "softhsm2.conf"
+    conf.write_text(f"directories.tokendir = {tokens}\nobjectstore.backend = file\n")
+    monkeypatch.setenv("SOFTHSM2_CONF", str(conf))
+    subprocess.run(["softhsm2-util", "--init-token", "--free", "--label", "k3a-release",
+                    "--pin", "1234", "--so-pin", "5678"], check=True, capture_output=True)
+    lib = PyKCS11.PyKCS11Lib()
+    lib.load(str(SOFTHSM))
+    slot = next(s for s in lib.getSlotList(tokenPresent=True)
+                if lib.getTokenInfo(s).label.strip() == "k3a-release")
+    session = lib.openSession(slot, PyKCS11.CKF_SERIAL_SESSION | PyKCS11.CKF_RW_SESSION)
+    session.login("1234")
+    p256 = bytes.fromhex("06082a8648ce3d030107")  # DER OID of prime256v1
+    common = [(PyKCS11.CKA_TOKEN, PyKCS11.CK_TRUE), (PyKCS11.CKA_LABEL, "k3a"),
+              (PyKCS11.CKA_ID, (1,))]
+    session.generateKeyPair(
+        [(PyKCS11.CKA_CLASS, PyKCS11.CKO_PUBLIC_KEY), (PyKCS11.CKA_KEY_TYPE, PyKCS11.CKK_EC),
+         (PyKCS11.CKA_EC_PARAMS, p256), (PyKCS11.CKA_VERIFY, PyKCS11.CK_TRUE), *common],
+        [(PyKCS11.CKA_CLASS, PyKCS11.CKO_PRIVATE_KEY), (PyKCS11.CKA_KEY_TYPE, PyKCS11.CKK_EC),
+         (PyKCS11.CKA_SIGN, PyKCS11.CK_TRUE), (PyKCS11.CKA_PRIVATE, PyKCS11.CK_TRUE),
+         (PyKCS11.CKA_SENSITIVE, PyKCS11.CK_TRUE), *common],
+        mecha=PyKCS11.MechanismECGENERATEKEYPAIR,
+    )
+    from model_signing._signing.sign_pkcs11 import encode_ec_public_key
+
+    (public,) = session.findObjects([(PyKCS11.CKA_CLASS, PyKCS11.CKO_PUBLIC_KEY)])
+    pem = serialization.load_der_public_key(encode_ec_public_key(public)).public_bytes(
+        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
+    session.logout()
+    session.closeSession()
+    return f"pkcs11:token=k3a-release;object=k3a?module-path={SOFTHSM}&pin-value=1234", pem
+
+
+def test_pkcs11_key_signs_revision_and_tuple(softhsm_uri, releases, policies, tmp_path):
+    uri, pem = softhsm_uri
+    (policies / "signing" / "keys" / "hsm.pub.pem").write_bytes(pem)
+    policy_file = policies / "signing" / "trusted-keys.yaml"
+    policy = yaml.safe_load(policy_file.read_text())
+    policy["keys"]["hsm"] = "keys/hsm.pub.pem"
+    policy["channels"]["production"]["keys"].append("hsm")
+    policy_file.write_text(yaml.safe_dump(policy))
+
+    signer = load_signer(uri)
+    assert "1234" not in signer.source
+    manifest = releases.publish()
+    sign_revision(releases.store, manifest.repo_id, manifest.commit, signer)
+    release = releases.tuple_for(manifest)
+    sign_tuple(releases.store, release.id, signer)
+    gate = signature_gate(releases.store, release, "production", policies)
+    assert gate.passed and "key hsm" in gate.reason, gate.reason
+    public = tmp_path / "hsm.pub.pem"
+    public.write_bytes(pem)
+    upstream = _upstream_verify(_revision_dir(releases.store, manifest), public)
+    assert upstream.returncode == 0, upstream.stdout + upstream.stderr
+    with pytest.raises(ConfigError, match="PKCS#11 key pkcs11:token=nope"):
+        load_signer(f"pkcs11:token=nope;object=k3a?module-path={SOFTHSM}&pin-value=1234")
