@@ -10,8 +10,8 @@ Which gates apply to which channel is data (``policies/promotion-gates.yaml``). 
 * ``license``: the tuple's license sha256 is reviewed in ``policies/licenses/``.
 * ``remote_code``: every ``*.py`` in the manifest's remote-code inventory is reviewed in
   ``policies/code-reviews/`` (by sha256).
-* ``evaluation``: the latest evaluation report attached to the tuple (of the policy's suite)
-  has a pass rate at or above the channel's threshold.
+* ``evaluation``: a readiness run of the policy's suite against an endpoint serving the tuple
+  met the channel's thresholds (``promotion/gate_evaluation.py``).
 """
 
 from __future__ import annotations
@@ -21,12 +21,11 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, computed_field
 
 from k3artifacts.errors import NotFound
+from k3artifacts.promotion.gate_evaluation import evaluation_gate
 from k3artifacts.releases.channels import GateResult, check_channel
-from k3artifacts.releases.evaluations import list_evaluations
 from k3artifacts.releases.policies import (
     GATES_FILE,
     ChannelPolicy,
-    EvaluationPolicy,
     GatePolicy,
     load_code_reviews,
     load_gate_policy,
@@ -203,34 +202,6 @@ def remote_code_gate(
     )
 
 
-def evaluation_gate(store: Store, release: ReleaseTuple, policy: EvaluationPolicy) -> GateResult:
-    records = [
-        r
-        for r in list_evaluations(store, release.id)
-        if policy.suite is None or r.parsed().suite == policy.suite
-    ]
-    suite = f"suite {policy.suite!r}" if policy.suite else "any suite"
-    if not records:
-        return GateResult(
-            name="evaluation",
-            passed=False,
-            reason=f"no evaluation report ({suite}) attached; "
-            f"`k3a eval attach {release.id} report.json`",
-        )
-    latest = records[-1]
-    report = latest.parsed()
-    verdict = f"{report.suite}: {report.passed}/{report.total} = {report.pass_rate:.1%}"
-    threshold = f"{policy.min_pass_rate:.1%}"
-    if report.pass_rate < policy.min_pass_rate:
-        return GateResult(
-            name="evaluation",
-            passed=False,
-            reason=f"{verdict} is below the required {threshold} "
-            f"(report attached by {latest.attached_by} at {latest.attached_at:%Y-%m-%d %H:%M})",
-        )
-    return GateResult(name="evaluation", passed=True, reason=f"{verdict} >= {threshold}")
-
-
 def check_gates(store: Store, tuple_id: str, channel: str, *, policies_dir: Path) -> GateReport:
     """Run the gates ``channel`` requires on ``tuple_id``. Nothing is written."""
     chan = channel_policy(load_gate_policy(policies_dir), channel, policies_dir)
@@ -256,5 +227,6 @@ def run_gates(
             results.append(remote_code_gate(release, manifest, policies_dir, missing))
         else:
             assert chan.evaluation is not None  # ChannelPolicy validates this
-            results.append(evaluation_gate(store, release, chan.evaluation))
+            results.append(evaluation_gate(store, release, chan.evaluation, channel=channel,
+                                           policies_dir=policies_dir))
     return GateReport(tuple_id=release.id, channel=channel, results=results)

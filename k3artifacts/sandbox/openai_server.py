@@ -169,7 +169,9 @@ class Handler(BaseHTTPRequestHandler):
             state.requests += 1
             n, state.inflight = state.requests, state.inflight + 1
         try:
-            limited = cfg.rate_limit > 0 and int(n * cfg.rate_limit) != int((n - 1) * cfg.rate_limit)
+            # request n is limited when n * fraction crosses an integer: evenly spread 429s
+            rate = cfg.rate_limit
+            limited = rate > 0 and int(n * rate) != int((n - 1) * rate)
             if limited or (cfg.max_inflight and state.inflight > cfg.max_inflight):
                 self._error(429, "rate limited: too many requests", "RateLimitError",
                             {"retry-after-ms": "20"})
@@ -217,7 +219,9 @@ class Handler(BaseHTTPRequestHandler):
                          "logprobs": None}],
             "usage": usage})
 
-    def _answer(self, req: dict[str, Any], messages: list[dict[str, Any]]) -> tuple[str | None, str]:
+    def _answer(
+        self, req: dict[str, Any], messages: list[dict[str, Any]]
+    ) -> tuple[str | None, str]:
         """(tool name or None, text): the tool call's arguments or the reply's content."""
         cfg = self.server.cfg
         tools = req.get("tools") or []
