@@ -73,12 +73,16 @@ def test_staged_revision_to_production_and_back(k3a, releases, store, tmp_path):
     assert moved["changed"] and moved["entry"]["seq"] == 1 and moved["entry"]["who"] == "ops-bot"
 
     eval_blocked = k3a("promote", old.id, "production", expect=5)
-    assert "evaluation: no evaluation report" in eval_blocked.stderr
+    assert "evaluation: no evaluation run" in eval_blocked.stderr
     report_file = tmp_path / "eval.json"
     report_file.write_text(json.dumps({"suite": "k3-smoke", "passed": 97, "total": 100, "x": 1}))
     attached = k3a("eval", "attach", old.id, str(report_file))
     assert "attached: k3-smoke 97/100 = 97.0%" in attached.stdout
-    out = k3a("promote", old.id, "production", "--by", "alice").stdout
+    assert "the evaluation gate does not accept it" in attached.stdout
+    still_blocked = k3a("promote", old.id, "production", expect=5)
+    assert "attached by hand" in still_blocked.stderr
+    out = k3a("promote", old.id, "production", "--by", "alice", "--override-gate",
+              "evaluation", "--reason", "97/100 attached; endpoint down").stdout
     assert f"production: (empty) -> {old.id} (promote #1 by alice)" in out
 
     # The new revision's code is the same file: already reviewed by sha256.
@@ -116,6 +120,7 @@ def test_staged_revision_to_production_and_back(k3a, releases, store, tmp_path):
     # The review files the commands wrote are what the gates read: keep them in the checkout.
     policies = Path(k3a.env["K3A_POLICIES"])
     assert sorted(p.name for p in policies.rglob("*.yaml")) == [
+        "k3-core.yaml",
         "moonshotai--Kimi-K3.yaml",
         "moonshotai--Kimi-K3.yaml",
         "promotion-gates.yaml",
