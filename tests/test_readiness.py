@@ -29,7 +29,7 @@ from k3artifacts.releases.evaluations import (
 from k3artifacts.sandbox.openai_server import start
 from k3artifacts.sandbox.ports import free_ports
 from k3artifacts.sandbox.releases import Releases
-from k3artifacts.serving.render import served_name
+from k3artifacts.serving.render.common import served_name
 from k3artifacts.stores.file import FileStore
 from tests.fixtures.releases import REPO_ROOT
 

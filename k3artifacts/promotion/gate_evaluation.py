@@ -26,7 +26,7 @@ from k3artifacts.releases.evaluations import (
 )
 from k3artifacts.releases.policies import EvaluationPolicy
 from k3artifacts.releases.tuples import ReleaseTuple
-from k3artifacts.serving.render import served_name
+from k3artifacts.serving.render.common import served_name
 from k3artifacts.stores.base import Store
 
 NAME = "evaluation"

@@ -24,7 +24,7 @@ from k3artifacts.releases.evaluations import (
     regressions,
 )
 from k3artifacts.releases.tuples import ReleaseTuple
-from k3artifacts.serving.render import served_name
+from k3artifacts.serving.render.common import served_name
 
 SMOKE_SUITE = "smoke"
 #: Checks a run always makes, in order (the suite's cases come after, then ``sweep``).

@@ -21,7 +21,7 @@ from k3artifacts.releases.channels import current, read_state
 from k3artifacts.releases.evaluations import list_evaluations
 from k3artifacts.sandbox.openai_server import start
 from k3artifacts.sandbox.ports import free_ports
-from k3artifacts.serving.render import served_name
+from k3artifacts.serving.render.common import served_name
 from k3artifacts.stores.file import FileStore
 from tests.flow_helpers import answer_when_paused
 
