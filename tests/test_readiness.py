@@ -4,6 +4,7 @@ evaluation gate judging the reports they leave in the store."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import time
 import urllib.request
@@ -258,3 +259,20 @@ def test_the_checkout_suite_is_the_one_production_names():
     policy = yaml.safe_load((REPO_ROOT / "policies" / "promotion-gates.yaml").read_text())
     assert policy["channels"]["production"]["evaluation"]["suite_file"] == SUITE
     assert (REPO_ROOT / "policies" / SUITE).is_file()
+
+
+@pytest.mark.s3
+def test_run_reports_are_create_once_beside_the_tuple_on_s3(s3_store, tmp_path, fast_policies,
+                                                             server):
+    from k3artifacts.releases.evaluations import record_run
+
+    release = Releases(s3_store, tmp_path / "scratch").release()
+    outcome = evaluate(s3_store, server(served_name(release)).url, release.id,
+                       fast_policies / SUITE, channel="production", by="ci")
+    assert outcome.written
+    again, written = record_run(s3_store, outcome.report, by="someone-else")
+    assert not written and again.attached_by == "ci"  # the first record stands
+    (stored,) = list_evaluations(s3_store, release.id)
+    assert stored.readiness() == outcome.report
+    assert stored.readiness().suite_sha256 == hashlib.sha256(
+        (fast_policies / SUITE).read_bytes()).hexdigest()

@@ -19,7 +19,7 @@ import openai
 
 from k3artifacts.readiness.client import describe
 from k3artifacts.readiness.suite import Case, SmokeSettings
-from k3artifacts.releases.evaluations import CheckResult, Sweep
+from k3artifacts.releases.evaluations import CheckResult
 
 STRUCTURED = Case(
     name="structured_output",
@@ -60,7 +60,6 @@ class Probe:
     model: str
     settings: SmokeSettings
     seen_models: list[str] = field(default_factory=list)
-    last_sweep: Sweep | None = None
 
     def saw(self, name: str | None) -> None:
         if name and name not in self.seen_models:

@@ -20,6 +20,7 @@ from k3artifacts.releases.evaluations import (
     Baseline,
     CheckResult,
     ReadinessReport,
+    Sweep,
     SweepPoint,
     regressions,
 )
@@ -100,7 +101,7 @@ def run_readiness(
     first, reachable = checks.models_check(probe)
     results.append(record(first))
     cases: list[CheckResult] = []
-    run_sweep = None
+    run_sweep: Sweep | None = None
     if not reachable:
         for name in CHECK_NAMES[1:]:
             results.append(record(CheckResult(
@@ -118,8 +119,8 @@ def run_readiness(
         results.append(record(checks.long_context_check(probe, tokens)))
         for case in suite.cases if suite else []:
             cases.append(record(checks.judge_case(probe, case, kind=case.check)))
-        results.append(record(_sweep_check(endpoint, probe, settings, obs, api_key)))
-        run_sweep = probe.last_sweep
+        sweep_result, run_sweep = _sweep_check(endpoint, probe, settings, obs, api_key)
+        results.append(record(sweep_result))
     report = ReadinessReport(
         kind="eval" if suite else "smoke",
         tuple_id=release.id,
@@ -144,11 +145,10 @@ def run_readiness(
 
 
 def _sweep_check(endpoint: str, probe: Probe, settings: SmokeSettings, obs: Observer,
-                 api_key: str | None) -> CheckResult:
+                 api_key: str | None) -> tuple[CheckResult, Sweep]:
     client = make_client(endpoint, settings, retries=0, api_key=api_key)
     start = time.monotonic()
     result = sweep(client, probe.model, settings.sweep, settings.slo, obs.on_point)
-    probe.last_sweep = result
     last = result.points[-1]
     if result.knee is None:
         detail = f"concurrency 1 breaks the SLO: {last.breach}"
@@ -158,5 +158,6 @@ def _sweep_check(endpoint: str, probe: Probe, settings: SmokeSettings, obs: Obse
         detail = (f"knee at concurrency {result.knee} ({at.tokens_per_s:g} tokens/s, "
                   f"end-to-end p99 {at.e2e_p99} s)")
         detail += f"; stopped at {last.concurrency}: {last.breach}" if last.breach else ""
-    return CheckResult(name="sweep", passed=result.knee is not None, detail=detail,
-                       seconds=round(time.monotonic() - start, 4))
+    check = CheckResult(name="sweep", passed=result.knee is not None, detail=detail,
+                        seconds=round(time.monotonic() - start, 4))
+    return check, result
