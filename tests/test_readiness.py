@@ -276,3 +276,21 @@ def test_run_reports_are_create_once_beside_the_tuple_on_s3(s3_store, tmp_path, 
     assert stored.readiness() == outcome.report
     assert stored.readiness().suite_sha256 == hashlib.sha256(
         (fast_policies / SUITE).read_bytes()).hexdigest()
+
+
+def test_sweep_records_429_rates_and_stops_at_the_first_breach(store, tmp_path, server):
+    from k3artifacts.readiness.run import run_readiness
+    from k3artifacts.readiness.suite import SmokeSettings, SweepSettings
+
+    release = Releases(store, tmp_path / "scratch").release()
+    s = server(served_name(release), token_delay=0.01, max_inflight=2)
+    settings = SmokeSettings(sweep=SweepSettings(max_concurrency=16, max_tokens=16))
+    report = run_readiness(s.url, release, settings)
+    assert report.sweep is not None
+    points = {p.concurrency: p for p in report.sweep.points}
+    assert sorted(points) == [1, 2, 4], points  # 8 and 16 never ran: 4 broke the SLO
+    assert points[2].rate_limited == 0 and points[2].breach is None
+    assert points[4].rate_limited > 0 and "rate-limited 429" in points[4].breach
+    assert report.sweep.knee in (1, 2)
+    sweep_check = report.checks[-1]
+    assert sweep_check.passed and "stopped at 4" in sweep_check.detail

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import openai
 
+from k3artifacts.readiness.client import describe
 from k3artifacts.readiness.suite import Slo, SweepSettings
 from k3artifacts.releases.evaluations import Sweep, SweepPoint
 
@@ -25,6 +26,7 @@ class Sample:
     ttft: float | None = None
     e2e: float | None = None
     tokens: int = 0
+    error: str | None = None
 
 
 def percentile(values: list[float], q: float) -> float | None:
@@ -54,10 +56,10 @@ def one_request(client: openai.OpenAI, model: str, max_tokens: int) -> Sample:
                     ttft = ttft if ttft is not None else time.monotonic() - start
     except openai.RateLimitError:
         return Sample("rate_limited")
-    except Exception:  # any other failure counts against the error rate
-        return Sample("error")
+    except Exception as exc:  # any other failure counts against the error rate
+        return Sample("error", error=describe(exc, 0))
     if ttft is None:
-        return Sample("error")
+        return Sample("error", error="no token streamed")
     return Sample("ok", ttft, time.monotonic() - start,
                   usage.completion_tokens if usage else tokens)
 
@@ -84,6 +86,7 @@ def measure_level(client: openai.OpenAI, model: str, concurrency: int,
         ttft_p50=_r(percentile(ttft, 0.5)), ttft_p99=_r(percentile(ttft, 0.99)),
         e2e_p50=_r(percentile(e2e, 0.5)), e2e_p99=_r(percentile(e2e, 0.99)),
         tokens_per_s=round(sum(s.tokens for s in ok) / wall, 2),
+        first_error=next((s.error for s in samples if s.error), None),
     )
     return point.model_copy(update={"breach": breach(point, slo)})
 
@@ -93,7 +96,8 @@ def breach(p: SweepPoint, slo: Slo) -> str | None:
     failed = (p.errors + p.rate_limited) / p.requests
     if failed > slo.max_error_rate:
         problems.append(f"{failed:.0%} of requests failed ({p.rate_limited} rate-limited 429, "
-                        f"{p.errors} errors) > {slo.max_error_rate:.0%}")
+                        f"{p.errors} errors) > {slo.max_error_rate:.0%}"
+                        + (f" (first error: {p.first_error})" if p.first_error else ""))
     if p.ttft_p99 is not None and p.ttft_p99 > slo.ttft_p99_s:
         problems.append(f"TTFT p99 {p.ttft_p99:.2f} s > {slo.ttft_p99_s:g} s")
     if p.e2e_p99 is not None and p.e2e_p99 > slo.e2e_p99_s:

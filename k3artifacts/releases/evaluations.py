@@ -73,6 +73,8 @@ class SweepPoint(BaseModel):
     e2e_p50: float | None
     e2e_p99: float | None
     tokens_per_s: float
+    #: What the first failed request (not a 429) said, for the operator.
+    first_error: str | None = None
     #: Why this level breaks the SLO; None: within it.
     breach: str | None = None
 

@@ -120,7 +120,16 @@ class Handler(BaseHTTPRequestHandler):
 
     # -- plumbing -------------------------------------------------------------------------
 
+    def _release(self) -> None:
+        """This request stops counting as in flight. Called before the last bytes go out: once
+        the client has them it may send its next request, which must not see this one."""
+        if getattr(self, "_counted", False):
+            self._counted = False
+            with self.server.state.lock:
+                self.server.state.inflight -= 1
+
     def _send_json(self, status: int, body: Any, headers: dict[str, str] | None = None) -> None:
+        self._release()
         data = body if isinstance(body, bytes) else json.dumps(body).encode()
         self.send_response(status)
         self.send_header("Content-Type", "application/json")
@@ -168,6 +177,7 @@ class Handler(BaseHTTPRequestHandler):
         with state.lock:
             state.requests += 1
             n, state.inflight = state.requests, state.inflight + 1
+        self._counted = True
         try:
             # request n is limited when n * fraction crosses an integer: evenly spread 429s
             rate = cfg.rate_limit
@@ -178,8 +188,7 @@ class Handler(BaseHTTPRequestHandler):
                 return
             self._complete(req)
         finally:
-            with state.lock:
-                state.inflight -= 1
+            self._release()
 
     def _complete(self, req: dict[str, Any]) -> None:
         cfg = self.server.cfg
@@ -279,6 +288,7 @@ class Handler(BaseHTTPRequestHandler):
         if (req.get("stream_options") or {}).get("include_usage"):
             self._chunk(b"data: " + json.dumps({**base, "choices": [], "usage": usage}).encode()
                         + b"\n\n")
+        self._release()  # the client is done at [DONE]
         self._chunk(b"data: [DONE]\n\n")
         self._chunk(b"")
 
@@ -298,6 +308,9 @@ class Handler(BaseHTTPRequestHandler):
 
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
+    # The stdlib's backlog of 5 resets connections when a sweep opens 16 at once: that would be
+    # the fixture failing, not the fault under test.
+    request_queue_size = 256
 
     def __init__(self, port: int, cfg: Config):
         super().__init__(("127.0.0.1", port), Handler)
