@@ -2,9 +2,9 @@
 vLLM's ``/v1`` API without a model, and faults a real endpoint shows in production.
 
 Why not a real model server: llama.cpp's server (``llama-cpp-python[server]`` 0.3.36) ships
-only as a 76 MB source distribution for this platform and compiles llama.cpp on install (453
-CPU-seconds measured: about 4 minutes on two idle cores, 13.5 on the shared build machine),
-every fresh CI environment. Tried with a random 2-layer GGUF written with ``gguf``: it answers
+only as a 76 MB source distribution for this platform and compiles llama.cpp on every fresh
+install (measured: 453 CPU-seconds, about 4 minutes on two idle cores, 13.5 minutes niced on
+the shared build machine). Tried with a random 2-layer GGUF written with ``gguf``: it answers
 ``response_format`` json_schema with HTTP 500 (it takes only text / json_object), its
 grammar-constrained tool calls carry arguments that are not valid JSON, fixed prompts get
 noise, and none of the faults below can be provoked. This server speaks the
