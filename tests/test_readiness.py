@@ -294,3 +294,19 @@ def test_sweep_records_429_rates_and_stops_at_the_first_breach(store, tmp_path, 
     assert report.sweep.knee in (1, 2)
     sweep_check = report.checks[-1]
     assert sweep_check.passed and "stopped at 4" in sweep_check.detail
+
+
+def test_eval_run_cli_names_the_failed_checks_and_exits_5(store, tmp_path, fast_policies,
+                                                          server, k3a_env):
+    release = Releases(store, tmp_path / "scratch").release()
+    env = dict(k3a_env, K3A_STORE=store.url, K3A_ACTOR="ci", K3A_POLICIES=str(fast_policies))
+    s = server(served_name(release), malformed_json=True)
+    result = CliRunner().invoke(cli, ["eval", "run", s.url, "--tuple", release.id,
+                                      "--suite", str(fast_policies / SUITE)], env=env)
+    assert result.exit_code == 5, result.stderr
+    assert ("evaluation failed for " + release.id + ": structured_output, tool_call, "
+            "structured-invoice, tool-weather") in result.stderr
+    assert "pass rate: 60.0% (3/5; suite threshold 95.0%)" in result.stdout
+    assert "NOT READY" in result.stdout
+    gates = CliRunner().invoke(cli, ["gates", release.id, "production"], env=env)
+    assert gates.exit_code == 5 and "check structured_output failed" in gates.stdout
