@@ -1,8 +1,10 @@
 """Flow ``promote``: gates, then a release engineer's approval, then the channel pointer.
 
     check gates (nothing written) -> fail now if a gate fails and is not overridden
-    -> pause for ApprovalInput (approve, reviewer, reason) -> promote(): gates again, then a
-    compare-and-swap of the pointer; the approval is recorded in the channel history entry
+    -> smoke the ``endpoint`` serving the tuple, when given (report stored, artifact shown;
+    not ready: fail, nothing moves) -> pause for ApprovalInput (approve, reviewer, reason)
+    -> promote(): gates again, then a compare-and-swap of the pointer; the approval is
+    recorded in the channel history entry
 
 Rejection writes nothing and ends the run Cancelled, named "Rejected". The gates run again
 after approval because the wait can be long: a review withdrawn meanwhile still blocks.
@@ -34,6 +36,7 @@ from k3artifacts.stores.base import Store
 
 from .approval import rejected, wait_for_approval
 from .common import slug, store_from
+from .readiness import not_ready, smoke_endpoint
 
 
 @task(name="check-gates", cache_policy=NO_CACHE, persist_result=False)
@@ -66,10 +69,13 @@ def promote_release(
     overrides: dict[str, str] | None = None,
     approval_timeout: int = 24 * 3600,
     poll_interval: int = 10,
+    endpoint: str | None = None,
 ):
     """Move ``channel`` onto ``tuple_id`` once its gates pass and a release engineer approves.
 
     ``overrides``: gate name -> reason, for a failed gate someone decided to accept (recorded).
+    ``endpoint``: an OpenAI-compatible URL serving ``tuple_id`` (a canary): smoke-tested before
+    anyone is asked to approve.
     ``approval_timeout``: seconds to wait for the decision before failing (nothing moves).
     """
     logger = get_run_logger()
@@ -85,6 +91,13 @@ def promote_release(
     except GateFailed:
         create_markdown_artifact(f"# {tuple_id} -> {channel}: blocked\n\n{table}", key=key)
         raise
+    if endpoint:
+        smoked = smoke_endpoint(store, endpoint, tuple_id, by=requested_by or "prefect:promote",
+                                channel=channel)
+        if not smoked.passed:
+            raise GateFailed(not_ready(smoked), hint="fix the endpoint, then run again")
+        knee = smoked.sweep.knee if smoked.sweep else None
+        table += f"\n\nsmoke of {endpoint}: ready (throughput knee at concurrency {knee})"
     logger.info("gates pass for %s -> %s; waiting for approval", tuple_id, channel)
     approval = wait_for_approval(
         f"Promote **{tuple_id}** to **{channel}**"

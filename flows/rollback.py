@@ -4,6 +4,8 @@ Approval is the channel's policy (``rollback_approval`` in policies/promotion-ga
 overridable per run with ``require_approval``: a rollback is usually an incident response, so
 by default it does not wait. When it does, the decision is recorded in the history entry like a
 promotion's, and a rejection writes nothing and ends the run Cancelled, named "Rejected".
+With ``endpoint`` (the URL serving the channel once its render is re-applied), the smoke suite
+runs after the move; the run fails when the endpoint is not ready: do not reopen traffic.
 The same move without Prefect: ``k3a rollback CHANNEL [--to TUPLE]``.
 """
 
@@ -16,6 +18,7 @@ from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
 
 from k3artifacts.config import default_policies_dir
+from k3artifacts.errors import GateFailed
 from k3artifacts.promotion.gates import channel_policy
 from k3artifacts.promotion.moves import MoveResult, rollback
 from k3artifacts.releases.channels import Approval, read_state
@@ -24,6 +27,7 @@ from k3artifacts.stores.base import Store
 
 from .approval import rejected, wait_for_approval
 from .common import slug, store_from
+from .readiness import not_ready, smoke_endpoint
 
 
 @task(name="move-pointer-back", cache_policy=NO_CACHE, persist_result=False)
@@ -43,6 +47,7 @@ def rollback_channel(
     require_approval: bool | None = None,
     approval_timeout: int = 3600,
     poll_interval: int = 10,
+    endpoint: str | None = None,
 ):
     """Roll ``channel`` back to ``to``, or to the previous distinct tuple in its history."""
     store = store_from(store_url)
@@ -72,4 +77,10 @@ def rollback_channel(
         + (f", approved by {approval.who}" if approval else ""),
         key=key,
     )
+    if endpoint:
+        smoked = smoke_endpoint(store, endpoint, result.tuple_id, by=actor, channel=channel)
+        if not smoked.passed:
+            raise GateFailed(f"{channel} now points at {result.tuple_id}, but "
+                             + not_ready(smoked),
+                             hint="keep traffic closed; fix the endpoint and smoke it again")
     return result.model_dump(mode="json")

@@ -89,14 +89,18 @@ def test_staged_revision_to_production_and_back(k3a, releases, store, tmp_path, 
     assert moved["changed"] and moved["entry"]["seq"] == 1 and moved["entry"]["who"] == "ops-bot"
 
     eval_blocked = k3a("promote", old.id, "production", expect=5)
-    assert "evaluation: no evaluation report" in eval_blocked.stderr
+    assert "evaluation: no evaluation run" in eval_blocked.stderr
     report_file = tmp_path / "eval.json"
     report_file.write_text(json.dumps({"suite": "k3-smoke", "passed": 97, "total": 100, "x": 1}))
     attached = k3a("eval", "attach", old.id, str(report_file))
     assert "attached: k3-smoke 97/100 = 97.0%" in attached.stdout
-    own = k3a("promote", old.id, "production", "--by", "alice", expect=5)
+    assert "the evaluation gate does not accept it" in attached.stdout
+    still_blocked = k3a("promote", old.id, "production", "--by", "bob", expect=5)
+    assert "attached by hand" in still_blocked.stderr
+    override = ("--override-gate", "evaluation", "--reason", "97/100 attached; endpoint down")
+    own = k3a("promote", old.id, "production", "--by", "alice", *override, expect=5)
     assert "alice reviewed the license and code" in own.stderr  # separation of duties
-    out = k3a("promote", old.id, "production", "--by", "bob").stdout
+    out = k3a("promote", old.id, "production", "--by", "bob", *override).stdout
     assert f"production: (empty) -> {old.id} (promote #1 by bob)" in out
 
     # The new revision's code is the same file: already reviewed by sha256.
@@ -134,7 +138,8 @@ def test_staged_revision_to_production_and_back(k3a, releases, store, tmp_path, 
     }
     # The reviews are records in the store, not files in the checkout.
     policies = Path(k3a.env["K3A_POLICIES"])
-    assert sorted(p.name for p in policies.rglob("*.yaml")) == ["promotion-gates.yaml"]
+    assert sorted(p.name for p in policies.rglob("*.yaml")) == [
+        "k3-core.yaml", "promotion-gates.yaml", "trusted-keys.yaml"]
     reviews = store.list_keys("releases/reviews/")
     assert len(reviews) == 2 and reviews[0].startswith("releases/reviews/code/")
 

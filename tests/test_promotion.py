@@ -153,7 +153,7 @@ def test_artifact_gate_checks_sizes_and_unlisted_files(file_store, tmp_path, pol
     assert "smuggled.py is in the store but not in the manifest" in reason
 
 
-def test_evaluation_gate_uses_the_latest_report_against_the_threshold(
+def test_evaluation_gate_refuses_attached_reports_unless_overridden(
     store, releases, policies, reviewed
 ):
     release = releases.release()
@@ -164,16 +164,20 @@ def test_evaluation_gate_uses_the_latest_report_against_the_threshold(
         report = check_gates(store, release.id, "production", policies_dir=policies)
         return next(r for r in report.results if r.name == "evaluation")
 
-    assert "no evaluation report" in evaluation().reason
-    low = {"suite": "k3-smoke", "passed": 90, "total": 100}
-    _record, written = attach_evaluation(store, release.id, low, by="ci")
+    assert "no evaluation run of eval-suites/k3-core.yaml" in evaluation().reason
+    high = {"suite": "k3-core", "passed": 99, "total": 100}
+    _record, written = attach_evaluation(store, release.id, high, by="ci")
     assert written
-    assert not evaluation().passed and "90.0% is below the required 95.0%" in evaluation().reason
-    _, again = attach_evaluation(store, release.id, low, by="ci")
+    _, again = attach_evaluation(store, release.id, high, by="ci")
     assert not again  # create-once: the same report is not attached twice
-    attach_evaluation(store, release.id, {"suite": "k3-smoke", "passed": 99, "total": 100}, by="ci")
-    assert evaluation().passed
-    assert _promote(store, release, "production", policies).changed
+    # Nothing ran the attached numbers: the gate names them and refuses.
+    gate = evaluation()
+    assert not gate.passed and "1 report(s) attached by hand (latest by ci)" in gate.reason
+    with pytest.raises(GateFailed, match="evaluation"):
+        _promote(store, release, "production", policies)
+    moved = _promote(store, release, "production", policies,
+                     overrides={"evaluation": "suite endpoint down; 99/100 attached by ci"})
+    assert moved.changed and moved.entry.overrides[0].gate == "evaluation"
 
 
 def test_license_changed_since_review_blocks_until_reviewed(store, releases, policies, reviewed):

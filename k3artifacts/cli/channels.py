@@ -1,4 +1,4 @@
-"""``k3a promote | rollback | history | channels | gates | review | eval``: moving channels."""
+"""``k3a promote | rollback | history | channels | gates | review``: moving channels."""
 
 from __future__ import annotations
 
@@ -18,9 +18,8 @@ from k3artifacts.cli.common import (
 from k3artifacts.errors import GateFailed
 from k3artifacts.promotion.gates import GATE_TABLE_HEADER, check_gates, gate_rows
 from k3artifacts.promotion.moves import MoveResult, promote, rollback
-from k3artifacts.releases.actor import Actor, current_actor, resolve_actor
+from k3artifacts.releases.actor import Actor, resolve_actor
 from k3artifacts.releases.channels import GateResult, HistoryEntry, history, list_channels
-from k3artifacts.releases.evaluations import attach_evaluation, list_evaluations, parse_report
 from k3artifacts.releases.policies import load_gate_policy
 from k3artifacts.releases.reviews import license_text, review_code, review_license
 from k3artifacts.stores.base import Store
@@ -366,69 +365,3 @@ def review_code_cmd(
             click.echo("the revision has no remote code; nothing to review")
 
     emit(as_json, outcome, human)
-
-
-@cli.group("eval")
-def eval_group() -> None:
-    """Evaluation reports attached to tuples (for the evaluation gate)."""
-
-
-@eval_group.command("attach")
-@click.argument("tuple_id")
-@click.argument("report", type=click.Path(exists=True, dir_okay=False, path_type=Path))
-@click.option(
-    "--by",
-    "actor",
-    default=current_actor,
-    show_default="$K3A_ACTOR or your login name",
-    help="Who attaches the report (recorded with it).",
-)
-@store_option
-@json_option
-@handle_errors
-def eval_attach(tuple_id: str, report: Path, actor: str, store_url: str, as_json: bool) -> None:
-    """Attach REPORT (JSON with "suite", "passed", "total") to TUPLE_ID, once and for good.
-
-    Attaching the same report again writes nothing. The evaluation gate judges the latest
-    report attached. Exit codes: 0 ok, 7 unknown tuple, 9 invalid report.
-    """
-    raw = parse_report(report.read_bytes(), str(report))
-    record, written = attach_evaluation(get_store(store_url), tuple_id, raw, by=actor)
-    parsed = record.parsed()
-
-    def human() -> None:
-        verb = "attached" if written else "already attached (nothing written)"
-        click.echo(
-            f"{verb}: {parsed.suite} {parsed.passed}/{parsed.total} = {parsed.pass_rate:.1%} "
-            f"to {tuple_id} (report sha256 {record.report_sha256[:12]})"
-        )
-
-    emit(as_json, {"written": written, "record": record.model_dump(mode="json")}, human)
-
-
-@eval_group.command("list")
-@click.argument("tuple_id")
-@store_option
-@json_option
-@handle_errors
-def eval_list(tuple_id: str, store_url: str, as_json: bool) -> None:
-    """Evaluation reports attached to TUPLE_ID, oldest first."""
-    records = list_evaluations(get_store(store_url), tuple_id)
-
-    def human() -> None:
-        rows = []
-        for r in records:
-            p = r.parsed()
-            rows.append(
-                [
-                    r.attached_at.strftime("%Y-%m-%d %H:%M:%S"),
-                    p.suite,
-                    f"{p.passed}/{p.total}",
-                    f"{p.pass_rate:.1%}",
-                    r.attached_by,
-                    r.report_sha256[:12],
-                ]
-            )
-        _table(rows, ["attached (UTC)", "suite", "passed", "rate", "by", "report"])
-
-    emit(as_json, [r.model_dump(mode="json") for r in records], human)

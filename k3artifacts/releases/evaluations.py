@@ -1,17 +1,23 @@
-"""Evaluation reports attached to a tuple, for the evaluation gate.
+"""Evaluation reports of a tuple, for the evaluation gate.
 
-A report is JSON with at least ``suite`` (name of the evaluation), ``passed`` and ``total``
-(counts of cases); any other fields are kept as they are. It is stored create-once under
-``releases/evaluations/<tuple-id>/<sha256 of the canonical report>.json``, so attaching the same
-report twice is a no-op and an attached report can never be edited, only superseded by a newer
-one. The gate judges the most recently attached report of the suite the policy names.
+Two origins, told apart by the record, never by the report's own words:
+
+* ``run``: a :class:`ReadinessReport` written by ``k3a smoke`` / ``k3a eval run`` (the
+  ``readiness`` package) after it talked to an endpoint: the tuple id, the endpoint, the model
+  name the server returned, the suite file's sha256, every check with its timing, the
+  concurrency sweep. These are what the gate trusts.
+* ``attached``: any JSON with ``suite``, ``passed`` and ``total`` handed to ``k3a eval attach``.
+  Nothing ran it, so the gate refuses it; it stays as the recorded evidence of an override.
+
+Both are stored create-once under ``releases/evaluations/<tuple-id>/<sha256 of the canonical
+report>.json``: the same report twice is a no-op and a report is never edited, only superseded.
 """
 
 from __future__ import annotations
 
 import json
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -41,6 +47,121 @@ class EvaluationReport(BaseModel):
         return self.passed / self.total
 
 
+class CheckResult(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str
+    passed: bool
+    detail: str
+    seconds: float = 0.0
+    #: For suite cases: the kind of check (exact, regex, json_schema, tool_name).
+    kind: str | None = None
+
+
+class SweepPoint(BaseModel):
+    """One concurrency level of the sweep; latencies in seconds (None: no request succeeded)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    concurrency: int = Field(gt=0)
+    requests: int
+    ok: int
+    errors: int
+    rate_limited: int
+    ttft_p50: float | None
+    ttft_p99: float | None
+    e2e_p50: float | None
+    e2e_p99: float | None
+    tokens_per_s: float
+    #: What the first failed request (not a 429) said, for the operator.
+    first_error: str | None = None
+    #: Why this level breaks the SLO; None: within it.
+    breach: str | None = None
+
+
+class Sweep(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    points: list[SweepPoint]
+    #: The highest concurrency within the SLO after which throughput stops growing (< 10% per
+    #: doubling) or the SLO breaks; None when even one request at a time breaks it.
+    knee: int | None
+    slo: dict[str, float]
+
+    def at(self, concurrency: int) -> SweepPoint | None:
+        return next((p for p in self.points if p.concurrency == concurrency), None)
+
+
+class Baseline(BaseModel):
+    """The report this run was compared with: the one of the tuple on the target channel."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    channel: str
+    tuple_id: str
+    report_sha256: str
+    pass_rate: float
+    e2e_p99: float | None
+
+
+class ReadinessReport(BaseModel):
+    """What ``k3a smoke`` / ``k3a eval run`` observed; hashed canonically, stored create-once."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    schema_version: Literal[1] = 1
+    kind: Literal["smoke", "eval"]
+    tuple_id: str
+    endpoint: str
+    #: What the tuple says vLLM serves, and what the server answered with (/v1/models and the
+    #: ``model`` field of its completions): a report binds to the tuple only when they agree.
+    expected_model: str
+    served_models: list[str]
+    suite: str
+    #: sha256 of the suite file's bytes (smoke: of the built-in checks' canonical definition).
+    suite_sha256: str
+    started_at: datetime
+    seconds: float
+    #: The readiness checks (models, chat, stream, ...): each must pass.
+    checks: list[CheckResult]
+    #: The suite's cases (eval runs): judged by pass rate.
+    cases: list[CheckResult] = Field(default_factory=list)
+    #: The suite's own threshold for the run's verdict; the gate applies the channel's.
+    min_pass_rate: float = Field(default=1.0, ge=0, le=1)
+    sweep: Sweep | None = None
+    baseline: Baseline | None = None
+    #: How this run is worse than the baseline beyond the suite's margin (informational; the
+    #: gate re-derives it against the channel's current report with the policy's margin).
+    regressions: list[str] = Field(default_factory=list)
+    #: The endpoint could not be reached at all (connection refused, DNS, timeout on connect).
+    unreachable: bool = False
+
+    @property
+    def judged(self) -> list[CheckResult]:
+        """What the pass rate counts: the suite's cases, or the checks of a smoke run."""
+        return self.cases or self.checks
+
+    @property
+    def passed_count(self) -> int:
+        return sum(1 for c in self.judged if c.passed)
+
+    @property
+    def pass_rate(self) -> float:
+        return self.passed_count / len(self.judged) if self.judged else 0.0
+
+    @property
+    def failed(self) -> list[CheckResult]:
+        return [c for c in [*self.checks, *self.cases] if not c.passed]
+
+    @property
+    def passed(self) -> bool:
+        return (
+            bool(self.checks)
+            and all(c.passed for c in self.checks)
+            and self.pass_rate >= self.min_pass_rate
+        )
+
+
 class EvaluationRecord(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -49,9 +170,20 @@ class EvaluationRecord(BaseModel):
     attached_by: str
     attached_at: datetime
     report: dict[str, Any]
+    #: ``run``: written by a readiness run; ``attached``: handed in with `k3a eval attach`
+    #: (records written before runs existed are all attached).
+    origin: Literal["run", "attached"] = "attached"
 
     def parsed(self) -> EvaluationReport:
+        if self.origin == "run":
+            run = self.readiness()
+            return EvaluationReport(
+                suite=run.suite, passed=run.passed_count, total=max(1, len(run.judged))
+            )
         return EvaluationReport.model_validate(self.report)
+
+    def readiness(self) -> ReadinessReport:
+        return ReadinessReport.model_validate(self.report)
 
 
 def evaluations_prefix(tuple_id: str) -> str:
@@ -78,9 +210,30 @@ def attach_evaluation(
     by: str,
     now: datetime | None = None,
 ) -> tuple[EvaluationRecord, bool]:
-    """Attach ``report`` to a tuple; returns (record, written). Same report again: not written."""
-    TupleStore(store).get(tuple_id)  # the tuple must exist and be intact
+    """Attach ``report`` to a tuple as an override's evidence; returns (record, written).
+    Same report again: not written."""
     EvaluationReport.model_validate(report)
+    return _create(store, tuple_id, report, by=by, origin="attached", now=now)
+
+
+def record_run(
+    store: Store, report: ReadinessReport, *, by: str, now: datetime | None = None
+) -> tuple[EvaluationRecord, bool]:
+    """Store what a readiness run observed, beside its tuple; returns (record, written)."""
+    body = report.model_dump(mode="json")
+    return _create(store, report.tuple_id, body, by=by, origin="run", now=now)
+
+
+def _create(
+    store: Store,
+    tuple_id: str,
+    report: dict[str, Any],
+    *,
+    by: str,
+    origin: Literal["run", "attached"],
+    now: datetime | None,
+) -> tuple[EvaluationRecord, bool]:
+    TupleStore(store).get(tuple_id)  # the tuple must exist and be intact
     sha = canonical_digest(report)
     key = f"{evaluations_prefix(tuple_id)}{sha}.json"
     record = EvaluationRecord(
@@ -89,6 +242,7 @@ def attach_evaluation(
         attached_by=by,
         attached_at=now or datetime.now(UTC),
         report=report,
+        origin=origin,
     )
     try:
         store.create(key, canonical_json(record))
@@ -118,5 +272,59 @@ def list_evaluations(store: Store, tuple_id: str) -> list[EvaluationRecord]:
             or not key.endswith(f"/{sha}.json")
         ):
             raise ConfigError(f"{key} does not match its key; it was edited in the store")
+        if record.origin == "run":
+            try:
+                run = record.readiness()
+            except ValidationError as exc:
+                raise ConfigError(f"{key} is malformed: {exc.errors()[0]['msg']}") from None
+            if run.tuple_id != tuple_id:
+                raise ConfigError(f"{key} reports on {run.tuple_id}, not {tuple_id}")
         records.append(record)
     return sorted(records, key=lambda r: r.attached_at)
+
+
+def latest_run(
+    store: Store, tuple_id: str, *, kind: str = "eval", suite_sha256: str | None = None
+) -> EvaluationRecord | None:
+    """The newest report a readiness run wrote for ``tuple_id`` (of that suite file, if given)."""
+    runs = [
+        r
+        for r in list_evaluations(store, tuple_id)
+        if r.origin == "run"
+        and r.readiness().kind == kind
+        and (suite_sha256 is None or r.readiness().suite_sha256 == suite_sha256)
+    ]
+    return runs[-1] if runs else None
+
+
+def baseline_of(record: EvaluationRecord, channel: str, concurrency: int) -> Baseline:
+    run = record.readiness()
+    point = run.sweep.at(concurrency) if run.sweep else None
+    return Baseline(
+        channel=channel,
+        tuple_id=run.tuple_id,
+        report_sha256=record.report_sha256,
+        pass_rate=run.pass_rate,
+        e2e_p99=point.e2e_p99 if point else None,
+    )
+
+
+def regressions(
+    report: ReadinessReport, baseline: Baseline, *, margin: float, concurrency: int
+) -> list[str]:
+    """How ``report`` is worse than ``baseline`` beyond ``margin`` (empty: no regression)."""
+    found = []
+    if report.pass_rate < baseline.pass_rate - margin:
+        found.append(
+            f"pass rate {report.pass_rate:.1%} < {baseline.tuple_id}'s {baseline.pass_rate:.1%} "
+            f"less the {margin:.1%} margin"
+        )
+    point = report.sweep.at(concurrency) if report.sweep else None
+    if baseline.e2e_p99 is not None and point is not None and point.e2e_p99 is not None:
+        limit = baseline.e2e_p99 * (1 + margin)
+        if point.e2e_p99 > limit:
+            found.append(
+                f"end-to-end p99 at concurrency {concurrency} {point.e2e_p99:.3f} s > "
+                f"{baseline.tuple_id}'s {baseline.e2e_p99:.3f} s plus {margin:.0%}"
+            )
+    return found

@@ -30,10 +30,24 @@ class _Strict(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
 
+class LatencyPolicy(_Strict):
+    """End-to-end p99 the sweep must meet at one concurrency level."""
+
+    concurrency: int = Field(gt=0)
+    max_e2e_p99_s: float = Field(gt=0)
+
+
 class EvaluationPolicy(_Strict):
     min_pass_rate: float = Field(ge=0.0, le=1.0)
     #: Only reports of this suite count; None: any suite.
     suite: str | None = None
+    #: The suite file (relative to the policies directory) a report must have run: its sha256
+    #: is compared with the report's, so a report of an edited or other suite is refused.
+    suite_file: str | None = None
+    latency: LatencyPolicy | None = None
+    #: No regression beyond this against the report of the tuple now on the channel: pass rate
+    #: may drop by at most this much (absolute), the p99 grow by at most this fraction.
+    max_regression: float | None = Field(default=None, ge=0.0)
 
 
 class OrderPolicy(_Strict):

@@ -1,40 +1,149 @@
-"""``evaluation``: the latest evaluation report attached to the tuple (of the policy's suite)
-has a pass rate at or above the channel's threshold."""
+"""The ``evaluation`` gate: a readiness run of the policy's suite, against an endpoint serving
+this tuple, met the channel's thresholds.
+
+Trusted evidence is a report a readiness run wrote (``origin: run``), for this tuple, of the
+exact suite file the policy names (sha256), whose server answered as the tuple's served model
+name. The gate judges the latest such report: every readiness check passed, the suite's pass
+rate, the end-to-end p99 at the policy's concurrency, and no regression beyond the margin
+against the latest report of the tuple now on the channel. A report handed in with
+``k3a eval attach`` is an override's evidence, not a run: the gate names it and refuses; the
+promotion may override the gate with a reason, which the history records.
+"""
 
 from __future__ import annotations
 
+from pathlib import Path
+
+from k3artifacts.errors import ConfigError
 from k3artifacts.promotion.gates.context import GateContext
-from k3artifacts.releases.channels import GateResult
-from k3artifacts.releases.evaluations import list_evaluations
+from k3artifacts.readiness.suite import file_sha256
+from k3artifacts.releases.channels import GateResult, read_state
+from k3artifacts.releases.evaluations import (
+    EvaluationRecord,
+    baseline_of,
+    latest_run,
+    list_evaluations,
+    regressions,
+)
+from k3artifacts.releases.policies import EvaluationPolicy
+from k3artifacts.releases.tuples import ReleaseTuple
+from k3artifacts.serving.render.common import served_name
+from k3artifacts.stores.base import Store
 
 NAME = "evaluation"
 
 
-def check(ctx: GateContext) -> GateResult:
-    policy, release = ctx.policy.evaluation, ctx.release
-    assert policy is not None  # ChannelPolicy refuses the gate without its settings
-    records = [
-        r
-        for r in list_evaluations(ctx.store, release.id)
-        if policy.suite is None or r.parsed().suite == policy.suite
+def _fail(reason: str) -> GateResult:
+    return GateResult(name=NAME, passed=False, reason=reason)
+
+
+def _candidates(records: list[EvaluationRecord], policy: EvaluationPolicy,
+                suite_sha: str | None) -> list[EvaluationRecord]:
+    return [
+        r for r in records
+        if r.origin == "run"
+        and r.readiness().kind == "eval"
+        and (policy.suite is None or r.readiness().suite == policy.suite)
+        and (suite_sha is None or r.readiness().suite_sha256 == suite_sha)
     ]
-    suite = f"suite {policy.suite!r}" if policy.suite else "any suite"
-    if not records:
-        return GateResult(
-            name=NAME,
-            passed=False,
-            reason=f"no evaluation report ({suite}) attached; "
-            f"`k3a eval attach {release.id} report.json`",
+
+
+def _missing(release: ReleaseTuple, records: list[EvaluationRecord], policy: EvaluationPolicy,
+             suite_sha: str | None) -> GateResult:
+    suite = policy.suite_file or policy.suite or "the suite"
+    parts = [f"no evaluation run of {suite}"
+             + (f" (sha256 {suite_sha[:12]})" if suite_sha else "") + f" for {release.id}"]
+    other = [r.readiness() for r in records if r.origin == "run"
+             and r.readiness().kind == "eval"]
+    if other:
+        last = other[-1]
+        parts.append(f"the latest run is of suite {last.suite!r} sha256 "
+                     f"{last.suite_sha256[:12]}, not the policy's")
+    smoke = [r for r in records if r.origin == "run" and r.readiness().kind == "smoke"]
+    if smoke:
+        parts.append(f"{len(smoke)} smoke report(s) do not count (no suite)")
+    attached = [r for r in records if r.origin == "attached"]
+    if attached:
+        parts.append(
+            f"{len(attached)} report(s) attached by hand (latest by {attached[-1].attached_by}) "
+            f"are not runs: accept one only with `--override-gate {NAME} --reason ...`")
+    parts.append(f"run `k3a eval run ENDPOINT --tuple {release.id} --suite "
+                 f"{'policies/' + policy.suite_file if policy.suite_file else 'SUITE'}`")
+    return _fail("; ".join(parts))
+
+
+def check(ctx: GateContext) -> GateResult:
+    assert ctx.policy.evaluation is not None  # ChannelPolicy refuses the gate without settings
+    return evaluation_gate(ctx.store, ctx.release, ctx.policy.evaluation, channel=ctx.channel,
+                           policies_dir=ctx.policies_dir)
+
+
+def evaluation_gate(
+    store: Store,
+    release: ReleaseTuple,
+    policy: EvaluationPolicy,
+    *,
+    channel: str,
+    policies_dir: Path,
+) -> GateResult:
+    try:
+        suite_sha = (
+            file_sha256(Path(policies_dir) / policy.suite_file) if policy.suite_file else None
         )
-    latest = records[-1]
-    report = latest.parsed()
-    verdict = f"{report.suite}: {report.passed}/{report.total} = {report.pass_rate:.1%}"
-    threshold = f"{policy.min_pass_rate:.1%}"
-    if report.pass_rate < policy.min_pass_rate:
-        return GateResult(
-            name=NAME,
-            passed=False,
-            reason=f"{verdict} is below the required {threshold} "
-            f"(report attached by {latest.attached_by} at {latest.attached_at:%Y-%m-%d %H:%M})",
-        )
-    return GateResult(name=NAME, passed=True, reason=f"{verdict} >= {threshold}")
+    except ConfigError as exc:
+        return _fail(f"the policy's {exc}")
+    records = list_evaluations(store, release.id)
+    runs = _candidates(records, policy, suite_sha)
+    if not runs:
+        return _missing(release, records, policy, suite_sha)
+    latest = runs[-1]
+    run = latest.readiness()
+    which = f"run {latest.report_sha256[:12]} of {run.endpoint} at {run.started_at:%Y-%m-%d %H:%M}"
+    problems = []
+    expected = served_name(release)
+    if run.expected_model != expected:
+        problems.append(f"it asked for model {run.expected_model!r}, the tuple serves {expected!r}")
+    if expected not in run.served_models:
+        problems.append(f"the server answered as {run.served_models or 'nothing'}, "
+                        f"not {expected!r}")
+    failed_checks = [c for c in run.checks if not c.passed]
+    problems.extend(f"check {c.name} failed: {c.detail}" for c in failed_checks[:4])
+    if len(failed_checks) > 4:
+        problems.append(f"and {len(failed_checks) - 4} more failed checks")
+    verdict = f"{run.suite}: {run.passed_count}/{len(run.judged)} = {run.pass_rate:.1%}"
+    if run.pass_rate < policy.min_pass_rate:
+        failed_cases = ", ".join(c.name for c in run.cases if not c.passed)
+        problems.append(f"{verdict} is below the required {policy.min_pass_rate:.1%}"
+                        + (f" (failed: {failed_cases})" if failed_cases else ""))
+    concurrency = policy.latency.concurrency if policy.latency else 1
+    if policy.latency:
+        point = run.sweep.at(concurrency) if run.sweep else None
+        limit = policy.latency.max_e2e_p99_s
+        if point is None or point.e2e_p99 is None:
+            problems.append(f"the sweep has no latency at concurrency {concurrency}")
+        elif point.e2e_p99 > limit:
+            problems.append(f"end-to-end p99 at concurrency {concurrency} is "
+                            f"{point.e2e_p99:.3f} s > {limit:g} s")
+    if policy.max_regression is not None:
+        problems.extend(_regressions(store, release, run_channel=channel, policy=policy,
+                                     suite_sha=suite_sha, latest=latest,
+                                     concurrency=concurrency))
+    if problems:
+        return _fail(f"{which}: " + "; ".join(problems))
+    return GateResult(name=NAME, passed=True,
+                      reason=f"{verdict} >= {policy.min_pass_rate:.1%}, served as {expected!r} "
+                             f"({which})")
+
+
+def _regressions(store: Store, release: ReleaseTuple, *, run_channel: str,
+                 policy: EvaluationPolicy, suite_sha: str | None, latest: EvaluationRecord,
+                 concurrency: int) -> list[str]:
+    current = read_state(store, run_channel).tuple_id
+    if current is None or current == release.id:
+        return []
+    base = latest_run(store, current, kind="eval", suite_sha256=suite_sha)
+    if base is None:
+        return []  # nothing to compare with: the channel's tuple predates the suite
+    assert policy.max_regression is not None
+    return regressions(latest.readiness(), baseline_of(base, run_channel, concurrency),
+                       margin=policy.max_regression, concurrency=concurrency)

@@ -1,0 +1,35 @@
+"""What promote and rollback share: the smoke suite against the endpoint serving the tuple,
+recorded beside the tuple and shown as a Prefect artifact (checks, latency vs concurrency)."""
+
+from __future__ import annotations
+
+from prefect import get_run_logger, task
+from prefect.artifacts import create_markdown_artifact
+from prefect.cache_policies import NO_CACHE
+
+from k3artifacts.readiness.markdown import report_markdown
+from k3artifacts.readiness.record import smoke
+from k3artifacts.readiness.suite import SmokeSettings
+from k3artifacts.releases.evaluations import ReadinessReport
+from k3artifacts.stores.base import Store
+
+from .common import slug
+
+
+@task(name="smoke", cache_policy=NO_CACHE, persist_result=False)
+def smoke_endpoint(store: Store, endpoint: str, tuple_id: str, *, by: str,
+                   channel: str) -> ReadinessReport:
+    """Smoke ``endpoint`` for ``tuple_id``; the report is stored and published, pass or fail."""
+    logger = get_run_logger()
+    outcome = smoke(store, endpoint, tuple_id, SmokeSettings(), by=by)
+    report = outcome.report
+    create_markdown_artifact(report_markdown(report), key=slug("k3a-smoke", channel),
+                             description=f"smoke of {tuple_id} at {endpoint}")
+    logger.info("smoke of %s at %s: %s (report %s)", tuple_id, endpoint,
+                "ready" if report.passed else "NOT READY", outcome.record.report_sha256[:12])
+    return report
+
+
+def not_ready(report: ReadinessReport) -> str:
+    failed = "; ".join(f"{c.name}: {c.detail}" for c in report.failed[:5])
+    return f"{report.endpoint} is not ready for {report.tuple_id}: {failed}"

@@ -1,0 +1,242 @@
+"""``k3a smoke | eval``: is an endpoint serving a tuple ready, and how well does it answer."""
+
+from __future__ import annotations
+
+import sys
+from datetime import UTC, datetime
+from pathlib import Path
+
+import click
+
+from k3artifacts.cli import cli
+from k3artifacts.cli.common import emit, get_store, handle_errors, json_option, store_option
+from k3artifacts.errors import GateFailed, Unavailable
+from k3artifacts.readiness.record import Recorded, evaluate, smoke
+from k3artifacts.readiness.run import Observer
+from k3artifacts.readiness.suite import Slo, SmokeSettings, SweepSettings
+from k3artifacts.releases.actor import current_actor
+from k3artifacts.releases.evaluations import (
+    CheckResult,
+    SweepPoint,
+    attach_evaluation,
+    list_evaluations,
+    parse_report,
+)
+
+actor_option = click.option(
+    "--by", "actor", default=current_actor, show_default="$K3A_ACTOR or your login name",
+    help="Who ran it (recorded with the report).")
+tuple_option = click.option(
+    "--tuple", "tuple_name", required=True, metavar="ID|CHANNEL",
+    help="The tuple the endpoint serves: a tuple id, or a channel naming one.")
+api_key_option = click.option(
+    "--api-key", envvar="K3A_ENDPOINT_API_KEY", default=None, show_envvar=True,
+    help="Bearer key, when vLLM runs with --api-key.")
+
+
+def _observer() -> Observer:
+    """One line per check and sweep level on stderr: coloured on a terminal, timestamped log
+    lines otherwise (CI logs, Prefect workers)."""
+    tty = sys.stderr.isatty()
+
+    def say(ok: bool, text: str) -> None:
+        if tty:
+            click.secho(("  ok   " if ok else "  FAIL ") + text, fg=None if ok else "red",
+                        err=True)
+        else:
+            stamp = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+            click.echo(f"{stamp} readiness {'pass' if ok else 'FAIL'} {text}", err=True)
+
+    def check(r: CheckResult) -> None:
+        say(r.passed, f"{r.name} ({r.seconds:.2f} s): {r.detail}")
+
+    def point(p: SweepPoint) -> None:
+        say(p.breach is None, f"sweep concurrency {p.concurrency}: TTFT p99 {p.ttft_p99} s, "
+            f"e2e p50/p99 {p.e2e_p50}/{p.e2e_p99} s, {p.tokens_per_s:g} tokens/s, "
+            f"{p.errors} errors, {p.rate_limited} x 429 of {p.requests}"
+            + (f" -- {p.breach}" if p.breach else ""))
+
+    return Observer(on_check=check, on_point=point)
+
+
+def _finish(outcome: Recorded, as_json: bool, what: str) -> None:
+    report = outcome.report
+
+    def human() -> None:
+        s = report.sweep
+        if s is not None:
+            knee = s.knee if s.knee is not None else "none (concurrency 1 breaks the SLO)"
+            click.echo(f"knee: {knee}")
+        if report.cases:
+            click.echo(f"pass rate: {report.pass_rate:.1%} ({report.passed_count}/"
+                       f"{len(report.cases)}; suite threshold {report.min_pass_rate:.1%})")
+        if report.baseline:
+            click.echo(f"against {report.baseline.tuple_id} ({report.baseline.channel}): "
+                       + ("; ".join(report.regressions) or "no regression"))
+        verb = "recorded" if outcome.written else "already recorded"
+        click.echo(f"{verb}: report {outcome.record.report_sha256[:12]} for {report.tuple_id}")
+        click.echo("ready" if report.passed and not report.regressions else "NOT READY")
+
+    emit(as_json, {"written": outcome.written, "report_sha256": outcome.record.report_sha256,
+                   "passed": report.passed and not report.regressions,
+                   "report": report.model_dump(mode="json")}, human)
+    if report.unreachable:
+        raise Unavailable(
+            f"{report.endpoint} is unreachable: {report.checks[0].detail}",
+            hint="check the URL and port, and that the pods are Ready; the report was recorded")
+    if not report.passed or report.regressions:
+        names = ", ".join(c.name for c in report.failed) or "thresholds"
+        raise GateFailed(f"{what} failed for {report.tuple_id}: {names}"
+                         + (f"; regressions: {'; '.join(report.regressions)}"
+                            if report.regressions else ""),
+                         hint="fix the endpoint (or the release) and run it again")
+
+
+@cli.command("smoke")
+@click.argument("endpoint")
+@tuple_option
+@click.option("--long-context-tokens", type=int, default=None,
+              help="Prompt size of the long-context check [default: the profile's "
+                   "--max-model-len less 512, at most 32768].")
+@click.option("--max-concurrency", type=int, default=16, show_default=True,
+              help="Highest level of the sweep (1, 2, 4, ... up to this).")
+@click.option("--ttft-slo", type=float, default=2.0, show_default=True,
+              help="Time-to-first-token p99 (s) the stream check and the sweep hold to.")
+@click.option("--e2e-slo", type=float, default=30.0, show_default=True,
+              help="End-to-end p99 (s) beyond which the sweep stops.")
+@click.option("--max-error-rate", type=float, default=0.01, show_default=True,
+              help="Failed + 429 requests (fraction) beyond which the sweep stops.")
+@click.option("--timeout", type=float, default=60.0, show_default=True,
+              help="Seconds per request (between chunks when streaming).")
+@click.option("--retries", type=click.IntRange(0, 5), default=2, show_default=True,
+              help="Retries per request (429, 5xx, connection); the sweep never retries.")
+@api_key_option
+@actor_option
+@store_option
+@json_option
+@handle_errors
+def smoke_cmd(endpoint: str, tuple_name: str, long_context_tokens: int | None,
+              max_concurrency: int, ttft_slo: float, e2e_slo: float, max_error_rate: float,
+              timeout: float, retries: int, api_key: str | None, actor: str, store_url: str,
+              as_json: bool) -> None:
+    """Check that ENDPOINT (an OpenAI-compatible URL, e.g. http://host:8000) serves the tuple.
+
+    \b
+    Checks, each named in the report:
+      models             /v1/models lists the tuple's served model name
+      chat               a short completion parses and is non-empty
+      stream             streamed tokens arrive (first within the TTFT SLO) with a finish reason
+      structured_output  a response_format json_schema answer is JSON valid under the schema
+      tool_call          a forced tool call is well formed (name, JSON arguments per schema)
+      long_context       a long prompt (see --long-context-tokens) is accepted and answered
+      sweep              concurrency 1, 2, 4, ... until --max-concurrency or the first SLO
+                         breach: TTFT and end-to-end p50/p99, tokens/s, error and 429 rates, knee
+    The report is written once, beside the tuple in the store, whatever the verdict.
+
+    \b
+    Example:
+      k3a smoke http://kimi-k3.inference:8000 --tuple production
+
+    Exit codes: 0 ready, 5 a check failed, 7 unknown tuple or channel, 8 endpoint unreachable.
+    """
+    settings = SmokeSettings(
+        request_timeout_s=timeout, max_retries=retries, long_context_tokens=long_context_tokens,
+        slo=Slo(ttft_p99_s=ttft_slo, e2e_p99_s=e2e_slo, max_error_rate=max_error_rate),
+        sweep=SweepSettings(max_concurrency=max_concurrency),
+    )
+    outcome = smoke(get_store(store_url), endpoint, tuple_name, settings, by=actor,
+                    observer=_observer(), api_key=api_key)
+    _finish(outcome, as_json, "smoke")
+
+
+@cli.group("eval")
+def eval_group() -> None:
+    """Evaluation runs of tuples against endpoints (what the evaluation gate reads)."""
+
+
+@eval_group.command("run")
+@click.argument("endpoint")
+@tuple_option
+@click.option("--suite", "suite_file", required=True,
+              type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="Suite file, e.g. policies/eval-suites/k3-core.yaml (its sha256 is recorded).")
+@click.option("--channel", default="production", show_default=True,
+              help="Compare with the latest run of the same suite for the tuple on this channel.")
+@api_key_option
+@actor_option
+@store_option
+@json_option
+@handle_errors
+def eval_run(endpoint: str, tuple_name: str, suite_file: Path, channel: str,
+             api_key: str | None, actor: str, store_url: str, as_json: bool) -> None:
+    """Run the readiness checks and the suite's cases against ENDPOINT serving the tuple.
+
+    The report records the tuple, the endpoint, the model name the server answered with, the
+    suite file's sha256, every check and case with its timing and the concurrency sweep; it is
+    written once, beside the tuple. The production gate accepts only such reports.
+
+    \b
+    Example:
+      k3a eval run http://canary.inference:8000 --tuple k3t-0123456789abcdef01234567 \\
+          --suite policies/eval-suites/k3-core.yaml
+
+    Exit codes: 0 passed, 5 failed or regressed, 7 unknown tuple, 8 endpoint unreachable,
+    9 malformed suite.
+    """
+    outcome = evaluate(get_store(store_url), endpoint, tuple_name, suite_file, channel=channel,
+                       by=actor, observer=_observer(), api_key=api_key)
+    _finish(outcome, as_json, "evaluation")
+
+
+@eval_group.command("attach")
+@click.argument("tuple_id")
+@click.argument("report", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@actor_option
+@store_option
+@json_option
+@handle_errors
+def eval_attach(tuple_id: str, report: Path, actor: str, store_url: str, as_json: bool) -> None:
+    """Record REPORT (JSON with "suite", "passed", "total") for TUPLE_ID as an override's evidence.
+
+    Nothing ran it, so the evaluation gate refuses it: promoting on it needs
+    `k3a promote T CH --override-gate evaluation --reason "..."`, which the history records.
+    Attaching the same report again writes nothing. Exit codes: 0 ok, 7 unknown tuple,
+    9 invalid report.
+    """
+    raw = parse_report(report.read_bytes(), str(report))
+    record, written = attach_evaluation(get_store(store_url), tuple_id, raw, by=actor)
+    parsed = record.parsed()
+
+    def human() -> None:
+        verb = "attached" if written else "already attached (nothing written)"
+        click.echo(
+            f"{verb}: {parsed.suite} {parsed.passed}/{parsed.total} = {parsed.pass_rate:.1%} "
+            f"to {tuple_id} (report sha256 {record.report_sha256[:12]}); an override's "
+            "evidence: the evaluation gate does not accept it"
+        )
+
+    emit(as_json, {"written": written, "record": record.model_dump(mode="json")}, human)
+
+
+@eval_group.command("list")
+@click.argument("tuple_id")
+@store_option
+@json_option
+@handle_errors
+def eval_list(tuple_id: str, store_url: str, as_json: bool) -> None:
+    """Evaluation reports of TUPLE_ID (runs and attached overrides), oldest first."""
+    records = list_evaluations(get_store(store_url), tuple_id)
+
+    def human() -> None:
+        header = ["recorded (UTC)", "origin", "suite", "passed", "rate", "by", "report"]
+        rows = []
+        for r in records:
+            p = r.parsed()
+            rows.append([r.attached_at.strftime("%Y-%m-%d %H:%M:%S"), r.origin, p.suite,
+                         f"{p.passed}/{p.total}", f"{p.pass_rate:.1%}", r.attached_by,
+                         r.report_sha256[:12]])
+        widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
+        for row in [header, *rows]:
+            click.echo("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
+
+    emit(as_json, [r.model_dump(mode="json") for r in records], human)

@@ -1,0 +1,237 @@
+"""The checks: each sends real requests and returns a named :class:`CheckResult`, never raises.
+
+The built-in readiness checks (``models``, ``chat``, ``stream``, ``structured_output``,
+``tool_call``, ``long_context``) and the suite cases share one judge (:func:`judge_case`), so
+a structured-output or tool-call answer is held to the same rules wherever it is asked.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import jsonschema
+import openai
+
+from k3artifacts.readiness.client import describe
+from k3artifacts.readiness.suite import Case, SmokeSettings
+from k3artifacts.releases.evaluations import CheckResult
+
+STRUCTURED = Case(
+    name="structured_output",
+    prompt="Describe the city of Lyon as JSON: its name and its population.",
+    max_tokens=128,
+    check="json_schema",
+    schema={
+        "type": "object",
+        "properties": {
+            "city": {"type": "string", "minLength": 1},
+            "population": {"type": "integer", "minimum": 0},
+        },
+        "required": ["city", "population"],
+        "additionalProperties": False,
+    },
+)
+TOOL = Case(
+    name="tool_call",
+    prompt="What is the weather in Oslo? Use the tool.",
+    max_tokens=128,
+    check="tool_name",
+    expect="get_weather",
+    tools=[{"type": "function", "function": {
+        "name": "get_weather",
+        "description": "Current weather for a city",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                       "required": ["city"]},
+    }}],
+)
+
+
+@dataclass
+class Probe:
+    """One endpoint as the checks see it: a bounded client, the model name the tuple serves,
+    and every model name the server answered with (collected for the report)."""
+
+    client: openai.OpenAI
+    model: str
+    settings: SmokeSettings
+    seen_models: list[str] = field(default_factory=list)
+
+    def saw(self, name: str | None) -> None:
+        if name and name not in self.seen_models:
+            self.seen_models.append(name)
+
+
+def timed(name: str, fn: Callable[[], tuple[bool, str]], *, kind: str | None = None,
+          retries: int = 0) -> CheckResult:
+    start = time.monotonic()
+    try:
+        passed, detail = fn()
+    except Exception as exc:  # a check reports what went wrong; it never ends the run
+        passed, detail = False, describe(exc, retries)
+    return CheckResult(name=name, passed=passed, detail=detail, kind=kind,
+                       seconds=round(time.monotonic() - start, 4))
+
+
+def models_check(probe: Probe) -> tuple[CheckResult, bool]:
+    """(result, reachable): whether /v1/models lists the tuple's served model name."""
+    reachable = True
+
+    def run() -> tuple[bool, str]:
+        nonlocal reachable
+        try:
+            listed = [m.id for m in probe.client.models.list()]
+        except openai.APIConnectionError:
+            reachable = False
+            raise
+        for name in listed:
+            probe.saw(name)
+        if probe.model in listed:
+            return True, f"serves {probe.model}"
+        return False, f"serves {listed or 'nothing'}, not the tuple's {probe.model!r}"
+
+    return timed("models", run, retries=probe.settings.max_retries), reachable
+
+
+def chat_check(probe: Probe) -> CheckResult:
+    def run() -> tuple[bool, str]:
+        resp = probe.client.chat.completions.create(
+            model=probe.model, max_tokens=16, temperature=0,
+            messages=[{"role": "user", "content": "Reply with exactly: READY"}],
+        )
+        probe.saw(resp.model)
+        if not resp.choices:
+            return False, "the completion has no choices"
+        text = (resp.choices[0].message.content or "").strip()
+        if not text:
+            return False, f"empty answer (finish_reason {resp.choices[0].finish_reason})"
+        return True, f"{len(text)} chars, finish_reason {resp.choices[0].finish_reason}"
+
+    return timed("chat", run, retries=probe.settings.max_retries)
+
+
+def stream_check(probe: Probe) -> CheckResult:
+    slo = probe.settings.slo.ttft_p99_s
+
+    def run() -> tuple[bool, str]:
+        start = time.monotonic()
+        ttft = None
+        tokens, finish = 0, None
+        stream = probe.client.chat.completions.create(
+            model=probe.model, max_tokens=32, temperature=0, stream=True,
+            messages=[{"role": "user", "content": "Count from one to ten in words."}],
+        )
+        for chunk in stream:
+            probe.saw(chunk.model)
+            for choice in chunk.choices:
+                if choice.delta.content:
+                    tokens += 1
+                    ttft = ttft if ttft is not None else time.monotonic() - start
+                finish = choice.finish_reason or finish
+        if not tokens:
+            return False, f"no token streamed (finish_reason {finish})"
+        if finish is None:
+            return False, f"{tokens} chunk(s) but the stream ended without a finish reason"
+        assert ttft is not None
+        if ttft > slo:
+            return False, f"first token after {ttft:.2f} s, over the {slo:g} s SLO"
+        return True, f"first token after {ttft:.3f} s, {tokens} chunk(s), finish_reason {finish}"
+
+    return timed("stream", run, retries=probe.settings.max_retries)
+
+
+def judge_case(probe: Probe, case: Case, *, tool_choice: Any = "auto",
+               kind: str | None = None) -> CheckResult:
+    messages = ([{"role": "system", "content": case.system}] if case.system else []) + [
+        {"role": "user", "content": case.prompt}]
+    extra: dict[str, Any] = {}
+    if case.check == "json_schema":
+        extra["response_format"] = {"type": "json_schema", "json_schema": {
+            "name": re.sub(r"[^A-Za-z0-9_-]", "_", case.name), "schema": case.schema_,
+            "strict": True}}
+    if case.check == "tool_name":
+        extra["tools"] = case.tools
+        extra["tool_choice"] = tool_choice
+
+    def run() -> tuple[bool, str]:
+        resp = probe.client.chat.completions.create(
+            model=probe.model, messages=messages, max_tokens=case.max_tokens, temperature=0,
+            **extra)
+        probe.saw(resp.model)
+        if not resp.choices:
+            return False, "the completion has no choices"
+        message = resp.choices[0].message
+        if case.check == "tool_name":
+            return _judge_tool(case, message)
+        text = (message.content or "").strip()
+        if case.check == "exact":
+            return (text == case.expect,
+                    f"answered {_clip(text)!r}" + ("" if text == case.expect
+                                                   else f", expected {case.expect!r}"))
+        if case.check == "regex":
+            found = re.search(case.expect or "", text) is not None
+            return found, f"answered {_clip(text)!r}" + ("" if found
+                                                          else f", no match for {case.expect!r}")
+        return _judge_json(text, case.schema_ or {})
+
+    return timed(case.name, run, kind=kind, retries=probe.settings.max_retries)
+
+
+def _clip(text: str, n: int = 80) -> str:
+    return text if len(text) <= n else text[:n] + "..."
+
+
+def _judge_json(text: str, schema: dict[str, Any]) -> tuple[bool, str]:
+    try:
+        value = json.loads(text)
+    except ValueError as exc:
+        return False, f"malformed JSON: {exc.msg} at char {exc.pos} of {_clip(text)!r}"
+    error = jsonschema.exceptions.best_match(jsonschema.Draft202012Validator(schema).iter_errors(
+        value))
+    if error is not None:
+        where = "/".join(str(p) for p in error.absolute_path) or "(top)"
+        return False, f"JSON does not match the schema at {where}: {error.message}"
+    return True, f"valid JSON under the schema: {_clip(text)}"
+
+
+def _judge_tool(case: Case, message: Any) -> tuple[bool, str]:
+    calls = message.tool_calls or []
+    if not calls:
+        return False, f"no tool call; answered {_clip(message.content or '')!r}"
+    call = calls[0]
+    name = call.function.name
+    if name != case.expect:
+        return False, f"called {name!r}, expected {case.expect!r}"
+    params = next((t["function"].get("parameters") or {} for t in case.tools or []
+                   if t["function"]["name"] == name), {})
+    ok, detail = _judge_json(call.function.arguments or "", params)
+    if not ok:
+        return False, f"{name} arguments: {detail}"
+    return True, f"called {name}({_clip(call.function.arguments)})"
+
+
+def long_context_check(probe: Probe, tokens: int) -> CheckResult:
+    # ~0.75 words per token for BPE tokenizers: the prompt stays inside the target in tokens.
+    words = max(1, int(tokens * 0.75))
+    filler = " ".join(("alpha", "bravo", "charlie", "delta")[i % 4] for i in range(words))
+
+    def run() -> tuple[bool, str]:
+        resp = probe.client.chat.completions.create(
+            model=probe.model, max_tokens=16, temperature=0,
+            messages=[{"role": "user", "content": filler + "\n\nReply with exactly: DONE"}],
+        )
+        probe.saw(resp.model)
+        text = (resp.choices[0].message.content or "").strip() if resp.choices else ""
+        if not text:
+            return False, "empty answer to the long prompt"
+        seen = resp.usage.prompt_tokens if resp.usage else None
+        if seen is not None and seen < words * 0.9:
+            return False, f"server counted {seen} prompt tokens for {words} words: truncated?"
+        return True, f"{seen if seen is not None else '?'} prompt tokens accepted " \
+                     f"(target {tokens})"
+
+    return timed("long_context", run, retries=probe.settings.max_retries)

@@ -1,0 +1,312 @@
+"""Readiness runs against a real HTTP server process on loopback (the OpenAI-compatible fixture
+server, `k3artifacts/sandbox/openai_server.py`) through the official `openai` client, and the
+evaluation gate judging the reports they leave in the store."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+import yaml
+from click.testing import CliRunner
+
+from k3artifacts.cli import cli
+from k3artifacts.errors import ConfigError, GateFailed
+from k3artifacts.promotion.gates import check_gates
+from k3artifacts.promotion.moves import promote
+from k3artifacts.readiness.markdown import report_markdown
+from k3artifacts.readiness.record import evaluate
+from k3artifacts.readiness.sweep import knee, percentile
+from k3artifacts.releases.evaluations import (
+    EvaluationRecord,
+    SweepPoint,
+    evaluations_prefix,
+    list_evaluations,
+)
+from k3artifacts.sandbox.openai_server import start
+from k3artifacts.sandbox.ports import free_ports
+from k3artifacts.sandbox.releases import Releases
+from k3artifacts.serving.render.common import served_name
+from k3artifacts.stores.file import FileStore
+from tests.fixtures.releases import REPO_ROOT
+
+SUITE = "eval-suites/k3-core.yaml"
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> FileStore:
+    # Readiness does not depend on the store backend beyond create-once records, which the
+    # store-generic tests cover on S3; the file store keeps these tests fast.
+    return FileStore(tmp_path / "store")
+
+
+@pytest.fixture
+def fast_policies(policies: Path) -> Path:
+    """The checkout's policy and suite, with SLOs and a sweep small enough for a test."""
+    path = policies / SUITE
+    suite = yaml.safe_load(path.read_text())
+    suite["smoke"] = {"request_timeout_s": 5, "max_retries": 1,
+                      "slo": {"ttft_p99_s": 0.5, "e2e_p99_s": 2.0, "max_error_rate": 0.01},
+                      "sweep": {"max_concurrency": 4, "requests_per_worker": 2, "max_tokens": 16}}
+    path.write_text(yaml.safe_dump(suite, sort_keys=False))
+    return policies
+
+
+@pytest.fixture
+def server(tmp_path: Path):
+    """Start fixture servers (stopped by PID at teardown): server(name, **faults)."""
+    started = []
+
+    def run(name: str, **faults):
+        s = start(name, tmp_path / f"openai-{len(started)}.log", **faults)
+        started.append(s)
+        return s
+
+    yield run
+    for s in started:
+        s.stop()
+
+
+def _gate(store, release, policies):
+    report = check_gates(store, release.id, "production", policies_dir=policies)
+    return next(r for r in report.results if r.name == "evaluation")
+
+
+def test_fixture_server_speaks_the_wire_protocol(server):
+    s = server("kimi-k3")
+    models = json.load(urllib.request.urlopen(f"{s.url}/models", timeout=5))
+    assert [m["id"] for m in models["data"]] == ["kimi-k3"]
+    body = json.dumps({"model": "kimi-k3", "stream": True, "max_tokens": 3,
+                       "messages": [{"role": "user", "content": "one two three four"}]})
+    req = urllib.request.Request(f"{s.url}/chat/completions", data=body.encode(),
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=5) as resp:
+        assert resp.headers["Content-Type"] == "text/event-stream"
+        assert resp.headers["Transfer-Encoding"] == "chunked"
+        events = [line for line in resp.read().decode().split("\n\n") if line]
+    assert all(e.startswith("data: ") for e in events) and events[-1] == "data: [DONE]"
+    chunks = [json.loads(e[6:]) for e in events[:-1]]
+    assert chunks[-1]["choices"][0]["finish_reason"] == "length"
+    assert "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks).split() == [
+        "Echo", "from", "the"]
+
+
+def test_a_passing_run_lets_production_gate_pass(store, tmp_path, fast_policies, server,
+                                                 reviewed):
+    release = Releases(store, tmp_path / "scratch").release()
+    reviewed(release)
+    s = server(served_name(release))
+    outcome = evaluate(store, s.url, release.id, fast_policies / SUITE, channel="production",
+                       by="ci")
+    report = outcome.report
+    assert report.passed and outcome.written, report.failed
+    assert [c.name for c in report.checks] == [
+        "models", "chat", "stream", "structured_output", "tool_call", "long_context", "sweep"]
+    assert report.served_models == [served_name(release)] and report.pass_rate == 1.0
+    assert report.sweep is not None and [p.concurrency for p in report.sweep.points] == [1, 2, 4]
+    long_context = next(c for c in report.checks if c.name == "long_context")
+    assert "target 7680" in long_context.detail  # the server's 8192 less room for the answer
+    (stored,) = list_evaluations(store, release.id)
+    assert stored.origin == "run" and stored.readiness() == report
+    gate = _gate(store, release, fast_policies)
+    assert gate.passed, gate.reason
+    assert "k3-core: 5/5 = 100.0% >= 95.0%" in gate.reason
+    assert promote(store, release.id, "production", actor="alice",
+                   policies_dir=fast_policies).changed
+    md = report_markdown(report)
+    assert "| tool_call | pass |" in md and "Latency against concurrency" in md
+
+
+FAULTS = [
+    pytest.param({"slow_first_token": 0.6}, {"stream", "sweep"}, "first token after",
+                 id="slow-first-token"),
+    pytest.param({"rate_limit": 1.0}, {"chat", "stream", "structured_output", "tool_call",
+                                       "long_context", "sweep", "exact-token"},
+                 "rate limited: HTTP 429 after 2 attempt(s)", id="429s"),
+    pytest.param({"malformed_json": True}, {"structured_output", "tool_call",
+                                            "structured-invoice", "tool-weather"},
+                 "malformed JSON", id="malformed-json"),
+    pytest.param({"served_name": "someone-else"}, {"models", "chat"},
+                 "serves ['someone-else'], not the tuple's", id="wrong-served-name"),
+    pytest.param(None, {"models", "chat", "sweep", "tool-weather"}, "connection refused",
+                 id="connection-refused"),
+]
+
+
+@pytest.mark.parametrize(("faults", "failing", "detail"), FAULTS)
+def test_each_failure_mode_names_its_check_and_the_gate_refuses_the_report(
+    store, tmp_path, fast_policies, server, reviewed, faults, failing, detail
+):
+    release = Releases(store, tmp_path / "scratch").release()
+    reviewed(release)
+    if faults is None:
+        (port,) = free_ports(1)  # nobody listens there
+        url = f"http://127.0.0.1:{port}"
+    else:
+        name = faults.pop("served_name", served_name(release))
+        url = server(name, **faults).url
+    began = time.monotonic()
+    outcome = evaluate(store, url, release.id, fast_policies / SUITE, channel="production",
+                       by="ci")
+    report = outcome.report
+    failed = {c.name for c in report.failed}
+    assert failing <= failed, (failing - failed, report.failed)
+    assert any(detail in c.detail for c in report.failed), [c.detail for c in report.failed]
+    assert not report.passed and outcome.written
+    assert report.unreachable == (faults is None)
+    if faults is None:
+        assert time.monotonic() - began < 10  # a dead endpoint fails fast
+    gate = _gate(store, release, fast_policies)
+    assert not gate.passed
+    first_check = next(c.name for c in report.checks if not c.passed)
+    assert f"check {first_check} failed" in gate.reason or "below the required" in gate.reason
+    with pytest.raises(GateFailed):
+        promote(store, release.id, "production", actor="alice", policies_dir=fast_policies)
+
+
+def test_reports_for_another_tuple_or_suite_are_refused(store, tmp_path, fast_policies,
+                                                        server, reviewed):
+    releases = Releases(store, tmp_path / "scratch")
+    ran, other = releases.release(), releases.release()
+    reviewed(ran)
+    reviewed(other)
+    s = server(served_name(ran))
+    outcome = evaluate(store, s.url, ran.id, fast_policies / SUITE, channel="production",
+                       by="ci")
+    assert outcome.report.passed
+    # Nothing ran against `other`: its gate has no evidence.
+    assert "no evaluation run of eval-suites/k3-core.yaml" in _gate(store, other,
+                                                                      fast_policies).reason
+    # The run's record copied beside `other` (as if someone moved it) is refused by name.
+    moved = EvaluationRecord.model_validate(
+        outcome.record.model_dump() | {"tuple_id": other.id})
+    key = f"{evaluations_prefix(other.id)}{moved.report_sha256}.json"
+    store.create(key, moved.model_dump_json().encode())
+    with pytest.raises(ConfigError, match=f"reports on {ran.id}, not {other.id}"):
+        check_gates(store, other.id, "production", policies_dir=fast_policies)
+
+    # A run of an edited suite file does not count for the policy's file.
+    edited = tmp_path / "k3-core-edited.yaml"
+    edited.write_text((fast_policies / SUITE).read_text() + "\n# loosened\n")
+    fresh = releases.release()
+    reviewed(fresh)
+    s2 = server(served_name(fresh))
+    assert evaluate(store, s2.url, fresh.id, edited, channel="production", by="ci").report.passed
+    reason = _gate(store, fresh, fast_policies).reason
+    assert "the latest run is of suite 'k3-core' sha256" in reason and "not the policy's" in reason
+
+
+def test_regression_against_the_production_report_is_refused(store, tmp_path, fast_policies,
+                                                             server, reviewed):
+    releases = Releases(store, tmp_path / "scratch")
+    prod, cand = releases.release(), releases.release()
+    for r in (prod, cand):
+        reviewed(r)
+    evaluate(store, server(served_name(prod)).url, prod.id, fast_policies / SUITE,
+             channel="production", by="ci")
+    promote(store, prod.id, "production", actor="alice", policies_dir=fast_policies)
+    slow = server(served_name(cand), token_delay=0.03)  # passes every SLO, but much slower
+    outcome = evaluate(store, slow.url, cand.id, fast_policies / SUITE, channel="production",
+                       by="ci")
+    assert outcome.report.baseline is not None and outcome.report.baseline.tuple_id == prod.id
+    assert outcome.report.regressions
+    gate = _gate(store, cand, fast_policies)
+    assert not gate.passed and f"> {prod.id}'s" in gate.reason and "p99 at concurrency 4" in (
+        gate.reason)
+
+
+def test_smoke_cli_reports_json_and_a_dead_endpoint_exits_8(store, tmp_path, server, k3a_env):
+    release = Releases(store, tmp_path / "scratch").release()
+    env = dict(k3a_env, K3A_STORE=store.url, K3A_ACTOR="ci")
+    runner = CliRunner()
+    s = server(served_name(release))
+    ok = runner.invoke(cli, ["smoke", s.url.removesuffix("/v1"), "--tuple", release.id,
+                             "--max-concurrency", "2", "--json"], env=env)
+    assert ok.exit_code == 0, ok.stderr
+    body = json.loads(ok.stdout)
+    assert body["passed"] and body["report"]["kind"] == "smoke" and body["written"]
+    assert "readiness pass sweep" in ok.stderr  # log lines when stderr is not a terminal
+
+    (port,) = free_ports(1)
+    began = time.monotonic()
+    dead = runner.invoke(cli, ["smoke", f"http://127.0.0.1:{port}", "--tuple", release.id,
+                               "--retries", "0"], env=env)
+    assert dead.exit_code == 8 and time.monotonic() - began < 5
+    assert f"127.0.0.1:{port}/v1 is unreachable: connection refused" in dead.stderr
+    assert "next:" in dead.stderr
+    listed = runner.invoke(cli, ["eval", "list", release.id], env=env)
+    assert listed.stdout.count(" run ") == 2  # both runs recorded, the dead one too
+
+
+def test_knee_and_percentiles():
+    def point(c: int, tps: float, breach: str | None = None) -> SweepPoint:
+        return SweepPoint(concurrency=c, requests=4, ok=4, errors=0, rate_limited=0,
+                          ttft_p50=0.1, ttft_p99=0.1, e2e_p50=1, e2e_p99=1, tokens_per_s=tps,
+                          breach=breach)
+
+    assert knee([point(1, 100), point(2, 190), point(4, 200)]) == 2  # +5%: past the knee
+    assert knee([point(1, 100), point(2, 190), point(4, 380, "TTFT")]) == 2
+    assert knee([point(1, 100, "429s")]) is None
+    assert percentile([0.1, 0.2, 0.3, 5.0], 0.99) == 5.0
+    assert percentile([0.1, 0.2, 0.3, 5.0], 0.5) == 0.2
+
+
+def test_the_checkout_suite_is_the_one_production_names():
+    policy = yaml.safe_load((REPO_ROOT / "policies" / "promotion-gates.yaml").read_text())
+    assert policy["channels"]["production"]["evaluation"]["suite_file"] == SUITE
+    assert (REPO_ROOT / "policies" / SUITE).is_file()
+
+
+@pytest.mark.s3
+def test_run_reports_are_create_once_beside_the_tuple_on_s3(s3_store, tmp_path, fast_policies,
+                                                             server):
+    from k3artifacts.releases.evaluations import record_run
+
+    release = Releases(s3_store, tmp_path / "scratch").release()
+    outcome = evaluate(s3_store, server(served_name(release)).url, release.id,
+                       fast_policies / SUITE, channel="production", by="ci")
+    assert outcome.written
+    again, written = record_run(s3_store, outcome.report, by="someone-else")
+    assert not written and again.attached_by == "ci"  # the first record stands
+    (stored,) = list_evaluations(s3_store, release.id)
+    assert stored.readiness() == outcome.report
+    assert stored.readiness().suite_sha256 == hashlib.sha256(
+        (fast_policies / SUITE).read_bytes()).hexdigest()
+
+
+def test_sweep_records_429_rates_and_stops_at_the_first_breach(store, tmp_path, server):
+    from k3artifacts.readiness.run import run_readiness
+    from k3artifacts.readiness.suite import SmokeSettings, SweepSettings
+
+    release = Releases(store, tmp_path / "scratch").release()
+    s = server(served_name(release), token_delay=0.01, max_inflight=2)
+    settings = SmokeSettings(sweep=SweepSettings(max_concurrency=16, max_tokens=16))
+    report = run_readiness(s.url, release, settings)
+    assert report.sweep is not None
+    points = {p.concurrency: p for p in report.sweep.points}
+    assert sorted(points) == [1, 2, 4], points  # 8 and 16 never ran: 4 broke the SLO
+    assert points[2].rate_limited == 0 and points[2].breach is None
+    assert points[4].rate_limited > 0 and "rate-limited 429" in points[4].breach
+    assert report.sweep.knee in (1, 2)
+    sweep_check = report.checks[-1]
+    assert sweep_check.passed and "stopped at 4" in sweep_check.detail
+
+
+def test_eval_run_cli_names_the_failed_checks_and_exits_5(store, tmp_path, fast_policies,
+                                                          server, k3a_env):
+    release = Releases(store, tmp_path / "scratch").release()
+    env = dict(k3a_env, K3A_STORE=store.url, K3A_ACTOR="ci", K3A_POLICIES=str(fast_policies))
+    s = server(served_name(release), malformed_json=True)
+    result = CliRunner().invoke(cli, ["eval", "run", s.url, "--tuple", release.id,
+                                      "--suite", str(fast_policies / SUITE)], env=env)
+    assert result.exit_code == 5, result.stderr
+    assert ("evaluation failed for " + release.id + ": structured_output, tool_call, "
+            "structured-invoice, tool-weather") in result.stderr
+    assert "pass rate: 60.0% (3/5; suite threshold 95.0%)" in result.stdout
+    assert "NOT READY" in result.stdout
+    gates = CliRunner().invoke(cli, ["gates", release.id, "production"], env=env)
+    assert gates.exit_code == 5 and "check structured_output failed" in gates.stdout
