@@ -16,7 +16,6 @@ from k3artifacts.cli import cli
 from k3artifacts.errors import Conflict, GateFailed, NotFound
 from k3artifacts.promotion.moves import promote, rollback
 from k3artifacts.releases.channels import channel_names, current
-from k3artifacts.releases.evaluations import attach_evaluation
 from k3artifacts.releases.policies import load_gate_policy
 from k3artifacts.releases.retention import plan, retire
 from k3artifacts.releases.retirement import RevisionRetiring, tombstone_key
@@ -24,6 +23,7 @@ from k3artifacts.releases.tuples import TupleStore
 from k3artifacts.sandbox.releases import Releases
 from k3artifacts.stores.file import FileStore
 from k3artifacts.stores.s3 import S3Store
+from tests.fixtures.releases import passing_run
 
 
 @pytest.fixture
@@ -59,7 +59,7 @@ def test_gc_keeps_what_rollback_windows_reach_and_removes_the_rest(
         reviewed(r)
     for r in (a, b, c, d):
         promote(store, r.id, "staging", actor="ci", policies_dir=gc_policies)
-    attach_evaluation(store, b.id, {"suite": "s", "passed": 1, "total": 1}, by="ci")
+    passing_run(store, b)
     promote(store, b.id, "production", actor="pat", policies_dir=gc_policies,
             overrides={"promotion_order": "b served staging before c and d"})
 

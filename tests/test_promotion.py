@@ -207,7 +207,9 @@ def test_reviews_are_idempotent_create_once_records_in_the_store(store, releases
     assert [r.path for r in code.recorded] == ["modeling_kimi.py"]
     code_again = review_code(store, release.id, by="alice", by_source="os-user")
     assert code_again.recorded == [] and len(code_again.already_reviewed) == 1
-    assert not list(policies.rglob("*.yaml"))[1:]  # nothing but the gate policy in policies/
+    # Nothing but the fixture's own policy files in policies/: the reviews are store records.
+    assert sorted(p.name for p in policies.rglob("*.yaml")) == [
+        "k3-core.yaml", "promotion-gates.yaml", "trusted-keys.yaml"]
 
 
 def test_malformed_policy_files_and_review_records_are_named(store, releases, policies):
@@ -221,8 +223,8 @@ def test_malformed_policy_files_and_review_records_are_named(store, releases, po
     gates_file.write_text("channels:\n  production:\n    gates: [artifact, evaluation]\n")
     with pytest.raises(ConfigError, match=f"{gates_file}.*min_pass_rate"):
         _promote(store, release, "production", policies)
-    gates_file.write_text("channels:\n  production:\n    gates: [artifact, signature]\n")
-    with pytest.raises(ConfigError, match=f"{gates_file}.*unknown gate.*signature"):
+    gates_file.write_text("channels:\n  production:\n    gates: [artifact, signatures]\n")
+    with pytest.raises(ConfigError, match=f"{gates_file}.*unknown gate.*signatures"):
         _promote(store, release, "production", policies)
 
 

@@ -32,7 +32,7 @@ from k3artifacts.sandbox.ports import free_ports
 from k3artifacts.sandbox.releases import Releases
 from k3artifacts.serving.render.common import served_name
 from k3artifacts.stores.file import FileStore
-from tests.fixtures.releases import REPO_ROOT
+from tests.fixtures.releases import REPO_ROOT, staged_for
 
 SUITE = "eval-suites/k3-core.yaml"
 
@@ -115,6 +115,7 @@ def test_a_passing_run_lets_production_gate_pass(store, tmp_path, fast_policies,
     gate = _gate(store, release, fast_policies)
     assert gate.passed, gate.reason
     assert "k3-core: 5/5 = 100.0% >= 95.0%" in gate.reason
+    staged_for(store, release, fast_policies)  # production comes after staging
     assert promote(store, release.id, "production", actor="alice",
                    policies_dir=fast_policies).changed
     md = report_markdown(report)
@@ -208,6 +209,7 @@ def test_regression_against_the_production_report_is_refused(store, tmp_path, fa
         reviewed(r)
     evaluate(store, server(served_name(prod)).url, prod.id, fast_policies / SUITE,
              channel="production", by="ci")
+    staged_for(store, prod, fast_policies)  # production comes after staging
     promote(store, prod.id, "production", actor="alice", policies_dir=fast_policies)
     slow = server(served_name(cand), token_delay=0.03)  # passes every SLO, but much slower
     outcome = evaluate(store, slow.url, cand.id, fast_policies / SUITE, channel="production",

@@ -14,17 +14,14 @@ from k3artifacts.errors import ConfigError, GateFailed
 from k3artifacts.promotion.gates import check_gates
 from k3artifacts.promotion.moves import promote
 from k3artifacts.releases.channels import current, history
-from k3artifacts.releases.evaluations import attach_evaluation
 from k3artifacts.releases.reviews import CorruptReview, review_key, review_license
 from k3artifacts.sandbox.releases import Releases
-from tests.fixtures.releases import staged_for
-
-PASSING = {"suite": "k3-smoke", "passed": 99, "total": 100}
+from tests.fixtures.releases import passing_run, staged_for
 
 
 def _ready(store, release, policies, reviewed):
     reviewed(release)
-    attach_evaluation(store, release.id, PASSING, by="ci")
+    passing_run(store, release)
 
 
 def _failed(store, release, policies, actor="pat"):
@@ -40,7 +37,7 @@ def test_a_tuple_that_does_not_render_is_refused_until_recreated_with_the_input(
     bare = releases.tuple_for(manifest, site=False)  # made without --fsx-*
     for r in (bare,):
         review_license(file_store, r.id, by="rita", by_source="os-user")
-        attach_evaluation(file_store, r.id, PASSING, by="ci")
+        passing_run(file_store, r)
         staged_for(file_store, r, policies)
     failed = _failed(file_store, bare, policies)
     assert set(failed) == {"renderable"}
@@ -55,7 +52,7 @@ def test_a_tuple_that_does_not_render_is_refused_until_recreated_with_the_input(
 
     # The same weights, re-created with the FSx location: a new tuple, which renders.
     fixed = releases.tuple_for(manifest)
-    attach_evaluation(file_store, fixed.id, PASSING, by="ci")
+    passing_run(file_store, fixed)
     staged_for(file_store, fixed, policies)
     moved = promote(file_store, fixed.id, "production", actor="pat", policies_dir=policies)
     gates = {g.name: g for g in moved.gates}
@@ -171,7 +168,7 @@ def test_on_s3_the_actor_is_the_sts_identity_and_no_flag_changes_it(
     rita = recorded["review"]["reviewed_by"]
     assert rita.startswith("arn:aws:sts::") and rita.endswith("/rita")
     assert recorded["review"]["reviewer_source"] == "sts"
-    attach_evaluation(s3_store, release.id, PASSING, by="ci")
+    passing_run(s3_store, release)
     staged_for(s3_store, release, policies)
 
     own = k3a("promote", release.id, "production", as_who="rita", expect=5)
@@ -187,7 +184,7 @@ def test_order_can_require_gates_passed_on_the_earlier_channel(store, releases, 
     gates = policies / "promotion-gates.yaml"
     gates.write_text(gates.read_text().replace("after: staging", "after: staging\n      passed: [license]"))
     release = releases.release()
-    attach_evaluation(store, release.id, PASSING, by="ci")
+    passing_run(store, release)
     promote(store, release.id, "staging", actor="ci", policies_dir=policies,
             overrides={"license": "legal is reading it"},
             now=datetime.now(UTC) - timedelta(hours=48))
