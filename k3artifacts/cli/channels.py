@@ -9,12 +9,13 @@ import click
 from k3artifacts.cli import cli
 from k3artifacts.cli.common import emit, get_store, handle_errors, json_option, store_option
 from k3artifacts.config import default_policies_dir
-from k3artifacts.errors import GateFailed
+from k3artifacts.errors import GateFailed, K3AError
 from k3artifacts.promotion.gates import check_gates
 from k3artifacts.promotion.moves import MoveResult, promote, rollback
 from k3artifacts.releases.actor import current_actor
 from k3artifacts.releases.channels import GateResult, HistoryEntry, history, list_channels
 from k3artifacts.releases.evaluations import attach_evaluation, list_evaluations, parse_report
+from k3artifacts.releases.policies import load_gate_policy
 from k3artifacts.releases.reviews import license_text, review_code, review_license
 
 policies_option = click.option(
@@ -153,10 +154,17 @@ def promote_cmd(
 @click.option("--why", default=None, help="Why roll back (recorded in the history).")
 @actor_option
 @store_option
+@policies_option
 @json_option
 @handle_errors
 def rollback_cmd(
-    channel: str, to: str | None, why: str | None, actor: str, store_url: str, as_json: bool
+    channel: str,
+    to: str | None,
+    why: str | None,
+    actor: str,
+    store_url: str,
+    policies_dir: Path,
+    as_json: bool,
 ) -> None:
     """Point CHANNEL back at a tuple it served before.
 
@@ -167,8 +175,18 @@ def rollback_cmd(
     Exit codes: 0 moved (or already there), 4 target's manifest changed, 6 lost a race,
     7 unknown channel, target never on it, or target's weights gone.
     """
-    result = rollback(get_store(store_url), channel, to=to, actor=actor, reason=why)
+    result = rollback(get_store(store_url), channel, to=to, actor=actor, reason=why,
+                      policy_channels=_policy_channels(policies_dir))
     emit(as_json, result, lambda: _move_summary(result))
+
+
+def _policy_channels(policies_dir: Path) -> set[str] | None:
+    """The channels the gate policy allows, or None when there is no readable policy here
+    (a rollback needs none: it only returns to tuples that passed their gates)."""
+    try:
+        return set(load_gate_policy(policies_dir).channels)
+    except K3AError:
+        return None
 
 
 def _history_row(e: HistoryEntry) -> list[str]:

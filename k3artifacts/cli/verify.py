@@ -7,10 +7,18 @@ from pathlib import Path
 import click
 
 from k3artifacts.cli import cli
-from k3artifacts.cli.common import emit, get_store, handle_errors, json_option, store_option
-from k3artifacts.errors import ConfigError
-from k3artifacts.reporting.progress import BytesProgress, make_progress
-from k3artifacts.revisions.refs import match_revision_ref
+from k3artifacts.cli.common import (
+    emit,
+    get_store,
+    handle_errors,
+    json_option,
+    progress_options,
+    reporter,
+    store_option,
+)
+from k3artifacts.errors import UsageError
+from k3artifacts.reporting.progress import BytesProgress
+from k3artifacts.revisions.refs import check_manifest_digest, check_repo_id, match_revision_ref
 from k3artifacts.stores.verify import verify_revision
 
 
@@ -21,7 +29,10 @@ def parse_target(target: str) -> tuple[str, str] | Path:
     path = Path(target)
     if path.is_dir():
         return path
-    raise ConfigError(
+    repo_id, at, _ = target.rpartition("@")
+    if at:
+        check_repo_id(repo_id)  # says what is wrong with the repo half, if that is it
+    raise UsageError(
         f"{target!r} is neither org/name@<40-hex commit> nor a revision directory",
         hint="e.g. k3a verify moonshotai/Kimi-K3@<commit>, or a path ending in /<commit>",
     )
@@ -33,27 +44,34 @@ def parse_target(target: str) -> tuple[str, str] | Path:
 @click.option("--full", is_flag=True, help="Check sha256 (slower) instead of xxh3-128.")
 @click.option("--expect-digest", help="Refuse unless the manifest digest is exactly this.")
 @click.option("--workers", default=4, show_default=True, help="Files hashed at once.")
-@click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
+@click.option("--quiet", "-q", is_flag=True, help="No progress bar or progress lines.")
+@progress_options
 @json_option
 @handle_errors
-def verify_cmd(target, store_url, full, expect_digest, workers, quiet, as_json):
+def verify_cmd(target, store_url, full, expect_digest, workers, quiet, progress_interval,
+               log_format, as_json):
     """Re-hash a published revision against its manifest; run on a node before serving.
 
     TARGET is org/name@<commit> (looked up in --store) or a revision directory such as
     /fsx/k3a/models/moonshotai/Kimi-K3/<commit>.
 
-    Exit codes: 0 every file matches, 4 some file is missing, changed or unexpected
-    (listed), 7 not a published revision.
+    Exit codes: 0 every file matches, 2 malformed TARGET or --expect-digest, 4 some file
+    is missing, changed or unexpected (listed) or the digest differs, 7 not a published
+    revision or no store there.
     """
+    if expect_digest is not None:
+        check_manifest_digest(expect_digest)
     parsed = parse_target(target)
-    with make_progress(enabled=not (as_json or quiet)) as progress:
-        bar = BytesProgress(progress, "verifying")
+    store = None if isinstance(parsed, Path) else get_store(store_url)
+    with reporter("verifying", quiet=quiet, as_json=as_json, interval=progress_interval,
+                  log_format=log_format) as progress:
+        bar = BytesProgress(progress)
         kwargs = dict(full=full, expect_digest=expect_digest, workers=workers, on_bytes=bar,
-                      on_manifest=lambda m: bar.set_total(m.total_bytes))
+                      on_manifest=lambda m: bar.set_total(m.total_bytes, len(m.files)))
         if isinstance(parsed, Path):
             report = verify_revision(directory=parsed, **kwargs)
         else:
-            report = verify_revision(store=get_store(store_url), repo_id=parsed[0],
+            report = verify_revision(store=store, repo_id=parsed[0],
                                      commit=parsed[1], **kwargs)
     payload = {
         "target": report.target,

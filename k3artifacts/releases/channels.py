@@ -31,7 +31,7 @@ and not "log entry first, then pointer":
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Literal
@@ -199,13 +199,22 @@ def channel_names(store: Store) -> list[str]:
     return names
 
 
-def unknown_channel(store: Store, channel: str) -> NotFound:
+def unknown_channel(
+    store: Store, channel: str, policy_channels: Collection[str] | None = None
+) -> NotFound:
+    """NotFound for a channel with no pointer. ``policy_channels``: the channels the gate
+    policy allows, when known; promoting is suggested only onto one of those."""
     known = channel_names(store)
     listed = ", ".join(known) if known else "none yet"
-    return NotFound(
-        f"channel {channel!r} has never been promoted to in {store.url} (channels: {listed})",
-        hint=f"promote a tuple first: `k3a promote <tuple-id> {channel}`",
-    )
+    message = f"channel {channel!r} has never been promoted to in {store.url} (channels: {listed})"
+    if policy_channels is not None and channel not in policy_channels:
+        allowed = ", ".join(sorted(policy_channels)) or "none"
+        return NotFound(
+            message,
+            hint=f"{channel!r} is not a channel of the gate policy (it allows: {allowed}); "
+            "check the name, or add the channel to policies/promotion-gates.yaml first",
+        )
+    return NotFound(message, hint=f"promote a tuple first: `k3a promote <tuple-id> {channel}`")
 
 
 def current(store: Store, channel: str) -> ChannelPointer:

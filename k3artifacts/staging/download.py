@@ -8,6 +8,7 @@ then the transfer continues with a Range request). Memory is one reused buffer p
 from __future__ import annotations
 
 import email.utils
+import logging
 import os
 import random
 import time
@@ -20,6 +21,8 @@ from urllib3.exceptions import HTTPError as Urllib3Error
 
 from k3artifacts.errors import Unavailable
 from k3artifacts.revisions.hashing import MultiHasher, feed_file
+
+log = logging.getLogger(__name__)
 
 NET_CHUNK = 1 << 20
 RETRY_STATUS = {408, 425, 429, 500, 502, 503, 504}
@@ -187,4 +190,9 @@ def fetch(
                         f"{label or url}: gave up after {attempt} attempts: {exc}",
                         hint="the partial file is kept; re-run the same command to resume",
                     ) from None
-                time.sleep(policy.delay(attempt - 1, exc.retry_after))
+                delay = policy.delay(attempt - 1, exc.retry_after)
+                log.warning(
+                    "%s: %s; attempt %d of %d without progress, retrying in %.1fs from byte %d",
+                    label or url, exc, attempt, policy.attempts, delay, hasher.size,
+                )
+                time.sleep(delay)
