@@ -30,6 +30,8 @@ from k3artifacts.stores.verify import verify_revision
 DEMO_REPO = "demo/Kimi-K3-synthetic"
 #: A serving image given by digest, so the demo's path needs no registry (`--offline`).
 DEMO_IMAGE = "registry.example.com/vllm@sha256:" + "0" * 64
+#: The pipeline worker image of the EKS pod's verify init container, likewise by digest.
+DEMO_VERIFIER = "registry.example.com/k3a-worker@sha256:" + "1" * 64
 DEMO_PROFILE = "p6-b300-tp8"
 
 
@@ -45,8 +47,8 @@ def next_steps(commit: str, store_url: str) -> list[str]:
     """The rest of the README's no-network path, from the revision the demo published."""
     store = f" --store {store_url}"
     return [
-        f"k3a tuple create {DEMO_REPO}@{commit} --image {DEMO_IMAGE} --profile {DEMO_PROFILE} "
-        f"--offline{store}",
+        f"k3a tuple create {DEMO_REPO}@{commit} --offline --profile {DEMO_PROFILE} "
+        f"--image {DEMO_IMAGE} --verifier-image {DEMO_VERIFIER}{store}",
         f"k3a review license <tuple-id> --by $USER{store}",
         f"k3a review code <tuple-id> --by $USER{store}",
         f"k3a promote <tuple-id> staging --why 'demo'{store}",
@@ -126,7 +128,9 @@ def demo_cmd(store_url, size, shards, seed, workdir, workers, quiet, progress_in
         outcome = "ok" if report.ok else "FAILED"
         click.echo(f"verify:          {outcome} ({report.algorithm}, {report.files} files)")
         click.echo("next: make a release tuple and render it, no registry or network needed")
-        click.echo("      (<tuple-id> is the k3t-... id `tuple create` prints):")
+        click.echo("      (<tuple-id> is the k3t-... id `tuple create` prints; reviews are "
+                   "recorded under ./policies or $K3A_POLICIES; README: 'From the demo to a "
+                   "rendered manifest'):")
         for step in steps:
             click.echo(f"  {step}")
 

@@ -67,7 +67,8 @@ def verify_cmd(target, store_url, full, expect_digest, workers, quiet, progress_
                   log_format=log_format) as progress:
         bar = BytesProgress(progress)
         kwargs = dict(full=full, expect_digest=expect_digest, workers=workers, on_bytes=bar,
-                      on_manifest=lambda m: bar.set_total(m.total_bytes, len(m.files)))
+                      on_manifest=lambda m: bar.set_total(m.total_bytes, len(m.files)),
+                      on_file=bar.file_done)
         if isinstance(parsed, Path):
             report = verify_revision(directory=parsed, **kwargs)
         else:

@@ -324,3 +324,6 @@ class BytesProgress:
 
     def __call__(self, nbytes: int) -> None:
         self.reporter.advance(nbytes)
+
+    def file_done(self, *_: object) -> None:
+        self.reporter.file_done()
