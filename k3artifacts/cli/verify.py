@@ -18,7 +18,12 @@ from k3artifacts.cli.common import (
 )
 from k3artifacts.errors import UsageError
 from k3artifacts.reporting.progress import BytesProgress
-from k3artifacts.revisions.refs import check_manifest_digest, check_repo_id, match_revision_ref
+from k3artifacts.revisions.refs import (
+    COMMIT,
+    check_manifest_digest,
+    check_repo_id,
+    match_revision_ref,
+)
 from k3artifacts.stores.verify import verify_revision
 
 
@@ -26,12 +31,12 @@ def parse_target(target: str) -> tuple[str, str] | Path:
     ref = match_revision_ref(target)
     if ref is not None:
         return ref
+    repo_id, sep, commit = target.rpartition("@")
+    if sep and COMMIT.match(commit):
+        check_repo_id(repo_id)  # shaped like a revision: say what is wrong with its repo id
     path = Path(target)
     if path.is_dir():
         return path
-    repo_id, at, _ = target.rpartition("@")
-    if at:
-        check_repo_id(repo_id)  # says what is wrong with the repo half, if that is it
     raise UsageError(
         f"{target!r} is neither org/name@<40-hex commit> nor a revision directory",
         hint="e.g. k3a verify moonshotai/Kimi-K3@<commit>, or a path ending in /<commit>",
