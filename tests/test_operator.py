@@ -330,3 +330,37 @@ def test_ctrl_c_mid_stage_exits_130_and_a_rerun_resumes(k3a_cmd, k3a_env, local_
     result = json.loads(again.stdout)
     assert not result["already_published"]
     assert result["downloaded_bytes"] < result["total_bytes"], "the re-run started over"
+
+
+# ---- once an endpoint answered: the retry policy, each retry logged ---------------------------
+
+
+def test_hub_errors_after_first_contact_are_retried_and_logged(k3a_cmd, k3a_env, local_hub,
+                                                               tmp_path):
+    local_hub.hub.add_commit(REPO, small_release(tmp_path))
+    # The hub answers (so it is reachable), but 503 twice to resolving the revision: the
+    # retry policy applies (huggingface_hub retries the listing itself, with its own log).
+    local_hub.hub.faults.add("/api/models/*/revision/*", Fault.http_status(503, times=2))
+    proc = run(k3a_cmd, k3a_env, "stage", REPO, "--endpoint", local_hub.endpoint,
+               "--store", f"file://{tmp_path / 'store'}", "-q", "--retries", "4",
+               "--log-format", "json")
+    assert proc.returncode == 0, proc.stderr
+    retries = [json.loads(line) for line in proc.stderr.splitlines() if line.startswith("{")]
+    retries = [r for r in retries if r["level"] == "warning" and "retrying" in r["message"]]
+    assert len(retries) == 2, proc.stderr
+    assert "attempt 1 of 4" in retries[0]["message"] and "503" in retries[0]["message"]
+
+
+@pytest.mark.s3
+def test_s3_errors_after_first_contact_are_retried_and_logged(s3_env, s3_store, s3_url,
+                                                              s3_fault_proxy, tmp_path):
+    from k3artifacts.sandbox.releases import Releases
+
+    manifest = Releases(s3_store, tmp_path / "scratch").publish()
+    s3_fault_proxy.add("GetObject", "*/.k3a/manifest.json", times=2)
+    env = {**s3_env, "K3A_S3_ENDPOINT_URL": s3_fault_proxy.endpoint}
+    code, stderr, stdout = invoke(env, "revisions", manifest.repo_id, "--store", s3_url, "--json")
+    assert code == 0, stderr
+    assert [r["commit"] for r in json.loads(stdout)] == [manifest.commit]
+    logged = [line for line in stderr.splitlines() if "retrying per policy" in line]
+    assert len(logged) == 2 and all("HTTP 503" in line for line in logged), stderr

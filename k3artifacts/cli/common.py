@@ -16,7 +16,7 @@ import click
 from k3artifacts.canonical import to_plain
 from k3artifacts.config import default_store_url, parse_size
 from k3artifacts.errors import K3AError, NotFound
-from k3artifacts.reporting.logs import LOG_FORMATS
+from k3artifacts.reporting.logs import LOG_FORMATS, configure_logging
 from k3artifacts.reporting.progress import DEFAULT_INTERVAL, ProgressReporter, make_reporter
 from k3artifacts.stores.base import Store
 from k3artifacts.stores.registry import open_store
@@ -117,6 +117,10 @@ def handle_errors(
     def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
         @functools.wraps(fn)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
+            # The library's log records (retries, mostly) reach stderr in every command;
+            # commands with --log-format set it again from the option.
+            env_format = os.environ.get("K3A_LOG_FORMAT", "text")
+            configure_logging(env_format if env_format in LOG_FORMATS else "text")
             previous = None
             if _main_thread():
                 previous = signal.signal(signal.SIGINT, lambda *_: _exit_interrupted(on_interrupt))

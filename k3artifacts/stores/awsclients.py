@@ -181,6 +181,13 @@ def fail_fast_until_connected(client: Any) -> None:
     state = {"connected": False}
     lock = threading.Lock()
     endpoint = client.meta.endpoint_url
+    # None when retries were configured the usual boto3 way (env, profile): then unknown here.
+    most = (client.meta.config.retries or {}).get("total_max_attempts")
+
+    def retry_note(attempts: int) -> str:
+        if most is not None and attempts >= most:
+            return f"attempt {attempts} of {most}, giving up"
+        return f"attempt {attempts}" + (f" of {most}" if most else "") + "; retrying per policy"
 
     def needs_retry(response=None, caught_exception=None, attempts=1, operation=None, **_):
         if response is not None and caught_exception is None:
@@ -188,8 +195,8 @@ def fail_fast_until_connected(client: Any) -> None:
                 state["connected"] = True
             status = response[0].status_code if response[0] is not None else 0
             if status >= 500 or status in (429, 503):
-                log.warning("S3 %s at %s: HTTP %s on attempt %d; retrying per policy",
-                            operation.name, endpoint, status, attempts)
+                log.warning("S3 %s at %s: HTTP %s on %s",
+                            operation.name, endpoint, status, retry_note(attempts))
             return None
         if caught_exception is None:
             return None
@@ -199,8 +206,8 @@ def fail_fast_until_connected(client: Any) -> None:
             if attempts >= 2:
                 raise unreachable(endpoint, caught_exception)
             return FIRST_CONTACT_RETRY_S
-        log.warning("S3 %s at %s: %s on attempt %d; retrying per policy",
-                    operation.name, endpoint, caught_exception, attempts)
+        log.warning("S3 %s at %s: %s on %s",
+                    operation.name, endpoint, caught_exception, retry_note(attempts))
         return None
 
     service = client.meta.service_model.service_id.hyphenize()
