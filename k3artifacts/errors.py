@@ -11,6 +11,7 @@ Exit codes (documented in the README, stable for scripts):
   7  not found: unknown revision, tuple, channel, or no store at the given path/bucket
   8  upstream or storage unavailable (network, 5xx after retries, unreachable endpoint)
   9  bad configuration (malformed store URL, profile, policy file, image reference)
+  130 interrupted (Ctrl-C; set by the CLI, not an error class): re-running resumes
 """
 
 from __future__ import annotations
