@@ -14,6 +14,7 @@ import os
 import signal
 import subprocess
 import time
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -224,6 +225,9 @@ def test_rollback_of_a_channel_the_policy_refuses_does_not_suggest_promoting(
     code, stderr, _ = invoke(k3a_env, "rollback", "staging", "--store", store.url,
                              "--policies", str(policies))
     assert code == 7 and "k3a promote <tuple-id> staging" in next_line(stderr)
+    code, stderr, _ = invoke(k3a_env, "history", "canary", "--store", store.url,
+                             "--policies", str(policies))
+    assert code == 7 and "not a channel of the gate policy" in next_line(stderr)
 
 
 @pytest.mark.parametrize("digest", ["deadbeef", "sha256:" + "a" * 64, "A" * 64])
@@ -364,3 +368,34 @@ def test_s3_errors_after_first_contact_are_retried_and_logged(s3_env, s3_store, 
     assert [r["commit"] for r in json.loads(stdout)] == [manifest.commit]
     logged = [line for line in stderr.splitlines() if "retrying per policy" in line]
     assert len(logged) == 2 and all("HTTP 503" in line for line in logged), stderr
+
+
+# ---- the demo's path --------------------------------------------------------------------------
+
+
+def test_demo_keeps_its_files_with_the_store_and_points_down_the_offline_path(k3a_env, tmp_path):
+    store = tmp_path / "elsewhere" / "store"
+    env = {**k3a_env, "K3A_STORE": f"file://{store}"}
+    code, stderr, stdout = invoke(env, "demo", "--size", "2MiB", "--shards", "2", "--json", "-q")
+    assert code == 0, stderr
+    out = json.loads(stdout)
+    assert (store / ".k3a-demo").is_dir()
+    assert not (Path(k3a_env["XDG_DATA_HOME"]) / "k3artifacts" / "demo").exists()
+    steps = out["next"]
+    assert steps[0].startswith(f"k3a tuple create demo/Kimi-K3-synthetic@{out['commit']}")
+    assert "--offline" in steps[0] and "@sha256:" in steps[0]
+    assert [s.split()[1] for s in steps] == ["tuple", "review", "review", "promote", "render"]
+    assert "verify" not in " ".join(steps), "the demo just verified; next is the release path"
+
+
+def test_an_unreachable_registry_suggests_offline(k3a_env, tmp_path):
+    from k3artifacts.sandbox.releases import Releases
+    from k3artifacts.stores.file import FileStore
+
+    store = FileStore(tmp_path / "store")
+    manifest = Releases(store, tmp_path / "scratch").publish()
+    code, stderr, _ = invoke(k3a_env, "tuple", "create", f"{manifest.repo_id}@{manifest.commit}",
+                             "--image", "127.0.0.1:9/vllm:v1", "--profile", "p6-b300-tp8",
+                             "--store", store.url)
+    assert code == 8, stderr
+    assert "--offline" in next_line(stderr) and "@sha256:" in next_line(stderr)

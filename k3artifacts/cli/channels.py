@@ -207,14 +207,15 @@ def _history_row(e: HistoryEntry) -> list[str]:
 @cli.command("history")
 @click.argument("channel")
 @store_option
+@policies_option
 @json_option
 @handle_errors
-def history_cmd(channel: str, store_url: str, as_json: bool) -> None:
+def history_cmd(channel: str, store_url: str, policies_dir: Path, as_json: bool) -> None:
     """Every move of CHANNEL, oldest first: seq, when, action, tuple, previous, who, why.
 
     Exit codes: 0 ok, 7 unknown channel.
     """
-    entries = history(get_store(store_url), channel)
+    entries = history(get_store(store_url), channel, _policy_channels(policies_dir))
     emit(
         as_json,
         [e.model_dump(mode="json") for e in entries],

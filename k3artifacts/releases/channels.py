@@ -251,13 +251,16 @@ def _read_entry(store: Store, channel: str, seq: int) -> HistoryEntry:
 
 
 def iter_history_reversed(
-    store: Store, channel: str, pointer: ChannelPointer | None = None
+    store: Store,
+    channel: str,
+    pointer: ChannelPointer | None = None,
+    policy_channels: Collection[str] | None = None,
 ) -> Iterator[HistoryEntry]:
     """Newest first, as of ``pointer`` (default: read it now), one entry read at a time."""
     if pointer is None:
         pointer = read_state(store, channel).pointer
     if pointer is None:
-        raise unknown_channel(store, channel)
+        raise unknown_channel(store, channel, policy_channels)
     seqs = _logged_seqs(store, channel)
     if pointer.seq not in seqs:
         # The mover died after swapping the pointer: the entry lives in the pointer.
@@ -267,9 +270,12 @@ def iter_history_reversed(
             yield _read_entry(store, channel, seq)
 
 
-def history(store: Store, channel: str) -> list[HistoryEntry]:
-    """Every move of ``channel``, oldest first, seq 1..N without gaps."""
-    return list(reversed(list(iter_history_reversed(store, channel))))
+def history(
+    store: Store, channel: str, policy_channels: Collection[str] | None = None
+) -> list[HistoryEntry]:
+    """Every move of ``channel``, oldest first, seq 1..N without gaps. ``policy_channels``
+    shapes the advice when the channel is unknown (see :func:`unknown_channel`)."""
+    return list(reversed(list(iter_history_reversed(store, channel, None, policy_channels))))
 
 
 def _ensure_logged(store: Store, pointer: ChannelPointer) -> None:
