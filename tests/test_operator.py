@@ -399,3 +399,16 @@ def test_an_unreachable_registry_suggests_offline(k3a_env, tmp_path):
                              "--store", store.url)
     assert code == 8, stderr
     assert "--offline" in next_line(stderr) and "@sha256:" in next_line(stderr)
+
+
+@pytest.mark.s3
+def test_stage_to_s3_reports_what_the_store_received(k3a_cmd, s3_env, s3_url, local_hub,
+                                                     tmp_path):
+    local_hub.hub.add_commit(REPO, small_release(tmp_path))
+    proc = run(k3a_cmd, s3_env, "stage", REPO, "--endpoint", local_hub.endpoint,
+               "--store", s3_url, "--log-format", "json", "--json",
+               "--quarantine", str(tmp_path / "q"))
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(proc.stdout)
+    final = json_progress(proc.stderr)[-1]
+    assert final["final"] and final["bytes_stored"] == result["total_bytes"]

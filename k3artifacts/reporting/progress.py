@@ -57,6 +57,9 @@ class ProgressReporter:
         self.bytes_total: int | None = None
         self.files_done = 0
         self.files_total: int | None = None
+        #: Bytes a second stage of the same work has moved (the store's uploads and copies
+        #: while staging): shown beside the main count.
+        self.bytes_stored: int | None = None
         self.started = time.monotonic()
         self._lock = threading.Lock()
 
@@ -82,6 +85,13 @@ class ProgressReporter:
             self.files_done += count
         self._changed()
 
+    def stored(self, nbytes: int) -> None:
+        if nbytes <= 0:
+            return
+        with self._lock:
+            self.bytes_stored = (self.bytes_stored or 0) + nbytes
+        self._changed()
+
     def note(self, message: str) -> None:
         log.info(message, extra={"k3a": {"event": "note", "phase": self.phase}})
 
@@ -93,6 +103,7 @@ class ProgressReporter:
                 "bytes_total": self.bytes_total,
                 "files_done": self.files_done,
                 "files_total": self.files_total,
+                "bytes_stored": self.bytes_stored,
                 "elapsed_s": round(time.monotonic() - self.started, 1),
             }
 
@@ -144,6 +155,8 @@ class BarReporter(ProgressReporter):
             delta, self._shown = self.bytes_done - self._shown, self.bytes_done
             files = (f"{self.files_done}/{self.files_total} files"
                      if self.files_total is not None else "")
+            if self.bytes_stored is not None:
+                files += f", {_size(self.bytes_stored)} stored"
             self.progress.update(self.task, total=self.bytes_total, advance=delta, files=files)
 
     def note(self, message: str) -> None:
@@ -237,6 +250,8 @@ def _describe(f: dict) -> str:
         parts.append(f"ETA {_duration(f['eta_s'])}")
     if f["files_total"] is not None:
         parts.append(f"files {f['files_done']}/{f['files_total']}")
+    if f["bytes_stored"] is not None:
+        parts.append(f"stored {_size(f['bytes_stored'])}")
     if f["final"]:
         parts.append(f"done in {_duration(f['elapsed_s'])}")
     return " ".join(p for p in parts if p)
@@ -281,6 +296,7 @@ class StageProgress(StageObserver):
         self._lock = threading.Lock()
         self._sizes: dict[str, int] = {}
         self._counted: dict[str, int] = {}
+        self._stored: dict[str, int] = {}
 
     def planned(self, files: list[RemoteFile], reused: set[str]) -> None:
         with self._lock:
@@ -311,6 +327,18 @@ class StageProgress(StageObserver):
 
     def note(self, message: str) -> None:
         self.reporter.note(message)
+
+    def store_progress(self, path: str, nbytes: int) -> None:
+        """The store's byte callback (an S3 store's uploads and in-bucket copies): a part
+        sent again after a retry is not counted twice, a file never beyond its size."""
+        with self._lock:
+            size = self._sizes.get(path)
+            before = self._stored.get(path, 0)
+            after = before + max(0, nbytes)
+            if size is not None:
+                after = min(size, after)
+            self._stored[path] = after
+        self.reporter.stored(after - before)
 
 
 class BytesProgress:
