@@ -321,7 +321,7 @@ def test_ctrl_c_mid_stage_exits_130_and_a_rerun_resumes(k3a_cmd, k3a_env, local_
             os.kill(proc.pid, signal.SIGKILL)
             proc.wait()
     assert proc.returncode == 130, "".join(seen) + rest
-    assert time.monotonic() - started < 3, "Ctrl-C must not wait for transfers to drain"
+    assert time.monotonic() - started < 5, "Ctrl-C must not wait for transfers to drain"
     assert "interrupted" in rest
     assert "re-run the same command to resume" in next_line(rest)
     assert not (tmp_path / "store" / "models").exists() or not list(

@@ -99,9 +99,8 @@ RETRY_HINT = "nothing half-written is visible to readers; re-run the same comman
 
 
 def _exit_interrupted(hint: str) -> None:
-    click.secho("error: interrupted (Ctrl-C)", fg="red", err=True)
-    click.echo(f"next: {hint}", err=True)
-    sys.stderr.flush()
+    # Straight to the file descriptor: a worker thread may hold sys.stderr's lock mid-line.
+    os.write(2, f"\nerror: interrupted (Ctrl-C)\nnext: {hint}\n".encode())
     # At once, as a crash would: waiting for running transfers to drain could take an hour
     # at a multi-GB shard, and every write is already crash-safe (partial files are a prefix,
     # records are created or swapped atomically, a revision is visible only with its manifest).
