@@ -412,3 +412,16 @@ def test_stage_to_s3_reports_what_the_store_received(k3a_cmd, s3_env, s3_url, lo
     result = json.loads(proc.stdout)
     final = json_progress(proc.stderr)[-1]
     assert final["final"] and final["bytes_stored"] == result["total_bytes"]
+
+
+def test_a_download_host_that_never_answered_fails_fast(tmp_path):
+    from k3artifacts.errors import Unavailable
+    from k3artifacts.revisions.hashing import MultiHasher
+    from k3artifacts.staging.download import RetryPolicy, fetch
+
+    started = time.monotonic()
+    with pytest.raises(Unavailable, match="never answered") as err:
+        fetch("http://k3a-no-such-host.invalid/x.safetensors", {}, tmp_path / "x.part", 10,
+              MultiHasher, policy=RetryPolicy(attempts=8), label="x.safetensors")
+    assert time.monotonic() - started < 5
+    assert "HF_ENDPOINT" in err.value.hint
