@@ -3,17 +3,21 @@
 Exit codes (documented in the README, stable for scripts):
   0  success
   1  unexpected internal error (a bug: report it)
-  2  usage error (bad flag or argument; click's own code)
+  2  usage error (bad flag or argument, a malformed id or digest; click's own code)
   3  refused: the release content broke a rule or failed verification; nothing was published
   4  verify mismatch: a published file no longer matches its manifest
   5  gate failed: promotion refused by a policy gate
   6  conflict: lost a race (channel pointer moved, tuple id taken by another body)
-  7  not found: unknown revision, tuple, channel or store path
+  7  not found: unknown revision, tuple, channel, or no store at the given path/bucket
   8  upstream or storage unavailable (network, 5xx after retries, unreachable endpoint)
   9  bad configuration (malformed store URL, profile, policy file, image reference)
+  130 interrupted (Ctrl-C; set by the CLI, not an error class): re-running resumes
 """
 
 from __future__ import annotations
+
+import re
+from typing import Any
 
 
 class K3AError(Exception):
@@ -25,6 +29,12 @@ class K3AError(Exception):
         super().__init__(message)
         if hint is not None:
             self.hint = hint
+
+
+class UsageError(K3AError):
+    """A malformed argument (an id, a digest): the command was mistyped, nothing was tried."""
+
+    exit_code = 2
 
 
 class Refusal(K3AError):
@@ -47,14 +57,27 @@ class Refusal(K3AError):
 class ReleaseRefused(K3AError):
     exit_code = 3
     hint = "nothing was published; fix upstream or pass an explicit allowance, then re-run"
+    #: What was refused, for the message: files of a revision, or a stored record.
+    noun = "file(s)"
 
     def __init__(self, refusals: list[Refusal]):
         lines = "\n".join(f"  {r.path}: [{r.rule}] {r.detail}" for r in refusals)
-        super().__init__(f"{len(refusals)} file(s) refused:\n{lines}")
+        super().__init__(f"{len(refusals)} {self.noun} refused:\n{lines}")
         self.refusals = refusals
 
     def __reduce__(self):
         return (type(self), (self.refusals,), self.__dict__)
+
+
+class TamperedRecord(ReleaseRefused):
+    """A stored release record (a tuple) whose body no longer derives its id: it was edited
+    in the store, outside k3a. Refused like bad content, with advice about the store."""
+
+    noun = "record(s)"
+    hint = (
+        "do not deploy it; the record was changed outside k3a: restore its previous version "
+        "(S3 versioning, or a backup of the store), and find who can write to the store"
+    )
 
 
 class VerifyMismatch(K3AError):
@@ -86,3 +109,34 @@ class Unavailable(K3AError):
 
 class ConfigError(K3AError):
     exit_code = 9
+
+
+def plain_validation_errors(exc: Any) -> str:
+    """A pydantic ValidationError in plain words: which field, what value, what was expected.
+
+    For errors in files a person wrote (an evaluation report, a profile, a policy): pydantic's
+    own text names its internal error types and links to its documentation.
+    """
+    lines = []
+    for err in exc.errors(include_url=False):
+        where = ".".join(str(p) for p in err.get("loc", ())) or "(the document)"
+        kind = err.get("type", "")
+        msg = str(err.get("msg", ""))
+        if kind == "missing":
+            lines.append(f"{where}: missing (a required field)")
+            continue
+        if kind == "extra_forbidden":
+            lines.append(f"{where}: not a known field")
+            continue
+        msg = msg.removeprefix("Value error, ").removeprefix("Assertion failed, ")
+        if msg.startswith("Input should be "):
+            msg = "expected " + msg.removeprefix("Input should be ")
+        elif msg.startswith("String should have "):
+            msg = "expected " + msg.removeprefix("String should have ")
+        msg = re.sub(r" or instance of \w+", "", msg).replace("a valid dictionary", "an object")
+        value = err.get("input")
+        shown = repr(value) if not isinstance(value, dict | list) else type(value).__name__
+        if len(shown) > 60:
+            shown = shown[:57] + "..."
+        lines.append(f"{where}: got {shown}, {msg}" if err.get("loc") else f"{where}: {msg}")
+    return "; ".join(lines)

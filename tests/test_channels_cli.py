@@ -162,7 +162,7 @@ def test_errors_have_exit_codes_and_next_steps(k3a, releases, tmp_path):
     k3a("rollback", "production", expect=7)
     k3a("promote", release.id, "prodution", expect=7)
     k3a("promote", "k3t-" + "0" * 24, "staging", expect=7)
-    k3a("promote", "not-a-tuple", "staging", expect=9)
+    k3a("promote", "not-a-tuple", "staging", expect=2)
     k3a("promote", release.id, "Bad_Name", expect=9)
     mismatched = k3a("promote", release.id, "staging", "--override-gate", "license", expect=2)
     assert "one --reason for each --override-gate" in mismatched.stderr

@@ -63,6 +63,9 @@ def test_help_explains(k3a_cmd, k3a_env):
 def test_revisions_lists_what_is_published(k3a_cmd, k3a_env, local_hub, tmp_path):
     commit = local_hub.hub.add_commit(REPO, small_release(tmp_path))
     store = f"file://{tmp_path / 'store'}"
+    missing = run(k3a_cmd, k3a_env, "revisions", REPO, "--store", store, "--json")
+    assert missing.returncode == 7 and "no store at" in missing.stderr
+    (tmp_path / "store").mkdir()
     empty = run(k3a_cmd, k3a_env, "revisions", REPO, "--store", store, "--json")
     assert empty.returncode == 0 and json.loads(empty.stdout) == []
     staged = run(k3a_cmd, k3a_env, "stage", REPO, "--endpoint", local_hub.endpoint,

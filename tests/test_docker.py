@@ -106,7 +106,8 @@ def test_build_args_come_from_the_tuple(releases, store, k3a_cmd, k3a_env):
     assert dict(t.split("=", 1) for t in tokens[1::2]) == args
 
 
-def test_build_args_of_unknown_tuple_exit_7(store, k3a_cmd, k3a_env):
+def test_build_args_of_unknown_tuple_exit_7(store, releases, k3a_cmd, k3a_env):
+    releases.publish()  # the store is there; the tuple is not
     done = subprocess.run([*k3a_cmd, "docker", "build-args", "k3t-" + "0" * 24, "--store",
                            store.url], env=k3a_env, capture_output=True, text=True, check=False)
     assert done.returncode == 7 and "k3t-" in done.stderr

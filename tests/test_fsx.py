@@ -58,6 +58,8 @@ def preload(cmd, env, *args: str) -> subprocess.CompletedProcess[str]:
 def test_preload_checks_revision_and_file_system(k3a_cmd, fsx_env, fsx, s3_store, s3_url,
                                                  tmp_path: Path) -> None:
     ref = f"{REPO}@{COMMIT}"
+    # The store is there (another revision is published); this one is not.
+    publish(s3_store, "1" * 40, write_revision(tmp_path / "q0", {"config.json": b"{}"}))
     unpublished = preload(k3a_cmd, fsx_env, ref, "--file-system-id", "fs-0123456789abcdef0",
                           "--store", s3_url)
     assert unpublished.returncode == 7 and "not published" in unpublished.stderr
@@ -74,6 +76,7 @@ def test_preload_checks_revision_and_file_system(k3a_cmd, fsx_env, fsx, s3_store
     not_lustre = preload(k3a_cmd, fsx_env, ref, "--file-system-id", windows, "--store", s3_url)
     assert not_lustre.returncode == 9 and "needs FSx for Lustre" in not_lustre.stderr
 
+    (tmp_path / "store").mkdir()
     on_disk = preload(k3a_cmd, fsx_env, ref, "--file-system-id", windows,
                       "--store", f"file://{tmp_path}/store")
     assert on_disk.returncode == 9 and "--store s3://" in on_disk.stderr

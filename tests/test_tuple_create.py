@@ -8,7 +8,7 @@ from datetime import UTC, datetime
 
 import pytest
 
-from k3artifacts.errors import ConfigError, NotFound, ReleaseRefused
+from k3artifacts.errors import NotFound, ReleaseRefused, UsageError
 from k3artifacts.releases.binding import create_tuple, diff_bindings
 from k3artifacts.releases.tuples import ImageRef, TupleStore, tuple_key
 from k3artifacts.revisions.refs import parse_revision_ref
@@ -62,7 +62,7 @@ def test_unpublished_revision_is_refused(file_store):
 
 @pytest.mark.parametrize("text", ["moonshotai/Kimi-K3@main", "moonshotai/Kimi-K3", "x@" + "a" * 39])
 def test_revision_must_be_a_commit(text):
-    with pytest.raises(ConfigError):
+    with pytest.raises(UsageError):
         parse_revision_ref(text)
 
 
@@ -185,6 +185,7 @@ def test_cli_refuses_tag_only_offline(published_revision, k3a_cmd, k3a_env):
 
 
 def test_cli_unpublished_revision_exit_7(file_store, k3a_cmd, k3a_env):
+    file_store.root.mkdir(parents=True)  # the store is there; the revision is not
     proc = k3a(
         k3a_cmd,
         k3a_env,

@@ -60,7 +60,8 @@ def cli() -> None:
       k3a stage moonshotai/Kimi-K3 --revision main --store s3://bucket/k3a
       k3a verify moonshotai/Kimi-K3@<commit>     # on a node, before serving
     Exit codes: 0 ok, 2 usage, 3 refused content, 4 verify mismatch, 5 gate failed,
-    6 lost a race, 7 not found, 8 upstream/storage unavailable, 9 bad configuration.
+    6 lost a race, 7 not found (also: no store there), 8 upstream/storage unavailable,
+    9 bad configuration, 130 interrupted (re-run resumes).
     """
 
 

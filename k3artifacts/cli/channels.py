@@ -15,7 +15,7 @@ from k3artifacts.cli.common import (
     policies_option,
     store_option,
 )
-from k3artifacts.errors import GateFailed
+from k3artifacts.errors import GateFailed, K3AError
 from k3artifacts.promotion.gates import GATE_TABLE_HEADER, check_gates, gate_rows
 from k3artifacts.promotion.moves import MoveResult, promote, rollback
 from k3artifacts.releases.actor import Actor, resolve_actor
@@ -176,9 +176,19 @@ def rollback_cmd(
     store = get_store(store_url)
     actor = _actor(store, policies_dir, by)
     result = rollback(
-        store, channel, to=to, actor=actor.name, actor_source=actor.source, reason=why
+        store, channel, to=to, actor=actor.name, actor_source=actor.source, reason=why,
+        policy_channels=_policy_channels(policies_dir),
     )
     emit(as_json, result, lambda: _move_summary(result))
+
+
+def _policy_channels(policies_dir: Path) -> set[str] | None:
+    """The channels the gate policy allows, or None when there is no readable policy here
+    (a rollback needs none: it only returns to tuples that passed their gates)."""
+    try:
+        return set(load_gate_policy(policies_dir).channels)
+    except K3AError:
+        return None
 
 
 def _history_row(e: HistoryEntry) -> list[str]:
@@ -199,14 +209,15 @@ def _history_row(e: HistoryEntry) -> list[str]:
 @cli.command("history")
 @click.argument("channel")
 @store_option
+@policies_option
 @json_option
 @handle_errors
-def history_cmd(channel: str, store_url: str, as_json: bool) -> None:
+def history_cmd(channel: str, store_url: str, policies_dir: Path, as_json: bool) -> None:
     """Every move of CHANNEL, oldest first: seq, when, action, tuple, previous, who, why.
 
     Exit codes: 0 ok, 7 unknown channel.
     """
-    entries = history(get_store(store_url), channel)
+    entries = history(get_store(store_url), channel, _policy_channels(policies_dir))
     emit(
         as_json,
         [e.model_dump(mode="json") for e in entries],

@@ -10,20 +10,50 @@ import click
 
 from k3artifacts.cli import cli
 from k3artifacts.cli.common import (
+    RESUME_HINT,
     ByteSize,
     emit,
     get_store,
     handle_errors,
     json_option,
+    progress_options,
     store_option,
 )
 from k3artifacts.cli.stage import print_stage_result, run_stage
 from k3artifacts.config import data_home, default_workers
 from k3artifacts.localhub import LocalHub
 from k3artifacts.staging.engine import StageOptions
+from k3artifacts.stores.base import Store
+from k3artifacts.stores.file import FileStore
 from k3artifacts.stores.verify import verify_revision
 
 DEMO_REPO = "demo/Kimi-K3-synthetic"
+#: A serving image given by digest, so the demo's path needs no registry (`--offline`).
+DEMO_IMAGE = "registry.example.com/vllm@sha256:" + "0" * 64
+#: The pipeline worker image of the EKS pod's verify init container, likewise by digest.
+DEMO_VERIFIER = "registry.example.com/k3a-worker@sha256:" + "1" * 64
+DEMO_PROFILE = "p6-b300-tp8"
+
+
+def default_workdir(store: Store) -> Path:
+    """Beside the data of the store the demo writes to (a test's or a scratch store keeps
+    its demo files with it); the user's data directory for an S3 store."""
+    if isinstance(store, FileStore):
+        return store.root / ".k3a-demo"
+    return data_home() / "demo"
+
+
+def next_steps(commit: str, store_url: str) -> list[str]:
+    """The rest of the README's no-network path, from the revision the demo published."""
+    store = f" --store {store_url}"
+    return [
+        f"k3a tuple create {DEMO_REPO}@{commit} --offline --profile {DEMO_PROFILE} "
+        f"--image {DEMO_IMAGE} --verifier-image {DEMO_VERIFIER}{store}",
+        f"k3a review license <tuple-id> --by $USER{store}",
+        f"k3a review code <tuple-id> --by $USER{store}",
+        f"k3a promote <tuple-id> staging --why 'demo'{store}",
+        f"k3a render staging --target eks --out deploy/{store}",
+    ]
 
 
 def files_key(files: dict[str, Path]) -> str:
@@ -52,16 +82,18 @@ def demo_release(workdir: Path, size: int, shards: int, seed: int) -> dict[str, 
               help="Total size of the synthetic checkpoint.")
 @click.option("--shards", default=4, show_default=True, help="Number of safetensors shards.")
 @click.option("--seed", default=0, show_default=True, help="Changes every byte of the release.")
-@click.option("--workdir", type=click.Path(path_type=Path, file_okay=False),
-              default=lambda: str(data_home() / "demo"),
-              show_default="~/.local/share/k3artifacts/demo",
+@click.option("--workdir", type=click.Path(path_type=Path, file_okay=False), default=None,
+              show_default="<store>/.k3a-demo for a file store, else "
+              "~/.local/share/k3artifacts/demo",
               help="Where the synthetic release and the local hub's files live.")
 @click.option("--workers", type=int, default=default_workers, show_default="cores, 2 to 8",
               help="Files downloaded at once.")
-@click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
+@click.option("--quiet", "-q", is_flag=True, help="No progress bar or progress lines.")
+@progress_options
 @json_option
-@handle_errors
-def demo_cmd(store_url, size, shards, seed, workdir, workers, quiet, as_json):
+@handle_errors(on_interrupt=RESUME_HINT)
+def demo_cmd(store_url, size, shards, seed, workdir, workers, quiet, progress_interval,
+             log_format, as_json):
     """Stage a synthetic Kimi-K3-shaped release from a local hub into the store.
 
     Writes a multi-shard safetensors checkpoint (with index, config, LICENSE, model card and
@@ -74,7 +106,8 @@ def demo_cmd(store_url, size, shards, seed, workdir, workers, quiet, as_json):
       k3a demo --size 4GiB --shards 8   # a staging throughput check
       k3a demo --store s3://bucket/k3a  # with K3A_S3_ENDPOINT_URL for a local S3
     """
-    store = get_store(store_url)
+    store = get_store(store_url, must_exist=False)
+    workdir = workdir or default_workdir(store)
     files = demo_release(workdir, size, shards, seed)
     hub = LocalHub(workdir / f"hub-{files_key(files)}")
     if not hub.repos.repo_exists(DEMO_REPO):
@@ -84,15 +117,22 @@ def demo_cmd(store_url, size, shards, seed, workdir, workers, quiet, as_json):
         result = run_stage(
             store, DEMO_REPO, "main", endpoint=endpoint, quarantine=None,
             options=StageOptions(workers=workers), as_json=as_json, quiet=quiet,
+            progress_interval=progress_interval, log_format=log_format,
         )
     report = verify_revision(store=store, repo_id=DEMO_REPO, commit=result.commit)
-    payload = dict(result.__dict__, verified=report.ok, hub_repo=DEMO_REPO)
+    steps = next_steps(result.commit, store.url)
+    payload = dict(result.__dict__, verified=report.ok, hub_repo=DEMO_REPO, next=steps)
 
     def human() -> None:
         print_stage_result(result)
         outcome = "ok" if report.ok else "FAILED"
         click.echo(f"verify:          {outcome} ({report.algorithm}, {report.files} files)")
-        click.echo(f"next:            k3a verify {DEMO_REPO}@{result.commit} --store {store.url}")
+        click.echo("next: make a release tuple and render it, no registry or network needed")
+        click.echo("      (<tuple-id> is the k3t-... id `tuple create` prints; reviews are "
+                   "recorded under ./policies or $K3A_POLICIES; README: 'From the demo to a "
+                   "rendered manifest'):")
+        for step in steps:
+            click.echo(f"  {step}")
 
     emit(as_json, payload, human)
     report.raise_for_problems()

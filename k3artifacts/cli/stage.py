@@ -8,16 +8,19 @@ import click
 
 from k3artifacts.cli import cli
 from k3artifacts.cli.common import (
+    RESUME_HINT,
     ByteSize,
     emit,
     get_store,
     handle_errors,
     json_option,
+    progress_options,
+    reporter,
     signing_key_option,
     store_option,
 )
 from k3artifacts.config import default_workers
-from k3artifacts.reporting.progress import StageProgress, make_progress
+from k3artifacts.reporting.progress import DEFAULT_INTERVAL, StageProgress
 from k3artifacts.revisions.refs import check_repo_id
 from k3artifacts.staging.download import RetryPolicy
 from k3artifacts.staging.engine import StageOptions, StageResult, stage
@@ -36,11 +39,16 @@ def run_stage(
     options: StageOptions,
     as_json: bool,
     quiet: bool,
+    progress_interval: float = DEFAULT_INTERVAL,
+    log_format: str = "text",
 ) -> StageResult:
     """The stage command's body; `k3a demo` runs exactly this against its local hub."""
     source = HubSource(endpoint=endpoint, retry=options.retry)
-    with make_progress(enabled=not (as_json or quiet)) as progress:
-        observer = StageProgress(progress, quiet=as_json or quiet)
+    with reporter("staging", quiet=quiet, as_json=as_json, interval=progress_interval,
+                  log_format=log_format) as progress:
+        observer = StageProgress(progress)
+        if hasattr(store, "progress"):  # a store that reports its own transfers (S3)
+            store.progress = observer.store_progress
         return stage(
             source,
             store,
@@ -104,29 +112,37 @@ def print_stage_result(result: StageResult) -> None:
 @click.option("--retries", default=8, show_default=True,
               help="Attempts per file that make no progress before giving up.")
 @signing_key_option
-@click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
+@click.option("--quiet", "-q", is_flag=True, help="No progress bar or progress lines.")
+@progress_options
 @json_option
-@handle_errors
+@handle_errors(on_interrupt=RESUME_HINT)
 def stage_cmd(repo_id, revision, store_url, quarantine, endpoint, workers, allow_pickle,
-              keep_quarantine, window_bytes, retries, signing_key, quiet, as_json):
+              keep_quarantine, window_bytes, retries, signing_key, quiet, progress_interval,
+              log_format, as_json):
     """Download, verify and publish REPO_ID at --revision into the store.
 
     The revision is resolved to a commit once; every file is hashed as it arrives (sha256
     against the hub's LFS sha256, xxh3-128 for later checks), safetensors headers and the
     shard index are checked, the license and any *.py remote code are captured, and the
     revision is published atomically with its manifest. An interrupted run re-run with the
-    same arguments resumes partial files and skips verified ones. With --signing-key (or
-    K3A_SIGNING_KEY) the published revision is signed (.k3a/model.sig) from the digests just
-    computed: no byte is read again.
+    same arguments resumes partial files and skips verified ones (Ctrl-C exits 130).
+
+    Progress: a bar on a terminal; otherwise (a Job, CI, a Prefect worker) one line every
+    --progress-interval seconds with bytes done/total, rate, ETA and files done/total, as
+    JSON objects with --log-format json.
+
+    With --signing-key (or K3A_SIGNING_KEY) the published revision is signed (.k3a/model.sig)
+    from the digests just computed: no byte is read again.
 
     \b
     Example:
       k3a stage moonshotai/Kimi-K3 --revision main --store file:///fsx/k3a
-    Exit codes: 0 published or already published, 3 refused (nothing published),
-    6 another run holds this revision, 7 repo/revision not found, 8 hub unreachable.
+    Exit codes: 0 published or already published, 2 malformed repo id, 3 refused
+    (nothing published), 6 another run holds this revision, 7 repo/revision not found,
+    8 hub or store unreachable (within seconds if it never answered), 130 Ctrl-C.
     """
     check_repo_id(repo_id)
-    store = get_store(store_url)
+    store = get_store(store_url, must_exist=False)
     options = StageOptions(
         allow_pickle=allow_pickle,
         workers=workers,
@@ -137,6 +153,7 @@ def stage_cmd(repo_id, revision, store_url, quarantine, endpoint, workers, allow
     )
     result = run_stage(
         store, repo_id, revision, endpoint=endpoint, quarantine=quarantine,
-        options=options, as_json=as_json, quiet=quiet,
+        options=options, as_json=as_json, quiet=quiet, progress_interval=progress_interval,
+        log_format=log_format,
     )
     emit(as_json, result.__dict__, lambda: print_stage_result(result))

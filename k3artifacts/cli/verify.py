@@ -13,12 +13,19 @@ from k3artifacts.cli.common import (
     handle_errors,
     json_option,
     policies_option,
+    progress_options,
+    reporter,
     store_option,
 )
-from k3artifacts.errors import ConfigError, VerifyMismatch
+from k3artifacts.errors import UsageError, VerifyMismatch
 from k3artifacts.releases.tuples import TUPLE_ID
-from k3artifacts.reporting.progress import BytesProgress, make_progress
-from k3artifacts.revisions.refs import COMMIT, check_repo_id, match_revision_ref
+from k3artifacts.reporting.progress import BytesProgress
+from k3artifacts.revisions.refs import (
+    COMMIT,
+    check_manifest_digest,
+    check_repo_id,
+    match_revision_ref,
+)
 from k3artifacts.stores.verify import verify_revision
 
 
@@ -34,7 +41,7 @@ def parse_target(target: str, *, tuples: bool = False) -> tuple[str, str] | Path
     path = Path(target)
     if path.is_dir():
         return path
-    raise ConfigError(
+    raise UsageError(
         f"{target!r} is neither org/name@<40-hex commit> nor a revision directory",
         hint="e.g. k3a verify moonshotai/Kimi-K3@<commit>, or a path ending in /<commit>",
     )
@@ -57,33 +64,40 @@ def parse_target(target: str, *, tuples: bool = False) -> tuple[str, str] | Path
               help="With --signature: trust only the keys this channel's signing policy lists.")
 @policies_option
 @click.option("--workers", default=4, show_default=True, help="Files hashed at once.")
-@click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
+@click.option("--quiet", "-q", is_flag=True, help="No progress bar or progress lines.")
+@progress_options
 @json_option
 @handle_errors
 def verify_cmd(target, store_url, full, expect_digest, check_signature, channel, policies_dir,
-               workers, quiet, as_json):
+               workers, quiet, progress_interval, log_format, as_json):
     """Re-hash a published revision against its manifest; run on a node before serving.
 
     TARGET is org/name@<commit> (looked up in --store) or a revision directory such as
     /fsx/k3a/models/moonshotai/Kimi-K3/<commit>.
 
-    Exit codes: 0 every file matches, 4 some file is missing, changed or unexpected, or the
-    signature is missing, by an untrusted key or over other bytes (listed), 7 not a
-    published revision.
+    Exit codes: 0 every file matches, 2 malformed TARGET or --expect-digest, 4 some file
+    is missing, changed or unexpected (listed), the digest differs, or the signature is
+    missing, by an untrusted key or over other bytes, 7 not a published revision or no
+    store there.
     """
+    if expect_digest is not None:
+        check_manifest_digest(expect_digest)
     if check_signature:
         _verify_signed(target, store_url, full, expect_digest, channel, policies_dir, workers,
-                       quiet, as_json)
+                       quiet, progress_interval, log_format, as_json)
         return
     parsed = parse_target(target)
-    with make_progress(enabled=not (as_json or quiet)) as progress:
-        bar = BytesProgress(progress, "verifying")
+    store = None if isinstance(parsed, Path) else get_store(store_url)
+    with reporter("verifying", quiet=quiet, as_json=as_json, interval=progress_interval,
+                  log_format=log_format) as progress:
+        bar = BytesProgress(progress)
         kwargs = dict(full=full, expect_digest=expect_digest, workers=workers, on_bytes=bar,
-                      on_manifest=lambda m: bar.set_total(m.total_bytes))
+                      on_manifest=lambda m: bar.set_total(m.total_bytes, len(m.files)),
+                      on_file=bar.file_done)
         if isinstance(parsed, Path):
             report = verify_revision(directory=parsed, **kwargs)
         else:
-            report = verify_revision(store=get_store(store_url), repo_id=parsed[0],
+            report = verify_revision(store=store, repo_id=parsed[0],
                                      commit=parsed[1], **kwargs)
     payload = {
         "target": report.target,
@@ -107,7 +121,7 @@ def verify_cmd(target, store_url, full, expect_digest, check_signature, channel,
 
 
 def _verify_signed(target, store_url, full, expect_digest, channel, policies_dir, workers, quiet,
-                   as_json):
+                   progress_interval, log_format, as_json):
     # Imported here: a plain `k3a verify` on a node needs neither cryptography nor policies.
     from k3artifacts.releases.signatures import check_tuple_signature
     from k3artifacts.releases.tuples import TupleStore
@@ -124,10 +138,11 @@ def _verify_signed(target, store_url, full, expect_digest, channel, policies_dir
         if expect_digest is None:
             expect_digest = weights.manifest_digest
         parsed = (weights.repo_id, weights.commit)
-    with make_progress(enabled=not (as_json or quiet)) as progress:
-        bar = BytesProgress(progress, "verifying")
+    with reporter("verifying", quiet=quiet, as_json=as_json, interval=progress_interval,
+                  log_format=log_format) as progress:
+        bar = BytesProgress(progress)
         kwargs = dict(full=full, workers=workers, on_bytes=bar,
-                      on_manifest=lambda m: bar.set_total(m.total_bytes))
+                      on_manifest=lambda m: bar.set_total(m.total_bytes, len(m.files)))
         if isinstance(parsed, Path):
             checked = verify_signed_revision(trusted, directory=parsed, **kwargs)
         else:

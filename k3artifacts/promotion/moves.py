@@ -9,7 +9,7 @@ changes nothing and succeeds, so a retried flow task does not fail on its own ea
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -182,6 +182,7 @@ def rollback(
     reason: str | None = None,
     approval: Approval | None = None,
     now: datetime | None = None,
+    policy_channels: Collection[str] | None = None,
 ) -> MoveResult:
     """Point ``channel`` back at a tuple it served before: ``to``, or by default the previous
     distinct tuple in its history (so two rollbacks in a row swap back, like an undo).
@@ -191,7 +192,8 @@ def rollback(
     does not grow with the size of the release. Raises NotFound (exit 7) for an unknown channel,
     a target never on this channel, or a target whose weights are gone. ``approval`` (when the
     channel's policy asks for one, see ``ChannelPolicy.rollback_approval``) is recorded in the
-    history entry; a rejection raises GateFailed and writes nothing.
+    history entry; a rejection raises GateFailed and writes nothing. ``policy_channels`` (the
+    gate policy's channels, when the caller has them) shapes the advice for an unknown channel.
     """
     check_channel(channel)
     if approval is not None and approval.decision != "approved":
@@ -202,7 +204,7 @@ def rollback(
         )
     state = read_state(store, channel)
     if state.pointer is None:
-        raise unknown_channel(store, channel)
+        raise unknown_channel(store, channel, policy_channels)
     current_id = state.pointer.tuple_id
     target: HistoryEntry | None = None
     if to is not None:

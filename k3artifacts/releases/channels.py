@@ -31,7 +31,7 @@ and not "log entry first, then pointer":
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Literal
@@ -202,13 +202,22 @@ def channel_names(store: Store) -> list[str]:
     return names
 
 
-def unknown_channel(store: Store, channel: str) -> NotFound:
+def unknown_channel(
+    store: Store, channel: str, policy_channels: Collection[str] | None = None
+) -> NotFound:
+    """NotFound for a channel with no pointer. ``policy_channels``: the channels the gate
+    policy allows, when known; promoting is suggested only onto one of those."""
     known = channel_names(store)
     listed = ", ".join(known) if known else "none yet"
-    return NotFound(
-        f"channel {channel!r} has never been promoted to in {store.url} (channels: {listed})",
-        hint=f"promote a tuple first: `k3a promote <tuple-id> {channel}`",
-    )
+    message = f"channel {channel!r} has never been promoted to in {store.url} (channels: {listed})"
+    if policy_channels is not None and channel not in policy_channels:
+        allowed = ", ".join(sorted(policy_channels)) or "none"
+        return NotFound(
+            message,
+            hint=f"{channel!r} is not a channel of the gate policy (it allows: {allowed}); "
+            "check the name, or add the channel to policies/promotion-gates.yaml first",
+        )
+    return NotFound(message, hint=f"promote a tuple first: `k3a promote <tuple-id> {channel}`")
 
 
 def current(store: Store, channel: str) -> ChannelPointer:
@@ -245,13 +254,16 @@ def _read_entry(store: Store, channel: str, seq: int) -> HistoryEntry:
 
 
 def iter_history_reversed(
-    store: Store, channel: str, pointer: ChannelPointer | None = None
+    store: Store,
+    channel: str,
+    pointer: ChannelPointer | None = None,
+    policy_channels: Collection[str] | None = None,
 ) -> Iterator[HistoryEntry]:
     """Newest first, as of ``pointer`` (default: read it now), one entry read at a time."""
     if pointer is None:
         pointer = read_state(store, channel).pointer
     if pointer is None:
-        raise unknown_channel(store, channel)
+        raise unknown_channel(store, channel, policy_channels)
     seqs = _logged_seqs(store, channel)
     if pointer.seq not in seqs:
         # The mover died after swapping the pointer: the entry lives in the pointer.
@@ -261,9 +273,12 @@ def iter_history_reversed(
             yield _read_entry(store, channel, seq)
 
 
-def history(store: Store, channel: str) -> list[HistoryEntry]:
-    """Every move of ``channel``, oldest first, seq 1..N without gaps."""
-    return list(reversed(list(iter_history_reversed(store, channel))))
+def history(
+    store: Store, channel: str, policy_channels: Collection[str] | None = None
+) -> list[HistoryEntry]:
+    """Every move of ``channel``, oldest first, seq 1..N without gaps. ``policy_channels``
+    shapes the advice when the channel is unknown (see :func:`unknown_channel`)."""
+    return list(reversed(list(iter_history_reversed(store, channel, None, policy_channels))))
 
 
 def _ensure_logged(store: Store, pointer: ChannelPointer) -> None:

@@ -22,7 +22,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from k3artifacts.canonical import canonical_digest, canonical_json
-from k3artifacts.errors import AlreadyExists, ConfigError
+from k3artifacts.errors import AlreadyExists, ConfigError, plain_validation_errors
 from k3artifacts.releases.tuples import TupleStore, check_tuple_id
 from k3artifacts.stores.base import Store
 
@@ -191,13 +191,17 @@ def evaluations_prefix(tuple_id: str) -> str:
 
 
 def parse_report(data: bytes, source: str) -> dict[str, Any]:
+    hint = ('a report is a JSON object with "suite" (text), "passed" and "total" (whole '
+            'numbers, passed <= total), plus any other fields')
     try:
         raw = json.loads(data)
+    except ValueError as exc:
+        raise ConfigError(f"evaluation report {source} is not JSON: {exc}", hint=hint) from None
+    try:
         EvaluationReport.model_validate(raw)
-    except (ValueError, ValidationError) as exc:
+    except ValidationError as exc:
         raise ConfigError(
-            f"evaluation report {source} is not valid: {exc}",
-            hint='a report is JSON with "suite", "passed" and "total" (plus any other fields)',
+            f"evaluation report {source} is not valid: {plain_validation_errors(exc)}", hint=hint
         ) from None
     return raw
 

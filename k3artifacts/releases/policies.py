@@ -15,7 +15,7 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from k3artifacts.errors import ConfigError
+from k3artifacts.errors import ConfigError, plain_validation_errors
 from k3artifacts.releases.channels import CHANNEL_NAME
 
 GATES_FILE = "promotion-gates.yaml"
@@ -156,11 +156,9 @@ def _validate(model: type[BaseModel], path: Path, data: object):  # type: ignore
     try:
         return model.model_validate(data if data is not None else {})
     except ValidationError as exc:
-        problems = "; ".join(
-            f"{'.'.join(str(p) for p in err['loc']) or '<top>'}: {err['msg']}"
-            for err in exc.errors()
-        )
-        raise ConfigError(f"policy file {path} is malformed: {problems}") from None
+        raise ConfigError(
+            f"policy file {path} is malformed: {plain_validation_errors(exc)}"
+        ) from None
 
 
 def load_gate_policy(policies_dir: Path) -> GatePolicy:

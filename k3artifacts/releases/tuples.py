@@ -14,7 +14,14 @@ from datetime import datetime
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from k3artifacts.canonical import canonical_digest, canonical_json
-from k3artifacts.errors import AlreadyExists, ConfigError, NotFound, Refusal, ReleaseRefused
+from k3artifacts.errors import (
+    AlreadyExists,
+    ConfigError,
+    NotFound,
+    Refusal,
+    TamperedRecord,
+    UsageError,
+)
 from k3artifacts.stores.base import Store
 
 TUPLE_SCHEMA = 1
@@ -106,7 +113,7 @@ def tuple_key(tuple_id: str) -> str:
 
 def check_tuple_id(tuple_id: str) -> str:
     if not TUPLE_ID.match(tuple_id):
-        raise ConfigError(
+        raise UsageError(
             f"{tuple_id!r} is not a tuple id",
             hint="tuple ids look like k3t-<24 hex>; list them with `k3a tuples list`",
         )
@@ -144,10 +151,10 @@ class TupleStore:
         try:
             release = ReleaseTuple.model_validate_json(found.data)
         except ValueError as exc:
-            raise ReleaseRefused([Refusal(key, "tuple-malformed", str(exc))]) from None
+            raise TamperedRecord([Refusal(key, "tuple-malformed", str(exc))]) from None
         derived = release.binding.tuple_id()
         if release.id != tuple_id or derived != tuple_id:
-            raise ReleaseRefused(
+            raise TamperedRecord(
                 [Refusal(key, "tuple-tampered", f"body derives id {derived}, not {tuple_id}")]
             )
         return release

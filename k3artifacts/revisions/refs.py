@@ -6,15 +6,17 @@ from __future__ import annotations
 import re
 from typing import NamedTuple
 
-from k3artifacts.errors import ConfigError
+from k3artifacts.errors import UsageError
 
 COMMIT = re.compile(r"^[0-9a-f]{40}$")
+#: A manifest digest: the sha256 hex of the manifest's canonical JSON.
+MANIFEST_DIGEST = re.compile(r"^[0-9a-f]{64}$")
 REPO_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
 
 
 def check_repo_id(repo_id: str) -> str:
     if not REPO_ID.match(repo_id) or ".." in repo_id:
-        raise ConfigError(f"{repo_id!r} is not a Hub repo id", hint="write it as org/name")
+        raise UsageError(f"{repo_id!r} is not a Hub repo id", hint="write it as org/name")
     return repo_id
 
 
@@ -41,9 +43,20 @@ def parse_revision_ref(text: str) -> RevisionRef:
     write it."""
     ref = match_revision_ref(text)
     if ref is None:
-        raise ConfigError(
+        raise UsageError(
             f"{text!r} is not a pinned revision",
             hint="write org/name@<40-hex commit>; list staged commits with "
             "`k3a revisions org/name`",
         )
     return ref
+
+
+def check_manifest_digest(digest: str) -> str:
+    """A manifest digest as typed by an operator: 64 lowercase hex, nothing else."""
+    if not MANIFEST_DIGEST.match(digest):
+        raise UsageError(
+            f"{digest!r} is not a manifest digest",
+            hint="a manifest digest is 64 hex characters, as printed by `k3a stage`, "
+            "`k3a revisions` and `k3a tuples show`",
+        )
+    return digest

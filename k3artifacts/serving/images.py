@@ -229,7 +229,8 @@ class RegistryClient:
             raise Unavailable(
                 f"registry {self.registry} unreachable: {exc}",
                 hint="check the registry host and network; for a plain-http registry pass "
-                "--insecure-registry HOST:PORT",
+                "--insecure-registry HOST:PORT; with no registry at hand, give the image as "
+                "REPO@sha256:<digest> and pass --offline (nothing is contacted)",
             ) from None
 
     def _fetch_token(self, params: dict[str, str], name: str) -> str:

@@ -16,7 +16,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from k3artifacts.config import CHECKOUT_ROOT
-from k3artifacts.errors import ConfigError, NotFound
+from k3artifacts.errors import ConfigError, NotFound, plain_validation_errors
 from k3artifacts.releases.tuples import DIGEST, ServingSpec
 
 MANIFESTS_DIR = CHECKOUT_ROOT / "manifests"
@@ -193,11 +193,8 @@ def load_profile(name_or_path: str, *, flags_file: Path | None = None) -> Profil
     try:
         profile = Profile.model_validate(raw)
     except ValidationError as exc:
-        detail = "; ".join(
-            f"{'.'.join(map(str, e['loc'])) or '(top)'}: {e['msg']}" for e in exc.errors()
-        )
         raise ConfigError(
-            f"profile {path}: {detail}", hint="see manifests/profiles/*.yaml"
+            f"profile {path}: {plain_validation_errors(exc)}", hint="see manifests/profiles/*.yaml"
         ) from None
     if profile.name != path.stem:
         raise ConfigError(f"profile {path}: name {profile.name!r} differs from the file name")

@@ -8,8 +8,10 @@ then the transfer continues with a Range request). Memory is one reused buffer p
 from __future__ import annotations
 
 import email.utils
+import logging
 import os
 import random
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -17,9 +19,13 @@ from pathlib import Path
 
 import urllib3
 from urllib3.exceptions import HTTPError as Urllib3Error
+from urllib3.exceptions import NewConnectionError, ProxyError, SSLError
+from urllib3.util import parse_url
 
 from k3artifacts.errors import Unavailable
 from k3artifacts.revisions.hashing import MultiHasher, feed_file
+
+log = logging.getLogger(__name__)
 
 NET_CHUNK = 1 << 20
 RETRY_STATUS = {408, 425, 429, 500, 502, 503, 504}
@@ -40,11 +46,28 @@ class RetryPolicy:
 
 
 class TransientError(Exception):
-    """One attempt failed in a way that a retry may fix."""
+    """One attempt failed in a way that a retry may fix.
 
-    def __init__(self, message: str, retry_after: float | None = None):
+    ``first_contact``: no connection could be made (DNS, refused, TLS) to a host that never
+    answered this process: retried once, quickly, not by the policy."""
+
+    def __init__(self, message: str, retry_after: float | None = None, *,
+                 first_contact: bool = False):
         super().__init__(message)
         self.retry_after = retry_after
+        self.first_contact = first_contact
+
+
+#: Before a host ever answered, a failure to connect is retried once, this soon.
+FIRST_CONTACT_RETRY_S = 0.5
+#: host:port of every server that answered a download in this process.
+_answered: set[str] = set()
+_answered_lock = threading.Lock()
+
+
+def _host(url: str) -> str:
+    parsed = parse_url(url)
+    return f"{parsed.host}:{parsed.port or (443 if parsed.scheme == 'https' else 80)}"
 
 
 class PermanentError(Exception):
@@ -96,7 +119,14 @@ def _attempt(
             "GET", url, headers=req_headers, preload_content=False, redirect=True, timeout=timeout
         )
     except Urllib3Error as exc:
-        raise TransientError(f"connection failed: {exc}") from None
+        with _answered_lock:
+            known = _host(url) in _answered
+        unreachable = isinstance(exc, (NewConnectionError, SSLError, ProxyError))
+        raise TransientError(
+            f"connection failed: {exc}", first_contact=unreachable and not known
+        ) from None
+    with _answered_lock:
+        _answered.add(_host(url))
     try:
         if resp.status in RETRY_STATUS:
             raise TransientError(
@@ -179,6 +209,17 @@ def fetch(
             except RangeIgnored:
                 hasher = hasher_factory()
             except TransientError as exc:
+                if exc.first_contact:
+                    attempt += 1
+                    if attempt >= 2:
+                        raise Unavailable(
+                            f"{label or url}: cannot reach {_host(url)} (it never answered): "
+                            f"{exc}",
+                            hint="check the endpoint (--endpoint / HF_ENDPOINT) and the route, "
+                            "DNS and proxy to it; partial files are kept for the re-run",
+                        ) from None
+                    time.sleep(FIRST_CONTACT_RETRY_S)
+                    continue
                 # A flaky link that still moves bytes is not a dead one: only attempts that
                 # made no progress count towards giving up.
                 attempt = 1 if hasher.size > before else attempt + 1
@@ -187,4 +228,9 @@ def fetch(
                         f"{label or url}: gave up after {attempt} attempts: {exc}",
                         hint="the partial file is kept; re-run the same command to resume",
                     ) from None
-                time.sleep(policy.delay(attempt - 1, exc.retry_after))
+                delay = policy.delay(attempt - 1, exc.retry_after)
+                log.warning(
+                    "%s: %s; attempt %d of %d without progress, retrying in %.1fs from byte %d",
+                    label or url, exc, attempt, policy.attempts, delay, hasher.size,
+                )
+                time.sleep(delay)

@@ -9,6 +9,9 @@ huggingface_hub issues #3643 and #4196).
 
 from __future__ import annotations
 
+import logging
+import socket
+import ssl
 import time
 from dataclasses import dataclass
 from urllib.parse import urlparse
@@ -28,6 +31,11 @@ from huggingface_hub.utils import build_hf_headers
 from k3artifacts.errors import ConfigError, NotFound, Unavailable
 from k3artifacts.revisions.refs import COMMIT
 from k3artifacts.staging.download import RETRY_STATUS, RetryPolicy, retry_after
+
+log = logging.getLogger(__name__)
+
+#: Before the hub ever answered, a failure to connect is retried once, this soon.
+FIRST_CONTACT_RETRY_S = 0.5
 
 
 @dataclass(frozen=True)
@@ -67,6 +75,9 @@ class HubSource:
         self.token = token
         self.retry = retry or RetryPolicy()
         self.api = HfApi(endpoint=self.endpoint, token=token)
+        #: Whether the hub has answered once. Before that, "cannot connect" means a wrong
+        #: endpoint, no route or no DNS, which retrying for a minute will not change.
+        self.contacted = False
 
     def _call(self, what: str, fn, *args, **kwargs):
         # The client retries some calls itself (tree listing) but not model_info: one 503 or
@@ -74,12 +85,31 @@ class HubSource:
         attempt = 0
         while True:
             try:
-                return self._call_once(what, fn, *args, **kwargs)
+                result = self._call_once(what, fn, *args, **kwargs)
+                self.contacted = True
+                return result
             except _Transient as exc:
                 attempt += 1
+                if exc.unreachable and not self.contacted:
+                    if attempt >= 2:
+                        raise self._unreachable(exc.cause) from None
+                    time.sleep(FIRST_CONTACT_RETRY_S)
+                    continue
+                if exc.answered:
+                    self.contacted = True
                 if attempt >= self.retry.attempts:
                     raise exc.error from None
-                time.sleep(self.retry.delay(attempt - 1, exc.retry_after))
+                delay = self.retry.delay(attempt - 1, exc.retry_after)
+                log.warning("%s; attempt %d of %d, retrying in %.1fs",
+                            exc.error, attempt, self.retry.attempts, delay)
+                time.sleep(delay)
+
+    def _unreachable(self, cause: BaseException | None) -> Unavailable:
+        return Unavailable(
+            f"hub at {self.endpoint} unavailable (first contact): {_reason(cause)}",
+            hint="check the endpoint (set by --endpoint or HF_ENDPOINT; default "
+            "https://huggingface.co), DNS, the route and proxy (HTTPS_PROXY) to it, then re-run",
+        )
 
     def _call_once(self, what: str, fn, *args, **kwargs):
         try:
@@ -109,8 +139,10 @@ class HubSource:
             if isinstance(exc, HfHubHTTPError) and response is not None:
                 if response.status_code not in RETRY_STATUS:
                     raise error from None
-                raise _Transient(error, retry_after(response.headers.get("Retry-After"))) from None
-            raise _Transient(error, None) from None
+                raise _Transient(
+                    error, retry_after(response.headers.get("Retry-After")), answered=True
+                ) from None
+            raise _Transient(error, None, cause=exc) from None
 
     def resolve(self, repo_id: str, revision: str) -> str:
         """Branch, tag or commit -> the 40-hex commit. Called once per staging."""
@@ -147,9 +179,42 @@ class HubSource:
 
 
 class _Transient(Exception):
-    """A metadata call failed in a way a retry may fix; ``error`` is what to raise if not."""
+    """A metadata call failed in a way a retry may fix; ``error`` is what to raise if not.
 
-    def __init__(self, error: Unavailable, retry_after: float | None):
+    ``answered``: the hub did answer (an HTTP status). ``unreachable``: no connection could be
+    made at all (DNS, refused, TLS handshake)."""
+
+    def __init__(
+        self,
+        error: Unavailable,
+        retry_after: float | None,
+        *,
+        answered: bool = False,
+        cause: BaseException | None = None,
+    ):
         super().__init__(str(error))
         self.error = error
         self.retry_after = retry_after
+        self.answered = answered
+        self.cause = cause
+        self.unreachable = cause is not None and _is_unreachable(cause)
+
+
+def _is_unreachable(exc: BaseException) -> bool:
+    if isinstance(exc, httpx2.ConnectError):
+        return True
+    return isinstance(exc, (socket.gaierror, ConnectionRefusedError, ssl.SSLError))
+
+
+def _reason(exc: BaseException | None) -> str:
+    text = str(exc)
+    cause: BaseException | None = exc
+    while cause is not None:
+        if isinstance(cause, socket.gaierror) or "Name or service not known" in text:
+            return f"the host name does not resolve ({text})"
+        if isinstance(cause, ConnectionRefusedError) or "Connection refused" in text:
+            return f"connection refused ({text})"
+        if isinstance(cause, ssl.SSLError) or "SSL" in text or "certificate" in text:
+            return f"TLS handshake failed ({text})"
+        cause = cause.__cause__ or cause.__context__
+    return text

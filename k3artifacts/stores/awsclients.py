@@ -16,7 +16,9 @@ config file). On top of them:
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
+import threading
 from collections.abc import Iterator
 from typing import Any
 from urllib.parse import urlparse
@@ -29,6 +31,11 @@ from k3artifacts.errors import ConfigError, K3AError, NotFound, Unavailable
 
 S3_ENDPOINT_ENV = "K3A_S3_ENDPOINT_URL"
 STS_ENDPOINT_ENV = "K3A_STS_ENDPOINT_URL"
+
+log = logging.getLogger(__name__)
+
+#: Before any answer from the endpoint, a failure to connect is retried once, this soon.
+FIRST_CONTACT_RETRY_S = 0.5
 
 DEFAULT_RETRY_MODE = "standard"
 #: Attempts per request, the first included.
@@ -163,6 +170,63 @@ _AUTH_CODES = {
     "InvalidToken",
     "UnrecognizedClientException",
 }
+
+
+#: Failures that mean "this endpoint cannot be reached at all" when nothing ever answered:
+#: a name that does not resolve, a refused connection, a TLS handshake that fails.
+_UNREACHABLE = (bex.EndpointConnectionError, bex.SSLError, bex.ProxyConnectionError)
+
+
+def fail_fast_until_connected(client: Any) -> None:
+    """Make ``client`` give up after one quick retry while its endpoint has never answered.
+
+    botocore's retry policy (10 attempts, backoff up to 20 s) suits an endpoint that worked
+    and hiccups; for a mistyped endpoint or a missing route it means minutes of silence
+    before the same error. Once any response arrives, the policy applies unchanged, and each
+    retry of a failure is logged.
+    """
+    state = {"connected": False}
+    lock = threading.Lock()
+    endpoint = client.meta.endpoint_url
+    # None when retries were configured the usual boto3 way (env, profile): then unknown here.
+    most = (client.meta.config.retries or {}).get("total_max_attempts")
+
+    def retry_note(attempts: int) -> str:
+        if most is not None and attempts >= most:
+            return f"attempt {attempts} of {most}, giving up"
+        return f"attempt {attempts}" + (f" of {most}" if most else "") + "; retrying per policy"
+
+    def needs_retry(response=None, caught_exception=None, attempts=1, operation=None, **_):
+        if response is not None and caught_exception is None:
+            with lock:
+                state["connected"] = True
+            status = response[0].status_code if response[0] is not None else 0
+            if status >= 500 or status in (429, 503):
+                log.warning("S3 %s at %s: HTTP %s on %s",
+                            operation.name, endpoint, status, retry_note(attempts))
+            return None
+        if caught_exception is None:
+            return None
+        with lock:
+            connected = state["connected"]
+        if not connected and isinstance(caught_exception, _UNREACHABLE):
+            if attempts >= 2:
+                raise unreachable(endpoint, caught_exception)
+            return FIRST_CONTACT_RETRY_S
+        log.warning("S3 %s at %s: %s on %s",
+                    operation.name, endpoint, caught_exception, retry_note(attempts))
+        return None
+
+    service = client.meta.service_model.service_id.hyphenize()
+    client.meta.events.register_first(f"needs-retry.{service}", needs_retry)
+
+
+def unreachable(endpoint: str, exc: Exception) -> Unavailable:
+    return Unavailable(
+        f"S3: cannot reach the endpoint {endpoint} (no answer yet, retried once): {exc}",
+        hint=f"check the endpoint: it is set by {S3_ENDPOINT_ENV} (or AWS_ENDPOINT_URL_S3, "
+        "AWS_REGION for AWS itself); then check DNS, the route and TLS to it",
+    )
 
 
 def translate(exc: bex.BotoCoreError | bex.ClientError, what: str) -> K3AError:

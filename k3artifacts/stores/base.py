@@ -113,6 +113,14 @@ class Store(ABC):
     #: Digests, beyond sha256 and xxh3-128, the store wants computed as bytes arrive.
     wanted_checksums: frozenset[str] = frozenset()
 
+    @abstractmethod
+    def exists(self) -> bool:
+        """Whether the store is there at all (a directory, a bucket holding the prefix).
+
+        Read commands refuse a store that is not: a mistyped path would otherwise look like
+        an empty store. Raises :class:`~k3artifacts.errors.Unavailable` when it cannot tell
+        (an S3 endpoint that does not answer)."""
+
     # ---- small records -------------------------------------------------------------------
     @abstractmethod
     def read(self, key: str) -> Versioned | None: ...

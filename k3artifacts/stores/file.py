@@ -112,6 +112,9 @@ class FileStore(Store):
             raise ConfigError(f"store URL {url!r} has no path", hint="use file:///absolute/path")
         return cls(Path(path).expanduser())
 
+    def exists(self) -> bool:
+        return self.root.is_dir()
+
     def _path(self, key: str) -> Path:
         parts = key.split("/")
         if key.startswith("/") or any(p in ("", ".", "..") for p in parts):

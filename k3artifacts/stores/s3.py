@@ -249,6 +249,7 @@ class S3Store(Store):
         self.prefix = prefix.strip("/")
         self.url = f"s3://{bucket}/{self.prefix}" if self.prefix else f"s3://{bucket}"
         self.client = client or awsclients.s3_client(endpoint_url, profile, region)
+        awsclients.fail_fast_until_connected(self.client)
         self.tuning = tuning or TransferTuning.from_env()
         self.progress = progress
         self.counters = TransferCounters()
@@ -268,6 +269,31 @@ class S3Store(Store):
                 "K3A_S3_ENDPOINT_URL and the region with AWS_REGION",
             )
         return cls(parsed.netloc, parsed.path, **kwargs)
+
+    def exists(self) -> bool:
+        """The bucket exists and holds something under ``models/`` or ``releases/``.
+
+        Those two listings, not HeadBucket or a listing of the whole prefix, because they are
+        what every k3a role may list (policies/iam/*.json scope ListBucket by prefix); a
+        listing that is denied says nothing, and the store is then taken to be there."""
+        denied = False
+        for sub in ("models/", "releases/"):
+            s3_prefix = f"{self.prefix}/{sub}" if self.prefix else sub
+            with aws_errors(f"looking for the store {self.url}"):
+                try:
+                    resp = self.client.list_objects_v2(
+                        Bucket=self.bucket, Prefix=s3_prefix, MaxKeys=1
+                    )
+                except bex.ClientError as exc:
+                    if error_code(exc) == "NoSuchBucket":
+                        return False
+                    if http_status(exc) == 403:
+                        denied = True
+                        continue
+                    raise
+            if resp.get("KeyCount", len(resp.get("Contents", []))):
+                return True
+        return denied
 
     # ---- keys ----------------------------------------------------------------------------
     def key(self, key: str) -> str:

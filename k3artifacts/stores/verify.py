@@ -29,6 +29,9 @@ from k3artifacts.stores.base import Store
 class Problem:
     path: str
     reason: str
+    #: ``file`` (a file the manifest lists), ``extra`` (a file it does not list) or
+    #: ``manifest`` (the manifest itself is not the one expected): counted apart.
+    kind: str = "file"
 
 
 @dataclass
@@ -45,12 +48,24 @@ class VerifyReport:
         return not self.problems
 
     def raise_for_problems(self) -> None:
-        if self.problems:
-            lines = "\n".join(f"  {p.path}: {p.reason}" for p in self.problems)
+        if not self.problems:
+            return
+        lines = "\n".join(f"  {p.path}: {p.reason}" for p in self.problems)
+        if any(p.kind == "manifest" for p in self.problems):
             raise VerifyMismatch(
-                f"{self.target}: {len(self.problems)} of {self.files} file(s) do not match "
-                f"the manifest:\n{lines}"
+                f"{self.target}: not the expected revision:\n{lines}",
+                hint="these are other weights than the ones expected (another commit, or a "
+                "manifest changed in the store); check the path or revision given, and the "
+                "tuple's manifest digest",
             )
+        listed = sum(p.kind == "file" for p in self.problems)
+        extra = sum(p.kind == "extra" for p in self.problems)
+        parts = []
+        if listed:
+            parts.append(f"{listed} of {self.files} file(s) do not match the manifest")
+        if extra:
+            parts.append(f"{extra} file(s) not in the manifest")
+        raise VerifyMismatch(f"{self.target}: {', '.join(parts)}:\n{lines}")
 
 
 class _Reader:
@@ -120,8 +135,12 @@ def verify_revision(
     workers: int = 4,
     on_bytes: Callable[[int], None] | None = None,
     on_manifest: Callable[[ShardManifest], None] | None = None,
+    on_file: Callable[[FileRecord], None] | None = None,
 ) -> VerifyReport:
-    """Hash every file of a published revision and compare with its manifest."""
+    """Hash every file of a published revision and compare with its manifest.
+
+    ``on_bytes`` sees bytes as they are hashed, ``on_file`` each file once checked (for
+    progress), ``on_manifest`` the manifest before any file is read."""
     if directory is not None:
         reader = _Reader(directory=Path(directory))
         target = str(directory)
@@ -145,13 +164,23 @@ def verify_revision(
     report = VerifyReport(target, digest, len(manifest.files), manifest.total_bytes, algorithm)
     if expect_digest is not None and digest != expect_digest:
         report.problems.append(
-            Problem(f"{META_DIR}/{MANIFEST_NAME}", f"digest {digest}, expected {expect_digest}")
+            Problem(
+                f"{META_DIR}/{MANIFEST_NAME}",
+                f"digest {digest}, expected {expect_digest}",
+                kind="manifest",
+            )
         )
         return report
     if on_manifest is not None:
         on_manifest(manifest)
 
     def check(record: FileRecord) -> Problem | None:
+        problem = _check(record)
+        if on_file is not None:
+            on_file(record)
+        return problem
+
+    def _check(record: FileRecord) -> Problem | None:
         hasher = MultiHasher(sha256=full, xxh3=not full)
         try:
             digests = reader.digest(record, hasher, on_bytes).hexdigests()
@@ -171,6 +200,6 @@ def verify_revision(
             if problem is not None:
                 report.problems.append(problem)
     for extra in reader.extra_files(manifest):
-        report.problems.append(Problem(extra, "not in the manifest"))
+        report.problems.append(Problem(extra, "not in the manifest", kind="extra"))
     report.problems.sort(key=lambda p: p.path)
     return report

@@ -97,8 +97,8 @@ def test_bad_hub_endpoint(k3a, file_store, tmp_path, args, expect, words):
 @pytest.mark.parametrize(
     "repo,revision,expect,words",
     [
-        ("Kimi-K3", "main", 9, ["not a Hub repo id", "org/name"]),
-        ("moonshotai/../etc", "main", 9, ["not a Hub repo id"]),
+        ("Kimi-K3", "main", 2, ["not a Hub repo id", "org/name"]),
+        ("moonshotai/../etc", "main", 2, ["not a Hub repo id"]),
         ("moonshotai/Kimi-K4", "main", 7, ["repository not found"]),
         (REPO, "v9.9", 7, ["revision not found"]),
     ],
@@ -118,14 +118,15 @@ def test_bad_repo_or_revision(k3a, local_hub, file_store, tmp_path, repo, revisi
 @pytest.mark.parametrize(
     "target,expect,words",
     [
-        ("moonshotai/Kimi-K3@main", 9, ["neither org/name@<40-hex commit>"]),
-        (f"Kimi-K3@{COMMIT}", 9, ["not a Hub repo id"]),
+        ("moonshotai/Kimi-K3@main", 2, ["neither org/name@<40-hex commit>"]),
+        (f"Kimi-K3@{COMMIT}", 2, ["not a Hub repo id"]),
         (f"{REPO}@{COMMIT}", 7, ["not published", "k3a stage"]),
-        ("/no/such/revision/dir", 9, ["neither"]),
+        ("/no/such/revision/dir", 2, ["neither"]),
     ],
     ids=["branch-not-commit", "bad-repo", "unpublished", "missing-directory"],
 )
 def test_bad_verify_target(k3a, file_store, target, expect, words):
+    file_store.root.mkdir(parents=True)  # an empty store: the target, not the store, is wrong
     code, stderr = k3a("verify", target, "--store", file_store.url, "-q")
     assert_told(code, stderr, expect, *words)
 
