@@ -89,4 +89,4 @@ def test_readme_no_network_path_runs_command_by_command(k3a_env, tmp_path):
     # the synthetic release beside it, nothing in the checkout but what the block made.
     store = Path(k3a_env["XDG_DATA_HOME"]) / "k3artifacts" / "store"
     assert (store / ".k3a-demo").is_dir()
-    assert sorted(p.name for p in workdir.iterdir()) == ["demo-policies", "deploy", "policies"]
+    assert sorted(p.name for p in workdir.iterdir()) == ["deploy", "policies"]

@@ -49,8 +49,8 @@ def next_steps(commit: str, store_url: str) -> list[str]:
     return [
         f"k3a tuple create {DEMO_REPO}@{commit} --offline --profile {DEMO_PROFILE} "
         f"--image {DEMO_IMAGE} --verifier-image {DEMO_VERIFIER}{store}",
-        f"k3a review license <tuple-id> --by $USER{store}",
-        f"k3a review code <tuple-id> --by $USER{store}",
+        f"k3a review license <tuple-id>{store}",
+        f"k3a review code <tuple-id>{store}",
         f"k3a promote <tuple-id> staging --why 'demo'{store}",
         f"k3a render staging --target eks --out deploy/{store}",
     ]
