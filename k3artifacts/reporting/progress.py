@@ -21,6 +21,7 @@ from k3artifacts.staging.events import StageObserver
 if TYPE_CHECKING:
     from k3artifacts.revisions.manifest import FileRecord
     from k3artifacts.staging.hub import RemoteFile
+    from k3artifacts.staging.plan import StagePlan
 
 
 def make_progress(enabled: bool) -> Progress:
@@ -50,11 +51,14 @@ class StageProgress(StageObserver):
         self._done = 0
         self._total_files = 0
 
-    def planned(self, files: list[RemoteFile], reused: set[str]) -> None:
+    def planned(
+        self, files: list[RemoteFile], reused: set[str], plan: StagePlan | None = None
+    ) -> None:
         self._total_files = len(files)
         self.progress.update(self.task, total=sum(f.size for f in files), files=self._files())
-        if reused and not self.quiet:
-            self.note(f"resuming: {len(reused)} file(s) already verified in quarantine")
+        present = len(plan.of("present")) if plan is not None else len(reused)
+        if present and not self.quiet:
+            self.note(f"resuming: {present} file(s) already verified in quarantine")
 
     def _files(self) -> str:
         return f"{self._done}/{self._total_files} files"
