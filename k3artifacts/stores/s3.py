@@ -620,18 +620,19 @@ class S3RevisionWriter(RevisionWriter):
         if version and version != "null":
             copy_source["VersionId"] = version
         what = f"copying {self.store.s3_url(source)} to {self.store.s3_url(key)}"
-        try:
-            with aws_errors(what), self._manager(record.size) as manager:
-                manager.copy(
-                    copy_source, self.store.bucket, self.store.key(key),
-                    extra_args={"ChecksumAlgorithm": CHECKSUM_ALGORITHM},
-                    subscribers=[self._subscriber(record, "bytes_copied")],
-                ).result()
-        except bex.ClientError as exc:
-            if http_status(exc) in (400, 403, 404) or error_code(exc) in _GONE:
-                log.info("%s: %s", what, exc)
-                return False
-            raise
+        with aws_errors(what):
+            try:
+                with self._manager(record.size) as manager:
+                    manager.copy(
+                        copy_source, self.store.bucket, self.store.key(key),
+                        extra_args={"ChecksumAlgorithm": CHECKSUM_ALGORITHM},
+                        subscribers=[self._subscriber(record, "bytes_copied")],
+                    ).result()
+            except bex.ClientError as exc:
+                if http_status(exc) in (400, 403, 404) or error_code(exc) in _GONE:
+                    log.info("%s: %s", what, exc)
+                    return False
+                raise
         return True
 
     def _delete_target(self, key: str) -> None:
