@@ -1,8 +1,10 @@
 """Flow ``stage-release``: one Hub revision becomes a verified, published revision in the store.
 
-    resolve commit (task) -> plan -> one task per file: download, hash, check into quarantine,
-    handed to the store as soon as it verifies -> manifest (index check, license, remote code)
-    -> publish -> release tuple (when ``image`` and ``profile`` are given) -> artifacts
+    resolve commit (task) -> plan (a table artifact, before any transfer: each file downloaded,
+    reused from a published revision inside the store, or already present) -> one task per
+    file to download: hash, check into quarantine, handed to the store as soon as it verifies
+    -> manifest (index check, license, remote code) -> publish -> release tuple (when
+    ``image`` and ``profile`` are given) -> artifacts
 
 A thin adapter over the library's one staging engine (:func:`k3artifacts.staging.engine.stage`):
 it supplies a runner that turns each per-file job into a Prefect task, an observer that keeps
@@ -243,6 +245,11 @@ def _summary_artifact(summary: dict) -> None:
         f"| remote code (review before promotion) | {code} |",
         (f"| files | {summary['files']} ({summary['total_bytes']:,} bytes; "
          f"{summary['downloaded_bytes']:,} downloaded, {summary['reused_files']} reused) |"),
+        (f"| bytes | {summary['downloaded_bytes']:,} pulled from the Hub, "
+         f"{summary['reused_bytes']:,} reused from published revisions, "
+         f"{summary['store_stats'].get('bytes_uploaded', 0):,} uploaded |"),
+        *(f"| not reused (downloaded instead) | {reason} |"
+          for reason in summary["reuse_fallbacks"]),
         f"| release tuple | "
         f"{('`' + summary['tuple_id'] + '`') if summary['tuple_id'] else 'not made'} |",
     ]
