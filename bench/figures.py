@@ -24,6 +24,7 @@ class Options:
     s3_size: int
     workers: int
     real_s3_size: int
+    incr_size: int
 
 
 def _rate(nbytes: int, seconds: float) -> float:
@@ -399,6 +400,12 @@ def _s3_real(bench: Bench, opts: Options, shared: dict) -> list[Row]:
     return stage_vs_s5cmd(bench, opts, shared)
 
 
+def _incremental(bench: Bench, opts: Options, shared: dict) -> list[Row]:
+    from .incremental import incremental
+
+    return incremental(bench, opts, shared)
+
+
 FIGURES = {
     "staging": staging,  # 1 and 2
     "s3": s3,  # 3
@@ -407,4 +414,5 @@ FIGURES = {
     "rss": rss,  # 6
     "perfile": per_file,  # 7
     "s3real": _s3_real,  # 8
+    "incremental": _incremental,  # 9
 }
