@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import threading
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -316,3 +317,21 @@ def test_old_manifests_keep_their_digest():
     assert ShardManifest(**{**old, "files": [reused],
                             "license": LicenseRecord(path=None, sha256=None, text=None)}
                          ).digest() != manifest.digest()
+
+
+def test_reuse_shares_the_inode_on_one_file_system_and_copies_across(tmp_path):
+    from k3artifacts.stores.file import _share_or_copy
+
+    src = tmp_path / "published.bin"
+    src.write_bytes(os.urandom(3 << 20))
+    assert _share_or_copy(src, tmp_path / "linked.bin") == "link"
+    assert os.stat(tmp_path / "linked.bin").st_ino == src.stat().st_ino
+    if os.stat("/dev/shm").st_dev == src.stat().st_dev:
+        pytest.skip("/dev/shm is on the same file system as tmp_path here")
+    other = Path("/dev/shm") / f"k3a-test-{os.getpid()}.bin"
+    try:
+        assert _share_or_copy(src, other) in ("copy_file_range", "copy")
+        assert other.read_bytes() == src.read_bytes()
+        assert other.stat().st_ino != src.stat().st_ino
+    finally:
+        other.unlink(missing_ok=True)

@@ -239,6 +239,8 @@ class _Run:
         self.quarantine = quarantine
         self.options = options
         self.tally = _Tally(observer)
+        #: Why each file planned for reuse was downloaded instead.
+        self.fallback_reasons: list[str] = []
         spec = RunSpec(
             run_id=uuid.uuid4().hex,
             endpoint=source.endpoint,
@@ -261,9 +263,9 @@ class _Run:
         register(self.ctx)
         try:
             files = _listing(self.ctx.source, self.repo_id, self.commit, self.options)
-            plan, receipts = self._plan(files)
-            by_path = {f.path: f for f in files}
             verified = self.quarantine.verified()
+            plan, receipts = self._plan(files, verified)
+            by_path = {f.path: f for f in files}
             entries = [self._present(verified[p.path], receipts) for p in plan.of("present")]
             reused, fallbacks = self._reuse(plan.of("reuse"), by_path, entries, receipts)
             todo = [by_path[p.path] for p in plan.of("download")] + fallbacks
@@ -290,7 +292,9 @@ class _Run:
         result.store_stats = receipt_stats(receipts)
         return result
 
-    def _plan(self, files: list[RemoteFile]) -> tuple[StagePlan, list[PutReceipt | None]]:
+    def _plan(
+        self, files: list[RemoteFile], verified: dict[str, VerifiedEntry]
+    ) -> tuple[StagePlan, list[PutReceipt | None]]:
         """Find what needs no download: verified in quarantine, or held by a published
         revision of the repo (see :mod:`.plan`)."""
         receipts: list[PutReceipt | None] = []
@@ -303,7 +307,7 @@ class _Run:
             return adopted is not None
 
         plan = plan_files(
-            self.repo_id, self.commit, files, self.quarantine.verified(),
+            self.repo_id, self.commit, files, verified,
             ContentIndex.of_store(self.store, self.repo_id, exclude_commit=self.commit),
             still_stored,
         )
@@ -326,7 +330,6 @@ class _Run:
         """Copy the planned files inside the store (a few requests each, so a thread pool of
         this process rather than jobs); return the bytes reused and the files to download
         instead."""
-        self.fallback_reasons: list[str] = []
         if not planned:
             return 0, []
         reused = 0
