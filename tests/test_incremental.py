@@ -335,3 +335,22 @@ def test_reuse_shares_the_inode_on_one_file_system_and_copies_across(tmp_path):
         assert other.stat().st_ino != src.stat().st_ino
     finally:
         other.unlink(missing_ok=True)
+
+
+def test_racing_run_that_reused_other_files_accepts_the_published_manifest(store, tmp_path):
+    from k3artifacts.errors import Conflict
+    from k3artifacts.sandbox.revisions import REPO as TEST_REPO
+    from k3artifacts.sandbox.revisions import publish, write_revision
+
+    commit = "c" * 40
+    _, published = publish(store, commit, write_revision(
+        tmp_path / "r", {"a.bin": b"a" * 100, "b.bin": b"b" * 100}))
+    a, b = published.files
+    reused = published.model_copy(update={"files": [
+        a.model_copy(update={"source": "reused", "reused_from": "f" * 40}), b]})
+    assert reused.digest() != published.digest()
+    store.begin_revision(TEST_REPO, commit).commit(reused)  # same bytes: no conflict
+    assert store.read_manifest(TEST_REPO, commit) == published
+    other = published.model_copy(update={"files": [a.model_copy(update={"sha256": "0" * 64}), b]})
+    with pytest.raises(Conflict):
+        store.begin_revision(TEST_REPO, commit).commit(other)

@@ -93,6 +93,14 @@ class ShardManifest(Frozen):
     def digest(self) -> str:
         return canonical_digest(self)
 
+    def content_digest(self) -> str:
+        """The digest with every file counted as downloaded: two stagings of one revision that
+        reused different files (a revision was published between their plans) hold the same
+        bytes, and a writer that finds the other's manifest published accepts it."""
+        plain = [f.model_copy(update={"source": "downloaded", "reused_from": None})
+                 for f in self.files]
+        return canonical_digest(self.model_copy(update={"files": plain}))
+
     def file(self, path: str) -> FileRecord | None:
         for record in self.files:
             if record.path == path:

@@ -283,7 +283,9 @@ class _Run:
         # A job of this run killed mid-upload on another machine (and retried elsewhere) may
         # have left a multipart upload; the revision is sealed now, so none is still wanted.
         self.store.clean_incomplete(self.repo_id, self.commit)
-        result = StageResult.of(manifest, self.store, started, already=False)
+        # What readers see: ours, or an equal one a racing run of this revision published.
+        published = self.store.read_manifest(self.repo_id, self.commit) or manifest
+        result = StageResult.of(published, self.store, started, already=False)
         result.downloaded_bytes = downloaded
         result.reused_files = len(files) - len(todo)
         result.reused_bytes = reused

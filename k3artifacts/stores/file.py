@@ -398,7 +398,7 @@ class _FileRevisionWriter(RevisionWriter):
             self._seal_and_rename(manifest)
 
     def _same_or_conflict(self, existing: ShardManifest, manifest: ShardManifest) -> None:
-        if existing.digest() != manifest.digest():
+        if existing.content_digest() != manifest.content_digest():
             raise Conflict(f"{self.final} exists with a different manifest; refusing to overwrite")
 
     def _seal_and_rename(self, manifest: ShardManifest) -> None:

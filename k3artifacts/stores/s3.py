@@ -705,7 +705,7 @@ class S3RevisionWriter(RevisionWriter):
             self._same_or_conflict(raced, manifest)
 
     def _same_or_conflict(self, existing: ShardManifest, manifest: ShardManifest) -> None:
-        if existing.digest() != manifest.digest():
+        if existing.content_digest() != manifest.content_digest():
             raise Conflict(
                 f"{self.store.location(self.repo_id, self.commit_sha)} is already published "
                 f"with a different manifest ({existing.digest()} != {manifest.digest()}); "
