@@ -35,6 +35,12 @@ def store(request):
     return request.getfixturevalue("file_store" if request.param == "file" else "s3_store")
 
 
+@pytest.fixture(params=["moto", "seaweedfs"])
+def any_s3(request):
+    """An S3 store on moto, and on SeaweedFS (a real server: it computes the checksums)."""
+    return request.getfixturevalue("s3_store" if request.param == "moto" else "seaweed_store")
+
+
 def hub_bytes(hub, since: int) -> int:
     """Bytes of file content the hub sent since request ``since``."""
     return sum(r.bytes_sent for r in hub.requests[since:]
@@ -77,6 +83,15 @@ def assert_pulled_only(local_hub, mark, result, store, first_commit, paths: set[
 
 
 def test_changed_small_file_pulls_only_that_file(local_hub, store, tmp_path):
+    _changed_small_file(local_hub, store, tmp_path)
+
+
+@pytest.mark.s3
+def test_changed_small_file_pulls_only_that_file_seaweedfs(local_hub, seaweed_store, tmp_path):
+    _changed_small_file(local_hub, seaweed_store, tmp_path)
+
+
+def _changed_small_file(local_hub, store, tmp_path):
     files, c1 = first_revision(local_hub, store, tmp_path)
     result, mark = stage_next(local_hub, store, tmp_path, {
         **files, "config.json": b'{"model_type": "kimi_k3", "n_routed_experts": 897}'})
@@ -177,33 +192,33 @@ def test_truncated_published_file_is_caught_by_size_without_reverify(local_hub, 
 
 
 @pytest.mark.s3
-def test_s3_overwritten_source_is_copied_from_its_pinned_version(local_hub, s3_store, tmp_path):
-    files, c1 = first_revision(local_hub, s3_store, tmp_path)
-    key = s3_store.key(f"models/{REPO}/{c1}/{SHARD2}")
-    head = s3_store.client.head_object(Bucket=s3_store.bucket, Key=key)
-    s3_store.client.put_object(Bucket=s3_store.bucket, Key=key, Body=b"x" * head["ContentLength"],
+def test_s3_overwritten_source_is_copied_from_its_pinned_version(local_hub, any_s3, tmp_path):
+    files, c1 = first_revision(local_hub, any_s3, tmp_path)
+    key = any_s3.key(f"models/{REPO}/{c1}/{SHARD2}")
+    head = any_s3.client.head_object(Bucket=any_s3.bucket, Key=key)
+    any_s3.client.put_object(Bucket=any_s3.bucket, Key=key, Body=b"x" * head["ContentLength"],
                                Metadata=head["Metadata"])
-    result, mark = stage_next(local_hub, s3_store, tmp_path, {**files, "config.json": b"{}"})
+    result, mark = stage_next(local_hub, any_s3, tmp_path, {**files, "config.json": b"{}"})
     assert resolve_gets(local_hub.hub, mark) == ["config.json"]
-    assert sources(s3_store, result.commit)[SHARD2] == c1
-    assert verify_revision(store=s3_store, repo_id=REPO, commit=result.commit, full=True).ok
+    assert sources(any_s3, result.commit)[SHARD2] == c1
+    assert verify_revision(store=any_s3, repo_id=REPO, commit=result.commit, full=True).ok
 
 
 @pytest.mark.s3
-def test_s3_altered_source_fails_the_crc_check_and_is_downloaded(local_hub, s3_store, tmp_path):
-    files, c1 = first_revision(local_hub, s3_store, tmp_path)
-    key = s3_store.key(f"models/{REPO}/{c1}/{SHARD2}")
-    head = s3_store.client.head_object(Bucket=s3_store.bucket, Key=key)
+def test_s3_altered_source_fails_the_crc_check_and_is_downloaded(local_hub, any_s3, tmp_path):
+    files, c1 = first_revision(local_hub, any_s3, tmp_path)
+    key = any_s3.key(f"models/{REPO}/{c1}/{SHARD2}")
+    head = any_s3.client.head_object(Bucket=any_s3.bucket, Key=key)
     # Other bytes, same size, the k3a metadata copied over: only the checksum S3 computes for
     # the copy can tell. The version the revision recorded is deleted, so nothing good is left.
-    s3_store.client.put_object(Bucket=s3_store.bucket, Key=key, Body=b"x" * head["ContentLength"],
+    any_s3.client.put_object(Bucket=any_s3.bucket, Key=key, Body=b"x" * head["ContentLength"],
                                Metadata=head["Metadata"], ChecksumAlgorithm="CRC64NVME")
-    s3_store.client.delete_object(Bucket=s3_store.bucket, Key=key, VersionId=head["VersionId"])
-    result, mark = stage_next(local_hub, s3_store, tmp_path, {**files, "config.json": b"{}"})
+    any_s3.client.delete_object(Bucket=any_s3.bucket, Key=key, VersionId=head["VersionId"])
+    result, mark = stage_next(local_hub, any_s3, tmp_path, {**files, "config.json": b"{}"})
     assert sorted(resolve_gets(local_hub.hub, mark)) == ["config.json", SHARD2]
     assert len(result.reuse_fallbacks) == 1 and "CRC64NVME" in result.reuse_fallbacks[0]
-    assert sources(s3_store, result.commit)[SHARD2] is None
-    assert verify_revision(store=s3_store, repo_id=REPO, commit=result.commit, full=True).ok
+    assert sources(any_s3, result.commit)[SHARD2] is None
+    assert verify_revision(store=any_s3, repo_id=REPO, commit=result.commit, full=True).ok
 
 
 class _DeleteOnPlan(StageObserver):
