@@ -162,6 +162,7 @@ def stage_release(
     task_retry_delay: float = 10.0,
     image: str | None = None,
     profile: str | None = None,
+    reverify_reused: bool = False,
 ) -> dict:
     """Stage ``repo_id`` at ``revision`` (branch, tag or commit) into ``store_url``.
 
@@ -169,7 +170,9 @@ def stage_release(
     ``task_retries``/``task_retry_delay``: Prefect retries of a file task whose attempts ran
     out on network errors (never on a verification refusal). ``window_bytes``: drop each
     shard's quarantine copy once the store holds it (bounded local disk, for an S3 store).
-    ``image`` and ``profile`` together also make the release tuple.
+    ``image`` and ``profile`` together also make the release tuple. ``reverify_reused``:
+    re-hash files reused from a published revision after a file store copied them (as
+    ``k3a stage --reverify-reused``).
     """
     logger = get_run_logger()
     check_repo_id(repo_id)
@@ -184,6 +187,7 @@ def stage_release(
         keep_quarantine=keep_quarantine,
         window_bytes=window_bytes,
         retry=RetryPolicy(attempts=attempts, backoff=backoff),
+        reverify_reused=reverify_reused,
     )
     limit = f"k3a-stage-{revision_slug(repo_id, commit)}"
     ensure_limit(limit)
