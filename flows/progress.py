@@ -94,7 +94,9 @@ class FlowObserver(StageObserver):
 
     def file_done(self, record: FileRecord, reused: bool) -> None:
         self.rows[record.path].update(
-            sha256=record.sha256, status="reused" if reused else "downloaded"
+            sha256=record.sha256,
+            status=(f"reused from {record.reused_from[:12]}" if record.reused_from
+                    else "reused" if reused else "downloaded"),
         )
         if not reused and self.progress is not None:
             self.progress.advance(0, force=True)

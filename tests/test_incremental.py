@@ -21,7 +21,7 @@ from k3artifacts.staging.engine import StageOptions, plan_stage, stage
 from k3artifacts.staging.events import StageObserver
 from k3artifacts.staging.hub import HubSource
 from k3artifacts.stores.verify import verify_revision
-from tests.faults.faultkit import run_k3a, stage_args, start_k3a
+from tests.faults.faultkit import run_k3a, stage_args, start_k3a, verified_paths
 from tests.flow_helpers import resolve_gets
 from tests.staging_helpers import FAST_RETRY, REPO, run_stage, small_release
 
@@ -282,6 +282,7 @@ def test_kill9_during_incremental_run_then_rerun_completes(local_hub, file_store
     running.wait_line("paused at reused")
     running.kill9()
     assert file_store.list_revisions(REPO) == [c1]
+    assert SHARD2 in verified_paths(quarantine, c2)  # logged as held by the store-side revision
 
     mark = len(local_hub.hub.requests)
     done = run_k3a(k3a_cmd, k3a_env, *stage_args(local_hub.endpoint, file_store, quarantine))

@@ -120,6 +120,9 @@ def test_incremental_revision_shows_its_plan_and_pulls_only_the_change(local_hub
     assert plan[SHARD] == ("reuse", f"{first[:12]}:{SHARD}")
     assert plan["TOTAL download"] == ("download", "1 file(s)")
     assert plan["TOTAL reuse"] == ("reuse", f"{len(files) - 1} file(s)")
+    rows = {r["path"]: r["status"] for r in _table(artifacts_of(state))}
+    assert rows == {p: "downloaded" if p == "config.json" else f"reused from {first[:12]}"
+                    for p in files}
     assert verify_revision(store=file_store, repo_id=REPO, commit=second, full=True).ok
 
 
