@@ -251,7 +251,8 @@ def _summary_artifact(summary: dict) -> None:
          f"{summary['downloaded_bytes']:,} downloaded, {summary['reused_files']} reused) |"),
         (f"| bytes | {summary['downloaded_bytes']:,} pulled from the Hub, "
          f"{summary['reused_bytes']:,} reused from published revisions, "
-         f"{summary['store_stats'].get('bytes_uploaded', 0):,} uploaded |"),
+         f"{sum(summary['store_stats'].get(k, 0) for k in ('bytes_uploaded', 'bytes_stored')):,}"
+         " uploaded to the store |"),
         *(f"| not reused (downloaded instead) | {reason} |"
           for reason in summary["reuse_fallbacks"]),
         f"| release tuple | "

@@ -64,10 +64,12 @@ def print_stage_result(result: StageResult) -> None:
         )
         click.echo(f"location:        {result.location}")
         stats = result.store_stats
+        # A file store's "upload" is placing the file from quarantine (a link, else a copy).
+        put = stats.get("bytes_uploaded", 0) + stats.get("bytes_stored", 0)
         click.echo(
             f"bytes:           {result.downloaded_bytes:,} pulled from the Hub, "
             f"{result.reused_bytes:,} reused from published revisions, "
-            f"{stats.get('bytes_uploaded', 0):,} uploaded to the store"
+            f"{put:,} uploaded to the store"
         )
         if stats.get("bytes_uploaded") or stats.get("bytes_copied"):
             click.echo(

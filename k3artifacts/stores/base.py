@@ -47,7 +47,7 @@ class PutReceipt:
 def receipt_stats(receipts: list[PutReceipt | None]) -> dict[str, int]:
     """Transfer counters of a revision from its receipts (a file store returns none)."""
     stats: dict[str, int] = {}
-    names = {"uploaded": "uploaded", "copied": "copied", "kept": "skipped"}
+    names = {"uploaded": "uploaded", "copied": "copied", "kept": "skipped", "stored": "stored"}
     for receipt in receipts:
         if receipt is None or receipt.action not in names:
             continue
