@@ -362,6 +362,11 @@ class _Run:
                 record, planned.source_commit, planned.source_path,
                 reverify=self.options.reverify_reused,
             )
+        if receipt is None:
+            # A peer published this revision meanwhile (a shared FSx tree): nothing of ours
+            # is read back from it; the download path ends in commit() comparing manifests.
+            raise ReuseFailed(f"{record.path}: {self.repo_id}@{self.commit} was published "
+                              "by another run meanwhile")
         tensors = None
         if record.kind == "weights":
             # The index check needs the shard's tensor names; the header (a few KB of the
