@@ -24,6 +24,7 @@ class Options:
     s3_size: int
     workers: int
     real_s3_size: int
+    incr_size: int
 
 
 def _rate(nbytes: int, seconds: float) -> float:
@@ -405,6 +406,12 @@ def _signing(bench: Bench, opts: Options, shared: dict) -> list[Row]:
     return signing(bench, opts, shared)
 
 
+def _incremental(bench: Bench, opts: Options, shared: dict) -> list[Row]:
+    from .incremental import incremental
+
+    return incremental(bench, opts, shared)
+
+
 FIGURES = {
     "staging": staging,  # 1 and 2
     "s3": s3,  # 3
@@ -414,4 +421,5 @@ FIGURES = {
     "perfile": per_file,  # 7
     "s3real": _s3_real,  # 8
     "signing": _signing,  # 9
+    "incremental": _incremental,  # 10
 }

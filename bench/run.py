@@ -69,6 +69,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="checkpoint size for the S3 figures (moto is slow; default 48MiB)")
     p.add_argument("--real-s3-size", type=parse_size, default=parse_size("1536MiB"),
                    help="checkpoint size for the SeaweedFS staging figure (default 1536MiB)")
+    p.add_argument("--incr-size", type=parse_size, default=parse_size("512MiB"),
+                   help="checkpoint size for the incremental-revision figure, staged into a "
+                   "file store and into SeaweedFS (default 512MiB)")
     p.add_argument("--workers", type=int, default=default_workers(),
                    help="concurrent files (default: k3a stage's, one per core from 2 to 8)")
     p.add_argument("--only", action="append", choices=sorted(FIGURES),
@@ -85,7 +88,8 @@ def main(argv: list[str] | None = None) -> int:
     bench = Bench(args.workdir, cold=args.cold)
     opts = Options(size=args.size, shards=args.shards, rss_size=args.rss_size,
                    tiny_files=args.tiny_files, s3_size=args.s3_size,
-                   workers=args.workers, real_s3_size=args.real_s3_size)
+                   workers=args.workers, real_s3_size=args.real_s3_size,
+                   incr_size=args.incr_size)
     names = args.only or list(FIGURES)
     rows: list[Row] = []
     shared: dict = {}

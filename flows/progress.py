@@ -22,6 +22,7 @@ from k3artifacts.errors import Refusal
 from k3artifacts.revisions.manifest import FileRecord
 from k3artifacts.staging.events import StageObserver
 from k3artifacts.staging.hub import RemoteFile
+from k3artifacts.staging.plan import StagePlan
 
 
 class ByteProgress:
@@ -72,7 +73,11 @@ class FlowObserver(StageObserver):
         self.rows: dict[str, dict[str, object]] = {}
         self.progress: ByteProgress | None = None
 
-    def planned(self, files: list[RemoteFile], reused: set[str]) -> None:
+    def planned(
+        self, files: list[RemoteFile], reused: set[str], plan: StagePlan | None = None
+    ) -> None:
+        if plan is not None:
+            publish_plan(plan, self.key, self.title)
         self.rows = {
             f.path: {"path": f.path, "size": f.size, "sha256": "", "status": "pending"}
             for f in files
@@ -89,7 +94,9 @@ class FlowObserver(StageObserver):
 
     def file_done(self, record: FileRecord, reused: bool) -> None:
         self.rows[record.path].update(
-            sha256=record.sha256, status="reused" if reused else "downloaded"
+            sha256=record.sha256,
+            status=(f"reused from {record.reused_from[:12]}" if record.reused_from
+                    else "reused" if reused else "downloaded"),
         )
         if not reused and self.progress is not None:
             self.progress.advance(0, force=True)
@@ -111,3 +118,22 @@ class FlowObserver(StageObserver):
                 list(self.rows.values()), key=f"{self.key}-files",
                 description=f"files of {self.title}: size, sha256, status",
             )
+
+
+def publish_plan(plan: StagePlan, key: str, title: str) -> None:
+    """The plan as a table, before any transfer: one row per file (what happens to it and from
+    where), then one row per action with the totals."""
+    rows: list[dict[str, object]] = [
+        {"path": f.path, "size": f.size, "action": f.action,
+         "from": f"{f.source_commit[:12]}:{f.source_path}" if f.source_commit else ""}
+        for f in plan.files
+    ]
+    rows += [
+        {"path": f"TOTAL {action}", "size": total.bytes, "action": action,
+         "from": f"{total.files} file(s)"}
+        for action, total in plan.totals().items()
+    ]
+    create_table_artifact(
+        rows, key=f"{key}-plan",
+        description=f"plan of {title}: {plan.describe()}",
+    )

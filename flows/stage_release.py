@@ -1,8 +1,10 @@
 """Flow ``stage-release``: one Hub revision becomes a verified, published revision in the store.
 
-    resolve commit (task) -> plan -> one task per file: download, hash, check into quarantine,
-    handed to the store as soon as it verifies -> manifest (index check, license, remote code)
-    -> publish -> release tuple (when ``image`` and ``profile`` are given) -> artifacts
+    resolve commit (task) -> plan (a table artifact, before any transfer: each file downloaded,
+    reused from a published revision inside the store, or already present) -> one task per
+    file to download: hash, check into quarantine, handed to the store as soon as it verifies
+    -> manifest (index check, license, remote code) -> publish -> release tuple (when
+    ``image`` and ``profile`` are given) -> artifacts
 
 A thin adapter over the library's one staging engine (:func:`k3artifacts.staging.engine.stage`):
 it supplies a runner that turns each per-file job into a Prefect task, an observer that keeps
@@ -160,6 +162,7 @@ def stage_release(
     task_retry_delay: float = 10.0,
     image: str | None = None,
     profile: str | None = None,
+    reverify_reused: bool = False,
 ) -> dict:
     """Stage ``repo_id`` at ``revision`` (branch, tag or commit) into ``store_url``.
 
@@ -167,7 +170,9 @@ def stage_release(
     ``task_retries``/``task_retry_delay``: Prefect retries of a file task whose attempts ran
     out on network errors (never on a verification refusal). ``window_bytes``: drop each
     shard's quarantine copy once the store holds it (bounded local disk, for an S3 store).
-    ``image`` and ``profile`` together also make the release tuple.
+    ``image`` and ``profile`` together also make the release tuple. ``reverify_reused``:
+    re-hash files reused from a published revision after a file store copied them (as
+    ``k3a stage --reverify-reused``).
     """
     logger = get_run_logger()
     check_repo_id(repo_id)
@@ -182,6 +187,7 @@ def stage_release(
         keep_quarantine=keep_quarantine,
         window_bytes=window_bytes,
         retry=RetryPolicy(attempts=attempts, backoff=backoff),
+        reverify_reused=reverify_reused,
     )
     limit = f"k3a-stage-{revision_slug(repo_id, commit)}"
     ensure_limit(limit)
@@ -243,6 +249,12 @@ def _summary_artifact(summary: dict) -> None:
         f"| remote code (review before promotion) | {code} |",
         (f"| files | {summary['files']} ({summary['total_bytes']:,} bytes; "
          f"{summary['downloaded_bytes']:,} downloaded, {summary['reused_files']} reused) |"),
+        (f"| bytes | {summary['downloaded_bytes']:,} pulled from the Hub, "
+         f"{summary['reused_bytes']:,} reused from published revisions, "
+         f"{sum(summary['store_stats'].get(k, 0) for k in ('bytes_uploaded', 'bytes_stored')):,}"
+         " uploaded to the store |"),
+        *(f"| not reused (downloaded instead) | {reason} |"
+          for reason in summary["reuse_fallbacks"]),
         f"| release tuple | "
         f"{('`' + summary['tuple_id'] + '`') if summary['tuple_id'] else 'not made'} |",
     ]

@@ -11,6 +11,7 @@ Unset, :func:`pause` returns at once; it changes nothing else, so it is harmless
 
 Points:
   ``downloaded``  a file's bytes are all in its partial file, before size/hash/header checks
+  ``reused``      a file was copied from a published revision and logged, before the next one
   ``publish``     the store-side revision holds every file and the manifest, not yet visible
   ``move-pinned`` a promotion/rollback pinned the revision (detail: commit), before its gates
   ``gc-checked``  gc tombstoned a revision and found it unreachable (detail: commit), before

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import json
 import os
 from pathlib import Path
 
@@ -172,15 +173,22 @@ def test_bytes_changed_during_upload_are_caught_by_the_checksum(
     assert tampered and store.list_revisions(REPO) == []
 
 
-def test_second_revision_uploads_only_the_changed_file(s3_store: S3Store, tmp_path: Path) -> None:
+def test_second_revision_reuses_unchanged_objects_inside_s3(s3_store: S3Store, tmp_path: Path) -> None:
     shards = {f"model-0000{i}-of-00003.safetensors": os.urandom(6 * MiB) for i in (1, 2, 3)}
     rev1 = write_revision(tmp_path / "r1", {**shards, "config.json": b'{"v": 1}'})
     w1, _ = publish(s3_store, C1, rev1)
     assert w1.counters.objects_uploaded == 4
 
     changed = b'{"v": 2, "rope_scaling": null}'
-    rev2 = write_revision(tmp_path / "r2", {**shards, "config.json": changed})
-    w2, m2 = publish(s3_store, C2, rev2)
+    rev2 = write_revision(tmp_path / "r2", {"config.json": changed})
+    w2 = s3_store.begin_revision(REPO, C2)
+    rec, local = rev2["config.json"]
+    w2.put_file(rec, local)
+    reused = {}
+    for name in shards:
+        record = rev1[name][0].model_copy(update={"source": "reused", "reused_from": C1})
+        reused[name] = (record, rev1[name][1])
+        w2.reuse(record, C1, name)
     assert w2.counters.as_dict() == {
         "bytes_uploaded": len(changed),
         "bytes_copied": 3 * 6 * MiB,
@@ -188,14 +196,19 @@ def test_second_revision_uploads_only_the_changed_file(s3_store: S3Store, tmp_pa
         "objects_copied": 3,
         "objects_skipped": 0,
     }
+    pinned = {o["path"]: o["version_id"] for o in json.loads(
+        s3_store.read(f"models/{REPO}/{C1}/.k3a/s3-objects.json").data)["objects"]}
     for name, data in shards.items():
         receipt = w2.receipts[name]
         assert receipt.action == "copied"
-        assert receipt.copied_from == f"{s3_store.url}/models/{REPO}/{C1}/{name}"
+        assert receipt.copied_from == (
+            f"{s3_store.url}/models/{REPO}/{C1}/{name}?versionId={pinned[name]}")
         assert receipt.checksum_crc64nvme == crc64(data)
         assert receipt.etag.endswith('-2"')  # 6 MiB over 5 MiB parts: UploadPartCopy ran
         with s3_store.open_read(f"models/{REPO}/{C2}/{name}") as body:
             assert body.read() == data
+    m2 = manifest_for(C2, {**rev2, **reused})
+    w2.commit(m2)
     assert s3_store.list_revisions(REPO) == [C1, C2]
     assert s3_store.read_manifest(REPO, C2) == m2
 

@@ -261,8 +261,11 @@ def test_stage_to_s3_then_one_changed_file_uploads_only_that_file(local_hub, s3_
     assert second.commit == second_commit != first_commit
     new = s3_store.read_manifest(REPO, second_commit)
     old = s3_store.read_manifest(REPO, first_commit)
-    differing = [f for f in new.files if old.file(f.path) != f]
+    as_downloaded = {"source": "downloaded", "reused_from": None}
+    differing = [f for f in new.files if old.file(f.path) != f.model_copy(update=as_downloaded)]
     assert [f.path for f in differing] == ["generation_config.json"]
+    assert {f.reused_from for f in new.files if f not in differing} == {first_commit}
+    assert second.downloaded_bytes == differing[0].size
     assert second.store_stats["bytes_uploaded"] == differing[0].size
     assert second.store_stats["bytes_copied"] == second.total_bytes - differing[0].size
     assert verify_revision(store=s3_store, repo_id=REPO, commit=second_commit).ok

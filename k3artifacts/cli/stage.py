@@ -23,8 +23,9 @@ from k3artifacts.config import default_workers
 from k3artifacts.reporting.progress import DEFAULT_INTERVAL, StageProgress
 from k3artifacts.revisions.refs import check_repo_id
 from k3artifacts.staging.download import RetryPolicy
-from k3artifacts.staging.engine import StageOptions, StageResult, stage
+from k3artifacts.staging.engine import StageOptions, StageResult, plan_stage, stage
 from k3artifacts.staging.hub import HubSource
+from k3artifacts.staging.plan import StagePlan
 from k3artifacts.staging.quarantine import quarantine_root_for
 from k3artifacts.stores.base import Store
 
@@ -72,12 +73,21 @@ def print_stage_result(result: StageResult) -> None:
         )
         click.echo(f"location:        {result.location}")
         stats = result.store_stats
+        # A file store's "upload" is placing the file from quarantine (a link, else a copy).
+        put = stats.get("bytes_uploaded", 0) + stats.get("bytes_stored", 0)
+        click.echo(
+            f"bytes:           {result.downloaded_bytes:,} pulled from the Hub, "
+            f"{result.reused_bytes:,} reused from published revisions, "
+            f"{put:,} uploaded to the store"
+        )
         if stats.get("bytes_uploaded") or stats.get("bytes_copied"):
             click.echo(
                 f"store:           {stats.get('bytes_uploaded', 0):,} bytes uploaded, "
                 f"{stats.get('bytes_copied', 0):,} copied inside the store, "
                 f"{stats.get('objects_skipped', 0)} object(s) already there"
             )
+        for reason in result.reuse_fallbacks:
+            click.echo(f"not reused:      {reason} (downloaded instead)")
     click.echo(f"commit:          {result.commit}")
     click.echo(f"manifest digest: {result.manifest_digest}")
     click.echo(f"license sha256:  {result.license_sha256 or '(no license file)'}")
@@ -88,6 +98,17 @@ def print_stage_result(result: StageResult) -> None:
             f"remote code:     {len(result.remote_code)} file(s) need review before promotion: "
             + ", ".join(result.remote_code)
         )
+
+
+def print_plan(plan: StagePlan) -> None:
+    click.echo(f"plan for {plan.repo_id}@{plan.commit}"
+               + (" (already published: nothing to do)" if plan.already_published else ""))
+    width = max((len(f.path) for f in plan.files), default=4)
+    for f in plan.files:
+        origin = f"  from {f.source_commit}:{f.source_path}" if f.source_commit else ""
+        click.echo(f"  {f.action:<8}  {f.path:<{width}}  {f.size:>15,}{origin}")
+    for action, total in plan.totals().items():
+        click.echo(f"{action + ':':<10} {total.files:>6} file(s) {total.bytes:>18,} bytes")
 
 
 @cli.command("stage")
@@ -112,13 +133,20 @@ def print_stage_result(result: StageResult) -> None:
 @click.option("--retries", default=8, show_default=True,
               help="Attempts per file that make no progress before giving up.")
 @signing_key_option
+@click.option("--reverify-reused", is_flag=True,
+              help="Re-hash (xxh3-128) each file reused from a published revision after the "
+              "store copied it, where the store keeps no checksum (a file tree; S3 always "
+              "checks its CRC64NVME).")
+@click.option("--plan", "plan_only", is_flag=True,
+              help="Print what would be downloaded, reused (from which revision) or is already "
+              "there, per file and in total, and change nothing.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar or progress lines.")
 @progress_options
 @json_option
 @handle_errors(on_interrupt=RESUME_HINT)
 def stage_cmd(repo_id, revision, store_url, quarantine, endpoint, workers, allow_pickle,
-              keep_quarantine, window_bytes, retries, signing_key, quiet, progress_interval,
-              log_format, as_json):
+              keep_quarantine, window_bytes, retries, signing_key, reverify_reused, plan_only,
+              quiet, progress_interval, log_format, as_json):
     """Download, verify and publish REPO_ID at --revision into the store.
 
     The revision is resolved to a commit once; every file is hashed as it arrives (sha256
@@ -133,6 +161,11 @@ def stage_cmd(repo_id, revision, store_url, quarantine, endpoint, workers, allow
 
     With --signing-key (or K3A_SIGNING_KEY) the published revision is signed (.k3a/model.sig)
     from the digests just computed: no byte is read again.
+
+    Before any byte moves, each file is planned: already verified here, reused from a
+    published revision of the repo holding the same content (same upstream hash and size;
+    copied inside the store, never through this machine), or downloaded. --plan prints that
+    plan and stops. A reused file whose copy fails its check is downloaded instead.
 
     \b
     Example:
@@ -150,7 +183,14 @@ def stage_cmd(repo_id, revision, store_url, quarantine, endpoint, workers, allow
         window_bytes=window_bytes,
         retry=RetryPolicy(attempts=retries),
         signing_key=signing_key,
+        reverify_reused=reverify_reused,
     )
+    if plan_only:
+        plan = plan_stage(HubSource(endpoint=endpoint, retry=options.retry), store, repo_id,
+                          revision, quarantine_root_for(store, quarantine), options)
+        emit(as_json, plan.model_dump(mode="json") | {"totals": plan.summary()},
+             lambda: print_plan(plan))
+        return
     result = run_stage(
         store, repo_id, revision, endpoint=endpoint, quarantine=quarantine,
         options=options, as_json=as_json, quiet=quiet, progress_interval=progress_interval,

@@ -41,6 +41,7 @@ from k3artifacts.staging.events import StageObserver
 if TYPE_CHECKING:
     from k3artifacts.revisions.manifest import FileRecord
     from k3artifacts.staging.hub import RemoteFile
+    from k3artifacts.staging.plan import StagePlan
 
 Mode = Literal["auto", "bar", "lines", "off"]
 DEFAULT_INTERVAL = 30.0
@@ -298,12 +299,15 @@ class StageProgress(StageObserver):
         self._counted: dict[str, int] = {}
         self._stored: dict[str, int] = {}
 
-    def planned(self, files: list[RemoteFile], reused: set[str]) -> None:
+    def planned(
+        self, files: list[RemoteFile], reused: set[str], plan: StagePlan | None = None
+    ) -> None:
         with self._lock:
             self._sizes = {f.path: f.size for f in files}
         self.reporter.set_total(nbytes=sum(self._sizes.values()), files=len(files))
-        if reused:
-            self.reporter.note(f"resuming: {len(reused)} of {len(files)} file(s) already "
+        present = len(plan.of("present")) if plan is not None else len(reused)
+        if present:
+            self.reporter.note(f"resuming: {present} of {len(files)} file(s) already "
                                "verified in quarantine")
 
     def _count(self, path: str, nbytes: int) -> int:

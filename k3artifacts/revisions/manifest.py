@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, model_serializer
 
 from k3artifacts.canonical import canonical_digest, canonical_json
 
@@ -18,6 +18,7 @@ META_DIR = ".k3a"
 MANIFEST_NAME = "manifest.json"
 
 FileKind = Literal["weights", "index", "license", "code", "card", "config", "other"]
+FileSource = Literal["downloaded", "reused"]
 
 
 class Frozen(BaseModel):
@@ -43,6 +44,22 @@ class FileRecord(Frozen):
     upstream_sha256: str | None = None
     upstream_git_oid: str | None = None
     safetensors: SafetensorsSummary | None = None
+    #: Where this revision's bytes of the file came from: a Hub transfer checked against the
+    #: upstream hash, or a copy inside the store of the file of another published revision
+    #: (``reused_from``: its commit), which was itself downloaded and checked that way.
+    source: FileSource = "downloaded"
+    reused_from: str | None = Field(default=None, pattern=r"^[0-9a-f]{40}$")
+
+    @model_serializer(mode="wrap")
+    def _omit_default_provenance(self, handler: SerializerFunctionWrapHandler) -> dict:
+        # Provenance came after manifests were first published: a downloaded file serializes
+        # as it always did, so the digests of existing manifests (bound into tuples) hold.
+        data = handler(self)
+        if data.get("source") == "downloaded":
+            del data["source"]
+        if data.get("reused_from") is None:
+            data.pop("reused_from", None)
+        return data
 
 
 class LicenseRecord(Frozen):
@@ -75,6 +92,14 @@ class ShardManifest(Frozen):
 
     def digest(self) -> str:
         return canonical_digest(self)
+
+    def content_digest(self) -> str:
+        """The digest with every file counted as downloaded: two stagings of one revision that
+        reused different files (a revision was published between their plans) hold the same
+        bytes, and a writer that finds the other's manifest published accepts it."""
+        plain = [f.model_copy(update={"source": "downloaded", "reused_from": None})
+                 for f in self.files]
+        return canonical_digest(self.model_copy(update={"files": plain}))
 
     def file(self, path: str) -> FileRecord | None:
         for record in self.files:

@@ -1,9 +1,11 @@
 """Staging: a Hub revision becomes a verified, published revision in a store.
 
-    resolve commit -> list -> listing rules -> plan (what is verified already, what the store
-    holds) -> per-file jobs through a runner: download to quarantine, hashing as bytes arrive,
-    check (size, upstream sha256 / git oid, safetensors header), hand to the store
-    -> index check -> license + remote-code capture -> manifest -> publish (manifest last)
+    resolve commit -> list -> listing rules -> plan (:mod:`.plan`: present in quarantine,
+    reused from a published revision, or downloaded) -> reuse inside the store (a failed check
+    turns the file into a download) -> per-file jobs through a runner: download to quarantine,
+    hashing as bytes arrive, check (size, upstream sha256 / git oid, safetensors header), hand to
+    the store -> index check -> license + remote-code capture -> manifest -> publish (manifest
+    last)
 
 This is the one staging loop: ``k3a stage`` runs it with a :class:`ThreadRunner`, the
 ``stage-release`` flow with a runner of Prefect tasks. The per-file work is
@@ -21,9 +23,11 @@ import os
 import threading
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from k3artifacts import faultpoints
 from k3artifacts.errors import AlreadyExists, K3AError, Refusal, ReleaseRefused, VerifyMismatch
 from k3artifacts.revisions.manifest import FileRecord, RemoteCodeEntry, ShardManifest
 from k3artifacts.revisions.refs import COMMIT, check_repo_id
@@ -32,23 +36,29 @@ from k3artifacts.signing.revision import sign_revision
 from k3artifacts.staging import license as license_capture
 from k3artifacts.staging.events import StageObserver
 from k3artifacts.staging.hub import HubSource, RemoteFile
+from k3artifacts.staging.plan import (
+    ContentIndex,
+    PlannedFile,
+    StagePlan,
+    plan_files,
+    reused_record,
+)
 from k3artifacts.staging.quarantine import Quarantine, VerifiedEntry
 from k3artifacts.staging.rules import listing_refusals
 from k3artifacts.staging.runners import Runner, ThreadRunner
-from k3artifacts.staging.safetensors_header import check_index
+from k3artifacts.staging.safetensors_header import check_header_stream, check_index
 from k3artifacts.staging.worker import (
     FileJob,
     FileOutcome,
     RunContext,
     RunSpec,
     StageOptions,
-    matches_listing,
     register,
     unregister,
 )
-from k3artifacts.stores.base import PutReceipt, Store, receipt_stats
+from k3artifacts.stores.base import PutReceipt, ReuseFailed, Store, receipt_stats
 
-__all__ = ["StageOptions", "StageResult", "stage"]
+__all__ = ["StageOptions", "StageResult", "plan_stage", "stage"]
 
 _COPY_BLOCK = 1 << 20
 
@@ -61,8 +71,17 @@ class StageResult:
     location: str
     files: int
     total_bytes: int
+    #: Bytes pulled from the Hub by this run.
     downloaded_bytes: int = 0
+    #: Files this run did not download: already present, or reused from published revisions.
     reused_files: int = 0
+    #: Bytes copied inside the store from published revisions of the repo.
+    reused_bytes: int = 0
+    #: Files planned for reuse whose copy failed its check (or whose source vanished): each
+    #: was downloaded instead, and is named here with the reason.
+    reuse_fallbacks: list[str] = field(default_factory=list)
+    #: The plan as run: files and bytes per action (download, reuse, present).
+    plan: dict[str, dict[str, int]] = field(default_factory=dict)
     already_published: bool = False
     seconds: float = 0.0
     remote_code: list[str] = field(default_factory=list)
@@ -101,8 +120,10 @@ class _Tally(StageObserver):
         self._seen: dict[str, int] = {}
         self._lock = threading.Lock()
 
-    def planned(self, files: list[RemoteFile], reused: set[str]) -> None:
-        self.inner.planned(files, reused)
+    def planned(
+        self, files: list[RemoteFile], reused: set[str], plan: StagePlan | None = None
+    ) -> None:
+        self.inner.planned(files, reused, plan)
 
     def file_started(self, path: str, size: int) -> None:
         self.inner.file_started(path, size)
@@ -183,6 +204,45 @@ def _sign(
     return signed.key
 
 
+def plan_stage(
+    source: HubSource,
+    store: Store,
+    repo_id: str,
+    revision: str,
+    quarantine_root: Path,
+    options: StageOptions | None = None,
+) -> StagePlan:
+    """What :func:`stage` would move for ``repo_id@revision``, changing nothing: no lock, no
+    writer, no download. Files an earlier run handed to the store count as present; the run
+    checks they still are."""
+    options = options or StageOptions()
+    check_repo_id(repo_id)
+    commit = source.resolve(repo_id, revision)
+    published = store.read_manifest(repo_id, commit)
+    if published is not None:
+        return StagePlan(repo_id=repo_id, commit=commit, already_published=True, files=[
+            PlannedFile(path=r.path, size=r.size, action="present") for r in published.files
+        ])
+    files = _listing(source, repo_id, commit, options)
+    return plan_files(
+        repo_id, commit, files, Quarantine(quarantine_root, repo_id, commit).verified(),
+        ContentIndex.of_store(store, repo_id, exclude_commit=commit),
+    )
+
+
+def _listing(
+    source: HubSource, repo_id: str, commit: str, options: StageOptions
+) -> list[RemoteFile]:
+    """The revision's files, refused as a whole if any breaks a listing rule."""
+    files = source.list_files(repo_id, commit)
+    refusals = listing_refusals(
+        ((f.path, f.entry_type) for f in files), allow_pickle=options.allow_pickle
+    )
+    if refusals:
+        raise ReleaseRefused(refusals)
+    return files
+
+
 class _Run:
     """One staging run, coordinated by this process (which holds the quarantine lock)."""
 
@@ -204,6 +264,8 @@ class _Run:
         self.quarantine = quarantine
         self.options = options
         self.tally = _Tally(observer)
+        #: Why each file planned for reuse was downloaded instead.
+        self.fallback_reasons: list[str] = []
         spec = RunSpec(
             run_id=uuid.uuid4().hex,
             endpoint=source.endpoint,
@@ -225,9 +287,14 @@ class _Run:
         self.store.clean_incomplete(self.repo_id, self.commit)
         register(self.ctx)
         try:
-            files, reusable, receipts = self._plan()
-            entries = [self._reuse(reusable[f.path], receipts) for f in files if f.path in reusable]
-            todo = sorted((f for f in files if f.path not in reusable), key=lambda f: -f.size)
+            files = _listing(self.ctx.source, self.repo_id, self.commit, self.options)
+            verified = self.quarantine.verified()
+            plan, receipts = self._plan(files, verified)
+            by_path = {f.path: f for f in files}
+            entries = [self._present(verified[p.path], receipts) for p in plan.of("present")]
+            reused, fallbacks = self._reuse(plan.of("reuse"), by_path, entries, receipts)
+            todo = [by_path[p.path] for p in plan.of("download")] + fallbacks
+            todo.sort(key=lambda f: -f.size)
             downloaded = self._fetch(runner, todo, entries, receipts)
             try:
                 manifest = self._build_manifest(entries)
@@ -241,44 +308,111 @@ class _Run:
         # A job of this run killed mid-upload on another machine (and retried elsewhere) may
         # have left a multipart upload; the revision is sealed now, so none is still wanted.
         self.store.clean_incomplete(self.repo_id, self.commit)
-        result = StageResult.of(manifest, self.store, started, already=False)
+        # What readers see: ours, or an equal one a racing run of this revision published.
+        published = self.store.read_manifest(self.repo_id, self.commit) or manifest
+        result = StageResult.of(published, self.store, started, already=False)
         result.downloaded_bytes = downloaded
-        result.reused_files = len(reusable)
+        result.reused_files = len(files) - len(todo)
+        result.reused_bytes = reused
+        result.reuse_fallbacks = self.fallback_reasons
+        result.plan = plan.summary()
         result.store_stats = receipt_stats(receipts)
         return result
 
     def _plan(
-        self,
-    ) -> tuple[list[RemoteFile], dict[str, VerifiedEntry], list[PutReceipt | None]]:
-        """List the revision, apply the listing rules, and find what needs no download."""
-        files = self.ctx.source.list_files(self.repo_id, self.commit)
-        refusals = listing_refusals(
-            ((f.path, f.entry_type) for f in files), allow_pickle=self.options.allow_pickle
-        )
-        if refusals:
-            raise ReleaseRefused(refusals)
-        verified = self.quarantine.verified()
-        reusable: dict[str, VerifiedEntry] = {}
+        self, files: list[RemoteFile], verified: dict[str, VerifiedEntry]
+    ) -> tuple[StagePlan, list[PutReceipt | None]]:
+        """Find what needs no download: verified in quarantine, or held by a published
+        revision of the repo (see :mod:`.plan`)."""
         receipts: list[PutReceipt | None] = []
-        for f in files:
-            entry = verified.get(f.path)
-            if entry is None or not matches_listing(entry.record, f):
-                continue
-            if entry.stored:
-                # Handed to the store and dropped locally by an earlier run: reusable only if
-                # the store-side revision still holds it; otherwise downloaded again.
-                adopted = self.ctx.writer.adopt(entry.record)
-                if adopted is None:
-                    continue
-                receipts.append(adopted)
-            reusable[f.path] = entry
-        self.tally.planned(files, set(reusable))
-        return files, reusable, receipts
 
-    def _reuse(self, entry: VerifiedEntry, receipts: list[PutReceipt | None]) -> VerifiedEntry:
+        def still_stored(record: FileRecord) -> bool:
+            # Handed to the store and dropped locally by an earlier run: present only if the
+            # store-side revision still holds it; otherwise fetched (or reused) again.
+            adopted = self.ctx.writer.adopt(record)
+            receipts.append(adopted)
+            return adopted is not None
+
+        plan = plan_files(
+            self.repo_id, self.commit, files, verified,
+            ContentIndex.of_store(self.store, self.repo_id, exclude_commit=self.commit),
+            still_stored,
+        )
+        self.tally.note(f"plan for {self.repo_id}@{self.commit[:12]}: {plan.describe()}")
+        self.tally.planned(files, {p.path for p in plan.files if p.action != "download"}, plan)
+        return plan, receipts
+
+    def _present(self, entry: VerifiedEntry, receipts: list[PutReceipt | None]) -> VerifiedEntry:
         receipts.append(self.ctx.store_entry(entry))
         self.tally.file_done(entry.record, reused=True)
         return entry
+
+    def _reuse(
+        self,
+        planned: list[PlannedFile],
+        by_path: dict[str, RemoteFile],
+        entries: list[VerifiedEntry],
+        receipts: list[PutReceipt | None],
+    ) -> tuple[int, list[RemoteFile]]:
+        """Copy the planned files inside the store (a few requests each, so a thread pool of
+        this process rather than jobs); return the bytes reused and the files to download
+        instead."""
+        if not planned:
+            return 0, []
+        reused = 0
+        fallbacks: list[RemoteFile] = []
+        with ThreadPoolExecutor(self.options.workers, thread_name_prefix="k3a-reuse") as pool:
+            futures = [(p, pool.submit(self._reuse_one, by_path[p.path], p)) for p in planned]
+            for p, fut in futures:
+                try:
+                    entry, receipt = fut.result()
+                except ReuseFailed as exc:
+                    self.tally.note(f"{p.path}: not reused ({exc}); downloading it instead")
+                    self.fallback_reasons.append(str(exc))
+                    fallbacks.append(by_path[p.path])
+                    continue
+                entries.append(entry)
+                receipts.append(receipt)
+                reused += entry.record.size
+                self.tally.file_done(entry.record, reused=True)
+        return reused, fallbacks
+
+    def _reuse_one(
+        self, remote: RemoteFile, planned: PlannedFile
+    ) -> tuple[VerifiedEntry, PutReceipt | None]:
+        assert planned.source_commit is not None and planned.source_path is not None
+        record = reused_record(remote, planned)
+        with self.ctx.in_store(record.path):
+            receipt = self.ctx.writer.reuse(
+                record, planned.source_commit, planned.source_path,
+                reverify=self.options.reverify_reused,
+            )
+        if receipt is None:
+            # A peer published this revision meanwhile (a shared FSx tree): nothing of ours
+            # is read back from it; the download path ends in commit() comparing manifests.
+            raise ReuseFailed(f"{record.path}: {self.repo_id}@{self.commit} was published "
+                              "by another run meanwhile")
+        tensors = None
+        if record.kind == "weights":
+            # The index check needs the shard's tensor names; the header (a few KB of the
+            # copy, read back from the store) is checked again as a download's would be.
+            with self.ctx.writer.open_staged(record.path) as fh:
+                try:
+                    info = check_header_stream(record.path, fh, record.size)
+                except Refusal as exc:
+                    raise ReuseFailed(f"{record.path}: {exc}") from None
+            if record.safetensors is not None and info.summary != record.safetensors:
+                raise ReuseFailed(
+                    f"{record.path}: the copy's safetensors header differs from the one "
+                    f"recorded in {planned.source_commit[:12]}"
+                )
+            record = record.model_copy(update={"safetensors": info.summary})
+            tensors = sorted(info.tensor_names)
+        entry = VerifiedEntry(record=record, mtime_ns=0, tensors=tensors, stored=True)
+        # Logged as stored, so a re-run after a crash finds it in the store-side revision.
+        self.quarantine.mark_stored(entry)
+        faultpoints.pause("reused", record.path)
+        return entry, receipt
 
     def _fetch(
         self,

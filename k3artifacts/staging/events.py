@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from k3artifacts.revisions.manifest import FileRecord
     from k3artifacts.staging.hub import RemoteFile
+    from k3artifacts.staging.plan import StagePlan
 
 
 class StageObserver:
@@ -19,7 +20,12 @@ class StageObserver:
     Called from worker threads: implementations must be thread-safe.
     """
 
-    def planned(self, files: list[RemoteFile], reused: set[str]) -> None: ...
+    def planned(
+        self, files: list[RemoteFile], reused: set[str], plan: StagePlan | None = None
+    ) -> None:
+        """Before any byte moves: every file, those that need no download (``reused``), and
+        the plan saying for each whether it is downloaded, reused from which published
+        revision, or already present."""
 
     def file_started(self, path: str, size: int) -> None: ...
 

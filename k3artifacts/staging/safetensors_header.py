@@ -16,6 +16,7 @@ import math
 import struct
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 from k3artifacts.errors import Refusal
 from k3artifacts.revisions.manifest import SafetensorsSummary
@@ -58,23 +59,38 @@ class HeaderInfo:
     tensor_names: frozenset[str]
 
 
+def _read_exactly(fh: BinaryIO, n: int) -> bytes:
+    """Up to ``n`` bytes (fewer only at the end): a network stream returns short reads."""
+    chunks, got = [], 0
+    while got < n and (chunk := fh.read(n - got)):
+        chunks.append(chunk)
+        got += len(chunk)
+    return b"".join(chunks)
+
+
 def _refuse(path: str, detail: str) -> Refusal:
     return Refusal(path, "safetensors-header", detail)
 
 
 def check_header(path: str, local: Path, file_size: int) -> HeaderInfo:
     """Parse and validate the header of the safetensors file at ``local``; raise a Refusal."""
+    with open(local, "rb") as fh:
+        return check_header_stream(path, fh, file_size)
+
+
+def check_header_stream(path: str, fh: BinaryIO, file_size: int) -> HeaderInfo:
+    """:func:`check_header` of a file read from ``fh`` (a store object: only the header is
+    read)."""
     if file_size < 8:
         raise _refuse(path, f"file is {file_size} bytes, shorter than the 8-byte header length")
-    with open(local, "rb") as fh:
-        (header_len,) = struct.unpack("<Q", fh.read(8))
-        if header_len > MAX_HEADER:
-            raise _refuse(path, f"header length {header_len} exceeds the {MAX_HEADER} limit")
-        if header_len > file_size - 8:
-            raise _refuse(
-                path, f"header length {header_len} runs past the end of a {file_size}-byte file"
-            )
-        raw = fh.read(header_len)
+    (header_len,) = struct.unpack("<Q", _read_exactly(fh, 8))
+    if header_len > MAX_HEADER:
+        raise _refuse(path, f"header length {header_len} exceeds the {MAX_HEADER} limit")
+    if header_len > file_size - 8:
+        raise _refuse(
+            path, f"header length {header_len} runs past the end of a {file_size}-byte file"
+        )
+    raw = _read_exactly(fh, header_len)
     if len(raw) != header_len:
         raise _refuse(path, "file ended inside the header")
     try:

@@ -28,6 +28,7 @@ from k3artifacts.revisions.manifest import FileRecord
 from k3artifacts.staging.download import PermanentError, RetryPolicy, fetch
 from k3artifacts.staging.events import StageObserver
 from k3artifacts.staging.hub import HubSource, RemoteFile
+from k3artifacts.staging.plan import matches_listing
 from k3artifacts.staging.quarantine import Quarantine, VerifiedEntry
 from k3artifacts.staging.rules import file_kind
 from k3artifacts.staging.safetensors_header import check_header
@@ -49,6 +50,9 @@ class StageOptions:
     #: PEM private key to sign the revision with once it is published (``.k3a/model.sig``);
     #: read by the coordinating process only, never by a worker.
     signing_key: str | None = None
+    #: Re-hash files reused from a published revision after the store copied them, where the
+    #: store keeps no checksum of its own (a file tree: xxh3-128; S3 always checks CRC64NVME).
+    reverify_reused: bool = False
 
 
 @dataclass(frozen=True)
@@ -276,14 +280,6 @@ def check_file(
         safetensors=summary,
     )
     return record, tensors
-
-
-def matches_listing(record: FileRecord, remote: RemoteFile) -> bool:
-    return (
-        record.size == remote.size
-        and record.upstream_sha256 == remote.lfs_sha256
-        and record.upstream_git_oid == remote.git_oid
-    )
 
 
 #: Contexts of the runs this process coordinates, by run id (their jobs run here in threads).

@@ -49,7 +49,7 @@ class PutReceipt:
 def receipt_stats(receipts: list[PutReceipt | None]) -> dict[str, int]:
     """Transfer counters of a revision from its receipts (a file store returns none)."""
     stats: dict[str, int] = {}
-    names = {"uploaded": "uploaded", "copied": "copied", "kept": "skipped"}
+    names = {"uploaded": "uploaded", "copied": "copied", "kept": "skipped", "stored": "stored"}
     for receipt in receipts:
         if receipt is None or receipt.action not in names:
             continue
@@ -58,6 +58,11 @@ def receipt_stats(receipts: list[PutReceipt | None]) -> dict[str, int]:
         if name != "skipped":
             stats[f"bytes_{name}"] = stats.get(f"bytes_{name}", 0) + receipt.size
     return stats
+
+
+class ReuseFailed(Exception):
+    """A file of a published revision could not be reused for a new one (source gone, or the
+    copy the store made does not match the record); the caller downloads the file instead."""
 
 
 @dataclass(frozen=True)
@@ -86,6 +91,18 @@ class RevisionWriter(ABC):
         """If an earlier, interrupted run already stored this exact file, take it into this
         revision and say so (a "kept" receipt); the caller then need not have the bytes."""
         return None
+
+    def reuse(
+        self, record: FileRecord, source_commit: str, source_path: str, *, reverify: bool = False
+    ) -> PutReceipt | None:
+        """Put ``record`` into this revision from ``source_path`` of the published revision
+        ``source_commit`` of the same repo, inside the store: no byte passes through this
+        machine. Then hold what the store reports for the new file to ``record`` (size, and
+        the store's own checksum where it keeps one; ``reverify``: re-hash it where the store
+        cannot say). Returns a "copied" receipt, or None when the revision was published
+        meanwhile; raises :class:`ReuseFailed` (having left nothing at the target) when the
+        source is gone or the copy does not match, so that the caller downloads the file."""
+        raise ReuseFailed(f"{type(self).__name__} cannot reuse files")
 
     @abstractmethod
     def open_staged(self, path: str) -> BinaryIO:

@@ -11,6 +11,7 @@ import os
 import shutil
 import stat
 import tempfile
+import threading
 from collections.abc import Iterator, Mapping
 from datetime import UTC, datetime
 from pathlib import Path
@@ -19,6 +20,7 @@ from urllib.parse import unquote, urlparse
 
 from k3artifacts import faultpoints
 from k3artifacts.errors import AlreadyExists, ConfigError, Conflict, K3AError, NotFound
+from k3artifacts.revisions.hashing import hash_file
 from k3artifacts.revisions.manifest import (
     MANIFEST_NAME,
     META_DIR,
@@ -26,7 +28,14 @@ from k3artifacts.revisions.manifest import (
     ShardManifest,
     revision_prefix,
 )
-from k3artifacts.stores.base import SMALL_FILE, PutReceipt, RevisionWriter, Store, Versioned
+from k3artifacts.stores.base import (
+    SMALL_FILE,
+    PutReceipt,
+    ReuseFailed,
+    RevisionWriter,
+    Store,
+    Versioned,
+)
 
 READ_ONLY_FILE = stat.S_IRUSR | stat.S_IRGRP | stat.S_IROTH
 READ_ONLY_DIR = READ_ONLY_FILE | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH
@@ -52,6 +61,33 @@ def _link_or_copy(src: Path, dst: Path) -> None:
         if exc.errno not in (errno.EXDEV, errno.EPERM, errno.EMLINK):
             raise
         shutil.copyfile(src, dst)
+
+
+def _share_or_copy(src: Path, dst: Path) -> str:
+    """Place ``src``'s bytes at ``dst`` without reading them through this process where the
+    file system allows: a hard link (published files are read-only, so sharing the inode is
+    safe), else ``copy_file_range`` (a reflink or a server-side copy on file systems that have
+    one), else a plain copy. Returns which one ran."""
+    try:
+        os.link(src, dst)
+        return "link"
+    except OSError as exc:
+        if exc.errno not in (errno.EXDEV, errno.EPERM, errno.EMLINK):
+            raise
+    with open(src, "rb") as fin, open(dst, "wb") as fout:
+        remaining = os.fstat(fin.fileno()).st_size
+        try:
+            while remaining > 0:
+                n = os.copy_file_range(fin.fileno(), fout.fileno(), min(remaining, 1 << 30))
+                if n == 0:
+                    break
+                remaining -= n
+            return "copy_file_range"
+        except OSError as exc:
+            if exc.errno not in (errno.EXDEV, errno.ENOSYS, errno.EOPNOTSUPP, errno.EINVAL):
+                raise
+    shutil.copyfile(src, dst)
+    return "copy"
 
 
 def _syncfs(path: Path) -> None:
@@ -304,6 +340,52 @@ class _FileRevisionWriter(RevisionWriter):
             self._put(record, local_path)
         return PutReceipt(record.path, record.size, "stored")
 
+    def reuse(
+        self, record: FileRecord, source_commit: str, source_path: str, *, reverify: bool = False
+    ) -> PutReceipt | None:
+        src = self.store._path(f"{revision_prefix(self.repo_id, source_commit)}/{source_path}")
+        where = f"{record.path} from {source_commit[:12]}"
+        with self._locked(fcntl.LOCK_SH):
+            if (self.final / META_DIR / MANIFEST_NAME).exists():
+                return None
+            dest = self._dest(record.path)
+            if dest.parent not in self._dirs:
+                dest.parent.mkdir(parents=True, exist_ok=True)
+                self._dirs.add(dest.parent)
+            tmp = dest.with_name(f".{dest.name}.{os.getpid()}.{threading.get_ident()}.reuse")
+            tmp.unlink(missing_ok=True)
+            try:
+                how = _share_or_copy(src, tmp)
+            except FileNotFoundError:
+                raise ReuseFailed(f"{where}: the source file is gone ({src})") from None
+            try:
+                self._check_reused(record, tmp, where, reverify)
+            except ReuseFailed:
+                tmp.unlink(missing_ok=True)
+                raise
+            if how != "link":
+                os.chmod(tmp, READ_ONLY_FILE)
+                if record.size >= SMALL_FILE:  # durable before in place, as put_file does
+                    fd = os.open(tmp, os.O_RDONLY)
+                    try:
+                        os.fdatasync(fd)
+                    finally:
+                        os.close(fd)
+            os.replace(tmp, dest)
+        return PutReceipt(record.path, record.size, "copied")
+
+    @staticmethod
+    def _check_reused(record: FileRecord, placed: Path, where: str, reverify: bool) -> None:
+        size = placed.stat().st_size
+        if size != record.size:
+            raise ReuseFailed(f"{where}: the store holds {size} bytes, the record {record.size}")
+        if reverify:
+            xxh = hash_file(placed, sha256=False).hexdigests().xxh3_128
+            if xxh != record.xxh3_128:
+                raise ReuseFailed(
+                    f"{where}: the store's copy has xxh3-128 {xxh}, the record {record.xxh3_128}"
+                )
+
     def open_staged(self, path: str) -> BinaryIO:
         try:
             return open(self._dest(path), "rb")
@@ -350,7 +432,7 @@ class _FileRevisionWriter(RevisionWriter):
             self._seal_and_rename(manifest)
 
     def _same_or_conflict(self, existing: ShardManifest, manifest: ShardManifest) -> None:
-        if existing.digest() != manifest.digest():
+        if existing.content_digest() != manifest.content_digest():
             raise Conflict(f"{self.final} exists with a different manifest; refusing to overwrite")
 
     def _seal_and_rename(self, manifest: ShardManifest) -> None:

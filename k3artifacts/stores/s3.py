@@ -15,9 +15,11 @@ Same key layout as the file store, under ``prefix``. What S3 gives us instead of
   the part size and cannot be compared with a whole-file digest; CRC64NVME is whole-object for
   any part size, S3's own default, and runs at ~7 GB/s here (awscrt). Our sha256 and xxh3-128
   ride along as object metadata (``x-amz-meta-k3a-sha256``, ``x-amz-meta-k3a-xxh3-128``).
-* **Dedup**: a file whose sha256 is already in a published revision of the same repo is copied
-  inside S3 (s3transfer ``copy``: CopyObject, or UploadPartCopy above the multipart threshold,
-  so past 5 GiB too); its bytes never pass through this machine.
+* **Reuse**: a file staging planned to take from a published revision of the same repo
+  (:meth:`S3RevisionWriter.reuse`) is copied inside S3 (s3transfer ``copy``: CopyObject, or
+  UploadPartCopy above the multipart threshold, so past 5 GiB too) from the object version that
+  revision recorded in its ``s3-objects.json``; its bytes never pass through this machine, and
+  the copy's CRC64NVME must equal the one S3 checked when the source was uploaded.
 * **Resume**: an object already at its key with the record's sha256 and size is kept, so a
   re-run after a crash uploads only what is missing.
 """
@@ -27,6 +29,7 @@ from __future__ import annotations
 import base64
 import dataclasses
 import hashlib
+import json
 import logging
 import math
 import os
@@ -63,7 +66,7 @@ from k3artifacts.revisions.manifest import (
 )
 from k3artifacts.stores import awsclients
 from k3artifacts.stores.awsclients import aws_errors, error_code, http_status
-from k3artifacts.stores.base import PutReceipt, RevisionWriter, Store, Versioned
+from k3artifacts.stores.base import PutReceipt, ReuseFailed, RevisionWriter, Store, Versioned
 from k3artifacts.stores.capabilities import ensure_conditional_writes
 
 log = logging.getLogger(__name__)
@@ -79,6 +82,8 @@ OBJECTS_NAME = "s3-objects.json"
 CHECKSUM_ALGORITHM = "CRC64NVME"
 READ_BLOCK = 8 * MiB
 
+#: What S3 answers when a copy source (or the version pinned) does not exist.
+_GONE = {"NoSuchKey", "NoSuchVersion", "404", "InvalidArgument"}
 #: What S3 answers when the bytes it received do not match the checksum sent with them.
 _DIGEST_ERRORS = {"BadDigest", "InvalidDigest", "XAmzContentChecksumMismatch"}
 
@@ -468,19 +473,6 @@ class S3Store(Store):
                     aborted += 1
         return aborted
 
-    def sha256_index(self, repo_id: str, exclude_commit: str | None = None) -> dict[str, str]:
-        """sha256 -> store key of a file in a published revision of ``repo_id``: copy sources."""
-        index: dict[str, str] = {}
-        for commit in self.list_revisions(repo_id):
-            if commit == exclude_commit:
-                continue
-            manifest = self.read_manifest(repo_id, commit)
-            if manifest is None:  # deleted between list and read
-                continue
-            for record in manifest.files:
-                index.setdefault(record.sha256, f"{revision_prefix(repo_id, commit)}/{record.path}")
-        return index
-
 
 class S3RevisionWriter(RevisionWriter):
     """Puts one revision's objects; :meth:`commit` writes the manifest last.
@@ -503,13 +495,21 @@ class S3RevisionWriter(RevisionWriter):
         self.abort_leftovers: list[str] = []
         self._written: set[str] = set()
         self._lock = threading.Lock()
-        self._index: dict[str, str] | None = None
+        #: Per source commit: its s3-objects.json receipts by path (None: it has none).
+        self._sources: dict[str, dict[str, dict[str, Any]] | None] = {}
 
-    def _dedup_source(self, sha256: str) -> str | None:
+    def _source_receipt(self, commit: str, path: str) -> dict[str, Any] | None:
+        """What S3 stored for ``path`` when revision ``commit`` was published."""
         with self._lock:
-            if self._index is None:
-                self._index = self.store.sha256_index(self.repo_id, exclude_commit=self.commit_sha)
-            return self._index.get(sha256)
+            if commit not in self._sources:
+                found = self.store.read(
+                    f"{revision_prefix(self.repo_id, commit)}/{META_DIR}/{OBJECTS_NAME}"
+                )
+                self._sources[commit] = None if found is None else {
+                    o["path"]: o for o in json.loads(found.data)["objects"]
+                }
+            receipts = self._sources[commit]
+        return None if receipts is None else receipts.get(path)
 
     def _matches(self, head: dict[str, Any] | None, record: FileRecord) -> bool:
         return (
@@ -556,21 +556,15 @@ class S3RevisionWriter(RevisionWriter):
     def put_file(
         self, record: FileRecord, local_path: Path, *, checksums: Mapping[str, str] | None = None
     ) -> ObjectReceipt:
-        """Put one verified file: keep it if already there, copy it inside S3 if an earlier
-        revision has the same sha256, else upload it. Returns what S3 stored."""
+        """Put one verified file: keep it if already there, else upload it. Returns what S3
+        stored. (Files a published revision holds are not downloaded at all: staging plans
+        them as :meth:`reuse`.)"""
         key = f"{self.prefix}/{record.path}"
         existing = self.store.head(key)
         if self._matches(existing, record):
             assert existing is not None
             self._count(objects_skipped=1)
             return self._receipt(record, "kept", existing)
-        source = self._dedup_source(record.sha256)
-        if source is not None:
-            source_head = self.store.head(source)
-            if self._matches(source_head, record):
-                assert source_head is not None
-                return self._copy(record, key, source, source_head)
-            log.warning("dedup source %s no longer matches its manifest; uploading", source)
         return self._upload(record, key, local_path, (checksums or {}).get("crc64nvme"))
 
     def _count(self, **amounts: int) -> None:
@@ -626,25 +620,66 @@ class S3RevisionWriter(RevisionWriter):
         self._count(objects_uploaded=1)
         return self._receipt(record, "uploaded", head)
 
-    def _copy(self, record: FileRecord, key: str, source: str,
-              source_head: dict[str, Any]) -> ObjectReceipt:
+    def reuse(
+        self, record: FileRecord, source_commit: str, source_path: str, *, reverify: bool = False
+    ) -> ObjectReceipt | None:
+        """Copy the object of ``source_path`` in published revision ``source_commit`` to this
+        revision, inside S3, from the version that revision recorded (a later overwrite of the
+        key does not reach the copy); when that version is gone, from the current one. S3
+        computes the copy's CRC64NVME, which must equal the one recorded when the source was
+        uploaded (S3 checked it then against the CRC computed from the downloaded bytes), so
+        ``reverify`` needs no extra read here."""
+        key = f"{self.prefix}/{record.path}"
+        source = f"{revision_prefix(self.repo_id, source_commit)}/{source_path}"
+        where = f"{record.path} from {self.store.s3_url(source)}"
+        pinned = self._source_receipt(source_commit, source_path)
+        expected = pinned.get("checksum_crc64nvme") if pinned else None
+        version = pinned.get("version_id") if pinned else None
+        copied = self._try_copy(record, key, source, version) if version else False
+        if not copied:
+            head = self.store.head(source)
+            if head is None:
+                raise ReuseFailed(f"{where}: the source object is gone")
+            expected = expected or head.get("ChecksumCRC64NVME")
+            if not self._try_copy(record, key, source, head.get("VersionId")):
+                raise ReuseFailed(f"{where}: S3 could not copy it")
+            version = head.get("VersionId")
+        try:
+            head = self._checked_head(key, record, expected)
+        except VerifyMismatch as exc:
+            self._delete_target(key)
+            raise ReuseFailed(f"{where}: {exc}") from None
+        self._count(objects_copied=1)
+        origin = self.store.s3_url(source) + (f"?versionId={version}" if version else "")
+        return self._receipt(record, "copied", head, copied_from=origin)
+
+    def _try_copy(self, record: FileRecord, key: str, source: str, version: str | None) -> bool:
+        """Server-side copy of ``source`` (at ``version``) to ``key``; False when S3 says the
+        source (version) does not exist or cannot be read."""
         with self._lock:
             self._written.add(key)
-        s3_key = self.store.key(key)
         copy_source = {"Bucket": self.store.bucket, "Key": self.store.key(source)}
-        if source_head.get("VersionId"):
-            # Pin the version we just checked, so a concurrent overwrite cannot slip in.
-            copy_source["VersionId"] = source_head["VersionId"]
-        what = f"copying {self.store.s3_url(source)} to s3://{self.store.bucket}/{s3_key}"
-        with aws_errors(what), self._manager(record.size) as manager:
-            manager.copy(
-                copy_source, self.store.bucket, s3_key,
-                extra_args={"ChecksumAlgorithm": CHECKSUM_ALGORITHM},
-                subscribers=[self._subscriber(record, "bytes_copied")],
-            ).result()
-        head = self._checked_head(key, record, source_head.get("ChecksumCRC64NVME"))
-        self._count(objects_copied=1)
-        return self._receipt(record, "copied", head, copied_from=self.store.s3_url(source))
+        if version and version != "null":
+            copy_source["VersionId"] = version
+        what = f"copying {self.store.s3_url(source)} to {self.store.s3_url(key)}"
+        with aws_errors(what):
+            try:
+                with self._manager(record.size) as manager:
+                    manager.copy(
+                        copy_source, self.store.bucket, self.store.key(key),
+                        extra_args={"ChecksumAlgorithm": CHECKSUM_ALGORITHM},
+                        subscribers=[self._subscriber(record, "bytes_copied")],
+                    ).result()
+            except bex.ClientError as exc:
+                if http_status(exc) in (400, 403, 404) or error_code(exc) in _GONE:
+                    log.info("%s: %s", what, exc)
+                    return False
+                raise
+        return True
+
+    def _delete_target(self, key: str) -> None:
+        with aws_errors(f"deleting {self.store.s3_url(key)}"):
+            self.store.client.delete_object(Bucket=self.store.bucket, Key=self.store.key(key))
 
     def _checked_head(self, key: str, record: FileRecord, crc: str | None) -> dict[str, Any]:
         """Read back what S3 stored and hold it to what we sent."""
@@ -712,7 +747,7 @@ class S3RevisionWriter(RevisionWriter):
             self._same_or_conflict(raced, manifest)
 
     def _same_or_conflict(self, existing: ShardManifest, manifest: ShardManifest) -> None:
-        if existing.digest() != manifest.digest():
+        if existing.content_digest() != manifest.content_digest():
             raise Conflict(
                 f"{self.store.location(self.repo_id, self.commit_sha)} is already published "
                 f"with a different manifest ({existing.digest()} != {manifest.digest()}); "

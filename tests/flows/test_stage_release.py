@@ -25,7 +25,8 @@ def artifacts_of(state):
     with get_client(sync_client=True) as client:
         found = client.read_artifacts(artifact_filter=ArtifactFilter(
             flow_run_id=ArtifactFilterFlowRunId(any_=[state.state_details.flow_run_id])))
-    return {a.type: a for a in found}
+    # Two tables: the plan (made before any transfer) and the files table.
+    return {"plan" if (a.key or "").endswith("-plan") else a.type: a for a in found}
 
 
 def test_stage_flow_publishes_with_artifacts(local_hub, file_store, tmp_path):
@@ -40,7 +41,7 @@ def test_stage_flow_publishes_with_artifacts(local_hub, file_store, tmp_path):
     assert sorted(resolve_gets(local_hub.hub)) == sorted(f.path for f in manifest.files)
 
     arts = artifacts_of(state)
-    assert set(arts) == {"table", "markdown", "progress"}
+    assert set(arts) == {"plan", "table", "markdown", "progress"}
     rows = _table(arts)
     assert {r["path"]: (r["sha256"], r["status"]) for r in rows} == {
         f.path: (f.sha256, "downloaded") for f in manifest.files}
@@ -94,11 +95,35 @@ def test_refused_file_is_not_retried_and_nothing_is_published(local_hub, file_st
     assert rows[SHARD] == "refused: sha256"
 
 
-def _table(arts):
+def _table(arts, kind="table"):
     import json
 
-    data = arts["table"].data
+    data = arts[kind].data
     return json.loads(data) if isinstance(data, str) else data
+
+
+def test_incremental_revision_shows_its_plan_and_pulls_only_the_change(local_hub, file_store,
+                                                                       tmp_path):
+    files = small_release(tmp_path)
+    first = local_hub.hub.add_commit(REPO, files)
+    assert run(local_hub, file_store, tmp_path).is_completed()
+    second = local_hub.hub.add_commit(REPO, {**files, "config.json": b'{"v": 2}'})
+    before = len(local_hub.hub.requests)
+    state = run(local_hub, file_store, tmp_path)
+
+    assert state.is_completed(), state
+    assert resolve_gets(local_hub.hub, before) == ["config.json"]
+    summary = state.result()
+    assert summary["commit"] == second and summary["downloaded_bytes"] == len(b'{"v": 2}')
+    plan = {r["path"]: (r["action"], r["from"]) for r in _table(artifacts_of(state), "plan")}
+    assert plan["config.json"] == ("download", "")
+    assert plan[SHARD] == ("reuse", f"{first[:12]}:{SHARD}")
+    assert plan["TOTAL download"] == ("download", "1 file(s)")
+    assert plan["TOTAL reuse"] == ("reuse", f"{len(files) - 1} file(s)")
+    rows = {r["path"]: r["status"] for r in _table(artifacts_of(state))}
+    assert rows == {p: "downloaded" if p == "config.json" else f"reused from {first[:12]}"
+                    for p in files}
+    assert verify_revision(store=file_store, repo_id=REPO, commit=second, full=True).ok
 
 
 def test_stage_flow_makes_the_release_tuple(local_hub, file_store, tmp_path, oci_registry):

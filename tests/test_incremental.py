@@ -1,0 +1,372 @@
+"""Incremental staging: a new upstream revision moves only the bytes that changed.
+
+Against the local hub over HTTP, with the bytes counted at the hub (what it sent), for a file
+store and for S3 (moto in server mode): what a revision pulls, what ``--plan`` says, reused
+sources altered after publication, a source revision removed mid-run, two revisions at once,
+and ``kill -9`` during an incremental run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+from safetensors.numpy import save_file
+
+from k3artifacts.staging.engine import StageOptions, plan_stage, stage
+from k3artifacts.staging.events import StageObserver
+from k3artifacts.staging.hub import HubSource
+from k3artifacts.stores.verify import verify_revision
+from tests.faults.faultkit import run_k3a, stage_args, start_k3a, verified_paths
+from tests.flow_helpers import resolve_gets
+from tests.staging_helpers import FAST_RETRY, REPO, run_stage, small_release
+
+SHARD1 = "model-00001-of-00002.safetensors"
+SHARD2 = "model-00002-of-00002.safetensors"
+INDEX = "model.safetensors.index.json"
+
+
+@pytest.fixture(params=["file", pytest.param("s3", marks=pytest.mark.s3)])
+def store(request):
+    return request.getfixturevalue("file_store" if request.param == "file" else "s3_store")
+
+
+@pytest.fixture(params=["moto", "seaweedfs"])
+def any_s3(request):
+    """An S3 store on moto, and on SeaweedFS (a real server: it computes the checksums)."""
+    return request.getfixturevalue("s3_store" if request.param == "moto" else "seaweed_store")
+
+
+def hub_bytes(hub, since: int) -> int:
+    """Bytes of file content the hub sent since request ``since``."""
+    return sum(r.bytes_sent for r in hub.requests[since:]
+               if "/resolve/" in r.url and r.method == "GET")
+
+
+def first_revision(local_hub, store, tmp_path):
+    files = small_release(tmp_path)
+    commit = local_hub.hub.add_commit(REPO, files)
+    run_stage(local_hub.endpoint, store, tmp_path / "q")
+    return files, commit
+
+
+def stage_next(local_hub, store, tmp_path, files, **options):
+    commit = local_hub.hub.add_commit(REPO, files)
+    mark = len(local_hub.hub.requests)
+    result = run_stage(local_hub.endpoint, store, tmp_path / "q", **options)
+    assert result.commit == commit
+    return result, mark
+
+
+def sources(store, commit) -> dict[str, str | None]:
+    """path -> the commit its bytes were reused from (None: downloaded)."""
+    manifest = store.read_manifest(REPO, commit)
+    return {r.path: r.reused_from for r in manifest.files}
+
+
+def assert_pulled_only(local_hub, mark, result, store, first_commit, paths: set[str]):
+    """The hub sent exactly ``paths`` (each once, whole) and everything else was reused."""
+    files = local_hub.hub.files(REPO, result.commit)
+    assert sorted(resolve_gets(local_hub.hub, mark)) == sorted(paths)
+    pulled = sum(files[p].size for p in paths)
+    assert hub_bytes(local_hub.hub, mark) == pulled == result.downloaded_bytes
+    assert result.reused_bytes == result.total_bytes - pulled
+    assert result.plan["download"] == {"files": len(paths), "bytes": pulled}
+    assert result.plan["reuse"]["files"] == len(files) - len(paths)
+    assert sources(store, result.commit) == {
+        p: (None if p in paths else first_commit) for p in files}
+    assert verify_revision(store=store, repo_id=REPO, commit=result.commit, full=True).ok
+
+
+def test_changed_small_file_pulls_only_that_file(local_hub, store, tmp_path):
+    _changed_small_file(local_hub, store, tmp_path)
+
+
+@pytest.mark.s3
+def test_changed_small_file_pulls_only_that_file_seaweedfs(local_hub, seaweed_store, tmp_path):
+    _changed_small_file(local_hub, seaweed_store, tmp_path)
+
+
+def _changed_small_file(local_hub, store, tmp_path):
+    files, c1 = first_revision(local_hub, store, tmp_path)
+    result, mark = stage_next(local_hub, store, tmp_path, {
+        **files, "config.json": b'{"model_type": "kimi_k3", "n_routed_experts": 897}'})
+    assert_pulled_only(local_hub, mark, result, store, c1, {"config.json"})
+    assert result.reuse_fallbacks == []
+
+
+def test_added_shard_pulls_only_that_shard_and_the_index(local_hub, store, tmp_path):
+    files, c1 = first_revision(local_hub, store, tmp_path)
+    shard3 = tmp_path / "model-00003-of-00003.safetensors"
+    save_file({"layers.3.norm": np.arange(4096, dtype=np.float32)}, shard3)
+    index = json.loads(files[INDEX])
+    index["weight_map"]["layers.3.norm"] = shard3.name
+    # A shard is added with the index naming it: the index is the one other file that changes.
+    result, mark = stage_next(local_hub, store, tmp_path, {
+        **files, shard3.name: shard3, INDEX: json.dumps(index).encode()})
+    assert_pulled_only(local_hub, mark, result, store, c1, {shard3.name, INDEX})
+
+
+def test_shard_changed_under_the_same_name_is_pulled(local_hub, store, tmp_path):
+    files, c1 = first_revision(local_hub, store, tmp_path)
+    other = small_release(tmp_path, seed=1)
+    result, mark = stage_next(local_hub, store, tmp_path, {**files, SHARD1: other[SHARD1]})
+    assert_pulled_only(local_hub, mark, result, store, c1, {SHARD1})
+
+
+def test_plan_changes_nothing_and_matches_the_run(local_hub, store, tmp_path):
+    files, c1 = first_revision(local_hub, store, tmp_path)
+    c2 = local_hub.hub.add_commit(REPO, {**files, "config.json": b'{"v": 2}'})
+    keys = store.list_keys("models/")
+    mark = len(local_hub.hub.requests)
+    source = HubSource(endpoint=local_hub.endpoint, token=False, retry=FAST_RETRY)
+    plan = plan_stage(source, store, REPO, "main", tmp_path / "q")
+    assert resolve_gets(local_hub.hub, mark) == [] and store.list_keys("models/") == keys
+    assert {f.path for f in plan.of("download")} == {"config.json"}
+    assert {(f.source_commit, f.source_path) for f in plan.of("reuse")} == {
+        (c1, p) for p in files if p != "config.json"}
+
+    result = run_stage(local_hub.endpoint, store, tmp_path / "q")
+    assert result.commit == plan.commit == c2
+    assert set(resolve_gets(local_hub.hub, mark)) == {f.path for f in plan.of("download")}
+    assert result.plan == plan.summary()
+    assert {p for p, src in sources(store, c2).items() if src} == {
+        f.path for f in plan.of("reuse")}
+    again = plan_stage(source, store, REPO, "main", tmp_path / "q")
+    assert again.already_published and not again.of("download")
+
+
+def test_plan_cli_prints_per_file_and_totals(local_hub, file_store, tmp_path, k3a_cmd, k3a_env):
+    files, c1 = first_revision(local_hub, file_store, tmp_path)
+    local_hub.hub.add_commit(REPO, {**files, "config.json": b'{"v": 2}'})
+    args = stage_args(local_hub.endpoint, file_store, tmp_path / "q", "--plan")
+    done = run_k3a(k3a_cmd, k3a_env, *args, "--json")
+    assert done.returncode == 0, done.stderr
+    plan = json.loads(done.stdout)
+    config = len(b'{"v": 2}')
+    assert plan["totals"]["download"] == {"files": 1, "bytes": config}
+    assert plan["totals"]["reuse"]["files"] == len(files) - 1
+    assert {f["path"]: f["source_commit"] for f in plan["files"]} == {
+        p: (None if p == "config.json" else c1) for p in files}
+    human = run_k3a(k3a_cmd, k3a_env, *args)
+    assert human.returncode == 0, human.stderr
+    assert f"from {c1}:{SHARD1}" in human.stdout
+    assert f"download:       1 file(s) {config:>18,} bytes" in human.stdout
+    assert len(file_store.list_revisions(REPO)) == 1
+
+
+def test_altered_published_file_is_detected_and_downloaded_instead(local_hub, file_store, tmp_path):
+    files, c1 = first_revision(local_hub, file_store, tmp_path)
+    # As root: the published file replaced by other bytes of the same size.
+    published = file_store.root / "models" / REPO / c1 / SHARD2
+    size = published.stat().st_size
+    tampered = published.with_name(".tampered")
+    tampered.write_bytes(published.read_bytes()[:-8] + b"TAMPERED")
+    os.replace(tampered, published)
+
+    result, mark = stage_next(local_hub, file_store, tmp_path, {**files, "config.json": b"{}"},
+                              reverify_reused=True)
+    assert sorted(resolve_gets(local_hub.hub, mark)) == ["config.json", SHARD2]
+    assert hub_bytes(local_hub.hub, mark) == 2 + size
+    assert len(result.reuse_fallbacks) == 1 and SHARD2 in result.reuse_fallbacks[0]
+    assert "xxh3-128" in result.reuse_fallbacks[0]
+    assert sources(file_store, result.commit)[SHARD2] is None
+    assert verify_revision(store=file_store, repo_id=REPO, commit=result.commit, full=True).ok
+
+
+def test_truncated_published_file_is_caught_by_size_without_reverify(local_hub, file_store,
+                                                                      tmp_path):
+    files, c1 = first_revision(local_hub, file_store, tmp_path)
+    published = file_store.root / "models" / REPO / c1 / SHARD2
+    tampered = published.with_name(".tampered")
+    tampered.write_bytes(published.read_bytes()[:-1])
+    os.replace(tampered, published)
+    result, mark = stage_next(local_hub, file_store, tmp_path, {**files, "config.json": b"{}"})
+    assert sorted(resolve_gets(local_hub.hub, mark)) == ["config.json", SHARD2]
+    assert "bytes" in result.reuse_fallbacks[0]
+    assert verify_revision(store=file_store, repo_id=REPO, commit=result.commit, full=True).ok
+
+
+@pytest.mark.s3
+def test_s3_overwritten_source_is_copied_from_its_pinned_version(local_hub, any_s3, tmp_path):
+    files, c1 = first_revision(local_hub, any_s3, tmp_path)
+    key = any_s3.key(f"models/{REPO}/{c1}/{SHARD2}")
+    head = any_s3.client.head_object(Bucket=any_s3.bucket, Key=key)
+    any_s3.client.put_object(Bucket=any_s3.bucket, Key=key, Body=b"x" * head["ContentLength"],
+                               Metadata=head["Metadata"])
+    result, mark = stage_next(local_hub, any_s3, tmp_path, {**files, "config.json": b"{}"})
+    assert resolve_gets(local_hub.hub, mark) == ["config.json"]
+    assert sources(any_s3, result.commit)[SHARD2] == c1
+    assert verify_revision(store=any_s3, repo_id=REPO, commit=result.commit, full=True).ok
+
+
+@pytest.mark.s3
+def test_s3_altered_source_fails_the_crc_check_and_is_downloaded(local_hub, any_s3, tmp_path):
+    files, c1 = first_revision(local_hub, any_s3, tmp_path)
+    key = any_s3.key(f"models/{REPO}/{c1}/{SHARD2}")
+    head = any_s3.client.head_object(Bucket=any_s3.bucket, Key=key)
+    # Other bytes, same size, the k3a metadata copied over: only the checksum S3 computes for
+    # the copy can tell. The version the revision recorded is deleted, so nothing good is left.
+    any_s3.client.put_object(Bucket=any_s3.bucket, Key=key, Body=b"x" * head["ContentLength"],
+                               Metadata=head["Metadata"], ChecksumAlgorithm="CRC64NVME")
+    any_s3.client.delete_object(Bucket=any_s3.bucket, Key=key, VersionId=head["VersionId"])
+    result, mark = stage_next(local_hub, any_s3, tmp_path, {**files, "config.json": b"{}"})
+    assert sorted(resolve_gets(local_hub.hub, mark)) == ["config.json", SHARD2]
+    assert len(result.reuse_fallbacks) == 1 and "CRC64NVME" in result.reuse_fallbacks[0]
+    assert sources(any_s3, result.commit)[SHARD2] is None
+    assert verify_revision(store=any_s3, repo_id=REPO, commit=result.commit, full=True).ok
+
+
+class _DeleteOnPlan(StageObserver):
+    """Deletes the source revision once the run has planned to reuse from it."""
+
+    def __init__(self, store, commit):
+        self.store, self.commit = store, commit
+
+    def planned(self, files, reused, plan=None):
+        assert plan is not None and plan.of("reuse")
+        self.store.delete_revision(REPO, self.commit)
+
+
+def test_source_revision_removed_mid_run_falls_back_to_download(local_hub, store, tmp_path):
+    files, c1 = first_revision(local_hub, store, tmp_path)
+    c2 = local_hub.hub.add_commit(REPO, {**files, "config.json": b"{}"})
+    mark = len(local_hub.hub.requests)
+    source = HubSource(endpoint=local_hub.endpoint, token=False, retry=FAST_RETRY)
+    result = stage(source, store, REPO, "main", tmp_path / "q", StageOptions(retry=FAST_RETRY),
+                   _DeleteOnPlan(store, c1))
+    assert result.commit == c2 and store.list_revisions(REPO) == [c2]
+    assert verify_revision(store=store, repo_id=REPO, commit=c2, full=True).ok
+    # Its record of object versions went with it (S3), so no source is left: all downloaded.
+    assert sorted(resolve_gets(local_hub.hub, mark)) == sorted(files)
+    assert len(result.reuse_fallbacks) == len(files) - 1
+    assert all("gone" in reason for reason in result.reuse_fallbacks)
+    assert set(sources(store, c2).values()) == {None}
+
+
+def test_two_revisions_sharing_shards_staged_at_once(local_hub, store, tmp_path):
+    files, c1 = first_revision(local_hub, store, tmp_path)
+    c2 = local_hub.hub.add_commit(REPO, {**files, "config.json": b'{"v": 2}'}, branch="b2")
+    c3 = local_hub.hub.add_commit(REPO, {**files, "config.json": b'{"v": 3}'}, branch="b3")
+    results, errors = {}, []
+
+    def run(branch):
+        try:
+            results[branch] = run_stage(local_hub.endpoint, store, tmp_path / "q", revision=branch)
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=(b,)) for b in ("b2", "b3")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    assert store.list_revisions(REPO) == sorted([c1, c2, c3])
+    for commit in (c2, c3):
+        assert verify_revision(store=store, repo_id=REPO, commit=commit, full=True).ok
+        assert sources(store, commit)[SHARD1] == c1
+
+
+def test_kill9_during_incremental_run_then_rerun_completes(local_hub, file_store, tmp_path,
+                                                           k3a_cmd, k3a_env):
+    files, c1 = first_revision(local_hub, file_store, tmp_path)
+    c2 = local_hub.hub.add_commit(REPO, {**files, "config.json": b"{}"})
+    quarantine = tmp_path / "q"
+    running = start_k3a(k3a_cmd, k3a_env, *stage_args(local_hub.endpoint, file_store, quarantine),
+                        K3A_FAULT_PAUSE=f"reused@{SHARD2}:60")
+    running.wait_line("paused at reused")
+    running.kill9()
+    assert file_store.list_revisions(REPO) == [c1]
+    assert SHARD2 in verified_paths(quarantine, c2)  # logged as held by the store-side revision
+
+    mark = len(local_hub.hub.requests)
+    done = run_k3a(k3a_cmd, k3a_env, *stage_args(local_hub.endpoint, file_store, quarantine))
+    assert done.returncode == 0, done.stderr
+    assert resolve_gets(local_hub.hub, mark) == ["config.json"]
+    assert "2 pulled from the Hub" in done.stdout
+    assert sources(file_store, c2) == {p: (None if p == "config.json" else c1) for p in files}
+    assert verify_revision(store=file_store, repo_id=REPO, commit=c2, full=True).ok
+
+
+@pytest.mark.s3
+def test_s3_kill9_during_incremental_run_then_rerun_completes(local_hub, s3_store, tmp_path,
+                                                              k3a_cmd, s3_env):
+    files, c1 = first_revision(local_hub, s3_store, tmp_path)
+    c2 = local_hub.hub.add_commit(REPO, {**files, "config.json": b"{}"})
+    quarantine = tmp_path / "q2"
+    runner = [k3a_cmd[0], "-m", "tests.faults.stage_runner", s3_store.url, local_hub.endpoint,
+              str(quarantine)]
+    running = start_k3a(runner, s3_env, K3A_FAULT_PAUSE=f"reused@{SHARD1}:60")
+    running.wait_line("paused at reused")
+    running.kill9()
+    assert s3_store.list_revisions(REPO) == [c1]
+
+    mark = len(local_hub.hub.requests)
+    done = run_k3a(runner, s3_env)
+    assert done.returncode == 0, done.stderr
+    assert resolve_gets(local_hub.hub, mark) == ["config.json"]
+    assert sources(s3_store, c2) == {p: (None if p == "config.json" else c1) for p in files}
+    assert verify_revision(store=s3_store, repo_id=REPO, commit=c2, full=True).ok
+
+
+def test_old_manifests_keep_their_digest():
+    from k3artifacts.revisions.manifest import FileRecord, LicenseRecord, ShardManifest
+
+    record = {"path": "config.json", "size": 2, "kind": "config", "sha256": "a" * 64,
+              "xxh3_128": "b" * 32, "upstream_sha256": None, "upstream_git_oid": "c" * 40,
+              "safetensors": None}
+    old = {"schema_version": 1, "repo_id": REPO, "commit": "d" * 40, "files": [record],
+           "license": {"path": None, "sha256": None, "text": None, "card_license": None,
+                       "card_license_name": None, "card_license_link": None},
+           "remote_code": [], "total_bytes": 2}
+    raw = json.dumps(old, sort_keys=True, separators=(",", ":")).encode()
+    manifest = ShardManifest.parse(raw)
+    assert manifest.files[0].source == "downloaded"
+    assert manifest.canonical() == raw
+    reused = manifest.files[0].model_copy(update={"source": "reused", "reused_from": "e" * 40})
+    assert FileRecord.model_validate_json(reused.model_dump_json()) == reused
+    assert ShardManifest(**{**old, "files": [reused],
+                            "license": LicenseRecord(path=None, sha256=None, text=None)}
+                         ).digest() != manifest.digest()
+
+
+def test_reuse_shares_the_inode_on_one_file_system_and_copies_across(tmp_path):
+    from k3artifacts.stores.file import _share_or_copy
+
+    src = tmp_path / "published.bin"
+    src.write_bytes(os.urandom(3 << 20))
+    assert _share_or_copy(src, tmp_path / "linked.bin") == "link"
+    assert os.stat(tmp_path / "linked.bin").st_ino == src.stat().st_ino
+    if os.stat("/dev/shm").st_dev == src.stat().st_dev:
+        pytest.skip("/dev/shm is on the same file system as tmp_path here")
+    other = Path("/dev/shm") / f"k3a-test-{os.getpid()}.bin"
+    try:
+        assert _share_or_copy(src, other) in ("copy_file_range", "copy")
+        assert other.read_bytes() == src.read_bytes()
+        assert other.stat().st_ino != src.stat().st_ino
+    finally:
+        other.unlink(missing_ok=True)
+
+
+def test_racing_run_that_reused_other_files_accepts_the_published_manifest(store, tmp_path):
+    from k3artifacts.errors import Conflict
+    from k3artifacts.sandbox.revisions import REPO as TEST_REPO
+    from k3artifacts.sandbox.revisions import publish, write_revision
+
+    commit = "c" * 40
+    _, published = publish(store, commit, write_revision(
+        tmp_path / "r", {"a.bin": b"a" * 100, "b.bin": b"b" * 100}))
+    a, b = published.files
+    reused = published.model_copy(update={"files": [
+        a.model_copy(update={"source": "reused", "reused_from": "f" * 40}), b]})
+    assert reused.digest() != published.digest()
+    store.begin_revision(TEST_REPO, commit).commit(reused)  # same bytes: no conflict
+    assert store.read_manifest(TEST_REPO, commit) == published
+    other = published.model_copy(update={"files": [a.model_copy(update={"sha256": "0" * 64}), b]})
+    with pytest.raises(Conflict):
+        store.begin_revision(TEST_REPO, commit).commit(other)
