@@ -252,7 +252,7 @@ def tuples_diff(a: str, b: str, store_url: str, as_json: bool) -> None:
 @click.argument("tuple_or_channel")
 @click.option(
     "--target",
-    type=click.Choice(TARGETS),
+    type=click.Choice(list(TARGETS)),
     required=True,
     help="hyperpod: InferenceEndpointConfig; eks: PV/PVC, Deployment (or "
     "LeaderWorkerSet), Service, PodDisruptionBudget.",

@@ -37,7 +37,8 @@ class ThreadRunner:
         self._futures: list[Future] = []
 
     def run(self, jobs: list[FileJob]) -> Iterator[tuple[FileJob, Outcome]]:
-        with ThreadPoolExecutor(self.workers, thread_name_prefix="k3a-fetch") as pool:
+        pool = ThreadPoolExecutor(self.workers, thread_name_prefix="k3a-fetch")
+        try:
             futures = {pool.submit(run_file_job, job): job for job in jobs}
             self._futures = list(futures)
             for fut in as_completed(futures):
@@ -45,6 +46,10 @@ class ThreadRunner:
                     continue
                 exc = fut.exception()
                 yield futures[fut], (fut.result() if exc is None else exc)
+        finally:
+            # Left early (Ctrl-C, an error in the caller): files not started never start, the
+            # running ones finish so that their partial files stay resumable.
+            pool.shutdown(wait=True, cancel_futures=True)
 
     def stop(self) -> None:
         for fut in self._futures:

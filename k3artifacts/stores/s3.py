@@ -29,6 +29,7 @@ import dataclasses
 import hashlib
 import logging
 import math
+import os
 import re
 import threading
 from collections.abc import Callable, Mapping
@@ -43,6 +44,7 @@ from s3transfer.manager import TransferConfig, TransferManager
 from s3transfer.subscribers import BaseSubscriber
 
 from k3artifacts.canonical import canonical_json
+from k3artifacts.config import parse_size
 from k3artifacts.errors import (
     AlreadyExists,
     ConfigError,
@@ -78,6 +80,9 @@ READ_BLOCK = 8 * MiB
 #: What S3 answers when the bytes it received do not match the checksum sent with them.
 _DIGEST_ERRORS = {"BadDigest", "InvalidDigest", "XAmzContentChecksumMismatch"}
 
+PART_SIZE_ENV = "K3A_S3_PART_SIZE"
+CONCURRENCY_ENV = "K3A_S3_CONCURRENCY"
+
 _BUCKET_RE = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
 
 #: ``progress(path, nbytes)``: ``nbytes`` more bytes of ``path`` reached S3 (negative when
@@ -101,6 +106,28 @@ class TransferTuning:
     max_concurrency: int = 8
     #: Bytes per second across one transfer, or None for no limit.
     max_bandwidth: int | None = None
+
+    @classmethod
+    def from_env(cls) -> TransferTuning:
+        """Defaults, overridden by ``K3A_S3_PART_SIZE`` (also the multipart threshold),
+        ``K3A_S3_CONCURRENCY`` (parts in flight per file): what a staging worker reads, so
+        every process of a run moves bytes the same way."""
+        tuning = cls()
+        part = os.environ.get(PART_SIZE_ENV)
+        if part:
+            try:
+                size = parse_size(part)
+            except ValueError as exc:
+                raise ConfigError(f"{PART_SIZE_ENV}: {exc}") from None
+            if size < 5 * MiB:
+                raise ConfigError(f"{PART_SIZE_ENV}={part}: S3 parts must be at least 5 MiB")
+            tuning = dataclasses.replace(tuning, multipart_threshold=size, min_part_size=size)
+        concurrency = os.environ.get(CONCURRENCY_ENV)
+        if concurrency:
+            if not concurrency.isdigit() or int(concurrency) < 1:
+                raise ConfigError(f"{CONCURRENCY_ENV}={concurrency!r} is not a positive integer")
+            tuning = dataclasses.replace(tuning, max_concurrency=int(concurrency))
+        return tuning
 
     def part_size(self, size: int) -> int:
         """Part size for a file of ``size`` bytes: ``min_part_size``, or the smallest whole MiB
@@ -220,7 +247,7 @@ class S3Store(Store):
         self.prefix = prefix.strip("/")
         self.url = f"s3://{bucket}/{self.prefix}" if self.prefix else f"s3://{bucket}"
         self.client = client or awsclients.s3_client(endpoint_url, profile, region)
-        self.tuning = tuning or TransferTuning()
+        self.tuning = tuning or TransferTuning.from_env()
         self.progress = progress
         self.counters = TransferCounters()
 
