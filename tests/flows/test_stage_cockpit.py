@@ -13,7 +13,13 @@ import threading
 import time
 
 from prefect.client.orchestration import get_client
-from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+from prefect.client.schemas.filters import (
+    ArtifactFilter,
+    ArtifactFilterKey,
+    LogFilter,
+    LogFilterFlowRunId,
+)
+from prefect.logging.handlers import APILogWorker
 
 from flows.common import slug
 from flows.stage_release import stage_release
@@ -130,3 +136,20 @@ def test_runs_are_named_and_tagged_and_a_noop_rerun_keeps_the_real_summary(
     assert summary.flow_run_id == runs[0].id and "already published" not in summary.data
     (note,) = notes
     assert note.key is None and "already published" in note.data and runs[0].name in note.data
+
+
+def test_the_run_log_closes_with_the_result_not_task_boilerplate(local_hub, file_store, tmp_path):
+    commit = local_hub.hub.add_commit(REPO, small_release(tmp_path))
+    state = stage_release(repo_id=REPO, store_url=file_store.url, endpoint=local_hub.endpoint,
+                          quarantine=str(tmp_path / "q"), return_state=True, **FAST)
+    assert state.is_completed()
+    APILogWorker.drain_all(timeout=10)
+    with get_client(sync_client=True) as client:
+        logs = client.read_logs(log_filter=LogFilter(
+            flow_run_id=LogFilterFlowRunId(any_=[state.state_details.flow_run_id])))
+    task_lines = [log.message for log in logs if log.task_run_id is not None]
+    assert task_lines and not [m for m in task_lines if m.startswith("Finished in state")]
+    (closing,) = [log.message for log in logs if log.message.startswith("published ")]
+    for fact in (commit, f"sha256:{state.result()['manifest_digest']}", file_store.url.split("//")[-1],
+                 "next: k3a tuple create"):
+        assert fact in closing, fact
