@@ -12,6 +12,8 @@ Unset, :func:`pause` returns at once; it changes nothing else, so it is harmless
 Points:
   ``downloaded``  a file's bytes are all in its partial file, before size/hash/header checks
   ``publish``     the store-side revision holds every file and the manifest, not yet visible
+  ``channel-move`` a channel move has read the pointer and is about to compare-and-swap it
+                  (detail: the channel), so a test can move it first and see the race lost
 """
 
 from __future__ import annotations

@@ -181,3 +181,61 @@ def _paused_with(tag):
 
     return FlowRunFilter(tags=FlowRunFilterTags(all_=[tag]), state=FlowRunFilterState(
         type=FlowRunFilterStateType(any_=[StateType.PAUSED])))
+
+
+def test_a_lost_race_is_a_named_decision(store, releases, policies, reviewed, prefect_api,
+                                         tmp_path):
+    """The rollback runs in a subprocess held at the channel's compare-and-swap (a named
+    fault point) while this process moves the channel; let go, it loses the race."""
+    import os
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    from k3artifacts.promotion.moves import promote
+
+    first, second, third = (releases.release() for _ in range(3))
+    for r in (first, second, third):
+        reviewed(r)
+    for r in (first, second):
+        promote(store, r.id, "staging", actor="ci", policies_dir=policies)
+    resume = tmp_path / "resume"
+    script = (
+        "import json\n"
+        "from flows.rollback import rollback_channel\n"
+        f"s = rollback_channel(channel='staging', store_url={store.url!r}, "
+        f"policies_dir={str(policies)!r}, requested_by='oncall', reason='p99 up', "
+        "return_state=True)\n"
+        "print('STATE ' + json.dumps([s.name, s.message, str(s.state_details.flow_run_id)]))\n"
+    )
+    env = os.environ | {"PREFECT_API_URL": prefect_api, "K3A_FAULT_RESUME": str(resume),
+                        "K3A_FAULT_PAUSE": "channel-move@staging:120"}
+    root = Path(__file__).resolve().parents[2]
+    proc = subprocess.Popen([sys.executable, "-c", script], cwd=root, env=env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 120
+        for line in proc.stderr:
+            if "k3a: paused at channel-move staging" in line:
+                break
+            assert time.monotonic() < deadline
+        promote(store, third.id, "staging", actor="someone-else", policies_dir=policies)
+        resume.touch()
+        out, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    (line,) = [x for x in out.splitlines() if x.startswith("STATE ")]
+    import json
+    name, message, run_id = json.loads(line[len("STATE "):])
+    assert name == "Lost race" and third.id in message and "nothing was written" in message
+    assert history(store, "staging")[-1].tuple_id == third.id
+
+    APILogWorker.drain_all(timeout=10)
+    with get_client(sync_client=True) as client:
+        run = client.read_flow_run(uuid.UUID(run_id))
+        logs = [log.message for log in client.read_logs(
+            log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[run.id])))]
+    assert run.state.is_failed() and run.state.name == "Lost race"
+    assert not any("Traceback" in m for m in logs), logs
+    assert [m for m in logs if m.startswith("Lost race:")]
