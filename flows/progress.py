@@ -55,7 +55,7 @@ class FlowObserver(StageObserver):
         self._lock = threading.Lock()
         self._total = 0
         self._done = 0
-        self._moved = 0  # bytes this run read (network or a resumed partial file)
+        self._moved = 0  # bytes this run received from the network
         self._started = time.monotonic()
         self._dirty = False
         self._outcome: str | None = None
@@ -98,6 +98,10 @@ class FlowObserver(StageObserver):
         self._set(path, state="downloading")
 
     def file_resumed(self, path: str, offset: int) -> None:
+        with self._lock:
+            # Those bytes come next through advance(), re-read from disk: they count as done,
+            # not towards the network rate.
+            self._moved -= offset
         self._set(path, state=f"resumed at {human_bytes(offset)}")
 
     def advance(self, path: str, nbytes: int) -> None:
@@ -107,8 +111,12 @@ class FlowObserver(StageObserver):
             self._dirty = True
 
     def file_done(self, record: FileRecord, reused: bool) -> None:
-        self._set(record.path, state="reused" if reused else "verified",
-                  sha256=sha256(record.sha256))
+        state = "reused" if reused else "verified"
+        with self._lock:
+            before = str(self.rows.get(record.path, {}).get("state", ""))
+        if before.startswith("resumed"):
+            state = f"verified ({before})"  # the table keeps that a partial file was resumed
+        self._set(record.path, state=state, sha256=sha256(record.sha256))
 
     def file_failed(self, path: str, error: BaseException) -> None:
         if isinstance(error, Refusal):
@@ -167,7 +175,7 @@ class FlowObserver(StageObserver):
         rate = self._moved / elapsed
         left = self._total - self._done
         states = [str(r["state"]) for r in self.rows.values()]
-        done = sum(s in ("verified", "reused") for s in states)
+        done = sum(s.startswith(("verified", "reused")) for s in states)
         running = sum(s == "downloading" or s.startswith("resumed") for s in states)
         bad = sum(s.startswith(("refused", "failed")) for s in states)
         if self._outcome is not None:

@@ -136,7 +136,7 @@ def test_approval_form_informs_and_has_no_default_decision(store, releases, poli
                  policies_dir=str(policies))
     seen: dict = {}
 
-    def peek_then_approve():
+    def peek_at_the_form():
         # What the paused run asks for: the form's schema and description, read from the API.
         from prefect.input.run_input import keyset_from_paused_state
         with get_client(sync_client=True) as client:
@@ -147,7 +147,7 @@ def test_approval_form_informs_and_has_no_default_decision(store, releases, poli
 
     tag = f"test-{uuid.uuid4().hex[:12]}"
     thread, outcome = answer_when_paused(tag, {"decision": "reject", "reviewer": "bob"},
-                                         before=peek_then_approve)
+                                         before=peek_at_the_form)
     with tags(tag):
         state = promote_release(tuple_id=candidate.id, channel="staging", store_url=store.url,
                                 policies_dir=str(policies), requested_by="ci", reason="nightly",

@@ -19,6 +19,7 @@ from prefect.client.schemas.filters import (
     LogFilter,
     LogFilterFlowRunId,
 )
+from prefect.client.schemas.sorting import ArtifactSort
 from prefect.logging.handlers import APILogWorker
 
 from flows.common import slug
@@ -153,3 +154,30 @@ def test_the_run_log_closes_with_the_result_not_task_boilerplate(local_hub, file
     for fact in (commit, f"sha256:{state.result()['manifest_digest']}", file_store.url.split("//")[-1],
                  "next: k3a tuple create"):
         assert fact in closing, fact
+
+
+def test_the_files_table_says_which_file_resumed_and_which_were_reused(
+        local_hub, file_store, tmp_path):
+    shard = "model-00001-of-00002.safetensors"
+    commit = local_hub.hub.add_commit(REPO, small_release(tmp_path))
+    params = {"repo_id": REPO, "store_url": file_store.url, "endpoint": local_hub.endpoint,
+              "quarantine": str(tmp_path / "q"), "attempts": 1, "backoff": 0.01,
+              "task_retries": 0, "task_retry_delay": 0}
+    local_hub.hub.faults.add(shard, Fault.drop(after_bytes=100 << 10, times=None))
+    assert stage_release(**params, return_state=True).is_failed()
+    local_hub.hub.faults.clear()
+    state = stage_release(**params, return_state=True)
+    assert state.is_completed(), state
+
+    key = slug("k3a", REPO, commit[:12], "files")
+    with get_client(sync_client=True) as client:
+        (table,) = client.read_artifacts(artifact_filter=ArtifactFilter(
+            key=ArtifactFilterKey(any_=[key])), limit=1,
+            sort=ArtifactSort.CREATED_DESC)
+    rows = {r["path"]: r for r in _rows(table.data)}
+    assert table.flow_run_id == state.state_details.flow_run_id
+    assert rows[shard]["planned"] == "download"
+    assert rows[shard]["state"].startswith("verified (resumed at 100.0 KiB")
+    others = [r for p, r in rows.items() if p != shard]
+    assert {r["planned"] for r in others} == {"reuse (verified earlier)"}
+    assert {r["state"] for r in others} == {"reused"}
