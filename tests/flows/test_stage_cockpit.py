@@ -27,6 +27,8 @@ from flows.stage_release import stage_release
 from k3artifacts.localhub import Fault
 from tests.staging_helpers import REPO, small_release
 
+# Artifact keys name the commit, and a release's commit derives from its bytes: each test
+# stages its own seed, so no test reads another's artifacts from the session's API.
 FAST = {"attempts": 2, "backoff": 0.01, "task_retries": 1, "task_retry_delay": 0}
 BYTES = re.compile(r"\(([\d,]+) of ([\d,]+) bytes\)")
 
@@ -68,7 +70,7 @@ def _rows(data) -> list[dict]:
 
 
 def test_progress_and_files_are_live_while_a_slow_stage_runs(local_hub, file_store, tmp_path):
-    commit = local_hub.hub.add_commit(REPO, small_release(tmp_path))
+    commit = local_hub.hub.add_commit(REPO, small_release(tmp_path, seed=1701))
     # Every file waits 1.5 s for its headers, so none finishes before then; each shard then
     # pauses three times mid-body, so the byte count grows in steps the ticker can see.
     local_hub.hub.faults.add("*", Fault.stall(1.5, times=None))
@@ -117,7 +119,7 @@ def test_progress_and_files_are_live_while_a_slow_stage_runs(local_hub, file_sto
 
 def test_runs_are_named_and_tagged_and_a_noop_rerun_keeps_the_real_summary(
         local_hub, file_store, tmp_path):
-    commit = local_hub.hub.add_commit(REPO, small_release(tmp_path))
+    commit = local_hub.hub.add_commit(REPO, small_release(tmp_path, seed=1702))
     params = {"repo_id": REPO, "store_url": file_store.url, "endpoint": local_hub.endpoint,
               "quarantine": str(tmp_path / "q")} | FAST
     first = stage_release(**params, return_state=True)
@@ -140,7 +142,7 @@ def test_runs_are_named_and_tagged_and_a_noop_rerun_keeps_the_real_summary(
 
 
 def test_the_run_log_closes_with_the_result_not_task_boilerplate(local_hub, file_store, tmp_path):
-    commit = local_hub.hub.add_commit(REPO, small_release(tmp_path))
+    commit = local_hub.hub.add_commit(REPO, small_release(tmp_path, seed=1703))
     state = stage_release(repo_id=REPO, store_url=file_store.url, endpoint=local_hub.endpoint,
                           quarantine=str(tmp_path / "q"), return_state=True, **FAST)
     assert state.is_completed()
@@ -159,7 +161,7 @@ def test_the_run_log_closes_with_the_result_not_task_boilerplate(local_hub, file
 def test_the_files_table_says_which_file_resumed_and_which_were_reused(
         local_hub, file_store, tmp_path):
     shard = "model-00001-of-00002.safetensors"
-    commit = local_hub.hub.add_commit(REPO, small_release(tmp_path))
+    commit = local_hub.hub.add_commit(REPO, small_release(tmp_path, seed=1704))
     params = {"repo_id": REPO, "store_url": file_store.url, "endpoint": local_hub.endpoint,
               "quarantine": str(tmp_path / "q"), "attempts": 1, "backoff": 0.01,
               "task_retries": 0, "task_retry_delay": 0}
