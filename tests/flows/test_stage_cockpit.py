@@ -71,11 +71,11 @@ def _rows(data) -> list[dict]:
 
 def test_progress_and_files_are_live_while_a_slow_stage_runs(local_hub, file_store, tmp_path):
     commit = local_hub.hub.add_commit(REPO, small_release(tmp_path, seed=1701))
-    # Every file waits 1.5 s for its headers, so none finishes before then; each shard then
+    # Every file waits 1 s for its headers, so none finishes before then; each shard then
     # pauses three times mid-body, so the byte count grows in steps the ticker can see.
-    local_hub.hub.faults.add("*", Fault.stall(1.5, times=None))
+    local_hub.hub.faults.add("*", Fault.stall(1.0, times=None))
     for at in (64 << 10, 128 << 10, 192 << 10):
-        local_hub.hub.faults.add("*.safetensors", Fault.stall(0.8, after_bytes=at, times=None))
+        local_hub.hub.faults.add("*.safetensors", Fault.stall(0.6, after_bytes=at, times=None))
     key = slug("k3a", REPO, commit[:12])
     keys = [f"{key}-status", f"{key}-files", f"{key}-summary"]
 
