@@ -24,7 +24,7 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from k3artifacts.errors import K3AError, Refusal, ReleaseRefused, Unavailable, VerifyMismatch
+from k3artifacts.errors import K3AError, Refusal, ReleaseRefused, VerifyMismatch
 from k3artifacts.revisions.manifest import FileRecord, RemoteCodeEntry, ShardManifest
 from k3artifacts.revisions.refs import COMMIT, check_repo_id
 from k3artifacts.staging import license as license_capture
@@ -359,16 +359,14 @@ def _root_of(quarantine: Quarantine) -> Path:
 
 
 def _one_failure(errors: list[tuple[str, BaseException]]) -> BaseException:
-    """What to raise for the files that could not be fetched: a bug as itself; one failure as
-    itself (its message and advice are the most precise); several as one list."""
+    """What to raise for the files that could not be fetched: a bug as itself; else the first
+    failure (its message and advice are the most precise: a full disk, an unreachable host),
+    naming the other files that failed with it."""
     for _, exc in errors:
         if not isinstance(exc, K3AError):
             return exc
-    if len(errors) == 1:
-        return errors[0][1]
-    lines = "\n  ".join(f"{path}: {exc}" for path, exc in sorted(errors, key=lambda e: e[0]))
-    return Unavailable(
-        f"{len(errors)} file(s) could not be fetched:\n  {lines}",
-        hint="re-run with the same arguments; verified files are not fetched again and partial "
-        "ones resume",
-    )
+    first = errors[0][1]
+    others = [f"{path}: {str(exc).splitlines()[0]}" for path, exc in errors[1:]]
+    if others:
+        first.args = (f"{first}\n  also failed ({len(others)}):\n    " + "\n    ".join(others),)
+    return first
