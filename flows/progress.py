@@ -144,7 +144,10 @@ class FlowObserver(StageObserver):
         self._ticker.join()
         self._outcome = outcome
         self._dirty = True
-        self._flush()
+        try:
+            self._flush()
+        except Exception as exc:  # noqa: BLE001 - must not hide the run's own outcome or error
+            get_run_logger().warning("could not update the progress artifacts: %s", exc)
 
     def _tick(self) -> None:
         while not self._stop.wait(self.interval):

@@ -3,7 +3,8 @@
 Approval is the channel's policy (``rollback_approval`` in policies/promotion-gates.yaml),
 overridable per run with ``require_approval``: a rollback is usually an incident response, so
 by default it does not wait. When it does, the decision is recorded in the history entry like a
-promotion's, and a rejection writes nothing and ends the run Cancelled, named "Rejected".
+promotion's, and a rejection writes nothing and ends the run Cancelled, named "Rejected". A
+rollback beaten by a concurrent move ends Failed, named "Lost race" (:mod:`flows.decisions`).
 The same move without Prefect: ``k3a rollback CHANNEL [--to TUPLE]``.
 """
 
