@@ -76,6 +76,7 @@ from k3artifacts.staging.quarantine import quarantine_root_for
 from k3artifacts.staging.worker import FileJob, FileOutcome, run_file_job
 from k3artifacts.stores.base import Store
 
+from .artifacts import size
 from .common import revision_slug, slug, store_from, task_runner_from_env
 from .naming import label_run, short, stage_name, tags
 from .progress import FlowObserver
@@ -108,8 +109,9 @@ def resolve_commit(endpoint: str | None, repo_id: str, revision: str) -> str:
 def fetch_file(job: FileJob) -> FileOutcome:
     """Download, hash and check one file, then hand it to the store (the engine's job)."""
     outcome = run_file_job(job)
-    get_run_logger().info("%s: %d bytes verified, sha256 %s", job.remote.path,
-                          outcome.entry.record.size, outcome.entry.record.sha256)
+    record = outcome.entry.record
+    get_run_logger().info("%s: %s verified, sha256:%s", job.remote.path, size(record.size),
+                          record.sha256)
     return outcome
 
 
