@@ -7,10 +7,12 @@ UI (the session's API runs ``--no-ui``). ``K3A_SCREENSHOT_DIR=docs/cockpit`` kee
 
 from __future__ import annotations
 
+import contextvars
 import os
 import shutil
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -23,6 +25,7 @@ from prefect.settings import PREFECT_API_URL, temporary_settings
 from flows.common import slug
 from flows.promote import promote_release
 from flows.stage_release import stage_release
+from k3artifacts.localhub import Fault
 from k3artifacts.stores.file import FileStore
 from tests.fixtures.prefect_api import _free_port, _healthy
 from tests.staging_helpers import REPO, small_release
@@ -93,6 +96,13 @@ def artifact_page(base: str, key: str) -> str:
     return f"{base}/artifacts/artifact/{latest.latest_id}"
 
 
+def _latest_data(key: str) -> str:
+    with get_client(sync_client=True) as client:
+        found = client.read_latest_artifacts(
+            artifact_filter=ArtifactCollectionFilter(key=ArtifactCollectionFilterKey(any_=[key])))
+    return str(found[0].data) if found else ""
+
+
 def test_run_pages_show_names_tags_and_decisions(ui_server, local_hub, tmp_path, store,
                                                  releases, policies):
     commit = local_hub.hub.add_commit(REPO, small_release(tmp_path, seed=1801))
@@ -110,6 +120,25 @@ def test_run_pages_show_names_tags_and_decisions(ui_server, local_hub, tmp_path,
     assert "ETA" in dom and "published" in dom
     dom = browse(artifact_page(ui_server, f"{key}-files"), tmp_path / "stage-files.png")
     assert "verified" in dom and "sha256:" in dom
+
+    # While a slow stage runs, its live status page shows bytes, rate and ETA.
+    commit = local_hub.hub.add_commit(REPO, small_release(tmp_path, seed=1802))
+    local_hub.hub.faults.add("*.safetensors", Fault.stall(6, after_bytes=128 << 10, times=None))
+    outcome: list = []
+    thread = threading.Thread(target=contextvars.copy_context().run, args=(lambda: outcome.append(
+        stage_release(repo_id=REPO, store_url=store.url, endpoint=local_hub.endpoint,
+                      quarantine=str(tmp_path / "q2"), progress_interval=0.5,
+                      return_state=True)),))
+    thread.start()
+    status = f"{slug('k3a', REPO, commit[:12])}-status"
+    deadline = time.monotonic() + 60
+    while "% staged" not in _latest_data(status) or "(0 of" in _latest_data(status):
+        assert time.monotonic() < deadline and thread.is_alive(), _latest_data(status)
+        time.sleep(0.2)
+    dom = browse(artifact_page(ui_server, status), tmp_path / "stage-live-status.png")
+    thread.join(120)
+    assert outcome and outcome[0].is_completed()
+    assert "% staged" in dom and "ETA" in dom and "in flight" in dom
 
     release = releases.release()  # never reviewed: the license gate blocks it
     blocked = promote_release(tuple_id=release.id, channel="staging", store_url=store.url,
