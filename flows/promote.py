@@ -2,12 +2,14 @@
 
     check gates (nothing written) -> fail now if a gate fails and is not overridden
     -> smoke the ``endpoint`` serving the tuple, when given (report stored, artifact shown;
-    not ready: fail, nothing moves) -> pause for ApprovalInput (approve, reviewer, reason)
-    -> promote(): gates again, then a compare-and-swap of the pointer; the approval is
-    recorded in the channel history entry
+    not ready: the run ends "Blocked by gate", nothing moves) -> pause for ApprovalInput
+    (decision, reviewer, reason) -> promote(): gates again, then a compare-and-swap of the
+    pointer; the approval is recorded in the channel history entry
 
-Rejection writes nothing and ends the run Cancelled, named "Rejected". The gates run again
-after approval because the wait can be long: a review withdrawn meanwhile still blocks.
+Rejection writes nothing and ends the run Cancelled, named "Rejected". A failing gate ends it
+Failed, named "Blocked by gate", and a move beaten by another one "Lost race": decisions, logged
+in one line without a traceback (:mod:`flows.decisions`). The gates run again after approval
+because the wait can be long: a review withdrawn meanwhile still blocks.
 The same move without Prefect: ``k3a promote TUPLE CHANNEL``.
 """
 
@@ -21,22 +23,20 @@ from prefect.cache_policies import NO_CACHE
 
 from k3artifacts.config import default_policies_dir
 from k3artifacts.errors import GateFailed
-from k3artifacts.promotion.gates import (
-    GATE_TABLE_HEADER,
-    GateReport,
-    apply_overrides,
-    channel_policy,
-    check_gates,
-    gate_rows,
-)
+from k3artifacts.promotion.gates import GateReport, apply_overrides, channel_policy, check_gates
 from k3artifacts.promotion.moves import MoveResult, promote
-from k3artifacts.releases.channels import Approval, GateResult
+from k3artifacts.releases.channels import Approval, read_state
 from k3artifacts.releases.policies import load_gate_policy
 from k3artifacts.stores.base import Store
 
-from .approval import rejected, wait_for_approval
+from .approval import form_text, rejected, wait_for_approval
 from .common import slug, store_from
+from .decisions import BLOCKED, DECISIONS, Refused, end_refused
+from .move_records import gate_table, move_record, outcome_line, tuple_facts
+from .naming import label_run, promote_name, tags
 from .readiness import not_ready, smoke_endpoint
+
+__all__ = ["gate_table", "promote_release"]
 
 
 @task(name="check-gates", cache_policy=NO_CACHE, persist_result=False)
@@ -47,18 +47,16 @@ def gate_check(store: Store, tuple_id: str, channel: str, policies_dir: Path,
 
 @task(name="move-pointer", cache_policy=NO_CACHE, persist_result=False)
 def move_pointer(store: Store, tuple_id: str, channel: str, *, actor: str, reason: str | None,
-                 overrides: dict[str, str], policies_dir: Path, approval: Approval) -> MoveResult:
-    return promote(store, tuple_id, channel, actor=actor, reason=reason, overrides=overrides,
-                   policies_dir=policies_dir, approval=approval)
+                 overrides: dict[str, str], policies_dir: Path,
+                 approval: Approval) -> MoveResult | Refused:
+    try:
+        return promote(store, tuple_id, channel, actor=actor, reason=reason, overrides=overrides,
+                       policies_dir=policies_dir, approval=approval)
+    except DECISIONS as exc:
+        return Refused.of(exc)
 
 
-def gate_table(results: list[GateResult]) -> str:
-    rows = ["| " + " | ".join(GATE_TABLE_HEADER) + " |", "|---|---|---|"]
-    rows += ["| " + " | ".join(row) + " |" for row in gate_rows(results)]
-    return "\n".join(rows)
-
-
-@flow(name="promote", persist_result=False)
+@flow(name="promote", flow_run_name=promote_name, persist_result=False)
 def promote_release(
     tuple_id: str,
     channel: str = "staging",
@@ -82,44 +80,73 @@ def promote_release(
     store = store_from(store_url)
     pdir = Path(policies_dir) if policies_dir else default_policies_dir()
     overrides = overrides or {}
+    after = tuple_facts(store, tuple_id)
+    label_run(tags(repo=after and after.repo_id, commit=after and after.commit,
+                   tuple_id=tuple_id, channel=channel))
     report = gate_check(store, tuple_id, channel, pdir, requested_by)
     table = gate_table(report.results)
     key = slug("k3a-promote", channel)
     try:
         # The library's one override rule, before anyone is asked to approve.
         apply_overrides(channel_policy(load_gate_policy(pdir), channel, pdir), report, overrides)
-    except GateFailed:
-        create_markdown_artifact(f"# {tuple_id} -> {channel}: blocked\n\n{table}", key=key)
-        raise
+    except GateFailed as exc:
+        refused = Refused.of(exc)
+        _refusal_artifact(refused, f"{tuple_id} -> {channel}", table, requested_by, reason, key)
+        return end_refused(refused)
     if endpoint:
         smoked = smoke_endpoint(store, endpoint, tuple_id, by=requested_by or "prefect:promote",
                                 channel=channel)
         if not smoked.passed:
-            raise GateFailed(not_ready(smoked), hint="fix the endpoint, then run again")
+            refused = Refused(BLOCKED, not_ready(smoked), "fix the endpoint, then run again")
+            _refusal_artifact(refused, f"{tuple_id} -> {channel}", table, requested_by, reason,
+                              key)
+            return end_refused(refused)
         knee = smoked.sweep.knee if smoked.sweep else None
         table += f"\n\nsmoke of {endpoint}: ready (throughput knee at concurrency {knee})"
+    before_id = read_state(store, channel).tuple_id
+    before = tuple_facts(store, before_id)
     logger.info("gates pass for %s -> %s; waiting for approval", tuple_id, channel)
     approval = wait_for_approval(
-        f"Promote **{tuple_id}** to **{channel}**"
-        + (f" (requested by {requested_by}: {reason})" if requested_by or reason else "")
-        + f"\n\n{table}",
+        form_text(f"Promote {tuple_id} to {channel}", store, now=before, now_id=before_id,
+                  then=after, then_id=tuple_id, gates=report.results,
+                  requested_by=requested_by, reason=reason),
         timeout=approval_timeout,
         poll_interval=poll_interval,
     )
     if approval.decision == "rejected":
         final = rejected(approval, f"promotion of {tuple_id} to {channel}")
         create_markdown_artifact(f"# {tuple_id} -> {channel}: rejected\n\n{final.message}\n\n"
-                                 f"{channel} was not changed.\n\n{table}", key=key)
+                                 f"{channel} was not changed.\n\n{table}", key=f"{key}-refused",
+                                 description=f"promotion of {tuple_id} to {channel}: rejected")
         return final
     result = move_pointer(store, tuple_id, channel, actor=requested_by or approval.who,
                           reason=reason, overrides=overrides, policies_dir=pdir,
                           approval=approval)
-    previous = result.previous_tuple_id or "(nothing)"
-    state = f"moved from {previous}" if result.changed else "already there"
+    if isinstance(result, Refused):
+        _refusal_artifact(result, f"{tuple_id} -> {channel}", table, requested_by, reason, key)
+        return end_refused(result)
+    if result.previous_tuple_id != before_id:  # moved meanwhile: record what it really replaced
+        before = tuple_facts(store, result.previous_tuple_id)
+    facts = dict(before=before, after=after, requested_by=requested_by, reason=reason,
+                 approval=approval)
     create_markdown_artifact(
-        f"# {tuple_id} -> {channel}: {state}\n\nhistory #{result.entry.seq}, approved by "
-        f"{approval.who}" + (f": {approval.reason}" if approval.reason else "")
-        + f"\n\n{gate_table(result.gates)}",
-        key=key,
+        move_record("promote", result, **facts), key=key,
+        description=f"promotion of {channel} to {tuple_id}: who asked and approved, from which "
+                    f"tuple, gates, history #{result.entry.seq}",
     )
+    logger.info("%s", outcome_line("promote", result, **facts))
     return result.model_dump(mode="json")
+
+
+def _refusal_artifact(refused: Refused, move: str, table: str, requested_by: str | None,
+                      reason: str | None, key: str) -> None:
+    """A refused move's artifact, under its own key: the channel's record key keeps showing
+    the last move that happened."""
+    asked = f"{requested_by or '(unknown)'}" + (f' ("{reason}")' if reason else "")
+    create_markdown_artifact(
+        f"# {move}: {refused.state_name.lower()}\n\n{refused.message}\n\n"
+        f"**Next:** {refused.hint or 'see the run log'}\n\nRequested by {asked}. "
+        f"Nothing was written.\n\n{table}",
+        key=f"{key}-refused",
+        description=f"{move}: {refused.state_name.lower()}, nothing moved",
+    )

@@ -27,12 +27,16 @@ def deployments(*, repo_id: str = DEFAULT_REPO, branches: list[str] | None = Non
     common = {"store_url": store_url}
     return [
         watch_upstream.to_deployment(
-            name="hourly", cron=cron,
+            name="hourly", cron=cron, tags=["k3a", "step:watch", f"repo:{repo_id}"],
             parameters=common | {"repo_id": repo_id, "branches": branches or ["main"]},
         ),
-        stage_release.to_deployment(name="default", parameters=common),
-        promote_release.to_deployment(name="default", parameters=common),
-        rollback_channel.to_deployment(name="default", parameters=common),
+        # Same tags as flows/prefect.yaml; names and noun tags come from the flows.
+        stage_release.to_deployment(name="default", parameters=common,
+                                    tags=["k3a", "step:stage"]),
+        promote_release.to_deployment(name="default", parameters=common,
+                                      tags=["k3a", "step:promote"]),
+        rollback_channel.to_deployment(name="default", parameters=common,
+                                       tags=["k3a", "step:rollback"]),
     ]
 
 

@@ -58,7 +58,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from prefect import flow, get_run_logger, task
-from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.actions import GlobalConcurrencyLimitCreate
@@ -79,8 +78,11 @@ from k3artifacts.staging.quarantine import quarantine_root_for
 from k3artifacts.staging.worker import FileJob, FileOutcome, run_file_job
 from k3artifacts.stores.base import Store
 
+from .artifacts import size
 from .common import revision_slug, slug, store_from, task_runner_from_env
+from .naming import label_run, short, stage_name, tags
 from .progress import FlowObserver
+from .stage_summary import closing_line, summary_artifact
 
 DEFAULT_REPO = "moonshotai/Kimi-K3"
 
@@ -109,8 +111,9 @@ def resolve_commit(endpoint: str | None, repo_id: str, revision: str) -> str:
 def fetch_file(job: FileJob) -> FileOutcome:
     """Download, hash and check one file, then hand it to the store (the engine's job)."""
     outcome = run_file_job(job)
-    get_run_logger().info("%s: %d bytes verified, sha256 %s", job.remote.path,
-                          outcome.entry.record.size, outcome.entry.record.sha256)
+    record = outcome.entry.record
+    get_run_logger().info("%s: %s verified, sha256:%s", job.remote.path, size(record.size),
+                          record.sha256)
     return outcome
 
 
@@ -146,7 +149,8 @@ def ensure_limit(name: str) -> None:
             pass
 
 
-@flow(name="stage-release", task_runner=task_runner_from_env(), persist_result=False)
+@flow(name="stage-release", flow_run_name=stage_name, task_runner=task_runner_from_env(),
+      persist_result=False)
 def stage_release(
     repo_id: str = DEFAULT_REPO,
     revision: str = "main",
@@ -163,6 +167,7 @@ def stage_release(
     image: str | None = None,
     profile: str | None = None,
     reverify_reused: bool = False,
+    progress_interval: float | None = None,
 ) -> dict:
     """Stage ``repo_id`` at ``revision`` (branch, tag or commit) into ``store_url``.
 
@@ -172,7 +177,8 @@ def stage_release(
     shard's quarantine copy once the store holds it (bounded local disk, for an S3 store).
     ``image`` and ``profile`` together also make the release tuple. ``reverify_reused``:
     re-hash files reused from a published revision after a file store copied them (as
-    ``k3a stage --reverify-reused``).
+    ``k3a stage --reverify-reused``). ``progress_interval``: seconds between updates of the
+    live status, progress and files artifacts (default ``$K3A_PROGRESS_INTERVAL``, else 30).
     """
     logger = get_run_logger()
     check_repo_id(repo_id)
@@ -182,6 +188,7 @@ def stage_release(
     commit = resolve_commit(endpoint, repo_id, revision)
     if commit != revision:
         logger.info("resolved %s@%s to commit %s", repo_id, revision, commit)
+    label_run(tags(repo=repo_id, commit=commit), name=f"stage {repo_id}@{short(commit)}")
     options = StageOptions(
         allow_pickle=allow_pickle,
         keep_quarantine=keep_quarantine,
@@ -194,11 +201,13 @@ def stage_release(
     logger.info("taking concurrency slot %s (one staging run per revision)", limit)
     with concurrency(limit, occupy=1, strict=True):
         result = _stage(store, repo_id, commit, quarantine_root_for(store, quarantine), endpoint,
-                        options, task_retries, task_retry_delay)
+                        options, task_retries, task_retry_delay, progress_interval)
     summary = result.__dict__ | {"tuple_id": None}
     if image is not None:
         summary["tuple_id"] = make_tuple(store, repo_id, commit, image, profile)
-    _summary_artifact(summary)
+        label_run(tags(tuple_id=summary["tuple_id"]))
+    summary_artifact(summary, key=slug("k3a", repo_id, commit[:12], "summary"))
+    logger.info("%s", closing_line(summary))
     return summary
 
 
@@ -211,14 +220,18 @@ def _stage(
     options: StageOptions,
     task_retries: int,
     task_retry_delay: float,
+    progress_interval: float | None,
 ) -> StageResult:
     key = slug("k3a", repo_id, commit[:12])
-    observer = FlowObserver(key, f"{repo_id}@{commit[:12]}")
+    observer = FlowObserver(key, f"{repo_id}@{commit[:12]}", progress_interval)
     try:
-        return stage(HubSource(endpoint=endpoint, retry=options.retry), store, repo_id, commit,
-                     qroot, options, observer, TaskRunner(task_retries, task_retry_delay))
-    finally:
-        observer.publish_table()
+        result = stage(HubSource(endpoint=endpoint, retry=options.retry), store, repo_id, commit,
+                       qroot, options, observer, TaskRunner(task_retries, task_retry_delay))
+    except BaseException as exc:
+        observer.close(f"failed: {exc}".splitlines()[0])
+        raise
+    observer.close("published")
+    return result
 
 
 @task(name="make-tuple", cache_policy=NO_CACHE, persist_result=False)
@@ -232,33 +245,3 @@ def make_tuple(store: Store, repo_id: str, commit: str, image: str, profile: str
     get_run_logger().info("release tuple %s (%s)", created.release.id,
                           "created" if created.new else "already existed")
     return created.release.id
-
-
-def _summary_artifact(summary: dict) -> None:
-    code = ", ".join(f"`{p}`" for p in summary["remote_code"]) or "none"
-    lines = [
-        f"# {summary['repo_id']} @ `{summary['commit']}`",
-        "",
-        "| | |",
-        "|---|---|",
-        f"| state | {'already published (no-op)' if summary['already_published'] else 'published'}"
-        " |",
-        f"| location | `{summary['location']}` |",
-        f"| manifest digest | `{summary['manifest_digest']}` |",
-        f"| license sha256 | `{summary['license_sha256'] or 'no license file'}` |",
-        f"| remote code (review before promotion) | {code} |",
-        (f"| files | {summary['files']} ({summary['total_bytes']:,} bytes; "
-         f"{summary['downloaded_bytes']:,} downloaded, {summary['reused_files']} reused) |"),
-        (f"| bytes | {summary['downloaded_bytes']:,} pulled from the Hub, "
-         f"{summary['reused_bytes']:,} reused from published revisions, "
-         f"{sum(summary['store_stats'].get(k, 0) for k in ('bytes_uploaded', 'bytes_stored')):,}"
-         " uploaded to the store |"),
-        *(f"| not reused (downloaded instead) | {reason} |"
-          for reason in summary["reuse_fallbacks"]),
-        f"| release tuple | "
-        f"{('`' + summary['tuple_id'] + '`') if summary['tuple_id'] else 'not made'} |",
-    ]
-    create_markdown_artifact(
-        "\n".join(lines), key=slug("k3a", summary["repo_id"], summary["commit"][:12], "summary"),
-        description="staged revision: what to review and where it lives",
-    )

@@ -16,6 +16,8 @@ Points:
   ``move-pinned`` a promotion/rollback pinned the revision (detail: commit), before its gates
   ``gc-checked``  gc tombstoned a revision and found it unreachable (detail: commit), before
                   deleting it
+  ``channel-move`` a channel move has read the pointer and is about to compare-and-swap it
+                  (detail: the channel), so a test can move it first and see the race lost
 """
 
 from __future__ import annotations

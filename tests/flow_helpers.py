@@ -10,10 +10,11 @@ def resolve_gets(hub: LocalHub, since: int = 0) -> list[str]:
     return [r.target for r in hub.requests[since:] if "/resolve/" in r.url and r.method == "GET"]
 
 
-def answer_when_paused(tag: str, run_input: dict, timeout: float = 120.0):
+def answer_when_paused(tag: str, run_input: dict, timeout: float = 120.0, before=None):
     """Start a thread that waits for the flow run tagged ``tag`` to pause, then resumes it with
     ``run_input``, as a release engineer's form (or script) would. Returns (thread, outcome):
-    outcome gets "resumed" or the error."""
+    outcome gets "resumed" or the error. ``before()``, if given, runs once the run is paused,
+    before the answer (to read what the paused run shows)."""
     import contextvars
     import threading
     import time
@@ -40,6 +41,8 @@ def answer_when_paused(tag: str, run_input: dict, timeout: float = 120.0):
                         state=FlowRunFilterState(type=FlowRunFilterStateType(any_=[StateType.PAUSED])),
                     ))
                     if paused:
+                        if before is not None:
+                            before()
                         resume_flow_run(paused[0].id, run_input=run_input)
                         outcome.append("resumed")
                         return

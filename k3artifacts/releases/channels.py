@@ -38,6 +38,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from k3artifacts import faultpoints
 from k3artifacts.canonical import canonical_json
 from k3artifacts.errors import AlreadyExists, ConfigError, Conflict, K3AError, NotFound
 from k3artifacts.releases.tuples import TUPLE_ID
@@ -310,6 +311,7 @@ def commit_move(store: Store, state: ChannelState, entry: HistoryEntry) -> Chann
     if state.pointer is not None:
         _ensure_logged(store, state.pointer)
     pointer = ChannelPointer.for_entry(entry)
+    faultpoints.pause("channel-move", state.channel)
     try:
         store.replace(pointer_key(state.channel), canonical_json(pointer), state.token)
     except Conflict:

@@ -128,6 +128,9 @@ class _Tally(StageObserver):
     def file_started(self, path: str, size: int) -> None:
         self.inner.file_started(path, size)
 
+    def file_resumed(self, path: str, offset: int) -> None:
+        self.inner.file_resumed(path, offset)
+
     def advance(self, path: str, nbytes: int) -> None:
         with self._lock:
             self._seen[path] = self._seen.get(path, 0) + nbytes

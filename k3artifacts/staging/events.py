@@ -29,6 +29,10 @@ class StageObserver:
 
     def file_started(self, path: str, size: int) -> None: ...
 
+    def file_resumed(self, path: str, offset: int) -> None:
+        """``path`` continues from ``offset`` bytes a killed run left in its partial file
+        (those bytes are re-hashed and then reported through :meth:`advance` as usual)."""
+
     def advance(self, path: str, nbytes: int) -> None: ...
 
     def file_done(self, record: FileRecord, reused: bool) -> None: ...

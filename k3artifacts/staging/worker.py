@@ -188,6 +188,9 @@ class RunContext:
 
         durable = remote.size >= SMALL_FILE
         with self._in_quarantine(remote.path):
+            kept = part.stat().st_size if part.exists() else 0
+            if 0 < kept <= remote.size:
+                self.observer.file_resumed(remote.path, kept)
             try:
                 hasher = fetch(
                     self.source.file_url(self.spec.repo_id, self.spec.commit, remote.path),

@@ -46,6 +46,19 @@ def test_prefect_yaml_deploys_every_flow_with_valid_parameters():
 def test_serve_builds_the_same_four_deployments():
     deps = deployments(store_url="file:///srv/k3a", cron="0 * * * *")
     assert sorted(d.name for d in deps) == ["default", "default", "default", "hourly"]
+    assert all("k3a" in d.tags and any(t.startswith("step:") for t in d.tags) for d in deps)
     (watcher,) = [d for d in deps if d.name == "hourly"]
     assert watcher.schedules[0].schedule.cron == "0 * * * *"
     assert watcher.parameters["store_url"] == "file:///srv/k3a"
+
+
+def test_deployed_runs_are_named_by_their_parameters_and_tagged_by_step():
+    from flows.naming import promote_name, rollback_name, stage_name
+
+    spec = yaml.safe_load((ROOT / "flows" / "prefect.yaml").read_text())
+    named = {"stage-release": stage_name, "promote": promote_name, "rollback": rollback_name}
+    for dep in spec["deployments"]:
+        flow = load_entrypoint(dep["entrypoint"])
+        assert "k3a" in dep["tags"] and any(t.startswith("step:") for t in dep["tags"]), dep
+        if flow.name in named:
+            assert flow.flow_run_name is named[flow.name]

@@ -36,7 +36,7 @@ def test_promotion_waits_for_approval_then_moves_and_records_it(store, releases,
     release = releases.release()
     reviewed(release)
     state = run_answered(
-        promote_release, {"approve": True, "reviewer": "alice", "reason": "evals look fine"},
+        promote_release, {"decision": "approve", "reviewer": "alice", "reason": "evals look fine"},
         tuple_id=release.id, channel="staging", store_url=store.url, policies_dir=str(policies),
         requested_by="ci", reason="nightly",
     )
@@ -56,7 +56,7 @@ def test_rejection_leaves_the_pointer_untouched(store, releases, policies, revie
     before = read_state(store, "staging")
 
     state = run_answered(
-        promote_release, {"approve": False, "reviewer": "bob", "reason": "license changed"},
+        promote_release, {"decision": "reject", "reviewer": "bob", "reason": "license changed"},
         tuple_id=candidate.id, channel="staging", store_url=store.url, policies_dir=str(policies),
     )
     assert state.is_cancelled() and state.name == "Rejected"
@@ -84,7 +84,7 @@ def test_rollback_with_and_without_approval(store, releases, policies, reviewed)
     assert back["tuple_id"] == first.id and history(store, "staging")[-1].approval is None
 
     state = run_answered(
-        rollback_channel, {"approve": True, "reviewer": "carol", "reason": "undo"},
+        rollback_channel, {"decision": "approve", "reviewer": "carol", "reason": "undo"},
         channel="staging", to=second.id, store_url=store.url, policies_dir=str(policies),
         require_approval=True,
     )

@@ -25,8 +25,8 @@ def artifacts_of(state):
     with get_client(sync_client=True) as client:
         found = client.read_artifacts(artifact_filter=ArtifactFilter(
             flow_run_id=ArtifactFilterFlowRunId(any_=[state.state_details.flow_run_id])))
-    # Two tables: the plan (made before any transfer) and the files table.
-    return {"plan" if (a.key or "").endswith("-plan") else a.type: a for a in found}
+    # By what the key ends in: status, progress, files, summary, plan (the no-op note has no key).
+    return {(a.key or "note").rsplit("-", 1)[-1]: a for a in found}
 
 
 def test_stage_flow_publishes_with_artifacts(local_hub, file_store, tmp_path):
@@ -41,12 +41,12 @@ def test_stage_flow_publishes_with_artifacts(local_hub, file_store, tmp_path):
     assert sorted(resolve_gets(local_hub.hub)) == sorted(f.path for f in manifest.files)
 
     arts = artifacts_of(state)
-    assert set(arts) == {"plan", "table", "markdown", "progress"}
+    assert set(arts) == {"plan", "status", "progress", "files", "summary"}
     rows = _table(arts)
-    assert {r["path"]: (r["sha256"], r["status"]) for r in rows} == {
-        f.path: (f.sha256, "downloaded") for f in manifest.files}
-    assert manifest.digest() in arts["markdown"].data
-    assert "modeling_kimi_k3.py" in arts["markdown"].data
+    assert {r["path"]: (r["sha256"], r["state"]) for r in rows} == {
+        f.path: (f"sha256:{f.sha256}", "verified") for f in manifest.files}
+    assert f"sha256:{manifest.digest()}" in arts["summary"].data
+    assert "modeling_kimi_k3.py" in arts["summary"].data
     assert float(arts["progress"].data) == 100.0
 
     with get_client(sync_client=True) as client:
@@ -69,9 +69,9 @@ def test_rerun_after_network_failure_fetches_only_the_failed_file(local_hub, fil
     assert file_store.list_revisions(REPO) == []
     # attempts=2 inside the task, and the task retried once on Unavailable: 4 GETs.
     assert resolve_gets(local_hub.hub).count(SHARD) == 4
-    rows = {r["path"]: r["status"] for r in _table(artifacts_of(failed))}
-    assert rows[SHARD] == "failed: Unavailable"
-    assert {s for p, s in rows.items() if p != SHARD} == {"downloaded"}
+    rows = {r["path"]: r["state"] for r in _table(artifacts_of(failed))}
+    assert rows[SHARD].startswith("failed: Unavailable")
+    assert {s for p, s in rows.items() if p != SHARD} == {"verified"}
 
     local_hub.hub.faults.clear()
     before = len(local_hub.hub.requests)
@@ -91,14 +91,14 @@ def test_refused_file_is_not_retried_and_nothing_is_published(local_hub, file_st
     assert "sha256" in state.message or "refused" in state.message
     assert resolve_gets(local_hub.hub).count(SHARD) == 1
     assert file_store.list_revisions(REPO) == [] and file_store.list_keys("models/") == []
-    rows = {r["path"]: r["status"] for r in _table(artifacts_of(state))}
-    assert rows[SHARD] == "refused: sha256"
+    rows = {r["path"]: r["state"] for r in _table(artifacts_of(state))}
+    assert rows[SHARD].startswith("refused: sha256")
 
 
 def _table(arts, kind="table"):
     import json
 
-    data = arts[kind].data
+    data = arts["files"].data
     return json.loads(data) if isinstance(data, str) else data
 
 
@@ -137,4 +137,4 @@ def test_stage_flow_makes_the_release_tuple(local_hub, file_store, tmp_path, oci
     release = TupleStore(file_store).get(state.result()["tuple_id"])
     assert release.binding.weights.commit == commit
     assert release.binding.image.digest == pushed.digest
-    assert release.id in artifacts_of(state)["markdown"].data
+    assert release.id in artifacts_of(state)["summary"].data
