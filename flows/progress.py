@@ -216,7 +216,7 @@ def _planned(planned: PlannedFile | None, reused: bool) -> str:
         return "reuse (verified earlier)" if reused else "download"
     if planned.action == "reuse":
         return f"reuse from {planned.source_commit[:12]}"
-    return "present (verified earlier)" if planned.action == "present" else "download"
+    return "reuse (verified earlier)" if planned.action == "present" else "download"
 
 
 def publish_plan(plan: StagePlan, key: str, title: str) -> None:

@@ -58,7 +58,7 @@ def test_promote_smokes_the_endpoint_before_asking_for_approval(store, releases,
     reviewed(release)
     s = server(served_name(release))
     tag = f"test-{uuid.uuid4().hex[:12]}"
-    thread, outcome = answer_when_paused(tag, {"approve": True, "reviewer": "alice"})
+    thread, outcome = answer_when_paused(tag, {"decision": "approve", "reviewer": "alice"})
     with tags(tag):
         state = promote_release(tuple_id=release.id, channel="staging", store_url=store.url,
                                 policies_dir=str(policies), endpoint=s.url, poll_interval=1,

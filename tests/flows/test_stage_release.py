@@ -95,10 +95,10 @@ def test_refused_file_is_not_retried_and_nothing_is_published(local_hub, file_st
     assert rows[SHARD].startswith("refused: sha256")
 
 
-def _table(arts, kind="table"):
+def _table(arts, kind="files"):
     import json
 
-    data = arts["files"].data
+    data = arts[kind].data
     return json.loads(data) if isinstance(data, str) else data
 
 
@@ -120,8 +120,8 @@ def test_incremental_revision_shows_its_plan_and_pulls_only_the_change(local_hub
     assert plan[SHARD] == ("reuse", f"{first[:12]}:{SHARD}")
     assert plan["TOTAL download"] == ("download", "1 file(s)")
     assert plan["TOTAL reuse"] == ("reuse", f"{len(files) - 1} file(s)")
-    rows = {r["path"]: r["status"] for r in _table(artifacts_of(state))}
-    assert rows == {p: "downloaded" if p == "config.json" else f"reused from {first[:12]}"
+    rows = {r["path"]: r["state"] for r in _table(artifacts_of(state))}
+    assert rows == {p: "verified" if p == "config.json" else f"reused from {first[:12]}"
                     for p in files}
     assert verify_revision(store=file_store, repo_id=REPO, commit=second, full=True).ok
 
