@@ -29,6 +29,8 @@ COMMAND_MODULES = {
     "bootstrap": "aws",
     "fsx": "aws",
     "docker": "docker",
+    "pull": "pull",
+    "cache": "pull",
 }
 
 

@@ -86,3 +86,34 @@ class BytesProgress:
 
     def __call__(self, nbytes: int) -> None:
         self.progress.advance(self.task, nbytes)
+
+
+class PeriodicLog:
+    """Progress as a line on stderr every ``interval`` seconds, for logs (no terminal)."""
+
+    def __init__(self, description: str, interval: float = 10.0):
+        import time
+
+        self._clock = time.monotonic
+        self.description = description
+        self.interval = interval
+        self.total = 0
+        self.done = 0
+        self._start = self._last = self._clock()
+        self._lock = threading.Lock()
+
+    def set_total(self, total: int, done: int = 0) -> None:
+        self.total, self.done = total, done
+
+    def __call__(self, nbytes: int) -> None:
+        with self._lock:
+            self.done += nbytes
+            now = self._clock()
+            if now - self._last < self.interval:
+                return
+            self._last = now
+        rate = self.done / max(now - self._start, 1e-9)
+        import sys
+
+        print(f"k3a: {self.description}: {self.done / 2**30:.2f} of {self.total / 2**30:.2f} "
+              f"GiB, {rate / 1e6:.0f} MB/s", file=sys.stderr, flush=True)
