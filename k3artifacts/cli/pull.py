@@ -79,7 +79,7 @@ def pull_cmd(target, store_url, root, part_size, concurrency, connections, keep,
                 lines.set_total(total, already)
 
         def note(text: str) -> None:
-            if show:
+            if not quiet:  # stderr: a --json reader still sees why a pull waited
                 click.echo(f"k3a: {text}", err=True)
 
         observer = PullObserver(planned=planned, advance=bar or lines or (lambda n: None),
