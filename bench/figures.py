@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .env import MB, Bench, Row, cache_note, force_rmtree
+from .pull import pull
 
 REPO = "moonshotai/Kimi-K3"
 TINY_REPO = "bench/many-small-files"
@@ -23,6 +24,7 @@ class Options:
     tiny_files: int
     s3_size: int
     workers: int
+    pull_size: int = 1 << 30
 
 
 def _rate(nbytes: int, seconds: float) -> float:
@@ -399,4 +401,5 @@ FIGURES = {
     "channels": channels,  # 5
     "rss": rss,  # 6
     "perfile": per_file,  # 7
+    "pull": pull,  # 8
 }

@@ -71,6 +71,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tiny-files", type=int, default=2000, help="files in the per-file figure")
     p.add_argument("--s3-size", type=parse_size, default=parse_size("48MiB"),
                    help="checkpoint size for the S3 figures (moto is slow; default 48MiB)")
+    p.add_argument("--pull-size", type=parse_size, default=parse_size("1GiB"),
+                   help="revision size for the k3a pull figure (SeaweedFS; default 1GiB)")
     p.add_argument("--workers", type=int, default=default_workers(),
                    help="concurrent files (default: k3a stage's, one per core from 2 to 8)")
     p.add_argument("--only", action="append", choices=sorted(FIGURES),
@@ -87,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
     bench = Bench(args.workdir, cold=args.cold)
     opts = Options(size=args.size, shards=args.shards, rss_size=args.rss_size,
                    tiny_files=args.tiny_files, s3_size=args.s3_size,
-                   workers=args.workers)
+                   workers=args.workers, pull_size=args.pull_size)
     names = args.only or list(FIGURES)
     rows: list[Row] = []
     shared: dict = {}

@@ -142,6 +142,11 @@ def test_a_revision_sharing_files_hard_links_them_and_fetches_the_rest(file_rele
     assert (final / "big.bin").stat().st_nlink == 2
 
 
+def manifest_size(store, release, path: str) -> int:
+    w = release.binding.weights
+    return store.read_manifest(w.repo_id, w.commit).file(path).size
+
+
 def _wait_for(predicate, what: str, timeout: float = 60.0) -> None:
     deadline = time.monotonic() + timeout
     while not predicate():
@@ -154,16 +159,21 @@ def test_kill_9_mid_pull_then_rerun_fetches_only_what_was_missing(
     release = file_releases.release(extra={"big.bin": BIG})
     root = tmp_path / "cache"
     err_path = tmp_path / "stderr"
-    env = dict(k3a_env, K3A_FAULT_PAUSE="pull-recorded@big.bin:120")
+    env = dict(k3a_env, K3A_FAULT_PAUSE="pull-part@big.bin#2:120")
     with open(err_path, "wb") as err:
         proc = subprocess.Popen(
             [*k3a_cmd, "pull", release.id, "--store", file_releases.store.url, "--to", str(root),
              "--part-size", "1MiB", "--concurrency", "1", "-q"],
             env=env, stderr=err, stdout=subprocess.DEVNULL)
     try:
-        _wait_for(lambda: b"paused at pull-recorded" in err_path.read_bytes()
+        _wait_for(lambda: b"paused at pull-part" in err_path.read_bytes()
                   or proc.poll() is not None, "the pause")
         assert proc.poll() is None, err_path.read_text()
+        # The flusher records parts 0-2 within a second of their arrival.
+        sidecar = CacheLayout(root).partial_dir(Revision(
+            release.binding.weights.repo_id, release.binding.weights.commit)) / ".big.bin.part.json"
+        _wait_for(lambda: sidecar.exists() and len(json.loads(sidecar.read_bytes())["done"]) == 3,
+                  "the parts record")
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait(10)
     finally:
@@ -176,7 +186,8 @@ def test_kill_9_mid_pull_then_rerun_fetches_only_what_was_missing(
     assert (layout.partial_dir(rev) / ".big.bin.part.json").exists()
     out = pull_json(file_releases.store.url, release.id, root)
     assert out["files_kept"] == 1  # LICENSE, verified before big.bin (files go in order)
-    assert out["bytes_resumed"] >= MiB
+    assert out["bytes_resumed"] == (manifest_size(file_releases.store, release, "LICENSE")
+                                    + 3 * MiB)
     assert out["bytes_fetched"] == out["bytes"] - out["bytes_resumed"]
     check_copy(root, file_releases.store, release)
 
@@ -187,7 +198,7 @@ def test_two_pulls_of_one_tuple_at_once_leave_one_complete_copy(
     root = tmp_path / "cache"
     argv = [*k3a_cmd, "pull", release.id, "--store", file_releases.store.url, "--to", str(root),
             "--part-size", "1MiB", "--concurrency", "2", "--json"]
-    slow = dict(k3a_env, K3A_FAULT_PAUSE="pull-recorded@big.bin:1")
+    slow = dict(k3a_env, K3A_FAULT_PAUSE="pull-part@big.bin#0:2")
     err_path = tmp_path / "first.err"
     with open(err_path, "wb") as err:
         first = subprocess.Popen(argv, env=slow, stdout=subprocess.PIPE, stderr=err)

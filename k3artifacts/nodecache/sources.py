@@ -14,6 +14,7 @@ import json
 import os
 import threading
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -26,13 +27,19 @@ class ShortRead(Exception):
     """The source gave fewer bytes than asked for: retried, then reported."""
 
 
+#: ``sink(view)``: the next bytes of the range, in order; ``view`` is reused after it returns.
+Sink = Callable[[memoryview], None]
+
+
 class Source(ABC):
     #: Extra whole-file checksums the source recorded (path -> {"crc64nvme": base64}).
     checksums: dict[str, dict[str, str]]
 
     @abstractmethod
-    def read_into(self, path: str, offset: int, view: memoryview) -> None:
-        """Fill ``view`` with the bytes of ``path`` at ``offset``, or raise."""
+    def read_range(self, path: str, offset: int, length: int, buf: memoryview,
+                   sink: Sink) -> None:
+        """Pass the ``length`` bytes of ``path`` at ``offset`` to ``sink`` in order, through
+        ``buf`` (the caller's reusable chunk buffer), or raise."""
 
     def close(self) -> None:
         return None
@@ -56,13 +63,15 @@ class FileSource(Source):
                 self._fds[path] = fd
             return fd
 
-    def read_into(self, path: str, offset: int, view: memoryview) -> None:
+    def read_range(self, path: str, offset: int, length: int, buf: memoryview,
+                   sink: Sink) -> None:
         fd = self._fd(path)
         done = 0
-        while done < len(view):
-            n = os.preadv(fd, [view[done:]], offset + done)
+        while done < length:
+            n = os.preadv(fd, [buf[: min(len(buf), length - done)]], offset + done)
             if n == 0:
                 raise ShortRead(f"{path}: end of file at {offset + done}")
+            sink(buf[:n])
             done += n
 
     def close(self) -> None:
@@ -102,13 +111,14 @@ class S3Source(Source):
             if obj.get("checksum_crc64nvme") and obj.get("checksum_type") in (None, "FULL_OBJECT"):
                 self.checksums[obj["path"]] = {"crc64nvme": obj["checksum_crc64nvme"]}
 
-    def read_into(self, path: str, offset: int, view: memoryview) -> None:
+    def read_range(self, path: str, offset: int, length: int, buf: memoryview,
+                   sink: Sink) -> None:
         import botocore.exceptions as bex
 
         from k3artifacts.stores.awsclients import translate
 
         args = {"Bucket": self.store.bucket, "Key": self.store.key(f"{self.prefix}/{path}"),
-                "Range": f"bytes={offset}-{offset + len(view) - 1}"}
+                "Range": f"bytes={offset}-{offset + length - 1}"}
         if path in self.versions:
             args["VersionId"] = self.versions[path]
         try:
@@ -119,15 +129,17 @@ class S3Source(Source):
             raw = getattr(body, "_raw_stream", None)
             done = 0
             with body:
-                while done < len(view):
+                while done < length:
+                    want = buf[: min(len(buf), length - done)]
                     if raw is not None and hasattr(raw, "readinto"):
-                        n = raw.readinto(view[done:])
+                        n = raw.readinto(want)
                     else:
-                        chunk = body.read(len(view) - done)
+                        chunk = body.read(len(want))
                         n = len(chunk)
-                        view[done : done + n] = chunk
+                        want[:n] = chunk
                     if not n:
                         raise ShortRead(f"{path}: response ended at {offset + done}")
+                    sink(buf[:n])
                     done += n
         except (bex.BotoCoreError, bex.ClientError) as exc:
             raise translate(exc, f"reading {self.store.s3_url(self.prefix + '/' + path)}") from exc
