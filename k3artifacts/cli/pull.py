@@ -38,7 +38,7 @@ root_option = click.option(
 @click.argument("target")
 @store_option
 @root_option
-@click.option("--part-size", type=ByteSize(), default=DEFAULTS.part_size, show_default="32MiB",
+@click.option("--part-size", type=ByteSize(), default=DEFAULTS.part_size, show_default="16MiB",
               help="Bytes per ranged read; files larger than this are read in parallel parts.")
 @click.option("--concurrency", type=int, default=DEFAULTS.concurrency, show_default=True,
               help="Ranged reads in flight (across and within files).")
