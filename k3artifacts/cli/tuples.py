@@ -252,10 +252,19 @@ def tuples_diff(a: str, b: str, store_url: str, as_json: bool) -> None:
 @click.argument("tuple_or_channel")
 @click.option(
     "--target",
-    type=click.Choice(TARGETS),
+    type=click.Choice([*TARGETS, "eks-prewarm"]),
     required=True,
     help="hyperpod: InferenceEndpointConfig; eks: PV/PVC, Deployment (or "
-    "LeaderWorkerSet), Service, PodDisruptionBudget.",
+    "LeaderWorkerSet), Service, PodDisruptionBudget; eks-prewarm: a DaemonSet pulling the "
+    "tuple into every GPU node's cache.",
+)
+@click.option(
+    "--weights",
+    type=click.Choice(["store", "node-cache"]),
+    default="store",
+    show_default=True,
+    help="eks: read the weights from the store's volume, or `k3a pull` them into the node's "
+    "NVMe cache in an init container first.",
 )
 @click.option(
     "--out",
@@ -277,6 +286,7 @@ def tuples_diff(a: str, b: str, store_url: str, as_json: bool) -> None:
 def render_cmd(
     tuple_or_channel: str,
     target: str,
+    weights: str,
     out_dir: Path | None,
     name: str | None,
     namespace: str | None,
@@ -292,7 +302,12 @@ def render_cmd(
     9 the tuple cannot be served on this target (reason and fix printed).
     """
     release = resolve_tuple(get_store(store_url), tuple_or_channel)
-    rendered = render(release, target, name=name, namespace=namespace)
+    if weights == "node-cache" or target == "eks-prewarm":
+        from k3artifacts.serving.node_cache import render_node_cache
+
+        rendered = render_node_cache(release, target, name=name, namespace=namespace)
+    else:
+        rendered = render(release, target, name=name, namespace=namespace)
     text = rendered.text()
     path = None
     if out_dir is not None:

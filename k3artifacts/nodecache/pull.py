@@ -184,6 +184,10 @@ def pull(target: PullTarget, root: Path, *, tuning: Tuning | None = None,
     with locks.exclusive(layout.lock_file(rev),
                          on_wait=lambda: observer.note(f"waiting for another pull of {rev}")):
         result = _pull_locked(target, layout, tuning, observer)
+    # The lease file exists before any server starts: `flock -s FILE` on a read-only mount
+    # can then open it.
+    layout.lease_file(rev).parent.mkdir(parents=True, exist_ok=True)
+    layout.lease_file(rev).touch()
     layout.touch_used(rev)
     result.seconds = round(time.monotonic() - started, 3)
     return result
