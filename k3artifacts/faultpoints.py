@@ -12,6 +12,7 @@ Unset, :func:`pause` returns at once; it changes nothing else, so it is harmless
 Points:
   ``downloaded``  a file's bytes are all in its partial file, before size/hash/header checks
   ``publish``     the store-side revision holds every file and the manifest, not yet visible
+  ``pull-part``   ``k3a pull`` wrote one part of a file (detail ``<path>#<part index>``)
 """
 
 from __future__ import annotations
