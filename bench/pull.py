@@ -1,4 +1,4 @@
-"""Figure 8: ``k3a pull`` from a real S3 server (SeaweedFS on loopback) onto local disk.
+"""Figure 9: ``k3a pull`` from a real S3 server (SeaweedFS on loopback) onto local disk.
 
 Same run, same bytes, same server, each side into a fresh directory and timed until its
 bytes are on disk: ``k3a pull`` (ranged GETs in parallel, every byte hashed with xxh3-128 and
@@ -183,17 +183,17 @@ def pull(bench: Bench, opts, shared: dict) -> list[Row]:
               f"rounds, wall time incl. process start ({ours_result['seconds']:.2f}s of it in "
               f"the pull itself), each side until synced")
     return [
-        Row("8 k3a pull from S3 (SeaweedFS), verified", rate, "MB/s", "s5cmd cp + sync", s5,
+        Row("9 k3a pull from S3 (SeaweedFS), verified", rate, "MB/s", "s5cmd cp + sync", s5,
             rate / s5, ">= 0.9", rate / s5 >= 0.9,
             note=common + "; pull checks xxh3-128 and CRC64NVME of every byte, s5cmd nothing",
             extra={"pull": ours_result}),
-        Row("8 k3a pull vs boto3 download_file per file", rate, "MB/s",
+        Row("9 k3a pull vs boto3 download_file per file", rate, "MB/s",
             "boto3 download_file + sync", b3, rate / b3, ">= 1.0", rate / b3 >= 1.0),
-        Row("8 re-pull of a revision changing 1 file: bytes fetched", again["bytes_fetched"],
+        Row("9 re-pull of a revision changing 1 file: bytes fetched", again["bytes_fetched"],
             "bytes", "config.json size", changed_size, None, "== that file",
             again["bytes_fetched"] == changed_size,
             note=f"reused (hard links) {again['bytes_reused']:,} bytes"),
-        Row("8 peak RSS of k3a pull", ours.max_rss / 2**20, "MiB",
+        Row("9 peak RSS of k3a pull", ours.max_rss / 2**20, "MiB",
             f"{len(small)} x 16 MiB shards", small_pull.max_rss / 2**20, 1 / flat,
             "flat (<= 1.25x)", flat <= 1.25,
             note=f"largest shard {max(sizes) / 2**20:.0f} MiB vs 16 MiB; whole process "

@@ -11,21 +11,17 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
+from k3artifacts import config
 from k3artifacts.config import default_workers
 
 from .env import Bench, Row, force_rmtree
 
-SIZE_UNITS = {"": 1, "b": 1, "kib": 2**10, "mib": 2**20, "gib": 2**30, "kb": 10**3,
-              "mb": 10**6, "gb": 10**9}
-
 
 def parse_size(text: str) -> int:
-    t = text.strip().lower()
-    number = t.rstrip("kmgib")
     try:
-        return int(float(number) * SIZE_UNITS[t[len(number):]])
-    except (ValueError, KeyError):
-        raise argparse.ArgumentTypeError(f"{text!r} is not a size like 512MiB or 4GiB") from None
+        return config.parse_size(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _fmt(v: float | None) -> str:
@@ -71,6 +67,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tiny-files", type=int, default=2000, help="files in the per-file figure")
     p.add_argument("--s3-size", type=parse_size, default=parse_size("48MiB"),
                    help="checkpoint size for the S3 figures (moto is slow; default 48MiB)")
+    p.add_argument("--real-s3-size", type=parse_size, default=parse_size("1536MiB"),
+                   help="checkpoint size for the SeaweedFS staging figure (default 1536MiB)")
     p.add_argument("--pull-size", type=parse_size, default=parse_size("1GiB"),
                    help="revision size for the k3a pull figure (SeaweedFS; default 1GiB)")
     p.add_argument("--workers", type=int, default=default_workers(),
@@ -89,7 +87,8 @@ def main(argv: list[str] | None = None) -> int:
     bench = Bench(args.workdir, cold=args.cold)
     opts = Options(size=args.size, shards=args.shards, rss_size=args.rss_size,
                    tiny_files=args.tiny_files, s3_size=args.s3_size,
-                   workers=args.workers, pull_size=args.pull_size)
+                   workers=args.workers, real_s3_size=args.real_s3_size,
+                   pull_size=args.pull_size)
     names = args.only or list(FIGURES)
     rows: list[Row] = []
     shared: dict = {}

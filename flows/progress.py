@@ -1,10 +1,9 @@
-"""A Prefect progress artifact fed by staging's byte callbacks, throttled.
+"""What a staging run shows in the Prefect UI, as a subscriber of the engine's events.
 
-The flow creates one per run; per-file tasks running in the flow's process (the thread-pool
-runner, or a Dask cluster with ``processes=False``) find it in :data:`_LIVE` and report bytes as
-they arrive. Tasks in other processes cannot reach it: the flow then advances it once per
-finished file (:meth:`ByteProgress.file_done` counts whatever the task did not report), so the
-artifact is right either way, only coarser.
+A :class:`FlowObserver` keeps the files table (one row per file: size, sha256, status) and a
+progress artifact. Byte events arrive from jobs running in the flow's own process; for jobs on
+other workers the engine reports a file's bytes when its outcome comes back, so the artifact
+is right either way, only coarser.
 """
 
 from __future__ import annotations
@@ -12,15 +11,23 @@ from __future__ import annotations
 import threading
 import time
 
-from prefect.artifacts import create_progress_artifact, update_progress_artifact
+from prefect import get_run_logger
+from prefect.artifacts import (
+    create_progress_artifact,
+    create_table_artifact,
+    update_progress_artifact,
+)
 
-from k3artifacts.staging.engine import StageObserver
-
-#: Reporters of flow runs in this process, by artifact id.
-_LIVE: dict[str, ByteProgress] = {}
+from k3artifacts.errors import Refusal
+from k3artifacts.revisions.manifest import FileRecord
+from k3artifacts.staging.events import StageObserver
+from k3artifacts.staging.hub import RemoteFile
 
 
 class ByteProgress:
+    """A progress artifact fed by byte counts, throttled: each update is one API call, and a
+    1.56 TB run must not make millions of them."""
+
     def __init__(
         self,
         key: str,
@@ -33,58 +40,74 @@ class ByteProgress:
     ):
         self.total = max(total, 1)
         self.done = done
-        self.description = description
-        # Each update is one API call; a 1.56 TB run must not make millions of them.
         self.min_step = min_step
         self.min_interval = min_interval
-        self._seen: dict[str, int] = {}
         self._lock = threading.Lock()
         self._sent = self.percent()
         self._sent_at = time.monotonic()
-        self.id = str(create_progress_artifact(self._sent, key=key, description=description))
-        _LIVE[self.id] = self
+        self.id = create_progress_artifact(self._sent, key=key, description=description)
 
     def percent(self) -> float:
         return round(min(100.0, 100.0 * self.done / self.total), 1)
 
-    def advance(self, path: str, nbytes: int) -> None:
+    def advance(self, nbytes: int, *, force: bool = False) -> None:
         with self._lock:
-            self._seen[path] = self._seen.get(path, 0) + nbytes
             self.done += nbytes
             pct = self.percent()
             now = time.monotonic()
-            if pct - self._sent < self.min_step or now - self._sent_at < self.min_interval:
+            if not force and (
+                pct - self._sent < self.min_step or now - self._sent_at < self.min_interval
+            ):
                 return
             self._sent, self._sent_at = pct, now
-        self._send(pct)
-
-    def file_done(self, path: str, size: int) -> None:
-        """A task finished ``path``: count the bytes it could not report from its process."""
-        with self._lock:
-            missing = size - min(self._seen.get(path, 0), size)
-            self._seen[path] = size
-            self.done += missing
-            pct = self.percent()
-            self._sent, self._sent_at = pct, time.monotonic()
-        self._send(pct)
-
-    def close(self) -> None:
-        _LIVE.pop(self.id, None)
-
-    def _send(self, pct: float) -> None:
         update_progress_artifact(self.id, pct)
 
 
-class TaskObserver(StageObserver):
-    """Forwards a task's byte callbacks to its flow's reporter, when in the same process."""
+class FlowObserver(StageObserver):
+    """The files table and the byte progress of one staging run."""
 
-    def __init__(self, reporter: ByteProgress):
-        self.reporter = reporter
+    def __init__(self, key: str, title: str):
+        self.key = key
+        self.title = title
+        self.rows: dict[str, dict[str, object]] = {}
+        self.progress: ByteProgress | None = None
+
+    def planned(self, files: list[RemoteFile], reused: set[str]) -> None:
+        self.rows = {
+            f.path: {"path": f.path, "size": f.size, "sha256": "", "status": "pending"}
+            for f in files
+        }
+        self.progress = ByteProgress(
+            f"{self.key}-progress", f"bytes of {self.title} verified in quarantine",
+            total=sum(f.size for f in files),
+            done=sum(f.size for f in files if f.path in reused),
+        )
 
     def advance(self, path: str, nbytes: int) -> None:
-        self.reporter.advance(path, nbytes)
+        if self.progress is not None:
+            self.progress.advance(nbytes)
 
+    def file_done(self, record: FileRecord, reused: bool) -> None:
+        self.rows[record.path].update(
+            sha256=record.sha256, status="reused" if reused else "downloaded"
+        )
+        if not reused and self.progress is not None:
+            self.progress.advance(0, force=True)
 
-def observer_for(progress_id: str | None) -> StageObserver | None:
-    reporter = _LIVE.get(progress_id) if progress_id else None
-    return TaskObserver(reporter) if reporter else None
+    def file_failed(self, path: str, error: BaseException) -> None:
+        status = (
+            f"refused: {error.rule}"
+            if isinstance(error, Refusal)
+            else f"failed: {type(error).__name__}"
+        )
+        self.rows[path]["status"] = status
+
+    def note(self, message: str) -> None:
+        get_run_logger().info("%s", message)
+
+    def publish_table(self) -> None:
+        if self.rows:
+            create_table_artifact(
+                list(self.rows.values()), key=f"{self.key}-files",
+                description=f"files of {self.title}: size, sha256, status",
+            )

@@ -4,8 +4,10 @@
     handed to the store as soon as it verifies -> manifest (index check, license, remote code)
     -> publish -> release tuple (when ``image`` and ``profile`` are given) -> artifacts
 
-A thin layer over :class:`k3artifacts.staging.engine.Stager`; ``k3a stage`` runs the same steps
-without Prefect.
+A thin adapter over the library's one staging engine (:func:`k3artifacts.staging.engine.stage`):
+it supplies a runner that turns each per-file job into a Prefect task, an observer that keeps
+the files table and progress artifact, and the per-revision concurrency limit. ``k3a stage``
+runs the same engine with a thread pool.
 
 Resume: the library's quarantine, not Prefect's result cache
 -----------------------------------------------------------------
@@ -37,24 +39,24 @@ would fail on that lock instead of waiting.
 Fan-out
 -------
 Per-file tasks use the flow's task runner: a thread pool by default, or a Dask cluster when
-``K3A_DASK_ADDRESS`` is set (:func:`flows.common.task_runner_from_env`). A task rebuilds its
-own :class:`Stager` from plain parameters (no live object crosses a process boundary) and
-writes into the shared quarantine without taking the revision lock, which the flow process
-holds for the whole run: the lock keeps other *runs* out, while the tasks of this run each
-write their own ``partial/<hash>.part`` and ``files/<path>``, and append one line each to
-``verified.jsonl`` (a line torn by concurrent appends on a file system without atomic
-O_APPEND fails to parse and that file is simply fetched again). Workers on other machines
-need the quarantine on a shared POSIX volume (FSx for Lustre) and the store reachable.
+``K3A_DASK_ADDRESS`` is set (:func:`flows.common.task_runner_from_env`). A task carries plain
+values (:class:`k3artifacts.staging.worker.FileJob`); in the flow's process it runs with the
+run's own writer and quarantine, elsewhere the worker rebuilds them once per process. On a
+file store / FSx the quarantine beside the store is shared by every worker. On S3 there is no
+shared disk: each worker downloads into its own local quarantine (``$K3A_QUARANTINE`` or the
+user cache), uploads straight to S3, drops its local copy and returns a small verified record;
+the flow builds the manifest from the records and publishes. A task that dies mid-shard is
+retried by Prefect (or rescheduled by Dask) on any worker and starts that file again; its
+half-finished multipart upload is never visible and is aborted once the revision is sealed.
 """
 
 from __future__ import annotations
 
-import time
-from dataclasses import dataclass
+from collections.abc import Iterator
 from pathlib import Path
 
 from prefect import flow, get_run_logger, task
-from prefect.artifacts import create_markdown_artifact, create_table_artifact
+from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.actions import GlobalConcurrencyLimitCreate
@@ -63,21 +65,20 @@ from prefect.exceptions import ObjectAlreadyExists
 from prefect.futures import as_completed
 from prefect.tasks import exponential_backoff
 
-from k3artifacts.config import default_quarantine
-from k3artifacts.errors import K3AError, Refusal, ReleaseRefused, Unavailable
+from k3artifacts.errors import K3AError, Unavailable
 from k3artifacts.releases.binding import create_tuple
 from k3artifacts.revisions.refs import check_repo_id
 from k3artifacts.serving.images import resolve_image
 from k3artifacts.serving.profiles import load_profile, serving_spec
 from k3artifacts.staging.download import RetryPolicy
-from k3artifacts.staging.engine import StageOptions, Stager, StageResult
-from k3artifacts.staging.hub import HubSource, RemoteFile
-from k3artifacts.staging.quarantine import Quarantine, VerifiedEntry
+from k3artifacts.staging.engine import StageOptions, StageResult, stage
+from k3artifacts.staging.hub import HubSource
+from k3artifacts.staging.quarantine import quarantine_root_for
+from k3artifacts.staging.worker import FileJob, FileOutcome, run_file_job
 from k3artifacts.stores.base import Store
-from k3artifacts.stores.file import FileStore
 
 from .common import revision_slug, slug, store_from, task_runner_from_env
-from .progress import ByteProgress, observer_for
+from .progress import FlowObserver
 
 DEFAULT_REPO = "moonshotai/Kimi-K3"
 
@@ -100,36 +101,37 @@ def resolve_commit(endpoint: str | None, repo_id: str, revision: str) -> str:
     return HubSource(endpoint=endpoint).resolve(repo_id, revision)
 
 
-@dataclass(frozen=True)
-class FetchJob:
-    """Everything a task needs to fetch one file, as plain picklable values (a Dask worker in
-    another process rebuilds the Stager from it; the HF token and AWS credentials come from
-    that worker's environment, never from parameters)."""
-
-    endpoint: str | None
-    store_url: str
-    repo_id: str
-    commit: str
-    quarantine_root: str
-    options: StageOptions
-    remote: RemoteFile
-    progress_id: str | None = None
-
-
 @task(name="fetch-file", task_run_name="fetch {job.remote.path}", retries=3,
       retry_delay_seconds=exponential_backoff(10), retry_condition_fn=_network_error,
       cache_policy=NO_CACHE, persist_result=False)
-def fetch_file(job: FetchJob) -> VerifiedEntry:
-    """Download, hash and check one file into quarantine, then hand it to the store."""
-    # Not entered: the revision lock belongs to the flow run (see the module docstring).
-    quarantine = Quarantine(Path(job.quarantine_root), job.repo_id, job.commit)
-    stager = Stager(HubSource(endpoint=job.endpoint), store_from(job.store_url), job.repo_id,
-                    job.commit, quarantine, job.options, observer_for(job.progress_id))
-    stager.open_writer()
-    entry = stager.fetch_file(job.remote)
+def fetch_file(job: FileJob) -> FileOutcome:
+    """Download, hash and check one file, then hand it to the store (the engine's job)."""
+    outcome = run_file_job(job)
     get_run_logger().info("%s: %d bytes verified, sha256 %s", job.remote.path,
-                          entry.record.size, entry.record.sha256)
-    return entry
+                          outcome.entry.record.size, outcome.entry.record.sha256)
+    return outcome
+
+
+class TaskRunner:
+    """The engine's runner as Prefect tasks: one per file, on the flow's task runner."""
+
+    def __init__(self, retries: int, retry_delay: float):
+        self.task = fetch_file.with_options(
+            retries=retries, retry_delay_seconds=exponential_backoff(retry_delay)
+        )
+
+    def run(self, jobs: list[FileJob]) -> Iterator[tuple[FileJob, FileOutcome | BaseException]]:
+        futures = {self.task.submit(job): job for job in jobs}
+        for fut in as_completed(list(futures)):
+            try:
+                yield futures[fut], fut.result()
+            except Exception as exc:  # noqa: BLE001 - the engine decides what it means
+                yield futures[fut], exc
+
+    def stop(self) -> None:
+        # Every task is already submitted to the task runner, which cannot recall them; the
+        # engine fails the run once they end (a refused or failed file publishes nothing).
+        pass
 
 
 def ensure_limit(name: str) -> None:
@@ -140,12 +142,6 @@ def ensure_limit(name: str) -> None:
             client.create_global_concurrency_limit(GlobalConcurrencyLimitCreate(name=name, limit=1))
         except ObjectAlreadyExists:
             pass
-
-
-def quarantine_root(store: Store, explicit: str | None) -> Path:
-    if explicit:
-        return Path(explicit)
-    return default_quarantine(store.root if isinstance(store, FileStore) else None)
 
 
 @flow(name="stage-release", task_runner=task_runner_from_env(), persist_result=False)
@@ -191,7 +187,7 @@ def stage_release(
     ensure_limit(limit)
     logger.info("taking concurrency slot %s (one staging run per revision)", limit)
     with concurrency(limit, occupy=1, strict=True):
-        result = _stage(store, repo_id, commit, quarantine_root(store, quarantine), endpoint,
+        result = _stage(store, repo_id, commit, quarantine_root_for(store, quarantine), endpoint,
                         options, task_retries, task_retry_delay)
     summary = result.__dict__ | {"tuple_id": None}
     if image is not None:
@@ -210,95 +206,13 @@ def _stage(
     task_retries: int,
     task_retry_delay: float,
 ) -> StageResult:
-    logger = get_run_logger()
-    started = time.monotonic()
     key = slug("k3a", repo_id, commit[:12])
-    with Quarantine(qroot, repo_id, commit) as q:
-        existing = store.read_manifest(repo_id, commit)
-        if existing is not None:
-            logger.info(
-                "%s@%s is already published in %s; nothing to do", repo_id, commit, store.url
-            )
-            return StageResult.of(existing, store, started, already=True)
-        stager = Stager(HubSource(endpoint=endpoint), store, repo_id, commit, q, options)
-        stager.open_writer()
-        files, reusable = stager.plan()
-        todo = sorted((f for f in files if f.path not in reusable), key=lambda f: -f.size)
-        logger.info("%d files, %d already verified by an earlier run, %d to fetch",
-                    len(files), len(reusable), len(todo))
-        rows = {f.path: {"path": f.path, "size": f.size, "sha256": "", "status": "pending"}
-                for f in files}
-        progress = ByteProgress(
-            f"{key}-progress", f"bytes of {repo_id}@{commit[:12]} verified in quarantine",
-            total=sum(f.size for f in files), done=sum(e.record.size for e in reusable.values()),
-        )
-        try:
-            entries = []
-            for f in files:
-                if f.path in reusable:
-                    entries.append(stager.reuse(reusable[f.path]))
-                    rows[f.path].update(sha256=reusable[f.path].record.sha256, status="reused")
-            entries += _fetch_all(stager, todo, store, qroot, endpoint, options, progress, rows,
-                                  task_retries, task_retry_delay)
-            try:
-                manifest = stager.build_manifest(entries)
-            except ReleaseRefused:
-                stager.abandon()
-                raise
-            stager.publish(manifest)
-        finally:
-            progress.close()
-            create_table_artifact(
-                list(rows.values()), key=f"{key}-files",
-                description=f"files of {repo_id}@{commit}: size, sha256, status",
-            )
-        result = StageResult.of(manifest, store, started, already=False)
-        result.downloaded_bytes = sum(f.size for f in todo)
-        result.reused_files = len(reusable)
-    if not options.keep_quarantine:
-        q.remove()
-    return result
-
-
-def _fetch_all(stager, todo, store, qroot, endpoint, options, progress, rows, task_retries,
-               task_retry_delay) -> list[VerifiedEntry]:
-    fetch = fetch_file.with_options(
-        retries=task_retries, retry_delay_seconds=exponential_backoff(task_retry_delay)
-    )
-    jobs = {
-        fetch.submit(FetchJob(endpoint, store.url, stager.repo_id, stager.commit, str(qroot),
-                              options, remote, progress.id)): remote
-        for remote in todo
-    }
-    entries: list[VerifiedEntry] = []
-    refusals: list[Refusal] = []
-    failures: list[str] = []
-    for fut in as_completed(list(jobs)):
-        remote = jobs[fut]
-        try:
-            entry = fut.result()
-        except Refusal as refusal:
-            refusals.append(refusal)
-            rows[remote.path]["status"] = f"refused: {refusal.rule}"
-            continue
-        except Exception as exc:  # noqa: BLE001 - reported below, the run fails on it
-            failures.append(f"{remote.path}: {exc}")
-            rows[remote.path]["status"] = f"failed: {type(exc).__name__}"
-            continue
-        entries.append(entry)
-        rows[remote.path].update(sha256=entry.record.sha256, status="downloaded")
-        progress.file_done(remote.path, remote.size)
-    if refusals:
-        stager.abandon()
-        raise ReleaseRefused(sorted(refusals, key=lambda r: r.path))
-    if failures:
-        # Work done is kept (quarantine and the store's in-progress revision): a re-run
-        # fetches only these files, resuming their partial downloads.
-        raise Unavailable(
-            f"{len(failures)} file(s) could not be fetched:\n  " + "\n  ".join(sorted(failures)),
-            hint="re-run the flow with the same parameters; verified files are not fetched again",
-        )
-    return entries
+    observer = FlowObserver(key, f"{repo_id}@{commit[:12]}")
+    try:
+        return stage(HubSource(endpoint=endpoint, retry=options.retry), store, repo_id, commit,
+                     qroot, options, observer, TaskRunner(task_retries, task_retry_delay))
+    finally:
+        observer.publish_table()
 
 
 @task(name="make-tuple", cache_policy=NO_CACHE, persist_result=False)

@@ -35,6 +35,22 @@ def default_quarantine(store_local_root: Path | None) -> Path:
     return cache / "k3artifacts" / "quarantine"
 
 
+_SIZE_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+               "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+
+
+def parse_size(value: str | int) -> int:
+    """Sizes like ``64MiB``, ``4GiB``, ``1.5GB`` or plain bytes; ValueError otherwise."""
+    if isinstance(value, int):
+        return value
+    text = str(value).strip().lower().replace(" ", "")
+    number = text.rstrip("kmgtib")
+    try:
+        return int(float(number) * _SIZE_UNITS[text[len(number):]])
+    except (ValueError, KeyError):
+        raise ValueError(f"{value!r} is not a size like 64MiB, 4GiB or 1000000") from None
+
+
 def default_workers() -> int:
     """Files staged at once: one per core, at least 2, at most 8.
 

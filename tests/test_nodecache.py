@@ -106,6 +106,7 @@ def test_an_overwritten_s3_object_fails_both_checks(seaweed, tmp_path, monkeypat
 
     for name, value in seaweed.env.items():
         monkeypatch.setenv(name, value)
+    monkeypatch.delenv("AWS_SESSION_TOKEN", raising=False)  # moto's fixtures may have set one
     bucket = seaweed.create_bucket(f"k3a-unversioned-{os.getpid()}", versioned=False)
     store = S3Store.from_url(f"s3://{bucket}/k3a", endpoint_url=seaweed.endpoint)
     release = Releases(store, tmp_path / "scratch").release(extra={"big.bin": BIG})

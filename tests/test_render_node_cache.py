@@ -9,8 +9,9 @@ import pytest
 import yaml
 
 from k3artifacts.errors import ConfigError
-from k3artifacts.serving.node_cache import NODE_CACHE_HOST_PATH, render_node_cache
 from k3artifacts.serving.profiles import StorageTarget
+from k3artifacts.serving.render import render
+from k3artifacts.serving.render.node_cache import NODE_CACHE_HOST_PATH
 from tests.test_render import FSX, VERIFIER, make, s3_release, validate_k8s
 
 
@@ -23,7 +24,7 @@ def _release(published_revision, where, **kwargs):
 @pytest.mark.parametrize("where", ["host", "fsx", "s3"])
 def test_eks_node_cache_pulls_verifies_then_serves_the_local_copy(published_revision, where):
     release = _release(published_revision, where)
-    docs = render_node_cache(release, "eks").documents
+    docs = render(release, "eks-node-cache").documents
     validate_k8s(docs)
     kinds = [d["kind"] for d in docs]
     expected = ["Deployment", "Service", "PodDisruptionBudget"]
@@ -57,7 +58,7 @@ def test_eks_node_cache_pulls_verifies_then_serves_the_local_copy(published_revi
 def test_multi_node_pods_each_pull_to_their_own_node(published_revision):
     release = make(published_revision, profile="b200x8-2node-tp8-pp2",
                    storage=StorageTarget(fsx=FSX))
-    docs = render_node_cache(release, "eks").documents
+    docs = render(release, "eks-node-cache").documents
     validate_k8s(docs)
     (lws,) = [d for d in docs if d["kind"] == "LeaderWorkerSet"]
     for key in ("leaderTemplate", "workerTemplate"):
@@ -69,7 +70,7 @@ def test_multi_node_pods_each_pull_to_their_own_node(published_revision):
 @pytest.mark.parametrize("where", ["fsx", "s3"])
 def test_prewarm_is_a_daemonset_on_the_profiles_gpu_nodes(published_revision, where):
     release = _release(published_revision, where)
-    docs = render_node_cache(release, "eks-prewarm").documents
+    docs = render(release, "eks-prewarm").documents
     validate_k8s(docs)
     ds = docs[-1]
     assert ds["kind"] == "DaemonSet" and ds["metadata"]["name"].endswith("-prewarm")
@@ -81,18 +82,18 @@ def test_prewarm_is_a_daemonset_on_the_profiles_gpu_nodes(published_revision, wh
                                                    f"{w.repo_id}@{w.commit}"]
 
 
-def test_node_cache_is_for_eks_only(published_revision):
-    with pytest.raises(ConfigError, match="--target eks"):
-        render_node_cache(make(published_revision, storage=StorageTarget(fsx=FSX)), "hyperpod")
-    with pytest.raises(ConfigError, match="verifier image"):
-        render_node_cache(make(published_revision, verifier=None), "eks-prewarm")
+def test_pulling_needs_a_verifier_image(published_revision):
+    for target in ("eks-node-cache", "eks-prewarm"):
+        with pytest.raises(ConfigError, match="verifier image"):
+            render(make(published_revision, verifier=None), target)
 
 
 def test_cli_node_cache_renders_are_byte_identical(published_revision, k3a_cmd, k3a_env,
                                                    tmp_path):
     release = make(published_revision, storage=StorageTarget(fsx=FSX))
     store = f"file://{published_revision.store.root}"
-    for target, extra in (("eks", ["--weights", "node-cache"]), ("eks-prewarm", [])):
+    for target, extra, written in (("eks", ["--weights", "node-cache"], "eks-node-cache"),
+                                   ("eks-prewarm", [], "eks-prewarm")):
         runs = []
         for n in (1, 2):
             out = tmp_path / f"run{n}"
@@ -101,7 +102,7 @@ def test_cli_node_cache_renders_are_byte_identical(published_revision, k3a_cmd, 
                  "--store", store],
                 env=k3a_env, capture_output=True, text=True, timeout=120, check=False)
             assert proc.returncode == 0, proc.stderr
-            runs.append((out / f"kimi-k3-p6-b300-tp8.{target}.yaml").read_bytes())
+            runs.append((out / f"kimi-k3-p6-b300-tp8.{written}.yaml").read_bytes())
         assert runs[0] == runs[1]
         validate_k8s(list(yaml.safe_load_all(runs[0])))
     proc = subprocess.run([*k3a_cmd, "render", release.id, "--target", "hyperpod", "--weights",

@@ -303,6 +303,7 @@ def test_killed_upload_leaves_nothing_visible_and_is_cleaned(
     assert s3_store.list_keys(f"models/{REPO}/{C1}/") == []
 
     # The next run of the same revision clears the debris and publishes cleanly.
+    assert s3_store.clean_incomplete(REPO, C1) == 1
     writer = s3_store.begin_revision(REPO, C1)
     assert "Uploads" not in s3_client.list_multipart_uploads(Bucket=s3_bucket)
     writer.put_file(rec, local)

@@ -11,7 +11,7 @@ from typing import Any
 import click
 
 from k3artifacts.canonical import to_plain
-from k3artifacts.config import default_store_url
+from k3artifacts.config import default_store_url, parse_size
 from k3artifacts.errors import K3AError
 from k3artifacts.stores.base import Store
 from k3artifacts.stores.registry import open_store
@@ -62,16 +62,9 @@ class ByteSize(click.ParamType):
     """Sizes like 64MiB, 4GiB, 1.5GB or plain bytes."""
 
     name = "size"
-    _units = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
-              "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
 
     def convert(self, value: Any, param: Any, ctx: Any) -> int:
-        if isinstance(value, int):
-            return value
-        text = str(value).strip().lower().replace(" ", "")
-        number = text.rstrip("kmgtib")
-        unit = text[len(number):]
         try:
-            return int(float(number) * self._units[unit])
-        except (ValueError, KeyError):
-            self.fail(f"{value!r} is not a size like 64MiB, 4GiB or 1000000", param, ctx)
+            return parse_size(value)
+        except ValueError as exc:
+            self.fail(str(exc), param, ctx)

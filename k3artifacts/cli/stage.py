@@ -15,20 +15,14 @@ from k3artifacts.cli.common import (
     json_option,
     store_option,
 )
-from k3artifacts.config import default_quarantine, default_workers
+from k3artifacts.config import default_workers
 from k3artifacts.reporting.progress import StageProgress, make_progress
 from k3artifacts.revisions.refs import check_repo_id
 from k3artifacts.staging.download import RetryPolicy
 from k3artifacts.staging.engine import StageOptions, StageResult, stage
 from k3artifacts.staging.hub import HubSource
+from k3artifacts.staging.quarantine import quarantine_root_for
 from k3artifacts.stores.base import Store
-from k3artifacts.stores.file import FileStore
-
-
-def quarantine_for(store: Store, explicit: Path | None) -> Path:
-    if explicit is not None:
-        return explicit
-    return default_quarantine(store.root if isinstance(store, FileStore) else None)
 
 
 def run_stage(
@@ -51,7 +45,7 @@ def run_stage(
             store,
             repo_id,
             revision,
-            quarantine_for(store, quarantine),
+            quarantine_root_for(store, quarantine),
             options,
             observer,
         )

@@ -252,19 +252,19 @@ def tuples_diff(a: str, b: str, store_url: str, as_json: bool) -> None:
 @click.argument("tuple_or_channel")
 @click.option(
     "--target",
-    type=click.Choice([*TARGETS, "eks-prewarm"]),
+    type=click.Choice(list(TARGETS)),
     required=True,
     help="hyperpod: InferenceEndpointConfig; eks: PV/PVC, Deployment (or "
-    "LeaderWorkerSet), Service, PodDisruptionBudget; eks-prewarm: a DaemonSet pulling the "
-    "tuple into every GPU node's cache.",
+    "LeaderWorkerSet), Service, PodDisruptionBudget; eks-prewarm: a DaemonSet that pulls the "
+    "tuple into every GPU node's cache (k3a pull).",
 )
 @click.option(
     "--weights",
     type=click.Choice(["store", "node-cache"]),
     default="store",
     show_default=True,
-    help="eks: read the weights from the store's volume, or `k3a pull` them into the node's "
-    "NVMe cache in an init container first.",
+    help="eks: read the weights from the store's volume, or from the node's NVMe cache "
+    "(`k3a pull` in an init container first; same as --target eks-node-cache).",
 )
 @click.option(
     "--out",
@@ -301,13 +301,15 @@ def render_cmd(
     Exit codes: 0 rendered, 3 tuple body tampered, 7 tuple or channel not found,
     9 the tuple cannot be served on this target (reason and fix printed).
     """
+    if weights == "node-cache":
+        if target not in ("eks", "eks-node-cache"):
+            raise ConfigError(
+                f"--weights node-cache is for --target eks, not {target}",
+                hint="on HyperPod the operator places the weights: README, 'Node-local cache'",
+            )
+        target = "eks-node-cache"
     release = resolve_tuple(get_store(store_url), tuple_or_channel)
-    if weights == "node-cache" or target == "eks-prewarm":
-        from k3artifacts.serving.node_cache import render_node_cache
-
-        rendered = render_node_cache(release, target, name=name, namespace=namespace)
-    else:
-        rendered = render(release, target, name=name, namespace=namespace)
+    rendered = render(release, target, name=name, namespace=namespace)
     text = rendered.text()
     path = None
     if out_dir is not None:

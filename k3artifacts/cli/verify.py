@@ -10,7 +10,7 @@ from k3artifacts.cli import cli
 from k3artifacts.cli.common import emit, get_store, handle_errors, json_option, store_option
 from k3artifacts.errors import ConfigError
 from k3artifacts.reporting.progress import BytesProgress, make_progress
-from k3artifacts.revisions.refs import match_revision_ref
+from k3artifacts.revisions.refs import COMMIT, check_repo_id, match_revision_ref
 from k3artifacts.stores.verify import verify_revision
 
 
@@ -18,6 +18,9 @@ def parse_target(target: str) -> tuple[str, str] | Path:
     ref = match_revision_ref(target)
     if ref is not None:
         return ref
+    repo_id, sep, commit = target.rpartition("@")
+    if sep and COMMIT.match(commit):
+        check_repo_id(repo_id)  # shaped like a revision: say what is wrong with its repo id
     path = Path(target)
     if path.is_dir():
         return path

@@ -1,54 +1,54 @@
 """Staging: a Hub revision becomes a verified, published revision in a store.
 
-    resolve commit -> list -> listing rules -> download to quarantine, hashing as bytes arrive
-    -> per-file checks (size, upstream sha256 / git oid, safetensors header) -> index check
-    -> license + remote-code capture -> manifest -> publish (manifest last, atomically)
+    resolve commit -> list -> listing rules -> plan (what is verified already, what the store
+    holds) -> per-file jobs through a runner: download to quarantine, hashing as bytes arrive,
+    check (size, upstream sha256 / git oid, safetensors header), hand to the store
+    -> index check -> license + remote-code capture -> manifest -> publish (manifest last)
+
+This is the one staging loop: ``k3a stage`` runs it with a :class:`ThreadRunner`, the
+``stage-release`` flow with a runner of Prefect tasks. The per-file work is
+:mod:`k3artifacts.staging.worker`; where it runs is the runner's business.
 
 Every byte is read from the network once and from disk at most once more (the safetensors
-header, a few KB). A re-run of an interrupted staging resumes partial files and skips
-verified ones. Nothing is published unless every file passed.
-
-:class:`Stager` exposes the steps one at a time so an orchestrator (the Prefect flow) can run
-one task per file; :func:`stage` runs them all with a thread pool.
+header, a few KB). A re-run of an interrupted staging resumes partial files and skips verified
+ones. Nothing is published unless every file passed.
 """
 
 from __future__ import annotations
 
-import contextlib
+import hashlib
+import os
 import threading
 import time
-from collections.abc import Iterable, Iterator
-from concurrent.futures import ThreadPoolExecutor, as_completed
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from k3artifacts import faultpoints
-from k3artifacts.config import default_workers
-from k3artifacts.errors import Refusal, ReleaseRefused, Unavailable
-from k3artifacts.revisions.hashing import MultiHasher
+from k3artifacts.errors import K3AError, Refusal, ReleaseRefused, VerifyMismatch
 from k3artifacts.revisions.manifest import FileRecord, RemoteCodeEntry, ShardManifest
 from k3artifacts.revisions.refs import COMMIT, check_repo_id
 from k3artifacts.staging import license as license_capture
-from k3artifacts.staging.download import PermanentError, RetryPolicy, fetch
 from k3artifacts.staging.events import StageObserver
 from k3artifacts.staging.hub import HubSource, RemoteFile
 from k3artifacts.staging.quarantine import Quarantine, VerifiedEntry
-from k3artifacts.staging.rules import file_kind, listing_refusals
-from k3artifacts.staging.safetensors_header import check_header, check_index
-from k3artifacts.stores.base import SMALL_FILE, RevisionWriter, Store
+from k3artifacts.staging.rules import listing_refusals
+from k3artifacts.staging.runners import Runner, ThreadRunner
+from k3artifacts.staging.safetensors_header import check_index
+from k3artifacts.staging.worker import (
+    FileJob,
+    FileOutcome,
+    RunContext,
+    RunSpec,
+    StageOptions,
+    matches_listing,
+    register,
+    unregister,
+)
+from k3artifacts.stores.base import PutReceipt, Store, receipt_stats
 
+__all__ = ["StageOptions", "StageResult", "stage"]
 
-@dataclass(frozen=True)
-class StageOptions:
-    allow_pickle: bool = False
-    workers: int = field(default_factory=default_workers)
-    retry: RetryPolicy = RetryPolicy()
-    #: Keep the quarantine copy after publishing (default: remove it, it is in the store now).
-    keep_quarantine: bool = False
-    #: Bound on local quarantine disk: weights in flight plus verified-but-not-yet-stored stay
-    #: under this many bytes, and a shard's local copy is deleted once the store has it. For a
-    #: checkpoint larger than the staging worker's disk (S3, or an FSx mount off local NVMe).
-    window_bytes: int | None = None
+_COPY_BLOCK = 1 << 20
 
 
 @dataclass
@@ -87,7 +87,80 @@ class StageResult:
         )
 
 
-class Stager:
+class _Tally(StageObserver):
+    """Passes events on, counting the bytes each file reported, so that a file fetched in
+    another process (whose byte events never reach here) still advances every display by its
+    size when its outcome arrives."""
+
+    def __init__(self, inner: StageObserver):
+        self.inner = inner
+        self._seen: dict[str, int] = {}
+        self._lock = threading.Lock()
+
+    def planned(self, files: list[RemoteFile], reused: set[str]) -> None:
+        self.inner.planned(files, reused)
+
+    def file_started(self, path: str, size: int) -> None:
+        self.inner.file_started(path, size)
+
+    def advance(self, path: str, nbytes: int) -> None:
+        with self._lock:
+            self._seen[path] = self._seen.get(path, 0) + nbytes
+        self.inner.advance(path, nbytes)
+
+    def finished(self, record: FileRecord) -> None:
+        with self._lock:
+            missing = record.size - min(self._seen.pop(record.path, 0), record.size)
+        if missing:
+            self.inner.advance(record.path, missing)
+        self.inner.file_done(record, reused=False)
+
+    def file_done(self, record: FileRecord, reused: bool) -> None:
+        self.inner.file_done(record, reused)
+
+    def file_failed(self, path: str, error: BaseException) -> None:
+        self.inner.file_failed(path, error)
+
+    def note(self, message: str) -> None:
+        self.inner.note(message)
+
+
+def stage(
+    source: HubSource,
+    store: Store,
+    repo_id: str,
+    revision: str,
+    quarantine_root: Path,
+    options: StageOptions | None = None,
+    observer: StageObserver | None = None,
+    runner: Runner | None = None,
+) -> StageResult:
+    """Stage ``repo_id@revision`` into ``store``; see the module docstring. ``runner`` runs
+    the per-file jobs (default: a thread pool of ``options.workers``)."""
+    started = time.monotonic()
+    options = options or StageOptions()
+    observer = observer or StageObserver()
+    check_repo_id(repo_id)
+    commit = source.resolve(repo_id, revision)
+    if commit != revision:
+        observer.note(f"resolved {repo_id}@{revision} to commit {commit}")
+
+    with Quarantine(quarantine_root, repo_id, commit) as quarantine:
+        existing = store.read_manifest(repo_id, commit)
+        if existing is not None:
+            observer.note(f"{repo_id}@{commit} is already published in {store.url}; nothing to do")
+            return StageResult.of(existing, store, started, already=True)
+        result = _Run(source, store, repo_id, commit, quarantine, options, observer).execute(
+            runner or ThreadRunner(options.workers), started
+        )
+    if not options.keep_quarantine:
+        quarantine.remove()
+    return result
+
+
+class _Run:
+    """One staging run, coordinated by this process (which holds the quarantine lock)."""
+
     def __init__(
         self,
         source: HubSource,
@@ -95,178 +168,155 @@ class Stager:
         repo_id: str,
         commit: str,
         quarantine: Quarantine,
-        options: StageOptions = StageOptions(),
-        observer: StageObserver | None = None,
+        options: StageOptions,
+        observer: StageObserver,
     ):
-        self.source = source
-        self.store = store
-        self.repo_id = check_repo_id(repo_id)
         if not COMMIT.match(commit):
             raise ValueError(f"commit must be 40 hex, got {commit!r}")
+        self.repo_id = repo_id
         self.commit = commit
+        self.store = store
         self.quarantine = quarantine
         self.options = options
-        self.observer = observer or StageObserver()
-        self._headers = source.headers()
-        self._want_crc = "crc64nvme" in store.wanted_checksums
-        self.writer: RevisionWriter | None = None
-        self._downloaded = 0
-        self._count_lock = threading.Lock()
+        self.tally = _Tally(observer)
+        spec = RunSpec(
+            run_id=uuid.uuid4().hex,
+            endpoint=source.endpoint,
+            store_url=store.url,
+            repo_id=repo_id,
+            commit=commit,
+            quarantine_root=str(_root_of(quarantine)) if store.mounted_tree else None,
+            options=options,
+        )
+        # The one writer of this process: jobs running here in threads share it.
+        self.ctx = RunContext(
+            spec, source, store, store.begin_revision(repo_id, commit), quarantine, self.tally,
+            drop_when_stored=False,
+        )
 
-    def plan(self) -> tuple[list[RemoteFile], dict[str, VerifiedEntry]]:
-        """List the revision and apply the listing rules; return files and reusable entries."""
-        files = self.source.list_files(self.repo_id, self.commit)
+    def execute(self, runner: Runner, started: float) -> StageResult:
+        # Debris of crashed runs (S3 multipart uploads) goes first, while this process holds
+        # the revision and before any job of this run starts an upload of its own.
+        self.store.clean_incomplete(self.repo_id, self.commit)
+        register(self.ctx)
+        try:
+            files, reusable, receipts = self._plan()
+            entries = [self._reuse(reusable[f.path], receipts) for f in files if f.path in reusable]
+            todo = sorted((f for f in files if f.path not in reusable), key=lambda f: -f.size)
+            downloaded = self._fetch(runner, todo, entries, receipts)
+            try:
+                manifest = self._build_manifest(entries)
+            except ReleaseRefused:
+                self.ctx.writer.abort()
+                raise
+            with self.ctx.in_store(f"{self.repo_id}@{self.commit}"):
+                self.ctx.writer.commit(manifest)
+        finally:
+            unregister(self.ctx)
+        # A job of this run killed mid-upload on another machine (and retried elsewhere) may
+        # have left a multipart upload; the revision is sealed now, so none is still wanted.
+        self.store.clean_incomplete(self.repo_id, self.commit)
+        result = StageResult.of(manifest, self.store, started, already=False)
+        result.downloaded_bytes = downloaded
+        result.reused_files = len(reusable)
+        result.store_stats = receipt_stats(receipts)
+        return result
+
+    def _plan(
+        self,
+    ) -> tuple[list[RemoteFile], dict[str, VerifiedEntry], list[PutReceipt | None]]:
+        """List the revision, apply the listing rules, and find what needs no download."""
+        files = self.ctx.source.list_files(self.repo_id, self.commit)
         refusals = listing_refusals(
             ((f.path, f.entry_type) for f in files), allow_pickle=self.options.allow_pickle
         )
         if refusals:
             raise ReleaseRefused(refusals)
         verified = self.quarantine.verified()
-        reusable = {}
+        reusable: dict[str, VerifiedEntry] = {}
+        receipts: list[PutReceipt | None] = []
         for f in files:
             entry = verified.get(f.path)
-            if entry is None or not _matches_listing(entry.record, f):
+            if entry is None or not matches_listing(entry.record, f):
                 continue
-            # A shard already handed to the store and dropped locally is reusable only if the
-            # store-side revision still holds it; otherwise it is downloaded again.
-            if entry.stored and not (self.writer is not None and self.writer.adopt(entry.record)):
-                continue
+            if entry.stored:
+                # Handed to the store and dropped locally by an earlier run: reusable only if
+                # the store-side revision still holds it; otherwise downloaded again.
+                adopted = self.ctx.writer.adopt(entry.record)
+                if adopted is None:
+                    continue
+                receipts.append(adopted)
             reusable[f.path] = entry
-        self.observer.planned(files, set(reusable))
-        return files, reusable
+        self.tally.planned(files, set(reusable))
+        return files, reusable, receipts
 
-    def fetch_file(self, remote: RemoteFile) -> VerifiedEntry:
-        """Download, hash and check one file into quarantine; raise Refusal if it is wrong."""
-        part = self.quarantine.part_path(remote.path)
-        self.observer.file_started(remote.path, remote.size)
-        if not remote.lfs_sha256 and not remote.git_oid:
-            raise Refusal(remote.path, "unverifiable", "the hub lists no sha256 or git blob id")
-        git_size = remote.size if remote.git_oid else None
-
-        def counted(n: int) -> None:
-            with self._count_lock:
-                self._downloaded += n
-            self.observer.advance(remote.path, n)
-
-        with self._in_quarantine(remote.path):
-            try:
-                hasher = fetch(
-                    self.source.file_url(self.repo_id, self.commit, remote.path),
-                    self._headers,
-                    part,
-                    remote.size,
-                    lambda: MultiHasher(git_blob_size=git_size, crc64nvme=self._want_crc),
-                    policy=self.options.retry,
-                    on_bytes=counted,
-                    on_resumed=lambda n: self.observer.advance(remote.path, n),
-                    label=remote.path,
-                    durable=remote.size >= SMALL_FILE,
-                )
-            except PermanentError as exc:
-                raise Refusal(remote.path, "download", str(exc)) from None
-            faultpoints.pause("downloaded", remote.path)
-            try:
-                record, tensors = self._check(remote, part, hasher)
-            except Refusal:
-                # Wrong bytes are not worth resuming from: the next attempt starts clean.
-                self.quarantine.discard(part)
-                raise
-            entry = self.quarantine.accept(
-            record, part, tensors, hasher.extra_checksums(), durable=remote.size >= SMALL_FILE
-        )
-        self._store(entry)
-        self.observer.file_done(record, reused=False)
+    def _reuse(self, entry: VerifiedEntry, receipts: list[PutReceipt | None]) -> VerifiedEntry:
+        receipts.append(self.ctx.store_entry(entry))
+        self.tally.file_done(entry.record, reused=True)
         return entry
 
-    def open_writer(self) -> None:
-        """Start the store-side revision; files are handed to it as soon as they verify, so
-        uploads overlap downloads. Nothing is visible to readers until :meth:`publish`."""
-        self.writer = self.store.begin_revision(self.repo_id, self.commit)
+    def _fetch(
+        self,
+        runner: Runner,
+        todo: list[RemoteFile],
+        entries: list[VerifiedEntry],
+        receipts: list[PutReceipt | None],
+    ) -> int:
+        """Run a job per file; collect what verified, stop starting new jobs at the first
+        failure (running ones finish, so their partial files stay resumable)."""
+        downloaded = 0
+        refusals: list[Refusal] = []
+        errors: list[tuple[str, BaseException]] = []
+        jobs = [FileJob(self.ctx.spec, remote) for remote in todo]
+        for job, outcome in runner.run(jobs):
+            if isinstance(outcome, FileOutcome):
+                entries.append(outcome.entry)
+                receipts.append(outcome.receipt)
+                downloaded += outcome.downloaded
+                self.tally.finished(outcome.entry.record)
+                continue
+            self.tally.file_failed(job.remote.path, outcome)
+            # Wrong bytes at a pinned commit will not become right, and anything else
+            # (network gone, disk full) stops the run too.
+            runner.stop()
+            if isinstance(outcome, Refusal):
+                refusals.append(outcome)
+            else:
+                errors.append((job.remote.path, outcome))
+        if refusals:
+            self.ctx.writer.abort()
+            raise ReleaseRefused(sorted(refusals, key=lambda r: r.path))
+        if errors:
+            raise _one_failure(errors)
+        return downloaded
 
-    def _store(self, entry: VerifiedEntry) -> None:
-        # A stored entry was adopted by the writer in plan(); there is nothing left to hand over.
-        if self.writer is None or entry.stored:
-            return
-        record = entry.record
-        with self._in_store(record.path):
-            self.writer.put_file(
-                record, self.quarantine.final_path(record.path), checksums=entry.checksums
-            )
-        if self.options.window_bytes is not None and record.kind == "weights":
-            # Only weights leave quarantine early: small files (index, license, card) are
-            # read again when the manifest is built.
-            with self._in_quarantine(record.path):
-                self.quarantine.mark_stored(entry)
-
-    # A full or failing disk is no reason for a traceback: the operator needs to know which
-    # side (local quarantine or the store), which file, and that a re-run resumes.
-    @contextlib.contextmanager
-    def _in_quarantine(self, path: str) -> Iterator[None]:
+    def _local(self, record: FileRecord) -> Path:
+        """A manifest input in this process's quarantine; read back from the store (checked
+        against its record) when a worker without a shared disk fetched it."""
+        path = self.quarantine.final_path(record.path)
         try:
-            yield
-        except OSError as exc:
-            raise Unavailable(
-                f"{path}: writing to quarantine {self.quarantine.dir}: {exc.strerror or exc}",
-                hint="free space there or point --quarantine (K3A_QUARANTINE) at a larger disk, "
-                "then re-run: partial and verified files are kept and resumed",
-            ) from None
-
-    @contextlib.contextmanager
-    def _in_store(self, path: str) -> Iterator[None]:
-        try:
-            yield
-        except OSError as exc:
-            raise Unavailable(
-                f"{path}: writing to store {self.store.url}: {exc.strerror or exc}",
-                hint="free space in the store (or fix its permissions), then re-run: "
-                "files verified in quarantine are reused, nothing was published",
-            ) from None
-
-    def _check(
-        self, remote: RemoteFile, part: Path, hasher: MultiHasher
-    ) -> tuple[FileRecord, frozenset[str] | None]:
-        digests = hasher.hexdigests()
-        if digests.size != remote.size:
-            raise Refusal(
-                remote.path, "size", f"received {digests.size} bytes, listing says {remote.size}"
+            if path.stat().st_size == record.size:
+                return path
+        except FileNotFoundError:
+            pass
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.readback")
+        sha = hashlib.sha256()
+        with self.ctx.writer.open_staged(record.path) as src, open(tmp, "wb") as dst:
+            while block := src.read(_COPY_BLOCK):
+                sha.update(block)
+                dst.write(block)
+        if sha.hexdigest() != record.sha256:
+            tmp.unlink(missing_ok=True)
+            raise VerifyMismatch(
+                f"{record.path}: the copy in the store's unpublished revision hashes to "
+                f"{sha.hexdigest()}, verified as {record.sha256}",
+                hint="nothing was published; re-run to fetch it again",
             )
-        if remote.lfs_sha256 and digests.sha256 != remote.lfs_sha256:
-            raise Refusal(
-                remote.path,
-                "sha256",
-                f"received bytes hash to {digests.sha256}, upstream LFS sha256 is "
-                f"{remote.lfs_sha256} (corrupted in transit or changed upstream)",
-            )
-        git_oid = hasher.git_oid()
-        if git_oid is not None and git_oid != remote.git_oid:
-            raise Refusal(
-                remote.path,
-                "git-oid",
-                f"received bytes have git blob id {git_oid}, upstream lists {remote.git_oid}",
-            )
-        kind = file_kind(remote.path)
-        summary = tensors = None
-        if kind == "weights":
-            info = check_header(remote.path, part, remote.size)
-            summary, tensors = info.summary, info.tensor_names
-        record = FileRecord(
-            path=remote.path,
-            size=remote.size,
-            kind=kind,
-            sha256=digests.sha256,
-            xxh3_128=digests.xxh3_128,
-            upstream_sha256=remote.lfs_sha256,
-            upstream_git_oid=remote.git_oid,
-            safetensors=summary,
-        )
-        return record, tensors
+        os.replace(tmp, path)
+        return path
 
-    def reuse(self, entry: VerifiedEntry) -> VerifiedEntry:
-        self._store(entry)
-        self.observer.file_done(entry.record, reused=True)
-        return entry
-
-    def build_manifest(self, entries: Iterable[VerifiedEntry]) -> ShardManifest:
+    def _build_manifest(self, entries: list[VerifiedEntry]) -> ShardManifest:
         """Index check, license and remote-code capture; raise ReleaseRefused on index errors."""
         entries = sorted(entries, key=lambda e: e.record.path)
         present = {e.record.path for e in entries}
@@ -276,17 +326,15 @@ class Stager:
         refusals: list[Refusal] = []
         for e in entries:
             if e.record.kind == "index" and e.record.path.endswith(".safetensors.index.json"):
-                refusals += check_index(
-                    e.record.path, self.quarantine.final_path(e.record.path), present, tensors
-                )
+                refusals += check_index(e.record.path, self._local(e.record), present, tensors)
         if refusals:
             raise ReleaseRefused(refusals)
         license_entry = next((e for e in entries if e.record.kind == "license"), None)
         card_entry = next((e for e in entries if e.record.kind == "card"), None)
         lic = license_capture.capture(
             license_entry.record.path if license_entry else None,
-            self.quarantine.final_path(license_entry.record.path) if license_entry else None,
-            self.quarantine.final_path(card_entry.record.path) if card_entry else None,
+            self._local(license_entry.record) if license_entry else None,
+            self._local(card_entry.record) if card_entry else None,
         )
         return ShardManifest(
             repo_id=self.repo_id,
@@ -301,131 +349,21 @@ class Stager:
             total_bytes=sum(e.record.size for e in entries),
         )
 
-    def publish(self, manifest: ShardManifest) -> None:
-        """Make the revision visible, manifest last."""
-        with self._in_store(f"{self.repo_id}@{self.commit}"):
-            self.writer.commit(manifest)
 
-    def abandon(self) -> None:
-        """The revision was refused: drop what the store-side revision holds."""
-        if self.writer is not None:
-            self.writer.abort()
-
-    @property
-    def downloaded_bytes(self) -> int:
-        return self._downloaded
+def _root_of(quarantine: Quarantine) -> Path:
+    """The root a :class:`Quarantine` was made from (its directory is ``root/org--name/commit``)."""
+    return quarantine.dir.parent.parent
 
 
-def _matches_listing(record: FileRecord, remote: RemoteFile) -> bool:
-    return (
-        record.size == remote.size
-        and record.upstream_sha256 == remote.lfs_sha256
-        and record.upstream_git_oid == remote.git_oid
-    )
-
-
-def stage(
-    source: HubSource,
-    store: Store,
-    repo_id: str,
-    revision: str,
-    quarantine_root: Path,
-    options: StageOptions = StageOptions(),
-    observer: StageObserver | None = None,
-) -> StageResult:
-    """Stage ``repo_id@revision`` into ``store``; see the module docstring."""
-    started = time.monotonic()
-    observer = observer or StageObserver()
-    check_repo_id(repo_id)
-    commit = source.resolve(repo_id, revision)
-    if commit != revision:
-        observer.note(f"resolved {repo_id}@{revision} to commit {commit}")
-
-    with Quarantine(quarantine_root, repo_id, commit) as quarantine:
-        stager = Stager(source, store, repo_id, commit, quarantine, options, observer)
-        existing = store.read_manifest(repo_id, commit)
-        if existing is not None:
-            observer.note(f"{repo_id}@{commit} is already published in {store.url}; nothing to do")
-            return StageResult.of(existing, store, started, already=True)
-
-        stager.open_writer()
-        files, reusable = stager.plan()
-        todo = [f for f in files if f.path not in reusable]
-        # Large files first: the tail of the run is then many small files spread over workers.
-        todo.sort(key=lambda f: -f.size)
-        try:
-            entries = [stager.reuse(reusable[f.path]) for f in files if f.path in reusable]
-            entries += _fetch_all(stager, todo, options)
-            manifest = stager.build_manifest(entries)
-        except ReleaseRefused:
-            stager.abandon()
-            raise
-        stager.publish(manifest)
-        result = StageResult.of(manifest, store, started, already=False)
-        result.downloaded_bytes = stager.downloaded_bytes
-        result.reused_files = len(reusable)
-        result.store_stats = stager.writer.stats()
-    if not options.keep_quarantine:
-        quarantine.remove()
-    return result
-
-
-class _ByteBudget:
-    """Admits files while the bytes they hold locally stay under a window."""
-
-    def __init__(self, window: int | None):
-        self.window = window
-        self.used = 0
-        self._cond = threading.Condition()
-
-    def acquire(self, size: int) -> None:
-        if self.window is None:
-            return
-        with self._cond:
-            # A file bigger than the window runs alone rather than never.
-            self._cond.wait_for(lambda: self.used == 0 or self.used + size <= self.window)
-            self.used += size
-
-    def release(self, size: int) -> None:
-        if self.window is None:
-            return
-        with self._cond:
-            self.used -= size
-            self._cond.notify_all()
-
-
-def _fetch_all(
-    stager: Stager, todo: list[RemoteFile], options: StageOptions
-) -> list[VerifiedEntry]:
-    budget = _ByteBudget(options.window_bytes)
-
-    def one(remote: RemoteFile) -> VerifiedEntry:
-        counted = remote.size if file_kind(remote.path) == "weights" else 0
-        budget.acquire(counted)
-        try:
-            return stager.fetch_file(remote)
-        finally:
-            budget.release(counted)
-
-    entries: list[VerifiedEntry] = []
-    refusals: list[Refusal] = []
-    with ThreadPoolExecutor(max(1, options.workers), thread_name_prefix="k3a-fetch") as pool:
-        futures = [pool.submit(one, f) for f in todo]
-        for fut in as_completed(futures):
-            if fut.cancelled():
-                continue
-            exc = fut.exception()
-            if exc is None:
-                entries.append(fut.result())
-                continue
-            # Wrong bytes at a pinned commit will not become right, and anything else
-            # (network gone, disk full) stops the run: start nothing new, let running
-            # downloads finish so their partial files stay resumable.
-            for other in futures:
-                other.cancel()
-            if not isinstance(exc, Refusal):
-                raise exc
-            refusals.append(exc)
-    if refusals:
-        raise ReleaseRefused(sorted(refusals, key=lambda r: r.path))
-    return entries
+def _one_failure(errors: list[tuple[str, BaseException]]) -> BaseException:
+    """What to raise for the files that could not be fetched: a bug as itself; else the first
+    failure (its message and advice are the most precise: a full disk, an unreachable host),
+    naming the other files that failed with it."""
+    for _, exc in errors:
+        if not isinstance(exc, K3AError):
+            return exc
+    first = errors[0][1]
+    others = [f"{path}: {str(exc).splitlines()[0]}" for path, exc in errors[1:]]
+    if others:
+        first.args = (f"{first}\n  also failed ({len(others)}):\n    " + "\n    ".join(others),)
+    return first

@@ -27,4 +27,8 @@ class StageObserver:
 
     def file_done(self, record: FileRecord, reused: bool) -> None: ...
 
+    def file_failed(self, path: str, error: BaseException) -> None:
+        """``path`` was refused (a :class:`~k3artifacts.errors.Refusal`) or could not be
+        fetched; the run will fail once running files finish."""
+
     def note(self, message: str) -> None: ...

@@ -33,6 +33,32 @@ SMALL_FILE = 16 << 20
 
 
 @dataclass(frozen=True)
+class PutReceipt:
+    """What the store did with one file of a revision; staging sums these into its report,
+    whichever process put the file."""
+
+    path: str
+    size: int
+    #: "uploaded" (bytes sent), "copied" (inside the store), "kept" (already there), or
+    #: "stored" (placed in a file tree: a hard link from quarantine, else a copy).
+    action: str
+
+
+def receipt_stats(receipts: list[PutReceipt | None]) -> dict[str, int]:
+    """Transfer counters of a revision from its receipts (a file store returns none)."""
+    stats: dict[str, int] = {}
+    names = {"uploaded": "uploaded", "copied": "copied", "kept": "skipped"}
+    for receipt in receipts:
+        if receipt is None or receipt.action not in names:
+            continue
+        name = names[receipt.action]
+        stats[f"objects_{name}"] = stats.get(f"objects_{name}", 0) + 1
+        if name != "skipped":
+            stats[f"bytes_{name}"] = stats.get(f"bytes_{name}", 0) + receipt.size
+    return stats
+
+
+@dataclass(frozen=True)
 class Versioned:
     data: bytes
     #: Opaque version of ``data``: pass it back to :meth:`Store.replace` to compare-and-swap.
@@ -45,17 +71,25 @@ class RevisionWriter(ABC):
     @abstractmethod
     def put_file(
         self, record: FileRecord, local_path: Path, *, checksums: Mapping[str, str] | None = None
-    ) -> None:
+    ) -> PutReceipt | None:
         """Add a verified file. ``local_path`` is left in place (the caller owns quarantine).
 
         ``checksums`` carries digests computed while the file was downloaded (those named in
         :attr:`Store.wanted_checksums`), so the store need not read the file to compute them.
+        Writers of one revision may run in several processes at once (one per staging worker):
+        a put has no effect on any other writer's puts.
         """
 
-    def adopt(self, record: FileRecord) -> bool:
+    def adopt(self, record: FileRecord) -> PutReceipt | None:
         """If an earlier, interrupted run already stored this exact file, take it into this
-        revision and return True; the caller then need not have the bytes at hand."""
-        return False
+        revision and say so (a "kept" receipt); the caller then need not have the bytes."""
+        return None
+
+    @abstractmethod
+    def open_staged(self, path: str) -> BinaryIO:
+        """Read back a file put into this revision before it is committed (the staging
+        coordinator reads the index and license this way when a worker on another machine
+        fetched them)."""
 
     def stats(self) -> dict[str, int]:
         """Transfer counters of this revision (bytes uploaded, copied...), for reports."""
@@ -106,7 +140,14 @@ class Store(ABC):
 
     # ---- revisions -----------------------------------------------------------------------
     @abstractmethod
-    def begin_revision(self, repo_id: str, commit: str) -> RevisionWriter: ...
+    def begin_revision(self, repo_id: str, commit: str) -> RevisionWriter:
+        """A writer for one revision. Opening one has no side effect on other writers."""
+
+    def clean_incomplete(self, repo_id: str, commit: str) -> int:
+        """Drop what crashed runs of this revision left half-written (S3: multipart uploads);
+        returns how many. Staging runs it once, at the start of a run that holds the revision,
+        never while another writer of it may be putting files."""
+        return 0
 
     @abstractmethod
     def open_read(self, key: str) -> BinaryIO:
@@ -119,6 +160,10 @@ class Store(ABC):
     def local_path(self, key: str) -> Path | None:
         """The POSIX path of ``key`` when the store is a mounted tree, else None."""
         return None
+
+    #: A POSIX tree that every staging worker mounts (local disk, FSx): workers then share the
+    #: quarantine beside it. Otherwise (S3) each worker keeps its own local quarantine.
+    mounted_tree: bool = False
 
     def read_manifest(self, repo_id: str, commit: str) -> ShardManifest | None:
         found = self.read(manifest_key(repo_id, commit))

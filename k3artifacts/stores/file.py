@@ -25,7 +25,7 @@ from k3artifacts.revisions.manifest import (
     ShardManifest,
     revision_prefix,
 )
-from k3artifacts.stores.base import SMALL_FILE, RevisionWriter, Store, Versioned
+from k3artifacts.stores.base import SMALL_FILE, PutReceipt, RevisionWriter, Store, Versioned
 
 READ_ONLY_FILE = stat.S_IRUSR | stat.S_IRGRP | stat.S_IROTH
 READ_ONLY_DIR = READ_ONLY_FILE | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH
@@ -90,6 +90,8 @@ class FileStore(Store):
     renamed into place; records are written to a temporary file and linked (exclusive create)
     or renamed under a lock (compare-and-swap).
     """
+
+    mounted_tree = True
 
     def __init__(self, root: Path):
         self.root = Path(root).absolute()
@@ -251,19 +253,28 @@ class _FileRevisionWriter(RevisionWriter):
     def _dest(self, path: str) -> Path:
         return self.work.joinpath(*path.split("/"))
 
-    def adopt(self, record: FileRecord) -> bool:
+    def adopt(self, record: FileRecord) -> PutReceipt | None:
         try:
-            return self._dest(record.path).stat().st_size == record.size
+            if self._dest(record.path).stat().st_size == record.size:
+                return PutReceipt(record.path, record.size, "kept")
         except FileNotFoundError:
-            return False
+            pass
+        return None
 
     def put_file(
         self, record: FileRecord, local_path: Path, *, checksums: Mapping[str, str] | None = None
-    ) -> None:
+    ) -> PutReceipt | None:
         with self._locked(fcntl.LOCK_SH):
             if (self.final / META_DIR / MANIFEST_NAME).exists():
-                return  # another writer published the revision; commit() compares manifests
+                return None  # another writer published the revision; commit() compares them
             self._put(record, local_path)
+        return PutReceipt(record.path, record.size, "stored")
+
+    def open_staged(self, path: str) -> BinaryIO:
+        try:
+            return open(self._dest(path), "rb")
+        except FileNotFoundError:
+            raise NotFound(f"{path} was never put into {self.work}") from None
 
     def _put(self, record: FileRecord, local_path: Path) -> None:
         dest = self._dest(record.path)

@@ -29,6 +29,7 @@ import dataclasses
 import hashlib
 import logging
 import math
+import os
 import re
 import threading
 from collections.abc import Callable, Mapping
@@ -43,6 +44,7 @@ from s3transfer.manager import TransferConfig, TransferManager
 from s3transfer.subscribers import BaseSubscriber
 
 from k3artifacts.canonical import canonical_json
+from k3artifacts.config import parse_size
 from k3artifacts.errors import (
     AlreadyExists,
     ConfigError,
@@ -60,7 +62,7 @@ from k3artifacts.revisions.manifest import (
 )
 from k3artifacts.stores import awsclients
 from k3artifacts.stores.awsclients import aws_errors, error_code, http_status
-from k3artifacts.stores.base import RevisionWriter, Store, Versioned
+from k3artifacts.stores.base import PutReceipt, RevisionWriter, Store, Versioned
 
 log = logging.getLogger(__name__)
 
@@ -77,6 +79,9 @@ READ_BLOCK = 8 * MiB
 
 #: What S3 answers when the bytes it received do not match the checksum sent with them.
 _DIGEST_ERRORS = {"BadDigest", "InvalidDigest", "XAmzContentChecksumMismatch"}
+
+PART_SIZE_ENV = "K3A_S3_PART_SIZE"
+CONCURRENCY_ENV = "K3A_S3_CONCURRENCY"
 
 _BUCKET_RE = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
 
@@ -101,6 +106,28 @@ class TransferTuning:
     max_concurrency: int = 8
     #: Bytes per second across one transfer, or None for no limit.
     max_bandwidth: int | None = None
+
+    @classmethod
+    def from_env(cls) -> TransferTuning:
+        """Defaults, overridden by ``K3A_S3_PART_SIZE`` (also the multipart threshold),
+        ``K3A_S3_CONCURRENCY`` (parts in flight per file): what a staging worker reads, so
+        every process of a run moves bytes the same way."""
+        tuning = cls()
+        part = os.environ.get(PART_SIZE_ENV)
+        if part:
+            try:
+                size = parse_size(part)
+            except ValueError as exc:
+                raise ConfigError(f"{PART_SIZE_ENV}: {exc}") from None
+            if size < 5 * MiB:
+                raise ConfigError(f"{PART_SIZE_ENV}={part}: S3 parts must be at least 5 MiB")
+            tuning = dataclasses.replace(tuning, multipart_threshold=size, min_part_size=size)
+        concurrency = os.environ.get(CONCURRENCY_ENV)
+        if concurrency:
+            if not concurrency.isdigit() or int(concurrency) < 1:
+                raise ConfigError(f"{CONCURRENCY_ENV}={concurrency!r} is not a positive integer")
+            tuning = dataclasses.replace(tuning, max_concurrency=int(concurrency))
+        return tuning
 
     def part_size(self, size: int) -> int:
         """Part size for a file of ``size`` bytes: ``min_part_size``, or the smallest whole MiB
@@ -142,13 +169,10 @@ class TransferCounters:
 
 
 @dataclass(frozen=True)
-class ObjectReceipt:
+class ObjectReceipt(PutReceipt):
     """What S3 reported for one object of a revision after it was put, copied or found."""
 
-    path: str
     key: str
-    size: int
-    action: str  # "uploaded" | "copied" | "kept"
     etag: str
     version_id: str | None
     checksum_crc64nvme: str | None
@@ -223,7 +247,7 @@ class S3Store(Store):
         self.prefix = prefix.strip("/")
         self.url = f"s3://{bucket}/{self.prefix}" if self.prefix else f"s3://{bucket}"
         self.client = client or awsclients.s3_client(endpoint_url, profile, region)
-        self.tuning = tuning or TransferTuning()
+        self.tuning = tuning or TransferTuning.from_env()
         self.progress = progress
         self.counters = TransferCounters()
 
@@ -353,6 +377,13 @@ class S3Store(Store):
     def begin_revision(self, repo_id: str, commit: str) -> S3RevisionWriter:
         return S3RevisionWriter(self, repo_id, commit)
 
+    def clean_incomplete(self, repo_id: str, commit: str) -> int:
+        stale = self.abort_multipart_uploads(revision_prefix(repo_id, commit))
+        if stale:
+            log.info("aborted %d multipart upload(s) left under %s", stale,
+                     revision_prefix(repo_id, commit))
+        return stale
+
     def delete_revision(self, repo_id: str, commit: str) -> None:
         if self.read_manifest(repo_id, commit) is None:
             raise NotFound(f"{repo_id}@{commit} is not published in {self.url}")
@@ -412,8 +443,9 @@ class S3Store(Store):
 class S3RevisionWriter(RevisionWriter):
     """Puts one revision's objects; :meth:`commit` writes the manifest last.
 
-    One writer per revision at a time (like the file store's staging directory): starting a
-    writer aborts multipart uploads a crashed writer of the same revision left behind.
+    Several writers of one revision may put files at once (staging workers in other processes
+    each open their own); opening one touches nothing in S3. Multipart uploads a crashed run
+    left behind are cleaned by :meth:`S3Store.clean_incomplete`, an explicit step of a run.
     ``receipts`` holds what S3 reported per file, ``counters`` this writer's transfers, and
     ``abort_leftovers`` the keys :meth:`abort` was not allowed to delete.
     """
@@ -430,9 +462,6 @@ class S3RevisionWriter(RevisionWriter):
         self._written: set[str] = set()
         self._lock = threading.Lock()
         self._index: dict[str, str] | None = None
-        stale = store.abort_multipart_uploads(self.prefix)
-        if stale:
-            log.info("aborted %d multipart upload(s) left under %s", stale, self.prefix)
 
     def _dedup_source(self, sha256: str) -> str | None:
         with self._lock:
@@ -467,17 +496,20 @@ class S3RevisionWriter(RevisionWriter):
     def _manager(self, size: int) -> TransferManager:
         return TransferManager(self.store.client, self.store.tuning.config(size))
 
-    def adopt(self, record: FileRecord) -> bool:
+    def adopt(self, record: FileRecord) -> ObjectReceipt | None:
         key = f"{self.prefix}/{record.path}"
         existing = self.store.head(key)
         if not self._matches(existing, record):
-            return False
+            return None
+        assert existing is not None
         self._count(objects_skipped=1)
-        self._receipt(record, "kept", existing)
-        return True
+        return self._receipt(record, "kept", existing)
 
     def stats(self) -> dict[str, int]:
         return self.counters.as_dict()
+
+    def open_staged(self, path: str) -> BinaryIO:
+        return self.store.open_read(f"{self.prefix}/{path}")
 
     def put_file(
         self, record: FileRecord, local_path: Path, *, checksums: Mapping[str, str] | None = None

@@ -1,6 +1,8 @@
-"""EKS pods that serve from the node's local cache (``k3a pull``), and the pre-warm DaemonSet.
+"""Targets ``eks-node-cache`` and ``eks-prewarm``: EKS pods that serve from the node's local
+cache (``k3a pull``), and the DaemonSet that fills it ahead of a promotion.
 
-``--weights node-cache`` takes the EKS render (:func:`.render.render_eks`) and changes where the
+``eks-node-cache`` (``k3a render --target eks --weights node-cache``) takes the EKS render
+(:func:`.eks.render_eks`) and changes where the
 weights come from: the first init container runs ``k3a pull <tuple>`` from the tuple's store
 (S3 directly; FSx or a host tree through the same volume the store render uses) into a
 hostPath on the node's instance-store NVMe, the second runs ``k3a verify --expect-digest`` on
@@ -8,7 +10,7 @@ the pulled revision directory, and vLLM mounts exactly that directory read-only.
 under ``flock -s <lease file>`` (util-linux, in every vLLM image): a shared lock the node
 cache's eviction honours, released by the kernel when the server dies.
 
-``--target eks-prewarm`` renders a DaemonSet that pulls (and verifies, and leases while it
+``eks-prewarm`` renders a DaemonSet that pulls (and verifies, and leases while it
 runs) a candidate tuple onto every GPU node of the profile's instance type, so promoting or
 rolling back to it finds the weights already local.
 """
@@ -21,20 +23,16 @@ from typing import Any
 from k3artifacts.errors import ConfigError
 from k3artifacts.releases.tuples import ReleaseTuple
 from k3artifacts.serving.profiles import ServingResources, serving_resources
-from k3artifacts.serving.render import (
+from k3artifacts.serving.render.common import (
     STORE_MOUNT,
     VOLUME,
-    Rendered,
     WeightsVolume,
-    _mount,
-    _volume_objects,
     annotations,
-    default_name,
     labels,
-    render_eks,
     slug,
     weights_volume,
 )
+from k3artifacts.serving.render.eks import _mount, _volume_objects, render_eks
 
 #: The instance-store RAID0 that EKS AL2023 GPU nodes mount with nodeadm's
 #: ``localStorage: {strategy: RAID0}`` (p5, p6: 8 NVMe drives, ~30 TB).
@@ -202,19 +200,3 @@ def render_prewarm(release: ReleaseTuple, *, name: str, namespace: str | None) -
     }
     return [*cluster_objects, daemonset]
 
-
-def render_node_cache(release: ReleaseTuple, target: str, *, name: str | None = None,
-                      namespace: str | None = None) -> Rendered:
-    """``eks`` with the weights from the node cache, or ``eks-prewarm``."""
-    name = slug(name) if name else default_name(release)
-    if target == "eks":
-        docs = render_eks_node_cache(release, name=name, namespace=namespace)
-    elif target == "eks-prewarm":
-        docs = render_prewarm(release, name=name, namespace=namespace)
-    else:
-        raise ConfigError(
-            f"--weights node-cache is for --target eks (or eks-prewarm), not {target}",
-            hint="on HyperPod the operator places the weights: see README, 'Node-local cache'",
-        )
-    return Rendered(target=target, tuple_id=release.id, name=name,  # type: ignore[arg-type]
-                    documents=docs)

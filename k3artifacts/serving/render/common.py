@@ -1,0 +1,182 @@
+"""Pieces every serving target shares: where the tuple's weights are, names, labels,
+annotations, probes, env and GPU resources. A target module builds its objects from these."""
+
+from __future__ import annotations
+
+import json
+import posixpath
+import re
+from dataclasses import dataclass, field
+from typing import Any, Literal
+from urllib.parse import unquote, urlparse
+
+from k3artifacts.errors import ConfigError
+from k3artifacts.releases.tuples import ReleaseTuple
+from k3artifacts.revisions.manifest import revision_prefix
+from k3artifacts.serving.profiles import ServingResources
+
+ANNOTATION = "k3a.io"
+VOLUME = "model-weights"
+STORE_MOUNT = "/k3a-store"
+VLLM_COMMAND = ["python3", "-m", "vllm.entrypoints.openai.api_server"]
+HYPERPOD_API = "inference.sagemaker.aws.amazon.com/v1"
+LWS_API = "leaderworkerset.x-k8s.io/v1"
+RAY_PORT = 6379
+
+
+@dataclass(frozen=True)
+class WeightsVolume:
+    """How a pod sees the tuple's weights: one volume whose root is ``volume_root``."""
+
+    kind: Literal["s3", "fsx", "host"]
+    #: Path of the store root inside the volume ("" when the volume root is the store root).
+    store_subpath: str
+    #: Path of the revision inside the volume.
+    model_subpath: str
+    bucket: str | None = None
+    s3_prefix: str = ""
+    region: str | None = None
+    host_path: str | None = None
+    details: dict[str, str] = field(default_factory=dict)
+
+
+def weights_volume(release: ReleaseTuple, res: ServingResources) -> WeightsVolume:
+    weights = release.binding.weights
+    suffix = revision_prefix(weights.repo_id, weights.commit)
+    location = weights.location.rstrip("/")
+    if not location.endswith("/" + suffix):
+        raise ConfigError(
+            f"tuple {release.id}: weights location {location} does not end in {suffix}"
+        )
+    store_root = location[: -len(suffix) - 1]
+    parsed = urlparse(store_root)
+    if parsed.scheme == "s3":
+        if not res.storage.s3_region:
+            raise ConfigError(
+                f"tuple {release.id}: weights are in S3 but the tuple records no region",
+                hint="re-create the tuple with --s3-region REGION",
+            )
+        prefix = parsed.path.strip("/")
+        return WeightsVolume(
+            kind="s3",
+            store_subpath="",
+            model_subpath=suffix,
+            bucket=parsed.netloc,
+            s3_prefix=prefix,
+            region=res.storage.s3_region,
+        )
+    if parsed.scheme != "file":
+        raise ConfigError(f"tuple {release.id}: unsupported weights location {location}")
+    root_path = posixpath.normpath(unquote(parsed.path))
+    fsx = res.storage.fsx
+    if fsx is None:
+        return WeightsVolume(
+            kind="host", store_subpath="", model_subpath=suffix, host_path=root_path
+        )
+    rel = posixpath.relpath(root_path, fsx.mounted_at)
+    if rel == ".." or rel.startswith("../"):
+        raise ConfigError(
+            f"tuple {release.id}: store {root_path} is not under the FSx mount {fsx.mounted_at}",
+            hint="re-create the tuple with the --fsx-mounted-at the store lives under",
+        )
+    rel = "" if rel == "." else rel
+    return WeightsVolume(
+        kind="fsx",
+        store_subpath=rel,
+        model_subpath=posixpath.join(rel, suffix) if rel else suffix,
+        details={
+            "fileSystemId": fsx.file_system_id,
+            "dnsName": fsx.dns_name,
+            "mountName": fsx.mount_name,
+        },
+    )
+
+
+def slug(text: str) -> str:
+    value = re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
+    return value[:63].rstrip("-") or "model"
+
+
+def served_name(release: ReleaseTuple) -> str:
+    for arg in release.binding.serving.args:
+        if arg.startswith("--served-model-name="):
+            return arg.split("=", 1)[1]
+    return release.binding.serving.model_path
+
+
+def default_name(release: ReleaseTuple) -> str:
+    """A stable object name: the same for every tuple of a model and profile, so applying a new
+    tuple's render updates the endpoint in place and rollback is applying the old render."""
+    return slug(f"{served_name(release)}-{release.binding.serving.profile}")
+
+
+def annotations(release: ReleaseTuple) -> dict[str, str]:
+    b = release.binding
+    return {
+        f"{ANNOTATION}/tuple-id": release.id,
+        f"{ANNOTATION}/revision": f"{b.weights.repo_id}@{b.weights.commit}",
+        f"{ANNOTATION}/manifest-digest": b.weights.manifest_digest,
+        f"{ANNOTATION}/weights": b.weights.location,
+        f"{ANNOTATION}/image": b.image.reference,
+        f"{ANNOTATION}/profile": b.serving.profile,
+        f"{ANNOTATION}/license-sha256": b.license_sha256 or "none",
+    }
+
+
+def labels(release: ReleaseTuple, name: str) -> dict[str, str]:
+    return {
+        "app.kubernetes.io/name": name,
+        "app.kubernetes.io/managed-by": "k3a",
+        f"{ANNOTATION}/tuple-id": release.id,
+    }
+
+
+def completion_check(release: ReleaseTuple) -> list[str]:
+    """An exec probe that asks the server for one token (python3 is in every vLLM image)."""
+    port = release.binding.serving.port
+    body = json.dumps(
+        {"model": served_name(release), "prompt": "ping", "max_tokens": 1}, sort_keys=True
+    )
+    script = (
+        "import sys, urllib.request as u; "
+        f"u.urlopen(u.Request('http://127.0.0.1:{port}/v1/completions', data={body!r}.encode(), "
+        "headers={'Content-Type': 'application/json'}), timeout=25); sys.exit(0)"
+    )  # urlopen raises on any non-2xx answer or timeout: the probe fails
+    return ["python3", "-c", script]
+
+
+def probes(release: ReleaseTuple, res: ServingResources) -> dict[str, Any]:
+    port = release.binding.serving.port
+    period = 10
+    return {
+        "startupProbe": {
+            "httpGet": {"path": "/health", "port": port},
+            "periodSeconds": period,
+            "timeoutSeconds": 5,
+            "failureThreshold": max(1, res.startup_seconds // period),
+        },
+        "readinessProbe": {
+            "exec": {"command": completion_check(release)},
+            "periodSeconds": 30,
+            "timeoutSeconds": 30,
+            "failureThreshold": 3,
+        },
+        "livenessProbe": {
+            "httpGet": {"path": "/health", "port": port},
+            "periodSeconds": 30,
+            "timeoutSeconds": 10,
+            "failureThreshold": 5,
+        },
+    }
+
+
+def env_list(release: ReleaseTuple) -> list[dict[str, str]]:
+    return [{"name": k, "value": v} for k, v in sorted(release.binding.serving.env.items())]
+
+
+def gpu_resources(res: ServingResources) -> dict[str, dict[str, Any]]:
+    gpus = str(res.gpus_per_node)
+    return {
+        "requests": {"cpu": res.pod.cpu, "memory": res.pod.memory, "nvidia.com/gpu": gpus},
+        "limits": {"memory": res.pod.memory, "nvidia.com/gpu": gpus},
+    }

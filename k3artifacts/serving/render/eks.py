@@ -1,0 +1,280 @@
+"""Target ``eks``: the weights volume (PV + PVC), a Deployment (single node) or a LeaderWorkerSet
+(multi-node, vLLM over Ray), a Service and a PodDisruptionBudget. Every pod runs ``k3a verify``
+of the bound revision on the mounted weights, under a timeout, before vLLM starts."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from k3artifacts.errors import ConfigError
+from k3artifacts.releases.tuples import ReleaseTuple
+from k3artifacts.serving.profiles import ServingResources, serving_resources
+from k3artifacts.serving.render.common import (
+    LWS_API,
+    RAY_PORT,
+    STORE_MOUNT,
+    VLLM_COMMAND,
+    VOLUME,
+    WeightsVolume,
+    annotations,
+    env_list,
+    gpu_resources,
+    labels,
+    probes,
+    slug,
+    weights_volume,
+)
+
+
+def _volume_objects(release: ReleaseTuple, vol: WeightsVolume, name: str, namespace: str | None):
+    """(cluster objects to create, the pod's volume entry) for the weights."""
+    if vol.kind == "host":
+        # A node-local tree (e.g. a copy on instance NVMe): no PV, the node must hold it.
+        return [], {"name": VOLUME, "hostPath": {"path": vol.host_path, "type": "Directory"}}
+    claim_name = f"{name}-weights"
+    # A PV binds one claim only: one PV per claim, named after its namespace and claim.
+    pv_name = slug(f"{namespace or 'default'}-{claim_name}")
+    if vol.kind == "fsx":
+        csi = {
+            "driver": "fsx.csi.aws.com",
+            "volumeHandle": vol.details["fileSystemId"],
+            "volumeAttributes": {
+                "dnsname": vol.details["dnsName"],
+                "mountname": vol.details["mountName"],
+            },
+        }
+        mount_options = ["flock"]
+    else:
+        # Mountpoint for S3: read-only, the volume root is the store's prefix.
+        csi = {
+            "driver": "s3.csi.aws.com",
+            "volumeHandle": pv_name,
+            "volumeAttributes": {"bucketName": vol.bucket},
+        }
+        mount_options = [f"region {vol.region}", "read-only"]
+        if vol.s3_prefix:
+            mount_options.append(f"prefix {vol.s3_prefix}/")
+    pv = {
+        "apiVersion": "v1",
+        "kind": "PersistentVolume",
+        "metadata": {"name": pv_name, "labels": {"app.kubernetes.io/managed-by": "k3a"}},
+        "spec": {
+            "capacity": {"storage": "2400Gi"},
+            "accessModes": ["ReadOnlyMany"],
+            "persistentVolumeReclaimPolicy": "Retain",
+            "storageClassName": "",
+            "mountOptions": mount_options,
+            "csi": csi,
+        },
+    }
+    claim_meta: dict[str, Any] = {"name": claim_name}
+    if namespace:
+        claim_meta["namespace"] = namespace
+    claim_meta["labels"] = {"app.kubernetes.io/managed-by": "k3a"}
+    pvc = {
+        "apiVersion": "v1",
+        "kind": "PersistentVolumeClaim",
+        "metadata": claim_meta,
+        "spec": {
+            "accessModes": ["ReadOnlyMany"],
+            "storageClassName": "",
+            "volumeName": pv_name,
+            "resources": {"requests": {"storage": "2400Gi"}},
+        },
+    }
+    volume = {"name": VOLUME, "persistentVolumeClaim": {"claimName": claim_name, "readOnly": True}}
+    return [pv, pvc], volume
+
+
+def _mount(path: str, subpath: str) -> dict[str, Any]:
+    mount: dict[str, Any] = {"name": VOLUME, "mountPath": path, "readOnly": True}
+    if subpath:
+        mount["subPath"] = subpath
+    return mount
+
+
+def verify_container(release: ReleaseTuple, res: ServingResources, vol: WeightsVolume) -> dict:
+    if not res.verifier_image:
+        raise ConfigError(
+            f"tuple {release.id} names no verifier image; the EKS pod verifies the weights "
+            "with k3a before vLLM starts",
+            hint="re-create the tuple with --verifier-image <pipeline worker image>",
+        )
+    w = release.binding.weights
+    # coreutils timeout: an init container that hangs on a sick mount must fail, not wait
+    # forever (KServe #5611); the pod then restarts and the Deployment reports it.
+    command = [
+        "timeout", "--kill-after=30", str(res.verify_timeout_seconds),
+        "k3a", "verify", f"{w.repo_id}@{w.commit}", "--store", f"file://{STORE_MOUNT}",
+        # The manifest on the volume must be the one the tuple bound, not merely consistent
+        # with the files beside it.
+        "--expect-digest", w.manifest_digest,
+    ]  # fmt: skip
+    return {
+        "name": "verify-weights",
+        "image": res.verifier_image,
+        "command": command,
+        "resources": {
+            "requests": {"cpu": "4", "memory": "8Gi"},
+            "limits": {"memory": "8Gi"},
+        },
+        "volumeMounts": [_mount(STORE_MOUNT, vol.store_subpath)],
+    }
+
+
+def _pod_spec(
+    release: ReleaseTuple,
+    res: ServingResources,
+    vol: WeightsVolume,
+    volume: dict,
+    container: dict,
+) -> dict:
+    return {
+        "initContainers": [verify_container(release, res, vol)],
+        "containers": [container],
+        "volumes": [
+            volume,
+            {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": res.pod.shm_size}},
+        ],
+        "nodeSelector": {"node.kubernetes.io/instance-type": res.node_instance_type},
+        "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+        "terminationGracePeriodSeconds": 120,
+    }
+
+
+def _vllm_container(
+    release: ReleaseTuple, res: ServingResources, vol: WeightsVolume, **extra
+) -> dict:
+    b = release.binding
+    container = {
+        "name": "vllm",
+        "image": b.image.reference,
+        "command": VLLM_COMMAND,
+        "args": list(b.serving.args),
+        "env": env_list(release),
+        "ports": [{"name": "http", "containerPort": b.serving.port}],
+        "resources": gpu_resources(res),
+        "volumeMounts": [
+            _mount(b.serving.model_path, vol.model_subpath),
+            {"name": "dshm", "mountPath": "/dev/shm"},
+        ],
+        **probes(release, res),
+    }
+    container.update(extra)
+    return container
+
+
+def render_eks(release: ReleaseTuple, *, name: str, namespace: str | None) -> list[dict]:
+    b = release.binding
+    res = serving_resources(b.serving, f"tuple {release.id}")
+    vol = weights_volume(release, res)
+    cluster_objects, volume = _volume_objects(release, vol, name, namespace)
+    meta_base: dict[str, Any] = {"name": name}
+    if namespace:
+        meta_base["namespace"] = namespace
+    selector = {"app.kubernetes.io/name": name}
+    pod_meta = {"labels": labels(release, name), "annotations": annotations(release)}
+    meta = {**meta_base, "labels": labels(release, name), "annotations": annotations(release)}
+    if res.nodes == 1:
+        workload = {
+            "apiVersion": "apps/v1",
+            "kind": "Deployment",
+            "metadata": meta,
+            "spec": {
+                "replicas": res.replicas,
+                "selector": {"matchLabels": selector},
+                # Never take a serving pod down before its replacement can generate: a
+                # rollback or upgrade needs one spare GPU node while it runs.
+                "strategy": {
+                    "type": "RollingUpdate",
+                    "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0},
+                },
+                "progressDeadlineSeconds": res.startup_seconds + res.verify_timeout_seconds + 600,
+                "template": {
+                    "metadata": pod_meta,
+                    "spec": _pod_spec(
+                        release, res, vol, volume, _vllm_container(release, res, vol)
+                    ),
+                },
+            },
+        }
+        service_selector = selector
+    else:
+        workload = _leader_worker_set(release, res, vol, volume, meta, pod_meta)
+        service_selector = {**selector, "role": "leader"}
+    service = {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {
+            **meta_base,
+            "labels": labels(release, name),
+            "annotations": annotations(release),
+        },
+        "spec": {
+            "type": "ClusterIP",
+            "selector": service_selector,
+            "ports": [{"name": "http", "port": b.serving.port, "targetPort": "http"}],
+        },
+    }
+    # One replica: a drain must not take the only server down (scale up first); several:
+    # one at a time.
+    budget = {"minAvailable": 1} if res.replicas == 1 else {"maxUnavailable": 1}
+    pdb = {
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": {**meta_base, "labels": labels(release, name)},
+        "spec": {**budget, "selector": {"matchLabels": selector}},
+    }
+    return [*cluster_objects, workload, service, pdb]
+
+
+def _leader_worker_set(
+    release: ReleaseTuple,
+    res: ServingResources,
+    vol: WeightsVolume,
+    volume: dict,
+    meta: dict,
+    pod_meta: dict,
+) -> dict:
+    """vLLM multi-node: a Ray head plus the API server in the leader, Ray workers elsewhere.
+    The leader waits until the whole group has joined before vLLM places its stages."""
+    leader_script = (
+        f"ray start --head --port={RAY_PORT} && "
+        'until [ "$(python3 -c \'import ray; ray.init(address="auto", logging_level="ERROR"); '
+        'print(sum(n["Alive"] for n in ray.nodes()))\')" -ge "$LWS_GROUP_SIZE" ]; '
+        'do sleep 5; done && exec "$@"'
+    )
+    worker_script = f'exec ray start --address="$LWS_LEADER_ADDRESS:{RAY_PORT}" --block'
+    leader = _vllm_container(
+        release,
+        res,
+        vol,
+        command=["sh", "-c", leader_script, "vllm-leader", *VLLM_COMMAND],
+    )
+    leader["ports"] = [*leader["ports"], {"name": "ray", "containerPort": RAY_PORT}]
+    worker = {
+        key: value
+        for key, value in _vllm_container(release, res, vol).items()
+        if key not in ("args", "ports", "startupProbe", "readinessProbe", "livenessProbe")
+    }
+    worker["command"] = ["sh", "-c", worker_script]
+    return {
+        "apiVersion": LWS_API,
+        "kind": "LeaderWorkerSet",
+        "metadata": meta,
+        "spec": {
+            "replicas": res.replicas,
+            "leaderWorkerTemplate": {
+                "size": res.nodes,
+                "restartPolicy": "RecreateGroupOnPodRestart",
+                "leaderTemplate": {
+                    "metadata": {**pod_meta, "labels": {**pod_meta["labels"], "role": "leader"}},
+                    "spec": _pod_spec(release, res, vol, volume, leader),
+                },
+                "workerTemplate": {
+                    "metadata": {**pod_meta, "labels": {**pod_meta["labels"], "role": "worker"}},
+                    "spec": _pod_spec(release, res, vol, volume, worker),
+                },
+            },
+        },
+    }
