@@ -244,3 +244,22 @@ def test_keep_1_never_evicts_a_leased_revision(file_releases, tmp_path, k3a_cmd,
     assert not layout.final_dir(rev).exists()
     code, _, err = k3a("cache", "lease", str(rev), "--root", str(root), "--", "true")
     assert code == 7 and "not in the cache" in err
+
+
+def test_a_partial_file_later_found_in_another_revision_is_linked_and_its_part_dropped(
+        file_releases, tmp_path):
+    """Run 1 of B leaves part of big.bin; A (same big.bin) is then pulled whole; re-running B
+    hard-links big.bin and the stale part file does not end up in the revision directory."""
+    a = file_releases.release(extra={"big.bin": BIG})
+    b = file_releases.release(extra={"big.bin": BIG})
+    root = tmp_path / "cache"
+    layout = CacheLayout(root)
+    wb = b.binding.weights
+    partial = layout.partial_dir(Revision(wb.repo_id, wb.commit))
+    partial.mkdir(parents=True)
+    (partial / ".big.bin.part").write_bytes(BIG[:MiB])
+    pull_json(file_releases.store.url, a.id, root)
+    out = pull_json(file_releases.store.url, b.id, root)
+    assert out["bytes_reused"] >= len(BIG)
+    final = check_copy(root, file_releases.store, b)
+    assert not (final / ".big.bin.part").exists()

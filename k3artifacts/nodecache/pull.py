@@ -166,6 +166,20 @@ class _VerifiedLog:
         self.fh.close()
 
 
+def _sweep(partial: Path, listed: set[str]) -> None:
+    """Delete what the manifest does not list (a part file an earlier run left for a file this
+    run hard-linked instead): the revision directory must hold exactly the manifest's files,
+    or `k3a verify` refuses it."""
+    for dirpath, _, filenames in os.walk(partial):
+        rel = Path(dirpath).relative_to(partial).as_posix()
+        if rel == META_DIR or rel.startswith(META_DIR + "/"):
+            continue
+        for name in filenames:
+            path = name if rel == "." else f"{rel}/{name}"
+            if path not in listed:
+                os.unlink(os.path.join(dirpath, name))
+
+
 def _fsync_dir(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
@@ -283,6 +297,7 @@ def _pull_locked(target: PullTarget, layout: CacheLayout, tuning: Tuning,
     result.bytes_resumed += totals.bytes_resumed
     result.algorithms = ["xxh3-128"] + (["crc64nvme"] if source.checksums else [])
 
+    _sweep(partial, {r.path for r in manifest.files})
     (meta / MANIFEST_NAME).write_bytes(raw)
     (meta / VERIFIED_LOG).unlink()
     marker = VerifiedMarker(repo_id=rev.repo_id, commit=rev.commit,
