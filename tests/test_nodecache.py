@@ -263,3 +263,22 @@ def test_a_partial_file_later_found_in_another_revision_is_linked_and_its_part_d
     assert out["bytes_reused"] >= len(BIG)
     final = check_copy(root, file_releases.store, b)
     assert not (final / ".big.bin.part").exists()
+
+
+def test_gc_evicts_least_recently_used_first(file_releases, tmp_path):
+    releases = [file_releases.release() for _ in range(3)]
+    root = tmp_path / "cache"
+    layout = CacheLayout(root)
+    revs = []
+    for age, release in zip((300, 100, 200), releases, strict=True):
+        pull_json(file_releases.store.url, release.id, root)
+        rev = Revision(release.binding.weights.repo_id, release.binding.weights.commit)
+        used = time.time() - age
+        os.utime(layout.used_file(rev), (used, used))
+        revs.append(rev)
+    code, out, _ = k3a("cache", "gc", "--keep", "1", "--root", str(root), "--json")
+    assert code == 0
+    result = json.loads(out)
+    assert result["kept"] == [str(revs[1])]
+    assert result["evicted"] == [str(revs[0]), str(revs[2])]  # oldest first
+    assert [r for r in revs if layout.marker(r) is not None] == [revs[1]]

@@ -44,7 +44,7 @@ root_option = click.option(
               help="Ranged reads in flight (across and within files).")
 @click.option("--connections", type=int, default=None,
               help="S3 connections in the pool  [default: --concurrency]")
-@click.option("--keep", type=int, default=None,
+@click.option("--keep", type=click.IntRange(min=1), default=None,
               help="After the pull, keep only the N most recently used revisions (leased "
               "ones are never evicted).")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar or log lines.")
@@ -138,7 +138,8 @@ def cache_rm(revision, root):
 
 
 @cache_group.command("gc")
-@click.option("--keep", type=int, required=True, help="Revisions to keep (most recently used).")
+@click.option("--keep", type=click.IntRange(min=0), required=True,
+              help="Revisions to keep (most recently used).")
 @root_option
 @json_option
 @handle_errors

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from k3artifacts import faultpoints
-from k3artifacts.errors import K3AError, NotFound, Unavailable, VerifyMismatch
+from k3artifacts.errors import ConfigError, NotFound, Unavailable, VerifyMismatch
 from k3artifacts.nodecache.layout import PartsRecord
 from k3artifacts.nodecache.sources import ShortRead, Source
 from k3artifacts.revisions.hashing import MultiHasher
@@ -63,9 +63,9 @@ class Tuning:
 
     def __post_init__(self) -> None:
         if self.part_size < MiB or self.part_size % MiB:
-            raise K3AError(f"part size {self.part_size} must be a whole number of MiB")
+            raise ConfigError(f"part size {self.part_size} must be a whole number of MiB")
         if self.concurrency < 1:
-            raise K3AError("concurrency must be at least 1")
+            raise ConfigError("concurrency must be at least 1")
 
     @property
     def pool_connections(self) -> int:

@@ -102,13 +102,15 @@ class GcResult:
 
 
 def gc(layout: CacheLayout, keep: int, protect: frozenset[str] = frozenset()) -> GcResult:
-    """Keep the ``keep`` most recently used revisions (``protect`` always counts among them),
-    evict the rest least recently used first, skipping leased ones."""
+    """Keep the ``keep`` most recently used revisions (``protect`` is always kept and counts
+    among them), evict the rest least recently used first, skipping leased ones."""
     cached = list_cached(layout)
-    ordered = ([c for c in cached if c.revision in protect]
-               + [c for c in cached if c.revision not in protect])
-    result = GcResult(kept=[c.revision for c in ordered[:keep]], evicted=[], leased=[])
-    for c in reversed(ordered[keep:]):
+    protected = [c for c in cached if c.revision in protect]
+    others = [c for c in cached if c.revision not in protect]
+    room = max(0, keep - len(protected))
+    result = GcResult(kept=[c.revision for c in protected + others[:room]], evicted=[],
+                      leased=[])
+    for c in reversed(others[room:]):
         repo_id, _, commit = c.revision.rpartition("@")
         try:
             gone = evict(layout, Revision(repo_id, commit))
