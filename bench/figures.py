@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .env import MB, Bench, Row, cache_note, force_rmtree
+from .pull import pull
 
 REPO = "moonshotai/Kimi-K3"
 TINY_REPO = "bench/many-small-files"
@@ -25,6 +26,7 @@ class Options:
     workers: int
     real_s3_size: int
     incr_size: int
+    pull_size: int
 
 
 def _rate(nbytes: int, seconds: float) -> float:
@@ -422,4 +424,5 @@ FIGURES = {
     "s3real": _s3_real,  # 8
     "signing": _signing,  # 9
     "incremental": _incremental,  # 10
+    "pull": pull,  # 11
 }

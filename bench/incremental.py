@@ -22,7 +22,7 @@ CHANGED = "generation_config.json"
 def _row(store: str, files: dict, changed_size: int, full: dict, second: dict) -> Row:
     pulled = second["downloaded_bytes"]
     return Row(
-        f"9 bytes pulled from the Hub for a revision changing one small file ({store})",
+        f"10 bytes pulled from the Hub for a revision changing one small file ({store})",
         pulled, "bytes", f"{CHANGED} size", changed_size, None, "== that file",
         pulled == changed_size,
         note=f"staging it took {second['seconds']:.2f}s vs {full['seconds']:.1f}s for the full "

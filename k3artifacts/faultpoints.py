@@ -18,6 +18,7 @@ Points:
                   deleting it
   ``channel-move`` a channel move has read the pointer and is about to compare-and-swap it
                   (detail: the channel), so a test can move it first and see the race lost
+  ``pull-part``   ``k3a pull`` wrote one part of a file (detail ``<path>#<part index>``)
 """
 
 from __future__ import annotations

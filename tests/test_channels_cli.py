@@ -15,7 +15,7 @@ from click.testing import CliRunner, Result
 
 from k3artifacts.cli import cli
 from k3artifacts.releases.channels import current, history
-from tests.fixtures.releases import require_atomic_cas
+from tests.fixtures.releases import ATOMIC_STORES, require_atomic_cas
 
 CODE = {"modeling_kimi.py": b"def forward(x):\n    return x\n"}
 
@@ -31,7 +31,12 @@ def k3a_env_store(request, k3a_env, store, policies):
     text = gates.read_text().replace("min_hours: 24", "min_hours: 0")
     gates.write_text(text.replace(
         "claimed_actor_on_file_stores: false", "claimed_actor_on_file_stores: true"))
-    base = k3a_env if isinstance(store, FileStore) else request.getfixturevalue("s3_env")
+    if isinstance(store, FileStore):
+        base = k3a_env
+    elif request.node.callspec.params.get("store") == "seaweed":
+        base = dict(k3a_env, **request.getfixturevalue("seaweed").env)
+    else:
+        base = request.getfixturevalue("s3_env")
     return dict(base, K3A_STORE=store.url, K3A_POLICIES=str(policies), K3A_ACTOR="ops-bot")
 
 
@@ -200,6 +205,7 @@ cli(args=sys.argv[2:], prog_name="k3a")
 """
 
 
+@pytest.mark.parametrize("store", ATOMIC_STORES, indirect=True)
 def test_racing_promotions_in_separate_processes(k3a, releases, store, reviewed, tmp_path):
     """Separate processes, no hooks in k3a: whatever the interleaving, every racer either won
     (its entry is in the history) or exited 6 naming a winner, and the history has no gap."""

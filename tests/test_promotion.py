@@ -21,7 +21,7 @@ from k3artifacts.releases.channels import (
 )
 from k3artifacts.releases.evaluations import attach_evaluation
 from k3artifacts.releases.reviews import review_code, review_license
-from tests.fixtures.releases import require_atomic_cas, staged_for
+from tests.fixtures.releases import ATOMIC_STORES, require_atomic_cas, staged_for
 
 CODE = {"modeling_kimi.py": b"def forward(x):\n    return x\n"}
 
@@ -228,6 +228,7 @@ def test_malformed_policy_files_and_review_records_are_named(store, releases, po
         _promote(store, release, "production", policies)
 
 
+@pytest.mark.parametrize("store", ATOMIC_STORES, indirect=True)
 def test_racing_promotions_threads_leave_one_winner(store, releases, policies, reviewed):
     require_atomic_cas(store)
     base, a, b = releases.release(), releases.release(), releases.release()
@@ -249,6 +250,7 @@ def test_racing_promotions_threads_leave_one_winner(store, releases, policies, r
     assert [e.tuple_id for e in entries] == [base.id, winner_id]
 
 
+@pytest.mark.parametrize("store", ATOMIC_STORES, indirect=True)
 def test_promotion_racing_a_rollback_leaves_one_winner(store, releases, policies, reviewed):
     require_atomic_cas(store)
     first, second, third = releases.release(), releases.release(), releases.release()

@@ -32,6 +32,8 @@ COMMAND_MODULES = {
     "bootstrap": "aws",
     "fsx": "aws",
     "docker": "docker",
+    "pull": "pull",
+    "cache": "pull",
 }
 
 

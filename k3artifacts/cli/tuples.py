@@ -273,7 +273,16 @@ def tuples_diff(a: str, b: str, store_url: str, as_json: bool) -> None:
     type=click.Choice(list(TARGETS)),
     required=True,
     help="hyperpod: InferenceEndpointConfig; eks: PV/PVC, Deployment (or "
-    "LeaderWorkerSet), Service, PodDisruptionBudget.",
+    "LeaderWorkerSet), Service, PodDisruptionBudget; eks-prewarm: a DaemonSet that pulls the "
+    "tuple into every GPU node's cache (k3a pull).",
+)
+@click.option(
+    "--weights",
+    type=click.Choice(["store", "node-cache"]),
+    default="store",
+    show_default=True,
+    help="eks: read the weights from the store's volume, or from the node's NVMe cache "
+    "(`k3a pull` in an init container first; same as --target eks-node-cache).",
 )
 @click.option(
     "--out",
@@ -302,6 +311,7 @@ def tuples_diff(a: str, b: str, store_url: str, as_json: bool) -> None:
 def render_cmd(
     tuple_or_channel: str,
     target: str,
+    weights: str,
     out_dir: Path | None,
     name: str | None,
     namespace: str | None,
@@ -318,6 +328,13 @@ def render_cmd(
     Exit codes: 0 rendered, 3 tuple body tampered, 7 tuple or channel not found,
     9 the tuple cannot be served on this target (reason and fix printed).
     """
+    if weights == "node-cache":
+        if target not in ("eks", "eks-node-cache"):
+            raise ConfigError(
+                f"--weights node-cache is for --target eks, not {target}",
+                hint="on HyperPod the operator places the weights: README, 'Node-local cache'",
+            )
+        target = "eks-node-cache"
     release = resolve_tuple(get_store(store_url), tuple_or_channel)
     rendered = render(release, target, name=name, namespace=namespace,
                       signing_policy=policies_dir if verify_signature else None)

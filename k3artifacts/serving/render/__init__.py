@@ -11,6 +11,8 @@ rendering the previous tuple and applying it. One module per target, registered 
 * ``eks``: the weights volume (PV + PVC), a Deployment (single node) or a LeaderWorkerSet
   (multi-node, vLLM over Ray), a Service and a PodDisruptionBudget. Every pod runs
   ``k3a verify`` of the bound revision on the mounted weights, under a timeout, before vLLM.
+* ``eks-node-cache``, ``eks-prewarm``: the same pods serving from the node's NVMe after
+  ``k3a pull``, and a DaemonSet that pre-pulls a candidate (:mod:`.node_cache`).
 
 Probes, for a server whose cold start reads ~1.5 TB: a startup probe on ``/health`` with a
 budget of the profile's ``startup_seconds`` (liveness does not run until it passes, so a slow
@@ -32,12 +34,15 @@ from k3artifacts.releases.tuples import ReleaseTuple
 from k3artifacts.serving.render.common import default_name, slug
 from k3artifacts.serving.render.eks import render_eks
 from k3artifacts.serving.render.hyperpod import render_hyperpod
+from k3artifacts.serving.render.node_cache import render_eks_node_cache, render_prewarm
 from k3artifacts.signing.policy import config_map_files
 
 #: ``render(release, name=..., namespace=...) -> list of Kubernetes objects``, by target name.
 TARGETS: dict[str, Callable[..., list[dict]]] = {
     "hyperpod": render_hyperpod,
     "eks": render_eks,
+    "eks-node-cache": render_eks_node_cache,
+    "eks-prewarm": render_prewarm,
 }
 
 

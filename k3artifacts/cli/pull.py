@@ -1,0 +1,178 @@
+"""k3a pull and k3a cache: a node's local copy of a release's weights."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import click
+
+from k3artifacts.cli import cli
+from k3artifacts.cli.common import (
+    ByteSize,
+    emit,
+    get_store,
+    handle_errors,
+    json_option,
+    progress_options,
+    reporter,
+    store_option,
+)
+from k3artifacts.errors import NotFound
+from k3artifacts.nodecache import locks
+from k3artifacts.nodecache.fetch import Tuning
+from k3artifacts.nodecache.layout import CACHE_ENV, CacheLayout, default_root, parse_revision
+from k3artifacts.nodecache.pull import PullObserver, pull, resolve_target
+from k3artifacts.nodecache.retention import gc, list_cached, remove
+from k3artifacts.reporting.progress import BytesProgress
+
+DEFAULTS = Tuning()
+
+root_option = click.option(
+    "--to", "--root", "root", type=click.Path(file_okay=False, path_type=Path),
+    envvar=CACHE_ENV, default=default_root, show_default=f"${CACHE_ENV}",
+    help="Node cache root; revisions land under ROOT/models/<org>/<name>/<commit>/.",
+)
+
+
+@cli.command("pull")
+@click.argument("target")
+@store_option
+@root_option
+@click.option("--part-size", type=ByteSize(), default=DEFAULTS.part_size, show_default="16MiB",
+              help="Bytes per ranged read; files larger than this are read in parallel parts.")
+@click.option("--concurrency", type=int, default=DEFAULTS.concurrency, show_default=True,
+              help="Ranged reads in flight (across and within files).")
+@click.option("--connections", type=int, default=None,
+              help="S3 connections in the pool  [default: --concurrency]")
+@click.option("--keep", type=click.IntRange(min=1), default=None,
+              help="After the pull, keep only the N most recently used revisions (leased "
+              "ones are never evicted).")
+@click.option("--quiet", "-q", is_flag=True, help="No progress bar or log lines.")
+@progress_options
+@json_option
+@handle_errors
+def pull_cmd(target, store_url, root, part_size, concurrency, connections, keep, quiet,
+             progress_interval, log_format, as_json):
+    """Put a release's weights on this node's disk, verified as the bytes arrive.
+
+    TARGET is a tuple id, a channel (its current tuple) or org/name@<commit>. The manifest
+    must have the digest the tuple binds; each file's xxh3-128 (and the store's CRC64NVME)
+    is checked before it is renamed into place, and the revision directory appears only when
+    complete. A killed pull re-run continues; files another cached revision holds (same
+    sha256) are hard-linked, not fetched.
+
+    Exit codes: 0 done, 4 a file (named) does not match the manifest, 7 unknown tuple or
+    revision, 8 store unreachable (re-run: parts on disk are kept).
+    """
+    tuning = Tuning(part_size=part_size, concurrency=concurrency, connections=connections)
+    resolved = resolve_target(get_store(store_url), target)
+    with reporter("pulling", quiet=quiet, as_json=as_json, interval=progress_interval,
+                  log_format=log_format) as progress:
+        bar = BytesProgress(progress)
+
+        def planned(total: int, already: int) -> None:
+            bar.set_total(total)
+            bar(already)
+
+        def note(text: str) -> None:
+            if not quiet:  # stderr: a --json reader still sees why a pull waited
+                click.echo(f"k3a: {text}", err=True)
+
+        observer = PullObserver(planned=planned, advance=bar, note=note)
+        result = pull(resolved, root, tuning=tuning, observer=observer)
+    if keep is not None:
+        swept = gc(CacheLayout(root), keep, protect=frozenset({result.revision}))
+        result.evicted = swept.evicted
+
+    def human() -> None:
+        if result.already_present:
+            click.echo(f"already here: {result.path}")
+        else:
+            rate = result.bytes_fetched / max(result.seconds, 1e-9)
+            click.echo(f"pulled {result.revision} to {result.path}")
+            click.echo(f"  {result.files} files, {result.bytes:,} bytes: fetched "
+                       f"{result.bytes_fetched:,} ({rate / 1e6:.0f} MB/s), reused "
+                       f"{result.bytes_reused:,}, resumed {result.bytes_resumed:,}")
+            click.echo(f"  verified: {', '.join(result.algorithms)}; manifest digest "
+                       f"{result.manifest_digest}")
+        for evicted in result.evicted:
+            click.echo(f"  evicted {evicted}")
+
+    emit(as_json, result.__dict__, human)
+
+
+@cli.group("cache")
+def cache_group():
+    """The node cache: list, remove, collect, and lease revisions for a running server."""
+
+
+@cache_group.command("ls")
+@root_option
+@json_option
+@handle_errors
+def cache_ls(root, as_json):
+    """Cached revisions, most recently used first, with whether a server leases them."""
+    cached = list_cached(CacheLayout(root))
+
+    def human() -> None:
+        for c in cached:
+            click.echo(f"{c.revision}  {c.bytes / 2**30:8.2f} GiB  {c.files:5d} files"
+                       f"{'  leased' if c.leased else ''}")
+
+    emit(as_json, [c.__dict__ for c in cached], human)
+
+
+@cache_group.command("rm")
+@click.argument("revision")
+@root_option
+@handle_errors
+def cache_rm(revision, root):
+    """Remove org/name@<commit> from the cache (refused while a server leases it)."""
+    remove(CacheLayout(root), parse_revision(revision))
+    click.echo(f"removed {revision}")
+
+
+@cache_group.command("gc")
+@click.option("--keep", type=click.IntRange(min=0), required=True,
+              help="Revisions to keep (most recently used).")
+@root_option
+@json_option
+@handle_errors
+def cache_gc(keep, root, as_json):
+    """Evict least recently used revisions beyond --keep; leased ones are never evicted."""
+    result = gc(CacheLayout(root), keep)
+
+    def human() -> None:
+        for rev in result.evicted:
+            click.echo(f"evicted {rev}")
+        for rev in result.leased:
+            click.echo(f"kept {rev}: in use")
+
+    emit(as_json, result.__dict__, human)
+
+
+@cache_group.command("lease", context_settings={"ignore_unknown_options": True})
+@click.argument("revision")
+@click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
+@root_option
+@handle_errors
+def cache_lease(revision, command, root):
+    """Run COMMAND holding a lease on REVISION (org/name@<commit>): never evicted meanwhile.
+
+    \b
+    e.g. k3a cache lease moonshotai/Kimi-K3@<commit> -- vllm serve /cache/models/...
+    The lease is a shared flock that COMMAND inherits (k3a execs it): it lasts exactly as
+    long as COMMAND runs, and a killed server releases it. `flock -s <lease file> COMMAND`
+    holds the same lease where k3a is not installed.
+    """
+    layout = CacheLayout(root)
+    rev = parse_revision(revision)
+    locks.take_lease(layout.lease_file(rev))
+    if layout.marker(rev) is None:
+        raise NotFound(f"{rev} is not in the cache at {layout.root}",
+                       hint=f"pull it first: k3a pull {rev} --to {layout.root}")
+    layout.touch_used(rev)
+    sys.stdout.flush()
+    os.execvp(command[0], list(command))
