@@ -34,7 +34,12 @@ def k3a_env_store(request, k3a_env, store, policies):
     if isinstance(store, FileStore):
         base = k3a_env
     elif request.node.callspec.params.get("store") == "seaweed":
-        base = dict(k3a_env, **request.getfixturevalue("seaweed").env)
+        # SeaweedFS has no STS: who acts is asked of moto's, as of AWS's beside real S3.
+        sts = request.getfixturevalue("moto_endpoint")
+        # Starting moto fakes a session token in this process; SeaweedFS's keys have none.
+        request.getfixturevalue("monkeypatch").delenv("AWS_SESSION_TOKEN", raising=False)
+        base = dict(k3a_env, **request.getfixturevalue("seaweed").env, K3A_STS_ENDPOINT_URL=sts)
+        base.pop("AWS_SESSION_TOKEN", None)
     else:
         base = request.getfixturevalue("s3_env")
     return dict(base, K3A_STORE=store.url, K3A_POLICIES=str(policies), K3A_ACTOR="ops-bot")

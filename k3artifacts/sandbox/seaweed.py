@@ -89,8 +89,10 @@ class SeaweedS3:
         argv = [
             weed_binary(), "server", f"-dir={data}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
             f"-master.port={master}", f"-master.port.grpc={master_grpc}",
-            "-master.telemetry=false", "-master.volumeSizeLimitMB=1024",
-            f"-volume.port={volume}", f"-volume.port.grpc={volume_grpc}", "-volume.max=0",
+            "-master.telemetry=false", "-master.volumeSizeLimitMB=256",
+            f"-volume.port={volume}", f"-volume.port.grpc={volume_grpc}",
+            # Each bucket is a collection that grows 7 volumes: a test session makes many.
+            "-volume.max=2000",
             "-filer", f"-filer.port={filer}", f"-filer.port.grpc={filer_grpc}",
             "-s3", f"-s3.port={s3}", f"-s3.port.grpc={s3_grpc}",
             f"-s3.port.iceberg={iceberg}", f"-s3.port.lance={lance}",
