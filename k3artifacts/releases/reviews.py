@@ -23,8 +23,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from k3artifacts.canonical import canonical_json
 from k3artifacts.errors import AlreadyExists, K3AError, NotFound, VerifyMismatch
-from k3artifacts.releases.tuples import TUPLE_ID, ReleaseTuple, TupleStore
-from k3artifacts.revisions.manifest import ShardManifest, manifest_key, revision_prefix
+from k3artifacts.releases.tuples import TUPLE_ID, ReleaseTuple, TupleStore, tuple_manifest
+from k3artifacts.revisions.manifest import ShardManifest, revision_prefix
 from k3artifacts.stores.base import Store
 
 REVIEWS_PREFIX = "releases/reviews/"
@@ -120,23 +120,11 @@ def _create(store: Store, review: Review) -> tuple[Review, bool]:
     return review, True
 
 
-def _manifest(store: Store, release: ReleaseTuple) -> ShardManifest:
-    w = release.binding.weights
-    manifest = store.read_manifest(w.repo_id, w.commit)
-    if manifest is None:
-        raise NotFound(
-            f"the weights of {release.id} ({w.repo_id}@{w.commit}) are not in {store.url}: "
-            f"no {manifest_key(w.repo_id, w.commit)}",
-            hint=f"stage the revision first: `k3a stage {w.repo_id} --revision {w.commit}`",
-        )
-    return manifest
-
-
 def license_text(store: Store, tuple_id: str) -> str:
     """The license file of ``tuple_id``'s revision, read from the store and checked against
     the tuple's license sha256: the bytes a review is about, decoded for reading."""
     release = TupleStore(store).get(tuple_id)
-    path = _manifest(store, release).license.path
+    path = tuple_manifest(store, release).license.path
     sha = release.binding.license_sha256
     if path is None or sha is None:
         raise NotFound(f"tuple {tuple_id} binds no license text (its revision has no LICENSE)")
@@ -168,8 +156,10 @@ def review_license(
             hint="a release without a license cannot pass the license gate; ask upstream",
         )
     w = release.binding.weights
-    manifest = store.read_manifest(w.repo_id, w.commit)
-    card = None if manifest is None else manifest.license
+    try:
+        card = tuple_manifest(store, release).license
+    except NotFound:  # the license sha256 in the tuple is what is reviewed; the path is a note
+        card = None
     review, written = _create(
         store,
         Review(
@@ -202,7 +192,7 @@ def review_code(
 ) -> CodeReviewOutcome:
     """Record every remote-code file of the tuple's revision that no review covers yet."""
     release = TupleStore(store).get(tuple_id)
-    manifest = _manifest(store, release)
+    manifest = tuple_manifest(store, release)
     w = release.binding.weights
     recorded: list[Review] = []
     already: list[Review] = []

@@ -22,6 +22,7 @@ from k3artifacts.errors import (
     TamperedRecord,
     UsageError,
 )
+from k3artifacts.revisions.manifest import ShardManifest, manifest_key
 from k3artifacts.stores.base import Store
 
 TUPLE_SCHEMA = 1
@@ -105,6 +106,20 @@ class ReleaseTuple(_Frozen):
         return cls(
             id=binding.tuple_id(), binding=binding, created_at=created_at, created_by=created_by
         )
+
+
+def tuple_manifest(store: Store, release: ReleaseTuple) -> ShardManifest:
+    """The published manifest of the revision ``release`` binds (the one reader every caller
+    uses); NotFound, saying to stage it, when the revision is not in ``store``."""
+    w = release.binding.weights
+    manifest = store.read_manifest(w.repo_id, w.commit)
+    if manifest is None:
+        raise NotFound(
+            f"the weights of {release.id} ({w.repo_id}@{w.commit}) are not in {store.url}: "
+            f"no {manifest_key(w.repo_id, w.commit)}",
+            hint=f"stage the revision first: `k3a stage {w.repo_id} --revision {w.commit}`",
+        )
+    return manifest
 
 
 def tuple_key(tuple_id: str) -> str:

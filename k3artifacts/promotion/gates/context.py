@@ -7,8 +7,9 @@ from datetime import UTC, datetime
 from functools import cached_property
 from pathlib import Path
 
+from k3artifacts.errors import NotFound
 from k3artifacts.releases.policies import ChannelPolicy
-from k3artifacts.releases.tuples import ReleaseTuple
+from k3artifacts.releases.tuples import ReleaseTuple, tuple_manifest
 from k3artifacts.revisions.manifest import ShardManifest, manifest_key
 from k3artifacts.stores.base import Store
 
@@ -34,16 +35,15 @@ class GateContext:
         w = self.release.binding.weights
         key = manifest_key(w.repo_id, w.commit)
         try:
-            manifest = self.store.read_manifest(w.repo_id, w.commit)
+            return tuple_manifest(self.store, self.release), ""
         except ValueError as exc:
             return None, f"{key} in {self.store.url} is malformed: {str(exc).splitlines()[0]}"
-        if manifest is None:
+        except NotFound:
             return (
                 None,
                 f"no manifest at {key} in {self.store.url}: the revision is not staged "
                 "(or was deleted)",
             )
-        return manifest, ""
 
     @property
     def manifest(self) -> ShardManifest | None:
