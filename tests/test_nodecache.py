@@ -85,9 +85,11 @@ def test_bytes_changed_behind_the_manifest_are_refused_and_named(file_releases, 
     w = release.binding.weights
     stored = file_releases.store.root / f"models/{w.repo_id}/{w.commit}/big.bin"
     stored.chmod(0o644)
-    with open(stored, "r+b") as fh:
+    with open(stored, "r+b") as fh:  # flip one byte (writing a fixed value may change nothing)
         fh.seek(3 * MiB + 7)
-        fh.write(b"\xff")
+        byte = fh.read(1)[0]
+        fh.seek(3 * MiB + 7)
+        fh.write(bytes([byte ^ 0xFF]))
     root = tmp_path / "cache"
     code, out, err = k3a("pull", release.id, "--store", file_releases.store.url, "--to",
                          str(root), "--part-size", "1MiB")
