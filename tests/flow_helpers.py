@@ -55,3 +55,18 @@ def answer_when_paused(tag: str, run_input: dict, timeout: float = 120.0, before
     thread = threading.Thread(target=contextvars.copy_context().run, args=(answer,), daemon=True)
     thread.start()
     return thread, outcome
+
+
+def run_answered(flow_fn, run_input, **params):
+    """Run a flow that pauses for approval, answering its form with ``run_input``."""
+    import uuid
+
+    from prefect import tags
+
+    tag = f"test-{uuid.uuid4().hex[:12]}"
+    thread, outcome = answer_when_paused(tag, run_input)
+    with tags(tag):
+        state = flow_fn(**params, poll_interval=1, return_state=True)
+    thread.join(30)
+    assert outcome == ["resumed"], outcome
+    return state

@@ -21,22 +21,12 @@ from flows.promote import promote_release
 from flows.rollback import rollback_channel
 from k3artifacts.releases.channels import history
 from k3artifacts.stores.file import FileStore
-from tests.flow_helpers import answer_when_paused
+from tests.flow_helpers import answer_when_paused, run_answered
 
 
 @pytest.fixture
 def store(tmp_path):
     return FileStore(tmp_path / "store")
-
-
-def run_answered(flow_fn, run_input, **params):
-    tag = f"test-{uuid.uuid4().hex[:12]}"
-    thread, outcome = answer_when_paused(tag, run_input)
-    with tags(tag):
-        state = flow_fn(**params, poll_interval=1, return_state=True)
-    thread.join(30)
-    assert outcome == ["resumed"], outcome
-    return state
 
 
 def run_of(state):

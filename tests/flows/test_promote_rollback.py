@@ -2,17 +2,14 @@
 
 from __future__ import annotations
 
-import uuid
-
 import pytest
-from prefect import tags
 
 from flows.promote import promote_release
 from flows.rollback import rollback_channel
 from k3artifacts.promotion.moves import promote
 from k3artifacts.releases.channels import current, history, read_state
 from k3artifacts.stores.file import FileStore
-from tests.flow_helpers import answer_when_paused
+from tests.flow_helpers import run_answered
 
 
 @pytest.fixture
@@ -20,16 +17,6 @@ def store(tmp_path):
     # Overrides the file+S3 parametrized store of tests/fixtures/releases: the flows are thin,
     # the backends are covered by the library tests.
     return FileStore(tmp_path / "store")
-
-
-def run_answered(flow_fn, run_input, **params):
-    tag = f"test-{uuid.uuid4().hex[:12]}"
-    thread, outcome = answer_when_paused(tag, run_input)
-    with tags(tag):
-        state = flow_fn(**params, poll_interval=1, return_state=True)
-    thread.join(30)
-    assert outcome == ["resumed"], outcome
-    return state
 
 
 def test_promotion_waits_for_approval_then_moves_and_records_it(store, releases, policies, reviewed):
