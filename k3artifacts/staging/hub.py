@@ -256,6 +256,8 @@ def parse_entry(raw: Any, index: int) -> RemoteFile | Refusal | None:
     """One tree entry -> a file, None (a directory), or the refusal naming what is wrong."""
     if not isinstance(raw, dict):
         return Refusal(f"<entry {index}>", "listing", f"not an object: {str(raw)[:80]!r}")
+    if raw.get("type") == "directory":
+        return None  # its files are listed too (recursive); they are what is checked
     path = raw.get("path")
     if not isinstance(path, str) or not path or len(path) > MAX_LISTED_PATH:
         shown = path[:120] + "..." if isinstance(path, str) and len(path) > 120 else path
@@ -265,8 +267,6 @@ def parse_entry(raw: Any, index: int) -> RemoteFile | Refusal | None:
         return Refusal(path, "listing", detail)
 
     kind = raw.get("type")
-    if kind == "directory":
-        return None
     if kind != "file":
         return Refusal(path, "not-a-file", f"listing entry of type {str(kind)[:40]!r}")
     size = raw.get("size")
