@@ -11,6 +11,8 @@ requests (``times``; ``None`` = every one). Each kind reproduces one way a real 
 ``trickle`` after ``after_bytes`` body bytes, send ``chunk`` bytes every ``seconds``
 ``short``   promise the full Content-Length, send ``missing`` bytes fewer, close
 ``corrupt`` flip the byte at file offset ``offset`` (the listing keeps the true sha256/size)
+``json``    pass a JSON answer of the API (200 only) through ``edit`` (a malformed listing)
+``next``    point a tree listing's ``Link: next`` at ``origin`` (another host)
 ``mutate``  change the bytes between attempts: with ``good_first`` attempt 1 serves the listed
             bytes and later attempts other bytes of the same size; without, the reverse
 ========== ==================================================================================
@@ -25,9 +27,11 @@ import fnmatch
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
-FaultKind = Literal["drop", "status", "stall", "trickle", "short", "corrupt", "mutate"]
+FaultKind = Literal[
+    "drop", "status", "stall", "trickle", "short", "corrupt", "mutate", "json", "next"
+]
 
 #: XOR mask of the "other bytes" a mutate fault serves: every byte differs from the listed one.
 MUTATE_MASK = 0x5A
@@ -49,12 +53,15 @@ class Fault:
     methods: frozenset[str] = frozenset({"GET"})
     repo_id: str | None = None
     chunk: int = 1
+    edit: Callable[[Any], Any] | None = None
+    origin: str | None = None
     #: "file": where the bytes are served (the CDN for a redirected LFS file); "resolve": the
     #: hub's redirecting answer to ``/resolve/``.
     at: Literal["file", "resolve"] = "file"
 
     def __post_init__(self) -> None:
-        if self.kind not in ("drop", "status", "stall", "trickle", "short", "corrupt", "mutate"):
+        if self.kind not in ("drop", "status", "stall", "trickle", "short", "corrupt", "mutate",
+                             "json", "next"):
             raise ValueError(f"unknown fault kind {self.kind!r}")
         if self.times is not None and self.times < 1:
             raise ValueError("Fault.times must be >= 1 or None (every matching request)")
@@ -81,6 +88,14 @@ class Fault:
     ) -> Fault:
         return cls("trickle", times=times, chunk=chunk, seconds=seconds, after_bytes=after_bytes,
                    **kw)
+
+    @classmethod
+    def json(cls, edit: Callable[[Any], Any], *, times: int | None = None, **kw) -> Fault:
+        return cls("json", times=times, edit=edit, **kw)
+
+    @classmethod
+    def next_page_on(cls, origin: str, *, times: int | None = None, **kw) -> Fault:
+        return cls("next", times=times, origin=origin.rstrip("/"), **kw)
 
     @classmethod
     def short(cls, missing: int = 1, *, times: int | None = 1, **kw) -> Fault:
@@ -112,6 +127,8 @@ class BodyPlan:
     stall_before: float = 0.0
     stalls: list[tuple[int, float]] = field(default_factory=list)
     trickle: tuple[int, int, float] | None = None  # (after bytes, chunk, seconds between)
+    json_edits: list[Callable[[Any], Any]] = field(default_factory=list)
+    next_origin: str | None = None
     cut_at: int | None = None  # close the connection after this many body bytes
     short_by: int = 0  # close after body length minus this
     transforms: list[Callable[[int, bytearray], None]] = field(default_factory=list)
@@ -173,6 +190,10 @@ class FaultSet:
                 plan.stalls.append((f.after_bytes, f.seconds))
         elif f.kind == "trickle":
             plan.trickle = (f.after_bytes or 0, max(f.chunk, 1), f.seconds)
+        elif f.kind == "json" and f.edit is not None:
+            plan.json_edits.append(f.edit)
+        elif f.kind == "next":
+            plan.next_origin = f.origin
         elif f.kind == "short":
             plan.short_by = max(plan.short_by, f.missing)
         elif f.kind == "corrupt":

@@ -29,6 +29,7 @@ import os
 import socket
 import sys
 import threading
+import time
 import traceback
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -65,6 +66,8 @@ class RequestRecord:
     origin: str = "hub"
     #: Whether the request carried an Authorization header.
     authorization: bool = False
+    #: time.monotonic() when the answer was complete.
+    time: float = 0.0
 
     @property
     def is_file(self) -> bool:
@@ -142,6 +145,7 @@ class _Handler(BaseHTTPRequestHandler):
         st = self.server.state
         self._status = 0
         self._sent = 0
+        self._plan = BodyPlan()
         self._repo_id: str | None = None
         self._revision: str | None = None
         raw, _, query = self.path.partition("?")
@@ -175,6 +179,7 @@ class _Handler(BaseHTTPRequestHandler):
                     bytes_sent=self._sent,
                     origin=self.origin,
                     authorization="Authorization" in self.headers,
+                    time=time.monotonic(),
                 )
             )
 
@@ -249,7 +254,7 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _model_info(self, revision: str, *, head: bool) -> None:
         try:
-            self._faults(self._target)
+            self._plan = self._faults(self._target)
         except _Answered:
             return
         commit = self._commit_for(revision)
@@ -306,7 +311,7 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _tree(self, revision: str, path: str, *, head: bool) -> None:
         try:
-            self._faults(self._target)
+            self._plan = self._faults(self._target)
         except _Answered:
             return
         commit = self._commit_for(revision)
@@ -349,7 +354,8 @@ class _Handler(BaseHTTPRequestHandler):
             rest.append(("cursor", _encode_cursor(start + page)))
             host = self.headers.get("Host") or "{}:{}".format(*self.server.server_address[:2])
             raw = self.path.partition("?")[0]
-            headers["Link"] = f'<http://{host}{raw}?{urlencode(rest)}>; rel="next"'
+            base = self._plan.next_origin or f"http://{host}"
+            headers["Link"] = f'<{base}{raw}?{urlencode(rest)}>; rel="next"'
         self._send_json(200, out, head=head, headers=headers)
 
     # ----- files -----------------------------------------------------------------------------
@@ -489,6 +495,9 @@ class _Handler(BaseHTTPRequestHandler):
     def _send_json(
         self, status: int, body: Any, *, head: bool, headers: dict[str, str] | None = None
     ) -> None:
+        if status == 200:
+            for edit in self._plan.json_edits:
+                body = edit(body)
         data = json.dumps(body).encode()
         self.send_response(status)
         self.send_header("Content-Type", "application/json; charset=utf-8")

@@ -13,7 +13,7 @@ What it follows, as the official ``huggingface_hub`` client does (``file_downloa
   URL it was redirected to for ``Range: bytes=<received>-``; if that URL no longer answers
   (an expired signature: 403/410), it goes back to the Hub once for a fresh one. Across
   processes the partial file on disk is re-hashed once, then the rest is fetched.
-- **429 and 5xx** are retried after ``Retry-After`` (capped at ``max_backoff``) or an
+- **429 and 5xx** are retried after ``Retry-After`` (capped at ``max_retry_after``) or an
   exponential backoff; only attempts that moved no byte count towards giving up.
 - **Timeouts**: every request has a connect and a read timeout; a transfer that delivers no
   byte for ``read_timeout`` is cut and resumed. A transfer slower than ``min_rate`` bytes/s
@@ -67,6 +67,8 @@ class RetryPolicy:
     attempts: int = 8
     backoff: float = 1.0
     max_backoff: float = 60.0
+    #: The longest ``Retry-After`` obeyed; a longer one is waited this long, then retried.
+    max_retry_after: float = 300.0
     connect_timeout: float = 10.0
     #: No byte for this long cuts the request (headers or body): a stall.
     read_timeout: float = 60.0
@@ -79,7 +81,7 @@ class RetryPolicy:
 
     def delay(self, attempt: int, retry_after: float | None) -> float:
         if retry_after is not None:
-            return min(retry_after, self.max_backoff)
+            return min(retry_after, self.max_retry_after)
         return min(self.backoff * 2**attempt, self.max_backoff) * (0.5 + random.random() / 2)
 
     def timeout(self) -> urllib3.Timeout:
