@@ -37,8 +37,15 @@ from pathlib import Path
 from urllib.parse import urljoin, urlsplit
 
 import urllib3
+from urllib3.exceptions import (
+    ConnectTimeoutError,
+    NameResolutionError,
+    NewConnectionError,
+    ProxyError,
+    ReadTimeoutError,
+    SSLError,
+)
 from urllib3.exceptions import HTTPError as Urllib3Error
-from urllib3.exceptions import NewConnectionError, ProxyError, SSLError
 
 from k3artifacts.errors import Unavailable
 from k3artifacts.revisions.hashing import MultiHasher, feed_file
@@ -180,12 +187,29 @@ def request(method: str, url: str, headers: Mapping[str, str], policy: RetryPoli
             known = host_of(url) in _answered
         unreachable = isinstance(exc, (NewConnectionError, SSLError, ProxyError))
         raise TransientError(
-            f"{host_of(url)}: connection failed: {exc}",
+            f"{host_of(url)}: {_reason(exc)}",
             first_contact=unreachable and not known, host=host_of(url),
         ) from None
     with _answered_lock:
         _answered.add(host_of(url))
     return resp
+
+
+def _reason(exc: BaseException) -> str:
+    """What went wrong, in the words an operator searches for."""
+    while isinstance(exc, Urllib3Error) and getattr(exc, "reason", None) is not None:
+        exc = exc.reason  # MaxRetryError and ProxyError wrap the cause
+    if isinstance(exc, NameResolutionError):
+        return f"the host name does not resolve ({exc})"
+    if isinstance(exc, NewConnectionError) and "refused" in str(exc).lower():
+        return f"connection refused ({exc})"
+    if isinstance(exc, ConnectTimeoutError):  # NewConnectionError's base class, so after it
+        return f"connect timed out ({exc})"
+    if isinstance(exc, ReadTimeoutError):
+        return f"no answer, read timed out ({exc})"
+    if isinstance(exc, SSLError):
+        return f"TLS handshake failed ({exc})"
+    return f"connection failed: {exc}"
 
 
 @dataclass

@@ -115,7 +115,7 @@ class HubSource:
                 attempt += 1
                 if exc.unreachable and not self.contacted:
                     if attempt >= 2:
-                        raise self._unreachable(exc.error) from None
+                        raise self._unreachable(exc.detail) from None
                     time.sleep(FIRST_CONTACT_RETRY_S)
                     continue
                 if exc.answered:
@@ -127,9 +127,9 @@ class HubSource:
                             exc.error, attempt, self.retry.attempts, delay)
                 time.sleep(delay)
 
-    def _unreachable(self, cause: Unavailable) -> Unavailable:
+    def _unreachable(self, detail: str) -> Unavailable:
         return Unavailable(
-            f"hub at {self.endpoint} unavailable (first contact): {cause}",
+            f"hub at {self.endpoint} unavailable (first contact): {detail}",
             hint="check the endpoint (set by --endpoint or HF_ENDPOINT; default "
             "https://huggingface.co), DNS, the route and proxy (HTTPS_PROXY) to it, then re-run",
         )
@@ -146,7 +146,8 @@ class HubSource:
             resp = request("GET", url, headers_for(url, self.headers(), self.endpoint),
                            self.retry, preload_content=False)
         except TransientError as exc:
-            raise _Transient(unavailable(str(exc)), None, unreachable=exc.first_contact) from None
+            raise _Transient(unavailable(str(exc)), None, unreachable=exc.first_contact,
+                             detail=str(exc)) from None
         try:
             body = _read_bounded(resp, self.retry, host_of(url))
         except TransientError as exc:
@@ -333,8 +334,9 @@ class _Transient(Exception):
     made at all (DNS, refused, TLS handshake)."""
 
     def __init__(self, error: Unavailable, retry_after: float | None, *,
-                 answered: bool = False, unreachable: bool = False):
+                 answered: bool = False, unreachable: bool = False, detail: str = ""):
         super().__init__(str(error))
+        self.detail = detail
         self.error = error
         self.retry_after = retry_after
         self.answered = answered

@@ -4,6 +4,7 @@ named where the bytes are wrong; never published unverified."""
 
 from __future__ import annotations
 
+import subprocess
 import time
 
 import pytest
@@ -226,7 +227,7 @@ def test_file_transfer_that_stalls_before_headers_is_cut(local_hub, file_store, 
 
 def test_trickle_is_cut_resumed_then_fails_exit_8_naming_the_server(local_hub, file_store,
                                                                     quarantine, release):
-    local_hub.hub.faults.add(SHARD1, Fault.trickle(64, 0.05, after_bytes=CUT))
+    local_hub.hub.faults.add(SHARD1, Fault.trickle(64, 0.05))
     with pytest.raises(Unavailable) as err:
         stage_with(local_hub.endpoint, file_store, quarantine, attempts=8,
                    rate_window=0.4, min_rate=64 * 1024, slow_attempts=2)
@@ -237,7 +238,7 @@ def test_trickle_is_cut_resumed_then_fails_exit_8_naming_the_server(local_hub, f
     # The trickle was cut and resumed from its last byte, against the CDN URL.
     gets = file_gets(local_hub.hub, path=SHARD1)
     assert len(gets) == 2 and gets[0].range is None and gets[1].range.startswith("bytes=")
-    assert int(gets[1].range[6:-1]) > CUT
+    assert int(gets[1].range[6:-1]) > 0
     assert_nothing_published(file_store)
     # What was received is kept: a re-run on a healthy link fetches only the rest.
     kept = quarantine_of(quarantine, release).part_path(SHARD1).stat().st_size
@@ -351,3 +352,45 @@ def test_listing_pages_on_another_host_get_no_token(make_local_hub, file_store, 
     pages = [r for r in mirror.hub.requests if "/tree/" in r.url]
     assert pages and "cursor=" in pages[0].query
     assert not [r for r in mirror.hub.requests if r.authorization]
+
+
+def test_hostile_hub_cases_through_the_cli(k3a_cmd, k3a_env, local_hub, tmp_path, release):
+    """What a release engineer sees: the exit code and the message for each hostile answer."""
+    hub = local_hub.hub
+    base = [*k3a_cmd, "stage", REPO, "--endpoint", local_hub.endpoint,
+            "--store", f"file://{tmp_path / 'store'}", "-q", "--retries", "2"]
+
+    def k3a(*args):
+        return subprocess.run([*base, *args], env=k3a_env, capture_output=True, text=True,
+                              timeout=120)
+
+    hub.faults.add(SHARD1, Fault.trickle(64, 0.05))
+    trickle = k3a("--rate-window", "0.3")
+    cdn = hub.cdn_endpoint.removeprefix("http://")
+    assert trickle.returncode == 8, trickle.stderr
+    assert f"{SHARD1}: {cdn} too slow, 3 transfers in a row" in trickle.stderr
+    assert "--min-rate" in trickle.stderr
+
+    hub.faults.clear()
+    hub.faults.add("/api/models/*", Fault.stall(60, times=None))
+    silent = k3a("--read-timeout", "0.3")
+    assert silent.returncode == 8, silent.stderr
+    assert f"hub at {local_hub.endpoint} unavailable" in silent.stderr
+    assert "timed out" in silent.stderr
+
+    hub.faults.clear()
+    mark = len(hub.requests)
+    hub.faults.add("/api/models/*/tree/*", Fault.json(_edit_entry(SHARD1, size=None)))
+    listing = k3a()
+    assert listing.returncode == 3, listing.stderr
+    assert f"{SHARD1}: [listing] size is 'None', not a non-negative integer" in listing.stderr
+
+    hub.faults.clear()
+    other = "f" * 40
+    hub.faults.add("/api/models/*/revision/*", Fault.json(lambda info: {**info, "sha": other}))
+    pinned = k3a("--revision", release)
+    assert pinned.returncode == 3, pinned.stderr
+    assert f"[pinned-commit] pinned commit {release} but the hub at {local_hub.endpoint} " \
+           f"answered commit {other}" in pinned.stderr
+    # Refused before any byte moved.
+    assert not file_gets(hub, mark)
