@@ -10,7 +10,6 @@ import time
 import pytest
 
 from k3artifacts.errors import ReleaseRefused, Unavailable
-from k3artifacts.localhub import Fault
 from k3artifacts.staging.download import RetryPolicy
 from k3artifacts.staging.engine import StageObserver, StageOptions, stage
 from k3artifacts.staging.hub import HubSource
@@ -23,6 +22,7 @@ from tests.faults.faultkit import (
     quarantine_of,
 )
 from tests.staging_helpers import REPO, run_stage, small_release
+from tests.support.hubfaults import Fault
 
 pytestmark = pytest.mark.faults
 
