@@ -200,9 +200,33 @@ def test_no_request_to_the_cdn_carries_the_token(make_local_hub, file_store, qua
     cdn = [r for r in server.hub.requests if r.origin == "cdn"]
     assert {r.target for r in cdn} == {SHARD1, SHARD2}
     assert [g.range for g in file_gets(server.hub, path=SHARD1)] == [None, f"bytes={CUT}-"]
+    # The resume went to the CDN URL directly: the hub was asked once.
+    assert len([r for r in server.hub.requests if r.origin == "hub" and r.target == SHARD1]) == 1
     assert not [r for r in cdn if r.authorization]
     # The hub itself needs the token on every call (it answers 401 without).
     assert all(r.authorization for r in server.hub.requests if r.origin == "hub")
+
+
+def test_expired_cdn_link_on_resume_goes_back_to_the_hub(local_hub, file_store, quarantine,
+                                                          release):
+    hub = local_hub.hub
+    hub.faults.add(SHARD1, Fault.drop(after_bytes=CUT))
+
+    class LinkExpiresAfterFirstBytes(StageObserver):
+        armed = False
+
+        def advance(self, path: str, nbytes: int) -> None:
+            if path == SHARD1 and not self.armed:
+                self.armed = True  # the next CDN answer for it is an expired signature
+                hub.faults.add(SHARD1, Fault.http_status(403, times=1))
+
+    policy = RetryPolicy(attempts=3, backoff=0.01)
+    stage(HubSource(local_hub.endpoint, token=False, retry=policy), file_store, REPO, "main",
+          quarantine, StageOptions(retry=policy), LinkExpiresAfterFirstBytes())
+    assert [(g.status, g.range) for g in file_gets(hub, path=SHARD1)] == [
+        (200, None), (403, f"bytes={CUT}-"), (206, f"bytes={CUT}-")]
+    assert len([r for r in hub.requests if r.origin == "hub" and r.target == SHARD1]) == 2
+    assert published(file_store, release)
 
 
 def test_hub_that_accepts_and_never_answers_fails_within_the_timeout(local_hub, file_store,
