@@ -124,7 +124,7 @@ class Dir:
         return fd
 
     def create_new(self, name: str, mode: int = 0o644) -> int:
-        """A fresh file at ``name``, replacing what was there (a link there is refused; a hard
+        """A fresh file at ``name``, replacing the file there (a link there is refused; a hard
         link there loses only this name, never its other file's bytes)."""
         self.unlink(name)
         return self.open(name, os.O_RDWR | os.O_CREAT | os.O_EXCL, mode)
@@ -152,11 +152,12 @@ class Dir:
         self.replace(tmp, self, name)
 
     def unlink(self, name: str) -> None:
-        """Remove the file (or link) ``name`` if there; a directory there is refused."""
+        """Remove the regular file ``name`` if there; anything else there (a link, a
+        directory) is refused and left as it is."""
         st = self.lstat(name)
         if st is None:
             return
-        if stat.S_ISDIR(st.st_mode):
+        if not stat.S_ISREG(st.st_mode):
             raise self.refuse(name)
         try:
             os.unlink(name, dir_fd=self.fd)
