@@ -259,3 +259,28 @@ def test_gc_frees_an_unfinished_pull(file_releases, tmp_path):
     code, out, _ = k3a("cache", "gc", "--keep", "1", "--root", str(root), "--json")
     assert code == 0 and json.loads(out)["partials"] == [str(rev)]
     assert not partial.exists()
+
+
+def test_a_hard_link_at_a_part_file_with_a_forged_record_leaves_its_other_file_alone(
+        file_releases, tmp_path, outside):
+    release = file_releases.release(extra={"big.bin": BIG})
+    layout = CacheLayout(tmp_path / "cache")
+    partial = layout.partial_dir(rev_of(release))
+    partial.mkdir(parents=True)
+    secret = outside / "secret"
+    padded = tmp_path / "outside2"
+    padded.mkdir()
+    victim = padded / "victim"
+    victim.write_bytes(bytes(len(BIG)))  # the size the record claims
+    victim.chmod(0o640)
+    os.link(victim, partial / ".big.bin.part")
+    w = release.binding.weights
+    record = file_releases.store.read_manifest(w.repo_id, w.commit).file("big.bin")
+    (partial / ".big.bin.part.json").write_text(json.dumps(
+        {"size": record.size, "xxh3_128": record.xxh3_128, "part_size": MiB, "done": [0, 1]}))
+    out = pull_json(file_releases.store.url, release.id, layout.root)
+    assert out["bytes_resumed"] == out["files_kept"] == 0
+    assert victim.read_bytes() == bytes(len(BIG)) and victim.stat().st_nlink == 1
+    assert stat.S_IMODE(victim.stat().st_mode) == 0o640
+    assert secret.read_bytes() == SECRET
+    check_copy(layout.root, file_releases.store, release)
