@@ -141,10 +141,11 @@ class FileJob:
             # rather than after most of a shard has crossed the network.
             try:
                 os.posix_fallocate(self.fd, 0, self.record.size)
-            except OSError:
+            except OSError as exc:
                 os.close(self.fd)
                 self.fd = -1
-                raise
+                raise OSError(exc.errno, f"{exc.strerror} (preallocating {self.record.size:,} "
+                              "bytes)", str(self.parent.path / self.part)) from None
         return []
 
     def length(self, idx: int) -> int:

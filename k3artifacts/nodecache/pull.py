@@ -291,7 +291,7 @@ class _VerifiedLog:
 
 
 def device_of(path: Path) -> str:
-    """The file system holding ``path``, as ``df`` names it: source (mount point)."""
+    """The file system holding ``path``, as ``df`` names it: its source and mount point."""
     try:
         dev = os.stat(path).st_dev
         want = f"{os.major(dev)}:{os.minor(dev)}"
@@ -300,7 +300,7 @@ def device_of(path: Path) -> str:
                 fields = line.split()
                 if len(fields) > 4 and fields[2] == want and " - " in line:
                     source = line.split(" - ", 1)[1].split()[1]
-                    return f"{source} (mounted at {fields[4]})"
+                    return f"{source} mounted at {fields[4]}"
     except OSError:
         pass
     return str(path)

@@ -35,8 +35,8 @@ def _refuse(path: Path, st: os.stat_result | None) -> UnsafeCacheEntry:
         what = "neither a file nor a directory"
     else:
         what = "not a directory"
-    return UnsafeCacheEntry(f"{path} is {what}; k3a does not follow links or write through "
-                            "them in the node cache, and changed nothing")
+    return UnsafeCacheEntry(f"{path} is {what}; k3a follows no link in the node cache and "
+                            "wrote nothing through it")
 
 
 def _readable_link(path: Path) -> bool:
