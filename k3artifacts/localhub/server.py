@@ -37,12 +37,12 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qsl, unquote, urlencode
 
-import yaml
-
 if TYPE_CHECKING:
     from k3artifacts.localhub import LocalHub
 
+from k3artifacts.errors import Refusal
 from k3artifacts.localhub.repos import Commit, Entry
+from k3artifacts.staging.license import card_metadata
 
 _READ_CHUNK = 1024 * 1024
 _TREE_EXPAND_PAGE = 50  # the real Hub pages expanded listings by 50
@@ -314,17 +314,13 @@ class _Handler(BaseHTTPRequestHandler):
         readme = commit.files.get("README.md")
         if readme is None or readme.size > 1024 * 1024:
             return None
-        text = self.server.state.repos.blob_path(readme.sha256).read_text("utf-8", "replace")
-        if not text.startswith("---"):
-            return None
-        end = text.find("\n---", 3)
-        if end < 0:
-            return None
+        # Parsed as the Hub's own bounded parser would: an alias bomb (a test's hostile card)
+        # gets no cardData rather than hundreds of MB of JSON.
         try:
-            data = yaml.safe_load(text[3:end])
-        except yaml.YAMLError:
+            return card_metadata(
+                self.server.state.repos.blob_path(readme.sha256).read_bytes()) or None
+        except Refusal:
             return None
-        return data if isinstance(data, dict) else None
 
     def _tree(self, revision: str, path: str, *, head: bool) -> None:
         try:
