@@ -416,5 +416,12 @@ def test_hostile_hub_cases_through_the_cli(k3a_cmd, k3a_env, local_hub, tmp_path
     assert pinned.returncode == 3, pinned.stderr
     assert f"[pinned-commit] pinned commit {release} but the hub at {local_hub.endpoint} " \
            f"answered commit {other}" in pinned.stderr
+    hub.faults.clear()
+    hub.add_commit(REPO, {**small_release(tmp_path), "gnp.\u202ejson": b"{}"})
+    bidi = k3a()
+    assert bidi.returncode == 3, bidi.stderr
+    # Named, escaped: the override would reorder the operator's terminal line.
+    assert "'gnp.\\u202ejson': [unsafe-path] bidirectional override" in bidi.stderr
+    assert "\u202e" not in bidi.stderr
     # Refused before any byte moved.
     assert not file_gets(hub, mark)
