@@ -13,7 +13,7 @@ import pytest
 from tests.staging_helpers import REPO, small_release
 
 #: Each line nests nine of the previous: 9**8 (43 million) strings once expanded. Through
-#: yaml.safe_load and str() this card (334 bytes) became a 312 MB license field.
+#: yaml.safe_load and str() the audit's 334-byte card of this shape became a 312 MB license field.
 ALIAS_BOMB = (
     b"---\n"
     b'a: &a ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]\n'
