@@ -339,10 +339,9 @@ def _disk_errors(layout: CacheLayout, rev: Revision) -> Iterator[None]:
                 "`k3a cache ls` lists the unfinished pull",
             ) from None
         raise Unavailable(
-            f"writing the node cache {layout.root} while pulling {rev}: {where}"
-            f"{exc.strerror or exc}",
-            hint="check that disk and its permissions, then re-run `k3a pull`: verified "
-            "files are kept",
+            f"pulling {rev} into {layout.root}: {where}{exc.strerror or exc}",
+            hint="check the node cache's disk and permissions (and the store's, for a file "
+            "store), then re-run `k3a pull`: verified files are kept",
         ) from None
 
 
