@@ -315,3 +315,15 @@ def test_a_swapped_file_under_a_running_server_is_exit_4_and_left_for_the_operat
     out = pull_json(file_releases.store.url, release.id, root)
     assert out["files_fetched"] == 1
     check_copy(root, file_releases.store, release)
+
+
+def test_a_planted_tree_too_deep_to_walk_is_refused_not_a_recursion_error(
+        file_releases, tmp_path):
+    release = file_releases.release()
+    layout = CacheLayout(tmp_path / "cache")
+    partial = layout.partial_dir(rev_of(release))
+    deep = partial.joinpath(*["d"] * 100)
+    deep.mkdir(parents=True)
+    code, _, err = pull(file_releases.store, release, layout.root)
+    assert code == 9, err
+    assert "nests deeper than 64 directories" in err and "Traceback" not in err
