@@ -15,8 +15,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from k3artifacts.config import CHECKOUT_ROOT, default_policies_dir
+from k3artifacts.config import CHECKOUT_ROOT
 from k3artifacts.errors import ConfigError
+from k3artifacts.settings import default_policies_dir
 
 IAM_ROLES = ("downloader", "promoter", "inference")
 
