@@ -25,6 +25,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BeforeValidator, Field, SecretStr, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from k3artifacts import bundled
 from k3artifacts.errors import ConfigError, plain_validation_errors
 
 MiB = 1024 * 1024
@@ -83,11 +84,11 @@ class Settings(BaseSettings):
         "K3A_POLICIES", "Where things live",
         "Policy directory (`promotion-gates.yaml`, `signing/`, `eval-suites/`, `s3/`, `iam/`): "
         "a checkout's reviewed `policies/`. `--policies` overrides it.",
-        shown="./policies")
+        shown="./policies if present, else the defaults shipped in the package")
     profiles_dir: Path | None = var(
         "K3A_PROFILES_DIR", "Where things live",
         "Directory of serving profiles (`<name>.yaml`) that `--profile NAME` looks in.",
-        shown="manifests/profiles of the checkout")
+        shown="the profiles shipped in the package (a checkout's manifests/profiles)")
     quarantine: Path | None = var(
         "K3A_QUARANTINE", "Where things live",
         "Local download directory of `k3a stage` and the staging flow. Each file is checked "
@@ -259,8 +260,10 @@ def default_store_url() -> str:
 
 
 def default_policies_dir() -> Path:
-    """``K3A_POLICIES`` or ``./policies``: the checkout's policy data, reviewed like code."""
-    return load().policies or Path("policies")
+    """``K3A_POLICIES``, else ``./policies`` when there is one (the checkout's policy data,
+    reviewed like code), else the defaults shipped in the package."""
+    local = Path("policies")
+    return load().policies or (local if local.is_dir() else bundled.POLICIES)
 
 
 def default_node_cache() -> Path:

@@ -64,7 +64,7 @@ policies_option = click.option(
     "--policies",
     "policies_dir",
     default=from_settings(lambda: str(default_policies_dir())),
-    show_default="$K3A_POLICIES or ./policies",
+    show_default="$K3A_POLICIES, else ./policies, else the defaults shipped with k3a",
     type=click.Path(file_okay=False, path_type=Path),
     help="Policy directory (promotion-gates.yaml, licenses/, code-reviews/, signing/) of the "
     "checkout.",

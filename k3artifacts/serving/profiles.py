@@ -14,12 +14,12 @@ from pathlib import Path, PurePosixPath
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from k3artifacts.config import CHECKOUT_ROOT
+from k3artifacts.bundled import MANIFESTS
 from k3artifacts.errors import ConfigError, NotFound, plain_validation_errors
 from k3artifacts.releases.tuples import DIGEST, ServingSpec
 from k3artifacts.settings import load
 
-MANIFESTS_DIR = CHECKOUT_ROOT / "manifests"
+MANIFESTS_DIR = MANIFESTS
 FLAG = re.compile(r"^--[a-z0-9][a-z0-9-]*$")
 ENV_NAME = re.compile(r"^[A-Z_][A-Z0-9_]*$")
 #: Set from the tuple, never from a profile: they would point the server somewhere else.
