@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import click
@@ -30,6 +29,7 @@ from k3artifacts.revisions.refs import parse_revision_ref
 from k3artifacts.serving.images import resolve_image
 from k3artifacts.serving.profiles import FsxTarget, StorageTarget, load_profile, serving_spec
 from k3artifacts.serving.render import TARGETS, render
+from k3artifacts.settings import load
 from k3artifacts.signing.keys import load_signer
 from k3artifacts.stores.base import Store
 
@@ -56,8 +56,7 @@ def _storage(
         region = (
             s3_region
             or (client.meta.region_name if client is not None else None)
-            or os.environ.get("AWS_REGION")
-            or os.environ.get("AWS_DEFAULT_REGION")
+            or load().region
         )
         if not region:
             raise ConfigError(
