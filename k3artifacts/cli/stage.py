@@ -48,8 +48,7 @@ def run_stage(
     with reporter("staging", quiet=quiet, as_json=as_json, interval=progress_interval,
                   log_format=log_format) as progress:
         observer = StageProgress(progress)
-        if hasattr(store, "progress"):  # a store that reports its own transfers (S3)
-            store.progress = observer.store_progress
+        store.watch_transfers(observer.store_progress)
         return stage(
             source,
             store,

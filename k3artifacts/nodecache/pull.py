@@ -21,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from k3artifacts.errors import ConfigError, Conflict, NotFound, VerifyMismatch
+from k3artifacts.errors import ConfigError, Conflict, VerifyMismatch
 from k3artifacts.nodecache import locks
 from k3artifacts.nodecache.fetch import Fetcher, FileJob, Tuning
 from k3artifacts.nodecache.layout import (
@@ -33,19 +33,16 @@ from k3artifacts.nodecache.layout import (
     VerifiedMarker,
 )
 from k3artifacts.nodecache.retention import evict
-from k3artifacts.nodecache.sources import open_source
 from k3artifacts.releases.lookup import resolve_tuple
 from k3artifacts.revisions.manifest import (
     MANIFEST_NAME,
     META_DIR,
     FileRecord,
     ShardManifest,
-    manifest_key,
-    revision_prefix,
 )
 from k3artifacts.revisions.refs import match_revision_ref
 from k3artifacts.stores.base import Store
-from k3artifacts.stores.registry import open_store
+from k3artifacts.stores.registry import open_store, weights_placement
 
 
 @dataclass(frozen=True)
@@ -66,12 +63,10 @@ def resolve_target(store: Store, name: str) -> PullTarget:
         return PullTarget(Revision(ref[0], ref[1]), None, None, store)
     release = resolve_tuple(store, name)
     weights = release.binding.weights
-    location = weights.location.rstrip("/")
-    suffix = "/" + revision_prefix(weights.repo_id, weights.commit)
-    if not location.endswith(suffix):
-        raise ConfigError(f"tuple {release.id}: weights location {location} does not end in "
-                          f"{suffix}")
-    url = location[: -len(suffix)]
+    try:
+        url = weights_placement(weights.location, weights.repo_id, weights.commit).store_url
+    except ConfigError as exc:
+        raise ConfigError(f"tuple {release.id}: {exc}") from None
     weights_store = store if url.rstrip("/") == store.url.rstrip("/") else open_store(url)
     return PullTarget(Revision(weights.repo_id, weights.commit), weights.manifest_digest,
                       release.id, weights_store)
@@ -209,11 +204,10 @@ def pull(target: PullTarget, root: Path, *, tuning: Tuning | None = None,
 
 def _read_manifest(target: PullTarget) -> tuple[bytes, ShardManifest]:
     rev = target.revision
-    found = target.store.read(manifest_key(rev.repo_id, rev.commit))
-    if found is None:
-        raise NotFound(f"{rev} is not published in {target.store.url}",
-                       hint="check the tuple's store (--store) or stage the revision first")
-    manifest = ShardManifest.parse(found.data)
+    raw = target.store.published_manifest_bytes(
+        rev.repo_id, rev.commit,
+        hint="check the tuple's store (--store) or stage the revision first")
+    manifest = ShardManifest.parse(raw)
     if target.manifest_digest is not None and manifest.digest() != target.manifest_digest:
         raise VerifyMismatch(
             f"{rev} in {target.store.url}: manifest digest {manifest.digest()}, the tuple "
@@ -221,7 +215,7 @@ def _read_manifest(target: PullTarget) -> tuple[bytes, ShardManifest]:
             hint="the store's manifest was replaced behind the tuple: do not serve it; "
             "investigate the store",
         )
-    return found.data, manifest
+    return raw, manifest
 
 
 def _pull_locked(target: PullTarget, layout: CacheLayout, tuning: Tuning,
@@ -246,7 +240,7 @@ def _pull_locked(target: PullTarget, layout: CacheLayout, tuning: Tuning,
     meta = partial / META_DIR
     meta.mkdir(parents=True, exist_ok=True)
     verified = _read_verified_log(meta / VERIFIED_LOG)
-    source = open_source(target.store, rev.repo_id, rev.commit, tuning.pool_connections)
+    source = target.store.open_ranges(rev.repo_id, rev.commit, tuning.pool_connections)
     fetcher = Fetcher(source, tuning, on_bytes=observer.advance)
     result = PullResult(str(rev), target.tuple_id, manifest.digest(), str(final),
                         len(manifest.files), manifest.total_bytes)

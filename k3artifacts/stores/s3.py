@@ -35,7 +35,7 @@ import math
 import os
 import re
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -55,10 +55,10 @@ from k3artifacts.errors import (
     Conflict,
     K3AError,
     NotFound,
+    Unavailable,
     VerifyMismatch,
 )
 from k3artifacts.revisions.manifest import (
-    META_DIR,
     FileRecord,
     ShardManifest,
     manifest_key,
@@ -66,7 +66,21 @@ from k3artifacts.revisions.manifest import (
 )
 from k3artifacts.stores import awsclients
 from k3artifacts.stores.awsclients import aws_errors, error_code, http_status
-from k3artifacts.stores.base import PutReceipt, ReuseFailed, RevisionWriter, Store, Versioned
+from k3artifacts.stores.base import (
+    OBJECT_RECORDS_REL,
+    NotPublished,
+    ObjectRecord,
+    Placement,
+    ProgressCallback,
+    PutReceipt,
+    RangeReader,
+    ReuseFailed,
+    RevisionWriter,
+    ShortRead,
+    Sink,
+    Store,
+    Versioned,
+)
 from k3artifacts.stores.capabilities import ensure_conditional_writes
 
 log = logging.getLogger(__name__)
@@ -77,8 +91,6 @@ GiB = 1024 * MiB
 MAX_PARTS = 10_000
 META_SHA256 = "k3a-sha256"
 META_XXH3 = "k3a-xxh3-128"
-#: Per-revision record of what S3 stored for each object (key, version id, checksum).
-OBJECTS_NAME = "s3-objects.json"
 CHECKSUM_ALGORITHM = "CRC64NVME"
 READ_BLOCK = 8 * MiB
 
@@ -91,10 +103,6 @@ PART_SIZE_ENV = "K3A_S3_PART_SIZE"
 CONCURRENCY_ENV = "K3A_S3_CONCURRENCY"
 
 _BUCKET_RE = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
-
-#: ``progress(path, nbytes)``: ``nbytes`` more bytes of ``path`` reached S3 (negative when
-#: s3transfer rewinds a retried part). Called from transfer threads.
-ProgressCallback = Callable[[str, int], None]
 
 
 @dataclass(frozen=True)
@@ -231,6 +239,8 @@ class S3Store(Store):
     #: Keys per ListObjectsV2 page (S3 returns at most 1000).
     list_page_size = 1000
     wanted_checksums = frozenset({"crc64nvme"})
+    identity_source = "sts"
+    regional = True
 
     def __init__(
         self,
@@ -274,6 +284,20 @@ class S3Store(Store):
                 "K3A_S3_ENDPOINT_URL and the region with AWS_REGION",
             )
         return cls(parsed.netloc, parsed.path, **kwargs)
+
+    @classmethod
+    def placement_at(cls, store_url: str, revision_path: str) -> Placement:
+        parsed = urlparse(store_url)
+        return Placement(store_url=store_url, revision_path=revision_path,
+                         bucket=parsed.netloc, s3_prefix=parsed.path.strip("/"))
+
+    def region(self) -> str | None:
+        # The client's region already follows AWS_REGION / AWS_DEFAULT_REGION and the profile.
+        return (self.client.meta.region_name or os.environ.get("AWS_REGION")
+                or os.environ.get("AWS_DEFAULT_REGION"))
+
+    def watch_transfers(self, progress: ProgressCallback | None) -> None:
+        self.progress = progress
 
     def exists(self) -> bool:
         """The bucket exists and holds something under ``models/`` or ``releases/``.
@@ -431,9 +455,31 @@ class S3Store(Store):
                      revision_prefix(repo_id, commit))
         return stale
 
+    def object_records(self, repo_id: str, commit: str) -> dict[str, ObjectRecord]:
+        found = self.read(f"{revision_prefix(repo_id, commit)}/{OBJECT_RECORDS_REL}")
+        if found is None:
+            return {}
+        records = {}
+        for obj in json.loads(found.data).get("objects", []):
+            version = obj.get("version_id")
+            crc = obj.get("checksum_crc64nvme")
+            full = obj.get("checksum_type") in (None, "FULL_OBJECT")
+            records[obj["path"]] = ObjectRecord(
+                path=obj["path"],
+                key=self._unkey(obj["key"]),
+                size=int(obj["size"]),
+                version_id=version if version and version != "null" else None,
+                crc64nvme=crc if crc and full else None,
+            )
+        return records
+
+    def open_ranges(self, repo_id: str, commit: str, connections: int) -> RangeReader:
+        return _S3Ranges(self, revision_prefix(repo_id, commit),
+                         self.object_records(repo_id, commit), connections)
+
     def delete_revision(self, repo_id: str, commit: str) -> None:
         if self.read_manifest(repo_id, commit) is None:
-            raise NotFound(f"{repo_id}@{commit} is not published in {self.url}")
+            raise NotPublished(repo_id, commit, self.url)
         # Manifest first: from that instant readers see no revision, never half of one.
         mkey = manifest_key(repo_id, commit)
         with aws_errors(f"deleting {self.s3_url(mkey)}"):
@@ -474,6 +520,62 @@ class S3Store(Store):
         return aborted
 
 
+class _S3Ranges(RangeReader):
+    """Ranged ``GetObject`` on a client whose pool has a connection per worker, each response
+    read straight into the caller's buffer. Each object is read at the version its revision
+    recorded, so an overwrite in the middle of a pull cannot mix two objects' bytes; the
+    CRC64NVME recorded there is offered for checking too."""
+
+    def __init__(self, store: S3Store, prefix: str, records: dict[str, ObjectRecord],
+                 connections: int):
+        self.store = store
+        self.prefix = prefix
+        self.records = records
+        # Same endpoint and region as the store's own client, a bigger connection pool.
+        endpoint = store.client.meta.endpoint_url
+        if "amazonaws.com" in (endpoint or ""):
+            endpoint = None
+        self.client = awsclients.client(
+            "s3", endpoint_url=endpoint, region=store.client.meta.region_name,
+            max_pool_connections=connections,
+        )
+        self.checksums = {p: {"crc64nvme": r.crc64nvme} for p, r in records.items()
+                          if r.crc64nvme}
+
+    def read_range(self, path: str, offset: int, length: int, buf: memoryview,
+                   sink: Sink) -> None:
+        record = self.records.get(path)
+        key = record.key if record is not None else f"{self.prefix}/{path}"
+        args = {"Bucket": self.store.bucket, "Key": self.store.key(key),
+                "Range": f"bytes={offset}-{offset + length - 1}"}
+        if record is not None and record.version_id:
+            args["VersionId"] = record.version_id
+        try:
+            resp = self.client.get_object(**args)
+            body = resp["Body"]
+            # The urllib3 response under botocore's StreamingBody reads into our buffer with
+            # no intermediate bytes object (the copy that costs at several GB/s).
+            raw = getattr(body, "_raw_stream", None)
+            done = 0
+            with body:
+                while done < length:
+                    want = buf[: min(len(buf), length - done)]
+                    if raw is not None and hasattr(raw, "readinto"):
+                        n = raw.readinto(want)
+                    else:
+                        chunk = body.read(len(want))
+                        n = len(chunk)
+                        want[:n] = chunk
+                    if not n:
+                        raise ShortRead(f"{path}: response ended at {offset + done}")
+                    sink(buf[:n])
+                    done += n
+        except (bex.BotoCoreError, bex.ClientError) as exc:
+            raise awsclients.translate(exc, f"reading {self.store.s3_url(key)}") from exc
+        except (OSError, ValueError) as exc:  # urllib3 protocol errors surface as these
+            raise Unavailable(f"reading {path}: {exc}") from exc
+
+
 class S3RevisionWriter(RevisionWriter):
     """Puts one revision's objects; :meth:`commit` writes the manifest last.
 
@@ -503,7 +605,7 @@ class S3RevisionWriter(RevisionWriter):
         with self._lock:
             if commit not in self._sources:
                 found = self.store.read(
-                    f"{revision_prefix(self.repo_id, commit)}/{META_DIR}/{OBJECTS_NAME}"
+                    f"{revision_prefix(self.repo_id, commit)}/{OBJECT_RECORDS_REL}"
                 )
                 self._sources[commit] = None if found is None else {
                     o["path"]: o for o in json.loads(found.data)["objects"]
@@ -734,9 +836,9 @@ class S3RevisionWriter(RevisionWriter):
             return
         self._check_complete(manifest)
         receipts = [dataclasses.asdict(self.receipts[r.path]) for r in manifest.files]
-        with aws_errors(f"writing {self.store.s3_url(self.prefix)}/{META_DIR}/{OBJECTS_NAME}"):
+        with aws_errors(f"writing {self.store.s3_url(self.prefix)}/{OBJECT_RECORDS_REL}"):
             self.store._put_small(
-                f"{self.prefix}/{META_DIR}/{OBJECTS_NAME}",
+                f"{self.prefix}/{OBJECT_RECORDS_REL}",
                 canonical_json({"manifest_sha256": manifest.digest(), "objects": receipts}),
             )
         try:
