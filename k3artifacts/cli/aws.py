@@ -159,6 +159,7 @@ def fsx_preload(ref: str, file_system_id: str, store_url: str, fsx_endpoint_url:
             hint="pass --store s3://bucket/prefix (the linked bucket)",
         )
     store.published_manifest_bytes(repo_id, commit, hint="stage it first (k3a stage)")
+    store.materialize(repo_id, commit)  # the file system imports the prefix as it is
     client = awsclients.client("fsx", endpoint_url=fsx_endpoint_url, profile=profile,
                                region=region)
     started = start_preload(client, file_system_id, store.location(repo_id, commit))

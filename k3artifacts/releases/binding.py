@@ -42,6 +42,9 @@ def bind(
     store: Store, repo_id: str, commit: str, image: ImageRef, serving: ServingSpec
 ) -> TupleBinding:
     manifest = published_manifest(store, repo_id, commit)
+    # A tuple's location is a prefix a server may read by itself (HyperPod's s3Storage, a
+    # mount): it must hold every file, not references to a published neighbour's objects.
+    store.materialize(repo_id, commit)
     weights = WeightsRef(
         repo_id=repo_id,
         commit=commit,

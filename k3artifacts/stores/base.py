@@ -117,15 +117,17 @@ class PutReceipt:
 
     path: str
     size: int
-    #: "uploaded" (bytes sent), "copied" (inside the store), "kept" (already there), or
-    #: "stored" (placed in a file tree: a hard link from quarantine, else a copy).
+    #: "uploaded" (bytes sent), "copied" (inside the store), "kept" (already there),
+    #: "stored" (placed in a file tree: a hard link from quarantine, else a copy), or
+    #: "referenced" (the revision reads bytes a published one keeps: none moved).
     action: str
 
 
 def receipt_stats(receipts: list[PutReceipt | None]) -> dict[str, int]:
     """Transfer counters of a revision from its receipts (a file store returns none)."""
     stats: dict[str, int] = {}
-    names = {"uploaded": "uploaded", "copied": "copied", "kept": "skipped", "stored": "stored"}
+    names = {"uploaded": "uploaded", "copied": "copied", "kept": "skipped", "stored": "stored",
+             "referenced": "referenced"}
     for receipt in receipts:
         if receipt is None or receipt.action not in names:
             continue
@@ -175,7 +177,8 @@ class RevisionWriter(ABC):
         ``source_commit`` of the same repo, inside the store: no byte passes through this
         machine. Then hold what the store reports for the new file to ``record`` (size, and
         the store's own checksum where it keeps one; ``reverify``: re-hash it where the store
-        cannot say). Returns a "copied" receipt, or None when the revision was published
+        cannot say). Returns a "copied" or "referenced" receipt (see
+        docs/architecture.md, "Storage layout"), or None when the revision was published
         meanwhile; raises :class:`ReuseFailed` (having left nothing at the target) when the
         source is gone or the copy does not match, so that the caller downloads the file."""
         raise ReuseFailed(f"{type(self).__name__} cannot reuse files")
@@ -324,6 +327,35 @@ class Store(ABC):
         published; empty where the store keeps no such record (a file tree: a revision's
         files are the files under its directory)."""
         return {}
+
+    def open_object(self, record: ObjectRecord) -> BinaryIO:
+        """A streaming reader of the object ``record`` names; raises :class:`NotFound`."""
+        return self.open_read(record.key)
+
+    def open_file(self, repo_id: str, commit: str, path: str,
+                  records: Mapping[str, ObjectRecord]) -> BinaryIO:
+        """A streaming reader of file ``path`` of a revision: the object its ``records``
+        (:meth:`object_records`) name, else the one under the revision's prefix."""
+        record = records.get(path)
+        if record is not None:
+            return self.open_object(record)
+        return self.open_read(f"{revision_prefix(repo_id, commit)}/{path}")
+
+    def read_sizes(self, repo_id: str, commit: str) -> dict[str, int]:
+        """Path -> size of every file a revision reads (its ``.k3a/`` aside): what lies under
+        its prefix, and where its records name an object elsewhere, that object's size (None
+        of it read). What the artifact gate compares with the manifest."""
+        prefix = revision_prefix(repo_id, commit) + "/"
+        return {
+            key[len(prefix):]: size for key, size in self.object_sizes(prefix).items()
+            if not key[len(prefix):].startswith(f"{META_DIR}/")
+        }
+
+    def materialize(self, repo_id: str, commit: str) -> int:
+        """Make the revision's prefix hold every file it reads, for a server that reads the
+        prefix itself (HyperPod's ``s3Storage``, an FSx import). Returns the bytes copied;
+        a store whose revisions always hold their files copies none."""
+        return 0
 
     @abstractmethod
     def open_ranges(self, repo_id: str, commit: str, connections: int) -> RangeReader:

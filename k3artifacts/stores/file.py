@@ -426,7 +426,8 @@ class _FileRevisionWriter(RevisionWriter):
                     finally:
                         os.close(fd)
             os.replace(tmp, dest)
-        return PutReceipt(record.path, record.size, "copied")
+        # A hard link is the same bytes under a second name: nothing moved.
+        return PutReceipt(record.path, record.size, "referenced" if how == "link" else "copied")
 
     @staticmethod
     def _check_reused(record: FileRecord, placed: Path, where: str, reverify: bool) -> None:

@@ -79,6 +79,8 @@ class _Reader:
         self.directory, self.store = directory, store
         self.revision = revision
         self.prefix = revision_prefix(*revision) if store is not None else ""
+        #: Where each file's bytes live (a revision may read objects it shares with another).
+        self.records = store.object_records(*revision) if store is not None else {}
 
     def manifest_bytes(self) -> bytes:
         if self.directory is not None:
@@ -96,7 +98,7 @@ class _Reader:
         if self.directory is not None:
             path = self.directory.joinpath(*record.path.split("/"))
             return feed_file(hasher, path, on_bytes=on_bytes)
-        with self.store.open_read(f"{self.prefix}/{record.path}") as fh:
+        with self.store.open_file(*self.revision, record.path, self.records) as fh:
             read_into = getattr(fh, "readinto", None) or _readinto_from_read(fh)
             return hash_stream(read_into, hasher, on_bytes)
 
