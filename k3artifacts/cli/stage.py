@@ -48,8 +48,7 @@ def run_stage(
     with reporter("staging", quiet=quiet, as_json=as_json, interval=progress_interval,
                   log_format=log_format) as progress:
         observer = StageProgress(progress)
-        if hasattr(store, "progress"):  # a store that reports its own transfers (S3)
-            store.progress = observer.store_progress
+        store.watch_transfers(observer.store_progress)
         return stage(
             source,
             store,
@@ -80,11 +79,13 @@ def print_stage_result(result: StageResult) -> None:
             f"{result.reused_bytes:,} reused from published revisions, "
             f"{put:,} uploaded to the store"
         )
-        if stats.get("bytes_uploaded") or stats.get("bytes_copied"):
+        if stats.get("bytes_uploaded") or stats.get("bytes_copied") \
+                or stats.get("bytes_referenced"):
             click.echo(
                 f"store:           {stats.get('bytes_uploaded', 0):,} bytes uploaded, "
                 f"{stats.get('bytes_copied', 0):,} copied inside the store, "
-                f"{stats.get('objects_skipped', 0)} object(s) already there"
+                f"{stats.get('bytes_referenced', 0):,} shared with published revisions "
+                f"(nothing moved), {stats.get('objects_skipped', 0)} object(s) already there"
             )
         for reason in result.reuse_fallbacks:
             click.echo(f"not reused:      {reason} (downloaded instead)")
