@@ -338,7 +338,7 @@ import json, sys, time, statistics, shutil
 from pathlib import Path
 sys.path.insert(0, ".")
 from k3artifacts.bundled import POLICIES
-from k3artifacts.sandbox.releases import Releases
+from tests.support.releases import Releases
 from k3artifacts.stores.registry import open_store
 from k3artifacts.promotion.moves import promote, rollback
 from k3artifacts.releases.reviews import review_code, review_license

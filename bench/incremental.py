@@ -12,7 +12,7 @@ from __future__ import annotations
 import uuid
 
 from k3artifacts.localhub.synthetic import derive_revision
-from k3artifacts.sandbox.seaweed import SeaweedS3
+from tests.support.seaweed import SeaweedS3
 
 from .env import Bench, Row
 

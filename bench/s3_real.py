@@ -13,7 +13,7 @@ import os
 import shutil
 import uuid
 
-from k3artifacts.sandbox.seaweed import SeaweedS3
+from tests.support.seaweed import SeaweedS3
 
 from .env import MB, Bench, Row, cache_note
 

@@ -15,8 +15,8 @@ from click.testing import CliRunner
 from k3artifacts.cli import cli
 from k3artifacts.nodecache import locks
 from k3artifacts.nodecache.layout import CacheLayout, Revision
-from k3artifacts.sandbox.releases import Releases
 from k3artifacts.stores.file import FileStore
+from tests.support.releases import Releases
 
 MiB = 1 << 20
 BIG = os.urandom(5 * MiB + 12345)  # five whole 1 MiB parts and a short one
