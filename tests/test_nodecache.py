@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import time
@@ -238,6 +239,10 @@ def test_keep_1_never_evicts_a_leased_revision(file_releases, tmp_path, k3a_cmd,
         assert [(c["revision"], c["leased"]) for c in json.loads(listing)] == [
             (str(Revision(new.binding.weights.repo_id, new.binding.weights.commit)), False),
             (str(rev), True)]
+        # Sizes in a unit that shows them: a small revision is not "0.00 GiB".
+        code, listing, _ = k3a("cache", "ls", "--root", str(root))
+        assert code == 0 and "0.00" not in listing
+        assert re.search(r"\s\d+(\.\d)? (B|KiB|MiB)\s+\d+ files", listing), listing
     finally:
         server.kill()
         server.wait(10)
