@@ -20,6 +20,8 @@ Points:
                   (detail: the channel), so a test can move it first and see the race lost
   ``pull-part``   ``k3a pull`` wrote one part of a file (detail ``<path>#<part index>``)
   ``pull-planned`` ``k3a pull`` checked free space, before preallocating (detail: revision)
+  ``references-checked`` an S3 revision's object records are written and the revisions it
+                  reads objects of were found published (detail: commit), before its manifest
 """
 
 from __future__ import annotations

@@ -48,8 +48,7 @@ def run_stage(
     with reporter("staging", quiet=quiet, as_json=as_json, interval=progress_interval,
                   log_format=log_format) as progress:
         observer = StageProgress(progress)
-        if hasattr(store, "progress"):  # a store that reports its own transfers (S3)
-            store.progress = observer.store_progress
+        store.watch_transfers(observer.store_progress)
         return stage(
             source,
             store,
@@ -77,12 +76,13 @@ def print_stage_result(result: StageResult) -> None:
             f"bytes:           {result.downloaded_bytes:,} pulled from the Hub, "
             f"{result.reused_bytes:,} reused from published revisions"
         )
-        # What the store did with each file, in files and in bytes: an object store uploads
-        # or copies inside itself; a file store places the quarantine's file in its tree (a
-        # hard link where both are on one file system, else a copy).
+        # What the store did with each file, in files and in bytes: an object store uploads,
+        # copies inside itself or references bytes a published revision keeps; a file store
+        # places the quarantine's file in its tree (a hard link on one file system, else a copy).
         done = [
             f"{stats[f'objects_{name}']} {label} ({stats[f'bytes_{name}']:,} bytes)"
             for name, label in (("uploaded", "uploaded"), ("copied", "copied inside the store"),
+                                ("referenced", "shared with published revisions, nothing moved"),
                                 ("stored", "placed in the store's tree (hard link, else copy)"))
             if stats.get(f"objects_{name}")
         ]

@@ -29,7 +29,6 @@ from k3artifacts.revisions.refs import parse_revision_ref
 from k3artifacts.serving.images import resolve_image
 from k3artifacts.serving.profiles import FsxTarget, StorageTarget, load_profile, serving_spec
 from k3artifacts.serving.render import TARGETS, render
-from k3artifacts.settings import load
 from k3artifacts.signing.keys import load_signer
 from k3artifacts.stores.base import Store
 
@@ -51,13 +50,8 @@ def _storage(
         except ValueError as exc:
             raise ConfigError(f"FSx details: {exc}") from None
         return StorageTarget(fsx=target)
-    if store.url.startswith("s3://"):
-        client = getattr(store, "client", None)  # S3Store's boto3 client knows its region
-        region = (
-            s3_region
-            or (client.meta.region_name if client is not None else None)
-            or load().region
-        )
+    if store.regional:
+        region = s3_region or store.region()
         if not region:
             raise ConfigError(
                 f"the region of {store.url} is unknown", hint="pass --s3-region REGION"

@@ -53,7 +53,7 @@ def _sts_identity(endpoint: str | None, credentials: tuple[str | None, ...]) -> 
 def resolve_actor(store: Store, *, typed: str | None, claims_allowed: bool) -> Actor:
     """Who is acting on ``store``. ``typed`` is a ``--by`` given on the command line: refused
     (exit 9) where it cannot stand for the identity, rather than silently ignored."""
-    if store.url.startswith("s3://"):
+    if store.identity_source == "sts":
         arn = _sts_identity(
             load().sts_endpoint_url,
             tuple(os.environ.get(v) for v in _CREDENTIAL_ENV),
