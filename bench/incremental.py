@@ -12,9 +12,10 @@ from __future__ import annotations
 import uuid
 
 from k3artifacts.localhub.synthetic import derive_revision
-from k3artifacts.sandbox.seaweed import SeaweedS3
+from tests.support.seaweed import SeaweedS3
 
 from .env import Bench, Row
+from .staging import stage_child
 
 CHANGED = "generation_config.json"
 
@@ -36,7 +37,6 @@ def _row(store: str, files: dict, changed_size: int, full: dict, second: dict) -
 
 
 def incremental(bench: Bench, opts, shared: dict) -> list[Row]:
-    from .figures import stage_child
 
     rows = []
     files = bench.release(opts.incr_size, opts.shards, seed=7)

@@ -22,11 +22,11 @@ from click.testing import CliRunner
 
 from k3artifacts.cli import cli
 from k3artifacts.errors import Conflict
-from k3artifacts.sandbox.revisions import REPO as WRITER_REPO
-from k3artifacts.sandbox.revisions import manifest_for, publish, write_revision
 from k3artifacts.stores.base import OBJECT_RECORDS_REL
 from k3artifacts.stores.verify import verify_revision
 from tests.staging_helpers import REPO, run_stage, small_release
+from tests.support.revisions import REPO as WRITER_REPO
+from tests.support.revisions import manifest_for, publish, write_revision
 
 SHARD1 = "model-00001-of-00002.safetensors"
 SHARD2 = "model-00002-of-00002.safetensors"
