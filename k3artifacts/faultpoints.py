@@ -27,16 +27,15 @@ Points:
 from __future__ import annotations
 
 import fnmatch
-import os
 import sys
 import time
 
-ENV = "K3A_FAULT_PAUSE"
-RESUME_ENV = "K3A_FAULT_RESUME"
+from k3artifacts.settings import load
 
 
 def pause(point: str, detail: str = "") -> None:
-    spec = os.environ.get(ENV)
+    settings = load()
+    spec = settings.fault_pause
     if not spec:
         return
     target, _, seconds = spec.rpartition(":")
@@ -44,7 +43,7 @@ def pause(point: str, detail: str = "") -> None:
     if name != point or (glob and not fnmatch.fnmatchcase(detail, glob)):
         return
     print(f"k3a: paused at {point} {detail}", file=sys.stderr, flush=True)
-    resume = os.environ.get(RESUME_ENV)
+    resume = settings.fault_resume
     deadline = time.monotonic() + float(seconds)
-    while time.monotonic() < deadline and not (resume and os.path.exists(resume)):
+    while time.monotonic() < deadline and not (resume and resume.exists()):
         time.sleep(0.05)

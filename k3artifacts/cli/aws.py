@@ -9,16 +9,24 @@ from urllib.parse import urlparse
 import click
 
 from k3artifacts.cli import cli
-from k3artifacts.cli.common import emit, get_store, handle_errors, json_option, store_option
+from k3artifacts.cli.common import (
+    emit,
+    from_settings,
+    get_store,
+    handle_errors,
+    json_option,
+    store_option,
+)
 from k3artifacts.errors import ConfigError
 from k3artifacts.revisions.refs import match_revision_ref
+from k3artifacts.settings import load
 from k3artifacts.stores import awsclients
 from k3artifacts.stores.bootstrap import BootstrapReport, bootstrap
 from k3artifacts.stores.bucket_policies import BucketPolicyInputs, iam_policies
 from k3artifacts.stores.fsx import start_preload
 
 endpoint_option = click.option(
-    "--endpoint-url", envvar=awsclients.S3_ENDPOINT_ENV, default=None,
+    "--endpoint-url", default=None,
     help=f"S3 endpoint (moto, MinIO, VPC endpoint). Default: ${awsclients.S3_ENDPOINT_ENV}, "
     "else boto3's own.",
 )
@@ -131,7 +139,8 @@ def fsx_group() -> None:
 @click.option("--fsx-endpoint-url", default=None,
               help="FSx API endpoint. Default: boto3's own (AWS_ENDPOINT_URL_FSX honoured).")
 @profile_option
-@click.option("--region", envvar="AWS_REGION", help="Region of the file system.")
+@click.option("--region", default=from_settings(lambda: load().aws_region),
+              help="Region of the file system.  [env var: AWS_REGION]")
 @json_option
 @handle_errors
 def fsx_preload(ref: str, file_system_id: str, store_url: str, fsx_endpoint_url: str | None,

@@ -20,8 +20,8 @@ from k3artifacts.cli.common import (
     store_option,
 )
 from k3artifacts.cli.stage import print_stage_result, run_stage
-from k3artifacts.config import data_home, default_workers
 from k3artifacts.localhub import LocalHub
+from k3artifacts.settings import data_home, default_workers
 from k3artifacts.staging.engine import StageOptions
 from k3artifacts.stores.base import Store
 from k3artifacts.stores.verify import verify_revision

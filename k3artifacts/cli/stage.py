@@ -19,9 +19,9 @@ from k3artifacts.cli.common import (
     signing_key_option,
     store_option,
 )
-from k3artifacts.config import default_workers
 from k3artifacts.reporting.progress import DEFAULT_INTERVAL, StageProgress
 from k3artifacts.revisions.refs import check_repo_id
+from k3artifacts.settings import default_workers
 from k3artifacts.staging.download import RetryPolicy
 from k3artifacts.staging.engine import StageOptions, StageResult, plan_stage, stage
 from k3artifacts.staging.hub import HubSource
@@ -119,8 +119,8 @@ def print_plan(plan: StagePlan) -> None:
 @click.option(
     "--quarantine",
     type=click.Path(path_type=Path, file_okay=False),
-    envvar="K3A_QUARANTINE",
-    help="Local download directory [default: beside a file store, else ~/.cache/k3artifacts].",
+    help="Local download directory [default: $K3A_QUARANTINE, else beside a file store, else "
+    "~/.cache/k3artifacts].",
 )
 @click.option("--endpoint", envvar="HF_ENDPOINT",
               help="Hub URL [default: $HF_ENDPOINT or huggingface.co].")

@@ -25,10 +25,10 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
 
-from k3artifacts.config import default_quarantine
 from k3artifacts.errors import Conflict
 from k3artifacts.revisions.hashing import hash_file
 from k3artifacts.revisions.manifest import FileRecord
+from k3artifacts.settings import default_quarantine
 from k3artifacts.stores.base import Store
 
 

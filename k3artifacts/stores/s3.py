@@ -32,7 +32,6 @@ import hashlib
 import json
 import logging
 import math
-import os
 import re
 import threading
 from collections.abc import Mapping
@@ -50,7 +49,6 @@ from s3transfer.subscribers import BaseSubscriber
 
 from k3artifacts import faultpoints
 from k3artifacts.canonical import canonical_json
-from k3artifacts.config import parse_size
 from k3artifacts.errors import (
     AlreadyExists,
     ConfigError,
@@ -66,6 +64,7 @@ from k3artifacts.revisions.manifest import (
     manifest_key,
     revision_prefix,
 )
+from k3artifacts.settings import load
 from k3artifacts.stores import awsclients
 from k3artifacts.stores.awsclients import aws_errors, error_code, http_status
 from k3artifacts.stores.base import (
@@ -101,9 +100,6 @@ _GONE = {"NoSuchKey", "NoSuchVersion", "404", "InvalidArgument"}
 #: What S3 answers when the bytes it received do not match the checksum sent with them.
 _DIGEST_ERRORS = {"BadDigest", "InvalidDigest", "XAmzContentChecksumMismatch"}
 
-PART_SIZE_ENV = "K3A_S3_PART_SIZE"
-CONCURRENCY_ENV = "K3A_S3_CONCURRENCY"
-
 _BUCKET_RE = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
 
 
@@ -130,20 +126,12 @@ class TransferTuning:
         ``K3A_S3_CONCURRENCY`` (parts in flight per file): what a staging worker reads, so
         every process of a run moves bytes the same way."""
         tuning = cls()
-        part = os.environ.get(PART_SIZE_ENV)
-        if part:
-            try:
-                size = parse_size(part)
-            except ValueError as exc:
-                raise ConfigError(f"{PART_SIZE_ENV}: {exc}") from None
-            if size < 5 * MiB:
-                raise ConfigError(f"{PART_SIZE_ENV}={part}: S3 parts must be at least 5 MiB")
+        settings = load()
+        if settings.s3_part_size is not None:
+            size = settings.s3_part_size
             tuning = dataclasses.replace(tuning, multipart_threshold=size, min_part_size=size)
-        concurrency = os.environ.get(CONCURRENCY_ENV)
-        if concurrency:
-            if not concurrency.isdigit() or int(concurrency) < 1:
-                raise ConfigError(f"{CONCURRENCY_ENV}={concurrency!r} is not a positive integer")
-            tuning = dataclasses.replace(tuning, max_concurrency=int(concurrency))
+        if settings.s3_concurrency is not None:
+            tuning = dataclasses.replace(tuning, max_concurrency=settings.s3_concurrency)
         return tuning
 
     def part_size(self, size: int) -> int:
@@ -301,8 +289,9 @@ class S3Store(Store):
 
     def region(self) -> str | None:
         # The client's region already follows AWS_REGION / AWS_DEFAULT_REGION and the profile.
-        return (self.client.meta.region_name or os.environ.get("AWS_REGION")
-                or os.environ.get("AWS_DEFAULT_REGION"))
+        settings = load()
+        return (self.client.meta.region_name or settings.aws_region
+                or settings.aws_default_region)
 
     def watch_transfers(self, progress: ProgressCallback | None) -> None:
         self.progress = progress
