@@ -23,6 +23,8 @@ from click.testing import CliRunner
 from k3artifacts.cli import cli
 from k3artifacts.errors import Conflict
 from k3artifacts.releases.binding import bind
+from k3artifacts.releases.policies import load_gate_policy
+from k3artifacts.releases.retention import plan, retire
 from k3artifacts.sandbox.releases import Releases
 from k3artifacts.sandbox.revisions import REPO as WRITER_REPO
 from k3artifacts.sandbox.revisions import manifest_for, publish, write_revision
@@ -96,10 +98,16 @@ def test_a_one_shard_commit_stores_only_that_shard(local_hub, store, tmp_path):
     pulled_matches(local_hub, c2, pull(store, f"{REPO}@{c2}", tmp_path / "cache"))
 
 
-def test_gc_of_the_source_keeps_every_object_the_new_commit_reads(local_hub, store, tmp_path):
+def test_gc_of_the_source_keeps_every_object_the_new_commit_reads(
+    local_hub, store, tmp_path, policies
+):
     c1, c2, _, _ = two_commits(local_hub, store, tmp_path)
     old_shard2 = f"models/{REPO}/{c1}/{SHARD2}"
-    store.delete_revision(REPO, c1)  # what `k3a gc` does once its checks pass
+    # `k3a gc --keep 0 --keep-days 0 --apply`, for c1 alone (both are unreachable).
+    policy = load_gate_policy(policies)
+    verdicts = {v.commit: v for v in plan(store, policy, keep=0, keep_days=0)}
+    assert {c: v.action for c, v in verdicts.items()} == {c1: "retire", c2: "retire"}
+    assert retire(store, verdicts[c1], policy, who="test").action == "retired"
     assert store.list_revisions(REPO) == [c2]
     report = verify_revision(store=store, repo_id=REPO, commit=c2, full=True)
     assert report.ok, report.problems
