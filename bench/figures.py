@@ -11,6 +11,7 @@ from pathlib import Path
 from .env import MB, Bench, Row, cache_note, force_rmtree
 from .pull import pull
 from .staging import REPO, Options, published_release, stage_child
+from .warm_start import warm_start
 
 TINY_REPO = "bench/many-small-files"
 
@@ -396,4 +397,5 @@ FIGURES = {
     "signing": _signing,  # 9
     "incremental": _incremental,  # 10
     "pull": pull,  # 11
+    "warm": warm_start,  # 12
 }

@@ -24,6 +24,8 @@ class Options:
     real_s3_size: int
     incr_size: int
     pull_size: int
+    #: Where the warm-start figure compiles: cuda (inductor + Triton) or cpu (C++ codegen).
+    device: str = "cuda"
 
 
 def stage_child(bench: Bench, endpoint: str, store_url: str, repo_id: str = REPO,

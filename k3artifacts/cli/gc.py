@@ -13,6 +13,7 @@ from k3artifacts.promotion.gates.context import human_bytes
 from k3artifacts.releases.actor import resolve_actor
 from k3artifacts.releases.policies import load_gate_policy
 from k3artifacts.releases.retention import RevisionVerdict, plan, retire
+from k3artifacts.warm.retention import retire_warm
 
 
 @cli.command("gc")
@@ -52,7 +53,8 @@ def gc_cmd(apply_: bool, keep: int | None, keep_days: float | None, policies_dir
             store, typed=None, claims_allowed=policy.identity.claimed_actor_on_file_stores
         ).name
         verdicts = [
-            retire(store, v, policy, who=who) if v.action == "retire" else v for v in verdicts
+            retire(store, v, policy, who=who, also=retire_warm) if v.action == "retire" else v
+            for v in verdicts
         ]
     emit(as_json, [v.model_dump(mode="json") for v in verdicts],
          lambda: _print(verdicts, apply_))

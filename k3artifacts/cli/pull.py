@@ -16,6 +16,7 @@ from k3artifacts.cli.common import (
     get_store,
     handle_errors,
     json_option,
+    policies_option,
     progress_options,
     reporter,
     store_option,
@@ -26,7 +27,14 @@ from k3artifacts.nodecache.fetch import Tuning
 from k3artifacts.nodecache.layout import CacheLayout, default_root, parse_revision
 from k3artifacts.nodecache.pull import PullObserver, pull, resolve_target
 from k3artifacts.nodecache.retention import gc, list_cached, remove
+from k3artifacts.releases.lookup import resolve_tuple
+from k3artifacts.releases.tuples import TUPLE_ID
 from k3artifacts.reporting.progress import BytesProgress, human_size
+from k3artifacts.revisions.refs import match_revision_ref
+from k3artifacts.warm import prewarm
+from k3artifacts.warm.model import detect_gpu
+from k3artifacts.warm.node import drop_warm, list_warm
+from k3artifacts.warm.trust import warm_trust
 
 DEFAULTS = Tuning()
 
@@ -53,12 +61,20 @@ root_option = click.option(
 @click.option("--verify", is_flag=True,
               help="Re-read every file of a copy already here (xxh3-128) instead of holding "
               "each to the size, mtime and inode recorded when it was verified.")
+@click.option("--gpu", default=None,
+              help="Also bring the tuple's warm-start artifact for this GPU model (as "
+              "nvidia-smi names it)  [default: detected with nvidia-smi; none: no warm start]")
+@click.option("--no-warm", is_flag=True, help="Weights only: no warm-start artifact.")
+@click.option("--channel", default=None,
+              help="Channel whose policy governs the warm start  [default: TARGET when it is "
+              "a channel]")
+@policies_option
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar or log lines.")
 @progress_options
 @json_option
 @handle_errors
-def pull_cmd(target, store_url, root, part_size, concurrency, connections, keep, verify, quiet,
-             progress_interval, log_format, as_json):
+def pull_cmd(target, store_url, root, part_size, concurrency, connections, keep, verify, gpu,
+             no_warm, channel, policies_dir, quiet, progress_interval, log_format, as_json):
     """Put a release's weights on this node's disk, verified as the bytes arrive.
 
     TARGET is a tuple id, a channel (its current tuple) or org/name@<commit>. The manifest
@@ -68,13 +84,17 @@ def pull_cmd(target, store_url, root, part_size, concurrency, connections, keep,
     (same sha256) are hard-linked, not fetched. Pulling a revision already here checks each
     file against the size, mtime and inode recorded when it was verified (--verify: re-reads
     it) and fetches a changed one again. Nothing under the root is reached through a link.
+    For a tuple or channel, the tuple's warm-start artifact for this node's GPU follows
+    (verified, held to the channel's policy; any reason not to is a named miss on stderr,
+    never a failure: `k3a warm --help`).
 
     Exit codes: 0 done, 4 a file (named) does not match the manifest, 7 unknown tuple or
     revision, 8 store unreachable, or not enough space / the disk filled (re-run: parts on
     disk are kept), 9 a link planted in the cache (named; nothing was written through it).
     """
     tuning = Tuning(part_size=part_size, concurrency=concurrency, connections=connections)
-    resolved = resolve_target(get_store(store_url), target)
+    store = get_store(store_url)
+    resolved = resolve_target(store, target)
     with reporter("pulling", quiet=quiet, as_json=as_json, interval=progress_interval,
                   log_format=log_format) as progress:
         bar = BytesProgress(progress)
@@ -89,9 +109,20 @@ def pull_cmd(target, store_url, root, part_size, concurrency, connections, keep,
 
         observer = PullObserver(planned=planned, advance=bar, note=note)
         result = pull(resolved, root, tuning=tuning, observer=observer, verify=verify)
+    warm = None
+    if resolved.tuple_id is not None and not no_warm:
+        # After the weights: a miss is logged and reported, never this command's failure.
+        release = resolve_tuple(store, resolved.tuple_id)
+        if channel is None and not TUPLE_ID.match(target) and match_revision_ref(target) is None:
+            channel = target
+        warm = prewarm.fetch(store, release, root, gpu=gpu or detect_gpu(),
+                             trust=warm_trust(policies_dir, channel))
+        if not quiet:
+            click.echo(f"k3a: {warm.line()}", err=True)
     if keep is not None:
         swept = gc(CacheLayout(root), keep, protect=frozenset({result.revision}))
         result.evicted = swept.evicted
+        _drop_orphan_warm(root)
 
     def human() -> None:
         if result.already_present:
@@ -107,7 +138,13 @@ def pull_cmd(target, store_url, root, part_size, concurrency, connections, keep,
         for evicted in result.evicted:
             click.echo(f"  evicted {evicted}")
 
-    emit(as_json, result.__dict__, human)
+    emit(as_json, {**result.__dict__, "warm": warm.as_dict() if warm else None}, human)
+
+
+def _drop_orphan_warm(root: Path) -> list[str]:
+    """Warm artifacts live as long as their tuple's weights on this node."""
+    return drop_warm(root, {c.revision for c in list_cached(CacheLayout(root))
+                            if not c.partial})
 
 
 @cli.group("cache")
@@ -123,13 +160,18 @@ def cache_ls(root, as_json):
     """Cached revisions, most recently used first, with whether a server leases them; then
     unfinished pulls (re-run the pull to resume one, `k3a cache gc` frees them)."""
     cached = list_cached(CacheLayout(root))
+    warm = list_warm(root)
 
     def human() -> None:
         for c in cached:
             click.echo(f"{c.revision}  {human_size(c.bytes):>10}  {c.files:5d} files"
                        f"{'  leased' if c.leased else ''}{'  partial' if c.partial else ''}")
+        for w in warm:
+            click.echo(f"warm {w.tuple_id} {w.gpu} {w.layout}  {human_size(w.bytes):>10}  "
+                       f"{w.files:5d} files  (weights {w.revision})")
 
-    emit(as_json, [c.__dict__ for c in cached], human)
+    emit(as_json, [{"kind": "weights", **c.__dict__} for c in cached]
+         + [{"kind": "warm", **w.__dict__} for w in warm], human)
 
 
 @cache_group.command("rm")
@@ -139,6 +181,7 @@ def cache_ls(root, as_json):
 def cache_rm(revision, root):
     """Remove org/name@<commit> from the cache (refused while a server leases it)."""
     remove(CacheLayout(root), parse_revision(revision))
+    _drop_orphan_warm(root)
     click.echo(f"removed {revision}")
 
 
@@ -152,6 +195,7 @@ def cache_gc(keep, root, as_json):
     """Evict least recently used revisions beyond --keep; leased ones are never evicted.
     Unfinished pulls that no pull is running are deleted first."""
     result = gc(CacheLayout(root), keep)
+    warm_dropped = _drop_orphan_warm(root)
 
     def human() -> None:
         for rev in result.partials:
@@ -160,8 +204,10 @@ def cache_gc(keep, root, as_json):
             click.echo(f"evicted {rev}")
         for rev in result.leased:
             click.echo(f"kept {rev}: in use")
+        for path in warm_dropped:
+            click.echo(f"removed warm artifact {path} (its weights are gone)")
 
-    emit(as_json, result.__dict__, human)
+    emit(as_json, {**result.__dict__, "warm_removed": warm_dropped}, human)
 
 
 @cache_group.command("lease", context_settings={"ignore_unknown_options": True})
