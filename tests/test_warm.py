@@ -296,3 +296,48 @@ def test_cli_capture_pull_and_cache_ls(captured, tmp_path, policies):
                         capture_output=True, text=True)
     kinds = sorted(entry["kind"] for entry in json.loads(ls.stdout))
     assert kinds == ["warm", "weights"]
+
+
+@pytest.mark.parametrize("where", ["host", "s3"])
+def test_rendered_pods_use_the_warm_artifact_and_the_capture_job_validates(
+        published_revision, where):
+    from k3artifacts.serving.render import render
+    from tests.test_render import make, s3_release, validate_k8s
+
+    release = make(published_revision)
+    release = s3_release(release) if where == "s3" else release
+    docs = render(release, "eks-node-cache").documents
+    validate_k8s(docs)
+    pod = next(d for d in docs if d["kind"] == "Deployment")["spec"]["template"]["spec"]
+    warm = pod["initContainers"][-1]
+    assert warm["name"] == "warm-start"
+    assert warm["command"][3:9] == ["k3a", "warm", "use", release.id, "--store",
+                                    warm["command"][8]]
+    (vllm,) = pod["containers"]
+    assert warm["resources"] == vllm["resources"]  # sees the server's GPUs for nvidia-smi
+    env = {e["name"]: e["value"] for e in vllm["env"]}
+    assert env["VLLM_CACHE_ROOT"] == "/k3a-warm/vllm"
+    assert env["TRITON_CACHE_DIR"] == "/k3a-warm/triton"
+    assert env["TORCHINDUCTOR_CACHE_DIR"] == "/k3a-warm/inductor"
+    assert env["FLASHINFER_WORKSPACE_BASE"] == "/k3a-warm/flashinfer"
+    work = next(m for m in vllm["volumeMounts"] if m["mountPath"] == "/k3a-warm")
+    assert work == {"name": "node-cache", "mountPath": "/k3a-warm",
+                    "subPath": f"warm-work/{release.id}"}
+    job = next(d for d in docs if d["kind"] == "Job")
+    spec = job["spec"]["template"]["spec"]
+    (capture_c,) = spec["containers"]
+    assert capture_c["command"][:4] == ["k3a", "warm", "capture", release.id]
+    assert "--if-absent" in capture_c["command"]
+    assert capture_c["command"][capture_c["command"].index("--gpu") + 1] == "NVIDIA B300 SXM6 AC"
+    assert spec["affinity"]["podAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][0][
+        "topologyKey"] == "kubernetes.io/hostname"
+    work_mount = next(m for m in capture_c["volumeMounts"] if m["mountPath"] == "/k3a-warm")
+    assert work_mount["readOnly"] is True  # the caches are read, never written, by the capture
+    if where == "host":  # the file store itself is written
+        store_mount = next(m for m in capture_c["volumeMounts"] if m["mountPath"] == "/k3a-store")
+        assert "readOnly" not in store_mount
+    prewarm_docs = render(release, "eks-prewarm").documents
+    validate_k8s(prewarm_docs)
+    ds = next(d for d in prewarm_docs if d["kind"] == "DaemonSet")
+    pull_warm = ds["spec"]["template"]["spec"]["initContainers"][-1]
+    assert pull_warm["command"][:4] == ["k3a", "warm", "pull", release.id]

@@ -89,6 +89,13 @@ def prewarm_container(release: ReleaseTuple, res: ServingResources, store_url: s
     return container
 
 
+def _writable(volume: dict) -> dict:
+    volume = copy.deepcopy(volume)
+    if "persistentVolumeClaim" in volume:
+        volume["persistentVolumeClaim"].pop("readOnly", None)
+    return volume
+
+
 def capture_job(release: ReleaseTuple, res: ServingResources, *, name: str,
                 namespace: str | None, labels: dict, store_url: str, store_mounts: list[dict],
                 store_volumes: list[dict], env: list[dict], cache_volume: dict,
@@ -104,6 +111,10 @@ def capture_job(release: ReleaseTuple, res: ServingResources, *, name: str,
             "    except Exception:\n"
             "        time.sleep(30)\n")
     dirs = [f"{n}={WORK_MOUNT}/{n}" for n in CACHE_ROOTS]
+    # The capture writes to the store (S3: the service account's role; a file store: its
+    # mount, read-write here only; an FSx PV bound ReadOnlyMany needs a writable one).
+    store_mounts = [{k: v for k, v in m.items() if k != "readOnly"} for m in store_mounts]
+    store_volumes = [_writable(v) for v in store_volumes]
     meta: dict[str, Any] = {"name": f"{name}-warm-capture"[:63]}
     if namespace:
         meta["namespace"] = namespace
