@@ -87,6 +87,33 @@ def _k3a(bench: Bench, *args: str) -> dict:
     return json.loads(out.stdout)
 
 
+def _signing(bench: Bench) -> tuple[Path, Path]:
+    """A signing key and a policies directory that trusts it and requires signatures on
+    production (as the shipped policy does): the figure runs the whole trust path."""
+    import shutil
+
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    from k3artifacts.bundled import POLICIES
+
+    where = bench.fresh("warm-keys")
+    private = ec.generate_private_key(ec.SECP256R1())
+    key = where / "bench.pem"
+    key.write_bytes(private.private_bytes(serialization.Encoding.PEM,
+                                          serialization.PrivateFormat.PKCS8,
+                                          serialization.NoEncryption()))
+    policies = where / "policies"
+    (policies / "signing" / "keys").mkdir(parents=True)
+    shutil.copy(POLICIES / "promotion-gates.yaml", policies)
+    (policies / "signing" / "keys" / "bench.pub.pem").write_bytes(private.public_key().public_bytes(
+        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo))
+    (policies / "signing" / "trusted-keys.yaml").write_text(
+        "schema_version: 1\nkeys: {bench: keys/bench.pub.pem}\n"
+        "channels: {production: {required: true}}\n")
+    return key, policies
+
+
 def warm_start(bench: Bench, opts: Options, shared: dict) -> list[Row]:
     device = opts.device
     probe = subprocess.run([sys.executable, "-c", _PROBE], capture_output=True, text=True)
@@ -104,17 +131,20 @@ def warm_start(bench: Bench, opts: Options, shared: dict) -> list[Row]:
     store = FileStore(bench.fresh("warm-store"))
     release = Releases(store, bench.fresh("warm-scratch")).release()
     bench.env["K3A_STORE"] = store.url
+    key, policies = _signing(bench)
     cold_dir = bench.fresh("warm-cold")
     bench.log(f"warm: cold compile on {gpu}")
     cold = _compile(bench, device, cold_dir)
     started = time.perf_counter()
-    captured = _k3a(bench, "warm", "capture", release.id, "--gpu", gpu,
-                    f"inductor={cold_dir / 'inductor'}", f"triton={cold_dir / 'triton'}")
+    # On the CPU inductor writes no Triton kernels: capture the directories that exist.
+    roots = [f"{n}={cold_dir / n}" for n in ("inductor", "triton") if (cold_dir / n).is_dir()]
+    captured = _k3a(bench, "warm", "capture", release.id, "--gpu", gpu, "--signing-key",
+                    str(key), *roots)
     capture_s = time.perf_counter() - started
     node, into = bench.fresh("warm-node"), bench.fresh("warm-into")
     started = time.perf_counter()
     used = _k3a(bench, "warm", "use", release.id, "--gpu", gpu, "--to", str(node),
-                "--into", str(into))
+                "--into", str(into), "--policies", str(policies))
     use_s = time.perf_counter() - started
     if not used["ok"]:
         raise RuntimeError(f"warm use missed: {used['reason']}: {used['detail']}")
@@ -128,7 +158,7 @@ def warm_start(bench: Bench, opts: Options, shared: dict) -> list[Row]:
     blob.write_bytes(b"\0" * victim["size"])
     node2, into2 = bench.fresh("warm-node2"), bench.fresh("warm-into2")
     missed = _k3a(bench, "warm", "use", release.id, "--gpu", gpu, "--to", str(node2),
-                  "--into", str(into2))
+                  "--into", str(into2), "--policies", str(policies))
     corrupt = _compile(bench, device, into2)
     ratio = warm / cold
     return [
