@@ -26,12 +26,13 @@ def _rate(nbytes: int, seconds: float) -> float:
 def curl_rate(bench: Bench, endpoint: str, repo_id: str, commit: str, blobs: list[Path],
               parallel: int) -> tuple[float, int]:
     """Loopback HTTP read rate of every file of the revision, ``parallel`` at a time, to
-    /dev/null: the network side of the physical limit (no hashing, no disk write)."""
+    /dev/null: the network side of the physical limit (no hashing, no disk write). ``-L``
+    follows the hub's redirects to its CDN, as staging does."""
     from k3artifacts.staging.hub import HubSource
 
     src = HubSource(endpoint, token=False)
     files = src.list_files(repo_id, commit)
-    argv = ["curl", "-sS", "--fail", "--parallel", "--parallel-max", str(parallel)]
+    argv = ["curl", "-sS", "-L", "--fail", "--parallel", "--parallel-max", str(parallel)]
     for f in files:
         argv += ["-o", "/dev/null", src.file_url(repo_id, commit, f.path)]
     total = sum(f.size for f in files)

@@ -20,9 +20,9 @@ import pytest
 from click.testing import CliRunner
 
 from k3artifacts.cli import cli
-from k3artifacts.localhub import Fault
 from k3artifacts.releases.tuples import tuple_key
 from tests.staging_helpers import REPO, small_release
+from tests.support.hubfaults import Fault
 
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
 

@@ -187,7 +187,8 @@ def stage_cmd(repo_id, revision, store_url, quarantine, endpoint, workers, allow
       k3a stage moonshotai/Kimi-K3 --revision main --store file:///fsx/k3a
     Exit codes: 0 published or already published, 2 malformed repo id, 3 refused
     (nothing published), 6 another run holds this revision, 7 repo/revision not found,
-    8 hub or store unreachable (within seconds if it never answered), 130 Ctrl-C.
+    8 hub or store unreachable (within seconds if it never answered), silent past
+    --read-timeout or slower than --min-rate, 130 Ctrl-C.
     """
     check_repo_id(repo_id)
     store = get_store(store_url, must_exist=False)
