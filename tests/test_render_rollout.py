@@ -40,6 +40,11 @@ FSX = FsxTarget(file_system_id="fs-0123456789abcdef0",
 POLICIES = REPO_ROOT / "policies"
 
 
+def test_production_rolls_out_under_the_traffic_gate():
+    production = load_gate_policy(POLICIES).channels["production"]
+    assert "traffic" in production.gates and production.traffic is not None
+
+
 def production_traffic() -> TrafficPolicy:
     traffic = load_gate_policy(POLICIES).channels["production"].traffic
     assert traffic is not None

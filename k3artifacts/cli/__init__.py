@@ -34,6 +34,7 @@ COMMAND_MODULES = {
     "docker": "docker",
     "pull": "pull",
     "cache": "pull",
+    "traffic": "traffic",
 }
 
 

@@ -22,7 +22,9 @@ Tokens are whitespace-separated words, for ``max_tokens``, ``usage`` and the con
 Faults (flags): ``--slow-first-token S``; ``--rate-limit F`` (fraction of requests answered
 429, spread evenly) and ``--max-inflight N`` (429 beyond N requests in flight); ``--malformed-json``
 (structured output and tool arguments cut short); ``--served-name`` (serve another model name);
-``--capacity N`` (per-token delay grows with requests in flight beyond N: a throughput knee).
+``--capacity N`` (per-token delay grows with requests in flight beyond N: a throughput knee);
+``--error-rate F`` (fraction of completions answered 500, spread evenly: a degrading canary).
+``/metrics``: vLLM's Prometheus metrics of the requests served (:mod:`.vllm_metrics`).
 Connection refused is a port nobody listens on.
 
 Run: ``python -m k3artifacts.sandbox.openai_server --port P --served-name NAME``; or
@@ -46,6 +48,7 @@ from pathlib import Path
 from typing import Any
 
 from k3artifacts.sandbox.ports import free_ports, stop, wait_listening
+from k3artifacts.sandbox.vllm_metrics import VllmMetrics
 
 REPLY = re.compile(r"Reply with exactly:\s*(.+?)\s*$", re.MULTILINE)
 
@@ -60,6 +63,7 @@ class Config:
     max_inflight: int = 0
     malformed_json: bool = False
     capacity: int = 0
+    error_rate: float = 0.0
 
 
 @dataclass
@@ -123,6 +127,14 @@ class Handler(BaseHTTPRequestHandler):
 
     # -- plumbing -------------------------------------------------------------------------
 
+    def send_response(self, code: int, message: str | None = None) -> None:
+        if self.path.startswith("/v1/"):
+            self.server.metrics.answered(self.path.rstrip("/"), self.command, code)
+        super().send_response(code, message)
+
+    def _first_token(self) -> None:
+        self._ttft = time.monotonic() - self._t0
+
     def _release(self) -> None:
         """This request stops counting as in flight. Called before the last bytes go out: once
         the client has them it may send its next request, which must not see this one."""
@@ -162,6 +174,13 @@ class Handler(BaseHTTPRequestHandler):
                 "max_model_len": cfg.max_model_len}]})
         elif self.path == "/health":
             self._send_json(200, {})
+        elif self.path == "/metrics":
+            data = self.server.metrics.exposition()
+            self.send_response(200)
+            self.send_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
         else:
             self._error(404, f"no route {self.path}", "NotFoundError")
 
@@ -181,17 +200,32 @@ class Handler(BaseHTTPRequestHandler):
             state.requests += 1
             n, state.inflight = state.requests, state.inflight + 1
         self._counted = True
+        metrics = self.server.metrics
+        self._t0, self._ttft, self._finish = time.monotonic(), 0.0, None
+        metrics.started()
         try:
-            # request n is limited when n * fraction crosses an integer: evenly spread 429s
-            rate = cfg.rate_limit
-            limited = rate > 0 and int(n * rate) != int((n - 1) * rate)
-            if limited or (cfg.max_inflight and state.inflight > cfg.max_inflight):
+            if self._spread(cfg.rate_limit, n) or (
+                cfg.max_inflight and state.inflight > cfg.max_inflight
+            ):
                 self._error(429, "rate limited: too many requests", "RateLimitError",
                             {"retry-after-ms": "20"})
+                return
+            if self._spread(cfg.error_rate, n):
+                self._error(500, "EngineCore encountered an issue", "InternalServerError")
                 return
             self._complete(req)
         finally:
             self._release()
+            if self._finish is None:
+                metrics.failed()
+            else:
+                metrics.finished(e2e=time.monotonic() - self._t0, ttft=self._ttft,
+                                 reason=self._finish)
+
+    @staticmethod
+    def _spread(fraction: float, n: int) -> bool:
+        # request n is picked when n * fraction crosses an integer: evenly spread
+        return fraction > 0 and int(n * fraction) != int((n - 1) * fraction)
 
     def _complete(self, req: dict[str, Any]) -> None:
         cfg = self.server.cfg
@@ -216,6 +250,7 @@ class Handler(BaseHTTPRequestHandler):
         cid = f"chatcmpl-{uuid.uuid4().hex[:24]}"
         usage = {"prompt_tokens": prompt_tokens, "completion_tokens": len(words),
                  "total_tokens": prompt_tokens + len(words)}
+        self._finish = finish
         if req.get("stream"):
             self._stream(cid, req, tool, text, words, finish, usage)
             return
@@ -264,7 +299,10 @@ class Handler(BaseHTTPRequestHandler):
         return cfg.token_delay
 
     def _pace(self, tokens: int) -> None:
-        time.sleep(self.server.cfg.slow_first_token + self._per_token() * tokens)
+        per_token = self._per_token()
+        time.sleep(self.server.cfg.slow_first_token + per_token)
+        self._first_token()
+        time.sleep(per_token * max(0, tokens - 1))
 
     def _stream(self, cid: str, req: dict[str, Any], tool: str | None, text: str,
                 words: list[str], finish: str, usage: dict[str, int]) -> None:
@@ -284,6 +322,7 @@ class Handler(BaseHTTPRequestHandler):
 
         time.sleep(cfg.slow_first_token)
         event({"role": "assistant", "content": ""})
+        self._first_token()
         for delta in self._deltas(tool, text, words):
             time.sleep(self._per_token())
             event(delta)
@@ -319,6 +358,7 @@ class _Server(ThreadingHTTPServer):
         super().__init__(("127.0.0.1", port), Handler)
         self.cfg = cfg
         self.state = State()
+        self.metrics = VllmMetrics(cfg.served_name)
 
 
 def _parse(argv: list[str]) -> tuple[int, Config]:
@@ -332,9 +372,11 @@ def _parse(argv: list[str]) -> tuple[int, Config]:
     p.add_argument("--max-inflight", type=int, default=0)
     p.add_argument("--malformed-json", action="store_true")
     p.add_argument("--capacity", type=int, default=0)
+    p.add_argument("--error-rate", type=float, default=0.0)
     a = p.parse_args(argv)
     return a.port, Config(a.served_name, a.max_model_len, a.token_delay, a.slow_first_token,
-                          a.rate_limit, a.max_inflight, a.malformed_json, a.capacity)
+                          a.rate_limit, a.max_inflight, a.malformed_json, a.capacity,
+                          a.error_rate)
 
 
 @dataclass

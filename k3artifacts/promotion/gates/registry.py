@@ -24,6 +24,7 @@ from k3artifacts.promotion.gates import (
     remote_code,
     renderable,
     signature,
+    traffic,
 )
 from k3artifacts.promotion.gates.context import GateContext
 from k3artifacts.releases.channels import GateResult, Override, check_channel
@@ -56,6 +57,7 @@ GATES: dict[str, Gate] = {
     order.NAME: Gate(order.check),
     duties.NAME: Gate(duties.check, overridable=False),
     signature.NAME: Gate(signature.check),
+    traffic.NAME: Gate(traffic.check),
 }
 
 
