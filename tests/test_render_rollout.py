@@ -43,6 +43,7 @@ POLICIES = REPO_ROOT / "policies"
 def test_production_rolls_out_under_the_traffic_gate():
     production = load_gate_policy(POLICIES).channels["production"]
     assert "traffic" in production.gates and production.traffic is not None
+    assert "infrastructure" in production.gates and production.infrastructure is not None
 
 
 def production_traffic() -> TrafficPolicy:

@@ -35,6 +35,7 @@ COMMAND_MODULES = {
     "pull": "pull",
     "cache": "pull",
     "traffic": "traffic",
+    "preflight": "preflight",
 }
 
 

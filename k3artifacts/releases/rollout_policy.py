@@ -77,3 +77,27 @@ class TrafficPolicy(_Strict):
         if weights[-1] != 100:
             raise ValueError(f"the last traffic step must send 100%, not {weights[-1]}%")
         return self
+
+
+class InfrastructurePolicy(_Strict):
+    """Where the channel's endpoint runs, for the ``infrastructure`` gate's preflight
+    (``k3a preflight``): the facts a release engineer checks before betting a reservation."""
+
+    region: str = Field(pattern=r"^[a-z]{2}(-[a-z]+)+-[0-9]$")
+    #: The cluster's subnets for GPU nodes: their zones and VPC are what capacity and the S3
+    #: gateway endpoint must match.
+    subnet_ids: list[str] = Field(min_length=1)
+    #: The IAM role the inference pods run as (IRSA / HyperPod execution role), by name.
+    inference_role: str = Field(min_length=1)
+    #: The capacity must stay active for warm-up + soak + the production window.
+    warmup_hours: float = Field(ge=0)
+    soak_hours: float = Field(ge=0)
+    production_hours: float = Field(gt=0)
+    #: Reading the whole checkpoint from FSx for Lustre must take no longer than this.
+    max_load_seconds: int = Field(gt=0)
+    #: A preflight older than this is no evidence of the cluster as it is now.
+    max_age_hours: float = Field(default=24, gt=0)
+
+    @property
+    def window_hours(self) -> float:
+        return self.warmup_hours + self.soak_hours + self.production_hours

@@ -19,6 +19,7 @@ from k3artifacts.promotion.gates import (
     artifact,
     duties,
     evaluation,
+    infrastructure,
     license,
     order,
     remote_code,
@@ -58,6 +59,7 @@ GATES: dict[str, Gate] = {
     duties.NAME: Gate(duties.check, overridable=False),
     signature.NAME: Gate(signature.check),
     traffic.NAME: Gate(traffic.check),
+    infrastructure.NAME: Gate(infrastructure.check),
 }
 
 
