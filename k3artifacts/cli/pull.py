@@ -12,6 +12,7 @@ from k3artifacts.cli import cli
 from k3artifacts.cli.common import (
     ByteSize,
     emit,
+    from_settings,
     get_store,
     handle_errors,
     json_option,
@@ -22,7 +23,7 @@ from k3artifacts.cli.common import (
 from k3artifacts.errors import NotFound
 from k3artifacts.nodecache import locks
 from k3artifacts.nodecache.fetch import Tuning
-from k3artifacts.nodecache.layout import CACHE_ENV, CacheLayout, default_root, parse_revision
+from k3artifacts.nodecache.layout import CacheLayout, default_root, parse_revision
 from k3artifacts.nodecache.pull import PullObserver, pull, resolve_target
 from k3artifacts.nodecache.retention import gc, list_cached, remove
 from k3artifacts.reporting.progress import BytesProgress
@@ -31,7 +32,7 @@ DEFAULTS = Tuning()
 
 root_option = click.option(
     "--to", "--root", "root", type=click.Path(file_okay=False, path_type=Path),
-    envvar=CACHE_ENV, default=default_root, show_default=f"${CACHE_ENV}",
+    default=from_settings(default_root), show_default="$K3A_NODE_CACHE",
     help="Node cache root; revisions land under ROOT/models/<org>/<name>/<commit>/.",
 )
 

@@ -34,7 +34,6 @@ from k3artifacts import faultpoints
 from k3artifacts.errors import (
     ConfigError,
     Conflict,
-    NotFound,
     Unavailable,
     UnsafeCacheEntry,
     VerifyMismatch,
@@ -53,7 +52,6 @@ from k3artifacts.nodecache.layout import (
 )
 from k3artifacts.nodecache.retention import evict
 from k3artifacts.nodecache.safefs import Dir
-from k3artifacts.nodecache.sources import open_source
 from k3artifacts.releases.lookup import resolve_tuple
 from k3artifacts.revisions.hashing import MultiHasher
 from k3artifacts.revisions.manifest import (
@@ -61,12 +59,10 @@ from k3artifacts.revisions.manifest import (
     META_DIR,
     FileRecord,
     ShardManifest,
-    manifest_key,
-    revision_prefix,
 )
 from k3artifacts.revisions.refs import match_revision_ref
 from k3artifacts.stores.base import Store
-from k3artifacts.stores.registry import open_store
+from k3artifacts.stores.registry import open_store, weights_placement
 
 
 @dataclass(frozen=True)
@@ -87,12 +83,10 @@ def resolve_target(store: Store, name: str) -> PullTarget:
         return PullTarget(Revision(ref[0], ref[1]), None, None, store)
     release = resolve_tuple(store, name)
     weights = release.binding.weights
-    location = weights.location.rstrip("/")
-    suffix = "/" + revision_prefix(weights.repo_id, weights.commit)
-    if not location.endswith(suffix):
-        raise ConfigError(f"tuple {release.id}: weights location {location} does not end in "
-                          f"{suffix}")
-    url = location[: -len(suffix)]
+    try:
+        url = weights_placement(weights.location, weights.repo_id, weights.commit).store_url
+    except ConfigError as exc:
+        raise ConfigError(f"tuple {release.id}: {exc}") from None
     weights_store = store if url.rstrip("/") == store.url.rstrip("/") else open_store(url)
     return PullTarget(Revision(weights.repo_id, weights.commit), weights.manifest_digest,
                       release.id, weights_store)
@@ -369,11 +363,10 @@ def pull(target: PullTarget, root: Path, *, tuning: Tuning | None = None,
 
 def _read_manifest(target: PullTarget) -> tuple[bytes, ShardManifest]:
     rev = target.revision
-    found = target.store.read(manifest_key(rev.repo_id, rev.commit))
-    if found is None:
-        raise NotFound(f"{rev} is not published in {target.store.url}",
-                       hint="check the tuple's store (--store) or stage the revision first")
-    manifest = ShardManifest.parse(found.data)
+    raw = target.store.published_manifest_bytes(
+        rev.repo_id, rev.commit,
+        hint="check the tuple's store (--store) or stage the revision first")
+    manifest = ShardManifest.parse(raw)
     if target.manifest_digest is not None and manifest.digest() != target.manifest_digest:
         raise VerifyMismatch(
             f"{rev} in {target.store.url}: manifest digest {manifest.digest()}, the tuple "
@@ -381,7 +374,7 @@ def _read_manifest(target: PullTarget) -> tuple[bytes, ShardManifest]:
             hint="the store's manifest was replaced behind the tuple: do not serve it; "
             "investigate the store",
         )
-    return found.data, manifest
+    return raw, manifest
 
 
 def _present(target: PullTarget, layout: CacheLayout, observer: PullObserver,
@@ -477,7 +470,7 @@ def _fill(target: PullTarget, layout: CacheLayout, repo: Dir, partial: Dir,
     try:
         verified = _read_verified_log(meta)
         vlog = _VerifiedLog(meta)
-        source = open_source(target.store, rev.repo_id, rev.commit, tuning.pool_connections)
+        source = target.store.open_ranges(rev.repo_id, rev.commit, tuning.pool_connections)
         try:
             index: dict[str, tuple[Revision, FileRecord, FileStat]] | None = None
             to_fetch: list[tuple[FileRecord, Dir, str]] = []
