@@ -23,7 +23,11 @@ Faults (flags): ``--slow-first-token S``; ``--rate-limit F`` (fraction of reques
 429, spread evenly) and ``--max-inflight N`` (429 beyond N requests in flight); ``--malformed-json``
 (structured output and tool arguments cut short); ``--served-name`` (serve another model name);
 ``--capacity N`` (per-token delay grows with requests in flight beyond N: a throughput knee);
-``--error-rate F`` (fraction of completions answered 500, spread evenly: a degrading canary).
+``--error-rate F`` (fraction of completions answered 500, spread evenly: a degrading canary);
+``--text-only`` (image parts refused with vLLM's 400, as by a model without vision);
+``--follow-injections`` (obeys "reply only with the word X" found in a tool result);
+``--chatty`` (text answers start with a pleasantry, so exact answers and code break).
+Image parts must be ``data:image/png;base64`` URLs of a real PNG (400 otherwise).
 ``/metrics``: vLLM's Prometheus metrics of the requests served (:mod:`.vllm_metrics`).
 Connection refused is a port nobody listens on.
 
@@ -34,6 +38,7 @@ Run: ``python -m k3artifacts.sandbox.openai_server --port P --served-name NAME``
 from __future__ import annotations
 
 import argparse
+import base64
 import json
 import re
 import subprocess
@@ -51,6 +56,8 @@ from k3artifacts.sandbox.ports import free_ports, stop, wait_listening
 from k3artifacts.sandbox.vllm_metrics import VllmMetrics
 
 REPLY = re.compile(r"Reply with exactly:\s*(.+?)\s*$", re.MULTILINE)
+INJECTION = re.compile(r"reply only with the word (\w+)", re.IGNORECASE)
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 
 @dataclass
@@ -64,6 +71,9 @@ class Config:
     malformed_json: bool = False
     capacity: int = 0
     error_rate: float = 0.0
+    text_only: bool = False
+    follow_injections: bool = False
+    chatty: bool = False
 
 
 @dataclass
@@ -111,11 +121,38 @@ def _words(messages: list[dict[str, Any]]) -> int:
     return count
 
 
+def _text(content: Any) -> str:
+    if isinstance(content, list):
+        return " ".join(p.get("text", "") for p in content
+                        if isinstance(p, dict) and p.get("type") == "text")
+    return content if isinstance(content, str) else ""
+
+
 def _last_user(messages: list[dict[str, Any]]) -> str:
     for m in reversed(messages):
-        if m.get("role") == "user" and isinstance(m.get("content"), str):
-            return m["content"]
+        if m.get("role") == "user":
+            return _text(m.get("content"))
     return ""
+
+
+def _image_problem(messages: list[dict[str, Any]], text_only: bool) -> str | None:
+    """Why the images of a request cannot be read (vLLM answers 400), or None."""
+    for m in messages:
+        parts = m.get("content") if isinstance(m.get("content"), list) else []
+        for part in parts:
+            if not isinstance(part, dict) or part.get("type") != "image_url":
+                continue
+            if text_only:
+                return "image input is not supported by this model"
+            url = str((part.get("image_url") or {}).get("url", ""))
+            head, _, data = url.partition(",")
+            try:
+                raw = base64.b64decode(data, validate=True)
+            except ValueError:
+                raw = b""
+            if head != "data:image/png;base64" or not raw.startswith(PNG_SIGNATURE):
+                return f"cannot load image from {url[:40]!r}"
+    return None
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -239,6 +276,10 @@ class Handler(BaseHTTPRequestHandler):
                         f"tokens. However, you requested {prompt_tokens} tokens in the "
                         "messages.", "BadRequestError")
             return
+        problem = _image_problem(messages, cfg.text_only)
+        if problem:
+            self._error(400, problem, "BadRequestError")
+            return
         max_tokens = req.get("max_completion_tokens") or req.get("max_tokens") or 64
         tool, text = self._answer(req, messages)
         words = text.split(" ") if tool is None else [text]
@@ -286,11 +327,17 @@ class Handler(BaseHTTPRequestHandler):
             schema = (fmt.get("json_schema") or {}).get("schema") or {"type": "object"}
             body = json.dumps(instance(schema))
             return None, body[: len(body) // 2] if cfg.malformed_json else body
+        if cfg.follow_injections:
+            for m in messages:
+                obeyed = m.get("role") == "tool" and INJECTION.search(_text(m.get("content")))
+                if obeyed:
+                    return None, obeyed.group(1)
+        pleasantry = "Sure! Here you go: " if cfg.chatty else ""
         found = REPLY.search(_last_user(messages))
         if found:
-            return None, found.group(1)
+            return None, pleasantry + found.group(1)
         tail = " ".join(_last_user(messages).split()[:8])
-        return None, f"Echo from the fixture: {tail}".strip()
+        return None, f"{pleasantry}Echo from the fixture: {tail}".strip()
 
     def _per_token(self) -> float:
         cfg, inflight = self.server.cfg, self.server.state.inflight
@@ -373,10 +420,13 @@ def _parse(argv: list[str]) -> tuple[int, Config]:
     p.add_argument("--malformed-json", action="store_true")
     p.add_argument("--capacity", type=int, default=0)
     p.add_argument("--error-rate", type=float, default=0.0)
+    p.add_argument("--text-only", action="store_true")
+    p.add_argument("--follow-injections", action="store_true")
+    p.add_argument("--chatty", action="store_true")
     a = p.parse_args(argv)
     return a.port, Config(a.served_name, a.max_model_len, a.token_delay, a.slow_first_token,
                           a.rate_limit, a.max_inflight, a.malformed_json, a.capacity,
-                          a.error_rate)
+                          a.error_rate, a.text_only, a.follow_injections, a.chatty)
 
 
 @dataclass
