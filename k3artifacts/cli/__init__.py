@@ -36,6 +36,7 @@ COMMAND_MODULES = {
     "cache": "pull",
     "traffic": "traffic",
     "preflight": "preflight",
+    "scan": "scan",
 }
 
 

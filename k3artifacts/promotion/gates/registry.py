@@ -19,6 +19,7 @@ from k3artifacts.promotion.gates import (
     artifact,
     duties,
     evaluation,
+    image_scan,
     infrastructure,
     license,
     order,
@@ -60,6 +61,7 @@ GATES: dict[str, Gate] = {
     signature.NAME: Gate(signature.check),
     traffic.NAME: Gate(traffic.check),
     infrastructure.NAME: Gate(infrastructure.check),
+    image_scan.NAME: Gate(image_scan.check),
 }
 
 
