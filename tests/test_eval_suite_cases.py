@@ -12,8 +12,8 @@ import pytest
 from k3artifacts.readiness.checks import Probe, judge_case
 from k3artifacts.readiness.code_run import run_cases
 from k3artifacts.readiness.suite import load_suite
-from k3artifacts.sandbox.openai_server import start
 from tests.conftest import REPO_ROOT
+from tests.support.openai_server import start
 
 SUITE, _ = load_suite(REPO_ROOT / "policies" / "eval-suites" / "k3-core.yaml")
 NEW = ["image-colour", "tool-result-injection", "code-reverse-words", "code-is-prime",

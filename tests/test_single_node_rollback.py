@@ -24,10 +24,10 @@ from k3artifacts.promotion.single_node import (
 from k3artifacts.readiness.suite import SmokeSettings, SweepSettings
 from k3artifacts.releases.channels import read_state
 from k3artifacts.releases.reviews import review_code, review_license
-from k3artifacts.sandbox.openai_server import start
-from k3artifacts.sandbox.releases import Releases
 from k3artifacts.serving.render.common import served_name
 from k3artifacts.stores.file import FileStore
+from tests.support.openai_server import start
+from tests.support.releases import Releases
 
 QUICK = SmokeSettings(long_context_tokens=64,
                       sweep=SweepSettings(max_concurrency=2, requests_per_worker=1, max_tokens=4))

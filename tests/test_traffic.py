@@ -17,11 +17,11 @@ import yaml
 from k3artifacts.promotion.gates import GATES, channel_policy, context
 from k3artifacts.releases.analyses import list_analyses
 from k3artifacts.releases.policies import load_gate_policy
-from k3artifacts.sandbox.openai_server import start
-from k3artifacts.sandbox.releases import Releases
 from k3artifacts.serving.render.common import served_name
 from k3artifacts.stores.file import FileStore
 from tests.fixtures.prometheus import prometheus, prometheus_binary
+from tests.support.openai_server import start
+from tests.support.releases import Releases
 
 pytestmark = pytest.mark.slow
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from flows.rollback_node import rollback_node
 from k3artifacts.releases.channels import read_state
-from k3artifacts.sandbox.openai_server import start
 from k3artifacts.serving.render.common import served_name
+from tests.support.openai_server import start
 from tests.test_single_node_rollback import channel, cluster  # noqa: F401 - fixtures
 
 
