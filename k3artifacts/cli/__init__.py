@@ -34,6 +34,9 @@ COMMAND_MODULES = {
     "docker": "docker",
     "pull": "pull",
     "cache": "pull",
+    "traffic": "traffic",
+    "preflight": "preflight",
+    "scan": "scan",
 }
 
 
