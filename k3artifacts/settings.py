@@ -62,7 +62,7 @@ Size = Annotated[int, BeforeValidator(parse_size)]
 def var(name: str, group: str, doc: str, *, default: Any = None, shown: str | None = None,
         **constraints: Any) -> Any:
     """A field read from the variable ``name``; ``group`` and ``doc`` make its reference entry,
-    ``shown`` says the default in words where it is computed."""
+    ``shown`` says the default (in Markdown) where it is computed."""
     extra = {"group": group, "shown_default": shown}
     return Field(default, validation_alias=name, description=doc, json_schema_extra=extra,
                  **constraints)
@@ -79,34 +79,34 @@ class Settings(BaseSettings):
         "K3A_STORE", "Where things live",
         "Release store URL: `file:///path` (local disk or an FSx for Lustre mount) or "
         "`s3://bucket/prefix`. `--store` overrides it.",
-        shown="file://$XDG_DATA_HOME/k3artifacts/store")
+        shown="`file://$XDG_DATA_HOME/k3artifacts/store`")
     policies: Path | None = var(
         "K3A_POLICIES", "Where things live",
         "Policy directory (`promotion-gates.yaml`, `signing/`, `eval-suites/`, `s3/`, `iam/`): "
         "a checkout's reviewed `policies/`. `--policies` overrides it.",
-        shown="./policies if present, else the defaults shipped in the package")
+        shown="`./policies` when there is one, else the defaults shipped in the package")
     profiles_dir: Path | None = var(
         "K3A_PROFILES_DIR", "Where things live",
         "Directory of serving profiles (`<name>.yaml`) that `--profile NAME` looks in.",
-        shown="the profiles shipped in the package (a checkout's manifests/profiles)")
+        shown="the profiles shipped in the package (in a checkout: `manifests/profiles`)")
     quarantine: Path | None = var(
         "K3A_QUARANTINE", "Where things live",
         "Local download directory of `k3a stage` and the staging flow. Each file is checked "
         "there before it is published. `--quarantine` overrides it.",
-        shown="beside a file store, else $XDG_CACHE_HOME/k3artifacts/quarantine")
+        shown="beside a file store, else `$XDG_CACHE_HOME/k3artifacts/quarantine`")
     node_cache: Path | None = var(
         "K3A_NODE_CACHE", "Where things live",
         "The node cache `k3a pull` fills and `k3a cache` manages (a node's NVMe). "
-        "`--cache` overrides it.",
-        shown="$XDG_DATA_HOME/k3artifacts/node-cache")
+        "`--root` overrides it.",
+        shown="`$XDG_DATA_HOME/k3artifacts/node-cache`")
     xdg_data_home: Path | None = var(
         "XDG_DATA_HOME", "Where things live",
         "Base of the default store and node cache (the XDG base directory convention).",
-        shown="~/.local/share")
+        shown="`~/.local/share`")
     xdg_cache_home: Path | None = var(
         "XDG_CACHE_HOME", "Where things live",
         "Base of the default quarantine when the store is not a local directory.",
-        shown="~/.cache")
+        shown="`~/.cache`")
 
     # ---- S3 and AWS -----------------------------------------------------------------------
     s3_endpoint_url: str | None = var(
@@ -123,10 +123,10 @@ class Settings(BaseSettings):
         "K3A_S3_PART_SIZE", "S3 and AWS",
         "Multipart part size and threshold for uploads and copies, e.g. `64MiB` (S3 needs at "
         "least 5 MiB); grown per file so no file needs more than 10,000 parts.",
-        shown="64MiB", ge=5 * MiB)
+        shown="`64MiB`", ge=5 * MiB)
     s3_concurrency: int | None = var(
         "K3A_S3_CONCURRENCY", "S3 and AWS",
-        "Parts in flight per file during an S3 transfer.", shown="8", ge=1)
+        "Parts in flight per file during an S3 transfer.", shown="`8`", ge=1)
     aws_region: str | None = var(
         "AWS_REGION", "S3 and AWS",
         "boto3's region; k3a also records it in a tuple's S3 serving target when the client "
@@ -157,7 +157,7 @@ class Settings(BaseSettings):
     docker_config: Path | None = var(
         "DOCKER_CONFIG", "Credentials",
         "Directory of the Docker `config.json` whose `auths` k3a reads (helpers are not run).",
-        shown="~/.docker")
+        shown="`~/.docker`")
     endpoint_api_key: SecretStr | None = var(
         "K3A_ENDPOINT_API_KEY", "Credentials",
         "Bearer key for `k3a eval` / `k3a smoke` when vLLM runs with `--api-key`. "
@@ -322,10 +322,10 @@ def markdown() -> str:
             group = extra["group"]
             lines += ["", f"## {group}"]
         default = extra["shown_default"] or (
-            None if field.default is None else str(field.default))
+            None if field.default is None else f"`{field.default}`")
         lines += ["", f"### `{field.validation_alias}`", "", str(field.description)]
         if default is not None:
-            lines += ["", f"Default: `{default}`."]
+            lines += ["", f"Default: {default}."]
     return "\n".join(lines) + "\n"
 
 

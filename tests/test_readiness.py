@@ -114,7 +114,7 @@ def test_a_passing_run_lets_production_gate_pass(store, tmp_path, fast_policies,
     assert stored.origin == "run" and stored.readiness() == report
     gate = _gate(store, release, fast_policies)
     assert gate.passed, gate.reason
-    assert "k3-core: 5/5 = 100.0% >= 95.0%" in gate.reason
+    assert "k3-core: 11/11 = 100.0% >= 95.0%" in gate.reason
     staged_for(store, release, fast_policies)  # production comes after staging
     assert promote(store, release.id, "production", actor="alice",
                    policies_dir=fast_policies).changed
@@ -308,7 +308,7 @@ def test_eval_run_cli_names_the_failed_checks_and_exits_5(store, tmp_path, fast_
     assert result.exit_code == 5, result.stderr
     assert ("evaluation failed for " + release.id + ": structured_output, tool_call, "
             "structured-invoice, tool-weather") in result.stderr
-    assert "pass rate: 60.0% (3/5; suite threshold 95.0%)" in result.stdout
+    assert "pass rate: 81.8% (9/11; suite threshold 95.0%)" in result.stdout
     assert "NOT READY" in result.stdout
     gates = CliRunner().invoke(cli, ["gates", release.id, "production"], env=env)
     assert gates.exit_code == 5 and "check structured_output failed" in gates.stdout

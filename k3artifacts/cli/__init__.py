@@ -35,6 +35,9 @@ COMMAND_MODULES = {
     "pull": "pull",
     "cache": "pull",
     "warm": "warm",
+    "traffic": "traffic",
+    "preflight": "preflight",
+    "scan": "scan",
 }
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -15,6 +16,7 @@ from k3artifacts.cli.common import (
     policies_option,
     store_option,
 )
+from k3artifacts.cli.single_node import run_single_node, single_node_options
 from k3artifacts.errors import GateFailed, K3AError
 from k3artifacts.promotion.gates import GATE_TABLE_HEADER, check_gates, gate_rows
 from k3artifacts.promotion.moves import MoveResult, promote, rollback
@@ -150,6 +152,7 @@ def promote_cmd(
     help="A tuple this channel served before (default: the previous distinct one).",
 )
 @click.option("--why", default=None, help="Why roll back (recorded in the history).")
+@single_node_options
 @by_option
 @policies_option
 @store_option
@@ -163,6 +166,7 @@ def rollback_cmd(
     policies_dir: Path,
     store_url: str,
     as_json: bool,
+    **node: Any,
 ) -> None:
     """Point CHANNEL back at a tuple it served before.
 
@@ -172,9 +176,13 @@ def rollback_cmd(
 
     Exit codes: 0 moved (or already there), 4 target's manifest changed, 6 lost a race,
     7 unknown channel, target never on it, or target's weights gone.
+    With --single-node: 5 the procedure stopped at a failed step (recorded).
     """
     store = get_store(store_url)
     actor = _actor(store, policies_dir, by)
+    if node["single_node"]:
+        run_single_node(store, channel, to=to, why=why, actor=actor, as_json=as_json, **node)
+        return
     result = rollback(
         store, channel, to=to, actor=actor.name, actor_source=actor.source, reason=why,
         policy_channels=_policy_channels(policies_dir),

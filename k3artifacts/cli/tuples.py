@@ -23,6 +23,7 @@ from k3artifacts.releases.binding import (
     published_manifest,
 )
 from k3artifacts.releases.lookup import resolve_tuple
+from k3artifacts.releases.policies import GATES_FILE, load_gate_policy
 from k3artifacts.releases.signatures import sign_tuple
 from k3artifacts.releases.tuples import ReleaseTuple, TupleStore, check_tuple_id
 from k3artifacts.revisions.refs import parse_revision_ref
@@ -267,7 +268,8 @@ def tuples_diff(a: str, b: str, store_url: str, as_json: bool) -> None:
     required=True,
     help="hyperpod: InferenceEndpointConfig; eks: PV/PVC, Deployment (or "
     "LeaderWorkerSet), Service, PodDisruptionBudget; eks-prewarm: a DaemonSet that pulls the "
-    "tuple into every GPU node's cache (k3a pull).",
+    "tuple into every GPU node's cache (k3a pull); eks-rollout: the eks pods under an Argo "
+    "Rollout with the canary steps and AnalysisTemplate of --rollout-channel's traffic policy.",
 )
 @click.option(
     "--weights",
@@ -297,6 +299,13 @@ def tuples_diff(a: str, b: str, store_url: str, as_json: bool) -> None:
     help="eks: the init container checks the tuple's and the revision's signatures before the "
     "bytes, with the public keys of --policies/signing/ rendered into a ConfigMap.",
 )
+@click.option(
+    "--rollout-channel",
+    default=None,
+    metavar="CHANNEL",
+    help="eks-rollout: the channel (in --policies/promotion-gates.yaml) whose `traffic:` "
+    "policy gives the canary steps and bounds.",
+)
 @policies_option
 @store_option
 @json_option
@@ -309,6 +318,7 @@ def render_cmd(
     name: str | None,
     namespace: str | None,
     verify_signature: bool,
+    rollout_channel: str | None,
     policies_dir: Path,
     store_url: str,
     as_json: bool,
@@ -328,9 +338,20 @@ def render_cmd(
                 hint="on HyperPod the operator places the weights: README, 'Node-local cache'",
             )
         target = "eks-node-cache"
+    traffic = None
+    if rollout_channel is not None:
+        chan = load_gate_policy(policies_dir).channels.get(rollout_channel)
+        if chan is None or chan.traffic is None:
+            raise ConfigError(
+                f"channel {rollout_channel!r} has no traffic policy in "
+                f"{policies_dir / GATES_FILE}",
+                hint="add `traffic: {steps: [...], prometheus: URL, thresholds: {...}}` to it",
+            )
+        traffic = chan.traffic
     release = resolve_tuple(get_store(store_url), tuple_or_channel)
     rendered = render(release, target, name=name, namespace=namespace,
-                      signing_policy=policies_dir if verify_signature else None)
+                      signing_policy=policies_dir if verify_signature else None,
+                      traffic=traffic)
     text = rendered.text()
     path = None
     if out_dir is not None:

@@ -18,6 +18,7 @@ import jsonschema
 import openai
 
 from k3artifacts.readiness.client import describe
+from k3artifacts.readiness.code_run import run_cases
 from k3artifacts.readiness.suite import Case, SmokeSettings
 from k3artifacts.releases.evaluations import CheckResult
 
@@ -147,7 +148,7 @@ def stream_check(probe: Probe) -> CheckResult:
 def judge_case(probe: Probe, case: Case, *, tool_choice: Any = "auto",
                kind: str | None = None) -> CheckResult:
     messages = ([{"role": "system", "content": case.system}] if case.system else []) + [
-        {"role": "user", "content": case.prompt}]
+        *(case.context or []), {"role": "user", "content": case_content(case)}]
     extra: dict[str, Any] = {}
     if case.check == "json_schema":
         extra["response_format"] = {"type": "json_schema", "json_schema": {
@@ -176,9 +177,33 @@ def judge_case(probe: Probe, case: Case, *, tool_choice: Any = "auto",
             found = re.search(case.expect or "", text) is not None
             return found, f"answered {_clip(text)!r}" + ("" if found
                                                           else f", no match for {case.expect!r}")
+        if case.check == "not_regex":
+            found = re.search(case.expect or "", text) is not None
+            return (not found and not message.tool_calls,
+                    f"answered {_clip(text)!r}" + (f", which matches {case.expect!r}" if found
+                                                   else "")
+                    + (", and called a tool" if message.tool_calls else ""))
+        if case.check == "code":
+            assert case.code is not None
+            return run_cases(text, case.code.entry,
+                             [(i.args, i.expect) for i in case.code.inputs], case.code.timeout_s)
         return _judge_json(text, case.schema_ or {})
 
     return timed(case.name, run, kind=kind, retries=probe.settings.max_retries)
+
+
+def case_content(case: Case) -> str | list[dict[str, Any]]:
+    """The user turn: the prompt after any filler, with the case's image as a data: URL."""
+    text = case.prompt
+    if case.filler_words:
+        filler = " ".join(("alpha", "bravo", "charlie", "delta")[i % 4]
+                          for i in range(case.filler_words))
+        text = f"{filler}\n\n{text}"
+    if case.image_png_b64 is None:
+        return text
+    return [{"type": "text", "text": text},
+            {"type": "image_url",
+             "image_url": {"url": f"data:image/png;base64,{case.image_png_b64}"}}]
 
 
 def _clip(text: str, n: int = 80) -> str:

@@ -58,6 +58,20 @@ class SmokeSettings(_Strict):
         return canonical_digest(self)
 
 
+class CodeInput(_Strict):
+    args: list[Any]
+    expect: Any
+
+
+class CodeCheck(_Strict):
+    """``code`` cases: the answer defines ``entry``; it is run on each input, contained
+    (``readiness/code_run.py``), and must return what is expected."""
+
+    entry: str = Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
+    inputs: list[CodeInput] = Field(min_length=1)
+    timeout_s: float = Field(default=10.0, gt=0, le=60)
+
+
 class Case(_Strict):
     """One prompt of a suite and how its answer is judged."""
 
@@ -65,20 +79,30 @@ class Case(_Strict):
     prompt: str = Field(min_length=1)
     system: str | None = None
     max_tokens: int = Field(default=256, gt=0)
-    check: Literal["exact", "regex", "json_schema", "tool_name"]
-    #: exact: the stripped answer equals this; regex: re.search matches it; tool_name: the
-    #: name of the function the model must call.
+    check: Literal["exact", "regex", "not_regex", "json_schema", "tool_name", "code"]
+    #: exact: the stripped answer equals this; regex: re.search matches it; not_regex: it
+    #: must not (an injected instruction not followed); tool_name: the function to call.
     expect: str | None = None
     #: json_schema: the schema sent as ``response_format`` and validated against.
     schema_: dict[str, Any] | None = Field(default=None, alias="schema")
     #: tool_name: the tools offered (OpenAI ``tools`` entries).
     tools: list[dict[str, Any]] | None = None
+    #: code: the function to run and its inputs.
+    code: CodeCheck | None = None
+    #: Earlier turns (OpenAI messages) before the prompt: a tool call and its result, say.
+    context: list[dict[str, Any]] | None = None
+    #: A small PNG (base64) sent with the prompt as an ``image_url`` data: URL part.
+    image_png_b64: str | None = None
+    #: Long context: this many filler words before the prompt.
+    filler_words: int | None = Field(default=None, gt=0)
 
     @model_validator(mode="after")
     def _fields_for_check(self) -> Case:
-        if self.check in ("exact", "regex", "tool_name") and self.expect is None:
+        if self.check in ("exact", "regex", "not_regex", "tool_name") and self.expect is None:
             raise ValueError(f"a {self.check} check needs `expect`")
-        if self.check == "regex":
+        if self.check == "code" and self.code is None:
+            raise ValueError("a code check needs `code: {entry: ..., inputs: [...]}`")
+        if self.check in ("regex", "not_regex"):
             try:
                 re.compile(self.expect or "")
             except re.error as exc:

@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from k3artifacts.errors import ConfigError, plain_validation_errors
 from k3artifacts.releases.channels import CHANNEL_NAME
+from k3artifacts.releases.rollout_policy import InfrastructurePolicy, TrafficPolicy
 
 GATES_FILE = "promotion-gates.yaml"
 
@@ -97,6 +98,10 @@ class ChannelPolicy(_Strict):
     targets: list[str] = Field(default_factory=list)
     order: OrderPolicy | None = None
     duties: DutiesPolicy | None = None
+    #: Canary steps, analysis window and bounds: the ``eks-rollout`` render and ``traffic`` gate.
+    traffic: TrafficPolicy | None = None
+    #: Capacity, storage, IAM, networking and nodes the ``infrastructure`` gate's preflight checks.
+    infrastructure: InfrastructurePolicy | None = None
     #: History entries whose tuples `k3a gc` keeps for this channel (default: retention's).
     rollback_window: int | None = Field(default=None, ge=1)
     #: The rollback flow waits for a release engineer's approval before moving this channel
@@ -122,6 +127,10 @@ class ChannelPolicy(_Strict):
             raise ValueError(
                 "the separation_of_duties gate needs `duties: {not_reviewer_of: [license]}`"
             )
+        if "infrastructure" in self.gates and self.infrastructure is None:
+            raise ValueError("the infrastructure gate needs `infrastructure: {region: ..., ...}`")
+        if "traffic" in self.gates and self.traffic is None:
+            raise ValueError("the traffic gate needs `traffic: {steps: [...], thresholds: ...}`")
         if len(set(self.gates)) != len(self.gates):
             raise ValueError("a gate is listed twice")
         return self

@@ -22,7 +22,13 @@ Tokens are whitespace-separated words, for ``max_tokens``, ``usage`` and the con
 Faults (flags): ``--slow-first-token S``; ``--rate-limit F`` (fraction of requests answered
 429, spread evenly) and ``--max-inflight N`` (429 beyond N requests in flight); ``--malformed-json``
 (structured output and tool arguments cut short); ``--served-name`` (serve another model name);
-``--capacity N`` (per-token delay grows with requests in flight beyond N: a throughput knee).
+``--capacity N`` (per-token delay grows with requests in flight beyond N: a throughput knee);
+``--error-rate F`` (fraction of completions answered 500, spread evenly: a degrading canary);
+``--text-only`` (image parts refused with vLLM's 400, as by a model without vision);
+``--follow-injections`` (obeys "reply only with the word X" found in a tool result);
+``--chatty`` (text answers start with a pleasantry, so exact answers and code break).
+Image parts must be ``data:image/png;base64`` URLs of a real PNG (400 otherwise).
+``/metrics``: vLLM's Prometheus metrics of the requests served (:mod:`.vllm_metrics`).
 Connection refused is a port nobody listens on.
 
 Run: ``python -m tests.support.openai_server --port P --served-name NAME``; or
@@ -32,6 +38,7 @@ Run: ``python -m tests.support.openai_server --port P --served-name NAME``; or
 from __future__ import annotations
 
 import argparse
+import base64
 import json
 import re
 import subprocess
@@ -46,8 +53,11 @@ from pathlib import Path
 from typing import Any
 
 from tests.support.ports import free_ports, stop, wait_listening
+from tests.support.vllm_metrics import VllmMetrics
 
 REPLY = re.compile(r"Reply with exactly:\s*(.+?)\s*$", re.MULTILINE)
+INJECTION = re.compile(r"reply only with the word (\w+)", re.IGNORECASE)
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 
 @dataclass
@@ -60,6 +70,10 @@ class Config:
     max_inflight: int = 0
     malformed_json: bool = False
     capacity: int = 0
+    error_rate: float = 0.0
+    text_only: bool = False
+    follow_injections: bool = False
+    chatty: bool = False
 
 
 @dataclass
@@ -107,11 +121,38 @@ def _words(messages: list[dict[str, Any]]) -> int:
     return count
 
 
+def _text(content: Any) -> str:
+    if isinstance(content, list):
+        return " ".join(p.get("text", "") for p in content
+                        if isinstance(p, dict) and p.get("type") == "text")
+    return content if isinstance(content, str) else ""
+
+
 def _last_user(messages: list[dict[str, Any]]) -> str:
     for m in reversed(messages):
-        if m.get("role") == "user" and isinstance(m.get("content"), str):
-            return m["content"]
+        if m.get("role") == "user":
+            return _text(m.get("content"))
     return ""
+
+
+def _image_problem(messages: list[dict[str, Any]], text_only: bool) -> str | None:
+    """Why the images of a request cannot be read (vLLM answers 400), or None."""
+    for m in messages:
+        parts = m.get("content") if isinstance(m.get("content"), list) else []
+        for part in parts:
+            if not isinstance(part, dict) or part.get("type") != "image_url":
+                continue
+            if text_only:
+                return "image input is not supported by this model"
+            url = str((part.get("image_url") or {}).get("url", ""))
+            head, _, data = url.partition(",")
+            try:
+                raw = base64.b64decode(data, validate=True)
+            except ValueError:
+                raw = b""
+            if head != "data:image/png;base64" or not raw.startswith(PNG_SIGNATURE):
+                return f"cannot load image from {url[:40]!r}"
+    return None
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -122,6 +163,14 @@ class Handler(BaseHTTPRequestHandler):
         pass
 
     # -- plumbing -------------------------------------------------------------------------
+
+    def send_response(self, code: int, message: str | None = None) -> None:
+        if self.path.startswith("/v1/"):
+            self.server.metrics.answered(self.path.rstrip("/"), self.command, code)
+        super().send_response(code, message)
+
+    def _first_token(self) -> None:
+        self._ttft = time.monotonic() - self._t0
 
     def _release(self) -> None:
         """This request stops counting as in flight. Called before the last bytes go out: once
@@ -162,6 +211,13 @@ class Handler(BaseHTTPRequestHandler):
                 "max_model_len": cfg.max_model_len}]})
         elif self.path == "/health":
             self._send_json(200, {})
+        elif self.path == "/metrics":
+            data = self.server.metrics.exposition()
+            self.send_response(200)
+            self.send_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
         else:
             self._error(404, f"no route {self.path}", "NotFoundError")
 
@@ -181,17 +237,32 @@ class Handler(BaseHTTPRequestHandler):
             state.requests += 1
             n, state.inflight = state.requests, state.inflight + 1
         self._counted = True
+        metrics = self.server.metrics
+        self._t0, self._ttft, self._finish = time.monotonic(), 0.0, None
+        metrics.started()
         try:
-            # request n is limited when n * fraction crosses an integer: evenly spread 429s
-            rate = cfg.rate_limit
-            limited = rate > 0 and int(n * rate) != int((n - 1) * rate)
-            if limited or (cfg.max_inflight and state.inflight > cfg.max_inflight):
+            if self._spread(cfg.rate_limit, n) or (
+                cfg.max_inflight and state.inflight > cfg.max_inflight
+            ):
                 self._error(429, "rate limited: too many requests", "RateLimitError",
                             {"retry-after-ms": "20"})
+                return
+            if self._spread(cfg.error_rate, n):
+                self._error(500, "EngineCore encountered an issue", "InternalServerError")
                 return
             self._complete(req)
         finally:
             self._release()
+            if self._finish is None:
+                metrics.failed()
+            else:
+                metrics.finished(e2e=time.monotonic() - self._t0, ttft=self._ttft,
+                                 reason=self._finish)
+
+    @staticmethod
+    def _spread(fraction: float, n: int) -> bool:
+        # request n is picked when n * fraction crosses an integer: evenly spread
+        return fraction > 0 and int(n * fraction) != int((n - 1) * fraction)
 
     def _complete(self, req: dict[str, Any]) -> None:
         cfg = self.server.cfg
@@ -205,6 +276,10 @@ class Handler(BaseHTTPRequestHandler):
                         f"tokens. However, you requested {prompt_tokens} tokens in the "
                         "messages.", "BadRequestError")
             return
+        problem = _image_problem(messages, cfg.text_only)
+        if problem:
+            self._error(400, problem, "BadRequestError")
+            return
         max_tokens = req.get("max_completion_tokens") or req.get("max_tokens") or 64
         tool, text = self._answer(req, messages)
         words = text.split(" ") if tool is None else [text]
@@ -216,6 +291,7 @@ class Handler(BaseHTTPRequestHandler):
         cid = f"chatcmpl-{uuid.uuid4().hex[:24]}"
         usage = {"prompt_tokens": prompt_tokens, "completion_tokens": len(words),
                  "total_tokens": prompt_tokens + len(words)}
+        self._finish = finish
         if req.get("stream"):
             self._stream(cid, req, tool, text, words, finish, usage)
             return
@@ -251,11 +327,17 @@ class Handler(BaseHTTPRequestHandler):
             schema = (fmt.get("json_schema") or {}).get("schema") or {"type": "object"}
             body = json.dumps(instance(schema))
             return None, body[: len(body) // 2] if cfg.malformed_json else body
+        if cfg.follow_injections:
+            for m in messages:
+                obeyed = m.get("role") == "tool" and INJECTION.search(_text(m.get("content")))
+                if obeyed:
+                    return None, obeyed.group(1)
+        pleasantry = "Sure! Here you go: " if cfg.chatty else ""
         found = REPLY.search(_last_user(messages))
         if found:
-            return None, found.group(1)
+            return None, pleasantry + found.group(1)
         tail = " ".join(_last_user(messages).split()[:8])
-        return None, f"Echo from the fixture: {tail}".strip()
+        return None, f"{pleasantry}Echo from the fixture: {tail}".strip()
 
     def _per_token(self) -> float:
         cfg, inflight = self.server.cfg, self.server.state.inflight
@@ -264,7 +346,10 @@ class Handler(BaseHTTPRequestHandler):
         return cfg.token_delay
 
     def _pace(self, tokens: int) -> None:
-        time.sleep(self.server.cfg.slow_first_token + self._per_token() * tokens)
+        per_token = self._per_token()
+        time.sleep(self.server.cfg.slow_first_token + per_token)
+        self._first_token()
+        time.sleep(per_token * max(0, tokens - 1))
 
     def _stream(self, cid: str, req: dict[str, Any], tool: str | None, text: str,
                 words: list[str], finish: str, usage: dict[str, int]) -> None:
@@ -284,6 +369,7 @@ class Handler(BaseHTTPRequestHandler):
 
         time.sleep(cfg.slow_first_token)
         event({"role": "assistant", "content": ""})
+        self._first_token()
         for delta in self._deltas(tool, text, words):
             time.sleep(self._per_token())
             event(delta)
@@ -319,6 +405,7 @@ class _Server(ThreadingHTTPServer):
         super().__init__(("127.0.0.1", port), Handler)
         self.cfg = cfg
         self.state = State()
+        self.metrics = VllmMetrics(cfg.served_name)
 
 
 def _parse(argv: list[str]) -> tuple[int, Config]:
@@ -332,9 +419,14 @@ def _parse(argv: list[str]) -> tuple[int, Config]:
     p.add_argument("--max-inflight", type=int, default=0)
     p.add_argument("--malformed-json", action="store_true")
     p.add_argument("--capacity", type=int, default=0)
+    p.add_argument("--error-rate", type=float, default=0.0)
+    p.add_argument("--text-only", action="store_true")
+    p.add_argument("--follow-injections", action="store_true")
+    p.add_argument("--chatty", action="store_true")
     a = p.parse_args(argv)
     return a.port, Config(a.served_name, a.max_model_len, a.token_delay, a.slow_first_token,
-                          a.rate_limit, a.max_inflight, a.malformed_json, a.capacity)
+                          a.rate_limit, a.max_inflight, a.malformed_json, a.capacity,
+                          a.error_rate, a.text_only, a.follow_injections, a.chatty)
 
 
 @dataclass

@@ -19,11 +19,14 @@ from k3artifacts.promotion.gates import (
     artifact,
     duties,
     evaluation,
+    image_scan,
+    infrastructure,
     license,
     order,
     remote_code,
     renderable,
     signature,
+    traffic,
 )
 from k3artifacts.promotion.gates.context import GateContext
 from k3artifacts.releases.channels import GateResult, Override, check_channel
@@ -56,6 +59,9 @@ GATES: dict[str, Gate] = {
     order.NAME: Gate(order.check),
     duties.NAME: Gate(duties.check, overridable=False),
     signature.NAME: Gate(signature.check),
+    traffic.NAME: Gate(traffic.check),
+    infrastructure.NAME: Gate(infrastructure.check),
+    image_scan.NAME: Gate(image_scan.check),
 }
 
 

@@ -19,7 +19,7 @@ def check(ctx: GateContext) -> GateResult:
     problems, rendered = [], []
     for target in ctx.policy.targets:
         try:
-            out = render(ctx.release, target)
+            out = render(ctx.release, target, traffic=ctx.policy.traffic)
         except K3AError as exc:
             problems.append(f"{target}: {exc}" + (f" (next: {exc.hint})" if exc.hint else ""))
         else:

@@ -11,6 +11,9 @@ rendering the previous tuple and applying it. One module per target, registered 
 * ``eks``: the weights volume (PV + PVC), a Deployment (single node) or a LeaderWorkerSet
   (multi-node, vLLM over Ray), a Service and a PodDisruptionBudget. Every pod runs
   ``k3a verify`` of the bound revision on the mounted weights, under a timeout, before vLLM.
+* ``eks-rollout``: the ``eks`` pods under an Argo Rollouts ``Rollout`` that shifts traffic in
+  the channel's canary steps, each judged by an ``AnalysisTemplate`` on vLLM's metrics
+  (:mod:`.rollout`; needs the channel's ``traffic`` policy).
 * ``eks-node-cache``, ``eks-prewarm``: the same pods serving from the node's NVMe after
   ``k3a pull``, and a DaemonSet that pre-pulls a candidate (:mod:`.node_cache`).
 
@@ -30,24 +33,30 @@ from pathlib import Path
 import yaml
 
 from k3artifacts.errors import ConfigError
+from k3artifacts.releases.rollout_policy import TrafficPolicy
 from k3artifacts.releases.tuples import ReleaseTuple
 from k3artifacts.serving.render.common import default_name, slug
 from k3artifacts.serving.render.eks import render_eks
 from k3artifacts.serving.render.hyperpod import render_hyperpod
 from k3artifacts.serving.render.node_cache import render_eks_node_cache, render_prewarm
+from k3artifacts.serving.render.rollout import render_eks_rollout
 from k3artifacts.signing.policy import config_map_files
 
 #: ``render(release, name=..., namespace=...) -> list of Kubernetes objects``, by target name.
 TARGETS: dict[str, Callable[..., list[dict]]] = {
     "hyperpod": render_hyperpod,
     "eks": render_eks,
+    "eks-rollout": render_eks_rollout,
     "eks-node-cache": render_eks_node_cache,
     "eks-prewarm": render_prewarm,
 }
 
 
 #: Targets whose pods run our verifier, and so can check signatures before serving.
-SIGNATURE_TARGETS = ("eks",)
+SIGNATURE_TARGETS = ("eks", "eks-rollout")
+
+#: Targets rolled out in steps: they take the channel's traffic policy.
+TRAFFIC_TARGETS = ("eks-rollout",)
 
 
 @dataclass(frozen=True)
@@ -80,17 +89,21 @@ def render(
     name: str | None = None,
     namespace: str | None = None,
     signing_policy: Path | None = None,
+    traffic: TrafficPolicy | None = None,
 ) -> Rendered:
     """``signing_policy``: a policies directory whose ``signing/`` the pods verify with
     (eks only: a HyperPod endpoint has no init container of ours; there the signature gate
-    at promotion is the check)."""
+    at promotion is the check). ``traffic``: the channel's rollout policy, for the targets in
+    :data:`TRAFFIC_TARGETS` (others replace the endpoint at once and ignore it)."""
     renderer = TARGETS.get(target)
     if renderer is None:
         raise ConfigError(
             f"unknown render target {target!r}", hint=f"use one of: {', '.join(TARGETS)}"
         )
     name = slug(name) if name else default_name(release)
-    extra = {}
+    extra: dict = {}
+    if target in TRAFFIC_TARGETS:
+        extra["traffic"] = traffic
     if signing_policy is not None:
         if target not in SIGNATURE_TARGETS:
             raise ConfigError(

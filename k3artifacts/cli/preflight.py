@@ -1,0 +1,106 @@
+"""``k3a preflight``: the infrastructure gate's evidence, read from AWS and the cluster."""
+
+from __future__ import annotations
+
+import sys
+from datetime import UTC, datetime
+from pathlib import Path
+
+import click
+
+from k3artifacts.cli import cli
+from k3artifacts.cli.common import (
+    emit,
+    get_store,
+    handle_errors,
+    json_option,
+    policies_option,
+    store_option,
+)
+from k3artifacts.errors import ConfigError
+from k3artifacts.preflight.kube import list_nodes
+from k3artifacts.preflight.run import AwsClients, run_preflight
+from k3artifacts.releases.actor import resolve_actor
+from k3artifacts.releases.lookup import resolve_tuple
+from k3artifacts.releases.policies import GATES_FILE, load_gate_policy
+from k3artifacts.releases.preflights import record_preflight
+from k3artifacts.releases.tuples import tuple_manifest
+from k3artifacts.stores.awsclients import client
+
+#: Exit code of a preflight that ran and found a check failing.
+FAILED = 5
+
+
+@cli.command("preflight")
+@click.argument("tuple_or_channel")
+@click.option("--channel", required=True,
+              help="The channel about to serve the tuple: its `infrastructure:` policy says "
+              "where (region, subnets, role, window, load target).")
+@click.option("--kubeconfig", type=click.Path(dir_okay=False, exists=True, path_type=Path),
+              envvar="KUBECONFIG", default=None, show_envvar=True,
+              help="The cluster's kubeconfig, for node health (current context).")
+@click.option("--aws-profile", default=None, help="AWS profile to read the account with.")
+@click.option("--by", default=None,
+              help="Who is acting, typed (only where the gate policy allows a claimed name).")
+@policies_option
+@store_option
+@json_option
+@handle_errors
+def preflight_cmd(tuple_or_channel: str, channel: str, kubeconfig: Path | None,
+                  aws_profile: str | None, by: str | None, policies_dir: Path, store_url: str,
+                  as_json: bool) -> None:
+    """Check the infrastructure a tuple is about to run on; record what was found.
+
+    \b
+    capacity            an active EC2 capacity reservation of the profile's instance type, in
+                        the subnets' zone, lasting warm-up + soak + production, big enough
+    storage_throughput  FSx for Lustre per-unit throughput x capacity reads the checkpoint
+                        within max_load_seconds (S3: from the node cache)
+    iam                 the inference role's policies, evaluated: reads this revision only
+    private_networking  an available S3 gateway endpoint on the subnets' VPC
+    node_health         Ready nodes of the instance type with allocatable nvidia.com/gpu
+
+    Exit codes: 0 every check passed (recorded), 5 a check failed (recorded), 7 tuple not
+    found, 9 no infrastructure policy for the channel.
+    """
+    policy = load_gate_policy(policies_dir)
+    chan = policy.channels.get(channel)
+    if chan is None or chan.infrastructure is None:
+        raise ConfigError(f"channel {channel!r} has no infrastructure policy in "
+                          f"{policies_dir / GATES_FILE}",
+                          hint="add `infrastructure: {region: ..., subnet_ids: [...], ...}`")
+    infra = chan.infrastructure
+    store = get_store(store_url)
+    release = resolve_tuple(store, tuple_or_channel)
+    actor = resolve_actor(store, typed=by,
+                          claims_allowed=policy.identity.claimed_actor_on_file_stores)
+    ec2 = client("ec2", profile=aws_profile, region=infra.region)
+
+    def nodes() -> list[dict]:
+        if kubeconfig is None:
+            raise ConfigError("no kubeconfig: node health was not checked",
+                              hint="pass --kubeconfig PATH (or set KUBECONFIG)")
+        return list_nodes(kubeconfig)
+
+    report = run_preflight(
+        release, channel, infra,
+        AwsClients(ec2=ec2, capacity=ec2,
+                   fsx=client("fsx", profile=aws_profile, region=infra.region),
+                   iam=client("iam", profile=aws_profile, region=infra.region)),
+        nodes=nodes, total_bytes=tuple_manifest(store, release).total_bytes,
+        now=datetime.now(UTC))
+    record, written = record_preflight(store, release.id, channel,
+                                       report.model_dump(mode="json"), by=actor.name)
+
+    def human() -> None:
+        for c in report.checks:
+            click.echo(f"  {'ok  ' if c.passed else 'FAIL'} {c.name}: {c.reason}")
+        verb = "recorded" if written else "already recorded"
+        click.echo(f"{verb}: preflight {record.report_sha256[:12]} of {release.id} for {channel}")
+        click.echo("infrastructure ready" if report.passed else "INFRASTRUCTURE NOT READY")
+
+    emit(as_json, {"passed": report.passed, "written": written,
+                   "report_sha256": record.report_sha256,
+                   "report": report.model_dump(mode="json")}, human)
+    if not report.passed:
+        sys.exit(FAILED)

@@ -1,0 +1,93 @@
+"""``k3a rollback CHANNEL --single-node``: drain one serving node and put the previous tuple on
+it, each step recorded (``promotion/single_node.py``)."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import click
+
+from k3artifacts.cli.common import emit
+from k3artifacts.errors import ConfigError
+from k3artifacts.stores.base import Store
+
+#: Exit code of a procedure that stopped at a failed step (the record says which).
+FAILED = 5
+
+_OPTIONS = [
+    click.option("--single-node", is_flag=True,
+                 help="Also move the node: stop admitting, drain, apply the previous tuple, "
+                 "smoke, reopen (each step recorded). Needs --kubeconfig, --endpoint, --metrics."),
+    click.option("--kubeconfig", type=click.Path(dir_okay=False, exists=True, path_type=Path),
+                 envvar="KUBECONFIG", default=None, help="--single-node: the cluster."),
+    click.option("--name", "node_name", default=None,
+                 help="--single-node: the rendered objects' name (default: as `k3a render`)."),
+    click.option("--namespace", default="default", show_default=True,
+                 help="--single-node: the namespace."),
+    click.option("--endpoint", default=None, metavar="URL",
+                 help="--single-node: the pod's OpenAI base URL (…/v1) for the smoke test."),
+    click.option("--metrics", "metrics_url", default=None, metavar="URL",
+                 help="--single-node: the pod's /metrics (vllm:num_requests_running)."),
+    click.option("--drain-timeout", type=click.FloatRange(min=1), default=600.0,
+                 show_default=True, metavar="SECONDS",
+                 help="--single-node: how long in-flight requests may take to finish."),
+    click.option("--ready-timeout", type=click.FloatRange(min=1), default=5400.0,
+                 show_default=True, metavar="SECONDS",
+                 help="--single-node: how long the previous tuple's pod may take to load."),
+]
+
+
+def single_node_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    for option in reversed(_OPTIONS):
+        fn = option(fn)
+    return fn
+
+
+def run_single_node(store: Store, channel: str, *, to: str | None, why: str | None,
+                    actor: Any, as_json: bool, single_node: bool, kubeconfig: Path | None,
+                    node_name: str | None, namespace: str, endpoint: str | None,
+                    metrics_url: str | None, drain_timeout: float,
+                    ready_timeout: float) -> None:
+    missing = [flag for flag, value in (("--kubeconfig", kubeconfig), ("--endpoint", endpoint),
+                                        ("--metrics", metrics_url)) if value is None]
+    if missing:
+        raise ConfigError(f"--single-node needs {', '.join(missing)}")
+    assert kubeconfig is not None and endpoint is not None and metrics_url is not None
+    # Imported here: a plain `k3a rollback` (or promote) need not load the readiness client.
+    from k3artifacts.preflight.kube import KubeAPI
+    from k3artifacts.promotion.single_node import (
+        Step,
+        previous_tuple,
+        record_single_node,
+        rollback_single_node,
+    )
+    from k3artifacts.releases.tuples import TupleStore
+    from k3artifacts.serving.render.common import default_name
+
+    _, target = previous_tuple(store, channel, to)
+    name = node_name or default_name(TupleStore(store).get(target))
+
+    def say(step: Step) -> None:
+        if not as_json:
+            click.echo(f"  {'ok  ' if step.passed else 'FAIL'} {step.name} "
+                       f"({step.seconds:.1f} s): {step.detail}", err=True)
+
+    report = rollback_single_node(
+        store, channel, kube=KubeAPI(kubeconfig), name=name, namespace=namespace,
+        endpoint=endpoint, metrics_url=metrics_url, actor=actor.name, actor_source=actor.source,
+        reason=why, to=target, drain_timeout_s=drain_timeout, ready_timeout_s=ready_timeout,
+        on_step=say)
+    key = record_single_node(store, report)
+
+    def human() -> None:
+        click.echo(f"recorded: {key}")
+        click.echo(f"{channel} rolled back to {report.to_tuple} on the node" if report.completed
+                   else f"STOPPED at {report.steps[-1].name}: {report.steps[-1].detail}")
+
+    emit(as_json, {"record": key, **report.model_dump(mode="json"),
+                   "completed": report.completed}, human)
+    if not report.completed:
+        sys.exit(FAILED)

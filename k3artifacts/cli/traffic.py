@@ -1,0 +1,111 @@
+"""``k3a traffic analyze``: the evidence of one canary step, from Prometheus, for the gate."""
+
+from __future__ import annotations
+
+import sys
+from datetime import UTC, datetime
+from pathlib import Path
+
+import click
+
+from k3artifacts.cli import cli
+from k3artifacts.cli.common import (
+    emit,
+    get_store,
+    handle_errors,
+    json_option,
+    policies_option,
+    store_option,
+)
+from k3artifacts.errors import ConfigError
+from k3artifacts.releases.actor import resolve_actor
+from k3artifacts.releases.analyses import record_analysis
+from k3artifacts.releases.lookup import resolve_tuple
+from k3artifacts.releases.policies import GATES_FILE, load_gate_policy
+from k3artifacts.traffic.analysis import analyze_step, describe
+from k3artifacts.traffic.prometheus import Prometheus
+
+#: Exit code of an analysis that ran and failed (the step's bounds were broken).
+FAILED = 5
+
+
+@cli.group("traffic")
+def traffic_group() -> None:
+    """Canary traffic: analyse a rollout step on vLLM's metrics, as its AnalysisTemplate does.
+
+    \b
+    The channel's `traffic:` policy (promotion-gates.yaml) gives the steps, the window and the
+    bounds; `k3a render --target eks-rollout --rollout-channel CH` renders the same queries
+    into the cluster. The `traffic` gate passes when every step's newest analysis passed.
+    """
+
+
+@traffic_group.command("analyze")
+@click.argument("tuple_or_channel")
+@click.option("--prometheus", "prometheus_url", required=True, metavar="URL",
+              help="Prometheus base URL reachable from here (e.g. a port-forward: "
+              "http://127.0.0.1:9090).")
+@click.option("--channel", required=True,
+              help="The channel being rolled out to: its traffic policy gives steps and bounds.")
+@click.option("--step", type=click.IntRange(min=0), required=True,
+              help="Index of the step in the channel's traffic policy (0: the first cohort).")
+@click.option("--at", "at_text", default=None, metavar="ISO-8601",
+              help="End of the window (default: now), e.g. when the step's pause ended.")
+@click.option("--by", default=None,
+              help="Who is acting, typed (only where the gate policy allows a claimed name).")
+@policies_option
+@store_option
+@json_option
+@handle_errors
+def analyze_cmd(tuple_or_channel: str, prometheus_url: str, channel: str, step: int,
+                at_text: str | None, by: str | None, policies_dir: Path, store_url: str,
+                as_json: bool) -> None:
+    """Run one canary step's queries over its window and record the result beside the tuple.
+
+    Each query (finished requests, end-to-end and time-to-first-token quantiles from vLLM's
+    histograms, 5xx share of completions) must give a value within the channel's bound; no
+    data is a failure, never a pass. The record is created once and never replaced.
+
+    \b
+    Exit codes: 0 step passed (recorded), 5 step failed (recorded), 7 tuple not found,
+    8 Prometheus unreachable, 9 bad policy, step or query.
+    """
+    policy = load_gate_policy(policies_dir)
+    chan = policy.channels.get(channel)
+    if chan is None or chan.traffic is None:
+        raise ConfigError(f"channel {channel!r} has no traffic policy in "
+                          f"{policies_dir / GATES_FILE}",
+                          hint="add `traffic: {steps: [...], prometheus: URL, thresholds: ...}`")
+    at = datetime.now(UTC)
+    if at_text is not None:
+        try:
+            at = datetime.fromisoformat(at_text)
+        except ValueError:
+            raise ConfigError(f"--at {at_text!r} is not an ISO-8601 time") from None
+        if at.tzinfo is None:
+            raise ConfigError(f"--at {at_text!r} has no time zone", hint="end it in Z or +00:00")
+    store = get_store(store_url)
+    release = resolve_tuple(store, tuple_or_channel)
+    actor = resolve_actor(store, typed=by,
+                          claims_allowed=policy.identity.claimed_actor_on_file_stores)
+    analysis = analyze_step(Prometheus(prometheus_url), release.id, channel, chan.traffic,
+                            step, at.astimezone(UTC))
+    record, written = record_analysis(store, analysis, by=actor.name)
+    payload = {"passed": analysis.passed, "written": written,
+               "analysis_sha256": record.analysis_sha256,
+               "analysis": analysis.model_dump(mode="json")}
+
+    def human() -> None:
+        for m in analysis.metrics:
+            mark = "ok  " if m.passed else "FAIL"
+            click.echo(f"  {mark} {describe(m)}")
+        verb = "recorded" if written else "already recorded"
+        click.echo(f"{verb}: analysis {record.analysis_sha256[:12]} of {release.id}, step "
+                   f"{step} ({analysis.weight}%) on {channel}, window {analysis.window} ending "
+                   f"{analysis.at:%Y-%m-%dT%H:%M:%SZ}")
+        click.echo("step passed" if analysis.passed else "STEP FAILED: abort the rollout "
+                   "(kubectl argo rollouts abort NAME) and keep the stable tuple")
+
+    emit(as_json, payload, human)
+    if not analysis.passed:
+        sys.exit(FAILED)

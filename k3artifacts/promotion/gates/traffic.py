@@ -1,0 +1,42 @@
+"""``traffic``: the tuple carried real traffic through every canary step of the channel's
+``traffic`` policy, and the newest analysis of each step (``k3a traffic analyze``) passed,
+measured with the policy's window and bounds as they are now."""
+
+from __future__ import annotations
+
+from k3artifacts.promotion.gates.context import GateContext, summarize
+from k3artifacts.releases.analyses import list_analyses
+from k3artifacts.releases.channels import GateResult
+from k3artifacts.traffic.analysis import describe
+
+NAME = "traffic"
+
+
+def check(ctx: GateContext) -> GateResult:
+    traffic = ctx.policy.traffic
+    if traffic is None:  # the policy model refuses this; a clear reason all the same
+        return GateResult(name=NAME, passed=False, reason="the channel has no traffic policy")
+    records = [
+        r for r in list_analyses(ctx.store, ctx.release.id, ctx.channel)
+        if r.analysis.window == traffic.window and r.analysis.thresholds == traffic.thresholds
+    ]
+    problems, missing, shown = [], [], []
+    for index, step in enumerate(traffic.steps):
+        mine = [r for r in records if r.analysis.step == index]
+        if not mine:
+            missing.append(f"{index} ({step.weight}%)")
+            continue
+        latest = mine[-1].analysis
+        if not latest.passed:
+            problems.append(f"step {index} ({step.weight}%) at {latest.at:%Y-%m-%dT%H:%M:%SZ}: "
+                            + ", ".join(describe(m) for m in latest.failed))
+        else:
+            shown.append(f"{step.weight}%")
+    if missing:
+        problems.append(f"no analysis under the current bounds of step {', '.join(missing)} "
+                        f"(k3a traffic analyze {ctx.release.id} --channel {ctx.channel} "
+                        "--step N, when the step's pause ends)")
+    if problems:
+        return GateResult(name=NAME, passed=False, reason=summarize(problems))
+    return GateResult(name=NAME, passed=True,
+                      reason=f"every step passed its analysis: {', '.join(shown)}")

@@ -1,0 +1,247 @@
+"""Rolling one serving node back to the channel's previous tuple, each step recorded:
+
+1. ``stop_admitting``: the Service selects no pod (a selector key no pod carries), so the load
+   balancer stops sending new requests while the running ones continue;
+2. ``drain``: wait, bounded, until the pod's ``vllm:num_requests_running`` is 0;
+3. ``apply``: the previous tuple's ``eks`` render (all but the Service), server-side applied;
+4. ``ready``: wait, bounded, until the Deployment has rolled out and is available;
+5. ``smoke``: ``k3a smoke`` of the previous tuple against the pod, recorded as every smoke is;
+6. ``reopen``: the selector key removed and the Service applied: traffic flows again;
+7. ``pointer``: the channel moved back (history records who and why).
+
+A step that fails stops the procedure and says what state the node is in. If draining times
+out nothing was changed, so admission is reopened on the tuple that was serving.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Any, Literal
+
+import urllib3
+from pydantic import BaseModel, ConfigDict
+
+from k3artifacts.canonical import canonical_digest, canonical_json
+from k3artifacts.errors import ConfigError, K3AError, NotFound
+from k3artifacts.preflight.kube import KubeAPI
+from k3artifacts.promotion.moves import rollback
+from k3artifacts.readiness.record import smoke
+from k3artifacts.readiness.suite import SmokeSettings
+from k3artifacts.releases.channels import history, read_state
+from k3artifacts.releases.tuples import TupleStore
+from k3artifacts.serving.render import render
+from k3artifacts.stores.base import Store
+
+CLOSED_KEY = "k3a.io/admitting"
+MANAGER = "k3a"
+RECORDS_PREFIX = "releases/single-node/"
+#: API path prefix and plural of each kind the ``eks`` target renders for one node.
+KINDS = {
+    "Deployment": ("/apis/apps/v1", "deployments", True),
+    "Service": ("/api/v1", "services", True),
+    "PodDisruptionBudget": ("/apis/policy/v1", "poddisruptionbudgets", True),
+    "PersistentVolumeClaim": ("/api/v1", "persistentvolumeclaims", True),
+    "PersistentVolume": ("/api/v1", "persistentvolumes", False),
+    "ConfigMap": ("/api/v1", "configmaps", True),
+}
+StepName = Literal["stop_admitting", "drain", "apply", "ready", "smoke", "reopen", "pointer"]
+
+
+class Step(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: StepName
+    passed: bool
+    detail: str
+    started_at: datetime
+    seconds: float
+
+
+class SingleNodeRollback(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    schema_version: Literal[1] = 1
+    channel: str
+    from_tuple: str
+    to_tuple: str
+    name: str
+    namespace: str
+    steps: list[Step]
+    by: str
+
+    @property
+    def completed(self) -> bool:
+        return len(self.steps) == 7 and all(s.passed for s in self.steps)
+
+
+def running_requests(metrics_url: str) -> float:
+    """Sum of ``vllm:num_requests_running`` on a vLLM ``/metrics`` page."""
+    resp = urllib3.request("GET", metrics_url, timeout=10, retries=False)
+    if resp.status != 200:
+        raise ConfigError(f"{metrics_url} answered HTTP {resp.status}")
+    values = [float(line.rsplit(" ", 1)[1]) for line in resp.data.decode().splitlines()
+              if line.startswith("vllm:num_requests_running")]
+    if not values:
+        raise ConfigError(f"{metrics_url} exports no vllm:num_requests_running",
+                          hint="point --metrics at the vLLM pod's /metrics")
+    return sum(values)
+
+
+def _path(doc: dict[str, Any], namespace: str) -> str:
+    base, plural, namespaced = KINDS[doc["kind"]]
+    where = f"/namespaces/{namespace}" if namespaced else ""
+    return f"{base}{where}/{plural}/{doc['metadata']['name']}"
+
+
+def _apply(kube: KubeAPI, doc: dict[str, Any], namespace: str) -> None:
+    body = json.loads(json.dumps(doc))
+    if KINDS[doc["kind"]][2]:
+        body["metadata"]["namespace"] = namespace
+    kube.call("PATCH", f"{_path(doc, namespace)}?fieldManager={MANAGER}&force=true",
+              json.dumps(body).encode(), "application/apply-patch+yaml")
+
+
+def _selector_patch(kube: KubeAPI, name: str, namespace: str, value: str | None) -> None:
+    kube.call("PATCH", f"/api/v1/namespaces/{namespace}/services/{name}",
+              json.dumps({"spec": {"selector": {CLOSED_KEY: value}}}).encode(),
+              "application/merge-patch+json")
+
+
+def _wait(check: Callable[[], tuple[bool, str]], timeout_s: float, what: str,
+          interval: float) -> str:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        done, detail = check()
+        if done:
+            return detail
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{what} not reached within {timeout_s:g} s ({detail})")
+        time.sleep(interval)
+
+
+def previous_tuple(store: Store, channel: str, to: str | None) -> tuple[str, str]:
+    current = read_state(store, channel).tuple_id
+    if current is None:
+        raise NotFound(f"channel {channel} points at nothing")
+    if to is not None:
+        return current, to
+    for entry in reversed(history(store, channel)):
+        if entry.tuple_id != current:
+            return current, entry.tuple_id
+    raise NotFound(f"channel {channel} has only ever pointed at {current}: nothing to roll "
+                   "back to", hint=f"see `k3a history {channel}`")
+
+
+def rollback_single_node(
+    store: Store,
+    channel: str,
+    *,
+    kube: KubeAPI,
+    name: str,
+    namespace: str,
+    endpoint: str,
+    metrics_url: str,
+    actor: str,
+    actor_source: str | None = None,
+    reason: str | None = None,
+    to: str | None = None,
+    settings: SmokeSettings | None = None,
+    drain_timeout_s: float = 600,
+    ready_timeout_s: float = 5400,
+    poll_s: float = 1.0,
+    on_step: Callable[[Step], None] | None = None,
+) -> SingleNodeRollback:
+    current, target = previous_tuple(store, channel, to)
+    release = TupleStore(store).get(target)
+    docs = render(release, "eks", name=name, namespace=namespace).documents
+    if any(d["kind"] not in KINDS for d in docs):
+        raise ConfigError(f"{target} renders a multi-node group; the single-node path drains "
+                          "one Deployment pod", hint="use `k3a rollback` and apply the render")
+    service = next(d for d in docs if d["kind"] == "Service")
+    deployment = next(d for d in docs if d["kind"] == "Deployment")
+    steps: list[Step] = []
+
+    def run(step: StepName, fn: Callable[[], str]) -> bool:
+        started, t0 = datetime.now(UTC), time.monotonic()
+        try:
+            detail, ok = fn(), True
+        except (K3AError, TimeoutError) as exc:
+            detail, ok = str(exc), False
+        done = Step(name=step, passed=ok, detail=detail, started_at=started,
+                    seconds=round(time.monotonic() - t0, 3))
+        steps.append(done)
+        if on_step is not None:
+            on_step(done)
+        return ok
+
+    def stop_admitting() -> str:
+        _selector_patch(kube, name, namespace, "closed")
+        return f"Service {namespace}/{name} selects no pod ({CLOSED_KEY}=closed)"
+
+    seen: list[float] = []
+
+    def drain() -> str:
+        def idle() -> tuple[bool, str]:
+            seen.append(running_requests(metrics_url))
+            return seen[-1] == 0, f"{seen[-1]:g} request(s) running"
+        _wait(idle, drain_timeout_s, "vllm:num_requests_running == 0", poll_s)
+        return f"in flight: {max(seen):g} at most, 0 after {len(seen)} reading(s)"
+
+    def apply() -> str:
+        applied = [d for d in docs if d["kind"] != "Service"]
+        for doc in applied:
+            _apply(kube, doc, namespace)
+        return f"{target} applied: " + ", ".join(f"{d['kind']}/{d['metadata']['name']}"
+                                                 for d in applied)
+
+    def ready() -> str:
+        path = _path(deployment, namespace)
+
+        def rolled_out() -> tuple[bool, str]:
+            d = kube.call("GET", path)
+            want = d.get("spec", {}).get("replicas", 1)
+            st = d.get("status", {})
+            ok = (st.get("observedGeneration", 0) >= d.get("metadata", {}).get("generation", 0)
+                  and st.get("updatedReplicas") == want and st.get("availableReplicas") == want)
+            return ok, f"{st.get('availableReplicas', 0)}/{want} available, " \
+                       f"{st.get('updatedReplicas', 0)} updated"
+        return _wait(rolled_out, ready_timeout_s, f"Deployment {name} rolled out", poll_s)
+
+    def smoke_step() -> str:
+        outcome = smoke(store, endpoint, target, settings or SmokeSettings(), by=actor)
+        failed = [c.name for c in outcome.report.failed]
+        if not outcome.report.passed:
+            raise ConfigError(f"smoke of {target} failed: {', '.join(failed)}")
+        return f"smoke passed (report {outcome.record.report_sha256[:12]})"
+
+    def reopen() -> str:
+        _selector_patch(kube, name, namespace, None)
+        _apply(kube, service, namespace)
+        return f"Service {namespace}/{name} selects {target}'s pod again"
+
+    def pointer() -> str:
+        moved = rollback(store, channel, to=target, actor=actor, actor_source=actor_source,
+                         reason=reason or "single-node rollback")
+        return f"{channel} -> {moved.tuple_id} (history #{moved.entry.seq})"
+
+    if run("stop_admitting", stop_admitting):
+        if not run("drain", drain):
+            # Nothing changed on the node: let the serving tuple take traffic again.
+            run("reopen", lambda: (_selector_patch(kube, name, namespace, None),
+                                   f"drain timed out; {current} admitted again")[1])
+        elif run("apply", apply) and run("ready", ready) and run("smoke", smoke_step) \
+                and run("reopen", reopen):
+            run("pointer", pointer)
+    return SingleNodeRollback(channel=channel, from_tuple=current, to_tuple=target, name=name,
+                              namespace=namespace, steps=steps, by=actor)
+
+
+def record_single_node(store: Store, report: SingleNodeRollback) -> str:
+    """Store the procedure's record create-once; returns its key."""
+    body = report.model_dump(mode="json")
+    key = f"{RECORDS_PREFIX}{report.channel}/{canonical_digest(body)}.json"
+    store.create(key, canonical_json(body))
+    return key

@@ -1,0 +1,112 @@
+"""Traffic analyses of a tuple: what ``k3a traffic analyze`` read from Prometheus for one canary
+step, and the verdict against the channel's bounds. The ``traffic`` gate reads these.
+
+Stored create-once under ``releases/traffic/<tuple-id>/<channel>/<step>/<sha256 of the
+canonical analysis>.json``: a step analysed again is a new record (a later window), never an
+edit; the gate takes the newest measurement of each step.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from k3artifacts.canonical import canonical_digest, canonical_json
+from k3artifacts.errors import AlreadyExists, ConfigError
+from k3artifacts.releases.channels import check_channel
+from k3artifacts.releases.rollout_policy import TrafficThresholds
+from k3artifacts.releases.tuples import TupleStore, check_tuple_id
+from k3artifacts.stores.base import Store
+
+TRAFFIC_PREFIX = "releases/traffic/"
+
+
+class MetricResult(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str
+    query: str
+    bound: Literal["max", "min"]
+    limit: float
+    #: None: Prometheus returned no sample or NaN (no traffic reached the tuple in the window).
+    value: float | None
+    passed: bool
+
+
+class TrafficAnalysis(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    schema_version: Literal[1] = 1
+    tuple_id: str
+    channel: str
+    step: int = Field(ge=0)
+    weight: int
+    window: str
+    thresholds: TrafficThresholds
+    #: The end of the window (the query's evaluation time).
+    at: datetime
+    prometheus: str
+    metrics: list[MetricResult]
+
+    @property
+    def passed(self) -> bool:
+        return bool(self.metrics) and all(m.passed for m in self.metrics)
+
+    @property
+    def failed(self) -> list[MetricResult]:
+        return [m for m in self.metrics if not m.passed]
+
+
+class AnalysisRecord(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    analysis_sha256: str
+    recorded_by: str
+    recorded_at: datetime
+    analysis: TrafficAnalysis
+
+
+def _prefix(tuple_id: str, channel: str, step: int | None = None) -> str:
+    base = f"{TRAFFIC_PREFIX}{check_tuple_id(tuple_id)}/{check_channel(channel)}/"
+    return base if step is None else f"{base}{step}/"
+
+
+def record_analysis(
+    store: Store, analysis: TrafficAnalysis, *, by: str, now: datetime | None = None
+) -> tuple[AnalysisRecord, bool]:
+    """Store ``analysis`` beside its tuple; returns (record, written)."""
+    TupleStore(store).get(analysis.tuple_id)  # the tuple must exist and be intact
+    sha = canonical_digest(analysis.model_dump(mode="json"))
+    key = f"{_prefix(analysis.tuple_id, analysis.channel, analysis.step)}{sha}.json"
+    record = AnalysisRecord(analysis_sha256=sha, recorded_by=by,
+                            recorded_at=now or datetime.now(UTC), analysis=analysis)
+    try:
+        store.create(key, canonical_json(record))
+    except AlreadyExists:
+        found = store.read(key)
+        if found is None:
+            raise
+        return AnalysisRecord.model_validate_json(found.data), False
+    return record, True
+
+
+def list_analyses(store: Store, tuple_id: str, channel: str) -> list[AnalysisRecord]:
+    """Every recorded analysis of ``tuple_id`` on ``channel``, oldest window first."""
+    records = []
+    for key in store.list_keys(_prefix(tuple_id, channel)):
+        found = store.read(key)
+        if found is None:
+            continue
+        try:
+            record = AnalysisRecord.model_validate_json(found.data)
+        except ValidationError as exc:
+            raise ConfigError(f"{key} is malformed: {exc.errors()[0]['msg']}") from None
+        a = record.analysis
+        sha = canonical_digest(a.model_dump(mode="json"))
+        if (sha != record.analysis_sha256 or a.tuple_id != tuple_id or a.channel != channel
+                or key != f"{_prefix(tuple_id, channel, a.step)}{sha}.json"):
+            raise ConfigError(f"{key} does not match its key; it was edited in the store")
+        records.append(record)
+    return sorted(records, key=lambda r: r.analysis.at)

@@ -1,0 +1,178 @@
+"""Target ``eks-rollout``: the ``eks`` pods (verify-weights init container, vLLM) under an Argo
+Rollouts ``Rollout`` that moves traffic to a new tuple in the channel's canary steps, through
+the AWS Load Balancer Controller's weighted target groups, with an ``AnalysisTemplate`` judging
+each step on vLLM's own metrics in Prometheus. A failed analysis aborts the rollout: all
+traffic returns to the stable ReplicaSet (the previous tuple), which was never scaled down.
+
+Inputs: the tuple (what runs) and the channel's ``traffic`` policy (how it is rolled out);
+nothing else, so the same pair renders byte-identical YAML.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from k3artifacts.errors import ConfigError
+from k3artifacts.releases.rollout_policy import TrafficPolicy
+from k3artifacts.releases.tuples import ReleaseTuple
+from k3artifacts.serving.profiles import serving_resources
+from k3artifacts.serving.render.common import ANNOTATION, annotations, labels, weights_volume
+from k3artifacts.serving.render.eks import (
+    _pod_spec,
+    _vllm_container,
+    _volume_objects,
+    signing_config_map,
+)
+from k3artifacts.traffic.queries import step_queries
+
+ROLLOUTS_API = "argoproj.io/v1alpha1"
+#: The AnalysisTemplate's argument the queries select the candidate's series by.
+TUPLE_ARG = "tuple-id"
+
+
+def analysis_template_name(name: str) -> str:
+    return f"{name}-traffic"
+
+
+def _analysis_template(name: str, meta_base: dict, traffic: TrafficPolicy) -> dict:
+    metrics = []
+    for q in step_queries("{{args." + TUPLE_ARG + "}}", traffic.window, traffic.thresholds):
+        metrics.append({
+            "name": q.name.replace("_", "-"),
+            # One measurement over the step's window, taken when the pause ends; a failed
+            # one fails the run at once and the Rollout aborts.
+            "successCondition": q.condition(),
+            "failureLimit": 0,
+            "provider": {"prometheus": {"address": traffic.prometheus, "query": q.promql}},
+        })
+    return {
+        "apiVersion": ROLLOUTS_API,
+        "kind": "AnalysisTemplate",
+        "metadata": {**meta_base, "name": analysis_template_name(name),
+                     "labels": {"app.kubernetes.io/managed-by": "k3a"}},
+        "spec": {"args": [{"name": TUPLE_ARG}], "metrics": metrics},
+    }
+
+
+def _steps(release: ReleaseTuple, name: str, traffic: TrafficPolicy) -> list[dict]:
+    steps: list[dict[str, Any]] = []
+    for index, step in enumerate(traffic.steps):
+        run_labels = {f"{ANNOTATION}/step": str(index), f"{ANNOTATION}/weight": str(step.weight)}
+        if step.cohort:
+            run_labels[f"{ANNOTATION}/cohort"] = step.cohort
+        steps += [
+            {"setWeight": step.weight},
+            {"pause": {"duration": step.pause}},
+            {"analysis": {
+                "templates": [{"templateName": analysis_template_name(name)}],
+                "args": [{"name": TUPLE_ARG, "value": release.id}],
+                "analysisRunMetadata": {"labels": run_labels},
+            }},
+        ]
+    return steps
+
+
+def render_eks_rollout(
+    release: ReleaseTuple,
+    *,
+    name: str,
+    namespace: str | None,
+    traffic: TrafficPolicy | None = None,
+    signing_files: dict[str, str] | None = None,
+) -> list[dict]:
+    if traffic is None:
+        raise ConfigError(
+            "target eks-rollout needs a channel's traffic policy (its canary steps and bounds)",
+            hint="render with --rollout-channel CHANNEL, whose policy has `traffic:`",
+        )
+    b = release.binding
+    res = serving_resources(b.serving, f"tuple {release.id}")
+    if res.nodes != 1:
+        raise ConfigError(
+            f"tuple {release.id}: profile {b.serving.profile} spans {res.nodes} nodes; an Argo "
+            "Rollout manages ReplicaSets of single pods, not LeaderWorkerSet groups",
+            hint="render the candidate as a second endpoint (--name NAME-canary) and shift "
+            "traffic at the load balancer (docs/guides/rollout.md)",
+        )
+    vol = weights_volume(release, res)
+    cluster_objects, volume = _volume_objects(release, vol, name, namespace)
+    signing_map = None
+    if signing_files is not None:
+        keys_map = signing_config_map(name, namespace, signing_files)
+        cluster_objects.append(keys_map)
+        signing_map = keys_map["metadata"]["name"]
+    meta_base: dict[str, Any] = {"name": name}
+    if namespace:
+        meta_base["namespace"] = namespace
+    selector = {"app.kubernetes.io/name": name}
+    port = b.serving.port
+    canary_service = f"{name}-canary"
+    rollout = {
+        "apiVersion": ROLLOUTS_API,
+        "kind": "Rollout",
+        "metadata": {**meta_base, "labels": labels(release, name),
+                     "annotations": annotations(release)},
+        "spec": {
+            "replicas": res.replicas,
+            "selector": {"matchLabels": selector},
+            "progressDeadlineSeconds": res.startup_seconds + res.verify_timeout_seconds + 600,
+            # A candidate that never becomes ready is aborted, not left holding the canary.
+            "progressDeadlineAbort": True,
+            "template": {
+                "metadata": {"labels": labels(release, name), "annotations": annotations(release)},
+                "spec": _pod_spec(release, res, vol, volume, _vllm_container(release, res, vol),
+                                  signing_map),
+            },
+            "strategy": {"canary": {
+                "stableService": name,
+                "canaryService": canary_service,
+                # Never fewer serving pods than asked for while the candidate loads.
+                "maxSurge": 1,
+                "maxUnavailable": 0,
+                "trafficRouting": {"alb": {"ingress": name, "servicePort": port}},
+                "steps": _steps(release, name, traffic),
+            }},
+        },
+    }
+
+    def service(service_name: str) -> dict:
+        return {
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": {**meta_base, "name": service_name,
+                         "labels": {"app.kubernetes.io/name": name,
+                                    "app.kubernetes.io/managed-by": "k3a"}},
+            # Argo Rollouts adds the ReplicaSet's pod-template hash to each selector.
+            "spec": {"type": "ClusterIP", "selector": selector,
+                     "ports": [{"name": "http", "port": port, "targetPort": "http"}]},
+        }
+
+    ingress = {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "Ingress",
+        "metadata": {**meta_base, "labels": {"app.kubernetes.io/name": name,
+                                             "app.kubernetes.io/managed-by": "k3a"},
+                     "annotations": {
+                         "alb.ingress.kubernetes.io/scheme": "internal",
+                         "alb.ingress.kubernetes.io/target-type": "ip",
+                         "alb.ingress.kubernetes.io/healthcheck-path": "/health",
+                     }},
+        "spec": {
+            "ingressClassName": "alb",
+            # The controller rewrites the "use-annotation" action with the weighted
+            # stable/canary target groups of the current step.
+            "rules": [{"http": {"paths": [{
+                "path": "/", "pathType": "Prefix",
+                "backend": {"service": {"name": name, "port": {"name": "use-annotation"}}},
+            }]}}],
+        },
+    }
+    budget = {"minAvailable": 1} if res.replicas == 1 else {"maxUnavailable": 1}
+    pdb = {
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": {**meta_base, "labels": labels(release, name)},
+        "spec": {**budget, "selector": {"matchLabels": selector}},
+    }
+    return [*cluster_objects, _analysis_template(name, meta_base, traffic), rollout,
+            service(name), service(canary_service), ingress, pdb]

@@ -1,0 +1,138 @@
+"""Traffic analysis of canary steps against a real Prometheus (Debian's package) scraping two
+OpenAI-compatible test servers that export vLLM's metrics: one within the channel's bounds and
+one that degrades (slow first token, 5xx answers). `k3a traffic analyze` passes the first and
+fails the second, records both, and the `traffic` gate follows."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+import urllib3
+import yaml
+
+from k3artifacts.promotion.gates import GATES, channel_policy, context
+from k3artifacts.releases.analyses import list_analyses
+from k3artifacts.releases.policies import load_gate_policy
+from k3artifacts.serving.render.common import served_name
+from k3artifacts.stores.file import FileStore
+from tests.fixtures.prometheus import prometheus, prometheus_binary
+from tests.support.openai_server import start
+from tests.support.releases import Releases
+
+pytestmark = pytest.mark.slow
+
+REQUESTS = 40
+TRAFFIC = {
+    "steps": [{"weight": 1, "pause": "1s", "cohort": "internal"}, {"weight": 100, "pause": "1s"}],
+    "window": "1m",
+    "prometheus": "http://prometheus.monitoring.svc:9090",
+    "thresholds": {"quantile": 0.99, "max_e2e_s": 2.0, "max_ttft_s": 0.2,
+                   "max_error_rate": 0.05, "min_requests": 10},
+}
+
+
+def _drive(url: str, model: str, requests: int = REQUESTS) -> tuple[int, int]:
+    """``requests`` chat completions, four at a time; (answered 200, answered 5xx)."""
+    http = urllib3.PoolManager(maxsize=4, retries=False, timeout=30)
+    body = json.dumps({"model": model, "max_tokens": 8,
+                       "messages": [{"role": "user", "content": "Reply with exactly: ok"}]})
+
+    def one(_: int) -> int:
+        return http.request("POST", f"{url}/chat/completions", body=body,
+                            headers={"Content-Type": "application/json"}).status
+
+    with ThreadPoolExecutor(4) as pool:
+        statuses = list(pool.map(one, range(requests)))
+    return statuses.count(200), sum(1 for s in statuses if s >= 500)
+
+
+def test_analysis_passes_the_good_canary_and_fails_the_degrading_one(
+    tmp_path: Path, policies: Path, k3a_cmd, k3a_env
+):
+    prometheus_binary()
+    gate_file = policies / "promotion-gates.yaml"
+    gate_policy = yaml.safe_load(gate_file.read_text())
+    gate_policy["channels"]["production"]["traffic"] = TRAFFIC
+    gate_file.write_text(yaml.safe_dump(gate_policy))
+    store = FileStore(tmp_path / "store")
+    rel = Releases(store, tmp_path / "scratch")
+    good, bad = rel.release(), rel.release()
+    model = served_name(good)
+    servers = {
+        good.id: start(model, tmp_path / "good.log", token_delay=0.01),
+        bad.id: start(model, tmp_path / "bad.log", token_delay=0.01, slow_first_token=0.4,
+                      error_rate=0.25),
+    }
+    try:
+        targets = {f"127.0.0.1:{s.port}": {"k3a_io_tuple_id": t} for t, s in servers.items()}
+        with prometheus(tmp_path / "prometheus", targets) as prom:
+            gate = GATES["traffic"].check
+            chan = channel_policy(load_gate_policy(policies), "production", policies)
+
+            def judged(release):
+                return gate(context(store, release, "production", chan, policies, None, None))
+
+            before = judged(good)
+            assert not before.passed
+            assert "no analysis under the current bounds of step 0 (1%), 1 (100%)" in before.reason
+
+            # A first request each, scraped before the load: a counter series is born with its
+            # first request, and a rate needs two samples of it inside the window.
+            for tuple_id, server in servers.items():
+                assert _drive(server.url, model, 1) == (1, 0)
+                prom.wait_for(f'sum(http_requests_total{{k3a_io_tuple_id="{tuple_id}"}})',
+                              lambda r: bool(r), f"the first request of {tuple_id}")
+            answered = {t: _drive(s.url, model) for t, s in servers.items()}
+            assert answered[good.id] == (REQUESTS, 0)
+            ok_bad, errors_bad = answered[bad.id]
+            assert errors_bad == REQUESTS // 4 and ok_bad == REQUESTS - errors_bad
+            # Wait (bounded) until Prometheus has scraped every answer of both servers.
+            for tuple_id, (ok, _) in answered.items():
+                prom.wait_for(f'vllm:e2e_request_latency_seconds_count{{k3a_io_tuple_id='
+                              f'"{tuple_id}"}}',
+                              lambda r, n=ok: bool(r) and float(r[0]["value"][1]) == n + 1,
+                              f"{ok + 1} finished requests of {tuple_id}")
+                prom.wait_for(f'sum(http_requests_total{{k3a_io_tuple_id="{tuple_id}"}})',
+                              lambda r: bool(r) and float(r[0]["value"][1]) == REQUESTS + 1,
+                              f"{REQUESTS + 1} HTTP answers of {tuple_id}")
+
+            def analyze(release, step):
+                return subprocess.run(
+                    [*k3a_cmd, "traffic", "analyze", release.id, "--prometheus", prom.url,
+                     "--channel", "production", "--step", str(step), "--json",
+                     "--policies", str(policies), "--store", store.url],
+                    env=k3a_env, capture_output=True, text=True, timeout=120)
+
+            for step in (0, 1):
+                run = analyze(good, step)
+                assert run.returncode == 0, run.stderr + run.stdout
+                out = json.loads(run.stdout)
+                assert out["passed"] and out["written"]
+                values = {m["name"]: m["value"] for m in out["analysis"]["metrics"]}
+                assert values["requests"] >= 10 and values["error_rate"] == 0
+                assert values["time_to_first_token"] <= 0.2
+
+            run = analyze(bad, 0)
+            assert run.returncode == 5, run.stderr + run.stdout
+            out = json.loads(run.stdout)
+            failed = {m["name"]: m["value"] for m in out["analysis"]["metrics"]
+                      if not m["passed"]}
+            assert set(failed) == {"time_to_first_token", "error_rate"}
+            assert failed["time_to_first_token"] > 0.25 and failed["error_rate"] > 0.05
+            human = analyze(bad, 1)
+            assert human.returncode == 5
+    finally:
+        for server in servers.values():
+            server.stop()
+
+    # Evidence: create-once records beside each tuple; the gate follows them.
+    assert [r.analysis.step for r in list_analyses(store, good.id, "production")] == [0, 1]
+    assert judged(good).passed
+    verdict = judged(bad)
+    assert not verdict.passed
+    assert "step 0 (1%)" in verdict.reason and "time_to_first_token" in verdict.reason
+    assert "step 1 (100%)" in verdict.reason
