@@ -341,3 +341,27 @@ def test_rendered_pods_use_the_warm_artifact_and_the_capture_job_validates(
     ds = next(d for d in prewarm_docs if d["kind"] == "DaemonSet")
     pull_warm = ds["spec"]["template"]["spec"]["initContainers"][-1]
     assert pull_warm["command"][:4] == ["k3a", "warm", "pull", release.id]
+
+
+def test_a_link_planted_in_the_node_cache_or_the_work_dir_is_never_followed(captured, tmp_path):
+    store, releases, release, dirs = captured
+    _capture(store, release, dirs)
+    root, into = tmp_path / "n", tmp_path / "work"
+    assert prewarm.fetch(store, release, root, gpu=GPU, trust=OPEN).ok
+    (cached,) = list_warm(root)
+    victim = next(p for p in Path(cached.path).rglob("*.cubin"))
+    victim.parent.chmod(0o755)
+    victim.unlink()
+    secret = tmp_path / "secret"
+    secret.write_bytes(b"not for the server")
+    victim.symlink_to(secret)
+    into.mkdir()
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "keep").write_bytes(b"x")
+    (into / "triton").symlink_to(outside, target_is_directory=True)
+    used = prewarm.prepare(store, release, root, into, gpu=GPU, trust=OPEN, pull=False)
+    assert (used.ok, used.reason) == (False, "unsafe")
+    assert (outside / "keep").read_bytes() == b"x"  # the planted link went, not its target
+    assert not (into / "triton").is_symlink()
+    assert [p for p in into.rglob("*") if p.is_file()] == []

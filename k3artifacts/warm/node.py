@@ -219,6 +219,25 @@ class WarmUse:
     env: dict[str, str] | None = None
 
 
+def _fresh(dest: Dir, name: str) -> None:
+    """An empty directory ``name`` in the server's working directory, whatever was there: a
+    link planted in its place is removed as a link (never followed), a tree emptied."""
+    st = dest.lstat(name)
+    if st is not None and not stat.S_ISDIR(st.st_mode):
+        os.unlink(name, dir_fd=dest.fd)
+    else:
+        safefs.remove_tree(dest, name)
+    dest.sub(name, create=True).close()
+
+
+def use_cold(into: Path) -> dict[str, str]:
+    """Empty cache directories under ``into``: the server compiles cold."""
+    with safefs.open_root(Path(into)) as dest:
+        for name in CACHE_ROOTS:
+            _fresh(dest, name)
+    return {var: str(Path(into) / name) for name, var in CACHE_ROOTS.items()}
+
+
 def use_warm(root: Path, trusted: Trusted, into: Path) -> WarmUse:
     """Copy the pulled artifact into ``into/<cache>/`` (writable), re-verifying every byte;
     a miss (not pulled, another digest, a changed file, a link) leaves ``into`` holding
@@ -227,8 +246,7 @@ def use_warm(root: Path, trusted: Trusted, into: Path) -> WarmUse:
     env = {CACHE_ROOTS[name]: str(Path(into) / name) for name in CACHE_ROOTS}
     with safefs.open_root(Path(into)) as dest:
         for name in CACHE_ROOTS:  # whatever an earlier server left: not verified, not used
-            safefs.remove_tree(dest, name)
-            dest.sub(name, create=True).close()
+            _fresh(dest, name)
         try:
             marker = read_marker(root, m.tuple_id, m.gpu, m.layout)
             if marker is None or marker.manifest_digest != trusted.digest:
@@ -239,8 +257,7 @@ def use_warm(root: Path, trusted: Trusted, into: Path) -> WarmUse:
                 _copy_verified(src, dest, m)
         except (WarmMiss, UnsafeCacheEntry, FileNotFoundError) as exc:
             for name in CACHE_ROOTS:
-                safefs.remove_tree(dest, name)
-                dest.sub(name, create=True).close()
+                _fresh(dest, name)
             if isinstance(exc, WarmMiss):
                 return WarmUse(False, exc.reason, exc.detail, env=env)
             reason = "unsafe" if isinstance(exc, K3AError) else "not-pulled"

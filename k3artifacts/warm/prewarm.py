@@ -9,12 +9,11 @@ import logging
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from k3artifacts.errors import K3AError
-from k3artifacts.nodecache import safefs
+from k3artifacts.errors import K3AError, UnsafeCacheEntry
 from k3artifacts.releases.tuples import ReleaseTuple
 from k3artifacts.stores.base import Store
-from k3artifacts.warm.model import CACHE_ROOTS, tuple_layout
-from k3artifacts.warm.node import WarmUse, pull_warm, use_warm
+from k3artifacts.warm.model import tuple_layout
+from k3artifacts.warm.node import WarmUse, pull_warm, use_cold, use_warm
 from k3artifacts.warm.trust import WarmMiss, WarmTrust, check_manifest
 
 log = logging.getLogger("k3artifacts.warm")
@@ -50,7 +49,8 @@ def _miss(outcome: WarmOutcome, exc: Exception) -> WarmOutcome:
     if isinstance(exc, WarmMiss):
         outcome.reason, outcome.detail = exc.reason, exc.detail
     else:  # a store that does not answer, a link in the cache: still never the pod's failure
-        outcome.reason, outcome.detail = "unsafe" if "link" in str(exc) else "absent", str(exc)
+        reason = "unsafe" if isinstance(exc, UnsafeCacheEntry) else "unavailable"
+        outcome.reason, outcome.detail = reason, str(exc)
     log.warning("warm start miss for %s: %s: %s", outcome.tuple_id, outcome.reason,
                 outcome.detail)
     return outcome
@@ -101,12 +101,3 @@ def prepare(store: Store, release: ReleaseTuple, root: Path, into: Path, *, gpu:
     outcome.ok, outcome.path, outcome.files, outcome.bytes = True, str(into), used.files, \
         used.bytes
     return outcome
-
-
-def use_cold(into: Path) -> dict[str, str]:
-    """Empty cache directories under ``into`` (whatever was there removed, links as links)."""
-    with safefs.open_root(Path(into)) as dest:
-        for name in CACHE_ROOTS:
-            safefs.remove_tree(dest, name)
-            dest.sub(name, create=True).close()
-    return {var: str(Path(into) / name) for name, var in CACHE_ROOTS.items()}

@@ -45,7 +45,7 @@ from k3artifacts.warm.model import (
 #: Every reason a warm artifact is not used (the first word of each miss line).
 REASONS = (
     "disabled", "no-gpu", "absent", "foreign-gpu", "other-layout", "malformed", "other-tuple",
-    "unsigned", "bad-signature", "corrupt", "not-pulled", "unsafe",
+    "unsigned", "bad-signature", "corrupt", "not-pulled", "unsafe", "unavailable",
 )
 
 
