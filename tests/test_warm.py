@@ -365,3 +365,25 @@ def test_a_link_planted_in_the_node_cache_or_the_work_dir_is_never_followed(capt
     assert (outside / "keep").read_bytes() == b"x"  # the planted link went, not its target
     assert not (into / "triton").is_symlink()
     assert [p for p in into.rglob("*") if p.is_file()] == []
+
+
+def test_no_store_or_no_policy_is_a_cold_start_never_a_failure(captured, tmp_path, policies):
+    store, releases, release, dirs = captured
+    k3a = [sys.executable, "-m", "k3artifacts"]
+    env = {**os.environ, "K3A_STORE": store.url, "K3A_POLICIES": str(policies)}
+    into = tmp_path / "work"
+    gone = subprocess.run([*k3a, "warm", "use", release.id, "--store",
+                           f"file://{tmp_path / 'nowhere'}", "--gpu", GPU, "--into", str(into),
+                           "--to", str(tmp_path / "n"), "--json"],
+                          env=env, capture_output=True, text=True)
+    assert gone.returncode == 0, gone.stderr
+    assert json.loads(gone.stdout)["reason"] == "unavailable"
+    assert sorted(p.name for p in into.iterdir()) == sorted(
+        ["vllm", "triton", "inductor", "flashinfer", "deepgemm"])
+    empty = tmp_path / "empty-policies"
+    empty.mkdir()
+    pulled = subprocess.run([*k3a, "pull", release.id, "--to", str(tmp_path / "n"), "--gpu",
+                             GPU, "--policies", str(empty), "--json"],
+                            env=env, capture_output=True, text=True)
+    assert pulled.returncode == 0, pulled.stderr
+    assert json.loads(pulled.stdout)["warm"]["reason"] == "no-policy"

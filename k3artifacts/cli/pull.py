@@ -34,7 +34,6 @@ from k3artifacts.revisions.refs import match_revision_ref
 from k3artifacts.warm import prewarm
 from k3artifacts.warm.model import detect_gpu
 from k3artifacts.warm.node import drop_warm, list_warm
-from k3artifacts.warm.trust import warm_trust
 
 DEFAULTS = Tuning()
 
@@ -115,8 +114,10 @@ def pull_cmd(target, store_url, root, part_size, concurrency, connections, keep,
         release = resolve_tuple(store, resolved.tuple_id)
         if channel is None and not TUPLE_ID.match(target) and match_revision_ref(target) is None:
             channel = target
-        warm = prewarm.fetch(store, release, root, gpu=gpu or detect_gpu(),
-                             trust=warm_trust(policies_dir, channel))
+        gpu = gpu or detect_gpu()
+        trust = prewarm.policy_or_miss(policies_dir, channel, release.id, gpu)
+        warm = trust if isinstance(trust, prewarm.WarmOutcome) else \
+            prewarm.fetch(store, release, root, gpu=gpu, trust=trust)
         if not quiet:
             click.echo(f"k3a: {warm.line()}", err=True)
     if keep is not None:

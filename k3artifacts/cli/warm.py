@@ -17,6 +17,7 @@ from k3artifacts.cli.common import (
     signing_key_option,
     store_option,
 )
+from k3artifacts.errors import K3AError
 from k3artifacts.nodecache.layout import default_root
 from k3artifacts.releases.actor import resolve_actor
 from k3artifacts.releases.channels import CHANNEL_NAME
@@ -164,11 +165,23 @@ def use_cmd(target, into, no_pull, gpu, tp, channel, store_url, root, policies_d
     named reason and exits 0: a warm start never fails a pod. The variables the server needs
     (VLLM_CACHE_ROOT, TRITON_CACHE_DIR, ...) point at --into/NAME either way.
     """
-    store = get_store(store_url)
-    release = resolve_tuple(store, target)
-    trust = warm_trust(policies_dir, _channel(target, channel))
-    outcome = prewarm.prepare(store, release, root, into, gpu=gpu or detect_gpu(),
-                              trust=trust, tp=tp, pull=not no_pull)
+    gpu = gpu or detect_gpu()
+    try:
+        store = get_store(store_url)
+        release = resolve_tuple(store, target)
+    except K3AError as exc:  # no store, no tuple: a cold start, said why, never a failed pod
+        env = prewarm.use_cold(into)
+        outcome = prewarm.WarmOutcome(target, gpu, "?", ok=False, reason="unavailable",
+                                      detail=str(exc), env=env)
+        click.echo(f"k3a: {outcome.line()}", err=True)
+    else:
+        trust = prewarm.policy_or_miss(policies_dir, _channel(target, channel), release.id, gpu)
+        if isinstance(trust, prewarm.WarmOutcome):
+            outcome = trust
+            outcome.env = prewarm.use_cold(into)
+        else:
+            outcome = prewarm.prepare(store, release, root, into, gpu=gpu, trust=trust, tp=tp,
+                                      pull=not no_pull)
     emit(as_json, outcome.as_dict(), lambda: click.echo(outcome.line()))
 
 

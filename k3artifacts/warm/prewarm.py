@@ -14,7 +14,7 @@ from k3artifacts.releases.tuples import ReleaseTuple
 from k3artifacts.stores.base import Store
 from k3artifacts.warm.model import tuple_layout
 from k3artifacts.warm.node import WarmUse, pull_warm, use_cold, use_warm
-from k3artifacts.warm.trust import WarmMiss, WarmTrust, check_manifest
+from k3artifacts.warm.trust import WarmMiss, WarmTrust, check_manifest, warm_trust
 
 log = logging.getLogger("k3artifacts.warm")
 
@@ -54,6 +54,19 @@ def _miss(outcome: WarmOutcome, exc: Exception) -> WarmOutcome:
     log.warning("warm start miss for %s: %s: %s", outcome.tuple_id, outcome.reason,
                 outcome.detail)
     return outcome
+
+
+def policy_or_miss(policies_dir: Path, channel: str | None, tuple_id: str,
+                   gpu: str | None) -> WarmTrust | WarmOutcome:
+    """The channel's warm-start rule, or (policy files missing or malformed) a miss: the
+    weights pull and the pod go on, cold."""
+    try:
+        return warm_trust(policies_dir, channel)
+    except K3AError as exc:
+        outcome = WarmOutcome(tuple_id, gpu, "?", ok=False)
+        outcome.reason, outcome.detail = "no-policy", str(exc)
+        log.warning("warm start miss for %s: no-policy: %s", tuple_id, exc)
+        return outcome
 
 
 def _layout(release: ReleaseTuple, tp: int | None) -> tuple[int, int, str]:

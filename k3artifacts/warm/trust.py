@@ -46,6 +46,7 @@ from k3artifacts.warm.model import (
 REASONS = (
     "disabled", "no-gpu", "absent", "foreign-gpu", "other-layout", "malformed", "other-tuple",
     "unsigned", "bad-signature", "corrupt", "not-pulled", "unsafe", "unavailable",
+    "no-policy",
 )
 
 
