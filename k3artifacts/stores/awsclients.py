@@ -16,6 +16,7 @@ config file). On top of them:
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import threading
@@ -150,6 +151,21 @@ def s3_client(
 def sts_client(profile: str | None = None, region: str | None = None) -> Any:
     endpoint = os.environ.get(STS_ENDPOINT_ENV) or None
     return client("sts", endpoint_url=endpoint, profile=profile, region=region)
+
+
+_CREDENTIAL_ENV = ("AWS_ACCESS_KEY_ID", "AWS_SESSION_TOKEN", "AWS_PROFILE")
+
+
+def caller_arn() -> str:
+    """The STS caller identity's ARN: asked once per process, endpoint and credentials."""
+    return _caller_arn(os.environ.get(STS_ENDPOINT_ENV) or None,
+                       tuple(os.environ.get(v) for v in _CREDENTIAL_ENV))
+
+
+@functools.cache
+def _caller_arn(endpoint: str | None, credentials: tuple[str | None, ...]) -> str:
+    with aws_errors("asking STS who is acting (GetCallerIdentity)"):
+        return str(sts_client().get_caller_identity()["Arn"])
 
 
 def error_code(exc: bex.ClientError) -> str:

@@ -12,6 +12,8 @@ one key space (docs/architecture.md, "Storage layout"):
 
 from __future__ import annotations
 
+import os
+import pwd
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -203,6 +205,12 @@ class Store(ABC):
         if self.read_manifest(repo_id, commit) is None:
             raise NotFound(f"{repo_id}@{commit} is not published in {self.url}")
         self.create(f"{revision_prefix(repo_id, commit)}/{rel}", data)
+
+    def identity(self) -> tuple[str, str]:
+        """Who this process acts as on this store, from a source the user cannot type, as
+        ``(name, source)``: here the account of the process's real uid (``os-user``); never an
+        environment variable such as ``LOGNAME`` or ``USER``, which anyone can set."""
+        return pwd.getpwuid(os.getuid()).pw_name, "os-user"
 
     def local_path(self, key: str) -> Path | None:
         """The POSIX path of ``key`` when the store is a mounted tree, else None."""

@@ -275,6 +275,11 @@ class S3Store(Store):
             )
         return cls(parsed.netloc, parsed.path, **kwargs)
 
+    def identity(self) -> tuple[str, str]:
+        """The caller identity AWS authenticated (STS ``GetCallerIdentity``: an ARN): whoever
+        holds the credentials, whatever they type."""
+        return awsclients.caller_arn(), "sts"
+
     def exists(self) -> bool:
         """The bucket exists and holds something under ``models/`` or ``releases/``.
 

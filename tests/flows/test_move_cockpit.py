@@ -183,7 +183,7 @@ def test_a_lost_race_is_a_named_decision(store, releases, policies, reviewed, pr
     import time
     from pathlib import Path
 
-    from k3artifacts.promotion.moves import promote
+    from tests.fixtures.moves import promote
 
     first, second, third = (releases.release() for _ in range(3))
     for r in (first, second, third):
