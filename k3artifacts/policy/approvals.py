@@ -19,7 +19,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from k3artifacts.canonical import canonical_digest, canonical_json
-from k3artifacts.errors import AlreadyExists, ConfigError, GateFailed, NotFound
+from k3artifacts.errors import AlreadyExists, ConfigError, Conflict, GateFailed, NotFound
 from k3artifacts.policy.actor import Actor
 from k3artifacts.stores.base import Store
 
@@ -140,7 +140,7 @@ def decide(store: Store, request_id: str, *, by: Actor, approve: bool, reason: s
         store.create(decision_key(request_id), canonical_json(decision))
     except AlreadyExists:
         first = get_decision(store, request_id)
-        raise AlreadyExists(
+        raise Conflict(
             f"{request_id} was already {first.decision if first else 'answered'}"
             + (f" by {first.by.label()} at {first.at:%Y-%m-%d %H:%M}" if first else ""),
             hint="a request is answered once; ask for a new one to decide again") from None

@@ -177,7 +177,7 @@ def seed(store: Store, document: PolicyDocument, *, by: Actor, why: str | None =
     """Record ``document`` as the store's first policy version; only while it has none."""
     current = in_force(store)
     if current.version != 0:
-        raise AlreadyExists(
+        raise Conflict(
             f"{store.url} already has a policy ({current.label()}); a change is proposed and "
             "applied, never seeded over", hint="`k3a policy propose DIR`")
     _store_document(store, document)
@@ -194,7 +194,7 @@ def ensure_seeded(store: Store, *, by: Actor) -> InForce:
         return current
     try:
         return seed(store, current.document, by=by, why="seeded from the packaged defaults")
-    except (AlreadyExists, Conflict):
+    except Conflict:
         return in_force(store)  # another mover seeded it first
 
 

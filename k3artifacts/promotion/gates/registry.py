@@ -30,7 +30,7 @@ from k3artifacts.promotion.gates import (
     signature,
 )
 from k3artifacts.promotion.gates.context import GateContext
-from k3artifacts.releases.channels import check_channel
+from k3artifacts.releases.channels import check_channel, read_state
 from k3artifacts.releases.tuples import ReleaseTuple, TupleStore
 from k3artifacts.serving.render import TARGETS
 from k3artifacts.stores.base import Store
@@ -113,6 +113,8 @@ def check_gates(
     written (a store with no policy yet is judged by the packaged defaults)."""
     policy = in_force(store)
     channel_policy(policy, channel)
+    # The channel judged must be the one its history explains, as the move would require.
+    read_state(store, channel)
     release = TupleStore(store).get(tuple_id)
     with judging(store, release, channel, policy, actor, now) as ctx:
         return run_gates(ctx, policy)
