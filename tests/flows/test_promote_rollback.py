@@ -148,7 +148,7 @@ def test_separation_of_duties_judges_the_approvers_identity_not_a_typed_name(
     assert len(box) == 1 and not isinstance(box[0], Exception), box
     if reviewer == "second":
         assert state.is_failed() and state.name == "Blocked by gate", state
-        assert f"{second_user} reviewed the license and code" in state.message
+        assert f"{second_user} reviewed the license" in state.message
         assert read_state(store, "staging").pointer is None
     else:
         assert state.is_completed(), state
