@@ -1,7 +1,7 @@
 """Who is acting: the identity recorded in reviews, approvals, policy changes and channel history.
 
-Resolved here and nowhere else, from a source the actor cannot type: the store answers for
-itself (``Store.identity()``): the STS caller ARN on S3, the account of the process's real uid
+Resolved here and nowhere else, from a source the actor cannot type, the one the store names
+(``Store.identity_source``): the STS caller ARN on S3, the account of the process's real uid
 on a file store. Never an environment variable (``LOGNAME``, ``USER``): anyone sets those. A
 typed name (``--by``) stands in only on a file store whose policy says ``identity:
 {claimed_actor_on_file_stores: true}`` (a shared service account acting for people, say); it is
@@ -10,6 +10,7 @@ then recorded as ``asserted``, with the account that asserted it.
 
 from __future__ import annotations
 
+import functools
 import os
 import pwd
 from typing import Literal
@@ -18,7 +19,12 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from k3artifacts.errors import ConfigError
 from k3artifacts.policy.model import IdentityPolicy
+from k3artifacts.settings import load
+from k3artifacts.stores.awsclients import aws_errors, sts_client
 from k3artifacts.stores.base import Store
+
+#: The credentials in the environment key the cache of STS's answer (boto3 reads them).
+_CREDENTIAL_ENV = ("AWS_ACCESS_KEY_ID", "AWS_SESSION_TOKEN", "AWS_PROFILE")
 
 ActorSource = Literal["sts", "os-user", "asserted"]
 
@@ -46,10 +52,26 @@ def os_account() -> str:
     return pwd.getpwuid(os.getuid()).pw_name
 
 
+@functools.cache
+def _sts_identity(endpoint: str | None, credentials: tuple[str | None, ...]) -> str:
+    # One call per process, endpoint and credentials in the environment.
+    with aws_errors("asking STS who is acting (GetCallerIdentity)"):
+        return str(sts_client().get_caller_identity()["Arn"])
+
+
+def store_identity(store: Store) -> tuple[str, str]:
+    """``(name, source)`` of whoever this process is on ``store``, as the store's identity
+    source answers: never a variable anyone can set."""
+    if store.identity_source == "sts":
+        return _sts_identity(load().sts_endpoint_url,
+                             tuple(os.environ.get(v) for v in _CREDENTIAL_ENV)), "sts"
+    return os_account(), "os-user"
+
+
 def resolve_actor(store: Store, *, typed: str | None, identity: IdentityPolicy) -> Actor:
     """Who is acting on ``store``. ``typed`` is a ``--by`` given on the command line: refused
     (exit 9) where it cannot stand for the identity, rather than silently ignored."""
-    name, source = store.identity()
+    name, source = store_identity(store)
     if typed is None or typed == name:
         return Actor(name=name, source=source)  # type: ignore[arg-type]
     if source == "sts":

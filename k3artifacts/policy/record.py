@@ -24,8 +24,8 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from k3artifacts.bundled import POLICIES
 from k3artifacts.canonical import canonical_json
-from k3artifacts.config import CHECKOUT_ROOT
 from k3artifacts.errors import AlreadyExists, ConfigError, Conflict, K3AError, NotFound
 from k3artifacts.policy.actor import Actor
 from k3artifacts.policy.approvals import (
@@ -49,11 +49,6 @@ def document_key(digest: str) -> str:
 
 def change_key(version: int) -> str:
     return f"{PREFIX}changes/{version:0{VERSION_WIDTH}d}.json"
-
-
-def packaged_policies_dir():  # type: ignore[no-untyped-def]
-    """The policy this package ships (``policies/``): what a store's first version is."""
-    return CHECKOUT_ROOT / "policies"
 
 
 class PolicyChange(BaseModel):
@@ -135,7 +130,7 @@ def read_document(store: Store, digest: str) -> PolicyDocument:
 
 
 def packaged_document() -> PolicyDocument:
-    return PolicyDocument.from_dir(packaged_policies_dir())
+    return PolicyDocument.from_dir(POLICIES)
 
 
 def in_force(store: Store) -> InForce:

@@ -7,7 +7,7 @@ config file). On top of them:
 * ``K3A_S3_ENDPOINT_URL`` (or an explicit ``endpoint_url``) points S3 at another server (moto,
   MinIO, a VPC endpoint); path-style addressing is used then, since such servers rarely resolve
   ``bucket.host`` names.
-* ``K3A_STS_ENDPOINT_URL`` does the same for STS (who is acting, ``releases/actor.py``).
+* ``K3A_STS_ENDPOINT_URL`` does the same for STS (who is acting, ``policy/actor.py``).
 * Retries default to botocore's ``standard`` mode with 10 attempts: a 1.5 TB upload meets
   503 SlowDown and the odd 500 as a matter of course, and ``standard`` backs off with jitter on
   both. An explicit ``AWS_RETRY_MODE`` / ``AWS_MAX_ATTEMPTS`` (env or profile) wins.
@@ -16,9 +16,7 @@ config file). On top of them:
 from __future__ import annotations
 
 import contextlib
-import functools
 import logging
-import os
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -29,9 +27,9 @@ import botocore.exceptions as bex
 from botocore.config import Config
 
 from k3artifacts.errors import ConfigError, K3AError, NotFound, Unavailable
+from k3artifacts.settings import load
 
 S3_ENDPOINT_ENV = "K3A_S3_ENDPOINT_URL"
-STS_ENDPOINT_ENV = "K3A_STS_ENDPOINT_URL"
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +56,7 @@ _CONNECTION_ERRORS = (
 
 def s3_endpoint(explicit: str | None = None) -> str | None:
     """The S3 endpoint to use: ``explicit``, else ``$K3A_S3_ENDPOINT_URL``, else boto3's own."""
-    endpoint = explicit or os.environ.get(S3_ENDPOINT_ENV) or None
+    endpoint = explicit or load().s3_endpoint_url
     if endpoint is not None:
         check_endpoint(endpoint)
     return endpoint
@@ -92,9 +90,10 @@ def session(profile: str | None = None, region: str | None = None) -> boto3.Sess
 def _retry_settings(sess: boto3.Session) -> dict[str, Any]:
     """Our retry defaults, unless the operator configured retries the usual boto3 way."""
     scoped = sess._session.get_scoped_config()  # the profile's section of ~/.aws/config
+    settings = load()
     configured = (
-        os.environ.get("AWS_RETRY_MODE")
-        or os.environ.get("AWS_MAX_ATTEMPTS")
+        settings.aws_retry_mode
+        or settings.aws_max_attempts
         or scoped.get("retry_mode")
         or scoped.get("max_attempts")
     )
@@ -149,23 +148,8 @@ def s3_client(
 
 
 def sts_client(profile: str | None = None, region: str | None = None) -> Any:
-    endpoint = os.environ.get(STS_ENDPOINT_ENV) or None
+    endpoint = load().sts_endpoint_url
     return client("sts", endpoint_url=endpoint, profile=profile, region=region)
-
-
-_CREDENTIAL_ENV = ("AWS_ACCESS_KEY_ID", "AWS_SESSION_TOKEN", "AWS_PROFILE")
-
-
-def caller_arn() -> str:
-    """The STS caller identity's ARN: asked once per process, endpoint and credentials."""
-    return _caller_arn(os.environ.get(STS_ENDPOINT_ENV) or None,
-                       tuple(os.environ.get(v) for v in _CREDENTIAL_ENV))
-
-
-@functools.cache
-def _caller_arn(endpoint: str | None, credentials: tuple[str | None, ...]) -> str:
-    with aws_errors("asking STS who is acting (GetCallerIdentity)"):
-        return str(sts_client().get_caller_identity()["Arn"])
 
 
 def error_code(exc: bex.ClientError) -> str:
