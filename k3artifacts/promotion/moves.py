@@ -14,11 +14,11 @@ from datetime import UTC, datetime
 
 from pydantic import BaseModel, ConfigDict
 
-from k3artifacts.errors import GateFailed, NotFound, VerifyMismatch
+from k3artifacts.errors import Conflict, GateFailed, NotFound, VerifyMismatch
 from k3artifacts.policy.actor import Actor
 from k3artifacts.policy.approvals import approved
 from k3artifacts.policy.gates import apply_overrides, check_overrides
-from k3artifacts.policy.record import InForce, ensure_seeded
+from k3artifacts.policy.record import InForce, ensure_seeded, in_force
 from k3artifacts.policy.results import GateResult
 from k3artifacts.promotion.gates import channel_policy, judging, run_gates
 from k3artifacts.releases.channels import (
@@ -113,6 +113,20 @@ def _approval(store: Store, request_id: str | None, *, action: str, channel: str
                     request_id=request.id), decision.by
 
 
+def _recorded(store: Store, judged: InForce, actor: Actor) -> InForce:
+    """The policy that judged, as a version the store holds: a store still on the packaged
+    defaults records them now, just before the move that needs them (a refused move writes
+    nothing). Refuses if another version got there first: the move must be judged again."""
+    if judged.version != 0:
+        return judged
+    recorded = ensure_seeded(store, by=actor)
+    if recorded.digest != judged.digest:
+        raise Conflict(
+            f"the store's policy became {recorded.label()} while this move was judged by "
+            f"{judged.label()}; nothing was written", hint="run the move again")
+    return recorded
+
+
 def _entry(state: ChannelState, *, action: str, tuple_id: str, actor: Actor, when: datetime,
            why: str | None, gates: list[GateResult], policy: InForce,
            approval: Approval | None, overrides=()) -> HistoryEntry:  # type: ignore[no-untyped-def]
@@ -153,7 +167,7 @@ def promote(
     """
     check_channel(channel)
     check_tuple_id(tuple_id)
-    policy = ensure_seeded(store, by=actor)
+    policy = in_force(store)
     chan = channel_policy(policy, channel)
     overrides = dict(overrides or {})
     check_overrides(chan.gates, channel, overrides)
@@ -180,6 +194,7 @@ def promote(
         state = read_state(store, channel)
         if state.pointer is not None and state.pointer.tuple_id == tuple_id:
             return _unchanged(state.pointer, verdict.gates)
+        policy = _recorded(store, policy, actor)
         entry = _entry(state, action="promote", tuple_id=tuple_id, actor=actor, when=when,
                        why=reason, gates=verdict.gates, policy=policy,
                        approval=granted and granted[0], overrides=verdict.used)
@@ -208,7 +223,7 @@ def rollback(
     target whose weights are gone.
     """
     check_channel(channel)
-    policy = ensure_seeded(store, by=actor)
+    policy = in_force(store)
     state = read_state(store, channel)
     if state.pointer is None:
         raise unknown_channel(store, channel, policy.document.gates.channels)
@@ -220,6 +235,7 @@ def rollback(
     w = release.binding.weights
     with pinned(store, w.repo_id, w.commit, who=actor.name, why=f"rollback of {channel}"):
         check = _weights_present(store, release, channel, target)
+        policy = _recorded(store, policy, actor)
         entry = _entry(state, action="rollback", tuple_id=release.id, actor=actor,
                        when=_now(now), why=reason, gates=[check], policy=policy,
                        approval=granted and granted[0])
