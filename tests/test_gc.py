@@ -19,11 +19,11 @@ from k3artifacts.releases.channels import channel_names, current
 from k3artifacts.releases.retention import plan, retire
 from k3artifacts.releases.retirement import RevisionRetiring, tombstone_key
 from k3artifacts.releases.tuples import TupleStore
-from k3artifacts.sandbox.releases import Releases
 from k3artifacts.stores.file import FileStore
 from k3artifacts.stores.s3 import S3Store
 from tests.fixtures.moves import promote, rollback
 from tests.fixtures.releases import passing_run
+from tests.support.releases import Releases
 
 
 @pytest.fixture

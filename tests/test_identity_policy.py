@@ -23,11 +23,11 @@ from k3artifacts.policy.document import PolicyDocument
 from k3artifacts.policy.record import changes, in_force
 from k3artifacts.releases.channels import ChannelPointer, current, history, pointer_key
 from k3artifacts.releases.reviews import review_code, review_license
-from k3artifacts.sandbox.releases import Releases
 from k3artifacts.stores.file import FileStore
 from tests.fixtures.identities import k3a_as
 from tests.fixtures.moves import promote, use_policy
 from tests.fixtures.releases import REVIEWER, passing_run, staged_for
+from tests.support.releases import Releases
 
 ME = pwd.getpwuid(os.getuid()).pw_name
 CODE = {"modeling_kimi.py": b"def forward(x):\n    return x\n"}

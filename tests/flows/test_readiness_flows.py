@@ -15,12 +15,12 @@ from flows.promote import promote_release
 from flows.rollback import rollback_channel
 from k3artifacts.releases.channels import current, read_state
 from k3artifacts.releases.evaluations import list_evaluations
-from k3artifacts.sandbox.openai_server import start
-from k3artifacts.sandbox.ports import free_ports
 from k3artifacts.serving.render.common import served_name
 from k3artifacts.stores.file import FileStore
 from tests.fixtures.moves import promote
 from tests.flow_helpers import answer_when_requested
+from tests.support.openai_server import start
+from tests.support.ports import free_ports
 
 
 @pytest.fixture
