@@ -240,3 +240,35 @@ def test_the_override_hint_offers_only_gates_that_have_one(file_store, policies,
     hint = failed.value.hint
     assert "override license with" in hint
     assert "separation_of_duties cannot be overridden" in hint
+
+
+def test_k3a_rollback_needs_the_approval_the_store_policy_asks_for(
+    shared_store, second_user, policies, k3a_env, tmp_path
+):
+    """`rollback_approval` binds `k3a rollback` as it binds the flow: refused without an
+    approval record, moved with one a second identity gave."""
+    store = shared_store
+    gates = policies / "promotion-gates.yaml"
+    gates.write_text(gates.read_text().replace(
+        "    gates: [artifact, license, remote_code]\n",
+        "    gates: [artifact, license, remote_code]\n    rollback_approval: true\n", 1))
+    releases = Releases(store, tmp_path / "scratch")
+    first, second = releases.release(), releases.release()
+    for r in (first, second):
+        review_license(store, r.id, by=REVIEWER, by_source="os-user")
+        review_code(store, r.id, by=REVIEWER, by_source="os-user")
+        promote(store, r.id, "staging", actor="ci", policies_dir=policies)
+    env = dict(k3a_env, K3A_STORE=store.url)
+
+    refused = k3a(env, "rollback", "staging", expect=5)
+    assert "requires an approval" in refused.stderr and "--request-approval" in refused.stderr
+    request = json.loads(k3a(env, "rollback", "staging", "--request-approval", "--why", "p99",
+                             "--json").stdout)
+    assert (request["channel"], request["tuple_id"]) == ("staging", first.id)
+    k3a(env, "rollback", "staging", "--approval", request["id"], expect=5)  # not answered yet
+    k3a_as(second_user, store, "approve", request["id"], env=k3a_env)
+    back = k3a(env, "rollback", "staging", "--to", first.id, "--approval", request["id"])
+    assert f"approved by {second_user}" in back.stdout
+    entry = history(store, "staging")[-1]
+    assert (entry.action, entry.tuple_id, entry.who) == ("rollback", first.id, ME)
+    assert (entry.approval.who, entry.approval.request_id) == (second_user, request["id"])
