@@ -46,7 +46,7 @@ def _license(store: Store, facts: TupleFacts) -> str:
 
 
 def _tuple_block(title: str, store: Store, facts: TupleFacts | None, fallback: str) -> str:
-    # A list, not a table: the form is narrow, and a table's last column is cut off there.
+    # A list, not a table: the artifact pane is narrow, and a table's last column is cut off.
     if facts is None:
         return f"**{title}:** {fallback}"
     return "\n".join([
@@ -62,7 +62,7 @@ def _tuple_block(title: str, store: Store, facts: TupleFacts | None, fallback: s
 def form_text(headline: str, store: Store, *, now: TupleFacts | None, now_id: str | None,
               then: TupleFacts | None, then_id: str | None, gates: list[GateResult],
               requested_by: str | None, reason: str | None) -> str:
-    """The form's description: the move, both sides of it, and the gates, as lists."""
+    """The approval request's description: the move, both sides of it, and the gates."""
     asked = (f"Requested by **{requested_by or '(unknown)'}**"
              + (f': "{reason}"' if reason else " (no reason given)"))
     gate_lines = [f"- **{g.name}**: {verdict(g)}, {g.reason}" for g in gates] or ["- none ran"]
