@@ -182,6 +182,11 @@ def test_a_policy_change_is_recorded_with_identity_and_digest(
     moved = json.loads(k3a(env, "promote", release.id, "staging", "--json").stdout)["entry"]
     assert (moved["policy_version"], moved["policy_digest"]) == (3, applied["digest"])
     assert (moved["who"], moved["who_source"]) == (ME, "os-user")
+    rendered = CliRunner().invoke(cli, ["render", "staging", "--target", "eks", "--json"],
+                                  env=env, catch_exceptions=False)
+    assert f"judged by policy v3 {applied['digest'][:12]}" in rendered.stderr, rendered.stderr
+    assert rendered.exit_code == 0, rendered.stderr
+    assert json.loads(rendered.stdout)["channel"]["policy_digest"] == applied["digest"]
 
 
 def _hand_edited(store, releases, policies, reviewed):

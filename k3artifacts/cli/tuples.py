@@ -22,7 +22,7 @@ from k3artifacts.releases.binding import (
     diff_bindings,
     published_manifest,
 )
-from k3artifacts.releases.lookup import resolve_tuple
+from k3artifacts.releases.lookup import resolve_with_move
 from k3artifacts.releases.signatures import sign_tuple
 from k3artifacts.releases.tuples import ReleaseTuple, TupleStore, check_tuple_id
 from k3artifacts.revisions.refs import parse_revision_ref
@@ -328,7 +328,7 @@ def render_cmd(
                 hint="on HyperPod the operator places the weights: README, 'Node-local cache'",
             )
         target = "eks-node-cache"
-    release = resolve_tuple(get_store(store_url), tuple_or_channel)
+    release, move = resolve_with_move(get_store(store_url), tuple_or_channel)
     rendered = render(release, target, name=name, namespace=namespace,
                       signing_policy=policies_dir if verify_signature else None)
     text = rendered.text()
@@ -344,6 +344,16 @@ def render_cmd(
         "path": str(path) if path else None,
         "documents": rendered.documents,
     }
+    if move is not None:
+        # Which policy version judged what is rendered: the channel move that made it current.
+        payload["channel"] = {"name": move.channel, "seq": move.seq,
+                              "policy_version": move.policy_version,
+                              "policy_digest": move.policy_digest}
+        judged = (f"policy v{move.policy_version} {move.policy_digest[:12]}"
+                  if move.policy_digest else "a policy not recorded (a move before policies "
+                  "were the store's)")
+        click.echo(f"{move.channel} #{move.seq} -> {move.tuple_id}, judged by {judged}",
+                   err=True)
 
     def human() -> None:
         if path is None:
