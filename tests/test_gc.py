@@ -14,14 +14,14 @@ from click.testing import CliRunner
 
 from k3artifacts.cli import cli
 from k3artifacts.errors import Conflict, GateFailed, NotFound
-from k3artifacts.promotion.moves import promote, rollback
+from k3artifacts.policy.model import load_gate_policy
 from k3artifacts.releases.channels import channel_names, current
-from k3artifacts.releases.policies import load_gate_policy
 from k3artifacts.releases.retention import plan, retire
 from k3artifacts.releases.retirement import RevisionRetiring, tombstone_key
 from k3artifacts.releases.tuples import TupleStore
 from k3artifacts.stores.file import FileStore
 from k3artifacts.stores.s3 import S3Store
+from tests.fixtures.moves import promote, rollback
 from tests.fixtures.releases import passing_run
 from tests.support.releases import Releases
 

@@ -16,8 +16,6 @@ from click.testing import CliRunner
 
 from k3artifacts.cli import cli
 from k3artifacts.errors import ConfigError, GateFailed
-from k3artifacts.promotion.gates import check_gates
-from k3artifacts.promotion.moves import promote
 from k3artifacts.readiness.markdown import report_markdown
 from k3artifacts.readiness.record import evaluate
 from k3artifacts.readiness.sweep import knee, percentile
@@ -29,6 +27,7 @@ from k3artifacts.releases.evaluations import (
 )
 from k3artifacts.serving.render.common import served_name
 from k3artifacts.stores.file import FileStore
+from tests.fixtures.moves import check_gates, promote, use_policy
 from tests.fixtures.releases import REPO_ROOT, staged_for
 from tests.support.openai_server import start
 from tests.support.ports import free_ports
@@ -223,7 +222,7 @@ def test_regression_against_the_production_report_is_refused(store, tmp_path, fa
 
 def test_smoke_cli_reports_json_and_a_dead_endpoint_exits_8(store, tmp_path, server, k3a_env):
     release = Releases(store, tmp_path / "scratch").release()
-    env = dict(k3a_env, K3A_STORE=store.url, K3A_ACTOR="ci")
+    env = dict(k3a_env, K3A_STORE=store.url)
     runner = CliRunner()
     s = server(served_name(release))
     ok = runner.invoke(cli, ["smoke", s.url.removesuffix("/v1"), "--tuple", release.id,
@@ -301,7 +300,8 @@ def test_sweep_records_429_rates_and_stops_at_the_first_breach(store, tmp_path, 
 def test_eval_run_cli_names_the_failed_checks_and_exits_5(store, tmp_path, fast_policies,
                                                           server, k3a_env):
     release = Releases(store, tmp_path / "scratch").release()
-    env = dict(k3a_env, K3A_STORE=store.url, K3A_ACTOR="ci", K3A_POLICIES=str(fast_policies))
+    use_policy(store, fast_policies)
+    env = dict(k3a_env, K3A_STORE=store.url, K3A_POLICIES=str(fast_policies))
     s = server(served_name(release), malformed_json=True)
     result = CliRunner().invoke(cli, ["eval", "run", s.url, "--tuple", release.id,
                                       "--suite", str(fast_policies / SUITE)], env=env)

@@ -23,6 +23,8 @@ COMMAND_MODULES = {
     "channels": "channels",
     "gates": "channels",
     "review": "channels",
+    "approve": "channels",
+    "policy": "policy",
     "gc": "gc",
     "eval": "readiness",
     "smoke": "readiness",

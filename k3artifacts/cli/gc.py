@@ -2,16 +2,13 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import click
 
 from k3artifacts.cli import cli
-from k3artifacts.cli.channels import policies_option
 from k3artifacts.cli.common import emit, get_store, handle_errors, json_option, store_option
+from k3artifacts.policy.actor import resolve_actor
+from k3artifacts.policy.record import in_force
 from k3artifacts.promotion.gates.context import human_bytes
-from k3artifacts.releases.actor import resolve_actor
-from k3artifacts.releases.policies import load_gate_policy
 from k3artifacts.releases.retention import RevisionVerdict, plan, retire
 
 
@@ -21,13 +18,13 @@ from k3artifacts.releases.retention import RevisionVerdict, plan, retire
               help="Keep the newest N revisions of each repo. Default: retention.keep.")
 @click.option("--keep-days", type=click.FloatRange(min=0), default=None,
               help="Keep revisions published less than D days ago. Default: retention.keep_days.")
-@policies_option
 @store_option
 @json_option
 @handle_errors
-def gc_cmd(apply_: bool, keep: int | None, keep_days: float | None, policies_dir: Path,
-           store_url: str, as_json: bool) -> None:
-    """Retire published revisions by the retention policy (policies/promotion-gates.yaml).
+def gc_cmd(apply_: bool, keep: int | None, keep_days: float | None, store_url: str,
+           as_json: bool) -> None:
+    """Retire published revisions by the retention section of the store's policy
+    (`k3a policy show`).
 
     Never retires a revision that a channel's current tuple, or the tuple of any entry in the
     channel's rollback window (its newest `rollback_window` history entries), is bound to.
@@ -40,7 +37,7 @@ def gc_cmd(apply_: bool, keep: int | None, keep_days: float | None, policies_dir
     Exit codes: 0 done (or plan shown), 8 store unreachable, 9 bad policy.
     """
     store = get_store(store_url)
-    policy = load_gate_policy(policies_dir)
+    policy = in_force(store).document.gates
     verdicts = plan(
         store,
         policy,
@@ -48,9 +45,7 @@ def gc_cmd(apply_: bool, keep: int | None, keep_days: float | None, policies_dir
         keep_days=policy.retention.keep_days if keep_days is None else keep_days,
     )
     if apply_:
-        who = resolve_actor(
-            store, typed=None, claims_allowed=policy.identity.claimed_actor_on_file_stores
-        ).name
+        who = resolve_actor(store, typed=None, identity=policy.identity).name
         verdicts = [
             retire(store, v, policy, who=who) if v.action == "retire" else v for v in verdicts
         ]

@@ -18,10 +18,10 @@ from k3artifacts.cli.common import (
     store_option,
 )
 from k3artifacts.errors import GateFailed, Unavailable
+from k3artifacts.policy.actor import os_account
 from k3artifacts.readiness.record import Recorded, evaluate, smoke
 from k3artifacts.readiness.run import Observer
 from k3artifacts.readiness.suite import Slo, SmokeSettings, SweepSettings
-from k3artifacts.releases.actor import current_actor
 from k3artifacts.releases.evaluations import (
     CheckResult,
     SweepPoint,
@@ -32,7 +32,7 @@ from k3artifacts.releases.evaluations import (
 from k3artifacts.settings import load
 
 actor_option = click.option(
-    "--by", "actor", default=current_actor, show_default="$K3A_ACTOR or your login name",
+    "--by", "actor", default=os_account, show_default="the account of your uid",
     help="Who ran it (recorded with the report).")
 tuple_option = click.option(
     "--tuple", "tuple_name", required=True, metavar="ID|CHANNEL",

@@ -17,13 +17,13 @@ from k3artifacts.cli.common import (
     store_option,
 )
 from k3artifacts.errors import ConfigError, ReleaseRefused
+from k3artifacts.policy.record import in_force
 from k3artifacts.releases.binding import (
     create_tuple,
     diff_bindings,
     published_manifest,
 )
-from k3artifacts.releases.lookup import resolve_tuple
-from k3artifacts.releases.policies import GATES_FILE, load_gate_policy
+from k3artifacts.releases.lookup import resolve_with_move
 from k3artifacts.releases.signatures import sign_tuple
 from k3artifacts.releases.tuples import ReleaseTuple, TupleStore, check_tuple_id
 from k3artifacts.revisions.refs import parse_revision_ref
@@ -338,17 +338,20 @@ def render_cmd(
                 hint="on HyperPod the operator places the weights: README, 'Node-local cache'",
             )
         target = "eks-node-cache"
+    store = get_store(store_url)
     traffic = None
     if rollout_channel is not None:
-        chan = load_gate_policy(policies_dir).channels.get(rollout_channel)
+        policy = in_force(store)
+        chan = policy.document.gates.channels.get(rollout_channel)
         if chan is None or chan.traffic is None:
             raise ConfigError(
-                f"channel {rollout_channel!r} has no traffic policy in "
-                f"{policies_dir / GATES_FILE}",
-                hint="add `traffic: {steps: [...], prometheus: URL, thresholds: {...}}` to it",
+                f"channel {rollout_channel!r} has no traffic policy in the store's policy "
+                f"({policy.label()})",
+                hint="propose one with `traffic: {steps: [...], prometheus: URL, thresholds: "
+                "{...}}` under the channel (`k3a policy propose DIR`)",
             )
         traffic = chan.traffic
-    release = resolve_tuple(get_store(store_url), tuple_or_channel)
+    release, move = resolve_with_move(store, tuple_or_channel)
     rendered = render(release, target, name=name, namespace=namespace,
                       signing_policy=policies_dir if verify_signature else None,
                       traffic=traffic)
@@ -365,6 +368,16 @@ def render_cmd(
         "path": str(path) if path else None,
         "documents": rendered.documents,
     }
+    if move is not None:
+        # Which policy version judged what is rendered: the channel move that made it current.
+        payload["channel"] = {"name": move.channel, "seq": move.seq,
+                              "policy_version": move.policy_version,
+                              "policy_digest": move.policy_digest}
+        judged = (f"policy v{move.policy_version} {move.policy_digest[:12]}"
+                  if move.policy_digest else "a policy not recorded (a move before policies "
+                  "were the store's)")
+        click.echo(f"{move.channel} #{move.seq} -> {move.tuple_id}, judged by {judged}",
+                   err=True)
 
     def human() -> None:
         if path is None:

@@ -25,8 +25,8 @@ from pydantic import BaseModel, ConfigDict
 from k3artifacts.canonical import canonical_json
 from k3artifacts.errors import AlreadyExists
 from k3artifacts.faultpoints import pause
+from k3artifacts.policy.model import GatePolicy
 from k3artifacts.releases.channels import channel_names, iter_history_reversed, read_state
-from k3artifacts.releases.policies import GatePolicy
 from k3artifacts.releases.retirement import (
     Marker,
     live_pins,

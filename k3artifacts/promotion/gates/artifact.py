@@ -9,8 +9,8 @@ the image is pinned by digest. These are cheap (one manifest read, one listing):
 
 from __future__ import annotations
 
+from k3artifacts.policy.results import GateResult
 from k3artifacts.promotion.gates.context import GateContext, human_bytes, summarize
-from k3artifacts.releases.channels import GateResult
 from k3artifacts.releases.retirement import read_tombstone
 from k3artifacts.releases.tuples import DIGEST
 from k3artifacts.staging.rules import PICKLE_SUFFIXES

@@ -15,9 +15,11 @@ from __future__ import annotations
 from pathlib import Path
 
 from k3artifacts.errors import ConfigError
+from k3artifacts.policy.model import EvaluationPolicy
+from k3artifacts.policy.results import GateResult
 from k3artifacts.promotion.gates.context import GateContext
 from k3artifacts.readiness.suite import file_sha256
-from k3artifacts.releases.channels import GateResult, read_state
+from k3artifacts.releases.channels import read_state
 from k3artifacts.releases.evaluations import (
     EvaluationRecord,
     baseline_of,
@@ -25,7 +27,6 @@ from k3artifacts.releases.evaluations import (
     list_evaluations,
     regressions,
 )
-from k3artifacts.releases.policies import EvaluationPolicy
 from k3artifacts.releases.tuples import ReleaseTuple
 from k3artifacts.serving.render.common import served_name
 from k3artifacts.stores.base import Store
