@@ -210,7 +210,9 @@ def test_second_revision_reuses_unchanged_objects_inside_s3(s3_store: S3Store, t
     m2 = manifest_for(C2, {**rev2, **reused})
     w2.commit(m2)
     assert s3_store.list_revisions(REPO) == [C1, C2]
-    assert s3_store.read_manifest(REPO, C2) == m2
+    published = s3_store.read_manifest(REPO, C2)
+    assert published.canonical() == m2.canonical()  # identity only: provenance is beside it
+    assert published.with_provenance(s3_store.read_provenance(REPO, C2)) == m2
 
 
 def test_rerun_keeps_objects_already_uploaded(s3_store: S3Store, tmp_path: Path) -> None:

@@ -19,6 +19,7 @@ from k3artifacts.errors import AlreadyExists, NotFound
 from k3artifacts.revisions.manifest import (
     MANIFEST_NAME,
     META_DIR,
+    PROVENANCE_NAME,
     ShardManifest,
     manifest_key,
     revision_prefix,
@@ -30,9 +31,10 @@ from k3artifacts.stores.base import Store
 SIGNATURE_NAME = "model.sig"
 SIGNATURE_REL = f"{META_DIR}/{SIGNATURE_NAME}"
 MANIFEST_REL = f"{META_DIR}/{MANIFEST_NAME}"
-#: Files of a revision directory that the signature does not cover: itself, and the S3 store's
-#: record of object versions (written by the store, not part of the release's content).
-IGNORED = (SIGNATURE_REL, f"{META_DIR}/s3-objects.json")
+#: Files of a revision directory that the signature does not cover: itself, and what differs
+#: between stores holding the same weights (the S3 store's record of object versions, where
+#: each file's bytes came from): one signature then verifies in every store.
+IGNORED = (SIGNATURE_REL, f"{META_DIR}/s3-objects.json", f"{META_DIR}/{PROVENANCE_NAME}")
 PREDICATE_TYPE = "https://model_signing/signature/v1.0"
 
 

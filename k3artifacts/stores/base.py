@@ -23,8 +23,10 @@ from k3artifacts.errors import NotFound
 from k3artifacts.revisions.manifest import (
     META_DIR,
     FileRecord,
+    Provenance,
     ShardManifest,
     manifest_key,
+    provenance_key,
     revision_prefix,
 )
 
@@ -215,6 +217,12 @@ class Store(ABC):
     def read_manifest(self, repo_id: str, commit: str) -> ShardManifest | None:
         found = self.read(manifest_key(repo_id, commit))
         return None if found is None else ShardManifest.parse(found.data)
+
+    def read_provenance(self, repo_id: str, commit: str) -> Provenance | None:
+        """Where the bytes of this store's copy came from (None for revisions published
+        before provenance moved beside the manifest: theirs is inside it)."""
+        found = self.read(provenance_key(repo_id, commit))
+        return None if found is None else Provenance.parse(found.data)
 
     def list_revisions(self, repo_id: str) -> list[str]:
         """Commits of ``repo_id`` that are published (their manifest exists)."""

@@ -24,6 +24,7 @@ from k3artifacts.revisions.hashing import hash_file
 from k3artifacts.revisions.manifest import (
     MANIFEST_NAME,
     META_DIR,
+    PROVENANCE_NAME,
     FileRecord,
     ShardManifest,
     revision_prefix,
@@ -432,7 +433,7 @@ class _FileRevisionWriter(RevisionWriter):
             self._seal_and_rename(manifest)
 
     def _same_or_conflict(self, existing: ShardManifest, manifest: ShardManifest) -> None:
-        if existing.content_digest() != manifest.content_digest():
+        if existing.digest() != manifest.digest():
             raise Conflict(f"{self.final} exists with a different manifest; refusing to overwrite")
 
     def _seal_and_rename(self, manifest: ShardManifest) -> None:
@@ -453,7 +454,8 @@ class _FileRevisionWriter(RevisionWriter):
                     os.unlink(os.path.join(dirpath, name))
         meta.mkdir()
         _syncfs(self.work)
-        _write_durable(meta / "manifest.json", manifest.canonical())
+        _write_durable(meta / PROVENANCE_NAME, manifest.provenance().canonical())
+        _write_durable(meta / MANIFEST_NAME, manifest.canonical())
         # Every file's bytes were synced by put_file; the names linking them still need their
         # directories synced. One fsync per directory, not per file (thousands of small files).
         for dirpath, _, filenames in os.walk(self.work, topdown=False):

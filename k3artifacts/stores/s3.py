@@ -62,6 +62,7 @@ from k3artifacts.revisions.manifest import (
     FileRecord,
     ShardManifest,
     manifest_key,
+    provenance_key,
     revision_prefix,
 )
 from k3artifacts.stores import awsclients
@@ -739,6 +740,10 @@ class S3RevisionWriter(RevisionWriter):
                 f"{self.prefix}/{META_DIR}/{OBJECTS_NAME}",
                 canonical_json({"manifest_sha256": manifest.digest(), "objects": receipts}),
             )
+        # Beside the manifest, before it: where this store's bytes came from (not digested).
+        pkey = provenance_key(self.repo_id, self.commit_sha)
+        with aws_errors(f"writing {self.store.s3_url(pkey)}"):
+            self.store._put_small(pkey, manifest.provenance().canonical())
         try:
             self.store.create(manifest_key(self.repo_id, self.commit_sha), manifest.canonical())
         except AlreadyExists:
@@ -747,7 +752,7 @@ class S3RevisionWriter(RevisionWriter):
             self._same_or_conflict(raced, manifest)
 
     def _same_or_conflict(self, existing: ShardManifest, manifest: ShardManifest) -> None:
-        if existing.content_digest() != manifest.content_digest():
+        if existing.digest() != manifest.digest():
             raise Conflict(
                 f"{self.store.location(self.repo_id, self.commit_sha)} is already published "
                 f"with a different manifest ({existing.digest()} != {manifest.digest()}); "
