@@ -21,7 +21,7 @@ from k3artifacts.releases.channels import current, read_state
 from k3artifacts.releases.evaluations import list_evaluations
 from k3artifacts.sandbox.openai_server import start
 from k3artifacts.sandbox.ports import free_ports
-from k3artifacts.serving.render.common import served_name
+from k3artifacts.serving.render.common import served_names
 from k3artifacts.stores.file import FileStore
 from tests.flow_helpers import answer_when_paused
 
@@ -56,7 +56,7 @@ def test_promote_smokes_the_endpoint_before_asking_for_approval(store, releases,
                                                                 reviewed, server):
     release = releases.release()
     reviewed(release)
-    s = server(served_name(release))
+    s = server(served_names(release))
     tag = f"test-{uuid.uuid4().hex[:12]}"
     thread, outcome = answer_when_paused(tag, {"decision": "approve", "reviewer": "alice"})
     with tags(tag):
