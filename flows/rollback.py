@@ -24,6 +24,7 @@ from k3artifacts.promotion.gates import channel_policy
 from k3artifacts.promotion.moves import MoveResult, rollback
 from k3artifacts.releases.channels import Approval, iter_history_reversed, read_state
 from k3artifacts.releases.policies import load_gate_policy
+from k3artifacts.reporting import events
 from k3artifacts.stores.base import Store
 
 from .approval import form_text, rejected, wait_for_approval
@@ -31,6 +32,7 @@ from .common import slug, store_from
 from .decisions import DECISIONS, Refused, end_refused
 from .move_records import move_record, outcome_line, tuple_facts
 from .naming import label_run, rollback_name, tags
+from .notify import notify
 from .readiness import not_ready, smoke_endpoint
 
 
@@ -112,6 +114,11 @@ def rollback_channel(
                     f"which tuple, checks, history #{result.entry.seq}",
     )
     logger.info("%s", outcome_line("rollback", result, **facts))
+    if result.changed:
+        notify(events.channel_rolled_back(channel, result.tuple_id,
+                                          previous_tuple_id=result.previous_tuple_id,
+                                          seq=result.entry.seq, who=result.entry.who,
+                                          why=result.entry.why))
     if endpoint:
         smoked = smoke_endpoint(store, endpoint, result.tuple_id, by=actor, channel=channel)
         if not smoked.passed:
