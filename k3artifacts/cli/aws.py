@@ -9,16 +9,24 @@ from urllib.parse import urlparse
 import click
 
 from k3artifacts.cli import cli
-from k3artifacts.cli.common import emit, get_store, handle_errors, json_option, store_option
-from k3artifacts.errors import ConfigError, NotFound
+from k3artifacts.cli.common import (
+    emit,
+    from_settings,
+    get_store,
+    handle_errors,
+    json_option,
+    store_option,
+)
+from k3artifacts.errors import ConfigError
 from k3artifacts.revisions.refs import match_revision_ref
+from k3artifacts.settings import load
 from k3artifacts.stores import awsclients
 from k3artifacts.stores.bootstrap import BootstrapReport, bootstrap
 from k3artifacts.stores.bucket_policies import BucketPolicyInputs, iam_policies
 from k3artifacts.stores.fsx import start_preload
 
 endpoint_option = click.option(
-    "--endpoint-url", envvar=awsclients.S3_ENDPOINT_ENV, default=None,
+    "--endpoint-url", default=None,
     help=f"S3 endpoint (moto, MinIO, VPC endpoint). Default: ${awsclients.S3_ENDPOINT_ENV}, "
     "else boto3's own.",
 )
@@ -131,7 +139,8 @@ def fsx_group() -> None:
 @click.option("--fsx-endpoint-url", default=None,
               help="FSx API endpoint. Default: boto3's own (AWS_ENDPOINT_URL_FSX honoured).")
 @profile_option
-@click.option("--region", envvar="AWS_REGION", help="Region of the file system.")
+@click.option("--region", default=from_settings(lambda: load().aws_region),
+              help="Region of the file system.  [env var: AWS_REGION]")
 @json_option
 @handle_errors
 def fsx_preload(ref: str, file_system_id: str, store_url: str, fsx_endpoint_url: str | None,
@@ -153,14 +162,13 @@ def fsx_preload(ref: str, file_system_id: str, store_url: str, fsx_endpoint_url:
         raise click.BadParameter("write ORG/NAME@<40-hex commit>", param_hint="REF")
     repo_id, commit = parsed
     store = get_store(store_url)
-    if not store.url.startswith("s3://"):
+    if store.placement(repo_id, commit).bucket is None:
         raise ConfigError(
             f"the store {store.url} is not S3; FSx imports from the S3 bucket it is linked to",
             hint="pass --store s3://bucket/prefix (the linked bucket)",
         )
-    if store.read_manifest(repo_id, commit) is None:
-        raise NotFound(f"{repo_id}@{commit} is not published in {store.url}",
-                       hint="stage it first (k3a stage)")
+    store.published_manifest_bytes(repo_id, commit, hint="stage it first (k3a stage)")
+    store.materialize(repo_id, commit)  # the file system imports the prefix as it is
     client = awsclients.client("fsx", endpoint_url=fsx_endpoint_url, profile=profile,
                                region=region)
     started = start_preload(client, file_system_id, store.location(repo_id, commit))

@@ -15,18 +15,47 @@ from typing import Any
 import click
 
 from k3artifacts.canonical import to_plain
-from k3artifacts.config import default_policies_dir, default_store_url, parse_size
-from k3artifacts.errors import K3AError, NotFound
+from k3artifacts.errors import ConfigError, K3AError, NotFound
 from k3artifacts.reporting.logs import LOG_FORMATS, configure_logging
 from k3artifacts.reporting.progress import DEFAULT_INTERVAL, ProgressReporter, make_reporter
+from k3artifacts.settings import default_policies_dir, default_store_url, load, parse_size
 from k3artifacts.stores.base import Store
 from k3artifacts.stores.registry import open_store
+
+
+class SettingsRefused(click.ClickException):
+    """A malformed environment variable met while click computes a default: refused like any
+    bad configuration (exit 9), before the command starts."""
+
+    exit_code = ConfigError.exit_code
+
+    def __init__(self, error: K3AError):
+        super().__init__(str(error))
+        self.hint = error.hint
+
+    def show(self, file: Any = None) -> None:
+        click.secho(f"error: {self.message}", fg="red", err=True)
+        if self.hint:
+            click.echo(f"next: {self.hint}", err=True)
+
+
+def from_settings(read: Callable[[], Any]) -> Callable[[], Any]:
+    """A click default read from :mod:`k3artifacts.settings` (the only reader of the
+    environment), so an option and its variable cannot disagree about the variable's name."""
+
+    def default() -> Any:
+        try:
+            return read()
+        except K3AError as exc:
+            raise SettingsRefused(exc) from None
+
+    return default
+
 
 store_option = click.option(
     "--store",
     "store_url",
-    envvar="K3A_STORE",
-    default=default_store_url,
+    default=from_settings(default_store_url),
     show_default="$K3A_STORE or ~/.local/share/k3artifacts/store",
     help="Release store: file:///path (local disk or FSx mount) or s3://bucket/prefix.",
 )
@@ -34,9 +63,8 @@ store_option = click.option(
 policies_option = click.option(
     "--policies",
     "policies_dir",
-    envvar="K3A_POLICIES",
-    default=lambda: str(default_policies_dir()),
-    show_default="$K3A_POLICIES or ./policies",
+    default=from_settings(lambda: str(default_policies_dir())),
+    show_default="$K3A_POLICIES, else ./policies, else the defaults shipped with k3a",
     type=click.Path(file_okay=False, path_type=Path),
     help="Policy directory (promotion-gates.yaml, licenses/, code-reviews/, signing/) of the "
     "checkout.",
@@ -44,10 +72,9 @@ policies_option = click.option(
 
 signing_key_option = click.option(
     "--signing-key",
-    envvar="K3A_SIGNING_KEY",
-    show_envvar=True,
+    default=from_settings(lambda: load().signing_key),
     help="PEM private key (ECDSA P-256/P-384) to sign with; its passphrase, if any, from "
-    "K3A_SIGNING_KEY_PASSWORD.",
+    "K3A_SIGNING_KEY_PASSWORD.  [env var: K3A_SIGNING_KEY]",
 )
 
 json_option = click.option(
@@ -60,18 +87,16 @@ def progress_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     fn = click.option(
         "--log-format",
         type=click.Choice(LOG_FORMATS),
-        envvar="K3A_LOG_FORMAT",
-        default="text",
-        show_default=True,
+        default=from_settings(lambda: load().log_format),
+        show_default="text",
         help="Progress and log lines on stderr as text or as JSON objects ($K3A_LOG_FORMAT); "
         "json gives lines even on a terminal.",
     )(fn)
     return click.option(
         "--progress-interval",
         type=click.FloatRange(min=0.05),
-        envvar="K3A_PROGRESS_INTERVAL",
-        default=DEFAULT_INTERVAL,
-        show_default=True,
+        default=from_settings(lambda: load().progress_interval),
+        show_default=str(DEFAULT_INTERVAL),
         metavar="SECONDS",
         help="When stderr is not a terminal (a Job, CI, a Prefect worker): one progress line "
         "every SECONDS ($K3A_PROGRESS_INTERVAL).",
@@ -136,14 +161,13 @@ def handle_errors(
     def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
         @functools.wraps(fn)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
-            # The library's log records (retries, mostly) reach stderr in every command;
-            # commands with --log-format set it again from the option.
-            env_format = os.environ.get("K3A_LOG_FORMAT", "text")
-            configure_logging(env_format if env_format in LOG_FORMATS else "text")
             previous = None
             if _main_thread():
                 previous = signal.signal(signal.SIGINT, lambda *_: _exit_interrupted(on_interrupt))
             try:
+                # The library's log records (retries, mostly) reach stderr in every command;
+                # commands with --log-format set it again from the option.
+                configure_logging(load().log_format)
                 return fn(*args, **kwargs)
             except K3AError as exc:
                 click.secho(f"error: {exc}", fg="red", err=True)

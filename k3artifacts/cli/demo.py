@@ -20,11 +20,10 @@ from k3artifacts.cli.common import (
     store_option,
 )
 from k3artifacts.cli.stage import print_stage_result, run_stage
-from k3artifacts.config import data_home, default_workers
 from k3artifacts.localhub import LocalHub
+from k3artifacts.settings import data_home, default_workers
 from k3artifacts.staging.engine import StageOptions
 from k3artifacts.stores.base import Store
-from k3artifacts.stores.file import FileStore
 from k3artifacts.stores.verify import verify_revision
 
 DEMO_REPO = "demo/Kimi-K3-synthetic"
@@ -38,8 +37,8 @@ DEMO_PROFILE = "p6-b300-tp8"
 def default_workdir(store: Store) -> Path:
     """Beside the data of the store the demo writes to (a test's or a scratch store keeps
     its demo files with it); the user's data directory for an S3 store."""
-    if isinstance(store, FileStore):
-        return store.root / ".k3a-demo"
+    if store.local_root is not None:
+        return store.local_root / ".k3a-demo"
     return data_home() / "demo"
 
 

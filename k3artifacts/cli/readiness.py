@@ -9,7 +9,14 @@ from pathlib import Path
 import click
 
 from k3artifacts.cli import cli
-from k3artifacts.cli.common import emit, get_store, handle_errors, json_option, store_option
+from k3artifacts.cli.common import (
+    emit,
+    from_settings,
+    get_store,
+    handle_errors,
+    json_option,
+    store_option,
+)
 from k3artifacts.errors import GateFailed, Unavailable
 from k3artifacts.readiness.record import Recorded, evaluate, smoke
 from k3artifacts.readiness.run import Observer
@@ -22,6 +29,7 @@ from k3artifacts.releases.evaluations import (
     list_evaluations,
     parse_report,
 )
+from k3artifacts.settings import load
 
 actor_option = click.option(
     "--by", "actor", default=current_actor, show_default="$K3A_ACTOR or your login name",
@@ -29,9 +37,16 @@ actor_option = click.option(
 tuple_option = click.option(
     "--tuple", "tuple_name", required=True, metavar="ID|CHANNEL",
     help="The tuple the endpoint serves: a tuple id, or a channel naming one.")
+
+
+def _api_key() -> str | None:
+    key = load().endpoint_api_key
+    return key.get_secret_value() if key is not None else None
+
+
 api_key_option = click.option(
-    "--api-key", envvar="K3A_ENDPOINT_API_KEY", default=None, show_envvar=True,
-    help="Bearer key, when vLLM runs with --api-key.")
+    "--api-key", default=from_settings(_api_key),
+    help="Bearer key, when vLLM runs with --api-key.  [env var: K3A_ENDPOINT_API_KEY]")
 
 
 def _observer() -> Observer:

@@ -19,9 +19,9 @@ from k3artifacts.cli.common import (
     signing_key_option,
     store_option,
 )
-from k3artifacts.config import default_workers
 from k3artifacts.reporting.progress import DEFAULT_INTERVAL, StageProgress
 from k3artifacts.revisions.refs import check_repo_id
+from k3artifacts.settings import default_workers
 from k3artifacts.staging.download import RetryPolicy
 from k3artifacts.staging.engine import StageOptions, StageResult, plan_stage, stage
 from k3artifacts.staging.hub import HubSource
@@ -48,8 +48,7 @@ def run_stage(
     with reporter("staging", quiet=quiet, as_json=as_json, interval=progress_interval,
                   log_format=log_format) as progress:
         observer = StageProgress(progress)
-        if hasattr(store, "progress"):  # a store that reports its own transfers (S3)
-            store.progress = observer.store_progress
+        store.watch_transfers(observer.store_progress)
         return stage(
             source,
             store,
@@ -80,11 +79,13 @@ def print_stage_result(result: StageResult) -> None:
             f"{result.reused_bytes:,} reused from published revisions, "
             f"{put:,} uploaded to the store"
         )
-        if stats.get("bytes_uploaded") or stats.get("bytes_copied"):
+        if stats.get("bytes_uploaded") or stats.get("bytes_copied") \
+                or stats.get("bytes_referenced"):
             click.echo(
                 f"store:           {stats.get('bytes_uploaded', 0):,} bytes uploaded, "
                 f"{stats.get('bytes_copied', 0):,} copied inside the store, "
-                f"{stats.get('objects_skipped', 0)} object(s) already there"
+                f"{stats.get('bytes_referenced', 0):,} shared with published revisions "
+                f"(nothing moved), {stats.get('objects_skipped', 0)} object(s) already there"
             )
         for reason in result.reuse_fallbacks:
             click.echo(f"not reused:      {reason} (downloaded instead)")
@@ -118,8 +119,8 @@ def print_plan(plan: StagePlan) -> None:
 @click.option(
     "--quarantine",
     type=click.Path(path_type=Path, file_okay=False),
-    envvar="K3A_QUARANTINE",
-    help="Local download directory [default: beside a file store, else ~/.cache/k3artifacts].",
+    help="Local download directory [default: $K3A_QUARANTINE, else beside a file store, else "
+    "~/.cache/k3artifacts].",
 )
 @click.option("--endpoint", envvar="HF_ENDPOINT",
               help="Hub URL [default: $HF_ENDPOINT or huggingface.co].")
@@ -132,6 +133,16 @@ def print_plan(plan: StagePlan) -> None:
               help="Bound local quarantine disk (e.g. 500GiB): shards leave it once stored.")
 @click.option("--retries", default=8, show_default=True,
               help="Attempts per file that make no progress before giving up.")
+@click.option("--connect-timeout", type=click.FloatRange(min=0.1), default=10.0,
+              show_default=True, help="Seconds to connect to the hub or its CDN.")
+@click.option("--read-timeout", type=click.FloatRange(min=0.1), default=60.0,
+              show_default=True, help="Seconds without a byte before a call or transfer is cut "
+              "(a transfer is then resumed).")
+@click.option("--min-rate", type=ByteSize(), default="64KiB", show_default=True,
+              help="Per-file rate floor in bytes/s over --rate-window: a slower transfer is cut "
+              "and resumed; 3 in a row fail the run (exit 8).")
+@click.option("--rate-window", type=click.FloatRange(min=0.1), default=60.0,
+              show_default=True, help="Seconds over which --min-rate is measured.")
 @signing_key_option
 @click.option("--reverify-reused", is_flag=True,
               help="Re-hash (xxh3-128) each file reused from a published revision after the "
@@ -145,8 +156,9 @@ def print_plan(plan: StagePlan) -> None:
 @json_option
 @handle_errors(on_interrupt=RESUME_HINT)
 def stage_cmd(repo_id, revision, store_url, quarantine, endpoint, workers, allow_pickle,
-              keep_quarantine, window_bytes, retries, signing_key, reverify_reused, plan_only,
-              quiet, progress_interval, log_format, as_json):
+              keep_quarantine, window_bytes, retries, connect_timeout, read_timeout, min_rate,
+              rate_window, signing_key, reverify_reused, plan_only, quiet, progress_interval,
+              log_format, as_json):
     """Download, verify and publish REPO_ID at --revision into the store.
 
     The revision is resolved to a commit once; every file is hashed as it arrives (sha256
@@ -181,7 +193,8 @@ def stage_cmd(repo_id, revision, store_url, quarantine, endpoint, workers, allow
         workers=workers,
         keep_quarantine=keep_quarantine,
         window_bytes=window_bytes,
-        retry=RetryPolicy(attempts=retries),
+        retry=RetryPolicy(attempts=retries, connect_timeout=connect_timeout,
+                          read_timeout=read_timeout, min_rate=min_rate, rate_window=rate_window),
         signing_key=signing_key,
         reverify_reused=reverify_reused,
     )
