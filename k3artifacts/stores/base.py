@@ -286,8 +286,14 @@ class Store(ABC):
         """A streaming reader of a stored object; raises :class:`NotFound`."""
 
     @abstractmethod
-    def delete_revision(self, repo_id: str, commit: str) -> None:
-        """Remove a published revision (an admin action, e.g. retention)."""
+    def delete_revision(self, repo_id: str, commit: str) -> int:
+        """Remove a published revision (an admin action, e.g. retention). Returns the bytes
+        freed: those whose last copy went with it (a file still linked or referenced from
+        another revision stays, and is not counted)."""
+
+    @abstractmethod
+    def reclaimable_bytes(self, repo_id: str, commit: str) -> int:
+        """What :meth:`delete_revision` would free now; writes nothing."""
 
     def add_to_revision(self, repo_id: str, commit: str, rel: str, data: bytes) -> None:
         """Create ``<revision>/<rel>`` once in a published revision, touching nothing else.

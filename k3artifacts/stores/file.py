@@ -288,15 +288,35 @@ class FileStore(Store):
     def open_ranges(self, repo_id: str, commit: str, connections: int) -> RangeReader:
         return _FileRanges(self._path(revision_prefix(repo_id, commit)))
 
-    def delete_revision(self, repo_id: str, commit: str) -> None:
+    def delete_revision(self, repo_id: str, commit: str) -> int:
         target = self._path(revision_prefix(repo_id, commit))
         if not target.exists():
             raise NotFound(f"{repo_id}@{commit} is not in {self.url}")
         # Rename first so readers see the revision vanish whole, then delete at leisure.
         doomed = target.with_name(f".deleting-{commit}-{os.getpid()}")
         os.rename(target, doomed)
+        freed = _unshared_bytes(doomed)
         _make_writable(doomed)
         shutil.rmtree(doomed)
+        return freed
+
+    def reclaimable_bytes(self, repo_id: str, commit: str) -> int:
+        target = self._path(revision_prefix(repo_id, commit))
+        return _unshared_bytes(target) if target.exists() else 0
+
+
+def _unshared_bytes(tree: Path) -> int:
+    """Bytes of the files under ``tree`` whose every hard link is under it: what removing
+    the tree gives back (a file linked from another revision stays on disk)."""
+    seen: dict[tuple[int, int], list[int]] = {}  # inode -> [links seen here, nlink, size]
+    for dirpath, _, filenames in os.walk(tree):
+        for name in filenames:
+            st = os.lstat(os.path.join(dirpath, name))
+            if not stat.S_ISREG(st.st_mode):
+                continue
+            entry = seen.setdefault((st.st_dev, st.st_ino), [0, st.st_nlink, st.st_size])
+            entry[0] += 1
+    return sum(size for here, nlink, size in seen.values() if here >= nlink)
 
 
 class _FileRanges(RangeReader):

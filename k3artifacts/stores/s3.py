@@ -503,7 +503,7 @@ class S3Store(Store):
         return _S3Ranges(self, revision_prefix(repo_id, commit),
                          self.object_records(repo_id, commit), connections)
 
-    def delete_revision(self, repo_id: str, commit: str) -> None:
+    def delete_revision(self, repo_id: str, commit: str) -> int:
         if self.read_manifest(repo_id, commit) is None:
             raise NotPublished(repo_id, commit, self.url)
         # Manifest first: from that instant readers see no revision, never half of one, and
@@ -513,9 +513,19 @@ class S3Store(Store):
         mkey = manifest_key(repo_id, commit)
         with aws_errors(f"deleting {self.s3_url(mkey)}"):
             self.client.delete_object(Bucket=self.bucket, Key=self.key(mkey))
+        doomed = self._unreferenced(repo_id, commit)
+        refused = set(self._delete_keys(sorted(doomed)))
+        return sum(size for key, size in doomed.items() if key not in refused)
+
+    def reclaimable_bytes(self, repo_id: str, commit: str) -> int:
+        return sum(self._unreferenced(repo_id, commit).values())
+
+    def _unreferenced(self, repo_id: str, commit: str) -> dict[str, int]:
+        """Key -> size of the revision's objects no other revision reads (the current
+        versions; noncurrent ones expire by the bucket's lifecycle rule)."""
         needed = self.referenced_keys(repo_id, but=commit)
-        self._delete_keys([k for k in self.list_keys(f"{revision_prefix(repo_id, commit)}/")
-                           if k not in needed])
+        return {k: size for k, size in self.object_sizes(f"{revision_prefix(repo_id, commit)}/")
+                .items() if k not in needed}
 
     def referenced_keys(self, repo_id: str, *, but: str | None = None) -> set[str]:
         """Every object key the revisions of ``repo_id`` (other than ``but``) read: from
