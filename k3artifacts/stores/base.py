@@ -295,6 +295,13 @@ class Store(ABC):
     def reclaimable_bytes(self, repo_id: str, commit: str) -> int:
         """What :meth:`delete_revision` would free now; writes nothing."""
 
+    @abstractmethod
+    def repair_file(self, repo_id: str, commit: str, record: FileRecord,
+                    local_path: Path) -> None:
+        """Put back a published file that failed verification, from ``local_path`` (bytes
+        already checked against ``record``). Only that file of this revision changes: the
+        manifest is untouched, so the revision keeps its digest (``k3a stage --repair``)."""
+
     def add_to_revision(self, repo_id: str, commit: str, rel: str, data: bytes) -> None:
         """Create ``<revision>/<rel>`` once in a published revision, touching nothing else.
 

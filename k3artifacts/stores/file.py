@@ -300,6 +300,35 @@ class FileStore(Store):
         shutil.rmtree(doomed)
         return freed
 
+    def repair_file(self, repo_id: str, commit: str, record: FileRecord,
+                    local_path: Path) -> None:
+        final = self._path(revision_prefix(repo_id, commit))
+        if not (final / META_DIR / MANIFEST_NAME).exists():
+            raise NotPublished(repo_id, commit, self.url)
+        dest = self._path(f"{revision_prefix(repo_id, commit)}/{record.path}")
+        tmp = dest.with_name(f".{dest.name}.repair-{os.getpid()}")
+        # A new inode replaces this revision's name only: a revision hard-linking the damaged
+        # inode is damaged too and is repaired on its own. The directory opens for one rename,
+        # under the revision's lock (as add_to_revision).
+        with open(final.with_name(f".{commit}.lock"), "a+b") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            mode = os.stat(dest.parent).st_mode
+            os.chmod(dest.parent, 0o755)
+            try:
+                shutil.copyfile(local_path, tmp)
+                fd = os.open(tmp, os.O_RDONLY)
+                try:
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
+                os.chmod(tmp, READ_ONLY_FILE)
+                os.replace(tmp, dest)
+                _fsync_dir(dest.parent)
+            finally:
+                tmp.unlink(missing_ok=True)
+                os.chmod(dest.parent, stat.S_IMODE(mode))
+
     def reclaimable_bytes(self, repo_id: str, commit: str) -> int:
         target = self._path(revision_prefix(repo_id, commit))
         return _unshared_bytes(target) if target.exists() else 0

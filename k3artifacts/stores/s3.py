@@ -517,6 +517,26 @@ class S3Store(Store):
         refused = set(self._delete_keys(sorted(doomed)))
         return sum(size for key, size in doomed.items() if key not in refused)
 
+    def repair_file(self, repo_id: str, commit: str, record: FileRecord,
+                    local_path: Path) -> None:
+        """Upload the file under the revision's own prefix (a new version) and record that
+        version as the object it reads, where its record named a damaged object (its own, or
+        another revision's by reference)."""
+        self.published_manifest(repo_id, commit)
+        prefix = revision_prefix(repo_id, commit)
+        writer = S3RevisionWriter(self, repo_id, commit)
+        receipt = writer._upload(record, f"{prefix}/{record.path}", local_path, None)
+        records_key = f"{prefix}/{OBJECT_RECORDS_REL}"
+        found = self.read(records_key)
+        if found is None:
+            return  # a revision without records reads its prefix, which now holds the file
+        body = json.loads(found.data)
+        for obj in body["objects"]:
+            if obj["path"] == record.path:
+                obj.clear()
+                obj.update(dataclasses.asdict(receipt))
+        self.replace(records_key, canonical_json(body), found.token)
+
     def reclaimable_bytes(self, repo_id: str, commit: str) -> int:
         return sum(self._unreferenced(repo_id, commit).values())
 
