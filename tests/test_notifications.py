@@ -20,14 +20,14 @@ import pytest
 import yaml
 
 from k3artifacts.errors import Refusal, ReleaseRefused
-from k3artifacts.localhub import Fault
 from k3artifacts.promotion.moves import promote
 from k3artifacts.reporting import events
-from k3artifacts.sandbox.ports import free_ports
 from k3artifacts.stores.file import FileStore
 from tests.conftest import REPO_ROOT
 from tests.flow_helpers import run_answered
 from tests.staging_helpers import REPO, small_release
+from tests.support.hubfaults import Fault
+from tests.support.ports import free_ports
 
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
 MARKER = "<!-- k3a:automation"

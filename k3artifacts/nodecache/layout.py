@@ -215,7 +215,8 @@ class CacheLayout:
         """(revision, complete) for every final and partial revision directory; a link at
         an organisation, name or revision directory is refused."""
         try:
-            models = self.open_root(create=False).walk(["models"])
+            with self.open_root(create=False) as root:
+                models = root.walk(["models"])
         except FileNotFoundError:
             return
         with models:

@@ -333,10 +333,9 @@ def _disk_errors(layout: CacheLayout, rev: Revision) -> Iterator[None]:
                 "`k3a cache ls` lists the unfinished pull",
             ) from None
         raise Unavailable(
-            f"writing the node cache {layout.root} while pulling {rev}: {where}"
-            f"{exc.strerror or exc}",
-            hint="check that disk and its permissions, then re-run `k3a pull`: verified "
-            "files are kept",
+            f"pulling {rev} into {layout.root}: {where}{exc.strerror or exc}",
+            hint="check the node cache's disk and permissions (and the store's, for a file "
+            "store), then re-run `k3a pull`: verified files are kept",
         ) from None
 
 
@@ -448,6 +447,8 @@ def _pull_locked(target: PullTarget, layout: CacheLayout, tuning: Tuning,
                 raise Conflict(f"{final} holds a different copy of {rev} and a server leases "
                                "it", hint="stop the server using it, then pull again")
         with repo.sub(partial_name(rev.commit), create=True) as partial:
+            # A run killed after sealing (read-only) and before the rename left it so.
+            safefs.make_writable(partial)
             result = _fill(target, layout, repo, partial, manifest, tuning, observer)
             _seal(rev, partial, manifest, raw, result)
         st = repo.lstat(rev.commit)
@@ -557,12 +558,13 @@ def _seal(rev: Revision, partial: Dir, manifest: ShardManifest, raw: bytes,
             parent.unlink(name)
     with partial.sub(META_DIR) as meta:
         meta.write_file(MANIFEST_NAME, raw)
-        meta.unlink(VERIFIED_LOG)
         marker = VerifiedMarker(repo_id=rev.repo_id, commit=rev.commit,
                                 manifest_digest=result.manifest_digest,
                                 algorithms=result.algorithms, files=result.files,
                                 bytes=result.bytes, stats=stats)
         meta.write_file(VERIFIED_NAME, marker.model_dump_json(indent=2).encode())
+        # Last: a disk that fills before this leaves the log a re-run keeps files by.
+        meta.unlink(VERIFIED_LOG)
         meta.fsync()
     safefs.set_read_only(partial)
     partial.fsync()

@@ -30,7 +30,7 @@ Faults (flags): ``--slow-first-token S``; ``--rate-limit F`` (fraction of reques
 requests in flight beyond N: a throughput knee). Serving other names is a fault too (an
 endpoint started from another tuple). Connection refused is a port nobody listens on.
 
-Run: ``python -m k3artifacts.sandbox.openai_server --port P --served-model-name NAME [NAME...]``;
+Run: ``python -m tests.support.openai_server --port P --served-model-name NAME [NAME...]``;
 or :func:`start` (a subprocess on 127.0.0.1, stopped by its PID).
 """
 
@@ -51,7 +51,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-from k3artifacts.sandbox.ports import free_ports, stop, wait_listening
+from tests.support.ports import free_ports, stop, wait_listening
 
 REPLY = re.compile(r"Reply with exactly:\s*(.+?)\s*$", re.MULTILINE)
 #: Tokens a chat template adds around each message, and to open the assistant's turn.
@@ -366,7 +366,7 @@ class _Server(ThreadingHTTPServer):
 
 
 def _parse(argv: list[str]) -> tuple[int, Config]:
-    p = argparse.ArgumentParser(prog="python -m k3artifacts.sandbox.openai_server")
+    p = argparse.ArgumentParser(prog="python -m tests.support.openai_server")
     p.add_argument("--port", type=int, required=True)
     p.add_argument("--served-model-name", dest="served_names", nargs="+", required=True)
     p.add_argument("--max-model-len", type=int, default=8192)
@@ -401,7 +401,7 @@ def start(served_names: str | Sequence[str], log: Path, **faults: Any) -> Fixtur
     (one name or several, as vLLM's ``--served-model-name``); ``faults``: Config fields."""
     (port,) = free_ports(1)
     names = [served_names] if isinstance(served_names, str) else list(served_names)
-    args = [sys.executable, "-m", "k3artifacts.sandbox.openai_server", "--port", str(port),
+    args = [sys.executable, "-m", "tests.support.openai_server", "--port", str(port),
             "--served-model-name", *names]
     for name, value in faults.items():
         flag = "--" + name.replace("_", "-")
@@ -411,7 +411,9 @@ def start(served_names: str | Sequence[str], log: Path, **faults: Any) -> Fixtur
             args += [flag, str(value)]
     log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "ab") as out:
-        proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT)
+        # From the checkout's root, where `tests.support` is importable.
+        proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT,
+                                cwd=Path(__file__).resolve().parents[2])
     try:
         wait_listening(port, proc, log, "openai fixture server", timeout=20)
     except Exception:
