@@ -28,6 +28,7 @@ from k3artifacts.policy.results import GateReport
 from k3artifacts.promotion.gates import channel_policy, check_gates
 from k3artifacts.promotion.moves import MoveResult, promote
 from k3artifacts.releases.channels import read_state
+from k3artifacts.reporting import events
 from k3artifacts.stores.base import Store
 
 from .approval import ask_for_approval, flow_actor, form_text, rejected, wait_for_approval
@@ -36,6 +37,7 @@ from .decisions import BLOCKED, DECISIONS, Refused, end_refused
 from .logs import quiet_task_completions
 from .move_records import gate_table, move_record, outcome_line, tuple_facts
 from .naming import label_run, promote_name, tags
+from .notify import failed_gates, notify
 from .readiness import not_ready, smoke_endpoint
 
 __all__ = ["gate_table", "promote_release"]
@@ -93,6 +95,8 @@ def promote_release(
         apply_overrides(channel_policy(in_force(store), channel).gates, report, overrides)
     except GateFailed as exc:
         refused = Refused.of(exc)
+        notify(events.promotion_blocked(tuple_id, channel, failed_gates(report.results),
+                                        requested_by=requested_by))
         _refusal_artifact(refused, f"{tuple_id} -> {channel}", table, requested_by, reason, key)
         return end_refused(refused)
     if endpoint:
@@ -100,6 +104,8 @@ def promote_release(
                                 channel=channel)
         if not smoked.passed:
             refused = Refused(BLOCKED, not_ready(smoked), "fix the endpoint, then run again")
+            notify(events.promotion_blocked(tuple_id, channel, {"smoke": refused.message},
+                                            requested_by=requested_by))
             _refusal_artifact(refused, f"{tuple_id} -> {channel}", table, requested_by, reason,
                               key)
             return end_refused(refused)
@@ -129,6 +135,9 @@ def promote_release(
     result = move_pointer(store, tuple_id, channel, reason=reason, overrides=overrides,
                           approval=request.id)
     if isinstance(result, Refused):
+        if result.state_name == BLOCKED:
+            notify(events.promotion_blocked(tuple_id, channel, {"gates": result.message},
+                                            requested_by=requested_by))
         _refusal_artifact(result, f"{tuple_id} -> {channel}", table, requested_by, reason, key)
         return end_refused(result)
     if result.previous_tuple_id != before_id:  # moved meanwhile: record what it really replaced
@@ -141,6 +150,10 @@ def promote_release(
                     f"tuple, gates, history #{result.entry.seq}",
     )
     logger.info("%s", outcome_line("promote", result, **facts))
+    if result.changed:
+        notify(events.channel_promoted(
+            channel, tuple_id, previous_tuple_id=result.previous_tuple_id, seq=result.entry.seq,
+            who=result.entry.who, why=result.entry.why))
     return result.model_dump(mode="json")
 
 

@@ -23,6 +23,7 @@ from k3artifacts.errors import GateFailed
 from k3artifacts.policy.record import in_force
 from k3artifacts.promotion.moves import MoveResult, rollback
 from k3artifacts.releases.channels import iter_history_reversed, read_state
+from k3artifacts.reporting import events
 from k3artifacts.stores.base import Store
 
 from .approval import ask_for_approval, flow_actor, form_text, rejected, wait_for_approval
@@ -31,6 +32,7 @@ from .decisions import DECISIONS, Refused, end_refused
 from .logs import quiet_task_completions
 from .move_records import move_record, outcome_line, tuple_facts
 from .naming import label_run, rollback_name, tags
+from .notify import notify
 from .readiness import not_ready, smoke_endpoint
 
 
@@ -117,6 +119,11 @@ def rollback_channel(
                     f"which tuple, checks, history #{result.entry.seq}",
     )
     logger.info("%s", outcome_line("rollback", result, **facts))
+    if result.changed:
+        notify(events.channel_rolled_back(channel, result.tuple_id,
+                                          previous_tuple_id=result.previous_tuple_id,
+                                          seq=result.entry.seq, who=result.entry.who,
+                                          why=result.entry.why))
     if endpoint:
         smoked = smoke_endpoint(store, endpoint, result.tuple_id, by=result.entry.who,
                                 channel=channel)

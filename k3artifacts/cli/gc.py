@@ -62,9 +62,11 @@ def _print(verdicts: list[RevisionVerdict], applied: bool) -> None:
         size = human_bytes(v.bytes)
         line = f"{v.action:7} {v.repo_id}@{v.commit[:12]}  {size:>10}  {v.published_at:%Y-%m-%d}"
         if v.action in ("retire", "retired"):
-            freed += v.bytes
+            freed += v.freed
             verb = "frees" if v.action == "retired" else "would free"
-            click.echo(f"{line}  {verb} {size}")
+            shared = f" ({human_bytes(v.bytes - v.freed)} shared with kept revisions stays)" \
+                if v.freed < v.bytes else ""
+            click.echo(f"{line}  {verb} {human_bytes(v.freed)}{shared}")
         else:
             click.echo(f"{line}  {v.reason}")
     total = human_bytes(freed)

@@ -47,6 +47,10 @@ class RevisionVerdict(BaseModel):
     commit: str
     published_at: datetime
     bytes: int
+    #: What retiring it gives back: bytes whose last link (file store) or last reference (S3)
+    #: goes with it; a file shared with a kept revision is not counted. For a plan, what
+    #: retiring it alone would free now (revisions sharing files free them with the last one).
+    freed: int = 0
     action: Literal["keep", "retire", "retired", "kept"]
     #: Why kept (or, after --apply, why a planned retirement did not happen).
     reason: str
@@ -124,6 +128,7 @@ def plan(
                     commit=commit,
                     published_at=when,
                     bytes=_size(store, repo_id, commit),
+                    freed=0 if reasons else store.reclaimable_bytes(repo_id, commit),
                     action="keep" if reasons else "retire",
                     reason="; ".join(reasons),
                 )
@@ -173,7 +178,8 @@ def retire(
             update={"action": "kept", "reason": "became reachable: " + ", ".join(reach)}
         )
     pause("gc-checked", commit)
+    freed = 0
     if store.read(manifest_key(repo_id, commit)) is not None:
-        store.delete_revision(repo_id, commit)
+        freed = store.delete_revision(repo_id, commit)
     store.delete(stone)
-    return verdict.model_copy(update={"action": "retired", "reason": ""})
+    return verdict.model_copy(update={"action": "retired", "reason": "", "freed": freed})

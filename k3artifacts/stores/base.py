@@ -23,8 +23,10 @@ from k3artifacts.errors import NotFound
 from k3artifacts.revisions.manifest import (
     META_DIR,
     FileRecord,
+    Provenance,
     ShardManifest,
     manifest_key,
+    provenance_key,
     revision_prefix,
 )
 
@@ -284,8 +286,21 @@ class Store(ABC):
         """A streaming reader of a stored object; raises :class:`NotFound`."""
 
     @abstractmethod
-    def delete_revision(self, repo_id: str, commit: str) -> None:
-        """Remove a published revision (an admin action, e.g. retention)."""
+    def delete_revision(self, repo_id: str, commit: str) -> int:
+        """Remove a published revision (an admin action, e.g. retention). Returns the bytes
+        freed: those whose last copy went with it (a file still linked or referenced from
+        another revision stays, and is not counted)."""
+
+    @abstractmethod
+    def reclaimable_bytes(self, repo_id: str, commit: str) -> int:
+        """What :meth:`delete_revision` would free now; writes nothing."""
+
+    @abstractmethod
+    def repair_file(self, repo_id: str, commit: str, record: FileRecord,
+                    local_path: Path) -> None:
+        """Put back a published file that failed verification, from ``local_path`` (bytes
+        already checked against ``record``). Only that file of this revision changes: the
+        manifest is untouched, so the revision keeps its digest (``k3a stage --repair``)."""
 
     def add_to_revision(self, repo_id: str, commit: str, rel: str, data: bytes) -> None:
         """Create ``<revision>/<rel>`` once in a published revision, touching nothing else.
@@ -308,6 +323,12 @@ class Store(ABC):
     def read_manifest(self, repo_id: str, commit: str) -> ShardManifest | None:
         found = self.read(manifest_key(repo_id, commit))
         return None if found is None else ShardManifest.parse(found.data)
+
+    def read_provenance(self, repo_id: str, commit: str) -> Provenance | None:
+        """Where the bytes of this store's copy came from (None for revisions published
+        before provenance moved beside the manifest: theirs is inside it)."""
+        found = self.read(provenance_key(repo_id, commit))
+        return None if found is None else Provenance.parse(found.data)
 
     def published_manifest_bytes(self, repo_id: str, commit: str, *,
                                  hint: str | None = None) -> bytes:

@@ -65,6 +65,7 @@ from k3artifacts.revisions.manifest import (
     FileRecord,
     ShardManifest,
     manifest_key,
+    provenance_key,
     revision_prefix,
 )
 from k3artifacts.settings import load
@@ -505,7 +506,7 @@ class S3Store(Store):
         return _S3Ranges(self, revision_prefix(repo_id, commit),
                          self.object_records(repo_id, commit), connections)
 
-    def delete_revision(self, repo_id: str, commit: str) -> None:
+    def delete_revision(self, repo_id: str, commit: str) -> int:
         if self.read_manifest(repo_id, commit) is None:
             raise NotPublished(repo_id, commit, self.url)
         # Manifest first: from that instant readers see no revision, never half of one, and
@@ -515,9 +516,39 @@ class S3Store(Store):
         mkey = manifest_key(repo_id, commit)
         with aws_errors(f"deleting {self.s3_url(mkey)}"):
             self.client.delete_object(Bucket=self.bucket, Key=self.key(mkey))
+        doomed = self._unreferenced(repo_id, commit)
+        refused = set(self._delete_keys(sorted(doomed)))
+        return sum(size for key, size in doomed.items() if key not in refused)
+
+    def repair_file(self, repo_id: str, commit: str, record: FileRecord,
+                    local_path: Path) -> None:
+        """Upload the file under the revision's own prefix (a new version) and record that
+        version as the object it reads, where its record named a damaged object (its own, or
+        another revision's by reference)."""
+        self.published_manifest(repo_id, commit)
+        prefix = revision_prefix(repo_id, commit)
+        writer = S3RevisionWriter(self, repo_id, commit)
+        receipt = writer._upload(record, f"{prefix}/{record.path}", local_path, None)
+        records_key = f"{prefix}/{OBJECT_RECORDS_REL}"
+        found = self.read(records_key)
+        if found is None:
+            return  # a revision without records reads its prefix, which now holds the file
+        body = json.loads(found.data)
+        for obj in body["objects"]:
+            if obj["path"] == record.path:
+                obj.clear()
+                obj.update(dataclasses.asdict(receipt))
+        self.replace(records_key, canonical_json(body), found.token)
+
+    def reclaimable_bytes(self, repo_id: str, commit: str) -> int:
+        return sum(self._unreferenced(repo_id, commit).values())
+
+    def _unreferenced(self, repo_id: str, commit: str) -> dict[str, int]:
+        """Key -> size of the revision's objects no other revision reads (the current
+        versions; noncurrent ones expire by the bucket's lifecycle rule)."""
         needed = self.referenced_keys(repo_id, but=commit)
-        self._delete_keys([k for k in self.list_keys(f"{revision_prefix(repo_id, commit)}/")
-                           if k not in needed])
+        return {k: size for k, size in self.object_sizes(f"{revision_prefix(repo_id, commit)}/")
+                .items() if k not in needed}
 
     def referenced_keys(self, repo_id: str, *, but: str | None = None) -> set[str]:
         """Every object key the revisions of ``repo_id`` (other than ``but``) read: from
@@ -948,6 +979,10 @@ class S3RevisionWriter(RevisionWriter):
             )
         self._check_references_live()
         faultpoints.pause("references-checked", self.commit_sha)
+        # Beside the manifest, before it: where this store's bytes came from (not digested).
+        pkey = provenance_key(self.repo_id, self.commit_sha)
+        with aws_errors(f"writing {self.store.s3_url(pkey)}"):
+            self.store._put_small(pkey, manifest.provenance().canonical())
         try:
             self.store.create(manifest_key(self.repo_id, self.commit_sha), manifest.canonical())
         except AlreadyExists:
@@ -974,7 +1009,7 @@ class S3RevisionWriter(RevisionWriter):
             )
 
     def _same_or_conflict(self, existing: ShardManifest, manifest: ShardManifest) -> None:
-        if existing.content_digest() != manifest.content_digest():
+        if existing.digest() != manifest.digest():
             raise Conflict(
                 f"{self.store.location(self.repo_id, self.commit_sha)} is already published "
                 f"with a different manifest ({existing.digest()} != {manifest.digest()}); "

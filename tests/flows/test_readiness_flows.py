@@ -15,7 +15,7 @@ from flows.promote import promote_release
 from flows.rollback import rollback_channel
 from k3artifacts.releases.channels import current, read_state
 from k3artifacts.releases.evaluations import list_evaluations
-from k3artifacts.serving.render.common import served_name
+from k3artifacts.serving.render.common import served_names
 from k3artifacts.stores.file import FileStore
 from tests.fixtures.moves import promote
 from tests.flow_helpers import answer_when_requested
@@ -53,7 +53,7 @@ def test_promote_smokes_the_endpoint_before_asking_for_approval(store, releases,
                                                                 reviewed, server):
     release = releases.release()
     reviewed(release)
-    s = server(served_name(release))
+    s = server(served_names(release))
     thread, outcome = answer_when_requested(store.url, {"decision": "approve",
                                                         "reviewer": "alice"})
     state = promote_release(tuple_id=release.id, channel="staging", store_url=store.url,
