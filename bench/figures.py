@@ -6,90 +6,34 @@ from __future__ import annotations
 import os
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
+from .children import (
+    REPO,
+    Options,
+    cp_rate,
+    curl_rate,
+    published_release,
+    stage_child,
+)
+from .children import (
+    rate as _rate,
+)
 from .env import MB, Bench, Row, cache_note, force_rmtree
+from .headline import headline
+from .incremental import incremental
 from .pull import pull
+from .s3_real import stage_vs_s5cmd
+from .signing import signing
 
-REPO = "moonshotai/Kimi-K3"
 TINY_REPO = "bench/many-small-files"
-
-
-@dataclass(frozen=True)
-class Options:
-    size: int
-    shards: int
-    rss_size: int
-    tiny_files: int
-    s3_size: int
-    workers: int
-    real_s3_size: int
-    incr_size: int
-    pull_size: int
-
-
-def _rate(nbytes: int, seconds: float) -> float:
-    return nbytes / seconds / MB
-
-
-# ----- helpers shared by several figures --------------------------------------------------------
-
-
-def stage_child(bench: Bench, endpoint: str, store_url: str, repo_id: str = REPO,
-                workers: int = 4, revision: str = "main", extra_env: dict | None = None):
-    """``k3a stage`` in a subprocess; returns (StageResult as dict, Child)."""
-    env = dict(bench.env, **(extra_env or {}))
-    child = bench.k3a(
-        "stage", repo_id, "--revision", revision, "--store", store_url, "--endpoint", endpoint,
-        "--workers", str(workers), "--json", "-q", env=env,
-    )
-    return child.json(), child
-
-
-def curl_rate(bench: Bench, endpoint: str, repo_id: str, commit: str, blobs: list[Path],
-              parallel: int) -> tuple[float, int]:
-    """Loopback HTTP read rate of every file of the revision, ``parallel`` at a time, to
-    /dev/null: the network side of the physical limit (no hashing, no disk write)."""
-    from k3artifacts.staging.hub import HubSource
-
-    src = HubSource(endpoint, token=False)
-    files = src.list_files(repo_id, commit)
-    argv = ["curl", "-sS", "--fail", "--parallel", "--parallel-max", str(parallel)]
-    for f in files:
-        argv += ["-o", "/dev/null", src.file_url(repo_id, commit, f.path)]
-    total = sum(f.size for f in files)
-    bench.settle(blobs)
-    child = bench.run(argv)
-    return _rate(total, child.seconds), total
-
-
-def cp_rate(bench: Bench, sources: list[Path], dest_parent: Path) -> float:
-    """``cp`` of the same bytes into a directory beside the store, then ``sync``: staging
-    fsyncs every file before publishing, so the copy is timed until its bytes are on disk."""
-    dest = dest_parent / "cp-limit"
-    dest.mkdir(parents=True)
-    total = sum(p.stat().st_size for p in sources)
-    bench.settle(sources)
-    started = time.perf_counter()
-    bench.run(["cp", *map(str, sources), str(dest)])
-    os.sync()
-    seconds = time.perf_counter() - started
-    force_rmtree(dest)
-    return _rate(total, seconds)
-
-
-def _published_release(bench: Bench, opts: Options) -> tuple[dict[str, Path], str, list[Path]]:
-    files = bench.release(opts.size, opts.shards)
-    commit = bench.publish_on_hub(REPO, files)
-    return files, commit, bench.blob_paths(REPO, commit)
 
 
 # ----- 1 and 2: staging against the machine and against the hand-written pipeline ---------------
 
 
 def staging(bench: Bench, opts: Options, shared: dict) -> list[Row]:
-    files, commit, blobs = _published_release(bench, opts)
+    files, commit, blobs = published_release(bench, opts)
     total = sum(p.stat().st_size for p in blobs)
     rows: list[Row] = []
     with bench.hub() as endpoint:
@@ -169,7 +113,7 @@ print(json.dumps({"ok": report.ok, "bytes": report.bytes, "seconds": seconds}))
 def verify(bench: Bench, opts: Options, shared: dict) -> list[Row]:
     if "file_store" not in shared:
         with bench.hub() as endpoint:
-            _, commit, blobs = _published_release(bench, opts)
+            _, commit, blobs = published_release(bench, opts)
             store = bench.fresh("store-file")
             bench.settle(blobs)
             result, _ = stage_child(bench, endpoint, f"file://{store}", workers=opts.workers)
@@ -396,24 +340,6 @@ def channels(bench: Bench, opts: Options, shared: dict) -> list[Row]:
 
 
 #: In the issue's order; ``--only`` takes these names.
-def _s3_real(bench: Bench, opts: Options, shared: dict) -> list[Row]:
-    from .s3_real import stage_vs_s5cmd
-
-    return stage_vs_s5cmd(bench, opts, shared)
-
-
-def _signing(bench: Bench, opts: Options, shared: dict) -> list[Row]:
-    from .signing import signing
-
-    return signing(bench, opts, shared)
-
-
-def _incremental(bench: Bench, opts: Options, shared: dict) -> list[Row]:
-    from .incremental import incremental
-
-    return incremental(bench, opts, shared)
-
-
 FIGURES = {
     "staging": staging,  # 1 and 2
     "s3": s3,  # 3
@@ -421,8 +347,9 @@ FIGURES = {
     "channels": channels,  # 5
     "rss": rss,  # 6
     "perfile": per_file,  # 7
-    "s3real": _s3_real,  # 8
-    "signing": _signing,  # 9
-    "incremental": _incremental,  # 10
+    "s3real": stage_vs_s5cmd,  # 8
+    "signing": signing,  # 9
+    "incremental": incremental,  # 10
     "pull": pull,  # 11
+    "headline": headline,  # issue 22
 }

@@ -14,6 +14,7 @@ import uuid
 from k3artifacts.localhub.synthetic import derive_revision
 from k3artifacts.sandbox.seaweed import SeaweedS3
 
+from .children import stage_child
 from .env import Bench, Row
 
 CHANGED = "generation_config.json"
@@ -36,8 +37,6 @@ def _row(store: str, files: dict, changed_size: int, full: dict, second: dict) -
 
 
 def incremental(bench: Bench, opts, shared: dict) -> list[Row]:
-    from .figures import stage_child
-
     rows = []
     files = bench.release(opts.incr_size, opts.shards, seed=7)
     with bench.hub() as hub, SeaweedS3(bench.fresh("seaweedfs-incr")) as server:

@@ -15,6 +15,7 @@ import uuid
 
 from k3artifacts.sandbox.seaweed import SeaweedS3
 
+from .children import stage_child
 from .env import MB, Bench, Row, cache_note
 
 REPO = "bench/s3-real"
@@ -32,8 +33,6 @@ def _s5cmd() -> str:
 
 
 def stage_vs_s5cmd(bench: Bench, opts, shared: dict) -> list[Row]:
-    from .figures import stage_child
-
     files = bench.release(opts.real_s3_size, opts.shards, seed=5)
     commit = bench.publish_on_hub(REPO, files)
     blobs = bench.blob_paths(REPO, commit)

@@ -14,6 +14,7 @@ import os
 import sys
 from pathlib import Path
 
+from .children import REPO, published_release, stage_child
 from .env import Bench, Row, cache_note
 
 _SIGN_CHILD = """
@@ -59,13 +60,11 @@ def _keys(bench: Bench) -> tuple[Path, Path, Path]:
 
 
 def signing(bench: Bench, opts, shared: dict) -> list[Row]:
-    from .figures import REPO, _published_release, stage_child
-
     model_signing = str(Path(sys.executable).with_name("model_signing"))
     if not os.path.exists(model_signing):
         raise RuntimeError("model_signing not found: pip install -e .[test] (the test extra)")
     with bench.hub() as endpoint:
-        _, commit, blobs = _published_release(bench, opts)
+        _, commit, blobs = published_release(bench, opts)
         store = bench.fresh("store-signing")
         bench.settle(blobs)
         stage_child(bench, endpoint, f"file://{store}", workers=opts.workers)
