@@ -23,12 +23,11 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from k3artifacts.sandbox.seaweed import SeaweedS3
+from tests.support.seaweed import SeaweedS3
 
-from .children import Options, stage_child
 from .env import Bench, Row, force_rmtree
-from .s3_real import _s5cmd
-from .signing import _keys
+from .staging import Options, stage_child
+from .tools import s5cmd, signing_keys
 
 REPO = "bench/headline"
 
@@ -81,11 +80,11 @@ class _Sides:
         self.endpoint = server.endpoint
         self.k3a_url = f"s3://{server.create_bucket(f'k3a-hl-{uuid.uuid4().hex[:8]}')}/k3a"
         self.peer_url = f"s3://{server.create_bucket(f'peer-hl-{uuid.uuid4().hex[:8]}')}/peer/"
-        self.key, _, _ = _keys(bench)
+        self.key, _, _ = signing_keys(bench)
         self.k3a_nodes = [bench.fresh(f"k3a-node-{i}") for i in range(opts.nodes)]
         self.peer_nodes = [bench.fresh(f"peer-node-{i}") for i in range(opts.nodes)]
         self.hf_cache = bench.fresh("hf-cache")
-        self.s5 = _s5cmd()
+        self.s5 = s5cmd()
 
     def k3a(self, commit: str) -> tuple[Leg, dict]:
         leg = Leg()

@@ -26,7 +26,7 @@ from k3artifacts.nodecache.fetch import Tuning
 from k3artifacts.nodecache.layout import CacheLayout, default_root, parse_revision
 from k3artifacts.nodecache.pull import PullObserver, pull, resolve_target
 from k3artifacts.nodecache.retention import gc, list_cached, remove
-from k3artifacts.reporting.progress import BytesProgress
+from k3artifacts.reporting.progress import BytesProgress, human_size
 
 DEFAULTS = Tuning()
 
@@ -126,7 +126,7 @@ def cache_ls(root, as_json):
 
     def human() -> None:
         for c in cached:
-            click.echo(f"{c.revision}  {c.bytes / 2**30:8.2f} GiB  {c.files:5d} files"
+            click.echo(f"{c.revision}  {human_size(c.bytes):>10}  {c.files:5d} files"
                        f"{'  leased' if c.leased else ''}{'  partial' if c.partial else ''}")
 
     emit(as_json, [c.__dict__ for c in cached], human)
