@@ -725,7 +725,7 @@ class _PartUpload(StreamedPut):
         self.local_path = local_path
         self.key = f"{writer.prefix}/{path}"
         self.s3_key = self.store.key(self.key)
-        self.part_size = self.store.tuning.upload_part_size(size)
+        self._part_size = self.store.tuning.upload_part_size(size)
         self._fd: int | None = None
         self._upload_id: str | None = None
         self._next = 0  # offset of the first part not yet submitted
@@ -739,11 +739,19 @@ class _PartUpload(StreamedPut):
     def written(self, upto: int) -> None:
         if self._failed is not None:
             return  # finish() reports it; the download goes on
-        while self._next + self.part_size <= min(upto - STREAM_LAG, self.size):
-            self._submit(self._next, self.part_size)
+        while self._next + self._part_size <= min(upto - STREAM_LAG, self.size):
+            self._open(self.local_path)
+            self._submit(self._next, self._part_size)
+
+    def _open(self, path: Path) -> None:
+        """Open the file on the caller's thread, while ``path`` names it: the downloader moves
+        a verified file out of its partial name, possibly before a queued part is read."""
+        with self._lock:
+            if self._fd is None:
+                self._fd = os.open(path, os.O_RDONLY)
 
     def _submit(self, offset: int, length: int) -> None:
-        number = offset // self.part_size + 1
+        number = offset // self._part_size + 1
         self._next = offset + length
         self._futures.append(self.writer.pool().submit(self._send, number, offset, length))
 
@@ -752,8 +760,6 @@ class _PartUpload(StreamedPut):
     def _upload(self) -> str:
         with self._lock:
             if self._upload_id is None:
-                if self._fd is None:
-                    self._fd = os.open(self.local_path, os.O_RDONLY)
                 self.writer.note_written(self.key)
                 resp = self.store.client.create_multipart_upload(
                     Bucket=self.store.bucket, Key=self.s3_key,
@@ -799,9 +805,6 @@ class _PartUpload(StreamedPut):
 
     def finish(self, record: FileRecord, checksums: Mapping[str, str],
                local_path: Path) -> ObjectReceipt | None:
-        with self._lock:
-            if self._fd is None:  # nothing read yet: the verified file may have moved since
-                self.local_path = local_path
         crc = checksums.get("crc64nvme")
         if crc is None or record.size != self.size or (
                 self.metadata.get(META_SHA256) != record.sha256):
@@ -810,8 +813,10 @@ class _PartUpload(StreamedPut):
         what = f"uploading {self.local_path} to s3://{self.store.bucket}/{self.s3_key}"
         try:
             with aws_errors(what):
+                if self._next < self.size:
+                    self._open(local_path)  # where nothing was sent yet, the file is there now
                 while self._next < self.size:
-                    self._submit(self._next, min(self.part_size, self.size - self._next))
+                    self._submit(self._next, min(self._part_size, self.size - self._next))
                 self._drain()
                 sent = 0
                 for number in sorted(self._parts):
