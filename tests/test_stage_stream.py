@@ -8,6 +8,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import os
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -128,3 +129,38 @@ def test_killed_with_parts_sent_then_rerun_completes(local_hub, seaweed, seaweed
     assert client.get_object(Bucket=seaweed_bucket, Key=key)["Body"].read() == _bytes(
         files, SHARD1)
     assert verify_revision(store=store, repo_id=REPO, commit=commit, full=True).ok
+
+
+def _stage_peak_rss(k3a_cmd, env, args, log: Path) -> int:
+    """Peak RSS of one ``k3a stage`` process (its own, from wait4)."""
+    with open(log, "wb") as err:
+        proc = subprocess.Popen([*k3a_cmd, *args], env=env, stdin=subprocess.DEVNULL,
+                                stdout=subprocess.DEVNULL, stderr=err)
+        _, status, usage = os.wait4(proc.pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0, log.read_text()[-3000:]
+    return usage.ru_maxrss * 1024
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "measured on main and on this branch alike, file store and S3 alike: 48 MiB shards peak "
+    "~93 MB above 6 MiB shards while tracemalloc's peak is 31 MB for both; with "
+    "MALLOC_MMAP_THRESHOLD_=131072 in the environment the peaks are equal, so glibc keeps "
+    "freed 1-16 MiB buffers in its heaps (mallopt at run start did not help). Open: issue 22"))
+def test_peak_memory_does_not_follow_the_shard_size(local_hub, seaweed, seaweed_bucket,
+                                                    tmp_path, k3a_env, k3a_cmd):
+    """Shards 8x bigger, same peak RSS (loosely): parts in flight are bounded buffers and the
+    download streams through one, so a shard is never held in memory."""
+    env = dict(k3a_env, **seaweed.env, K3A_S3_PART_SIZE="5MiB", K3A_S3_CONCURRENCY="2")
+    env.pop("AWS_SESSION_TOKEN", None)
+    url = f"s3://{seaweed_bucket}/k3a"
+    peaks = {}
+    for shard_bytes, seed in ((6 * MiB, 1), (48 * MiB, 2)):
+        local_hub.hub.add_commit(REPO, small_release(tmp_path, shard_bytes=shard_bytes,
+                                                     seed=seed))
+        peaks[shard_bytes] = _stage_peak_rss(k3a_cmd, env, [
+            "stage", REPO, "--endpoint", local_hub.endpoint, "--store", url,
+            "--quarantine", str(tmp_path / f"q{seed}"), "-q"], tmp_path / f"stage{seed}.log")
+    small, big = peaks[6 * MiB], peaks[48 * MiB]
+    # Holding one 48 MiB shard (two are in flight) would add at least that much.
+    assert big - small < 48 * MiB, peaks
+    assert big <= small * 1.25, peaks
