@@ -425,3 +425,40 @@ def test_hostile_hub_cases_through_the_cli(k3a_cmd, k3a_env, local_hub, tmp_path
     assert "\u202e" not in bidi.stderr
     # Refused before any byte moved.
     assert not file_gets(hub, mark)
+
+
+def test_redirects_are_bounded_and_never_leave_http():
+    """A server that redirects for ever (or to another scheme) is an answer, not a hang."""
+    import http.server
+    import threading
+
+    from k3artifacts.staging.download import PermanentError, open_following
+
+    hits = []
+
+    class Loop(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 - the base class's name
+            hits.append(self.path)
+            self.send_response(302)
+            target = "file:///etc/passwd" if self.path == "/scheme" else f"/hop{len(hits)}"
+            self.send_header("Location", target)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Loop)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}"
+        with pytest.raises(PermanentError, match="more than 2 redirects"):
+            open_following(f"{url}/start", {}, RetryPolicy(max_redirects=2), hub_url=url)
+        assert hits == ["/start", "/hop1", "/hop2"]
+        with pytest.raises(PermanentError, match="non-HTTP URL"):
+            open_following(f"{url}/scheme", {}, RetryPolicy(), hub_url=url)
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=5)
