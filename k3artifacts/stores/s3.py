@@ -15,6 +15,11 @@ Same key layout as the file store, under ``prefix``. What S3 gives us instead of
   the part size and cannot be compared with a whole-file digest; CRC64NVME is whole-object for
   any part size, S3's own default, and runs at ~7 GB/s here (awscrt). Our sha256 and xxh3-128
   ride along as object metadata (``x-amz-meta-k3a-sha256``, ``x-amz-meta-k3a-xxh3-128``).
+* **Streaming**: a shard at or above the multipart threshold is sent by this package in parts
+  (:class:`_PartUpload`) while it is still downloading into quarantine, each part one ``pread``
+  of bytes still in the page cache; the upload is completed only after the shard is verified
+  and only if the CRCs of the parts sent combine to the CRC of the verified bytes. Smaller
+  files go in one PUT after verification (s3transfer).
 * **Reuse**: a file staging planned to take from a published revision of the same repo
   (:meth:`S3RevisionWriter.reuse`) is not copied at all: the new revision's object records
   (``.k3a/s3-objects.json``) name the object and version the source's records name, after a
