@@ -38,13 +38,15 @@ import base64
 import contextlib
 import dataclasses
 import hashlib
+import http.client
 import json
 import logging
 import math
 import os
 import re
 import threading
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -671,15 +673,14 @@ class _S3Ranges(RangeReader):
         try:
             resp = self.client.get_object(**args)
             body = resp["Body"]
-            # The urllib3 response under botocore's StreamingBody reads into our buffer with
-            # no intermediate bytes object (the copy that costs at several GB/s).
             raw = getattr(body, "_raw_stream", None)
+            read_into = _socket_reader(raw)
             done = 0
             with body:
                 while done < length:
                     want = buf[: min(len(buf), length - done)]
-                    if raw is not None and hasattr(raw, "readinto"):
-                        n = raw.readinto(want)
+                    if read_into is not None:
+                        n = read_into(want)
                     else:
                         chunk = body.read(len(want))
                         n = len(chunk)
@@ -688,10 +689,33 @@ class _S3Ranges(RangeReader):
                         raise ShortRead(f"{path}: response ended at {offset + done}")
                     sink(buf[:n])
                     done += n
+                if read_into is not None and raw._fp.isclosed():
+                    # Read to its end behind urllib3's back: hand the connection back to the
+                    # pool ourselves, or closing the body would close it.
+                    raw.release_conn()
         except (bex.BotoCoreError, bex.ClientError) as exc:
             raise awsclients.translate(exc, f"reading {self.store.s3_url(key)}") from exc
-        except (OSError, ValueError) as exc:  # urllib3 protocol errors surface as these
+        except (OSError, ValueError, http.client.HTTPException) as exc:
+            # urllib3 protocol errors surface as OSError/ValueError; a connection cut while
+            # reading through http.client as IncompleteRead.
             raise Unavailable(f"reading {path}: {exc}") from exc
+
+
+def _socket_reader(raw: Any) -> Callable[[memoryview], int] | None:
+    """``readinto`` of the http.client response under urllib3's, where the body is sent as is.
+
+    urllib3's own ``readinto`` reads into a new bytes object and copies it into the buffer: per
+    MiB a fresh allocation (an mmap, 256 page faults, an munmap) and a copy. http.client's
+    reads from the socket straight into our buffer and stops at Content-Length. Where the
+    body is content-encoded (urllib3 would decode it) or the private attribute is gone, None:
+    the caller reads through botocore."""
+    fp = getattr(raw, "_fp", None)
+    headers = getattr(raw, "headers", None)
+    if not isinstance(fp, http.client.HTTPResponse) or headers is None:
+        return None
+    if headers.get("Content-Encoding", "identity").lower() != "identity":
+        return None
+    return fp.readinto
 
 
 #: How far behind the downloaded offset a streamed part must end. The downloader writes through
@@ -738,6 +762,10 @@ class _PartUpload(StreamedPut):
         self._parts: dict[int, tuple[dict[str, Any], int, int]] = {}  # n -> (part, crc, len)
         self._lock = threading.Lock()
         self._failed: BaseException | None = None
+        #: TransferTuning.max_bandwidth: parts start no faster than it allows.
+        self._bandwidth = self.store.tuning.max_bandwidth
+        self._paced_from: float | None = None
+        self._paced_bytes = 0
 
     # ----- called by the downloading thread -------------------------------------------------------
 
@@ -777,6 +805,7 @@ class _PartUpload(StreamedPut):
     def _send(self, number: int, offset: int, length: int) -> None:
         try:
             upload_id = self._upload()
+            self._pace(length)
             assert self._fd is not None
             data = os.pread(self._fd, length, offset)
             while len(data) < length:  # short reads happen on some filesystems
@@ -799,6 +828,19 @@ class _PartUpload(StreamedPut):
             raise
 
     # ----- the end --------------------------------------------------------------------------------
+
+    def _pace(self, length: int) -> None:
+        """Hold a part until the bytes sent before it fit ``max_bandwidth`` (no limit: go)."""
+        if not self._bandwidth:
+            return
+        with self._lock:
+            now = time.monotonic()
+            if self._paced_from is None:
+                self._paced_from = now
+            due = self._paced_from + self._paced_bytes / self._bandwidth
+            self._paced_bytes += length
+        if due > now:
+            time.sleep(due - now)
 
     def _drain(self) -> None:
         for future in self._futures:
