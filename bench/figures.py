@@ -383,6 +383,12 @@ def _incremental(bench: Bench, opts: Options, shared: dict) -> list[Row]:
     return incremental(bench, opts, shared)
 
 
+def _headline(bench: Bench, opts: Options, shared: dict) -> list[Row]:
+    from .headline import headline
+
+    return headline(bench, opts, shared)
+
+
 FIGURES = {
     "staging": staging,  # 1 and 2
     "s3": s3,  # 3
@@ -394,4 +400,5 @@ FIGURES = {
     "signing": _signing,  # 9
     "incremental": _incremental,  # 10
     "pull": pull,  # 11
+    "headline": _headline,  # issue 22
 }

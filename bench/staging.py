@@ -24,6 +24,8 @@ class Options:
     real_s3_size: int
     incr_size: int
     pull_size: int
+    #: Node caches each revision is pulled onto (the headline figure).
+    nodes: int = 2
 
 
 def stage_child(bench: Bench, endpoint: str, store_url: str, repo_id: str = REPO,

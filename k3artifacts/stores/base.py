@@ -152,8 +152,42 @@ class Versioned:
     token: str
 
 
+class StreamedPut(ABC):
+    """A file handed to the store while it is still being downloaded (see
+    :meth:`RevisionWriter.begin_put`): its bytes go out as they land, not in a second read of
+    the whole file after it was verified. Nothing of it is visible until :meth:`finish`."""
+
+    @abstractmethod
+    def written(self, upto: int) -> None:
+        """Bytes ``[0, upto)`` of the local file hold what will be verified (not necessarily
+        durable yet). Called from the downloading thread; must return quickly."""
+
+    @abstractmethod
+    def finish(
+        self, record: FileRecord, checksums: Mapping[str, str], local_path: Path
+    ) -> PutReceipt | None:
+        """The file is complete and verified as ``record`` and lies at ``local_path`` now (a
+        verified file is moved out of its partial name): send the rest and make it a file of
+        the revision. None when what was sent cannot be proven to be the verified bytes (the
+        file changed under us, or a download restarted from zero): nothing was put, the caller
+        puts the file whole."""
+
+    @abstractmethod
+    def cancel(self) -> None:
+        """The download failed or was refused: drop whatever was sent."""
+
+
 class RevisionWriter(ABC):
     """Accumulates one revision's files; nothing is visible to readers until :meth:`commit`."""
+
+    def begin_put(
+        self, path: str, size: int, sha256: str, local_path: Path
+    ) -> StreamedPut | None:
+        """Start putting a file of ``size`` bytes, expected to hash to ``sha256`` (upstream's
+        LFS digest), that is being downloaded to ``local_path``; or None when this store takes
+        files whole through :meth:`put_file` (a file tree links the verified file: there is
+        nothing to overlap)."""
+        return None
 
     @abstractmethod
     def put_file(
