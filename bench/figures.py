@@ -9,6 +9,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from .cli_start import cli_start
 from .env import MB, Bench, Row, cache_note, force_rmtree
 from .pull import pull
 
@@ -27,6 +28,7 @@ class Options:
     real_s3_size: int
     incr_size: int
     pull_size: int
+    start_runs: int
 
 
 def _rate(nbytes: int, seconds: float) -> float:
@@ -425,4 +427,5 @@ FIGURES = {
     "signing": _signing,  # 9
     "incremental": _incremental,  # 10
     "pull": pull,  # 11
+    "cli-start": cli_start,  # 12
 }

@@ -74,6 +74,8 @@ def main(argv: list[str] | None = None) -> int:
                    "file store and into SeaweedFS (default 512MiB)")
     p.add_argument("--pull-size", type=parse_size, default=parse_size("1GiB"),
                    help="revision size for the k3a pull figure (SeaweedFS; default 1GiB)")
+    p.add_argument("--start-runs", type=int, default=9,
+                   help="fresh processes timed per command in the cli-start figure (median)")
     p.add_argument("--workers", type=int, default=default_workers(),
                    help="concurrent files (default: k3a stage's, one per core from 2 to 8)")
     p.add_argument("--only", action="append", choices=sorted(FIGURES),
@@ -91,7 +93,8 @@ def main(argv: list[str] | None = None) -> int:
     opts = Options(size=args.size, shards=args.shards, rss_size=args.rss_size,
                    tiny_files=args.tiny_files, s3_size=args.s3_size,
                    workers=args.workers, real_s3_size=args.real_s3_size,
-                   incr_size=args.incr_size, pull_size=args.pull_size)
+                   incr_size=args.incr_size, pull_size=args.pull_size,
+                   start_runs=args.start_runs)
     names = args.only or list(FIGURES)
     rows: list[Row] = []
     shared: dict = {}

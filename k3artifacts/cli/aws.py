@@ -4,22 +4,20 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 from urllib.parse import urlparse
 
 import click
 
-from k3artifacts.cli import cli
-from k3artifacts.cli.common import emit, get_store, handle_errors, json_option, store_option
+from k3artifacts.cli.common import emit, get_store, json_option, store_option
 from k3artifacts.errors import ConfigError, NotFound
-from k3artifacts.revisions.refs import match_revision_ref
-from k3artifacts.stores import awsclients
-from k3artifacts.stores.bootstrap import BootstrapReport, bootstrap
-from k3artifacts.stores.bucket_policies import BucketPolicyInputs, iam_policies
-from k3artifacts.stores.fsx import start_preload
+
+if TYPE_CHECKING:
+    from k3artifacts.stores.bootstrap import BootstrapReport
 
 endpoint_option = click.option(
-    "--endpoint-url", envvar=awsclients.S3_ENDPOINT_ENV, default=None,
-    help=f"S3 endpoint (moto, MinIO, VPC endpoint). Default: ${awsclients.S3_ENDPOINT_ENV}, "
+    "--endpoint-url", default=None,
+    help="S3 endpoint (moto, MinIO, VPC endpoint). Default: $K3A_S3_ENDPOINT_URL, "
     "else boto3's own.",
 )
 profile_option = click.option("--profile", envvar="AWS_PROFILE", help="AWS profile to use.")
@@ -32,7 +30,7 @@ def _bucket_and_prefix(url: str) -> tuple[str, str]:
     return parsed.netloc, parsed.path.strip("/")
 
 
-@cli.command("bootstrap")
+@click.command("bootstrap")
 @click.argument("bucket_url", metavar="s3://BUCKET[/PREFIX]")
 @click.option("--admin-role-arn", required=True,
               help="The only role allowed to delete under models/ and releases/ or change "
@@ -50,7 +48,7 @@ def _bucket_and_prefix(url: str) -> tuple[str, str]:
               "omitted). Its policy must allow logging.s3.amazonaws.com; the error says how.")
 @click.option("--log-prefix", help="Key prefix of the access logs. Default: BUCKET/PREFIX/.")
 @click.option("--noncurrent-days", type=click.IntRange(min=1), default=30, show_default=True,
-              help="Days before noncurrent object versions expire (what `k3a gc` leaves).")
+              help="Days before noncurrent object versions expire (what `k3a revision gc` leaves).")
 @click.option("--create-bucket", is_flag=True, help="Create the bucket when it does not exist.")
 @click.option("--dry-run", is_flag=True, help="Show what differs; change nothing.")
 @click.option("--iam-out", type=click.Path(file_okay=False, path_type=Path),
@@ -59,7 +57,6 @@ def _bucket_and_prefix(url: str) -> tuple[str, str]:
 @endpoint_option
 @profile_option
 @json_option
-@handle_errors
 def bootstrap_cmd(
     bucket_url: str, admin_role_arn: str, inference_role_arn: str, kms_key_arn: str,
     downloader_role_arn: str | None, promoter_role_arn: str | None,
@@ -80,6 +77,9 @@ def bootstrap_cmd(
     Exit codes: 0 done (or dry run shown), 7 bucket missing (see --create-bucket),
     8 S3 unreachable, 9 bad ARN/URL or missing permission.
     """
+    from k3artifacts.stores.bootstrap import bootstrap
+    from k3artifacts.stores.bucket_policies import BucketPolicyInputs, iam_policies
+
     bucket, prefix = _bucket_and_prefix(bucket_url)
     inputs = BucketPolicyInputs(
         bucket=bucket, prefix=prefix, admin_role_arn=admin_role_arn,
@@ -88,6 +88,8 @@ def bootstrap_cmd(
         extra_reader_arns=extra_readers, log_bucket=log_bucket, log_prefix=log_prefix,
         noncurrent_days=noncurrent_days,
     )
+    from k3artifacts.stores import awsclients
+
     client = awsclients.s3_client(endpoint_url, profile, inputs.region)
     report = bootstrap(client, inputs, dry_run=dry_run, create_bucket=create_bucket)
     written: list[str] = []
@@ -119,7 +121,7 @@ def _print_report(report: BootstrapReport, written: list[str]) -> None:
         click.echo(f"wrote {path}")
 
 
-@cli.group("fsx")
+@click.group("fsx")
 def fsx_group() -> None:
     """FSx for Lustre file systems linked to the release bucket."""
 
@@ -133,7 +135,6 @@ def fsx_group() -> None:
 @profile_option
 @click.option("--region", envvar="AWS_REGION", help="Region of the file system.")
 @json_option
-@handle_errors
 def fsx_preload(ref: str, file_system_id: str, store_url: str, fsx_endpoint_url: str | None,
                 profile: str | None, region: str | None, as_json: bool) -> None:
     """Import a published revision's metadata from S3 into a linked FSx for Lustre file system.
@@ -148,6 +149,9 @@ def fsx_preload(ref: str, file_system_id: str, store_url: str, fsx_endpoint_url:
     Exit codes: 0 task started, 7 revision or file system not found, 8 FSx unreachable,
     9 store is not S3, file system not Lustre or not linked to the store's bucket.
     """
+    from k3artifacts.revisions.refs import match_revision_ref
+    from k3artifacts.stores.fsx import start_preload
+
     parsed = match_revision_ref(ref)
     if parsed is None:
         raise click.BadParameter("write ORG/NAME@<40-hex commit>", param_hint="REF")
@@ -161,6 +165,8 @@ def fsx_preload(ref: str, file_system_id: str, store_url: str, fsx_endpoint_url:
     if store.read_manifest(repo_id, commit) is None:
         raise NotFound(f"{repo_id}@{commit} is not published in {store.url}",
                        hint="stage it first (k3a stage)")
+    from k3artifacts.stores import awsclients
+
     client = awsclients.client("fsx", endpoint_url=fsx_endpoint_url, profile=profile,
                                region=region)
     started = start_preload(client, file_system_id, store.location(repo_id, commit))

@@ -3,26 +3,25 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
-from k3artifacts.cli import cli
 from k3artifacts.cli.common import (
     emit,
     get_store,
-    handle_errors,
     json_option,
     policies_option,
     store_option,
 )
 from k3artifacts.errors import GateFailed, K3AError
-from k3artifacts.promotion.gates import GATE_TABLE_HEADER, check_gates, gate_rows
-from k3artifacts.promotion.moves import MoveResult, promote, rollback
-from k3artifacts.releases.actor import Actor, resolve_actor
-from k3artifacts.releases.channels import GateResult, HistoryEntry, history, list_channels
-from k3artifacts.releases.policies import load_gate_policy
-from k3artifacts.releases.reviews import license_text, review_code, review_license
-from k3artifacts.stores.base import Store
+
+if TYPE_CHECKING:
+    from k3artifacts.promotion.moves import MoveResult
+    from k3artifacts.releases.actor import Actor
+    from k3artifacts.releases.channels import GateResult, HistoryEntry
+    from k3artifacts.stores.base import Store
+
 
 by_option = click.option(
     "--by",
@@ -35,6 +34,9 @@ by_option = click.option(
 
 
 def _actor(store: Store, policies_dir: Path, by: str | None) -> Actor:
+    from k3artifacts.releases.actor import resolve_actor
+    from k3artifacts.releases.policies import load_gate_policy
+
     identity = load_gate_policy(policies_dir).identity
     return resolve_actor(store, typed=by, claims_allowed=identity.claimed_actor_on_file_stores)
 
@@ -46,6 +48,8 @@ def _table(rows: list[list[str]], header: list[str]) -> None:
 
 
 def _gate_table(results: list[GateResult]) -> None:
+    from k3artifacts.promotion.gates import GATE_TABLE_HEADER, gate_rows
+
     if results:
         _table(gate_rows(results), GATE_TABLE_HEADER)
     else:
@@ -68,7 +72,7 @@ def _move_summary(result: MoveResult) -> None:
     )
 
 
-@cli.command("promote")
+@click.command("promote")
 @click.argument("tuple_id")
 @click.argument("channel")
 @click.option(
@@ -89,7 +93,6 @@ def _move_summary(result: MoveResult) -> None:
 @policies_option
 @store_option
 @json_option
-@handle_errors
 def promote_cmd(
     tuple_id: str,
     channel: str,
@@ -117,6 +120,8 @@ def promote_cmd(
     Exit codes: 0 moved (or already there), 5 a gate failed, 6 lost a race (another move won;
     nothing written), 7 unknown tuple or channel not in the policy, 9 bad policy or override.
     """
+    from k3artifacts.promotion.moves import promote
+
     if len(override_gates) != len(override_reasons):
         raise click.UsageError("give exactly one --reason for each --override-gate")
     overrides = dict(zip(override_gates, override_reasons, strict=True))
@@ -140,7 +145,7 @@ def promote_cmd(
     emit(as_json, result, human)
 
 
-@cli.command("rollback")
+@click.command("rollback")
 @click.argument("channel")
 @click.option(
     "--to",
@@ -154,7 +159,6 @@ def promote_cmd(
 @policies_option
 @store_option
 @json_option
-@handle_errors
 def rollback_cmd(
     channel: str,
     to: str | None,
@@ -173,6 +177,8 @@ def rollback_cmd(
     Exit codes: 0 moved (or already there), 4 target's manifest changed, 6 lost a race,
     7 unknown channel, target never on it, or target's weights gone.
     """
+    from k3artifacts.promotion.moves import rollback
+
     store = get_store(store_url)
     actor = _actor(store, policies_dir, by)
     result = rollback(
@@ -185,6 +191,8 @@ def rollback_cmd(
 def _policy_channels(policies_dir: Path) -> set[str] | None:
     """The channels the gate policy allows, or None when there is no readable policy here
     (a rollback needs none: it only returns to tuples that passed their gates)."""
+    from k3artifacts.releases.policies import load_gate_policy
+
     try:
         return set(load_gate_policy(policies_dir).channels)
     except K3AError:
@@ -206,17 +214,24 @@ def _history_row(e: HistoryEntry) -> list[str]:
     ]
 
 
-@cli.command("history")
+@click.group("channel")
+def channel_group() -> None:
+    """Channel pointers in the store and the history of their moves. `k3a channels list` and
+    `k3a history CHANNEL` are the old spellings."""
+
+
+@channel_group.command("history")
 @click.argument("channel")
 @store_option
 @policies_option
 @json_option
-@handle_errors
 def history_cmd(channel: str, store_url: str, policies_dir: Path, as_json: bool) -> None:
     """Every move of CHANNEL, oldest first: seq, when, action, tuple, previous, who, why.
 
     Exit codes: 0 ok, 7 unknown channel.
     """
+    from k3artifacts.releases.channels import history
+
     entries = history(get_store(store_url), channel, _policy_channels(policies_dir))
     emit(
         as_json,
@@ -228,17 +243,13 @@ def history_cmd(channel: str, store_url: str, policies_dir: Path, as_json: bool)
     )
 
 
-@cli.group("channels")
-def channels_group() -> None:
-    """Channel pointers in the store."""
-
-
-@channels_group.command("list")
+@channel_group.command("list")
 @store_option
 @json_option
-@handle_errors
 def channels_list(store_url: str, as_json: bool) -> None:
     """Each channel with the tuple it points at and its last move."""
+    from k3artifacts.releases.channels import list_channels
+
     pointers = list_channels(get_store(store_url))
 
     def human() -> None:
@@ -263,14 +274,13 @@ def channels_list(store_url: str, as_json: bool) -> None:
     emit(as_json, [p.model_dump(mode="json") for p in pointers], human)
 
 
-@cli.command("gates")
+@click.command("gates")
 @click.argument("tuple_id")
 @click.argument("channel")
 @by_option
 @policies_option
 @store_option
 @json_option
-@handle_errors
 def gates_cmd(
     tuple_id: str, channel: str, by: str | None, policies_dir: Path, store_url: str,
     as_json: bool,
@@ -281,6 +291,8 @@ def gates_cmd(
     Exit codes: 0 every gate passes, 5 at least one fails, 7 unknown tuple or channel,
     9 bad policy.
     """
+    from k3artifacts.promotion.gates import check_gates
+
     store = get_store(store_url)
     actor = _actor(store, policies_dir, by)
     report = check_gates(store, tuple_id, channel, policies_dir=policies_dir, actor=actor.name)
@@ -291,7 +303,7 @@ def gates_cmd(
         raise SystemExit(GateFailed.exit_code)
 
 
-@cli.group("review")
+@click.group("review")
 def review_group() -> None:
     """Record that you read a tuple's license or remote code (a create-once record in the
     store, with your identity: the license and remote_code gates read only these)."""
@@ -305,7 +317,6 @@ def review_group() -> None:
 @policies_option
 @store_option
 @json_option
-@handle_errors
 def review_license_cmd(
     tuple_id: str,
     by: str | None,
@@ -324,6 +335,8 @@ def review_license_cmd(
     Exit codes: 0 ok, 4 stored text does not match the tuple, 7 unknown tuple or no license,
     9 a typed --by the policy does not allow, or a corrupt review record.
     """
+    from k3artifacts.releases.reviews import license_text, review_license
+
     store = get_store(store_url)
     if show:
         click.echo(license_text(store, tuple_id), nl=False)
@@ -352,7 +365,6 @@ def review_license_cmd(
 @policies_option
 @store_option
 @json_option
-@handle_errors
 def review_code_cmd(
     tuple_id: str, by: str | None, note: str | None, policies_dir: Path, store_url: str,
     as_json: bool,
@@ -363,6 +375,8 @@ def review_code_cmd(
     are skipped. Exit codes: 0 ok, 7 unknown tuple or revision not staged, 9 a typed --by the
     policy does not allow, or a corrupt review record.
     """
+    from k3artifacts.releases.reviews import review_code
+
     store = get_store(store_url)
     actor = _actor(store, policies_dir, by)
     outcome = review_code(store, tuple_id, by=actor.name, by_source=actor.source, note=note)

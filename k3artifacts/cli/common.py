@@ -1,26 +1,25 @@
-"""What every k3a command shares: the store option, --json output, errors -> exit codes."""
+"""What every k3a command shares: the store option, --json output, progress, sizes."""
 
 from __future__ import annotations
 
 import functools
 import json
-import os
-import signal
-import sys
-import threading
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
-from k3artifacts.canonical import to_plain
+from k3artifacts.cli import RESUME_HINT, set_interrupt_hint
+from k3artifacts.cli.app import JSON_META
 from k3artifacts.config import default_policies_dir, default_store_url, parse_size
-from k3artifacts.errors import K3AError, NotFound
-from k3artifacts.reporting.logs import LOG_FORMATS, configure_logging
-from k3artifacts.reporting.progress import DEFAULT_INTERVAL, ProgressReporter, make_reporter
-from k3artifacts.stores.base import Store
-from k3artifacts.stores.registry import open_store
+from k3artifacts.errors import NotFound
+from k3artifacts.reporting.logs import LOG_FORMATS
+from k3artifacts.reporting.progress import DEFAULT_INTERVAL
+
+if TYPE_CHECKING:
+    from k3artifacts.reporting.progress import ProgressReporter
+    from k3artifacts.stores.base import Store
 
 store_option = click.option(
     "--store",
@@ -50,8 +49,20 @@ signing_key_option = click.option(
     "K3A_SIGNING_KEY_PASSWORD.",
 )
 
+def _remember_json(ctx: click.Context, param: click.Parameter, value: bool) -> bool:
+    # The group reports a failure as JSON too (k3artifacts.cli.app).
+    if value:
+        ctx.meta[JSON_META] = True
+    return value
+
+
 json_option = click.option(
-    "--json", "as_json", is_flag=True, help="Print one JSON document on stdout (for scripts)."
+    "--json",
+    "as_json",
+    is_flag=True,
+    callback=_remember_json,
+    help="Print one JSON document on stdout (for scripts); a failure prints "
+    '{"error", "exit_code", "next"}.',
 )
 
 
@@ -83,6 +94,8 @@ def reporter(
 ) -> ProgressReporter:
     """The progress display of a command: none with -q, no bar under --json (a script reads
     stdout; periodic lines on stderr still help its logs)."""
+    from k3artifacts.reporting.progress import make_reporter
+
     mode = "lines" if as_json else "auto"
     return make_reporter(phase, mode=mode, interval=interval, log_format=log_format, quiet=quiet)
 
@@ -94,6 +107,8 @@ def get_store(url: str, *, must_exist: bool = True) -> Store:
     A mistyped path or bucket would otherwise read as an empty store ("no channels yet").
     The check is also the first contact with an S3 endpoint, which fails fast when the
     endpoint cannot be reached at all."""
+    from k3artifacts.stores.registry import open_store
+
     store = open_store(url)
     if not store.exists() and must_exist:
         raise NotFound(
@@ -107,60 +122,22 @@ def get_store(url: str, *, must_exist: bool = True) -> Store:
 def emit(as_json: bool, payload: Any, human: Callable[[], None]) -> None:
     """Print ``payload`` as JSON for scripts, or call ``human`` to print for people."""
     if as_json:
+        from k3artifacts.canonical import to_plain
+
         click.echo(json.dumps(to_plain(payload), indent=2, sort_keys=True, default=str))
     else:
         human()
 
 
-#: Exit code of a run stopped by Ctrl-C (SIGINT), as shells report it.
-INTERRUPTED = 130
-RESUME_HINT = "re-run the same command to resume: partial and verified files are kept"
-RETRY_HINT = "nothing half-written is visible to readers; re-run the same command"
+def resumable(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """For commands whose interrupted work a re-run resumes: Ctrl-C says so."""
 
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        set_interrupt_hint(RESUME_HINT)
+        return fn(*args, **kwargs)
 
-def _exit_interrupted(hint: str) -> None:
-    # Straight to the file descriptor: a worker thread may hold sys.stderr's lock mid-line.
-    os.write(2, f"\nerror: interrupted (Ctrl-C)\nnext: {hint}\n".encode())
-    # At once, as a crash would: waiting for running transfers to drain could take an hour
-    # at a multi-GB shard, and every write is already crash-safe (partial files are a prefix,
-    # records are created or swapped atomically, a revision is visible only with its manifest).
-    os._exit(INTERRUPTED)
-
-
-def handle_errors(
-    fn: Callable[..., Any] | None = None, *, on_interrupt: str = RETRY_HINT
-) -> Any:
-    """Turn library errors into one clear message on stderr and the documented exit code;
-    Ctrl-C exits 130 with ``on_interrupt`` as the next step."""
-
-    def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
-        @functools.wraps(fn)
-        def wrapper(*args: Any, **kwargs: Any) -> Any:
-            # The library's log records (retries, mostly) reach stderr in every command;
-            # commands with --log-format set it again from the option.
-            env_format = os.environ.get("K3A_LOG_FORMAT", "text")
-            configure_logging(env_format if env_format in LOG_FORMATS else "text")
-            previous = None
-            if _main_thread():
-                previous = signal.signal(signal.SIGINT, lambda *_: _exit_interrupted(on_interrupt))
-            try:
-                return fn(*args, **kwargs)
-            except K3AError as exc:
-                click.secho(f"error: {exc}", fg="red", err=True)
-                if exc.hint:
-                    click.echo(f"next: {exc.hint}", err=True)
-                sys.exit(exc.exit_code)
-            finally:
-                if previous is not None:
-                    signal.signal(signal.SIGINT, previous)
-
-        return wrapper
-
-    return decorate(fn) if fn is not None else decorate
-
-
-def _main_thread() -> bool:
-    return threading.current_thread() is threading.main_thread()
+    return wrapper
 
 
 class ByteSize(click.ParamType):

@@ -1,21 +1,20 @@
-"""``k3a gc``: retire published revisions no channel can reach (dry run unless --apply)."""
+"""``k3a revision gc``: retire published revisions no channel can reach (dry run unless --apply)."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
-from k3artifacts.cli import cli
-from k3artifacts.cli.channels import policies_option
-from k3artifacts.cli.common import emit, get_store, handle_errors, json_option, store_option
-from k3artifacts.promotion.gates.context import human_bytes
-from k3artifacts.releases.actor import resolve_actor
-from k3artifacts.releases.policies import load_gate_policy
-from k3artifacts.releases.retention import RevisionVerdict, plan, retire
+from k3artifacts.cli.common import emit, get_store, json_option, policies_option, store_option
+
+if TYPE_CHECKING:
+    from k3artifacts.releases.retention import RevisionVerdict
 
 
-@cli.command("gc")
+
+@click.command("gc")
 @click.option("--apply", "apply_", is_flag=True, help="Delete what the plan retires.")
 @click.option("--keep", type=click.IntRange(min=1), default=None,
               help="Keep the newest N revisions of each repo. Default: retention.keep.")
@@ -24,7 +23,6 @@ from k3artifacts.releases.retention import RevisionVerdict, plan, retire
 @policies_option
 @store_option
 @json_option
-@handle_errors
 def gc_cmd(apply_: bool, keep: int | None, keep_days: float | None, policies_dir: Path,
            store_url: str, as_json: bool) -> None:
     """Retire published revisions by the retention policy (policies/promotion-gates.yaml).
@@ -39,6 +37,10 @@ def gc_cmd(apply_: bool, keep: int | None, keep_days: float | None, policies_dir
     \b
     Exit codes: 0 done (or plan shown), 8 store unreachable, 9 bad policy.
     """
+    from k3artifacts.releases.actor import resolve_actor
+    from k3artifacts.releases.policies import load_gate_policy
+    from k3artifacts.releases.retention import plan, retire
+
     store = get_store(store_url)
     policy = load_gate_policy(policies_dir)
     verdicts = plan(
@@ -59,6 +61,8 @@ def gc_cmd(apply_: bool, keep: int | None, keep_days: float | None, policies_dir
 
 
 def _print(verdicts: list[RevisionVerdict], applied: bool) -> None:
+    from k3artifacts.promotion.gates.context import human_bytes
+
     if not verdicts:
         click.echo("no published revisions")
         return

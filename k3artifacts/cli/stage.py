@@ -3,31 +3,29 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
-from k3artifacts.cli import cli
 from k3artifacts.cli.common import (
-    RESUME_HINT,
     ByteSize,
     emit,
     get_store,
-    handle_errors,
     json_option,
     progress_options,
     reporter,
+    resumable,
     signing_key_option,
     store_option,
 )
 from k3artifacts.config import default_workers
-from k3artifacts.reporting.progress import DEFAULT_INTERVAL, StageProgress
-from k3artifacts.revisions.refs import check_repo_id
-from k3artifacts.staging.download import RetryPolicy
-from k3artifacts.staging.engine import StageOptions, StageResult, plan_stage, stage
-from k3artifacts.staging.hub import HubSource
-from k3artifacts.staging.plan import StagePlan
-from k3artifacts.staging.quarantine import quarantine_root_for
-from k3artifacts.stores.base import Store
+
+if TYPE_CHECKING:
+    from k3artifacts.staging.engine import StageOptions, StageResult
+    from k3artifacts.staging.plan import StagePlan
+    from k3artifacts.stores.base import Store
+
+from k3artifacts.reporting.progress import DEFAULT_INTERVAL
 
 
 def run_stage(
@@ -44,6 +42,11 @@ def run_stage(
     log_format: str = "text",
 ) -> StageResult:
     """The stage command's body; `k3a demo` runs exactly this against its local hub."""
+    from k3artifacts.reporting.progress import StageProgress
+    from k3artifacts.staging.engine import stage
+    from k3artifacts.staging.hub import HubSource
+    from k3artifacts.staging.quarantine import quarantine_root_for
+
     source = HubSource(endpoint=endpoint, retry=options.retry)
     with reporter("staging", quiet=quiet, as_json=as_json, interval=progress_interval,
                   log_format=log_format) as progress:
@@ -111,7 +114,7 @@ def print_plan(plan: StagePlan) -> None:
         click.echo(f"{action + ':':<10} {total.files:>6} file(s) {total.bytes:>18,} bytes")
 
 
-@cli.command("stage")
+@click.command("stage")
 @click.argument("repo_id")
 @click.option("--revision", default="main", show_default=True, help="Branch, tag or commit.")
 @store_option
@@ -143,7 +146,7 @@ def print_plan(plan: StagePlan) -> None:
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar or progress lines.")
 @progress_options
 @json_option
-@handle_errors(on_interrupt=RESUME_HINT)
+@resumable
 def stage_cmd(repo_id, revision, store_url, quarantine, endpoint, workers, allow_pickle,
               keep_quarantine, window_bytes, retries, signing_key, reverify_reused, plan_only,
               quiet, progress_interval, log_format, as_json):
@@ -174,6 +177,12 @@ def stage_cmd(repo_id, revision, store_url, quarantine, endpoint, workers, allow
     (nothing published), 6 another run holds this revision, 7 repo/revision not found,
     8 hub or store unreachable (within seconds if it never answered), 130 Ctrl-C.
     """
+    from k3artifacts.revisions.refs import check_repo_id
+    from k3artifacts.staging.download import RetryPolicy
+    from k3artifacts.staging.engine import StageOptions, plan_stage
+    from k3artifacts.staging.hub import HubSource
+    from k3artifacts.staging.quarantine import quarantine_root_for
+
     check_repo_id(repo_id)
     store = get_store(store_url, must_exist=False)
     options = StageOptions(

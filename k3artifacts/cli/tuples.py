@@ -1,37 +1,28 @@
-"""``k3a tuple create``, ``k3a tuples list|show|diff`` and ``k3a render``."""
+"""``k3a tuple create|list|show|diff`` and ``k3a render``."""
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import click
 
-from k3artifacts.cli import cli
 from k3artifacts.cli.common import (
     emit,
     get_store,
-    handle_errors,
     json_option,
     policies_option,
     signing_key_option,
     store_option,
 )
 from k3artifacts.errors import ConfigError, ReleaseRefused
-from k3artifacts.releases.binding import (
-    create_tuple,
-    diff_bindings,
-    published_manifest,
-)
-from k3artifacts.releases.lookup import resolve_tuple
-from k3artifacts.releases.signatures import sign_tuple
-from k3artifacts.releases.tuples import ReleaseTuple, TupleStore, check_tuple_id
-from k3artifacts.revisions.refs import parse_revision_ref
-from k3artifacts.serving.images import resolve_image
-from k3artifacts.serving.profiles import FsxTarget, StorageTarget, load_profile, serving_spec
-from k3artifacts.serving.render import TARGETS, render
-from k3artifacts.signing.keys import load_signer
-from k3artifacts.stores.base import Store
+
+if TYPE_CHECKING:
+    from k3artifacts.releases.tuples import ReleaseTuple
+    from k3artifacts.serving.profiles import StorageTarget
+    from k3artifacts.stores.base import Store
+
 
 
 def _storage(
@@ -39,6 +30,8 @@ def _storage(
     s3_region: str | None,
     fsx: tuple[str | None, str | None, str | None, str | None],
 ) -> StorageTarget | None:
+    from k3artifacts.serving.profiles import FsxTarget, StorageTarget
+
     if any(fsx):
         if not all(fsx):
             raise ConfigError(
@@ -79,9 +72,10 @@ def _summary(release: ReleaseTuple) -> dict:
     }
 
 
-@cli.group("tuple")
+@click.group("tuple")
 def tuple_group() -> None:
-    """Make release tuples (see also `k3a tuples`)."""
+    """Release tuples: the weights commit, image digest and serving arguments that serving
+    consumes. `k3a tuples ...` is the old spelling."""
 
 
 @tuple_group.command("create")
@@ -121,7 +115,6 @@ def tuple_group() -> None:
 @signing_key_option
 @store_option
 @json_option
-@handle_errors
 def tuple_create(
     revision: str,
     image: str,
@@ -149,6 +142,13 @@ def tuple_create(
     Exit codes: 0 created or already present, 7 revision/image/profile not found,
     8 registry unreachable, 9 bad reference/profile/options.
     """
+    from k3artifacts.releases.binding import create_tuple, published_manifest
+    from k3artifacts.releases.signatures import sign_tuple
+    from k3artifacts.revisions.refs import parse_revision_ref
+    from k3artifacts.serving.images import resolve_image
+    from k3artifacts.serving.profiles import load_profile, serving_spec
+    from k3artifacts.signing.keys import load_signer
+
     repo_id, commit = parse_revision_ref(revision)
     signer = load_signer(signing_key) if signing_key else None
     store = get_store(store_url)
@@ -182,18 +182,14 @@ def tuple_create(
     emit(as_json, payload, human)
 
 
-@cli.group("tuples")
-def tuples_group() -> None:
-    """Inspect release tuples."""
-
-
-@tuples_group.command("list")
+@tuple_group.command("list")
 @store_option
 @json_option
-@handle_errors
 def tuples_list(store_url: str, as_json: bool) -> None:
     """Every tuple in the store, oldest first. A tuple whose body does not match its id is
     listed as tampered (exit 3) instead of being hidden."""
+    from k3artifacts.releases.tuples import TupleStore
+
     tuples = TupleStore(get_store(store_url))
     rows, broken = [], []
     for tuple_id in tuples.list_ids():
@@ -216,13 +212,14 @@ def tuples_list(store_url: str, as_json: bool) -> None:
         raise SystemExit(ReleaseRefused.exit_code)
 
 
-@tuples_group.command("show")
+@tuple_group.command("show")
 @click.argument("tuple_id")
 @store_option
 @json_option
-@handle_errors
 def tuples_show(tuple_id: str, store_url: str, as_json: bool) -> None:
     """One tuple, in full (its id is re-derived from the body: a tampered one is refused)."""
+    from k3artifacts.releases.tuples import TupleStore, check_tuple_id
+
     release = TupleStore(get_store(store_url)).get(check_tuple_id(tuple_id))
 
     def human() -> None:
@@ -244,14 +241,16 @@ def tuples_show(tuple_id: str, store_url: str, as_json: bool) -> None:
     emit(as_json, release, human)
 
 
-@tuples_group.command("diff")
+@tuple_group.command("diff")
 @click.argument("a")
 @click.argument("b")
 @store_option
 @json_option
-@handle_errors
 def tuples_diff(a: str, b: str, store_url: str, as_json: bool) -> None:
     """What differs between the bindings of tuples A and B (exit 0 either way)."""
+    from k3artifacts.releases.binding import diff_bindings
+    from k3artifacts.releases.tuples import TupleStore, check_tuple_id
+
     tuples = TupleStore(get_store(store_url))
     left, right = tuples.get(check_tuple_id(a)), tuples.get(check_tuple_id(b))
     changes = diff_bindings(left.binding, right.binding)
@@ -266,15 +265,31 @@ def tuples_diff(a: str, b: str, store_url: str, as_json: bool) -> None:
     emit(as_json, payload, human)
 
 
-@cli.command("render")
+class RenderTarget(click.ParamType):
+    """A target of :data:`k3artifacts.serving.render.TARGETS`, imported only to check a value
+    (not for `k3a render --help`)."""
+
+    name = "target"
+
+    def convert(self, value: Any, param: Any, ctx: Any) -> str:
+        from k3artifacts.serving.render import TARGETS
+
+        if value not in TARGETS:
+            self.fail(f"{value!r} is not one of {', '.join(TARGETS)}", param, ctx)
+        return value
+
+
+@click.command("render")
 @click.argument("tuple_or_channel")
 @click.option(
     "--target",
-    type=click.Choice(list(TARGETS)),
+    type=RenderTarget(),
     required=True,
+    metavar="TARGET",
     help="hyperpod: InferenceEndpointConfig; eks: PV/PVC, Deployment (or "
-    "LeaderWorkerSet), Service, PodDisruptionBudget; eks-prewarm: a DaemonSet that pulls the "
-    "tuple into every GPU node's cache (k3a pull).",
+    "LeaderWorkerSet), Service, PodDisruptionBudget; eks-node-cache: the same, serving from "
+    "the node's NVMe cache; eks-prewarm: a DaemonSet that pulls the tuple into every GPU "
+    "node's cache (k3a pull).",
 )
 @click.option(
     "--weights",
@@ -307,7 +322,6 @@ def tuples_diff(a: str, b: str, store_url: str, as_json: bool) -> None:
 @policies_option
 @store_option
 @json_option
-@handle_errors
 def render_cmd(
     tuple_or_channel: str,
     target: str,
@@ -328,6 +342,9 @@ def render_cmd(
     Exit codes: 0 rendered, 3 tuple body tampered, 7 tuple or channel not found,
     9 the tuple cannot be served on this target (reason and fix printed).
     """
+    from k3artifacts.releases.lookup import resolve_tuple
+    from k3artifacts.serving.render import render
+
     if weights == "node-cache":
         if target not in ("eks", "eks-node-cache"):
             raise ConfigError(

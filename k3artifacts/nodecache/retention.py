@@ -87,7 +87,7 @@ def evict(layout: CacheLayout, rev: Revision, *, locked: bool = False) -> bool:
 def remove(layout: CacheLayout, rev: Revision) -> None:
     if layout.marker(rev) is None and not layout.final_dir(rev).exists():
         raise NotFound(f"{rev} is not in the cache at {layout.root}",
-                       hint="list what it holds with `k3a cache ls`")
+                       hint="list what it holds with `k3a cache list`")
     if not evict(layout, rev):
         raise Conflict(f"{rev} is leased by a running server; not removed",
                        hint="stop the server (its lease goes with it), then remove")

@@ -18,7 +18,7 @@ def resolve_tuple(store: Store, name: str) -> ReleaseTuple:
         if pointer is None:
             raise NotFound(
                 f"{name!r} is not a tuple id and there is no channel {name} in {store.url}",
-                hint="pass a tuple id (`k3a tuples list`) or an existing channel",
+                hint="pass a tuple id (`k3a tuple list`) or an existing channel",
             )
         name = pointer.tuple_id
     return TupleStore(store).get(name)
