@@ -23,6 +23,9 @@ from k3artifacts.errors import K3AError
 
 #: ``ctx.meta`` key set by ``--json`` (see :data:`k3artifacts.cli.common.json_option`).
 JSON_META = "k3a.json"
+#: ``ctx.meta`` key of the JSON document a command made (:func:`k3artifacts.cli.common.emit`).
+DOCUMENT_META = "k3a.document"
+_NONE = object()
 
 
 @dataclass(frozen=True)
@@ -117,15 +120,20 @@ class K3AGroup(click.Group):
     def invoke(self, ctx: click.Context) -> Any:
         raw_args = [*ctx._protected_args, *ctx.args]
         try:
-            return super().invoke(ctx)
+            rv = super().invoke(ctx)
         except K3AError as exc:
-            _fail(str(exc), exc.exit_code, exc.hint, as_json=_wants_json(ctx, raw_args))
+            _fail(ctx, str(exc), exc.exit_code, exc.hint, as_json=_wants_json(ctx, raw_args))
         except click.UsageError as exc:
             # Only --json changes how a usage error looks; click prints it otherwise.
             if not _wants_json(ctx, raw_args):
                 raise
             where = (exc.ctx or ctx).command_path
-            _fail(exc.format_message(), exc.exit_code, f"see `{where} --help`", as_json=True)
+            _fail(ctx, exc.format_message(), exc.exit_code, f"see `{where} --help`",
+                  as_json=True)
+        document = ctx.meta.pop(DOCUMENT_META, _NONE)
+        if document is not _NONE:
+            print_document(document)
+        return rv
 
 
 def _wants_json(ctx: click.Context, raw_args: list[str]) -> bool:
@@ -137,12 +145,28 @@ def _wants_json(ctx: click.Context, raw_args: list[str]) -> bool:
     return "--json" in before_separator
 
 
-def _fail(message: str, exit_code: int, hint: str | None, *, as_json: bool) -> None:
-    """One failure report: under --json a document on stdout (the only one a failed command
-    prints there), always the message and the next step on stderr; then the exit code."""
+def print_document(payload: Any) -> None:
+    from k3artifacts.canonical import to_plain
+
+    click.echo(json.dumps(to_plain(payload), indent=2, sort_keys=True, default=str))
+
+
+def _fail(ctx: click.Context, message: str, exit_code: int, hint: str | None, *,
+          as_json: bool) -> None:
+    """One failure report: under --json one document on stdout (the command's own, if it made
+    one, with the error's keys added), always the message and the next step on stderr; then
+    the exit code."""
     if as_json:
-        click.echo(json.dumps({"error": message, "exit_code": exit_code, "next": hint},
-                              indent=2, sort_keys=True))
+        error = {"error": message, "exit_code": exit_code, "next": hint}
+        document = ctx.meta.pop(DOCUMENT_META, _NONE)
+        if document is _NONE:
+            print_document(error)
+        else:
+            from k3artifacts.canonical import to_plain
+
+            plain = to_plain(document)
+            print_document({**plain, **error} if isinstance(plain, dict)
+                           else {**error, "result": plain})
     click.secho(f"error: {message}", fg="red", err=True)
     if hint:
         click.echo(f"next: {hint}", err=True)

@@ -299,8 +299,8 @@ def gates_cmd(
     emit(as_json, report, lambda: _gate_table(report.results))
     if report.failed:
         names = ", ".join(r.name for r in report.failed)
-        click.secho(f"{tuple_id} would not move onto {channel}: {names} failed", fg="red", err=True)
-        raise SystemExit(GateFailed.exit_code)
+        raise GateFailed(f"{tuple_id} would not move onto {channel}: {names} failed",
+                         hint="the table says what each failed gate needs")
 
 
 @click.group("review")

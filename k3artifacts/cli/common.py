@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import functools
-import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -11,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from k3artifacts.cli import RESUME_HINT, set_interrupt_hint
-from k3artifacts.cli.app import JSON_META
+from k3artifacts.cli.app import DOCUMENT_META, JSON_META, print_document
 from k3artifacts.config import default_policies_dir, default_store_url, parse_size
 from k3artifacts.errors import NotFound
 from k3artifacts.reporting.logs import LOG_FORMATS
@@ -120,13 +119,17 @@ def get_store(url: str, *, must_exist: bool = True) -> Store:
 
 
 def emit(as_json: bool, payload: Any, human: Callable[[], None]) -> None:
-    """Print ``payload`` as JSON for scripts, or call ``human`` to print for people."""
-    if as_json:
-        from k3artifacts.canonical import to_plain
-
-        click.echo(json.dumps(to_plain(payload), indent=2, sort_keys=True, default=str))
-    else:
+    """``payload`` as the command's JSON document for scripts, or call ``human`` to print for
+    people. The group prints the document when the command ends, with the error merged in
+    when it fails (a verify that found a bad file), so stdout holds exactly one document."""
+    if not as_json:
         human()
+        return
+    ctx = click.get_current_context(silent=True)
+    if ctx is None:
+        print_document(payload)
+    else:
+        ctx.meta[DOCUMENT_META] = payload
 
 
 def resumable(fn: Callable[..., Any]) -> Callable[..., Any]:

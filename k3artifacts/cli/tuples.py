@@ -191,12 +191,13 @@ def tuples_list(store_url: str, as_json: bool) -> None:
     from k3artifacts.releases.tuples import TupleStore
 
     tuples = TupleStore(get_store(store_url))
-    rows, broken = [], []
+    rows, broken, refusals = [], [], []
     for tuple_id in tuples.list_ids():
         try:
             rows.append(_summary(tuples.get(tuple_id)))
         except ReleaseRefused as exc:
             broken.append({"id": tuple_id, "error": str(exc.refusals[0])})
+            refusals.append(exc)
     rows.sort(key=lambda r: (r["created_at"], r["id"]))
 
     def human() -> None:
@@ -208,8 +209,9 @@ def tuples_list(store_url: str, as_json: bool) -> None:
             click.secho(f"{b['id']}  REFUSED  {b['error']}", fg="red")
 
     emit(as_json, {"tuples": rows, "refused": broken}, human)
-    if broken:
-        raise SystemExit(ReleaseRefused.exit_code)
+    if refusals:
+        # The first one's class says what to do (a tampered record: restore it).
+        raise type(refusals[0])([r for exc in refusals for r in exc.refusals])
 
 
 @tuple_group.command("show")
