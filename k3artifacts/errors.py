@@ -10,7 +10,8 @@ Exit codes (documented in the README, stable for scripts):
   6  conflict: lost a race (channel pointer moved, tuple id taken by another body)
   7  not found: unknown revision, tuple, channel, or no store at the given path/bucket
   8  upstream or storage unavailable (network, 5xx after retries, unreachable endpoint)
-  9  bad configuration (malformed store URL, profile, policy file, image reference)
+  9  bad configuration (malformed store URL, profile, policy file, image reference), or a
+     link or foreign entry planted in the node cache (:class:`UnsafeCacheEntry`)
   130 interrupted (Ctrl-C; set by the CLI, not an error class): re-running resumes
 """
 
@@ -109,6 +110,17 @@ class Unavailable(K3AError):
 
 class ConfigError(K3AError):
     exit_code = 9
+
+
+class UnsafeCacheEntry(ConfigError):
+    """A symbolic link (or a file where a directory belongs) under the node cache root: k3a
+    neither follows nor removes it, and writes nothing through it."""
+
+    hint = (
+        "something that can write to the cache root planted it: inspect and remove it "
+        "yourself (`ls -l`, then `rm` the link, never `rm -r` through it), find who can write "
+        "there, then re-run"
+    )
 
 
 def plain_validation_errors(exc: Any) -> str:

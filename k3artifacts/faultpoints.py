@@ -19,6 +19,7 @@ Points:
   ``channel-move`` a channel move has read the pointer and is about to compare-and-swap it
                   (detail: the channel), so a test can move it first and see the race lost
   ``pull-part``   ``k3a pull`` wrote one part of a file (detail ``<path>#<part index>``)
+  ``pull-planned`` ``k3a pull`` checked free space, before preallocating (detail: revision)
 """
 
 from __future__ import annotations

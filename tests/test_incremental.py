@@ -44,7 +44,7 @@ def any_s3(request):
 def hub_bytes(hub, since: int) -> int:
     """Bytes of file content the hub sent since request ``since``."""
     return sum(r.bytes_sent for r in hub.requests[since:]
-               if "/resolve/" in r.url and r.method == "GET")
+               if r.is_file and r.method == "GET")
 
 
 def first_revision(local_hub, store, tmp_path):

@@ -52,7 +52,7 @@ def repo(local_hub, weights):
     return commit, files
 
 
-def _raw(endpoint: str, method: str, path: str, headers: dict[str, str] | None = None):
+def _raw_once(endpoint: str, method: str, path: str, headers: dict[str, str] | None = None):
     u = urlsplit(endpoint)
     conn = http.client.HTTPConnection(u.hostname, u.port, timeout=10)
     conn.request(method, path, headers=headers or {})
@@ -63,6 +63,23 @@ def _raw(endpoint: str, method: str, path: str, headers: dict[str, str] | None =
         body = e.partial
     conn.close()
     return resp, body
+
+
+def _raw(endpoint: str, method: str, path: str, headers: dict[str, str] | None = None):
+    """One request, following the hub's redirect to its CDN as a client does (without the
+    Authorization header, which the CDN refuses)."""
+    resp, body = _raw_once(endpoint, method, path, headers)
+    if resp.status != 302:
+        return resp, body
+    target = urlsplit(resp.getheader("Location"))
+    rest = {k: v for k, v in (headers or {}).items() if k.lower() != "authorization"}
+    return _raw_once(f"http://{target.netloc}", method, f"{target.path}?{target.query}", rest)
+
+
+def _cdn_location(local_hub, path: str) -> str:
+    resp, _ = _raw_once(local_hub.endpoint, "HEAD", path)
+    assert resp.status == 302
+    return resp.getheader("Location")
 
 
 def test_commit_ids_are_deterministic(tmp_path):
@@ -156,8 +173,63 @@ def test_range_requests(local_hub, repo, weights):
     resp, _ = _raw(local_hub.endpoint, "HEAD", url)
     assert resp.status == 200
     assert resp.getheader("Accept-Ranges") == "bytes"
+    assert resp.getheader("Content-Length") == "300000"
+
+
+def test_lfs_resolve_redirects_to_a_cdn_on_another_origin_like_huggingface_co(local_hub, repo,
+                                                                              weights):
+    commit, _ = repo
+    sha = hashlib.sha256(weights.read_bytes()).hexdigest()
+    resp, body = _raw_once(local_hub.endpoint, "GET", SHARD_URL)
+    assert resp.status == 302 and body.startswith(b"Found. Redirecting to ")
+    assert resp.getheader("X-Repo-Commit") == commit
+    assert resp.getheader("X-Linked-Etag") == resp.getheader("ETag") == f'"{sha}"'
     assert resp.getheader("X-Linked-Size") == "300000"
-    assert resp.getheader("X-Linked-Etag") == f'"{hashlib.sha256(data).hexdigest()}"'
+    location = urlsplit(resp.getheader("Location"))
+    assert location.hostname == "127.0.0.1"
+    assert location.port != urlsplit(local_hub.endpoint).port
+    assert location.path.endswith("/" + sha) and "Signature=" in location.query
+    cdn, path = f"http://{location.netloc}", f"{location.path}?{location.query}"
+    resp, body = _raw_once(cdn, "GET", path, {"Range": "bytes=10-19"})
+    assert resp.status == 206 and body == weights.read_bytes()[10:20]
+    # A presigned URL refuses a second auth mechanism, a tampered or expired signature.
+    resp, body = _raw_once(cdn, "GET", path, {"Authorization": "Bearer hf_x"})
+    assert resp.status == 400 and b"Only one auth mechanism allowed" in body
+    resp, _ = _raw_once(cdn, "GET", path.replace("Expires=", "Expires=9"))
+    assert resp.status == 403
+    # Small files are answered by the hub itself.
+    resp, body = _raw_once(local_hub.endpoint, "GET", f"/{REPO}/resolve/main/config.json")
+    assert resp.status == 200 and body == b'{"model_type": "kimi_k3"}'
+
+
+def test_expired_cdn_link_is_refused(tmp_path, hf_env, weights):
+    hub = LocalHub(tmp_path / "root", link_ttl=-1)
+    hub.add_commit(REPO, {SHARD: weights})
+    with hub.serve() as endpoint:
+        resp, _ = _raw(endpoint, "GET", SHARD_URL)
+    assert resp.status == 403
+
+
+def test_direct_mode_serves_lfs_from_the_hub(tmp_path, hf_env, weights):
+    hub = LocalHub(tmp_path / "root", redirects=False)
+    hub.add_commit(REPO, {SHARD: weights})
+    with hub.serve() as endpoint:
+        resp, body = _raw_once(endpoint, "GET", SHARD_URL)
+    assert resp.status == 200 and body == weights.read_bytes()
+    assert resp.getheader("X-Linked-Size") == "300000"
+
+
+def test_official_client_follows_the_redirect_and_keeps_the_token_on_the_hub(make_local_hub,
+                                                                             weights):
+    server = make_local_hub(token="hf_secret")
+    server.hub.add_commit(REPO, {SHARD: weights, "config.json": b"{}"})
+    path = hf_hub_download(REPO, SHARD, endpoint=server.endpoint, token="hf_secret",
+                           cache_dir=server.cache_dir)
+    assert Path(path).read_bytes() == weights.read_bytes()
+    cdn = [r for r in server.hub.requests if r.origin == "cdn"]
+    assert [(r.method, r.status, r.target) for r in cdn] == [("GET", 200, SHARD)]
+    assert not any(r.authorization for r in cdn)
+    assert all(r.authorization for r in server.hub.requests if r.origin == "hub")
 
 
 def test_not_found_errors_map_to_client_exceptions(local_hub, repo):
@@ -226,7 +298,7 @@ SHARD_URL = f"/{REPO}/resolve/main/{SHARD}"
 
 
 def _gets(hub, path=SHARD):
-    return [r for r in hub.requests if r.method == "GET" and r.target == path]
+    return [r for r in hub.requests if r.method == "GET" and r.target == path and r.is_file]
 
 
 def test_drop_then_range_resume(local_hub, repo, weights):
@@ -276,9 +348,9 @@ def test_status_fault_can_hit_head(local_hub, repo):
 
 def test_stall_before_headers_trips_a_client_timeout(local_hub, repo):
     local_hub.hub.faults.add(SHARD, Fault.stall(5.0))
-    u = urlsplit(local_hub.endpoint)
+    u = urlsplit(_cdn_location(local_hub, SHARD_URL))
     conn = http.client.HTTPConnection(u.hostname, u.port, timeout=0.3)
-    conn.request("GET", SHARD_URL)
+    conn.request("GET", f"{u.path}?{u.query}")
     with pytest.raises(TimeoutError):
         conn.getresponse()
     conn.close()
@@ -286,9 +358,9 @@ def test_stall_before_headers_trips_a_client_timeout(local_hub, repo):
 
 def test_stall_mid_body(local_hub, repo, weights):
     local_hub.hub.faults.add(SHARD, Fault.stall(5.0, after_bytes=4096))
-    u = urlsplit(local_hub.endpoint)
+    u = urlsplit(_cdn_location(local_hub, SHARD_URL))
     conn = http.client.HTTPConnection(u.hostname, u.port, timeout=0.3)
-    conn.request("GET", SHARD_URL)
+    conn.request("GET", f"{u.path}?{u.query}")
     resp = conn.getresponse()
     assert resp.status == 200
     assert resp.read(4096) == weights.read_bytes()[:4096]
@@ -402,9 +474,9 @@ def test_keep_alive_survives_errors_and_partial_ranges(local_hub, repo, weights)
     conn = http.client.HTTPConnection(u.hostname, u.port, timeout=10)
     for path, headers, status in [
         (f"/{REPO}/resolve/main/nope", {}, 404),
-        (SHARD_URL, {"Range": "bytes=0-9"}, 206),
+        (SHARD_URL, {"Range": "bytes=0-9"}, 302),
         ("/api/models/" + REPO, {}, 200),
-        (SHARD_URL, {}, 200),
+        (SHARD_URL, {}, 302),
     ]:
         conn.request("GET", path, headers=headers)
         resp = conn.getresponse()
@@ -424,6 +496,19 @@ def test_force_moved_branch_and_expanded_listing(local_hub, repo):
     assert entries[SHARD].last_commit.oid == first
     hub.set_branch(REPO, "main", first)
     assert local_hub.api().model_info(REPO).sha == first
+
+
+def test_trickle_sends_a_chunk_per_interval(local_hub, repo, weights):
+    local_hub.hub.faults.add(SHARD, Fault.trickle(100, 0.05, after_bytes=1000, times=1))
+    u = urlsplit(_cdn_location(local_hub, SHARD_URL))
+    conn = http.client.HTTPConnection(u.hostname, u.port, timeout=5)
+    conn.request("GET", f"{u.path}?{u.query}", headers={"Range": "bytes=0-1499"})
+    resp = conn.getresponse()
+    assert resp.status == 206
+    assert resp.read() == weights.read_bytes()[:1500]
+    conn.close()
+    (got,) = _gets(local_hub.hub)
+    assert got.bytes_sent == 1500
 
 
 def test_unknown_fault_kind_is_refused():

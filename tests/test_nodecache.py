@@ -228,7 +228,7 @@ def test_keep_1_never_evicts_a_leased_revision(file_releases, tmp_path, k3a_cmd,
         [*k3a_cmd, "cache", "lease", str(rev), "--root", str(root), "--", "sleep", "60"],
         env=k3a_env)
     try:
-        _wait_for(lambda: locks.is_leased(layout.lease_file(rev)), "the lease")
+        _wait_for(lambda: locks.is_leased(layout, rev), "the lease")
         out = pull_json(file_releases.store.url, new.id, root, "--keep", "1")
         assert out["evicted"] == []
         assert layout.marker(rev) is not None

@@ -58,21 +58,27 @@ root_option = click.option(
 @click.option("--keep", type=click.IntRange(min=1), default=None,
               help="After the pull, keep only the N most recently used revisions (leased "
               "ones are never evicted).")
+@click.option("--verify", is_flag=True,
+              help="Re-read every file of a copy already here (xxh3-128) instead of holding "
+              "each to the size, mtime and inode recorded when it was verified.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar or log lines.")
 @progress_options
 @json_option
-def pull_cmd(target, store_url, root, part_size, concurrency, connections, keep, quiet,
+def pull_cmd(target, store_url, root, part_size, concurrency, connections, keep, verify, quiet,
              progress_interval, log_format, as_json):
     """Put a release's weights on this node's disk, verified as the bytes arrive.
 
     TARGET is a tuple id, a channel (its current tuple) or org/name@<commit>. The manifest
     must have the digest the tuple binds; each file's xxh3-128 (and the store's CRC64NVME)
     is checked before it is renamed into place, and the revision directory appears only when
-    complete. A killed pull re-run continues; files another cached revision holds (same
-    sha256) are hard-linked, not fetched.
+    complete, read-only. A killed pull re-run continues; files another cached revision holds
+    (same sha256) are hard-linked, not fetched. Pulling a revision already here checks each
+    file against the size, mtime and inode recorded when it was verified (--verify: re-reads
+    it) and fetches a changed one again. Nothing under the root is reached through a link.
 
     Exit codes: 0 done, 4 a file (named) does not match the manifest, 7 unknown tuple or
-    revision, 8 store unreachable (re-run: parts on disk are kept).
+    revision, 8 store unreachable, or not enough space / the disk filled (re-run: parts on
+    disk are kept), 9 a link planted in the cache (named; nothing was written through it).
     """
     from k3artifacts.nodecache.fetch import Tuning
     from k3artifacts.nodecache.layout import CacheLayout
@@ -95,7 +101,7 @@ def pull_cmd(target, store_url, root, part_size, concurrency, connections, keep,
                 click.echo(f"k3a: {text}", err=True)
 
         observer = PullObserver(planned=planned, advance=bar, note=note)
-        result = pull(resolved, root, tuning=tuning, observer=observer)
+        result = pull(resolved, root, tuning=tuning, observer=observer, verify=verify)
     if keep is not None:
         swept = gc(CacheLayout(root), keep, protect=frozenset({result.revision}))
         result.evicted = swept.evicted
@@ -126,7 +132,8 @@ def cache_group():
 @root_option
 @json_option
 def cache_ls(root, as_json):
-    """Cached revisions, most recently used first, with whether a server leases them."""
+    """Cached revisions, most recently used first, with whether a server leases them; then
+    unfinished pulls (re-run the pull to resume one, `k3a cache gc` frees them)."""
     from k3artifacts.nodecache.layout import CacheLayout
     from k3artifacts.nodecache.retention import list_cached
 
@@ -135,7 +142,7 @@ def cache_ls(root, as_json):
     def human() -> None:
         for c in cached:
             click.echo(f"{c.revision}  {c.bytes / 2**30:8.2f} GiB  {c.files:5d} files"
-                       f"{'  leased' if c.leased else ''}")
+                       f"{'  leased' if c.leased else ''}{'  partial' if c.partial else ''}")
 
     emit(as_json, [c.__dict__ for c in cached], human)
 
@@ -158,13 +165,16 @@ def cache_rm(revision, root):
 @root_option
 @json_option
 def cache_gc(keep, root, as_json):
-    """Evict least recently used revisions beyond --keep; leased ones are never evicted."""
+    """Evict least recently used revisions beyond --keep; leased ones are never evicted.
+    Unfinished pulls that no pull is running are deleted first."""
     from k3artifacts.nodecache.layout import CacheLayout
     from k3artifacts.nodecache.retention import gc
 
     result = gc(CacheLayout(root), keep)
 
     def human() -> None:
+        for rev in result.partials:
+            click.echo(f"removed unfinished pull {rev}")
         for rev in result.evicted:
             click.echo(f"evicted {rev}")
         for rev in result.leased:
@@ -191,7 +201,7 @@ def cache_lease(revision, command, root):
 
     layout = CacheLayout(root)
     rev = parse_revision(revision)
-    locks.take_lease(layout.lease_file(rev))
+    locks.take_lease(layout, rev)
     if layout.marker(rev) is None:
         raise NotFound(f"{rev} is not in the cache at {layout.root}",
                        hint=f"pull it first: k3a pull {rev} --to {layout.root}")

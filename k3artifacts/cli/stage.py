@@ -135,6 +135,16 @@ def print_plan(plan: StagePlan) -> None:
               help="Bound local quarantine disk (e.g. 500GiB): shards leave it once stored.")
 @click.option("--retries", default=8, show_default=True,
               help="Attempts per file that make no progress before giving up.")
+@click.option("--connect-timeout", type=click.FloatRange(min=0.1), default=10.0,
+              show_default=True, help="Seconds to connect to the hub or its CDN.")
+@click.option("--read-timeout", type=click.FloatRange(min=0.1), default=60.0,
+              show_default=True, help="Seconds without a byte before a call or transfer is cut "
+              "(a transfer is then resumed).")
+@click.option("--min-rate", type=ByteSize(), default="64KiB", show_default=True,
+              help="Per-file rate floor in bytes/s over --rate-window: a slower transfer is cut "
+              "and resumed; 3 in a row fail the run (exit 8).")
+@click.option("--rate-window", type=click.FloatRange(min=0.1), default=60.0,
+              show_default=True, help="Seconds over which --min-rate is measured.")
 @signing_key_option
 @click.option("--reverify-reused", is_flag=True,
               help="Re-hash (xxh3-128) each file reused from a published revision after the "
@@ -148,8 +158,9 @@ def print_plan(plan: StagePlan) -> None:
 @json_option
 @resumable
 def stage_cmd(repo_id, revision, store_url, quarantine, endpoint, workers, allow_pickle,
-              keep_quarantine, window_bytes, retries, signing_key, reverify_reused, plan_only,
-              quiet, progress_interval, log_format, as_json):
+              keep_quarantine, window_bytes, retries, connect_timeout, read_timeout, min_rate,
+              rate_window, signing_key, reverify_reused, plan_only, quiet, progress_interval,
+              log_format, as_json):
     """Download, verify and publish REPO_ID at --revision into the store.
 
     The revision is resolved to a commit once; every file is hashed as it arrives (sha256
@@ -190,7 +201,8 @@ def stage_cmd(repo_id, revision, store_url, quarantine, endpoint, workers, allow
         workers=workers,
         keep_quarantine=keep_quarantine,
         window_bytes=window_bytes,
-        retry=RetryPolicy(attempts=retries),
+        retry=RetryPolicy(attempts=retries, connect_timeout=connect_timeout,
+                          read_timeout=read_timeout, min_rate=min_rate, rate_window=rate_window),
         signing_key=signing_key,
         reverify_reused=reverify_reused,
     )

@@ -2,7 +2,10 @@
 
 It speaks, over real HTTP on 127.0.0.1, the part of the Hub API that ``huggingface_hub`` 2.4
 needs to resolve a revision, list files (with LFS sha256) and download them (HEAD metadata,
-Range resume), and it can misbehave on purpose (:mod:`.faults`)::
+Range resume). Like huggingface.co, it answers ``/resolve/`` for an LFS file with a 302 to a
+CDN on another origin (its own server on another port) that refuses ``Authorization``;
+``redirects=False`` serves every file from the hub itself, for the few tests that need that.
+It can misbehave on purpose (:mod:`.faults`)::
 
     hub = LocalHub(tmp_path / "hub")
     commit = hub.add_commit("moonshotai/Kimi-K3", {"config.json": b"{}", "model.safetensors": path})
@@ -15,11 +18,16 @@ Range resume), and it can misbehave on purpose (:mod:`.faults`)::
 
 from __future__ import annotations
 
+import hashlib
+import hmac
+import secrets
 import socket
 import threading
+import time
 from collections.abc import Collection, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
+from urllib.parse import parse_qsl, quote, urlencode
 
 from k3artifacts.localhub.faults import Fault, FaultSet
 from k3artifacts.localhub.repos import LFS_PATTERNS, LFS_THRESHOLD, Commit, Entry, RepoStore
@@ -40,15 +48,24 @@ __all__ = [
 class LocalHub:
     """Repos under ``root`` plus the server that serves them.
 
-    ``token``: when set, every request must carry ``Authorization: Bearer <token>`` (401
-    otherwise, as the Hub answers for a private repo). ``page_size``: entries per page of a tree
-    listing (the Hub uses 1000; make it small to exercise pagination).
+    ``token``: when set, every request to the hub must carry ``Authorization: Bearer <token>``
+    (401 otherwise, as the Hub answers for a private repo); the CDN refuses any request that
+    carries one. ``page_size``: entries per page of a tree listing (the Hub uses 1000; make it
+    small to exercise pagination). ``redirects``: LFS files go through the CDN (the default,
+    as on huggingface.co). ``link_ttl``: seconds a signed CDN URL stays valid.
     """
 
-    def __init__(self, root: Path, *, token: str | None = None, page_size: int = 1000):
+    def __init__(self, root: Path, *, token: str | None = None, page_size: int = 1000,
+                 redirects: bool = True, link_ttl: float = 3600.0):
         self.repos = RepoStore(Path(root))
         self.token = token
         self.page_size = page_size
+        self.redirects = redirects
+        self.link_ttl = link_ttl
+        self._secret = secrets.token_bytes(16)
+        self._links: dict[str, tuple[str, Entry]] = {}
+        self._cdn: _Server | None = None
+        self._cdn_thread: threading.Thread | None = None
         self.faults = FaultSet()
         #: Tracebacks of unexpected errors inside the server (a test fixture asserts none).
         self.server_errors: list[str] = []
@@ -141,6 +158,51 @@ class LocalHub:
             found = parent
         return found
 
+    # ----- the CDN ---------------------------------------------------------------------------
+
+    def cdn_url(self, repo_id: str, entry: Entry) -> str:
+        """A signed URL for ``entry``'s bytes on the CDN, shaped like the Hub's LFS links."""
+        if self._cdn is None:
+            raise RuntimeError("the local hub's CDN is not serving")
+        repo_hash = hashlib.sha256(repo_id.encode()).hexdigest()
+        path = f"/repos/{repo_hash[:2]}/{repo_hash[2:4]}/{repo_hash}/{entry.sha256}"
+        expires = str(int(time.time() + self.link_ttl))
+        name = quote(entry.path.rsplit("/", 1)[-1])
+        query = urlencode({
+            "response-content-disposition": f"inline; filename*=UTF-8''{name};",
+            "Expires": expires,
+            "Key-Pair-Id": "K3ALOCALHUB",
+        })
+        signature = hmac.new(self._secret, f"{path}?{query}".encode(), "sha256").hexdigest()
+        with self._req_lock:
+            self._links[signature] = (repo_id, entry)
+        host, port = self._cdn.server_address[:2]
+        return f"http://{host}:{port}{path}?{query}&Signature={signature}"
+
+    def cdn_link(self, path: str, query: str) -> tuple[str, Entry] | None:
+        """(repo id, entry) a CDN request may read, or None: unsigned, tampered or expired."""
+        unsigned, sep, signature = query.rpartition("&Signature=")
+        if not sep:
+            return None
+        good = hmac.new(self._secret, f"{path}?{unsigned}".encode(), "sha256").hexdigest()
+        if not hmac.compare_digest(good, signature):
+            return None
+        try:
+            expires = int(dict(parse_qsl(unsigned)).get("Expires", "0"))
+        except ValueError:
+            return None
+        if expires < time.time():
+            return None
+        with self._req_lock:
+            return self._links.get(signature)
+
+    @property
+    def cdn_endpoint(self) -> str | None:
+        if self._cdn is None:
+            return None
+        host, port = self._cdn.server_address[:2]
+        return f"http://{host}:{port}"
+
     # ----- serving ---------------------------------------------------------------------------
 
     @property
@@ -154,33 +216,21 @@ class LocalHub:
         """Serve on 127.0.0.1 (port 0 = a free one) in a background thread; return the endpoint."""
         if self._server is not None:
             return self.endpoint
+        if self.redirects:
+            self._cdn = _Server(("127.0.0.1", 0), self, cdn=True)
+            self._cdn_thread = _serve_in_thread(self._cdn, "localhub-cdn")
         self._server = _Server(("127.0.0.1", port), self)
-        self._thread = threading.Thread(
-            target=self._server.serve_forever,
-            kwargs={"poll_interval": 0.05},
-            name="localhub",
-            daemon=True,
-        )
-        self._thread.start()
+        self._thread = _serve_in_thread(self._server, "localhub")
         return self.endpoint
 
     def stop(self) -> None:
         server, self._server = self._server, None
-        if server is None:
-            return
-        server.stopping.set()
-        server.shutdown()
-        # Keep-alive connections would leave their handler threads waiting for a next request.
-        with server.live_lock:
-            live = list(server.live)
-        for conn in live:
-            try:
-                conn.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-        server.server_close()
-        if self._thread is not None:
-            self._thread.join(timeout=5)
+        cdn, self._cdn = self._cdn, None
+        if cdn is not None:
+            _stop(cdn, self._cdn_thread)
+            self._cdn_thread = None
+        if server is not None:
+            _stop(server, self._thread)
             self._thread = None
 
     @contextmanager
@@ -190,3 +240,27 @@ class LocalHub:
             yield endpoint
         finally:
             self.stop()
+
+
+def _serve_in_thread(server: _Server, name: str) -> threading.Thread:
+    thread = threading.Thread(
+        target=server.serve_forever, kwargs={"poll_interval": 0.05}, name=name, daemon=True
+    )
+    thread.start()
+    return thread
+
+
+def _stop(server: _Server, thread: threading.Thread | None) -> None:
+    server.stopping.set()
+    server.shutdown()
+    # Keep-alive connections would leave their handler threads waiting for a next request.
+    with server.live_lock:
+        live = list(server.live)
+    for conn in live:
+        try:
+            conn.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+    server.server_close()
+    if thread is not None:
+        thread.join(timeout=5)

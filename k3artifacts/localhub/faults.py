@@ -8,11 +8,17 @@ requests (``times``; ``None`` = every one). Each kind reproduces one way a real 
 ``drop``    close the connection after ``after_bytes`` body bytes
 ``status``  answer ``status`` (500/503/429...) with an optional ``Retry-After``
 ``stall``   sleep ``seconds`` before the headers, or after ``after_bytes`` body bytes
+``trickle`` after ``after_bytes`` body bytes, send ``chunk`` bytes every ``seconds``
 ``short``   promise the full Content-Length, send ``missing`` bytes fewer, close
 ``corrupt`` flip the byte at file offset ``offset`` (the listing keeps the true sha256/size)
+``json``    pass a JSON answer of the API (200 only) through ``edit`` (a malformed listing)
+``next``    point a tree listing's ``Link: next`` at ``origin`` (another host)
 ``mutate``  change the bytes between attempts: with ``good_first`` attempt 1 serves the listed
             bytes and later attempts other bytes of the same size; without, the reverse
 ========== ==================================================================================
+
+Faults on a file act where its bytes are served: on the CDN for an LFS file the hub redirects,
+on the hub otherwise. ``at="resolve"`` aims one at the hub's redirecting answer instead.
 """
 
 from __future__ import annotations
@@ -21,9 +27,11 @@ import fnmatch
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
-FaultKind = Literal["drop", "status", "stall", "short", "corrupt", "mutate"]
+FaultKind = Literal[
+    "drop", "status", "stall", "trickle", "short", "corrupt", "mutate", "json", "next"
+]
 
 #: XOR mask of the "other bytes" a mutate fault serves: every byte differs from the listed one.
 MUTATE_MASK = 0x5A
@@ -44,9 +52,16 @@ class Fault:
     #: neither trips nor uses up a body fault; add "HEAD" to break metadata calls too.
     methods: frozenset[str] = frozenset({"GET"})
     repo_id: str | None = None
+    chunk: int = 1
+    edit: Callable[[Any], Any] | None = None
+    origin: str | None = None
+    #: "file": where the bytes are served (the CDN for a redirected LFS file); "resolve": the
+    #: hub's redirecting answer to ``/resolve/``.
+    at: Literal["file", "resolve"] = "file"
 
     def __post_init__(self) -> None:
-        if self.kind not in ("drop", "status", "stall", "short", "corrupt", "mutate"):
+        if self.kind not in ("drop", "status", "stall", "trickle", "short", "corrupt", "mutate",
+                             "json", "next"):
             raise ValueError(f"unknown fault kind {self.kind!r}")
         if self.times is not None and self.times < 1:
             raise ValueError("Fault.times must be >= 1 or None (every matching request)")
@@ -66,6 +81,21 @@ class Fault:
         cls, seconds: float, *, after_bytes: int | None = None, times: int | None = 1, **kw
     ) -> Fault:
         return cls("stall", times=times, seconds=seconds, after_bytes=after_bytes, **kw)
+
+    @classmethod
+    def trickle(
+        cls, chunk: int, seconds: float, *, after_bytes: int = 0, times: int | None = None, **kw
+    ) -> Fault:
+        return cls("trickle", times=times, chunk=chunk, seconds=seconds, after_bytes=after_bytes,
+                   **kw)
+
+    @classmethod
+    def json(cls, edit: Callable[[Any], Any], *, times: int | None = None, **kw) -> Fault:
+        return cls("json", times=times, edit=edit, **kw)
+
+    @classmethod
+    def next_page_on(cls, origin: str, *, times: int | None = None, **kw) -> Fault:
+        return cls("next", times=times, origin=origin.rstrip("/"), **kw)
 
     @classmethod
     def short(cls, missing: int = 1, *, times: int | None = 1, **kw) -> Fault:
@@ -96,6 +126,9 @@ class BodyPlan:
     status: Fault | None = None
     stall_before: float = 0.0
     stalls: list[tuple[int, float]] = field(default_factory=list)
+    trickle: tuple[int, int, float] | None = None  # (after bytes, chunk, seconds between)
+    json_edits: list[Callable[[Any], Any]] = field(default_factory=list)
+    next_origin: str | None = None
     cut_at: int | None = None  # close the connection after this many body bytes
     short_by: int = 0  # close after body length minus this
     transforms: list[Callable[[int, bytearray], None]] = field(default_factory=list)
@@ -116,7 +149,9 @@ class FaultSet:
         with self._lock:
             self._armed.clear()
 
-    def plan(self, *, method: str, repo_id: str | None, target: str) -> BodyPlan:
+    def plan(
+        self, *, method: str, repo_id: str | None, target: str, stage: str = "file"
+    ) -> BodyPlan:
         """Consume the faults matching this request and say how to answer it."""
         plan = BodyPlan()
         with self._lock:
@@ -125,6 +160,7 @@ class FaultSet:
                 for a in self._armed
                 if (a.remaining is None or a.remaining > 0)
                 and method in a.fault.methods
+                and a.fault.at == stage
                 and (a.fault.repo_id is None or a.fault.repo_id == repo_id)
                 and (a.pattern == target or fnmatch.fnmatchcase(target, a.pattern))
             ]
@@ -152,6 +188,12 @@ class FaultSet:
                 plan.stall_before += f.seconds
             else:
                 plan.stalls.append((f.after_bytes, f.seconds))
+        elif f.kind == "trickle":
+            plan.trickle = (f.after_bytes or 0, max(f.chunk, 1), f.seconds)
+        elif f.kind == "json" and f.edit is not None:
+            plan.json_edits.append(f.edit)
+        elif f.kind == "next":
+            plan.next_origin = f.origin
         elif f.kind == "short":
             plan.short_by = max(plan.short_by, f.missing)
         elif f.kind == "corrupt":

@@ -1,14 +1,23 @@
 """The HTTP face of the local hub: the subset of the Hugging Face Hub API that
-``huggingface_hub`` 2.4 uses to resolve a revision, list files and download them.
+``huggingface_hub`` 2.4 uses to resolve a revision, list files and download them, and the CDN
+that serves LFS bytes on another origin, as huggingface.co does.
 
-Routes (model repos only, ``org/name`` ids)::
+Routes of the hub (model repos only, ``org/name`` ids)::
 
     GET      /api/models/{org}/{name}[/revision/{rev}]      model_info (blobs=true -> sizes, LFS)
     GET      /api/models/{org}/{name}/tree/{rev}[/{path}]   list_repo_tree, Link-header pagination
-    GET|HEAD /{org}/{name}/resolve/{rev}/{path}             file bytes, Range, Hub headers
+    GET|HEAD /{org}/{name}/resolve/{rev}/{path}             small files: the bytes; LFS files:
+                                                            302 to the CDN with X-Repo-Commit,
+                                                            X-Linked-Etag, X-Linked-Size, ETag
 
-Files are served straight from the blob store with ``sendfile`` (no copy through Python) unless
-a fault has to alter the bytes.
+and of the CDN (its own server, another port)::
+
+    GET|HEAD /repos/{aa}/{bb}/{repo hash}/{sha256}?...&Expires=..&Signature=..   bytes, Range
+
+The CDN answers like an S3 presigned URL behind CloudFront: a request carrying
+``Authorization`` is refused with 400 (only one auth mechanism allowed), a bad or expired
+signature with 403. Files are served straight from the blob store with ``sendfile`` (no copy
+through Python) unless a fault has to alter the bytes.
 """
 
 from __future__ import annotations
@@ -20,19 +29,20 @@ import os
 import socket
 import sys
 import threading
+import time
 import traceback
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qsl, unquote, urlencode
 
-import yaml
-
 if TYPE_CHECKING:
     from k3artifacts.localhub import LocalHub
 
+from k3artifacts.errors import Refusal
 from k3artifacts.localhub.faults import BodyPlan
 from k3artifacts.localhub.repos import Commit, Entry
+from k3artifacts.staging.license import card_metadata
 
 _READ_CHUNK = 1024 * 1024
 _TREE_EXPAND_PAGE = 50  # the real Hub pages expanded listings by 50
@@ -52,6 +62,18 @@ class RequestRecord:
     range: str | None
     status: int
     bytes_sent: int
+    #: "hub" or "cdn": which server answered.
+    origin: str = "hub"
+    #: Whether the request carried an Authorization header.
+    authorization: bool = False
+    #: time.monotonic() when the answer was complete.
+    time: float = 0.0
+
+    @property
+    def is_file(self) -> bool:
+        """A request for a file's bytes: on the CDN, or a resolve the hub answered itself
+        (not with a redirect)."""
+        return self.origin == "cdn" or ("/resolve/" in self.url and self.status not in (302, 307))
 
 
 class HubError(Exception):
@@ -67,12 +89,12 @@ class _Server(ThreadingHTTPServer):
     daemon_threads = True
     request_queue_size = 64
 
-    def __init__(self, addr: tuple[str, int], state: LocalHub):
+    def __init__(self, addr: tuple[str, int], state: LocalHub, *, cdn: bool = False):
         self.state = state
         self.stopping = threading.Event()
         self.live: set[socket.socket] = set()
         self.live_lock = threading.Lock()
-        super().__init__(addr, _Handler)
+        super().__init__(addr, _CdnHandler if cdn else _Handler)
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         exc = sys.exc_info()[1]
@@ -86,6 +108,7 @@ class _Handler(BaseHTTPRequestHandler):
     server: _Server
     server_version = "k3a-localhub"
     sys_version = ""
+    origin = "hub"
 
     def setup(self) -> None:
         super().setup()
@@ -122,6 +145,7 @@ class _Handler(BaseHTTPRequestHandler):
         st = self.server.state
         self._status = 0
         self._sent = 0
+        self._plan = BodyPlan()
         self._repo_id: str | None = None
         self._revision: str | None = None
         raw, _, query = self.path.partition("?")
@@ -153,6 +177,9 @@ class _Handler(BaseHTTPRequestHandler):
                     range=self.headers.get("Range"),
                     status=self._status,
                     bytes_sent=self._sent,
+                    origin=self.origin,
+                    authorization="Authorization" in self.headers,
+                    time=time.monotonic(),
                 )
             )
 
@@ -204,10 +231,10 @@ class _Handler(BaseHTTPRequestHandler):
         assert commit is not None
         return commit
 
-    def _faults(self, target: str) -> BodyPlan:
+    def _faults(self, target: str, stage: str = "file") -> BodyPlan:
         self._target = target
         plan = self.server.state.faults.plan(
-            method=self.command, repo_id=self._repo_id, target=target
+            method=self.command, repo_id=self._repo_id, target=target, stage=stage
         )
         if plan.stall_before:
             self.server.stopping.wait(plan.stall_before)
@@ -227,7 +254,7 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _model_info(self, revision: str, *, head: bool) -> None:
         try:
-            self._faults(self._target)
+            self._plan = self._faults(self._target)
         except _Answered:
             return
         commit = self._commit_for(revision)
@@ -270,21 +297,17 @@ class _Handler(BaseHTTPRequestHandler):
         readme = commit.files.get("README.md")
         if readme is None or readme.size > 1024 * 1024:
             return None
-        text = self.server.state.repos.blob_path(readme.sha256).read_text("utf-8", "replace")
-        if not text.startswith("---"):
-            return None
-        end = text.find("\n---", 3)
-        if end < 0:
-            return None
+        # Parsed as the Hub's own bounded parser would: an alias bomb (a test's hostile card)
+        # gets no cardData rather than hundreds of MB of JSON.
         try:
-            data = yaml.safe_load(text[3:end])
-        except yaml.YAMLError:
+            return card_metadata(
+                self.server.state.repos.blob_path(readme.sha256).read_bytes()) or None
+        except Refusal:
             return None
-        return data if isinstance(data, dict) else None
 
     def _tree(self, revision: str, path: str, *, head: bool) -> None:
         try:
-            self._faults(self._target)
+            self._plan = self._faults(self._target)
         except _Answered:
             return
         commit = self._commit_for(revision)
@@ -327,7 +350,8 @@ class _Handler(BaseHTTPRequestHandler):
             rest.append(("cursor", _encode_cursor(start + page)))
             host = self.headers.get("Host") or "{}:{}".format(*self.server.server_address[:2])
             raw = self.path.partition("?")[0]
-            headers["Link"] = f'<http://{host}{raw}?{urlencode(rest)}>; rel="next"'
+            base = self._plan.next_origin or f"http://{host}"
+            headers["Link"] = f'<{base}{raw}?{urlencode(rest)}>; rel="next"'
         self._send_json(200, out, head=head, headers=headers)
 
     # ----- files -----------------------------------------------------------------------------
@@ -338,12 +362,15 @@ class _Handler(BaseHTTPRequestHandler):
         entry = commit.files.get(path)
         if entry is None:
             raise HubError(404, "EntryNotFound", f"{path} does not exist on {revision}", commit.id)
+        st = self.server.state
+        redirect = entry.lfs and st.redirects
         try:
-            plan = self._faults(path)
+            plan = self._faults(path, "resolve" if redirect else "file")
         except _Answered:
             return
-        size = entry.size
-        span = _parse_range(self.headers.get("Range"), size)
+        if redirect:
+            self._redirect(commit, entry, head=head)
+            return
         headers = {
             "Content-Type": "application/octet-stream",
             "Accept-Ranges": "bytes",
@@ -352,7 +379,35 @@ class _Handler(BaseHTTPRequestHandler):
         }
         if entry.lfs:
             headers["X-Linked-Etag"] = f'"{entry.sha256}"'
-            headers["X-Linked-Size"] = str(size)
+            headers["X-Linked-Size"] = str(entry.size)
+        self._send_file(entry, headers, plan, head=head)
+
+    def _redirect(self, commit: Commit, entry: Entry, *, head: bool) -> None:
+        """What huggingface.co answers for an LFS file: 302 to a signed CDN URL, with the
+        file's identity in headers (the client cannot learn it from the CDN)."""
+        location = self.server.state.cdn_url(commit.repo_id, entry)
+        body = f"Found. Redirecting to {location}".encode()
+        self.send_response(302)
+        for k, v in {
+            "Content-Type": "text/plain; charset=utf-8",
+            "Content-Length": str(len(body)),
+            "Location": location,
+            "X-Repo-Commit": commit.id,
+            "X-Linked-Etag": f'"{entry.sha256}"',
+            "X-Linked-Size": str(entry.size),
+            "ETag": f'"{entry.sha256}"',
+            "Vary": "Origin, Accept",
+        }.items():
+            self.send_header(k, v)
+        self.end_headers()
+        if not head:
+            self.wfile.write(body)
+            self._sent += len(body)
+
+    def _send_file(self, entry: Entry, headers: dict[str, str], plan: BodyPlan, *,
+                   head: bool) -> None:
+        size = entry.size
+        span = _parse_range(self.headers.get("Range"), size)
         if span == "unsatisfiable":
             headers["Content-Range"] = f"bytes */{size}"
             self._send_json(
@@ -380,14 +435,22 @@ class _Handler(BaseHTTPRequestHandler):
             limit = min(limit, plan.cut_at)
         if plan.short_by:
             limit = min(limit, max(length - plan.short_by, 0))
-        stalls = sorted((off, s) for off, s in plan.stalls if off < limit)
+        fast = limit if plan.trickle is None else min(limit, plan.trickle[0])
+        stalls = sorted((off, s) for off, s in plan.stalls if off < fast)
         pos = 0
-        for off, seconds in [*stalls, (limit, 0.0)]:
+        for off, seconds in [*stalls, (fast, 0.0)]:
             if off > pos:
                 self._send_span(f, start + pos, off - pos, plan)
                 pos = off
             if seconds:
                 self.server.stopping.wait(seconds)
+        if plan.trickle is not None:
+            _, chunk, interval = plan.trickle
+            while pos < limit and not self.server.stopping.is_set():
+                n = min(chunk, limit - pos)
+                self._send_span(f, start + pos, n, plan)
+                pos += n
+                self.server.stopping.wait(interval)
         if limit < length:
             # Promised Content-Length, delivered less: the client must see a broken transfer.
             self.close_connection = True
@@ -428,6 +491,9 @@ class _Handler(BaseHTTPRequestHandler):
     def _send_json(
         self, status: int, body: Any, *, head: bool, headers: dict[str, str] | None = None
     ) -> None:
+        if status == 200:
+            for edit in self._plan.json_edits:
+                body = edit(body)
         data = json.dumps(body).encode()
         self.send_response(status)
         self.send_header("Content-Type", "application/json; charset=utf-8")
@@ -438,6 +504,52 @@ class _Handler(BaseHTTPRequestHandler):
         if not head:
             self.wfile.write(data)
             self._sent += len(data)
+
+
+class _CdnHandler(_Handler):
+    """The CDN's origin: bytes by sha256 under a signed URL, nothing else."""
+
+    server_version = "k3a-localcdn"
+    origin = "cdn"
+
+    def _check_auth(self, token: str | None) -> None:
+        del token
+        if "Authorization" in self.headers:
+            # What S3 says when a presigned URL also carries an Authorization header.
+            raise HubError(400, "InvalidArgument", "Only one auth mechanism allowed; only the "
+                           "X-Amz-Algorithm query parameter, Signature query string parameter "
+                           "or the Authorization header should be specified")
+
+    def _route(self, raw: str, *, head: bool) -> None:
+        st = self.server.state
+        link = st.cdn_link(raw, self._query)
+        if link is None:
+            raise HubError(403, "AccessDenied", "Access Denied")
+        repo_id, entry = link
+        self._repo_id = repo_id
+        try:
+            plan = self._faults(entry.path)
+        except _Answered:
+            return
+        headers = {
+            "Content-Type": "application/octet-stream",
+            "Accept-Ranges": "bytes",
+            "ETag": f'"{entry.sha256}"',
+            "Cache-Control": "public, max-age=604800, immutable",
+            "X-Cache": "Miss from cloudfront",
+        }
+        self._send_file(entry, headers, plan, head=head)
+
+    def _send_error(self, e: HubError, *, head: bool) -> None:
+        body = (f"<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<Error><Code>{e.code}</Code>"
+                f"<Message>{e.message}</Message></Error>").encode()
+        self.send_response(e.status)
+        self.send_header("Content-Type", "application/xml")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        if not head:
+            self.wfile.write(body)
+            self._sent += len(body)
 
 
 class _Answered(Exception):

@@ -1,6 +1,7 @@
 """Many ranged reads in flight, written in place, hashed in order as the bytes land.
 
-Each file to fetch is preallocated (``posix_fallocate``) as ``.<name>.part`` and cut into parts;
+Each file to fetch is preallocated (``posix_fallocate``) as ``.<name>.part`` (opened in its
+directory's descriptor, never through a link) and cut into parts;
 ``Tuning.concurrency`` worker threads take parts in file order and stream each one from the
 source through their own small chunk buffer into the file with ``pwrite``: memory is
 ``concurrency * CHUNK`` whatever the shard or part size. Parts finish out of order, so each
@@ -27,11 +28,11 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 
 from k3artifacts import faultpoints
 from k3artifacts.errors import ConfigError, NotFound, Unavailable, VerifyMismatch
 from k3artifacts.nodecache.layout import PartsRecord
+from k3artifacts.nodecache.safefs import FILE_MODE, Dir
 from k3artifacts.nodecache.sources import ShortRead, Source
 from k3artifacts.revisions.hashing import MultiHasher
 from k3artifacts.revisions.manifest import FileRecord
@@ -72,24 +73,29 @@ class Tuning:
         return max(self.connections or self.concurrency, 1)
 
 
-def part_path(final: Path) -> Path:
-    return final.with_name(f".{final.name}.part")
+def part_name(name: str) -> str:
+    return f".{name}.part"
 
 
-def sidecar_path(final: Path) -> Path:
-    return final.with_name(f".{final.name}.part.json")
+def sidecar_name(name: str) -> str:
+    return f".{name}.part.json"
 
 
 class FileJob:
-    """One file being fetched: its part file, which parts are on disk, its hash cursor."""
+    """One file being fetched: its part file, which parts are on disk, its hash cursor.
 
-    def __init__(self, record: FileRecord, final: Path, part_size: int, want_crc: str | None):
+    Every name is opened in ``parent`` (a directory descriptor) without following links."""
+
+    def __init__(self, record: FileRecord, parent: Dir, name: str, part_size: int,
+                 want_crc: str | None):
         self.record = record
-        self.final = final
-        self.part = part_path(final)
-        self.sidecar = sidecar_path(final)
+        self.parent = parent
+        self.name = name
+        self.part = part_name(name)
+        self.sidecar = sidecar_name(name)
         self.want_crc = want_crc
         self.part_size = part_size
+        self.fd = -1
         done = self._resume(part_size)
         self.nparts = -(-record.size // self.part_size)
         self.on_disk: set[int] = set(done)
@@ -103,25 +109,43 @@ class FileJob:
         #: Held while the part file's fd or sidecar changes (record, finish, close).
         self.file_lock = threading.Lock()
         self.recorded = len(done)
+        #: The verified file as it lies at its final name (set by _finish).
+        self.stat: os.stat_result | None = None
 
     def _resume(self, part_size: int) -> list[int]:
         """Parts a previous run recorded, if its part file is still the same file."""
+        raw = self.parent.read_bytes(self.sidecar)
         try:
-            rec = PartsRecord.model_validate_json(self.sidecar.read_bytes())
-            size = self.part.stat().st_size
-        except (FileNotFoundError, ValueError):
+            rec = None if raw is None else PartsRecord.model_validate_json(raw)
+        except ValueError:
             rec = None
-        if (rec is not None and rec.size == self.record.size == size
-                and rec.xxh3_128 == self.record.xxh3_128):
-            self.part_size = rec.part_size  # the parts on disk are cut that way
-            self.fd = os.open(self.part, os.O_RDWR)
-            return sorted(set(rec.done))
-        self.sidecar.unlink(missing_ok=True)
-        self.fd = os.open(self.part, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+        if rec is not None and rec.size == self.record.size \
+                and rec.xxh3_128 == self.record.xxh3_128:
+            try:
+                fd = self.parent.open_regular(self.part, os.O_RDWR)
+            except FileNotFoundError:
+                fd = -1
+            if fd >= 0:
+                st = os.fstat(fd)
+                # Another name for this inode (a planted hard link) could change it behind
+                # the record: only a part file this pull alone names is resumed.
+                if st.st_size == rec.size and st.st_nlink == 1:
+                    self.part_size = rec.part_size  # the parts on disk are cut that way
+                    self.fd = fd
+                    return sorted(set(rec.done))
+                os.close(fd)
+        self.parent.unlink(self.sidecar)
+        self.fd = self.parent.create_new(self.part)
         if self.record.size:
             # One extent up front: no fragmentation from out-of-order writes, and ENOSPC now
             # rather than after most of a shard has crossed the network.
-            os.posix_fallocate(self.fd, 0, self.record.size)
+            try:
+                os.posix_fallocate(self.fd, 0, self.record.size)
+            except OSError as exc:
+                os.close(self.fd)
+                self.fd = -1
+                raise OSError(exc.errno, f"{exc.strerror} (preallocating {self.record.size:,} "
+                              "bytes)", str(self.parent.path / self.part)) from None
         return []
 
     def length(self, idx: int) -> int:
@@ -137,11 +161,10 @@ class FileJob:
             if len(done) == self.recorded:
                 return False
             os.fdatasync(self.fd)  # the record never claims bytes a power loss takes back
-            tmp = self.sidecar.with_name(self.sidecar.name + ".tmp")
-            tmp.write_bytes(PartsRecord(size=self.record.size, xxh3_128=self.record.xxh3_128,
-                                        part_size=self.part_size, done=done)
-                            .model_dump_json().encode())
-            os.replace(tmp, self.sidecar)
+            self.parent.write_file(
+                self.sidecar, PartsRecord(size=self.record.size, xxh3_128=self.record.xxh3_128,
+                                          part_size=self.part_size, done=done)
+                .model_dump_json().encode(), mode=0o644)
             self.recorded = len(done)
             return True
 
@@ -201,20 +224,21 @@ class FileJob:
                 "it (re-stage the revision) and pull again; nothing was put at the final path",
             )
         with self.file_lock:
+            os.fchmod(self.fd, FILE_MODE)
             os.fsync(self.fd)
+            self.stat = os.fstat(self.fd)
             os.close(self.fd)
             self.fd = -1
-            os.chmod(self.part, 0o444)
-            os.replace(self.part, self.final)
-            self.sidecar.unlink(missing_ok=True)
+            self.parent.replace(self.part, self.parent, self.name)
+            self.parent.unlink(self.sidecar)
 
     def discard(self) -> None:
         with self.file_lock:
             if self.fd >= 0:
                 os.close(self.fd)
                 self.fd = -1
-            self.part.unlink(missing_ok=True)
-            self.sidecar.unlink(missing_ok=True)
+            self.parent.unlink(self.part)
+            self.parent.unlink(self.sidecar)
 
     def close(self) -> None:
         """Stop (an error elsewhere): keep what is on disk, recorded, for the next run."""
@@ -237,7 +261,7 @@ class Fetcher:
 
     def __init__(self, source: Source, tuning: Tuning, *,
                  on_bytes: Callable[[int], None] | None = None,
-                 on_verified: Callable[[FileRecord], None] | None = None):
+                 on_verified: Callable[[FileJob], None] | None = None):
         self.source = source
         self.tuning = tuning
         self.on_bytes = on_bytes
@@ -247,8 +271,8 @@ class Fetcher:
         self._errors: list[BaseException] = []
         self._lock = threading.Lock()
 
-    def job(self, record: FileRecord, final: Path, want_crc: str | None) -> FileJob:
-        return FileJob(record, final, self.tuning.part_size, want_crc)
+    def job(self, record: FileRecord, parent: Dir, name: str, want_crc: str | None) -> FileJob:
+        return FileJob(record, parent, name, self.tuning.part_size, want_crc)
 
     def run(self, jobs: list[FileJob]) -> FetchTotals:
         tasks: collections.deque[tuple[FileJob, int | None]] = collections.deque()
@@ -302,7 +326,7 @@ class Fetcher:
                     with self._lock:
                         self.totals.files += 1
                     if self.on_verified is not None:
-                        self.on_verified(job.record)
+                        self.on_verified(job)
         except BaseException as exc:  # noqa: BLE001 - handed to run(), which raises it
             with self._lock:
                 self._errors.append(exc)

@@ -14,12 +14,16 @@ ROOT/.k3a-cache/used/<org>+<name>+<commit>           mtime = last pull or lease 
 ```
 
 The partial directory is renamed onto the final path only once every file in it is verified,
-so a revision directory without ``verified.json`` never exists.
+so a revision directory without ``verified.json`` never exists. A finished revision is
+read-only (files 0444, directories 0555). Nothing under ROOT is reached through a link
+(:mod:`.safefs`).
 """
 
 from __future__ import annotations
 
 import os
+import stat
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,6 +31,8 @@ from pydantic import BaseModel, ConfigDict
 
 from k3artifacts.config import data_home
 from k3artifacts.errors import ConfigError
+from k3artifacts.nodecache import safefs
+from k3artifacts.nodecache.safefs import Dir
 from k3artifacts.revisions.manifest import MANIFEST_NAME, META_DIR, ShardManifest
 from k3artifacts.revisions.refs import match_revision_ref
 
@@ -46,6 +52,20 @@ class _Record(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
 
+class FileStat(_Record):
+    """What a verified file looked like on disk when it was checked: a re-pull compares
+    these (an ``lstat``, no read) before trusting the file again; a swapped file has another
+    inode, an edited one another mtime or size."""
+
+    size: int
+    mtime_ns: int
+    ino: int
+
+    @classmethod
+    def of(cls, st: os.stat_result) -> FileStat:
+        return cls(size=st.st_size, mtime_ns=st.st_mtime_ns, ino=st.st_ino)
+
+
 class VerifiedMarker(_Record):
     """``.k3a/verified.json``: the revision was checked byte for byte when it was pulled."""
 
@@ -56,6 +76,9 @@ class VerifiedMarker(_Record):
     algorithms: list[str]
     files: int
     bytes: int
+    #: Each file's size, mtime and inode once verified (empty: written by an older k3a, so a
+    #: re-pull re-reads every file).
+    stats: dict[str, FileStat] = {}
 
 
 class VerifiedFile(_Record):
@@ -64,6 +87,8 @@ class VerifiedFile(_Record):
     path: str
     size: int
     xxh3_128: str
+    #: The file as it was on disk once verified (None: an older k3a's line; re-checked).
+    stat: FileStat | None = None
 
 
 class PartsRecord(_Record):
@@ -100,6 +125,9 @@ def parse_revision(text: str) -> Revision:
 
 
 class CacheLayout:
+    """Paths (for messages and for other programs: vLLM, ``flock -s``) and their link-safe
+    openings (:mod:`.safefs`), which k3a itself uses for everything under the root."""
+
     def __init__(self, root: Path):
         self.root = Path(root).absolute()
         self.models = self.root / "models"
@@ -109,7 +137,7 @@ class CacheLayout:
         return self.models.joinpath(*rev.repo_id.split("/"), rev.commit)
 
     def partial_dir(self, rev: Revision) -> Path:
-        return self.models.joinpath(*rev.repo_id.split("/"), f".{rev.commit}{PARTIAL_SUFFIX}")
+        return self.models.joinpath(*rev.repo_id.split("/"), partial_name(rev.commit))
 
     def lock_file(self, rev: Revision) -> Path:
         return self.state / "locks" / f"{rev.key}.lock"
@@ -120,43 +148,117 @@ class CacheLayout:
     def used_file(self, rev: Revision) -> Path:
         return self.state / "used" / rev.key
 
+    def open_root(self, *, create: bool = True) -> Dir:
+        return safefs.open_root(self.root, create=create)
+
+    def repo_dir(self, rev: Revision, *, create: bool = False) -> Dir:
+        """``models/<org>/<name>``, the parent of a revision's final and partial directories."""
+        with self.open_root(create=create) as root:
+            return root.walk(["models", *rev.repo_id.split("/")], create=create)
+
+    def state_dir(self, kind: str, *, create: bool = True) -> Dir:
+        with self.open_root(create=create) as root:
+            return root.walk([STATE_DIR, kind], create=create)
+
+    def state_file(self, kind: str, rev: Revision) -> tuple[str, str]:
+        return kind, {"locks": f"{rev.key}.lock", "leases": f"{rev.key}.lease",
+                      "used": rev.key}[kind]
+
+    def open_state(self, kind: str, rev: Revision, flags: int) -> int:
+        kind, name = self.state_file(kind, rev)
+        with self.state_dir(kind, create=bool(flags & os.O_CREAT)) as d:
+            return d.open(name, flags, 0o644)
+
     def touch_used(self, rev: Revision) -> None:
-        path = self.used_file(rev)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.touch()
-        os.utime(path)
+        fd = self.open_state("used", rev, os.O_WRONLY | os.O_CREAT)
+        try:
+            os.utime(fd)
+        finally:
+            os.close(fd)
+
+    def _stat_state(self, rev: Revision) -> os.stat_result | None:
+        try:
+            with self.state_dir("used", create=False) as d:
+                return d.lstat(rev.key)
+        except FileNotFoundError:
+            return None
 
     def last_used(self, rev: Revision) -> float:
-        for path in (self.used_file(rev), self.final_dir(rev) / META_DIR / VERIFIED_NAME):
-            try:
-                return path.stat().st_mtime
-            except FileNotFoundError:
-                continue
-        return 0.0
+        st = self._stat_state(rev)
+        if st is not None:
+            return st.st_mtime
+        try:
+            with self.final_meta(rev) as meta:
+                st = meta.lstat(VERIFIED_NAME)
+        except FileNotFoundError:
+            return 0.0
+        return st.st_mtime if st is not None else 0.0
+
+    def final_meta(self, rev: Revision) -> Dir:
+        with self.repo_dir(rev) as repo:
+            return repo.walk([rev.commit, META_DIR])
+
+    def _read_meta(self, rev: Revision, name: str) -> bytes | None:
+        try:
+            with self.final_meta(rev) as meta:
+                return meta.read_bytes(name)
+        except FileNotFoundError:
+            return None
 
     def marker(self, rev: Revision) -> VerifiedMarker | None:
-        path = self.final_dir(rev) / META_DIR / VERIFIED_NAME
+        raw = self._read_meta(rev, VERIFIED_NAME)
         try:
-            return VerifiedMarker.model_validate_json(path.read_bytes())
-        except (FileNotFoundError, ValueError):
+            return None if raw is None else VerifiedMarker.model_validate_json(raw)
+        except ValueError:
             return None
+
+    def _scan(self) -> Iterator[tuple[Revision, bool]]:
+        """(revision, complete) for every final and partial revision directory; a link at
+        an organisation, name or revision directory is refused."""
+        try:
+            models = self.open_root(create=False).walk(["models"])
+        except FileNotFoundError:
+            return
+        with models:
+            for org, st in sorted(models.entries()):
+                if not stat.S_ISDIR(st.st_mode):
+                    raise models.refuse(org)
+                with models.sub(org) as org_dir:
+                    for name, st in sorted(org_dir.entries()):
+                        if not stat.S_ISDIR(st.st_mode):
+                            raise org_dir.refuse(name)
+                        with org_dir.sub(name) as repo:
+                            for entry, st in sorted(repo.entries()):
+                                if not stat.S_ISDIR(st.st_mode):
+                                    raise repo.refuse(entry)
+                                commit = commit_of_partial(entry)
+                                if commit is not None:
+                                    yield Revision(f"{org}/{name}", commit), False
+                                elif not entry.startswith("."):
+                                    yield Revision(f"{org}/{name}", entry), True
 
     def revisions(self) -> list[Revision]:
         """Complete revisions in the cache (their verified marker exists), sorted."""
-        found = []
-        if not self.models.is_dir():
-            return found
-        for marker in self.models.glob(f"*/*/*/{META_DIR}/{VERIFIED_NAME}"):
-            commit_dir = marker.parent.parent
-            if commit_dir.name.startswith("."):
-                continue
-            repo_id = f"{commit_dir.parent.parent.name}/{commit_dir.parent.name}"
-            found.append(Revision(repo_id, commit_dir.name))
-        return sorted(found, key=str)
+        return sorted((rev for rev, complete in self._scan()
+                       if complete and self.marker(rev) is not None), key=str)
+
+    def partial_revisions(self) -> list[Revision]:
+        """Revisions a pull started and did not finish (killed, or the disk filled)."""
+        return sorted((rev for rev, complete in self._scan() if not complete), key=str)
 
     def manifest(self, rev: Revision) -> ShardManifest | None:
+        raw = self._read_meta(rev, MANIFEST_NAME)
         try:
-            raw = (self.final_dir(rev) / META_DIR / MANIFEST_NAME).read_bytes()
-            return ShardManifest.parse(raw)
-        except (FileNotFoundError, ValueError):
+            return None if raw is None else ShardManifest.parse(raw)
+        except ValueError:
             return None
+
+
+def partial_name(commit: str) -> str:
+    return f".{commit}{PARTIAL_SUFFIX}"
+
+
+def commit_of_partial(name: str) -> str | None:
+    if name.startswith(".") and name.endswith(PARTIAL_SUFFIX):
+        return name[1:-len(PARTIAL_SUFFIX)]
+    return None

@@ -12,20 +12,16 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
-import time
 from collections.abc import Callable, Iterator
-from pathlib import Path
 
-
-def _open(path: Path) -> int:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    return os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+from k3artifacts.nodecache.layout import CacheLayout, Revision
 
 
 @contextlib.contextmanager
-def exclusive(path: Path, on_wait: Callable[[], None] | None = None) -> Iterator[None]:
-    """Hold an exclusive flock on ``path``, waiting for it (``on_wait`` is told once)."""
-    fd = _open(path)
+def exclusive(layout: CacheLayout, rev: Revision,
+              on_wait: Callable[[], None] | None = None) -> Iterator[None]:
+    """Hold the revision's exclusive lock, waiting for it (``on_wait`` is told once)."""
+    fd = layout.open_state("locks", rev, os.O_RDWR | os.O_CREAT)
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -38,11 +34,24 @@ def exclusive(path: Path, on_wait: Callable[[], None] | None = None) -> Iterator
         os.close(fd)
 
 
-def is_leased(path: Path) -> bool:
-    """True while some live process holds a lease (a shared flock) on ``path``."""
-    if not path.exists():
+def try_exclusive(layout: CacheLayout, kind: str, rev: Revision) -> int | None:
+    """The fd holding an exclusive flock on the revision's lock or lease file, or None when
+    another process holds one."""
+    fd = layout.open_state(kind, rev, os.O_RDWR | os.O_CREAT)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return None
+    return fd
+
+
+def is_leased(layout: CacheLayout, rev: Revision) -> bool:
+    """True while some live process holds a lease (a shared flock) on the revision."""
+    try:
+        fd = layout.open_state("leases", rev, os.O_RDONLY)
+    except FileNotFoundError:
         return False
-    fd = os.open(path, os.O_RDONLY)
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -53,11 +62,11 @@ def is_leased(path: Path) -> bool:
         os.close(fd)
 
 
-def take_lease(path: Path) -> int:
-    """A shared flock on ``path``: returns the fd that holds it (inheritable, so that it stays
-    held across exec by the command it guards)."""
-    fd = _open(path)
+def take_lease(layout: CacheLayout, rev: Revision) -> int:
+    """A shared flock on the revision's lease file: returns the fd that holds it
+    (inheritable, so that it stays held across exec by the command it guards)."""
+    fd = layout.open_state("leases", rev, os.O_RDWR | os.O_CREAT)
     fcntl.flock(fd, fcntl.LOCK_SH)
     os.set_inheritable(fd, True)
-    os.utime(path, (time.time(), time.time()))
+    os.utime(fd)
     return fd

@@ -14,9 +14,17 @@ MANIFEST_DIGEST = re.compile(r"^[0-9a-f]{64}$")
 REPO_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
 
 
+#: The Hub's own limit on a repo id (org and name together), which keeps every path and
+#: store key built from it within what file systems and S3 hold.
+REPO_ID_MAX = 96
+
+
 def check_repo_id(repo_id: str) -> str:
     if not REPO_ID.match(repo_id) or ".." in repo_id:
-        raise UsageError(f"{repo_id!r} is not a Hub repo id", hint="write it as org/name")
+        raise UsageError(f"{repo_id[:120]!r} is not a Hub repo id", hint="write it as org/name")
+    if len(repo_id) > REPO_ID_MAX:
+        raise UsageError(f"repo id of {len(repo_id)} characters ({repo_id[:40]}...): the Hub "
+                         f"allows {REPO_ID_MAX}", hint="check the repo id")
     return repo_id
 
 

@@ -1,41 +1,56 @@
-"""The upstream: a Hugging Face Hub (or anything speaking its API), through huggingface_hub.
+"""The upstream: a Hugging Face Hub (or anything speaking its API).
 
-Metadata (commit resolution, listing with LFS sha256) goes through the real client, which
-honours ``HF_ENDPOINT``, ``HF_TOKEN`` and the user's login. File bytes are streamed by
-:mod:`k3artifacts.staging.download` from the URLs and headers this module builds, so that
-they can be hashed as they arrive and resumed across processes (the client does neither:
-huggingface_hub issues #3643 and #4196).
+Metadata (commit resolution, the recursive tree listing with LFS sha256) is fetched here with
+the same HTTP client as the file bytes (:mod:`k3artifacts.staging.download`), so every Hub call
+has a connect and a read timeout, 429/5xx are retried after ``Retry-After``, and the token
+never leaves the Hub's origin: a tree listing whose ``Link: next`` points at another host is
+followed without ``Authorization`` (``huggingface_hub``'s ``paginate`` would send it). The
+endpoint and token are found as ``huggingface_hub`` finds them (``HF_ENDPOINT``, ``HF_TOKEN``,
+the user's login). Every listing field is checked at this edge: a malformed one is refused
+with the file named (``[listing]``, exit 3), never carried further.
 """
 
 from __future__ import annotations
 
+import json
 import logging
-import socket
-import ssl
+import re
 import time
 from dataclasses import dataclass
-from urllib.parse import urlparse
+from typing import Any
+from urllib.parse import quote, urlencode, urljoin, urlparse
 
-import httpx2
-from huggingface_hub import HfApi, constants, hf_hub_url
-from huggingface_hub.errors import (
-    EntryNotFoundError,
-    GatedRepoError,
-    HfHubHTTPError,
-    RepositoryNotFoundError,
-    RevisionNotFoundError,
-)
-from huggingface_hub.hf_api import RepoFile
+from huggingface_hub import constants, hf_hub_url
 from huggingface_hub.utils import build_hf_headers
+from urllib3.exceptions import HTTPError as Urllib3Error
 
-from k3artifacts.errors import ConfigError, NotFound, Unavailable
+from k3artifacts.errors import ConfigError, NotFound, Refusal, ReleaseRefused, Unavailable
 from k3artifacts.revisions.refs import COMMIT
-from k3artifacts.staging.download import RETRY_STATUS, RetryPolicy, retry_after
+from k3artifacts.staging.download import (
+    RETRY_STATUS,
+    Expected,
+    RetryPolicy,
+    TransientError,
+    headers_for,
+    host_of,
+    origin,
+    request,
+    retry_after,
+)
 
 log = logging.getLogger(__name__)
 
 #: Before the hub ever answered, a failure to connect is retried once, this soon.
 FIRST_CONTACT_RETRY_S = 0.5
+#: Largest metadata answer read (a tree page of 1000 entries is ~300 KB).
+MAX_METADATA_BYTES = 32 << 20
+#: Most listing entries accepted for one revision (Kimi K3 has a few hundred files).
+MAX_ENTRIES = 100_000
+MAX_PAGES = 1_000
+SHA256 = re.compile(r"^[0-9a-f]{64}$")
+GIT_OID = re.compile(r"^[0-9a-f]{40}$")
+#: The longest listed path worth looking at; rules.path_refusal decides what is acceptable.
+MAX_LISTED_PATH = 4096
 
 
 @dataclass(frozen=True)
@@ -47,6 +62,9 @@ class RemoteFile:
     entry_type: str
     lfs_sha256: str | None
     git_oid: str | None
+
+    def expected(self, commit: str) -> Expected:
+        return Expected(commit=commit, sha256=self.lfs_sha256)
 
 
 def check_endpoint(endpoint: str) -> str:
@@ -64,6 +82,11 @@ def check_endpoint(endpoint: str) -> str:
     return endpoint
 
 
+class PinContradicted(ReleaseRefused):
+    hint = ("the hub no longer serves that commit under its own id: check the repo id and "
+            "endpoint; never stage the other commit in its place")
+
+
 class HubSource:
     def __init__(
         self,
@@ -74,25 +97,25 @@ class HubSource:
         self.endpoint = check_endpoint(endpoint or constants.ENDPOINT).rstrip("/")
         self.token = token
         self.retry = retry or RetryPolicy()
-        self.api = HfApi(endpoint=self.endpoint, token=token)
         #: Whether the hub has answered once. Before that, "cannot connect" means a wrong
         #: endpoint, no route or no DNS, which retrying for a minute will not change.
         self.contacted = False
 
-    def _call(self, what: str, fn, *args, **kwargs):
-        # The client retries some calls itself (tree listing) but not model_info: one 503 or
-        # 429 while resolving the revision would otherwise fail a whole staging.
+    # ----- calls -----------------------------------------------------------------------------
+
+    def _call(self, what: str, url: str) -> tuple[Any, dict[str, str]]:
+        """GET ``url`` as JSON, retrying what a retry may fix."""
         attempt = 0
         while True:
             try:
-                result = self._call_once(what, fn, *args, **kwargs)
+                result = self._get_json(what, url)
                 self.contacted = True
                 return result
             except _Transient as exc:
                 attempt += 1
                 if exc.unreachable and not self.contacted:
                     if attempt >= 2:
-                        raise self._unreachable(exc.cause) from None
+                        raise self._unreachable(exc.detail) from None
                     time.sleep(FIRST_CONTACT_RETRY_S)
                     continue
                 if exc.answered:
@@ -104,72 +127,124 @@ class HubSource:
                             exc.error, attempt, self.retry.attempts, delay)
                 time.sleep(delay)
 
-    def _unreachable(self, cause: BaseException | None) -> Unavailable:
+    def _unreachable(self, detail: str) -> Unavailable:
         return Unavailable(
-            f"hub at {self.endpoint} unavailable (first contact): {_reason(cause)}",
+            f"hub at {self.endpoint} unavailable (first contact): {detail}",
             hint="check the endpoint (set by --endpoint or HF_ENDPOINT; default "
             "https://huggingface.co), DNS, the route and proxy (HTTPS_PROXY) to it, then re-run",
         )
 
-    def _call_once(self, what: str, fn, *args, **kwargs):
-        try:
-            return fn(*args, **kwargs)
-        except GatedRepoError as exc:
-            raise NotFound(
-                f"{what}: gated repository, access not granted ({exc})",
-                hint="accept the model's terms on the Hub and set HF_TOKEN",
-            ) from None
-        except RepositoryNotFoundError:
-            raise NotFound(
-                f"{what}: repository not found at {self.endpoint}",
-                hint="check the repo id, HF_ENDPOINT and HF_TOKEN",
-            ) from None
-        except RevisionNotFoundError:
-            raise NotFound(
-                f"{what}: revision not found", hint="check the branch, tag or commit"
-            ) from None
-        except EntryNotFoundError:
-            raise NotFound(f"{what}: not found") from None
-        except (HfHubHTTPError, httpx2.HTTPError, OSError) as exc:
-            error = Unavailable(
-                f"{what}: hub at {self.endpoint} unavailable: {exc}",
-                hint="check network access to HF_ENDPOINT, then re-run (work done is kept)",
+    def _get_json(self, what: str, url: str) -> tuple[Any, dict[str, str]]:
+        def unavailable(detail: str) -> Unavailable:
+            return Unavailable(
+                f"{what}: hub at {self.endpoint} unavailable: {detail}",
+                hint="check network access to the endpoint, then re-run (work done is kept); "
+                "--connect-timeout / --read-timeout tune how long a silent hub is waited on",
             )
-            response = getattr(exc, "response", None)
-            if isinstance(exc, HfHubHTTPError) and response is not None:
-                if response.status_code not in RETRY_STATUS:
-                    raise error from None
-                raise _Transient(
-                    error, retry_after(response.headers.get("Retry-After")), answered=True
-                ) from None
-            raise _Transient(error, None, cause=exc) from None
+
+        try:
+            resp = request("GET", url, headers_for(url, self.headers(), self.endpoint),
+                           self.retry, preload_content=False)
+        except TransientError as exc:
+            raise _Transient(unavailable(str(exc)), None, unreachable=exc.first_contact,
+                             detail=str(exc)) from None
+        try:
+            body = _read_bounded(resp, self.retry, host_of(url))
+        except TransientError as exc:
+            raise _Transient(unavailable(str(exc)), None, answered=True) from None
+        finally:
+            resp.release_conn()
+        headers = {k.lower(): v for k, v in resp.headers.items()}
+        status = resp.status
+        if status != 200:
+            self._raise_for(what, status, headers, url, unavailable)
+        try:
+            return json.loads(body), headers
+        except ValueError:
+            raise _Transient(unavailable(f"answer from {host_of(url)} is not JSON"), None,
+                             answered=True) from None
+
+    def _raise_for(self, what: str, status: int, headers: dict[str, str], url: str,
+                   unavailable) -> None:
+        code = headers.get("x-error-code", "")
+        message = headers.get("x-error-message", "")
+        if code == "GatedRepo":
+            raise NotFound(f"{what}: gated repository, access not granted ({message})",
+                           hint="accept the model's terms on the Hub and set HF_TOKEN")
+        if code == "RepoNotFound" or (status == 401 and "invalid credentials" not in
+                                      message.lower()):
+            raise NotFound(f"{what}: repository not found at {self.endpoint}",
+                           hint="check the repo id, HF_ENDPOINT and HF_TOKEN")
+        if code == "RevisionNotFound":
+            raise NotFound(f"{what}: revision not found", hint="check the branch, tag or commit")
+        if code == "EntryNotFound" or status == 404:
+            raise NotFound(f"{what}: not found at {self.endpoint} ({message or status})")
+        error = unavailable(f"HTTP {status} from {host_of(url)}"
+                            + (f" ({message})" if message else ""))
+        if status in RETRY_STATUS:
+            raise _Transient(error, retry_after(headers.get("retry-after")), answered=True)
+        raise error
+
+    # ----- what the engine asks --------------------------------------------------------------
 
     def resolve(self, repo_id: str, revision: str) -> str:
-        """Branch, tag or commit -> the 40-hex commit. Called once per staging."""
-        info = self._call(f"{repo_id}@{revision}", self.api.model_info, repo_id, revision=revision)
-        sha = info.sha
-        if not sha or not COMMIT.match(sha):
-            raise Unavailable(f"{repo_id}@{revision}: hub returned no commit sha ({sha!r})")
+        """Branch, tag or commit -> the 40-hex commit. Called once per staging.
+
+        A revision given as a commit is a pin: the hub must answer that very commit."""
+        what = f"{repo_id}@{revision}"
+        url = (f"{self.endpoint}/api/models/{repo_id}/revision/{quote(revision, safe='')}")
+        info, _ = self._call(what, url)
+        sha = info.get("sha") if isinstance(info, dict) else None
+        if not isinstance(sha, str) or not COMMIT.match(sha):
+            raise Unavailable(f"{what}: hub at {self.endpoint} returned no commit sha "
+                              f"({str(sha)[:80]!r})")
+        if COMMIT.match(revision) and sha != revision:
+            raise PinContradicted([Refusal(
+                what, "pinned-commit",
+                f"pinned commit {revision} but the hub at {self.endpoint} answered commit {sha}",
+            )])
         return sha
 
     def list_files(self, repo_id: str, commit: str) -> list[RemoteFile]:
-        entries = self._call(
-            f"{repo_id}@{commit}",
-            lambda: list(self.api.list_repo_tree(repo_id, revision=commit, recursive=True)),
-        )
-        files = []
-        for entry in entries:
-            if isinstance(entry, RepoFile):
-                files.append(
-                    RemoteFile(
-                        path=entry.path,
-                        size=int(entry.size),
-                        entry_type="file",
-                        lfs_sha256=entry.lfs.sha256 if entry.lfs else None,
-                        git_oid=None if entry.lfs else entry.blob_id,
-                    )
-                )
+        """Every file of ``commit``, each field checked; refused as a whole if any is bad."""
+        what = f"{repo_id}@{commit}"
+        url: str | None = (f"{self.endpoint}/api/models/{repo_id}/tree/{quote(commit, safe='')}?"
+                           + urlencode({"recursive": "true", "expand": "false"}))
+        files: list[RemoteFile] = []
+        refusals: list[Refusal] = []
+        count = pages = 0
+        while url is not None:
+            pages += 1
+            page, headers = self._call(what, url)
+            if not isinstance(page, list):
+                raise ReleaseRefused([Refusal(what, "listing", "the tree listing is not a list")])
+            count += len(page)
+            if count > MAX_ENTRIES or pages > MAX_PAGES:
+                raise ReleaseRefused([Refusal(
+                    what, "listing", f"more than {MAX_ENTRIES} entries or {MAX_PAGES} pages")])
+            for index, raw in enumerate(page):
+                parsed = parse_entry(raw, count - len(page) + index)
+                if isinstance(parsed, Refusal):
+                    refusals.append(parsed)
+                elif parsed is not None:
+                    files.append(parsed)
+            url = self._next_page(what, url, headers.get("link"))
+        if refusals:
+            raise ReleaseRefused(refusals)
         return sorted(files, key=lambda f: f.path)
+
+    def _next_page(self, what: str, current: str, link: str | None) -> str | None:
+        target = _next_link(link)
+        if target is None:
+            return None
+        target = urljoin(current, target)
+        if urlparse(target).scheme not in ("http", "https"):
+            raise ReleaseRefused([Refusal(what, "listing",
+                                          f"next page is not an http(s) URL: {target[:200]!r}")])
+        if origin(target) != origin(self.endpoint):
+            log.warning("%s: the listing continues on %s; the token is not sent there",
+                        what, host_of(target))
+        return target
 
     def file_url(self, repo_id: str, commit: str, path: str) -> str:
         return hf_hub_url(repo_id, path, revision=commit, endpoint=self.endpoint)
@@ -178,43 +253,91 @@ class HubSource:
         return build_hf_headers(token=self.token, library_name="k3artifacts")
 
 
+def parse_entry(raw: Any, index: int) -> RemoteFile | Refusal | None:
+    """One tree entry -> a file, None (a directory), or the refusal naming what is wrong."""
+    if not isinstance(raw, dict):
+        return Refusal(f"<entry {index}>", "listing", f"not an object: {str(raw)[:80]!r}")
+    if raw.get("type") == "directory":
+        return None  # its files are listed too (recursive); they are what is checked
+    path = raw.get("path")
+    if not isinstance(path, str) or not path or len(path) > MAX_LISTED_PATH:
+        shown = path[:120] + "..." if isinstance(path, str) and len(path) > 120 else path
+        return Refusal(f"<entry {index}>", "listing", f"bad path {shown!r}")
+
+    def bad(detail: str) -> Refusal:
+        return Refusal(path, "listing", detail)
+
+    kind = raw.get("type")
+    if kind != "file":
+        return Refusal(path, "not-a-file", f"listing entry of type {str(kind)[:40]!r}")
+    size = raw.get("size")
+    if type(size) is not int or size < 0:
+        return bad(f"size is {str(size)[:40]!r}, not a non-negative integer")
+    oid = raw.get("oid")
+    if not isinstance(oid, str) or not GIT_OID.match(oid):
+        return bad(f"oid {str(oid)[:80]!r} is not a 40-hex git blob id")
+    lfs = raw.get("lfs")
+    if lfs is None:
+        return RemoteFile(path=path, size=size, entry_type="file", lfs_sha256=None, git_oid=oid)
+    if not isinstance(lfs, dict):
+        return bad(f"lfs is {str(lfs)[:40]!r}, not an object")
+    sha = lfs.get("oid", lfs.get("sha256"))
+    if not isinstance(sha, str) or not SHA256.match(sha):
+        return bad(f"lfs oid {str(sha)[:80]!r} is not a 64-hex sha256")
+    lfs_size = lfs.get("size", size)
+    if type(lfs_size) is not int or lfs_size != size:
+        return bad(f"lfs size {str(lfs_size)[:40]!r} differs from the entry's size {size}")
+    return RemoteFile(path=path, size=size, entry_type="file", lfs_sha256=sha, git_oid=None)
+
+
+def _next_link(link: str | None) -> str | None:
+    """The ``rel="next"`` target of a Link header (RFC 8288), as GitHub and the Hub write it."""
+    if not link:
+        return None
+    for part in link.split(","):
+        target, _, params = part.partition(";")
+        target = target.strip()
+        if target.startswith("<") and target.endswith(">") and re.search(
+            r'rel\s*=\s*"?next"?', params
+        ):
+            return target[1:-1]
+    return None
+
+
+def _read_bounded(resp, policy: RetryPolicy, host: str) -> bytes:
+    """The whole body, at most :data:`MAX_METADATA_BYTES`, within ``policy.read_timeout``
+    in all: a metadata answer that trickles is as stuck as one that stalls."""
+    deadline = time.monotonic() + policy.read_timeout
+    chunks: list[bytes] = []
+    total = 0
+    while True:
+        try:
+            data = resp.read1(1 << 16)
+        except Urllib3Error as exc:
+            raise TransientError(f"{host}: reading the answer failed: {exc}", host=host) from None
+        if not data:
+            return b"".join(chunks)
+        total += len(data)
+        if total > MAX_METADATA_BYTES:
+            raise TransientError(f"{host}: answer larger than {MAX_METADATA_BYTES} bytes",
+                                 host=host)
+        chunks.append(data)
+        if time.monotonic() > deadline:
+            raise TransientError(f"{host}: answer not complete after {policy.read_timeout:g}s",
+                                 host=host, slow=True)
+
+
 class _Transient(Exception):
     """A metadata call failed in a way a retry may fix; ``error`` is what to raise if not.
 
     ``answered``: the hub did answer (an HTTP status). ``unreachable``: no connection could be
     made at all (DNS, refused, TLS handshake)."""
 
-    def __init__(
-        self,
-        error: Unavailable,
-        retry_after: float | None,
-        *,
-        answered: bool = False,
-        cause: BaseException | None = None,
-    ):
+    def __init__(self, error: Unavailable, retry_after: float | None, *,
+                 answered: bool = False, unreachable: bool = False, detail: str = ""):
         super().__init__(str(error))
+        self.detail = detail
         self.error = error
         self.retry_after = retry_after
         self.answered = answered
-        self.cause = cause
-        self.unreachable = cause is not None and _is_unreachable(cause)
-
-
-def _is_unreachable(exc: BaseException) -> bool:
-    if isinstance(exc, httpx2.ConnectError):
-        return True
-    return isinstance(exc, (socket.gaierror, ConnectionRefusedError, ssl.SSLError))
-
-
-def _reason(exc: BaseException | None) -> str:
-    text = str(exc)
-    cause: BaseException | None = exc
-    while cause is not None:
-        if isinstance(cause, socket.gaierror) or "Name or service not known" in text:
-            return f"the host name does not resolve ({text})"
-        if isinstance(cause, ConnectionRefusedError) or "Connection refused" in text:
-            return f"connection refused ({text})"
-        if isinstance(cause, ssl.SSLError) or "SSL" in text or "certificate" in text:
-            return f"TLS handshake failed ({text})"
-        cause = cause.__cause__ or cause.__context__
-    return text
+        self.unreachable = unreachable

@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import re
 import struct
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +24,14 @@ from k3artifacts.revisions.manifest import SafetensorsSummary
 
 #: The safetensors library refuses headers above 100 MB; so do we, before allocating anything.
 MAX_HEADER = 100_000_000
+
+#: A valid header nests 3 deep (header, tensor, shape); json.loads recurses once per level,
+#: so nesting is bounded before it runs (a header of 100k brackets is a RecursionError).
+MAX_DEPTH = 8
+
+_JSON_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"')
+_NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
+_INNERMOST = re.compile(rb"\[\]|\{\}")
 
 #: A broken index can name every one of 100k tensors; the first few tell the story.
 MAX_INDEX_REPORTS = 20
@@ -72,6 +81,18 @@ def _refuse(path: str, detail: str) -> Refusal:
     return Refusal(path, "safetensors-header", detail)
 
 
+def _depth_exceeds(raw: bytes, limit: int) -> bool:
+    """True when the JSON text ``raw`` nests deeper than ``limit``: strings dropped, then the
+    innermost bracket pairs peeled ``limit`` times (each pass a regex, not a Python loop per
+    byte); anything left is deeper, or unbalanced."""
+    brackets = _JSON_STRING.sub(b"", raw).translate(None, _NOT_BRACKETS)
+    for _ in range(limit):
+        if not brackets:
+            return False
+        brackets = _INNERMOST.sub(b"", brackets)
+    return bool(brackets)
+
+
 def check_header(path: str, local: Path, file_size: int) -> HeaderInfo:
     """Parse and validate the header of the safetensors file at ``local``; raise a Refusal."""
     with open(local, "rb") as fh:
@@ -93,6 +114,9 @@ def check_header_stream(path: str, fh: BinaryIO, file_size: int) -> HeaderInfo:
     raw = _read_exactly(fh, header_len)
     if len(raw) != header_len:
         raise _refuse(path, "file ended inside the header")
+    if _depth_exceeds(raw, MAX_DEPTH):
+        raise _refuse(path, f"header nests deeper than {MAX_DEPTH} levels (or its brackets do "
+                      "not balance); a safetensors header nests 3")
     try:
         header = json.loads(raw.decode("utf-8"))
     except UnicodeDecodeError as exc:

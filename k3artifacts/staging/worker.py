@@ -203,6 +203,7 @@ class RunContext:
                     on_resumed=lambda n: self.observer.advance(remote.path, n),
                     label=remote.path,
                     durable=durable,
+                    expected=remote.expected(self.spec.commit),
                 )
             except PermanentError as exc:
                 raise Refusal(remote.path, "download", str(exc)) from None

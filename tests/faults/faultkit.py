@@ -131,6 +131,7 @@ def assert_nothing_published(store: Store) -> None:
 
 
 def file_gets(hub, since: int = 0, path: str | None = None) -> list:
-    """GETs of file bytes (resolve requests) answered since request number ``since``."""
+    """GETs of file bytes (on the CDN, or resolves the hub answered itself) answered since
+    request number ``since``."""
     return [r for r in hub.requests[since:]
-            if r.method == "GET" and "/resolve/" in r.url and (path is None or r.target == path)]
+            if r.method == "GET" and r.is_file and (path is None or r.target == path)]

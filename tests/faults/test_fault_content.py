@@ -64,9 +64,17 @@ NFD = unicodedata.normalize("NFD", "tokenizer_café.json")
         ({NFC: b"{}", NFD: b"{}"}, None, "duplicate-path", "ignoring case"),
         ({"pytorch_model.bin": b"\x80\x02}q\x00."}, "pytorch_model.bin", "pickle", "--allow-pickle"),
         ({"optimizer.pt": b"PK\x03\x04"}, "optimizer.pt", "pickle", "run code"),
+        ({"bad\x85name.json": b"{}"}, "bad\x85name.json", "unsafe-path", "C1"),
+        ({"gnp.\u202ejson": b"{}"}, "gnp.\u202ejson", "unsafe-path", "bidirectional"),
+        ({"x" * 256 + ".json": b"{}"}, "x" * 256 + ".json", "unsafe-path", "hold 255"),
+        ({"/".join(["d" * 200] * 4) + "/f": b"{}"}, "/".join(["d" * 200] * 4) + "/f",
+         "unsafe-path", "store key holds"),
+        ({"config.json/extra.json": b"{}"}, "config.json", "file-and-directory",
+         "config.json/extra.json"),
     ],
     ids=["dotdot", "nested-dotdot", "absolute", "drive-letter", "backslash", "newline",
-         "reserved-meta", "case-duplicate", "unicode-duplicate", "pickle-bin", "pickle-pt"],
+         "reserved-meta", "case-duplicate", "unicode-duplicate", "pickle-bin", "pickle-pt",
+         "c1-control", "bidi-override", "name-too-long", "path-too-long", "file-and-directory"],
 )
 def test_hostile_listing_is_refused_before_any_download(local_hub, file_store, tmp_path,
                                                         extra, path, rule, words):

@@ -4,6 +4,9 @@ named where the bytes are wrong; never published unverified."""
 
 from __future__ import annotations
 
+import subprocess
+import time
+
 import pytest
 
 from k3artifacts.errors import ReleaseRefused, Unavailable
@@ -14,6 +17,7 @@ from k3artifacts.staging.hub import HubSource
 from k3artifacts.stores.verify import verify_revision
 from tests.faults.faultkit import (
     SHARD1,
+    SHARD2,
     assert_nothing_published,
     file_gets,
     quarantine_of,
@@ -172,3 +176,221 @@ def test_hub_down_for_good_fails_with_unavailable(local_hub, file_store, quarant
                   retry=RetryPolicy(attempts=2, backoff=0.01))
     assert "re-run" in err.value.hint
     assert_nothing_published(file_store)
+
+
+# ----- the world as it is: redirects, silence, trickles, rate limits, lying listings ----------
+
+TOKEN = "hf_k3a_secret"
+
+
+def stage_with(endpoint, store, quarantine, *, token=False, revision="main", **retry):
+    policy = RetryPolicy(**{"attempts": 3, "backoff": 0.01, "max_backoff": 0.05, **retry})
+    return stage(HubSource(endpoint, token=token, retry=policy), store, REPO, revision,
+                 quarantine, StageOptions(retry=policy))
+
+
+def test_no_request_to_the_cdn_carries_the_token(make_local_hub, file_store, quarantine,
+                                                 tmp_path):
+    server = make_local_hub(token=TOKEN)
+    commit = server.hub.add_commit(REPO, small_release(tmp_path))
+    # A drop makes the transfer resume against the CDN URL it was redirected to.
+    server.hub.faults.add(SHARD1, Fault.drop(after_bytes=CUT))
+    result = stage_with(server.endpoint, file_store, quarantine, token=TOKEN)
+    assert result.commit == commit and published(file_store, commit)
+    cdn = [r for r in server.hub.requests if r.origin == "cdn"]
+    assert {r.target for r in cdn} == {SHARD1, SHARD2}
+    assert [g.range for g in file_gets(server.hub, path=SHARD1)] == [None, f"bytes={CUT}-"]
+    assert not [r for r in cdn if r.authorization]
+    # The hub itself needs the token on every call (it answers 401 without).
+    assert all(r.authorization for r in server.hub.requests if r.origin == "hub")
+
+
+def test_hub_that_accepts_and_never_answers_fails_within_the_timeout(local_hub, file_store,
+                                                                     quarantine, release):
+    local_hub.hub.faults.add("/api/models/*", Fault.stall(60, times=None))
+    started = time.monotonic()
+    with pytest.raises(Unavailable) as err:
+        stage_with(local_hub.endpoint, file_store, quarantine, attempts=2, read_timeout=0.3)
+    # Two attempts of 0.3 s each, not the hub's 60 s of silence.
+    assert time.monotonic() - started < 20
+    assert err.value.exit_code == 8
+    assert local_hub.endpoint in str(err.value) and "timed out" in str(err.value)
+    assert_nothing_published(file_store)
+
+
+def test_file_transfer_that_stalls_before_headers_is_cut(local_hub, file_store, quarantine,
+                                                         release):
+    local_hub.hub.faults.add(SHARD1, Fault.stall(60, times=1))
+    stage_with(local_hub.endpoint, file_store, quarantine, read_timeout=0.5)
+    assert published(file_store, release)
+
+
+def test_trickle_is_cut_resumed_then_fails_exit_8_naming_the_server(local_hub, file_store,
+                                                                    quarantine, release):
+    local_hub.hub.faults.add(SHARD1, Fault.trickle(64, 0.05))
+    with pytest.raises(Unavailable) as err:
+        stage_with(local_hub.endpoint, file_store, quarantine, attempts=8,
+                   rate_window=0.4, min_rate=64 * 1024, slow_attempts=2)
+    cdn = local_hub.hub.cdn_endpoint.removeprefix("http://")
+    assert err.value.exit_code == 8
+    assert f"{SHARD1}: {cdn} too slow, 2 transfers in a row" in str(err.value)
+    assert "below the floor of 65536 B/s" in str(err.value)
+    # The trickle was cut and resumed from its last byte, against the CDN URL.
+    gets = file_gets(local_hub.hub, path=SHARD1)
+    assert len(gets) == 2 and gets[0].range is None and gets[1].range.startswith("bytes=")
+    assert int(gets[1].range[6:-1]) > 0
+    assert_nothing_published(file_store)
+    # What was received is kept: a re-run on a healthy link fetches only the rest.
+    kept = quarantine_of(quarantine, release).part_path(SHARD1).stat().st_size
+    local_hub.hub.faults.clear()
+    mark = len(local_hub.hub.requests)
+    stage_with(local_hub.endpoint, file_store, quarantine)
+    assert [g.range for g in file_gets(local_hub.hub, mark, SHARD1)] == [f"bytes={kept}-"]
+    assert published(file_store, release)
+
+
+@pytest.mark.parametrize("at,target", [("file", SHARD1), ("resolve", SHARD1),
+                                       ("file", "/api/models/*")])
+def test_429_waits_for_retry_after(local_hub, file_store, quarantine, release, at, target):
+    local_hub.hub.faults.add(target, Fault.http_status(429, retry_after=1, times=1, at=at))
+    stage_with(local_hub.endpoint, file_store, quarantine, backoff=0.001)
+    limited = [i for i, r in enumerate(local_hub.hub.requests) if r.status == 429]
+    assert len(limited) == 1
+    requests = local_hub.hub.requests
+    again = next(r for r in requests[limited[0] + 1:]
+                 if r.origin == requests[limited[0]].origin
+                 and (r.target == SHARD1 if target == SHARD1 else "/api/" in r.url))
+    # The backoff alone would have retried after 1 ms; the hub asked for a second.
+    assert again.time - requests[limited[0]].time >= 0.9
+    assert published(file_store, release)
+
+
+def test_retry_after_is_bounded(local_hub, file_store, quarantine, release):
+    local_hub.hub.faults.add(SHARD1, Fault.http_status(503, retry_after=3600, times=1))
+    started = time.monotonic()
+    stage_with(local_hub.endpoint, file_store, quarantine, max_retry_after=0.1)
+    assert time.monotonic() - started < 30
+    assert published(file_store, release)
+
+
+def _edit_entry(path, **fields):
+    def edit(page):
+        for entry in page:
+            if entry.get("path") == path:
+                entry.update(fields)
+        return page
+
+    return edit
+
+
+@pytest.mark.parametrize(
+    "fields,words",
+    [
+        ({"size": None}, "size is 'None'"),
+        ({"size": "262144"}, "not a non-negative integer"),
+        ({"size": -1}, "not a non-negative integer"),
+        ({"size": True}, "not a non-negative integer"),
+        ({"lfs": {"oid": "not-a-sha", "size": 1}}, "not a 64-hex sha256"),
+        ({"lfs": {"oid": "a" * 64, "size": 5}}, "lfs size '5' differs"),
+        ({"lfs": "yes"}, "not an object"),
+        ({"oid": None}, "40-hex git blob id"),
+    ],
+    ids=["size-null", "size-string", "size-negative", "size-bool", "lfs-oid", "lfs-size",
+         "lfs-type", "oid-null"],
+)
+def test_malformed_listing_field_is_refused_with_the_file_named(local_hub, file_store,
+                                                                quarantine, release, fields,
+                                                                words):
+    local_hub.hub.faults.add("/api/models/*/tree/*", Fault.json(_edit_entry(SHARD1, **fields)))
+    with pytest.raises(ReleaseRefused) as err:
+        stage_with(local_hub.endpoint, file_store, quarantine)
+    found = refusal(err.value, SHARD1)
+    assert found.rule == "listing" and words in found.detail, found.detail
+    assert err.value.exit_code == 3
+    assert not file_gets(local_hub.hub)
+    assert_nothing_published(file_store)
+
+
+def test_listing_entry_without_a_usable_path_is_refused(local_hub, file_store, quarantine,
+                                                        release):
+    local_hub.hub.faults.add("/api/models/*/tree/*", Fault.json(
+        lambda page: [*page, {"type": "file", "path": "p" * 5000, "size": 1, "oid": "0" * 40},
+                      "not an entry"]))
+    with pytest.raises(ReleaseRefused) as err:
+        stage_with(local_hub.endpoint, file_store, quarantine)
+    assert {(r.path, r.rule) for r in err.value.refusals} == {
+        (f"<entry {len(local_hub.hub.files(REPO))}>", "listing"),
+        (f"<entry {len(local_hub.hub.files(REPO)) + 1}>", "listing")}
+    assert not file_gets(local_hub.hub)
+
+
+def test_pinned_commit_contradicted_by_the_hub_is_refused(local_hub, file_store, quarantine,
+                                                          tmp_path, release):
+    other = local_hub.hub.add_commit(REPO, small_release(tmp_path, seed=1))
+    local_hub.hub.faults.add("/api/models/*/revision/*",
+                             Fault.json(lambda info: {**info, "sha": other}))
+    with pytest.raises(ReleaseRefused) as err:
+        stage_with(local_hub.endpoint, file_store, quarantine, revision=release)
+    assert err.value.exit_code == 3
+    (found,) = err.value.refusals
+    assert found.rule == "pinned-commit"
+    assert release in found.detail and other in found.detail
+    assert not file_gets(local_hub.hub)
+    assert_nothing_published(file_store)
+
+
+def test_listing_pages_on_another_host_get_no_token(make_local_hub, file_store, quarantine,
+                                                    tmp_path):
+    hub = make_local_hub(token=TOKEN, page_size=3)
+    mirror = make_local_hub(page_size=3)  # another origin, serving the same repo
+    files = small_release(tmp_path)
+    commit = hub.hub.add_commit(REPO, files)
+    assert mirror.hub.add_commit(REPO, files) == commit
+    hub.hub.faults.add("/api/models/*/tree/*", Fault.next_page_on(mirror.endpoint))
+    result = stage_with(hub.endpoint, file_store, quarantine, token=TOKEN)
+    assert result.commit == commit and published(file_store, commit)
+    pages = [r for r in mirror.hub.requests if "/tree/" in r.url]
+    assert pages and "cursor=" in pages[0].query
+    assert not [r for r in mirror.hub.requests if r.authorization]
+
+
+def test_hostile_hub_cases_through_the_cli(k3a_cmd, k3a_env, local_hub, tmp_path, release):
+    """What a release engineer sees: the exit code and the message for each hostile answer."""
+    hub = local_hub.hub
+    base = [*k3a_cmd, "stage", REPO, "--endpoint", local_hub.endpoint,
+            "--store", f"file://{tmp_path / 'store'}", "-q", "--retries", "2"]
+
+    def k3a(*args):
+        return subprocess.run([*base, *args], env=k3a_env, capture_output=True, text=True,
+                              timeout=120)
+
+    hub.faults.add(SHARD1, Fault.trickle(64, 0.05))
+    trickle = k3a("--rate-window", "0.3")
+    cdn = hub.cdn_endpoint.removeprefix("http://")
+    assert trickle.returncode == 8, trickle.stderr
+    assert f"{SHARD1}: {cdn} too slow, 3 transfers in a row" in trickle.stderr
+    assert "--min-rate" in trickle.stderr
+
+    hub.faults.clear()
+    hub.faults.add("/api/models/*", Fault.stall(60, times=None))
+    silent = k3a("--read-timeout", "0.3")
+    assert silent.returncode == 8, silent.stderr
+    assert f"hub at {local_hub.endpoint} unavailable" in silent.stderr
+    assert "timed out" in silent.stderr
+
+    hub.faults.clear()
+    mark = len(hub.requests)
+    hub.faults.add("/api/models/*/tree/*", Fault.json(_edit_entry(SHARD1, size=None)))
+    listing = k3a()
+    assert listing.returncode == 3, listing.stderr
+    assert f"{SHARD1}: [listing] size is 'None', not a non-negative integer" in listing.stderr
+
+    hub.faults.clear()
+    other = "f" * 40
+    hub.faults.add("/api/models/*/revision/*", Fault.json(lambda info: {**info, "sha": other}))
+    pinned = k3a("--revision", release)
+    assert pinned.returncode == 3, pinned.stderr
+    assert f"[pinned-commit] pinned commit {release} but the hub at {local_hub.endpoint} " \
+           f"answered commit {other}" in pinned.stderr
+    # Refused before any byte moved.
+    assert not file_gets(hub, mark)

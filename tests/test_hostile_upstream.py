@@ -1,0 +1,84 @@
+"""Upstream files built to hurt the parser: a model card of nested YAML aliases (a "billion
+laughs") and a safetensors header nested 100k deep. ``k3a stage`` refuses each, named, with
+exit 3, in bounded time and memory, and the same way on every re-run."""
+
+from __future__ import annotations
+
+import json
+import struct
+import subprocess
+
+import pytest
+
+from tests.staging_helpers import REPO, small_release
+
+#: Each line nests nine of the previous: 9**8 (43 million) strings once expanded. Through
+#: yaml.safe_load and str() this card (334 bytes) became a 312 MB license field.
+ALIAS_BOMB = (
+    b"---\n"
+    b'a: &a ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]\n'
+    + b"".join(f"{n}: &{n} [{','.join(['*' + p] * 9)}]\n".encode()
+               for p, n in zip("abcdefg", "bcdefgh", strict=True))
+    + b"license: *h\n---\n# Kimi K3\n"
+)
+
+
+def stage(k3a_cmd, k3a_env, endpoint: str, store: str, quarantine) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [*k3a_cmd, "stage", REPO, "--endpoint", endpoint, "--store", store, "--quarantine",
+         str(quarantine), "-q"],
+        env=k3a_env, capture_output=True, text=True, timeout=300)
+
+
+def deep_header_shard(depth: int) -> bytes:
+    header = b'{"__metadata__":{"format":"pt"},"t":{"dtype":"U8","shape":[4],' \
+             b'"data_offsets":[0,4]},"x":' + b"[" * depth + b"]" * depth + b"}"
+    return struct.pack("<Q", len(header)) + header + b"\0" * 4
+
+
+def test_the_card_is_small_and_its_expansion_is_not():
+    assert len(ALIAS_BOMB) < 400
+    assert ALIAS_BOMB.count(b"*") == 7 * 9 + 1
+
+
+@pytest.mark.timeout(120)
+def test_an_alias_bomb_card_is_refused_named_exit_3(k3a_cmd, k3a_env, local_hub, tmp_path):
+    files = small_release(tmp_path)
+    files["README.md"] = ALIAS_BOMB
+    local_hub.hub.add_commit(REPO, files)
+    store = tmp_path / "store"
+    proc = stage(k3a_cmd, k3a_env, local_hub.endpoint, f"file://{store}", tmp_path / "q")
+    assert proc.returncode == 3, proc.stderr
+    assert "README.md: [model-card] YAML anchor &a in the front matter" in proc.stderr
+    assert "next:" in proc.stderr and "Traceback" not in proc.stderr
+    assert not list(store.rglob("manifest.json"))
+
+
+@pytest.mark.timeout(120)
+def test_a_deep_safetensors_header_is_refused_and_so_is_every_re_run(
+        k3a_cmd, k3a_env, local_hub, tmp_path):
+    files = small_release(tmp_path)
+    files["extra.safetensors"] = deep_header_shard(100_000)
+    local_hub.hub.add_commit(REPO, files)
+    store, quarantine = tmp_path / "store", tmp_path / "q"
+    for _ in range(2):
+        proc = stage(k3a_cmd, k3a_env, local_hub.endpoint, f"file://{store}", quarantine)
+        assert proc.returncode == 3, proc.stderr
+        assert ("extra.safetensors: [safetensors-header] header nests deeper than 8 levels"
+                in proc.stderr)
+        assert "Traceback" not in proc.stderr
+        # The refused bytes are not kept for a resume that would fail the same way.
+        assert not list(quarantine.rglob("*.part"))
+    assert not list(store.rglob("manifest.json"))
+    fetched = [r.target for r in local_hub.hub.requests if r.target == "extra.safetensors"]
+    assert len(fetched) == 2  # downloaded afresh each time, not resumed from a kept part
+
+
+def test_a_header_nested_as_deep_as_the_format_passes_the_bound(tmp_path):
+    from k3artifacts.staging.safetensors_header import check_header
+
+    header = json.dumps({"__metadata__": {"note": "[[[[[[[[[[[[[[[[[[[["},
+                         "t": {"dtype": "U8", "shape": [2, 2], "data_offsets": [0, 4]}}).encode()
+    path = tmp_path / "ok.safetensors"
+    path.write_bytes(struct.pack("<Q", len(header)) + header + b"\0" * 4)
+    assert check_header(path.name, path, path.stat().st_size).summary.tensor_count == 1

@@ -1,0 +1,287 @@
+"""The node cache as an attacker (or a full disk) leaves it: planted links, swapped files, no
+space. Each case is refused with a named error and an exit code, and changes nothing outside
+the cache root."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import stat
+import subprocess
+import uuid
+from pathlib import Path
+
+import pytest
+from test_nodecache import BIG, MiB, _wait_for, check_copy, k3a, pull_json
+
+from k3artifacts.nodecache.layout import CacheLayout, Revision
+from k3artifacts.sandbox.releases import Releases
+from k3artifacts.stores.file import FileStore
+
+SECRET = b"bytes a pull must never touch\n"
+
+
+@pytest.fixture
+def file_releases(tmp_path: Path) -> Releases:
+    return Releases(FileStore(tmp_path / "store"), tmp_path / "scratch")
+
+
+@pytest.fixture
+def outside(tmp_path: Path) -> Path:
+    """A file and a directory outside the cache root, as a link's targets."""
+    victim = tmp_path / "outside"
+    victim.mkdir()
+    (victim / "secret").write_bytes(SECRET)
+    (victim / "secret").chmod(0o640)
+    return victim
+
+
+def untouched(victim: Path) -> None:
+    assert sorted(p.name for p in victim.iterdir()) == ["secret"]
+    assert (victim / "secret").read_bytes() == SECRET
+    assert stat.S_IMODE((victim / "secret").stat().st_mode) == 0o640
+
+
+def rev_of(release) -> Revision:
+    return Revision(release.binding.weights.repo_id, release.binding.weights.commit)
+
+
+def pull(store, release, root: Path, *extra: str) -> tuple[int, str, str]:
+    return k3a("pull", release.id, "--store", store.url, "--to", str(root),
+               "--part-size", "1MiB", "--concurrency", "2", *extra)
+
+
+def test_a_link_at_the_partial_directory_is_refused_and_nothing_lands_outside(
+        file_releases, tmp_path, outside):
+    release = file_releases.release(extra={"big.bin": BIG})
+    layout = CacheLayout(tmp_path / "cache")
+    partial = layout.partial_dir(rev_of(release))
+    partial.parent.mkdir(parents=True)
+    partial.symlink_to(outside)
+    code, out, err = pull(file_releases.store, release, layout.root)
+    assert code == 9, err
+    assert f"{partial} is a symbolic link" in err and "next:" in err
+    untouched(outside)
+    assert partial.is_symlink() and not os.path.lexists(layout.final_dir(rev_of(release)))
+
+
+def test_a_link_at_a_part_file_is_refused_and_its_target_keeps_bytes_and_mode(
+        file_releases, tmp_path, outside):
+    release = file_releases.release(extra={"big.bin": BIG})
+    layout = CacheLayout(tmp_path / "cache")
+    partial = layout.partial_dir(rev_of(release))
+    partial.mkdir(parents=True)
+    (partial / ".big.bin.part").symlink_to(outside / "secret")
+    code, out, err = pull(file_releases.store, release, layout.root)
+    assert code == 9, err
+    assert f"{partial / '.big.bin.part'} is a symbolic link" in err
+    untouched(outside)
+    assert not os.path.lexists(layout.final_dir(rev_of(release)))
+
+
+@pytest.mark.parametrize("planted", ["final", "org"])
+def test_a_link_at_the_final_directory_or_above_is_refused(
+        file_releases, tmp_path, outside, planted):
+    release = file_releases.release(extra={"big.bin": BIG})
+    layout = CacheLayout(tmp_path / "cache")
+    final = layout.final_dir(rev_of(release))
+    at = final if planted == "final" else final.parent.parent
+    at.parent.mkdir(parents=True)
+    at.symlink_to(outside)
+    code, out, err = pull(file_releases.store, release, layout.root)
+    assert code == 9, err
+    assert f"{at} is a symbolic link" in err
+    untouched(outside)
+    code, out, err = k3a("cache", "ls", "--root", str(layout.root))
+    assert code == 9 and f"{at} is a symbolic link" in err
+
+
+def test_a_link_planted_inside_a_finished_revision_is_refused_on_re_pull(
+        file_releases, tmp_path, outside):
+    release = file_releases.release(extra={"big.bin": BIG})
+    root = tmp_path / "cache"
+    pull_json(file_releases.store.url, release.id, root)
+    final = CacheLayout(root).final_dir(rev_of(release))
+    final.chmod(0o755)
+    (final / "big.bin").unlink()
+    (final / "big.bin").symlink_to(outside / "secret")
+    code, out, err = pull(file_releases.store, release, root)
+    assert code == 9, err
+    assert f"{final / 'big.bin'} is a symbolic link" in err
+    untouched(outside)
+
+
+def test_a_finished_revision_is_read_only_whatever_the_umask(file_releases, tmp_path):
+    release = file_releases.release(extra={"big.bin": BIG, "sub/dir/small.txt": b"x"})
+    root = tmp_path / "cache"
+    old = os.umask(0)
+    try:
+        pull_json(file_releases.store.url, release.id, root)
+    finally:
+        os.umask(old)
+    final = CacheLayout(root).final_dir(rev_of(release))
+    modes = {p.relative_to(final).as_posix(): stat.S_IMODE(p.lstat().st_mode)
+             for p in [final, *final.rglob("*")]}
+    assert modes["."] == 0o555 and modes[".k3a"] == 0o555 and modes["sub/dir"] == 0o555
+    assert modes["big.bin"] == modes[".k3a/verified.json"] == modes[".k3a/manifest.json"] \
+        == 0o444
+    assert set(modes.values()) == {0o555, 0o444}
+    # Read-only is no obstacle to eviction.
+    code, _, err = k3a("cache", "rm", str(rev_of(release)), "--root", str(root))
+    assert code == 0, err
+    assert not final.exists()
+
+
+def test_a_swapped_file_is_noticed_and_fetched_again(file_releases, tmp_path):
+    release = file_releases.release(extra={"big.bin": BIG})
+    root = tmp_path / "cache"
+    pull_json(file_releases.store.url, release.id, root)
+    final = CacheLayout(root).final_dir(rev_of(release))
+    # A forger replaces the file with same-size bytes and copies the old mtime: the inode
+    # gives it away, however verified.json reads.
+    before = (final / "big.bin").stat()
+    final.chmod(0o755)
+    swapped = final / ".swap"
+    swapped.write_bytes(bytes(len(BIG)))
+    os.utime(swapped, ns=(before.st_atime_ns, before.st_mtime_ns))
+    os.replace(swapped, final / "big.bin")
+    final.chmod(0o555)
+    out = pull_json(file_releases.store.url, release.id, root)
+    assert not out["already_present"]
+    assert out["files_fetched"] == 1 and out["bytes_fetched"] == len(BIG)
+    assert out["files_kept"] == out["files"] - 1
+    check_copy(root, file_releases.store, release)
+    assert pull_json(file_releases.store.url, release.id, root)["already_present"]
+
+
+def test_verify_re_reads_a_file_edited_in_place_with_its_mtime_restored(
+        file_releases, tmp_path):
+    release = file_releases.release(extra={"big.bin": BIG})
+    root = tmp_path / "cache"
+    pull_json(file_releases.store.url, release.id, root)
+    big = CacheLayout(root).final_dir(rev_of(release)) / "big.bin"
+    before = big.stat()
+    big.chmod(0o644)
+    with open(big, "r+b") as fh:
+        fh.seek(MiB + 3)
+        byte = fh.read(1)[0]
+        fh.seek(MiB + 3)
+        fh.write(bytes([byte ^ 0xFF]))
+    big.chmod(0o444)
+    os.utime(big, ns=(before.st_atime_ns, before.st_mtime_ns))
+    # Size, mtime and inode all still match: only a re-read tells.
+    assert pull_json(file_releases.store.url, release.id, root)["already_present"]
+    out = pull_json(file_releases.store.url, release.id, root, "--verify")
+    assert not out["already_present"] and out["bytes_fetched"] == len(BIG)
+    check_copy(root, file_releases.store, release)
+
+
+# --- a full disk: a small tmpfs mounted by the test --------------------------------------
+
+@contextlib.contextmanager
+def small_fs(where: Path, size: str):
+    where.mkdir(parents=True, exist_ok=True)
+    if shutil.which("mount") is None or os.geteuid() != 0:
+        pytest.skip("mounting a small tmpfs needs root")
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size},mode=0755", "tmpfs",
+                           str(where)], capture_output=True)
+    if done.returncode != 0:
+        pytest.skip(f"mount is not permitted here: {done.stderr.decode().strip()}")
+    try:
+        yield where
+    finally:
+        subprocess.run(["umount", "-l", str(where)], check=False)
+
+
+def test_too_little_space_is_refused_before_the_first_byte(file_releases, tmp_path):
+    release = file_releases.release(extra={"big.bin": BIG})
+    with small_fs(tmp_path / "small", "4m") as root:
+        code, out, err = pull(file_releases.store, release, root)
+        assert code == 8, err
+        assert "need " in err and ", have " in err and "on tmpfs mounted at " in err
+        assert "nothing was fetched" in err and "k3a cache gc" in err
+        assert not list(root.rglob("*.part"))
+
+
+def test_a_disk_that_fills_during_the_pull_is_exit_8_and_the_partial_is_listed_and_freed(
+        file_releases, tmp_path, k3a_cmd, k3a_env):
+    release = file_releases.release(extra={"big.bin": BIG})
+    rev = rev_of(release)
+    resume = tmp_path / "resume"
+    with small_fs(tmp_path / "small", "8m") as root:
+        env = dict(k3a_env, K3A_FAULT_PAUSE="pull-planned:120", K3A_FAULT_RESUME=str(resume))
+        err_path = tmp_path / "stderr"
+        with open(err_path, "wb") as errf:
+            proc = subprocess.Popen(
+                [*k3a_cmd, "pull", release.id, "--store", file_releases.store.url, "--to",
+                 str(root), "--part-size", "1MiB", "-q"],
+                env=env, stderr=errf, stdout=subprocess.DEVNULL)
+        try:
+            _wait_for(lambda: b"paused at pull-planned" in err_path.read_bytes()
+                      or proc.poll() is not None, "the space check")
+            # Someone else fills the disk between our check and our writes.
+            filler = root / f"filler-{uuid.uuid4().hex}"
+            with open(filler, "wb") as fh, contextlib.suppress(OSError):
+                while True:
+                    fh.write(b"\0" * 65536)
+                    fh.flush()
+            resume.touch()
+            assert proc.wait(60) == 8, err_path.read_text()
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(10)
+        err = err_path.read_text()
+        assert "the node cache's disk is full (tmpfs mounted at" in err, err
+        assert ".part: No space left on device (preallocating" in err
+        assert "k3a cache ls" in err and "Traceback" not in err
+        code, out, _ = k3a("cache", "ls", "--root", str(root), "--json")
+        listed = json.loads(out)
+        assert code == 0 and [(c["revision"], c["partial"]) for c in listed] == [
+            (str(rev), True)]
+        filler.unlink()
+        out = pull_json(file_releases.store.url, release.id, root)  # resumes
+        assert not out["already_present"]
+        check_copy(root, file_releases.store, release)
+
+
+def test_gc_frees_an_unfinished_pull(file_releases, tmp_path):
+    release = file_releases.release(extra={"big.bin": BIG})
+    rev = rev_of(release)
+    root = tmp_path / "cache"
+    partial = CacheLayout(root).partial_dir(rev)
+    partial.mkdir(parents=True)
+    (partial / ".big.bin.part").write_bytes(BIG[:MiB])
+    code, out, _ = k3a("cache", "ls", "--root", str(root), "--json")
+    [entry] = json.loads(out)
+    assert entry["partial"] and entry["revision"] == str(rev) and entry["bytes"] >= MiB
+    code, out, _ = k3a("cache", "gc", "--keep", "1", "--root", str(root), "--json")
+    assert code == 0 and json.loads(out)["partials"] == [str(rev)]
+    assert not partial.exists()
+
+
+def test_a_hard_link_at_a_part_file_with_a_forged_record_leaves_its_other_file_alone(
+        file_releases, tmp_path, outside):
+    release = file_releases.release(extra={"big.bin": BIG})
+    layout = CacheLayout(tmp_path / "cache")
+    partial = layout.partial_dir(rev_of(release))
+    partial.mkdir(parents=True)
+    secret = outside / "secret"
+    padded = tmp_path / "outside2"
+    padded.mkdir()
+    victim = padded / "victim"
+    victim.write_bytes(bytes(len(BIG)))  # the size the record claims
+    victim.chmod(0o640)
+    os.link(victim, partial / ".big.bin.part")
+    w = release.binding.weights
+    record = file_releases.store.read_manifest(w.repo_id, w.commit).file("big.bin")
+    (partial / ".big.bin.part.json").write_text(json.dumps(
+        {"size": record.size, "xxh3_128": record.xxh3_128, "part_size": MiB, "done": [0, 1]}))
+    out = pull_json(file_releases.store.url, release.id, layout.root)
+    assert out["bytes_resumed"] == out["files_kept"] == 0
+    assert victim.read_bytes() == bytes(len(BIG)) and victim.stat().st_nlink == 1
+    assert stat.S_IMODE(victim.stat().st_mode) == 0o640
+    assert secret.read_bytes() == SECRET
+    check_copy(layout.root, file_releases.store, release)
