@@ -218,3 +218,21 @@ def test_closed_stdout_ends_quietly_after_the_work(k3a_cmd, k3a_env, local_hub, 
     assert "Exception ignored" not in proc.stderr
     listed = run(k3a_cmd, k3a_env, "revision", "list", REPO, "--store", store, "--json")
     assert [r["commit"] for r in json.loads(listed.stdout)] == [commit]
+
+
+def test_closed_stdout_and_stderr_still_finish_the_work(k3a_cmd, k3a_env, local_hub, tmp_path):
+    """`k3a stage ... 2>&1 | head -0`, progress lines included: the same exit, the same
+    published revision."""
+    commit = local_hub.hub.add_commit(REPO, small_release(tmp_path))
+    store = f"file://{tmp_path / 'store'}"
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        proc = run(k3a_cmd, k3a_env, "stage", REPO, "--endpoint", local_hub.endpoint,
+                   "--store", store, "--log-format", "json", "--progress-interval", "0.05",
+                   stdout=write_end, stderr=write_end, capture_output=False)
+    finally:
+        os.close(write_end)
+    assert proc.returncode == 0
+    listed = run(k3a_cmd, k3a_env, "revision", "list", REPO, "--store", store, "--json")
+    assert [r["commit"] for r in json.loads(listed.stdout)] == [commit]

@@ -7,6 +7,7 @@ before click, pydantic or any command module is imported: Ctrl-C in the first se
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
 import signal
@@ -29,17 +30,18 @@ def set_interrupt_hint(hint: str) -> None:
 
 def _interrupted(signum: int, frame: Any) -> None:
     # Straight to the file descriptor: a worker thread may hold sys.stderr's lock mid-line.
-    os.write(2, f"\nerror: interrupted (Ctrl-C)\nnext: {_interrupt_hint}\n".encode())
+    with contextlib.suppress(OSError):  # stderr may be a pipe nobody reads any more
+        os.write(2, f"\nerror: interrupted (Ctrl-C)\nnext: {_interrupt_hint}\n".encode())
     # At once, as a crash would: waiting for running transfers to drain could take an hour
     # at a multi-GB shard, and every write is already crash-safe (partial files are a prefix,
     # records are created or swapped atomically, a revision is visible only with its manifest).
     os._exit(INTERRUPTED)
 
 
-class _ClosedPipeTolerantStdout(io.TextIOWrapper):
-    """stdout that outlives its reader: once ``k3a ... | head -1`` has closed the pipe, the
-    rest of the output goes to /dev/null and the command finishes its work and exits with
-    its own code (a stage whose summary nobody reads has still published)."""
+class _ClosedPipeTolerant(io.TextIOWrapper):
+    """stdout (or stderr) that outlives its reader: once ``k3a ... | head -1`` has closed the
+    pipe, the rest of the output goes to /dev/null and the command finishes its work and
+    exits with its own code (a stage whose summary nobody reads has still published)."""
 
     def write(self, text: str) -> int:
         try:
@@ -61,23 +63,25 @@ class _ClosedPipeTolerantStdout(io.TextIOWrapper):
         os.close(devnull)
 
 
-def _guard_stdout() -> None:
-    out = sys.stdout
-    if not isinstance(out, io.TextIOWrapper) or isinstance(out, _ClosedPipeTolerantStdout):
-        return
-    # The original wrapper stays referenced by sys.__stdout__, so it never closes the buffer.
-    sys.stdout = _ClosedPipeTolerantStdout(
-        out.buffer,
-        encoding=out.encoding,
-        errors=out.errors,
-        line_buffering=out.line_buffering,
-        write_through=out.write_through,
+def _tolerant(stream: Any) -> Any:
+    if not isinstance(stream, io.TextIOWrapper) or isinstance(stream, _ClosedPipeTolerant):
+        return stream
+    # The original wrapper stays referenced by sys.__stdout__ / sys.__stderr__, so it never
+    # closes the buffer they share.
+    stream.flush()
+    return _ClosedPipeTolerant(
+        stream.buffer,
+        encoding=stream.encoding,
+        errors=stream.errors,
+        line_buffering=stream.line_buffering,
+        write_through=stream.write_through,
     )
 
 
 def main() -> None:
     signal.signal(signal.SIGINT, _interrupted)
-    _guard_stdout()
+    sys.stdout = _tolerant(sys.stdout)
+    sys.stderr = _tolerant(sys.stderr)
     from k3artifacts.cli.app import cli
 
     cli(prog_name="k3a")

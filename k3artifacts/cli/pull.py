@@ -17,6 +17,7 @@ from k3artifacts.cli.common import (
     json_option,
     progress_options,
     reporter,
+    resumable,
     store_option,
 )
 from k3artifacts.errors import NotFound
@@ -64,6 +65,7 @@ root_option = click.option(
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar or log lines.")
 @progress_options
 @json_option
+@resumable
 def pull_cmd(target, store_url, root, part_size, concurrency, connections, keep, verify, quiet,
              progress_interval, log_format, as_json):
     """Put a release's weights on this node's disk, verified as the bytes arrive.
