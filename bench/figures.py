@@ -339,7 +339,7 @@ _CHANNEL_CHILD = """
 import json, sys, time, statistics, shutil
 from pathlib import Path
 sys.path.insert(0, ".")
-from k3artifacts.config import CHECKOUT_ROOT as REPO_ROOT
+from k3artifacts.bundled import POLICIES
 from k3artifacts.sandbox.releases import Releases
 from k3artifacts.stores.registry import open_store
 from k3artifacts.promotion.moves import promote, rollback
@@ -348,7 +348,7 @@ url, scratch, nfiles, rounds = sys.argv[1], Path(sys.argv[2]), int(sys.argv[3]),
 store = open_store(url)
 policies = scratch / "policies"
 policies.mkdir(parents=True)
-shutil.copy(REPO_ROOT / "policies" / "promotion-gates.yaml", policies)
+shutil.copy(POLICIES / "promotion-gates.yaml", policies)
 rel = Releases(store, scratch / "files")
 extra = {f"extra/{i % 20:02d}/{i:05d}.json": b"{}" for i in range(nfiles - 4)}
 a, b = rel.release(extra=extra), rel.release(extra=extra)

@@ -11,15 +11,15 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from k3artifacts import config
-from k3artifacts.config import default_workers
+from k3artifacts import settings
+from k3artifacts.settings import default_workers
 
 from .env import Bench, Row, force_rmtree
 
 
 def parse_size(text: str) -> int:
     try:
-        return config.parse_size(text)
+        return settings.parse_size(text)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
 

@@ -2,19 +2,13 @@
 
 from __future__ import annotations
 
-import os
 import re
 
 from prefect.task_runners import ThreadPoolTaskRunner
 
-from k3artifacts.config import default_store_url, default_workers
+from k3artifacts.settings import default_store_url, default_workers, load
 from k3artifacts.stores.base import Store
 from k3artifacts.stores.registry import open_store
-
-#: Address of a Dask scheduler (``tcp://host:8786``): per-file tasks run on its workers.
-DASK_ADDRESS_ENV = "K3A_DASK_ADDRESS"
-#: Files downloaded at once by the default (thread pool) runner.
-WORKERS_ENV = "K3A_WORKERS"
 
 
 def store_from(url: str | None) -> Store:
@@ -40,10 +34,10 @@ def task_runner_from_env():
     ``$K3A_WORKERS`` threads (default: ``k3a stage``'s, one per core from 2 to 8). Read when
     a flow module is imported, i.e. in the process that runs the flow (a Prefect worker's
     job), so each work pool can differ."""
-    address = os.environ.get(DASK_ADDRESS_ENV)
+    settings = load()
+    address = settings.dask_address
     if address:
         from prefect_dask import DaskTaskRunner
 
         return DaskTaskRunner(address=address)
-    workers = os.environ.get(WORKERS_ENV)
-    return ThreadPoolTaskRunner(max_workers=int(workers) if workers else default_workers())
+    return ThreadPoolTaskRunner(max_workers=settings.workers or default_workers())

@@ -18,7 +18,6 @@ artifact is right either way, only coarser.
 from __future__ import annotations
 
 import contextvars
-import os
 import threading
 import time
 from datetime import UTC, datetime
@@ -32,21 +31,17 @@ from prefect.artifacts import (
 
 from k3artifacts.errors import Refusal
 from k3artifacts.revisions.manifest import FileRecord
+from k3artifacts.settings import load
 from k3artifacts.staging.events import StageObserver
 from k3artifacts.staging.hub import RemoteFile
 from k3artifacts.staging.plan import PlannedFile, StagePlan
 
 from .artifacts import LiveArtifact, duration, fields_table, human_bytes, sha256, size
 
-#: Seconds between updates of a staging run's live artifacts.
-PROGRESS_INTERVAL_ENV = "K3A_PROGRESS_INTERVAL"
-DEFAULT_INTERVAL = 30.0
-
 
 def progress_interval(value: float | None = None) -> float:
-    if value is not None:
-        return value
-    return float(os.environ.get(PROGRESS_INTERVAL_ENV, DEFAULT_INTERVAL))
+    """Seconds between updates of a staging run's live artifacts."""
+    return value if value is not None else load().progress_interval
 
 
 class FlowObserver(StageObserver):

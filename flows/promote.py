@@ -21,12 +21,12 @@ from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
 
-from k3artifacts.config import default_policies_dir
 from k3artifacts.errors import GateFailed
 from k3artifacts.promotion.gates import GateReport, apply_overrides, channel_policy, check_gates
 from k3artifacts.promotion.moves import MoveResult, promote
 from k3artifacts.releases.channels import Approval, read_state
 from k3artifacts.releases.policies import load_gate_policy
+from k3artifacts.settings import default_policies_dir
 from k3artifacts.stores.base import Store
 
 from .approval import form_text, rejected, wait_for_approval

@@ -20,21 +20,22 @@ Points:
                   (detail: the channel), so a test can move it first and see the race lost
   ``pull-part``   ``k3a pull`` wrote one part of a file (detail ``<path>#<part index>``)
   ``pull-planned`` ``k3a pull`` checked free space, before preallocating (detail: revision)
+  ``references-checked`` an S3 revision's object records are written and the revisions it
+                  reads objects of were found published (detail: commit), before its manifest
 """
 
 from __future__ import annotations
 
 import fnmatch
-import os
 import sys
 import time
 
-ENV = "K3A_FAULT_PAUSE"
-RESUME_ENV = "K3A_FAULT_RESUME"
+from k3artifacts.settings import load
 
 
 def pause(point: str, detail: str = "") -> None:
-    spec = os.environ.get(ENV)
+    settings = load()
+    spec = settings.fault_pause
     if not spec:
         return
     target, _, seconds = spec.rpartition(":")
@@ -42,7 +43,7 @@ def pause(point: str, detail: str = "") -> None:
     if name != point or (glob and not fnmatch.fnmatchcase(detail, glob)):
         return
     print(f"k3a: paused at {point} {detail}", file=sys.stderr, flush=True)
-    resume = os.environ.get(RESUME_ENV)
+    resume = settings.fault_resume
     deadline = time.monotonic() + float(seconds)
-    while time.monotonic() < deadline and not (resume and os.path.exists(resume)):
+    while time.monotonic() < deadline and not (resume and resume.exists()):
         time.sleep(0.05)

@@ -13,7 +13,7 @@ import pytest
 from tests.staging_helpers import REPO, small_release
 
 #: Each line nests nine of the previous: 9**8 (43 million) strings once expanded. Through
-#: yaml.safe_load and str() this card (334 bytes) became a 312 MB license field.
+#: yaml.safe_load and str() the audit's 334-byte card of this shape became a 312 MB license field.
 ALIAS_BOMB = (
     b"---\n"
     b'a: &a ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]\n'
@@ -70,8 +70,10 @@ def test_a_deep_safetensors_header_is_refused_and_so_is_every_re_run(
         # The refused bytes are not kept for a resume that would fail the same way.
         assert not list(quarantine.rglob("*.part"))
     assert not list(store.rglob("manifest.json"))
-    fetched = [r.target for r in local_hub.hub.requests if r.target == "extra.safetensors"]
-    assert len(fetched) == 2  # downloaded afresh each time, not resumed from a kept part
+    # Downloaded whole each time, not resumed (a ranged request) from a kept part.
+    fetched = [r for r in local_hub.hub.requests
+               if r.target == "extra.safetensors" and r.is_file]
+    assert len(fetched) == 2 and all(r.range in (None, "bytes=0-") for r in fetched)
 
 
 def test_a_header_nested_as_deep_as_the_format_passes_the_bound(tmp_path):

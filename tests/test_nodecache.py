@@ -201,18 +201,32 @@ def test_two_pulls_of_one_tuple_at_once_leave_one_complete_copy(
     root = tmp_path / "cache"
     argv = [*k3a_cmd, "pull", release.id, "--store", file_releases.store.url, "--to", str(root),
             "--part-size", "1MiB", "--concurrency", "2", "--json"]
-    slow = dict(k3a_env, K3A_FAULT_PAUSE="pull-part@big.bin#0:2")
-    err_path = tmp_path / "first.err"
+    # The first holds the revision lock, paused, until the second says it is waiting for it.
+    resume = tmp_path / "resume"
+    slow = dict(k3a_env, K3A_FAULT_PAUSE="pull-part@big.bin#0:120", K3A_FAULT_RESUME=str(resume))
+    err_path, err2_path = tmp_path / "first.err", tmp_path / "second.err"
     with open(err_path, "wb") as err:
         first = subprocess.Popen(argv, env=slow, stdout=subprocess.PIPE, stderr=err)
-    _wait_for(lambda: b"paused" in err_path.read_bytes() or first.poll() is not None,
-              "the first pull")
-    second = subprocess.run(argv, env=k3a_env, capture_output=True, timeout=120)
-    out1, _ = first.communicate(timeout=120)
-    assert first.returncode == 0 and second.returncode == 0, second.stderr
-    results = [json.loads(out1), json.loads(second.stdout)]
-    assert sorted(r["already_present"] for r in results) == [False, True]
-    assert "waiting for another pull" in second.stderr.decode()
+    second = None
+    try:
+        _wait_for(lambda: b"paused" in err_path.read_bytes() or first.poll() is not None,
+                  "the first pull")
+        with open(err2_path, "wb") as err2:
+            second = subprocess.Popen(argv, env=k3a_env, stdout=subprocess.PIPE, stderr=err2)
+        _wait_for(lambda: b"waiting for another pull" in err2_path.read_bytes()
+                  or second.poll() is not None, "the second pull to wait")
+        resume.touch()
+        out1, _ = first.communicate(timeout=120)
+        out2, _ = second.communicate(timeout=120)
+    finally:
+        for proc in (first, second):
+            if proc is not None and proc.poll() is None:
+                proc.kill()
+                proc.wait(10)
+    assert first.returncode == 0 and second.returncode == 0, err2_path.read_text()
+    results = [json.loads(out1), json.loads(out2)]
+    assert [r["already_present"] for r in results] == [False, True]
+    assert "waiting for another pull" in err2_path.read_text()
     check_copy(root, file_releases.store, release)
 
 

@@ -285,3 +285,45 @@ def test_a_hard_link_at_a_part_file_with_a_forged_record_leaves_its_other_file_a
     assert stat.S_IMODE(victim.stat().st_mode) == 0o640
     assert secret.read_bytes() == SECRET
     check_copy(layout.root, file_releases.store, release)
+
+
+def test_a_swapped_file_under_a_running_server_is_exit_4_and_left_for_the_operator(
+        file_releases, tmp_path, k3a_cmd, k3a_env):
+    from k3artifacts.nodecache import locks
+
+    release = file_releases.release(extra={"big.bin": BIG})
+    rev = rev_of(release)
+    root = tmp_path / "cache"
+    layout = CacheLayout(root)
+    pull_json(file_releases.store.url, release.id, root)
+    final = layout.final_dir(rev)
+    final.chmod(0o755)
+    (final / ".swap").write_bytes(bytes(len(BIG)))
+    os.replace(final / ".swap", final / "big.bin")
+    server = subprocess.Popen(
+        [*k3a_cmd, "cache", "lease", str(rev), "--root", str(root), "--", "sleep", "60"],
+        env=k3a_env)
+    try:
+        _wait_for(lambda: locks.is_leased(layout, rev), "the lease")
+        code, _, err = pull(file_releases.store, release, root)
+        assert code == 4, err
+        assert "big.bin: changed since it was verified" in err and "stop the server" in err
+        assert (final / "big.bin").read_bytes() == bytes(len(BIG))  # not pulled from under it
+    finally:
+        server.kill()
+        server.wait(10)
+    out = pull_json(file_releases.store.url, release.id, root)
+    assert out["files_fetched"] == 1
+    check_copy(root, file_releases.store, release)
+
+
+def test_a_planted_tree_too_deep_to_walk_is_refused_not_a_recursion_error(
+        file_releases, tmp_path):
+    release = file_releases.release()
+    layout = CacheLayout(tmp_path / "cache")
+    partial = layout.partial_dir(rev_of(release))
+    deep = partial.joinpath(*["d"] * 100)
+    deep.mkdir(parents=True)
+    code, _, err = pull(file_releases.store, release, layout.root)
+    assert code == 9, err
+    assert "nests deeper than 64 directories" in err and "Traceback" not in err

@@ -36,29 +36,15 @@ def readme_commands(text: str) -> list[str]:
     return commands
 
 
-def test_the_block_is_found_and_walks_the_whole_path():
-    commands = readme_commands((REPO_ROOT / "README.md").read_text())
-    joined = "\n".join(commands)
-    for step in ("k3a demo", "k3a tuple create", "--offline", "k3a review license",
-                 "k3a promote", "staging", "k3a render"):
-        assert step in joined
-
-
-def test_readme_no_network_path_runs_command_by_command(k3a_env, tmp_path):
-    # The reader's checkout, as far as the path reads it: policies/ (copied to a scratch
-    # directory by the block itself); profiles come from the installed package's checkout.
-    workdir = tmp_path / "checkout"
-    workdir.mkdir()
-    shutil.copytree(REPO_ROOT / "policies", workdir / "policies")
-    env = {**k3a_env, "USER": "reader",
-           "PATH": f"{Path(sys.executable).parent}{os.pathsep}{k3a_env['PATH']}"}
-    assert shutil.which("k3a", path=env["PATH"]), "k3a is not installed in this environment"
-    shell = subprocess.Popen(["bash", "--noprofile", "--norc"], cwd=workdir, env=env,
+def run_in_one_shell(commands: list[str], *, cwd: Path, env: dict[str, str]) -> str:
+    """Feed ``commands`` one at a time to one bash process, as a reader's shell runs them; each
+    must exit 0. Returns ``$TUPLE`` as the shell holds it at the end."""
+    shell = subprocess.Popen(["bash", "--noprofile", "--norc"], cwd=cwd, env=env,
                              stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                              stderr=subprocess.STDOUT, text=True)
     try:
         shell.stdin.write("set -o pipefail\n")
-        for command in readme_commands((REPO_ROOT / "README.md").read_text()):
+        for command in commands:
             sentinel = f"__k3a_done_{uuid.uuid4().hex}"
             shell.stdin.write(f"{command}\necho {sentinel} $?\n")
             shell.stdin.flush()
@@ -78,6 +64,29 @@ def test_readme_no_network_path_runs_command_by_command(k3a_env, tmp_path):
         if shell.poll() is None:
             shell.kill()
         shell.wait()
+
+    return tuple_id
+
+
+def test_the_block_is_found_and_walks_the_whole_path():
+    commands = readme_commands((REPO_ROOT / "README.md").read_text())
+    joined = "\n".join(commands)
+    for step in ("k3a demo", "k3a tuple create", "--offline", "k3a review license",
+                 "k3a promote", "staging", "k3a render"):
+        assert step in joined
+
+
+def test_readme_no_network_path_runs_command_by_command(k3a_env, tmp_path):
+    # The reader's checkout, as far as the path reads it: policies/ (copied to a scratch
+    # directory by the block itself); profiles come from the installed package's checkout.
+    workdir = tmp_path / "checkout"
+    workdir.mkdir()
+    shutil.copytree(REPO_ROOT / "policies", workdir / "policies")
+    env = {**k3a_env, "USER": "reader",
+           "PATH": f"{Path(sys.executable).parent}{os.pathsep}{k3a_env['PATH']}"}
+    assert shutil.which("k3a", path=env["PATH"]), "k3a is not installed in this environment"
+    tuple_id = run_in_one_shell(readme_commands((REPO_ROOT / "README.md").read_text()),
+                                cwd=workdir, env=env)
 
     assert tuple_id.startswith("k3t-")
     rendered = list((workdir / "deploy").glob("*.eks.yaml"))

@@ -173,7 +173,9 @@ def test_bytes_changed_during_upload_are_caught_by_the_checksum(
     assert tampered and store.list_revisions(REPO) == []
 
 
-def test_second_revision_reuses_unchanged_objects_inside_s3(s3_store: S3Store, tmp_path: Path) -> None:
+def test_second_revision_references_unchanged_objects_then_materializes_them(
+    s3_store: S3Store, tmp_path: Path
+) -> None:
     shards = {f"model-0000{i}-of-00003.safetensors": os.urandom(6 * MiB) for i in (1, 2, 3)}
     rev1 = write_revision(tmp_path / "r1", {**shards, "config.json": b'{"v": 1}'})
     w1, _ = publish(s3_store, C1, rev1)
@@ -191,26 +193,41 @@ def test_second_revision_reuses_unchanged_objects_inside_s3(s3_store: S3Store, t
         w2.reuse(record, C1, name)
     assert w2.counters.as_dict() == {
         "bytes_uploaded": len(changed),
-        "bytes_copied": 3 * 6 * MiB,
+        "bytes_copied": 0,
         "objects_uploaded": 1,
-        "objects_copied": 3,
+        "objects_copied": 0,
         "objects_skipped": 0,
+        "objects_referenced": 3,
+        "bytes_referenced": 3 * 6 * MiB,
     }
     pinned = {o["path"]: o["version_id"] for o in json.loads(
         s3_store.read(f"models/{REPO}/{C1}/.k3a/s3-objects.json").data)["objects"]}
     for name, data in shards.items():
         receipt = w2.receipts[name]
-        assert receipt.action == "copied"
+        assert receipt.action == "referenced" and receipt.referenced_from == C1
         assert receipt.copied_from == (
             f"{s3_store.url}/models/{REPO}/{C1}/{name}?versionId={pinned[name]}")
         assert receipt.checksum_crc64nvme == crc64(data)
-        assert receipt.etag.endswith('-2"')  # 6 MiB over 5 MiB parts: UploadPartCopy ran
-        with s3_store.open_read(f"models/{REPO}/{C2}/{name}") as body:
+        with w2.open_staged(name) as body:
             assert body.read() == data
     m2 = manifest_for(C2, {**rev2, **reused})
     w2.commit(m2)
     assert s3_store.list_revisions(REPO) == [C1, C2]
     assert s3_store.read_manifest(REPO, C2) == m2
+    # Only the changed file lies under the new prefix until a server needs the rest there.
+    assert sorted(s3_store.object_sizes(f"models/{REPO}/{C2}/")) == [
+        f"models/{REPO}/{C2}/.k3a/manifest.json", f"models/{REPO}/{C2}/.k3a/s3-objects.json",
+        f"models/{REPO}/{C2}/config.json"]
+
+    assert s3_store.materialize(REPO, C2) == 3 * 6 * MiB
+    for name, data in shards.items():
+        with s3_store.open_read(f"models/{REPO}/{C2}/{name}") as body:
+            assert body.read() == data
+        head = s3_store.head(f"models/{REPO}/{C2}/{name}")
+        assert head["ETag"].endswith('-2"')  # 6 MiB over 5 MiB parts: UploadPartCopy ran
+        record = s3_store.object_records(REPO, C2)[name]
+        assert record.key == f"models/{REPO}/{C2}/{name}" and record.crc64nvme == crc64(data)
+    assert s3_store.materialize(REPO, C2) == 0
 
 
 def test_rerun_keeps_objects_already_uploaded(s3_store: S3Store, tmp_path: Path) -> None:

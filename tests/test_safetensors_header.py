@@ -92,3 +92,22 @@ def test_index_names_missing_shard_and_missing_tensor(tmp_path):
     assert any("missing shard 'model-2.safetensors'" in d for d in details)
     assert any("'c'" in d and "lacks it" in d for d in details)
     assert all(r.path == "model.safetensors.index.json" for r in refusals)
+
+
+def test_a_header_nested_100k_deep_is_refused_before_json_parses_it(tmp_path):
+    depth = 100_000
+    header = (b'{"t":{"dtype":"U8","shape":[4],"data_offsets":[0,4]},"x":'
+              + b"[" * depth + b"]" * depth + b"}")
+    path = tmp_path / "deep.safetensors"
+    path.write_bytes(struct.pack("<Q", len(header)) + header + b"\0" * 4)
+    with pytest.raises(Refusal) as err:
+        check(path)
+    assert err.value.rule == "safetensors-header"
+    assert "nests deeper than 8 levels" in err.value.detail
+
+
+def test_brackets_inside_strings_do_not_count_as_nesting(tmp_path):
+    path = write_raw(tmp_path / "m.safetensors",
+                     {"__metadata__": {"note": "[[[[[[[[[[{{{{{{{{{{ \" ]]"},
+                      "t": {"dtype": "U8", "shape": [4], "data_offsets": [0, 4]}}, b"\0" * 4)
+    assert check(path).summary.tensor_count == 1

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import importlib
 import json
-import os
 import sys
 from dataclasses import dataclass
 from typing import Any
@@ -123,13 +122,14 @@ class K3AGroup(click.Group):
             rv = super().invoke(ctx)
         except K3AError as exc:
             _fail(ctx, str(exc), exc.exit_code, exc.hint, as_json=_wants_json(ctx, raw_args))
-        except click.UsageError as exc:
-            # Only --json changes how a usage error looks; click prints it otherwise.
+        except click.ClickException as exc:
+            # A usage error, or a malformed variable met computing a default: only --json
+            # changes how it looks; click prints it otherwise.
             if not _wants_json(ctx, raw_args):
                 raise
-            where = (exc.ctx or ctx).command_path
-            _fail(ctx, exc.format_message(), exc.exit_code, f"see `{where} --help`",
-                  as_json=True)
+            where = getattr(exc, "ctx", None) or ctx
+            hint = getattr(exc, "hint", None) or f"see `{where.command_path} --help`"
+            _fail(ctx, exc.format_message(), exc.exit_code, hint, as_json=True)
         document = ctx.meta.pop(DOCUMENT_META, _NONE)
         if document is not _NONE:
             print_document(document)
@@ -192,7 +192,7 @@ def cli() -> None:
     """
     # The library's log records (retries, mostly) reach stderr in every command; commands
     # with --log-format set it again from the option.
-    from k3artifacts.reporting.logs import LOG_FORMATS, configure_logging
+    from k3artifacts.reporting.logs import configure_logging
+    from k3artifacts.settings import load
 
-    env_format = os.environ.get("K3A_LOG_FORMAT", "text")
-    configure_logging(env_format if env_format in LOG_FORMATS else "text")
+    configure_logging(load().log_format)

@@ -9,8 +9,15 @@ from urllib.parse import urlparse
 
 import click
 
-from k3artifacts.cli.common import emit, get_store, json_option, store_option
-from k3artifacts.errors import ConfigError, NotFound
+from k3artifacts.cli.common import (
+    emit,
+    from_settings,
+    get_store,
+    json_option,
+    load,
+    store_option,
+)
+from k3artifacts.errors import ConfigError
 
 if TYPE_CHECKING:
     from k3artifacts.stores.bootstrap import BootstrapReport
@@ -133,7 +140,8 @@ def fsx_group() -> None:
 @click.option("--fsx-endpoint-url", default=None,
               help="FSx API endpoint. Default: boto3's own (AWS_ENDPOINT_URL_FSX honoured).")
 @profile_option
-@click.option("--region", envvar="AWS_REGION", help="Region of the file system.")
+@click.option("--region", default=from_settings(lambda: load().aws_region),
+              help="Region of the file system.  [env var: AWS_REGION]")
 @json_option
 def fsx_preload(ref: str, file_system_id: str, store_url: str, fsx_endpoint_url: str | None,
                 profile: str | None, region: str | None, as_json: bool) -> None:
@@ -157,14 +165,13 @@ def fsx_preload(ref: str, file_system_id: str, store_url: str, fsx_endpoint_url:
         raise click.BadParameter("write ORG/NAME@<40-hex commit>", param_hint="REF")
     repo_id, commit = parsed
     store = get_store(store_url)
-    if not store.url.startswith("s3://"):
+    if store.placement(repo_id, commit).bucket is None:
         raise ConfigError(
             f"the store {store.url} is not S3; FSx imports from the S3 bucket it is linked to",
             hint="pass --store s3://bucket/prefix (the linked bucket)",
         )
-    if store.read_manifest(repo_id, commit) is None:
-        raise NotFound(f"{repo_id}@{commit} is not published in {store.url}",
-                       hint="stage it first (k3a stage)")
+    store.published_manifest_bytes(repo_id, commit, hint="stage it first (k3a stage)")
+    store.materialize(repo_id, commit)  # the file system imports the prefix as it is
     from k3artifacts.stores import awsclients
 
     client = awsclients.client("fsx", endpoint_url=fsx_endpoint_url, profile=profile,

@@ -11,20 +11,76 @@ import click
 
 from k3artifacts.cli import RESUME_HINT, set_interrupt_hint
 from k3artifacts.cli.app import DOCUMENT_META, JSON_META, print_document
-from k3artifacts.config import default_policies_dir, default_store_url, parse_size
-from k3artifacts.errors import NotFound
+from k3artifacts.errors import ConfigError, K3AError, NotFound
 from k3artifacts.reporting.logs import LOG_FORMATS
 from k3artifacts.reporting.progress import DEFAULT_INTERVAL
 
 if TYPE_CHECKING:
     from k3artifacts.reporting.progress import ProgressReporter
+    from k3artifacts.settings import Settings
     from k3artifacts.stores.base import Store
+
+
+# The settings module is imported when a command computes its defaults, not when k3a or a
+# command's --help starts: it costs pydantic-settings (a quarter of a CPU-second).
+def load() -> Settings:
+    """:func:`k3artifacts.settings.load`."""
+    from k3artifacts import settings
+
+    return settings.load()
+
+
+def default_store_url() -> str:
+    from k3artifacts import settings
+
+    return settings.default_store_url()
+
+
+def default_policies_dir() -> Path:
+    from k3artifacts import settings
+
+    return settings.default_policies_dir()
+
+
+def default_workers() -> int:
+    from k3artifacts import settings
+
+    return settings.default_workers()
+
+
+class SettingsRefused(click.ClickException):
+    """A malformed environment variable met while click computes a default: refused like any
+    bad configuration (exit 9), before the command starts."""
+
+    exit_code = ConfigError.exit_code
+
+    def __init__(self, error: K3AError):
+        super().__init__(str(error))
+        self.hint = error.hint
+
+    def show(self, file: Any = None) -> None:
+        click.secho(f"error: {self.message}", fg="red", err=True)
+        if self.hint:
+            click.echo(f"next: {self.hint}", err=True)
+
+
+def from_settings(read: Callable[[], Any]) -> Callable[[], Any]:
+    """A click default read from :mod:`k3artifacts.settings` (the only reader of the
+    environment), so an option and its variable cannot disagree about the variable's name."""
+
+    def default() -> Any:
+        try:
+            return read()
+        except K3AError as exc:
+            raise SettingsRefused(exc) from None
+
+    return default
+
 
 store_option = click.option(
     "--store",
     "store_url",
-    envvar="K3A_STORE",
-    default=default_store_url,
+    default=from_settings(default_store_url),
     show_default="$K3A_STORE or ~/.local/share/k3artifacts/store",
     help="Release store: file:///path (local disk or FSx mount) or s3://bucket/prefix.",
 )
@@ -32,9 +88,8 @@ store_option = click.option(
 policies_option = click.option(
     "--policies",
     "policies_dir",
-    envvar="K3A_POLICIES",
-    default=lambda: str(default_policies_dir()),
-    show_default="$K3A_POLICIES or ./policies",
+    default=from_settings(lambda: str(default_policies_dir())),
+    show_default="$K3A_POLICIES, else ./policies, else the defaults shipped with k3a",
     type=click.Path(file_okay=False, path_type=Path),
     help="Policy directory (promotion-gates.yaml, licenses/, code-reviews/, signing/) of the "
     "checkout.",
@@ -42,11 +97,11 @@ policies_option = click.option(
 
 signing_key_option = click.option(
     "--signing-key",
-    envvar="K3A_SIGNING_KEY",
-    show_envvar=True,
+    default=from_settings(lambda: load().signing_key),
     help="PEM private key (ECDSA P-256/P-384) to sign with; its passphrase, if any, from "
-    "K3A_SIGNING_KEY_PASSWORD.",
+    "K3A_SIGNING_KEY_PASSWORD.  [env var: K3A_SIGNING_KEY]",
 )
+
 
 def _remember_json(ctx: click.Context, param: click.Parameter, value: bool) -> bool:
     # The group reports a failure as JSON too (k3artifacts.cli.app).
@@ -70,18 +125,16 @@ def progress_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     fn = click.option(
         "--log-format",
         type=click.Choice(LOG_FORMATS),
-        envvar="K3A_LOG_FORMAT",
-        default="text",
-        show_default=True,
+        default=from_settings(lambda: load().log_format),
+        show_default="text",
         help="Progress and log lines on stderr as text or as JSON objects ($K3A_LOG_FORMAT); "
         "json gives lines even on a terminal.",
     )(fn)
     return click.option(
         "--progress-interval",
         type=click.FloatRange(min=0.05),
-        envvar="K3A_PROGRESS_INTERVAL",
-        default=DEFAULT_INTERVAL,
-        show_default=True,
+        default=from_settings(lambda: load().progress_interval),
+        show_default=str(DEFAULT_INTERVAL),
         metavar="SECONDS",
         help="When stderr is not a terminal (a Job, CI, a Prefect worker): one progress line "
         "every SECONDS ($K3A_PROGRESS_INTERVAL).",
@@ -149,6 +202,8 @@ class ByteSize(click.ParamType):
     name = "size"
 
     def convert(self, value: Any, param: Any, ctx: Any) -> int:
+        from k3artifacts.settings import parse_size
+
         try:
             return parse_size(value)
         except ValueError as exc:

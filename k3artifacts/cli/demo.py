@@ -11,6 +11,7 @@ import click
 
 from k3artifacts.cli.common import (
     ByteSize,
+    default_workers,
     emit,
     get_store,
     json_option,
@@ -19,7 +20,6 @@ from k3artifacts.cli.common import (
     store_option,
 )
 from k3artifacts.cli.stage import print_stage_result, run_stage
-from k3artifacts.config import data_home, default_workers
 
 if TYPE_CHECKING:
     from k3artifacts.stores.base import Store
@@ -36,10 +36,10 @@ DEMO_PROFILE = "p6-b300-tp8"
 def default_workdir(store: Store) -> Path:
     """Beside the data of the store the demo writes to (a test's or a scratch store keeps
     its demo files with it); the user's data directory for an S3 store."""
-    from k3artifacts.stores.file import FileStore
+    from k3artifacts.settings import data_home
 
-    if isinstance(store, FileStore):
-        return store.root / ".k3a-demo"
+    if store.local_root is not None:
+        return store.local_root / ".k3a-demo"
     return data_home() / "demo"
 
 

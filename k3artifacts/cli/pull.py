@@ -13,6 +13,7 @@ from k3artifacts.cli.app import AliasGroup
 from k3artifacts.cli.common import (
     ByteSize,
     emit,
+    from_settings,
     get_store,
     json_option,
     progress_options,
@@ -40,7 +41,7 @@ def _default_tuning(field: str) -> Callable[[], int]:
 
 root_option = click.option(
     "--to", "--root", "root", type=click.Path(file_okay=False, path_type=Path),
-    default=_default_root, show_default="$K3A_NODE_CACHE",
+    default=from_settings(_default_root), show_default="$K3A_NODE_CACHE",
     help="Node cache root; revisions land under ROOT/models/<org>/<name>/<commit>/.",
 )
 

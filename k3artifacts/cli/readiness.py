@@ -9,7 +9,14 @@ from typing import TYPE_CHECKING
 
 import click
 
-from k3artifacts.cli.common import emit, get_store, json_option, store_option
+from k3artifacts.cli.common import (
+    emit,
+    from_settings,
+    get_store,
+    json_option,
+    load,
+    store_option,
+)
 from k3artifacts.errors import GateFailed, Unavailable
 
 if TYPE_CHECKING:
@@ -31,9 +38,16 @@ actor_option = click.option(
 tuple_option = click.option(
     "--tuple", "tuple_name", required=True, metavar="ID|CHANNEL",
     help="The tuple the endpoint serves: a tuple id, or a channel naming one.")
+
+
+def _api_key() -> str | None:
+    key = load().endpoint_api_key
+    return key.get_secret_value() if key is not None else None
+
+
 api_key_option = click.option(
-    "--api-key", envvar="K3A_ENDPOINT_API_KEY", default=None, show_envvar=True,
-    help="Bearer key, when vLLM runs with --api-key.")
+    "--api-key", default=from_settings(_api_key),
+    help="Bearer key, when vLLM runs with --api-key.  [env var: K3A_ENDPOINT_API_KEY]")
 
 
 def _observer() -> Observer:

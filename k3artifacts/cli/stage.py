@@ -9,6 +9,7 @@ import click
 
 from k3artifacts.cli.common import (
     ByteSize,
+    default_workers,
     emit,
     get_store,
     json_option,
@@ -18,7 +19,6 @@ from k3artifacts.cli.common import (
     signing_key_option,
     store_option,
 )
-from k3artifacts.config import default_workers
 
 if TYPE_CHECKING:
     from k3artifacts.staging.engine import StageOptions, StageResult
@@ -51,8 +51,7 @@ def run_stage(
     with reporter("staging", quiet=quiet, as_json=as_json, interval=progress_interval,
                   log_format=log_format) as progress:
         observer = StageProgress(progress)
-        if hasattr(store, "progress"):  # a store that reports its own transfers (S3)
-            store.progress = observer.store_progress
+        store.watch_transfers(observer.store_progress)
         return stage(
             source,
             store,
@@ -83,11 +82,13 @@ def print_stage_result(result: StageResult) -> None:
             f"{result.reused_bytes:,} reused from published revisions, "
             f"{put:,} uploaded to the store"
         )
-        if stats.get("bytes_uploaded") or stats.get("bytes_copied"):
+        if stats.get("bytes_uploaded") or stats.get("bytes_copied") \
+                or stats.get("bytes_referenced"):
             click.echo(
                 f"store:           {stats.get('bytes_uploaded', 0):,} bytes uploaded, "
                 f"{stats.get('bytes_copied', 0):,} copied inside the store, "
-                f"{stats.get('objects_skipped', 0)} object(s) already there"
+                f"{stats.get('bytes_referenced', 0):,} shared with published revisions "
+                f"(nothing moved), {stats.get('objects_skipped', 0)} object(s) already there"
             )
         for reason in result.reuse_fallbacks:
             click.echo(f"not reused:      {reason} (downloaded instead)")
@@ -121,8 +122,8 @@ def print_plan(plan: StagePlan) -> None:
 @click.option(
     "--quarantine",
     type=click.Path(path_type=Path, file_okay=False),
-    envvar="K3A_QUARANTINE",
-    help="Local download directory [default: beside a file store, else ~/.cache/k3artifacts].",
+    help="Local download directory [default: $K3A_QUARANTINE, else beside a file store, else "
+    "~/.cache/k3artifacts].",
 )
 @click.option("--endpoint", envvar="HF_ENDPOINT",
               help="Hub URL [default: $HF_ENDPOINT or huggingface.co].")

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -44,14 +43,8 @@ def _storage(
         except ValueError as exc:
             raise ConfigError(f"FSx details: {exc}") from None
         return StorageTarget(fsx=target)
-    if store.url.startswith("s3://"):
-        client = getattr(store, "client", None)  # S3Store's boto3 client knows its region
-        region = (
-            s3_region
-            or (client.meta.region_name if client is not None else None)
-            or os.environ.get("AWS_REGION")
-            or os.environ.get("AWS_DEFAULT_REGION")
-        )
+    if store.regional:
+        region = s3_region or store.region()
         if not region:
             raise ConfigError(
                 f"the region of {store.url} is unknown", hint="pass --s3-region REGION"

@@ -33,9 +33,10 @@ from k3artifacts import faultpoints
 from k3artifacts.errors import ConfigError, NotFound, Unavailable, VerifyMismatch
 from k3artifacts.nodecache.layout import PartsRecord
 from k3artifacts.nodecache.safefs import FILE_MODE, Dir
-from k3artifacts.nodecache.sources import ShortRead, Source
 from k3artifacts.revisions.hashing import MultiHasher
 from k3artifacts.revisions.manifest import FileRecord
+from k3artifacts.stores.base import RangeReader as Source
+from k3artifacts.stores.base import ShortRead
 
 log = logging.getLogger(__name__)
 

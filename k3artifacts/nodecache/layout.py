@@ -29,14 +29,13 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
 
-from k3artifacts.config import data_home
 from k3artifacts.errors import ConfigError
 from k3artifacts.nodecache import safefs
 from k3artifacts.nodecache.safefs import Dir
 from k3artifacts.revisions.manifest import MANIFEST_NAME, META_DIR, ShardManifest
 from k3artifacts.revisions.refs import match_revision_ref
+from k3artifacts.settings import default_node_cache
 
-CACHE_ENV = "K3A_NODE_CACHE"
 STATE_DIR = ".k3a-cache"
 VERIFIED_NAME = "verified.json"
 VERIFIED_LOG = "verified.jsonl"
@@ -45,7 +44,7 @@ PARTIAL_SUFFIX = ".k3a-partial"
 
 def default_root() -> Path:
     """``$K3A_NODE_CACHE``, else a directory under the user's data home (tests, laptops)."""
-    return Path(os.environ.get(CACHE_ENV) or data_home() / "node-cache")
+    return default_node_cache()
 
 
 class _Record(BaseModel):
@@ -216,7 +215,8 @@ class CacheLayout:
         """(revision, complete) for every final and partial revision directory; a link at
         an organisation, name or revision directory is refused."""
         try:
-            models = self.open_root(create=False).walk(["models"])
+            with self.open_root(create=False) as root:
+                models = root.walk(["models"])
         except FileNotFoundError:
             return
         with models:

@@ -34,7 +34,6 @@ from k3artifacts import faultpoints
 from k3artifacts.errors import (
     ConfigError,
     Conflict,
-    NotFound,
     Unavailable,
     UnsafeCacheEntry,
     VerifyMismatch,
@@ -53,7 +52,6 @@ from k3artifacts.nodecache.layout import (
 )
 from k3artifacts.nodecache.retention import evict
 from k3artifacts.nodecache.safefs import Dir
-from k3artifacts.nodecache.sources import open_source
 from k3artifacts.releases.lookup import resolve_tuple
 from k3artifacts.revisions.hashing import MultiHasher
 from k3artifacts.revisions.manifest import (
@@ -61,12 +59,10 @@ from k3artifacts.revisions.manifest import (
     META_DIR,
     FileRecord,
     ShardManifest,
-    manifest_key,
-    revision_prefix,
 )
 from k3artifacts.revisions.refs import match_revision_ref
 from k3artifacts.stores.base import Store
-from k3artifacts.stores.registry import open_store
+from k3artifacts.stores.registry import open_store, weights_placement
 
 
 @dataclass(frozen=True)
@@ -87,12 +83,10 @@ def resolve_target(store: Store, name: str) -> PullTarget:
         return PullTarget(Revision(ref[0], ref[1]), None, None, store)
     release = resolve_tuple(store, name)
     weights = release.binding.weights
-    location = weights.location.rstrip("/")
-    suffix = "/" + revision_prefix(weights.repo_id, weights.commit)
-    if not location.endswith(suffix):
-        raise ConfigError(f"tuple {release.id}: weights location {location} does not end in "
-                          f"{suffix}")
-    url = location[: -len(suffix)]
+    try:
+        url = weights_placement(weights.location, weights.repo_id, weights.commit).store_url
+    except ConfigError as exc:
+        raise ConfigError(f"tuple {release.id}: {exc}") from None
     weights_store = store if url.rstrip("/") == store.url.rstrip("/") else open_store(url)
     return PullTarget(Revision(weights.repo_id, weights.commit), weights.manifest_digest,
                       release.id, weights_store)
@@ -339,10 +333,9 @@ def _disk_errors(layout: CacheLayout, rev: Revision) -> Iterator[None]:
                 "`k3a cache ls` lists the unfinished pull",
             ) from None
         raise Unavailable(
-            f"writing the node cache {layout.root} while pulling {rev}: {where}"
-            f"{exc.strerror or exc}",
-            hint="check that disk and its permissions, then re-run `k3a pull`: verified "
-            "files are kept",
+            f"pulling {rev} into {layout.root}: {where}{exc.strerror or exc}",
+            hint="check the node cache's disk and permissions (and the store's, for a file "
+            "store), then re-run `k3a pull`: verified files are kept",
         ) from None
 
 
@@ -369,11 +362,10 @@ def pull(target: PullTarget, root: Path, *, tuning: Tuning | None = None,
 
 def _read_manifest(target: PullTarget) -> tuple[bytes, ShardManifest]:
     rev = target.revision
-    found = target.store.read(manifest_key(rev.repo_id, rev.commit))
-    if found is None:
-        raise NotFound(f"{rev} is not published in {target.store.url}",
-                       hint="check the tuple's store (--store) or stage the revision first")
-    manifest = ShardManifest.parse(found.data)
+    raw = target.store.published_manifest_bytes(
+        rev.repo_id, rev.commit,
+        hint="check the tuple's store (--store) or stage the revision first")
+    manifest = ShardManifest.parse(raw)
     if target.manifest_digest is not None and manifest.digest() != target.manifest_digest:
         raise VerifyMismatch(
             f"{rev} in {target.store.url}: manifest digest {manifest.digest()}, the tuple "
@@ -381,7 +373,7 @@ def _read_manifest(target: PullTarget) -> tuple[bytes, ShardManifest]:
             hint="the store's manifest was replaced behind the tuple: do not serve it; "
             "investigate the store",
         )
-    return found.data, manifest
+    return raw, manifest
 
 
 def _present(target: PullTarget, layout: CacheLayout, observer: PullObserver,
@@ -455,6 +447,8 @@ def _pull_locked(target: PullTarget, layout: CacheLayout, tuning: Tuning,
                 raise Conflict(f"{final} holds a different copy of {rev} and a server leases "
                                "it", hint="stop the server using it, then pull again")
         with repo.sub(partial_name(rev.commit), create=True) as partial:
+            # A run killed after sealing (read-only) and before the rename left it so.
+            safefs.make_writable(partial)
             result = _fill(target, layout, repo, partial, manifest, tuning, observer)
             _seal(rev, partial, manifest, raw, result)
         st = repo.lstat(rev.commit)
@@ -477,7 +471,7 @@ def _fill(target: PullTarget, layout: CacheLayout, repo: Dir, partial: Dir,
     try:
         verified = _read_verified_log(meta)
         vlog = _VerifiedLog(meta)
-        source = open_source(target.store, rev.repo_id, rev.commit, tuning.pool_connections)
+        source = target.store.open_ranges(rev.repo_id, rev.commit, tuning.pool_connections)
         try:
             index: dict[str, tuple[Revision, FileRecord, FileStat]] | None = None
             to_fetch: list[tuple[FileRecord, Dir, str]] = []
@@ -564,12 +558,13 @@ def _seal(rev: Revision, partial: Dir, manifest: ShardManifest, raw: bytes,
             parent.unlink(name)
     with partial.sub(META_DIR) as meta:
         meta.write_file(MANIFEST_NAME, raw)
-        meta.unlink(VERIFIED_LOG)
         marker = VerifiedMarker(repo_id=rev.repo_id, commit=rev.commit,
                                 manifest_digest=result.manifest_digest,
                                 algorithms=result.algorithms, files=result.files,
                                 bytes=result.bytes, stats=stats)
         meta.write_file(VERIFIED_NAME, marker.model_dump_json(indent=2).encode())
+        # Last: a disk that fills before this leaves the log a re-run keeps files by.
+        meta.unlink(VERIFIED_LOG)
         meta.fsync()
     safefs.set_read_only(partial)
     partial.fsync()

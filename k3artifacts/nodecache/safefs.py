@@ -23,6 +23,9 @@ _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 #: Read-only, whatever the umask: a finished revision is not edited in place.
 FILE_MODE = 0o444
 DIR_MODE = 0o555
+#: Directories nest at most this deep under a revision (a real one nests 2 or 3): a planted
+#: tree a thousand deep would otherwise exhaust the recursion and the descriptors walking it.
+MAX_DEPTH = 64
 
 
 def _refuse(path: Path, st: os.stat_result | None) -> UnsafeCacheEntry:
@@ -73,6 +76,13 @@ class Dir:
 
     def refuse(self, name: str) -> UnsafeCacheEntry:
         return _refuse(self.path / name, self.lstat(name))
+
+    def sub_within(self, name: str, depth: int) -> Dir:
+        """:meth:`sub` for a tree walk ``depth`` levels down, refused past :data:`MAX_DEPTH`."""
+        if depth >= MAX_DEPTH:
+            raise UnsafeCacheEntry(f"{self.path / name} nests deeper than {MAX_DEPTH} "
+                                   "directories; k3a does not walk it")
+        return self.sub(name)
 
     def sub(self, name: str, *, create: bool = False, mode: int = 0o755) -> Dir:
         """The directory ``name`` in this one (made when ``create``); refused when ``name``
@@ -190,27 +200,28 @@ def open_root(root: Path, *, create: bool = True) -> Dir:
     return Dir(os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC), root)
 
 
-def walk_files(top: Dir, prefix: str = "") -> Iterator[tuple[Dir, str, str, os.stat_result]]:
+def walk_files(top: Dir, prefix: str = "", depth: int = 0
+               ) -> Iterator[tuple[Dir, str, str, os.stat_result]]:
     """(parent dir, name, relative path, lstat) of every regular file under ``top``; a link
     or special file anywhere is refused."""
     for name, st in sorted(top.entries()):
         rel = f"{prefix}{name}"
         if stat.S_ISDIR(st.st_mode):
-            with top.sub(name) as child:
-                yield from walk_files(child, rel + "/")
+            with top.sub_within(name, depth) as child:
+                yield from walk_files(child, rel + "/", depth + 1)
         elif stat.S_ISREG(st.st_mode):
             yield top, name, rel, st
         else:
             raise top.refuse(name)
 
 
-def set_read_only(top: Dir) -> None:
+def set_read_only(top: Dir, depth: int = 0) -> None:
     """Files 0444 and directories 0555 under ``top`` and ``top`` itself, whatever the umask
     (a directory last, once nothing more is made in it)."""
     for name, st in top.entries():
         if stat.S_ISDIR(st.st_mode):
-            with top.sub(name) as child:
-                set_read_only(child)
+            with top.sub_within(name, depth) as child:
+                set_read_only(child, depth + 1)
         elif stat.S_ISREG(st.st_mode):
             if stat.S_IMODE(st.st_mode) != FILE_MODE:
                 fd = top.open_regular(name, os.O_RDONLY)
@@ -223,16 +234,16 @@ def set_read_only(top: Dir) -> None:
     os.fchmod(top.fd, DIR_MODE)
 
 
-def make_writable(top: Dir) -> None:
+def make_writable(top: Dir, depth: int = 0) -> None:
     """Directories back to 0755 (files stay read-only): before files are removed or added."""
     os.fchmod(top.fd, 0o755)
     for name, st in top.entries():
         if stat.S_ISDIR(st.st_mode):
-            with top.sub(name) as child:
-                make_writable(child)
+            with top.sub_within(name, depth) as child:
+                make_writable(child, depth + 1)
 
 
-def remove_tree(parent: Dir, name: str) -> None:
+def remove_tree(parent: Dir, name: str, depth: int = 0) -> None:
     """Delete the directory ``name`` and everything in it; links in it are removed as links,
     never followed."""
     st = parent.lstat(name)
@@ -241,11 +252,11 @@ def remove_tree(parent: Dir, name: str) -> None:
     if not stat.S_ISDIR(st.st_mode):
         parent.unlink(name)
         return
-    with parent.sub(name) as top:
+    with parent.sub_within(name, depth) as top:
         os.fchmod(top.fd, 0o755)
         for child, cst in top.entries():
             if stat.S_ISDIR(cst.st_mode):
-                remove_tree(top, child)
+                remove_tree(top, child, depth + 1)
             else:
                 os.unlink(child, dir_fd=top.fd)
     os.rmdir(name, dir_fd=parent.fd)

@@ -21,11 +21,9 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict
 
 from k3artifacts.errors import ConfigError
-from k3artifacts.stores.awsclients import STS_ENDPOINT_ENV, aws_errors, sts_client
+from k3artifacts.settings import load
+from k3artifacts.stores.awsclients import aws_errors, sts_client
 from k3artifacts.stores.base import Store
-
-#: A typed actor name, honoured only where the policy allows claims (see module doc).
-ACTOR_ENV = "K3A_ACTOR"
 
 _CREDENTIAL_ENV = ("AWS_ACCESS_KEY_ID", "AWS_SESSION_TOKEN", "AWS_PROFILE")
 
@@ -42,7 +40,7 @@ class Actor(BaseModel):
 def current_actor() -> str:
     """``$K3A_ACTOR``, else the login name: a label for records no gate compares (a tuple's
     ``created_by``, an evaluation's ``attached_by``)."""
-    return os.environ.get(ACTOR_ENV) or getpass.getuser()
+    return load().actor or getpass.getuser()
 
 
 @functools.cache
@@ -55,9 +53,9 @@ def _sts_identity(endpoint: str | None, credentials: tuple[str | None, ...]) -> 
 def resolve_actor(store: Store, *, typed: str | None, claims_allowed: bool) -> Actor:
     """Who is acting on ``store``. ``typed`` is a ``--by`` given on the command line: refused
     (exit 9) where it cannot stand for the identity, rather than silently ignored."""
-    if store.url.startswith("s3://"):
+    if store.identity_source == "sts":
         arn = _sts_identity(
-            os.environ.get(STS_ENDPOINT_ENV) or None,
+            load().sts_endpoint_url,
             tuple(os.environ.get(v) for v in _CREDENTIAL_ENV),
         )
         if typed is not None and typed != arn:
@@ -67,7 +65,7 @@ def resolve_actor(store: Store, *, typed: str | None, claims_allowed: bool) -> A
                 hint="drop --by; act with the credentials of the person or role acting",
             )
         return Actor(name=arn, source="sts")
-    claimed = typed or os.environ.get(ACTOR_ENV) or None
+    claimed = typed or load().actor
     if claimed is not None and claims_allowed:
         return Actor(name=claimed, source="claimed")
     if typed is not None:

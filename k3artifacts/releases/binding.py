@@ -11,7 +11,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from k3artifacts.errors import NotFound
 from k3artifacts.releases.actor import current_actor
 from k3artifacts.releases.tuples import (
     ImageRef,
@@ -33,19 +32,19 @@ class Created:
 
 
 def published_manifest(store: Store, repo_id: str, commit: str) -> ShardManifest:
-    manifest = store.read_manifest(repo_id, commit)
-    if manifest is None:
-        raise NotFound(
-            f"{repo_id}@{commit} is not published in {store.url}",
-            hint="stage it first (`k3a stage`); a tuple binds only a verified, published revision",
-        )
-    return manifest
+    return store.published_manifest(
+        repo_id, commit,
+        hint="stage it first (`k3a stage`); a tuple binds only a verified, published revision",
+    )
 
 
 def bind(
     store: Store, repo_id: str, commit: str, image: ImageRef, serving: ServingSpec
 ) -> TupleBinding:
     manifest = published_manifest(store, repo_id, commit)
+    # A tuple's location is a prefix a server may read by itself (HyperPod's s3Storage, a
+    # mount): it must hold every file, not references to a published neighbour's objects.
+    store.materialize(repo_id, commit)
     weights = WeightsRef(
         repo_id=repo_id,
         commit=commit,

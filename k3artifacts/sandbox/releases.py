@@ -12,7 +12,6 @@ import json
 import struct
 from datetime import UTC, datetime
 from pathlib import Path
-from urllib.parse import urlparse
 
 import numpy as np
 import safetensors.numpy
@@ -135,9 +134,9 @@ class Releases:
     def site_storage(self) -> StorageTarget:
         """Where a cluster sees this store: S3 in a region, or the file store as the root of
         an FSx file system (so the tuple renders for HyperPod as well as EKS)."""
-        if self.store.url.startswith("s3://"):
+        if self.store.regional:
             return StorageTarget(s3_region="us-east-1")
-        root = urlparse(self.store.url).path
+        root = str(self.store.local_root)
         return StorageTarget(
             fsx=FsxTarget(
                 file_system_id="fs-0123456789abcdef0",

@@ -17,7 +17,6 @@ import base64
 import hashlib
 import ipaddress
 import json
-import os
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -28,6 +27,7 @@ import urllib3
 
 from k3artifacts.errors import ConfigError, NotFound, Unavailable
 from k3artifacts.releases.tuples import DIGEST, ImageRef
+from k3artifacts.settings import load
 
 #: Everything a registry may hold under a tag: multi-arch indexes first, then single manifests.
 MANIFEST_MEDIA_TYPES = (
@@ -140,17 +140,17 @@ def require_digest(reference: str) -> ImageRef:
 
 
 def _docker_config_path() -> Path:
-    root = os.environ.get("DOCKER_CONFIG")
-    return Path(root) / "config.json" if root else Path.home() / ".docker" / "config.json"
+    root = load().docker_config
+    return (root or Path.home() / ".docker") / "config.json"
 
 
 def registry_credentials(registry: str) -> tuple[str, str] | None:
     """Basic credentials for ``registry``: K3A_REGISTRY_USERNAME/PASSWORD, else the Docker
     config's ``auths`` entry (what ``docker login`` writes). Credential helpers are not run."""
-    user = os.environ.get("K3A_REGISTRY_USERNAME")
-    password = os.environ.get("K3A_REGISTRY_PASSWORD")
+    settings = load()
+    user, password = settings.registry_username, settings.registry_password
     if user and password:
-        return user, password
+        return user, password.get_secret_value()
     path = _docker_config_path()
     try:
         config = json.loads(path.read_text())

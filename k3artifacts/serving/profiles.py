@@ -8,18 +8,18 @@ is the staged mount path, added when the profile is bound into a tuple (:func:`s
 
 from __future__ import annotations
 
-import os
 import re
 from pathlib import Path, PurePosixPath
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from k3artifacts.config import CHECKOUT_ROOT
+from k3artifacts.bundled import MANIFESTS
 from k3artifacts.errors import ConfigError, NotFound, plain_validation_errors
 from k3artifacts.releases.tuples import DIGEST, ServingSpec
+from k3artifacts.settings import load
 
-MANIFESTS_DIR = CHECKOUT_ROOT / "manifests"
+MANIFESTS_DIR = MANIFESTS
 FLAG = re.compile(r"^--[a-z0-9][a-z0-9-]*$")
 ENV_NAME = re.compile(r"^[A-Z_][A-Z0-9_]*$")
 #: Set from the tuple, never from a profile: they would point the server somewhere else.
@@ -39,7 +39,7 @@ OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
 
 
 def profiles_dir() -> Path:
-    return Path(os.environ.get("K3A_PROFILES_DIR") or MANIFESTS_DIR / "profiles")
+    return load().profiles_dir or MANIFESTS_DIR / "profiles"
 
 
 def known_flags(path: Path | None = None) -> frozenset[str]:

@@ -16,7 +16,6 @@ Every signer has ``public_key``, ``key_hint`` and ``sign(statement) -> bundle by
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,6 +24,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
 from k3artifacts.errors import ConfigError
+from k3artifacts.settings import load
 from k3artifacts.signing.dsse import CURVE_HASHES, key_hint, sign_statement
 
 SIGNING_KEY_ENV = "K3A_SIGNING_KEY"
@@ -120,7 +120,8 @@ def load_signer(spec: str) -> Signer:
     except OSError as exc:
         raise ConfigError(f"signing key {path}: {exc.strerror or exc}",
                           hint="pass --signing-key PATH to a PEM private key") from None
-    password = os.environ.get(PASSWORD_ENV)
+    secret = load().signing_key_password
+    password = secret.get_secret_value() if secret is not None else None
     try:
         key = serialization.load_pem_private_key(
             data, password.encode() if password is not None else None

@@ -15,24 +15,23 @@ from dataclasses import dataclass
 from pathlib import PurePosixPath
 from typing import Any
 
-from k3artifacts.errors import AlreadyExists, NotFound
+from k3artifacts.errors import AlreadyExists
 from k3artifacts.revisions.manifest import (
     MANIFEST_NAME,
     META_DIR,
     ShardManifest,
-    manifest_key,
     revision_prefix,
 )
 from k3artifacts.signing.dsse import STATEMENT_TYPE, BundleError, verify_bundle
 from k3artifacts.signing.keys import Signer
-from k3artifacts.stores.base import Store
+from k3artifacts.stores.base import OBJECT_RECORDS_REL, Store
 
 SIGNATURE_NAME = "model.sig"
 SIGNATURE_REL = f"{META_DIR}/{SIGNATURE_NAME}"
 MANIFEST_REL = f"{META_DIR}/{MANIFEST_NAME}"
-#: Files of a revision directory that the signature does not cover: itself, and the S3 store's
-#: record of object versions (written by the store, not part of the release's content).
-IGNORED = (SIGNATURE_REL, f"{META_DIR}/s3-objects.json")
+#: Files of a revision directory that the signature does not cover: itself, and the store's
+#: record of where the bytes live (written by the store, not part of the release's content).
+IGNORED = (SIGNATURE_REL, OBJECT_RECORDS_REL)
 PREDICATE_TYPE = "https://model_signing/signature/v1.0"
 
 
@@ -86,13 +85,9 @@ class RevisionSignature:
 
 
 def published_manifest_bytes(store: Store, repo_id: str, commit: str) -> bytes:
-    found = store.read(manifest_key(repo_id, commit))
-    if found is None:
-        raise NotFound(
-            f"{repo_id}@{commit} is not published in {store.url}",
-            hint="stage it first (`k3a stage`); only a published revision is signed",
-        )
-    return found.data
+    return store.published_manifest_bytes(
+        repo_id, commit, hint="stage it first (`k3a stage`); only a published revision is signed"
+    )
 
 
 def sign_revision(store: Store, repo_id: str, commit: str, signer: Signer) -> RevisionSignature:

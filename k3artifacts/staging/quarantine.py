@@ -25,12 +25,11 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
 
-from k3artifacts.config import default_quarantine
 from k3artifacts.errors import Conflict
 from k3artifacts.revisions.hashing import hash_file
 from k3artifacts.revisions.manifest import FileRecord
+from k3artifacts.settings import default_quarantine
 from k3artifacts.stores.base import Store
-from k3artifacts.stores.file import FileStore
 
 
 def quarantine_root_for(store: Store, explicit: str | Path | None) -> Path:
@@ -38,7 +37,7 @@ def quarantine_root_for(store: Store, explicit: str | Path | None) -> Path:
     ``$K3A_QUARANTINE`` or the user cache."""
     if explicit:
         return Path(explicit)
-    return default_quarantine(store.root if isinstance(store, FileStore) else None)
+    return default_quarantine(store.local_root)
 
 
 class VerifiedEntry(BaseModel):

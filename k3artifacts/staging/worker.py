@@ -21,10 +21,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from k3artifacts import faultpoints
-from k3artifacts.config import default_quarantine, default_workers
 from k3artifacts.errors import Refusal, Unavailable
 from k3artifacts.revisions.hashing import MultiHasher
 from k3artifacts.revisions.manifest import FileRecord
+from k3artifacts.settings import default_quarantine, default_workers
 from k3artifacts.staging.download import PermanentError, RetryPolicy, fetch
 from k3artifacts.staging.events import StageObserver
 from k3artifacts.staging.hub import HubSource, RemoteFile

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -28,9 +27,9 @@ import botocore.exceptions as bex
 from botocore.config import Config
 
 from k3artifacts.errors import ConfigError, K3AError, NotFound, Unavailable
+from k3artifacts.settings import load
 
 S3_ENDPOINT_ENV = "K3A_S3_ENDPOINT_URL"
-STS_ENDPOINT_ENV = "K3A_STS_ENDPOINT_URL"
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +56,7 @@ _CONNECTION_ERRORS = (
 
 def s3_endpoint(explicit: str | None = None) -> str | None:
     """The S3 endpoint to use: ``explicit``, else ``$K3A_S3_ENDPOINT_URL``, else boto3's own."""
-    endpoint = explicit or os.environ.get(S3_ENDPOINT_ENV) or None
+    endpoint = explicit or load().s3_endpoint_url
     if endpoint is not None:
         check_endpoint(endpoint)
     return endpoint
@@ -91,9 +90,10 @@ def session(profile: str | None = None, region: str | None = None) -> boto3.Sess
 def _retry_settings(sess: boto3.Session) -> dict[str, Any]:
     """Our retry defaults, unless the operator configured retries the usual boto3 way."""
     scoped = sess._session.get_scoped_config()  # the profile's section of ~/.aws/config
+    settings = load()
     configured = (
-        os.environ.get("AWS_RETRY_MODE")
-        or os.environ.get("AWS_MAX_ATTEMPTS")
+        settings.aws_retry_mode
+        or settings.aws_max_attempts
         or scoped.get("retry_mode")
         or scoped.get("max_attempts")
     )
@@ -148,7 +148,7 @@ def s3_client(
 
 
 def sts_client(profile: str | None = None, region: str | None = None) -> Any:
-    endpoint = os.environ.get(STS_ENDPOINT_ENV) or None
+    endpoint = load().sts_endpoint_url
     return client("sts", endpoint_url=endpoint, profile=profile, region=region)
 
 

@@ -13,11 +13,11 @@ one key space (docs/architecture.md, "Storage layout"):
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, Literal
 
 from k3artifacts.errors import NotFound
 from k3artifacts.revisions.manifest import (
@@ -33,6 +33,82 @@ from k3artifacts.revisions.manifest import (
 #: crash, and the file store syncs them with one syncfs before the manifest is written.
 SMALL_FILE = 16 << 20
 
+#: A revision's record of where each of its files' bytes live in the store (key, version,
+#: the checksum the store computed), written by the store beside the manifest and never part
+#: of the release's content: the manifest's digest does not depend on how bytes got there.
+#: (The name predates other stores keeping one.)
+OBJECT_RECORDS_NAME = "s3-objects.json"
+OBJECT_RECORDS_REL = f"{META_DIR}/{OBJECT_RECORDS_NAME}"
+
+#: ``progress(path, nbytes)``: ``nbytes`` more bytes of ``path`` reached the store (negative
+#: when a retried part is rewound). Called from transfer threads.
+ProgressCallback = Callable[[str, int], None]
+
+#: ``sink(view)``: the next bytes of a range, in order; ``view`` is reused after it returns.
+Sink = Callable[[memoryview], None]
+
+
+class NotPublished(NotFound):
+    """The one answer to "read revision R" when R has no manifest in the store."""
+
+    def __init__(self, repo_id: str, commit: str, store_url: str, *, hint: str | None = None):
+        super().__init__(
+            f"{repo_id}@{commit} is not published in {store_url}",
+            hint=hint or "stage it first (`k3a stage`), or check the commit and --store",
+        )
+
+
+class ShortRead(Exception):
+    """The store gave fewer bytes than asked for: retried, then reported."""
+
+
+@dataclass(frozen=True)
+class ObjectRecord:
+    """Where one file of a revision lives in the store, as the store recorded it."""
+
+    path: str
+    #: The object's key, relative to the store root.
+    key: str
+    size: int
+    #: The object version the revision reads (None: the store keeps no versions).
+    version_id: str | None = None
+    #: The store's own whole-object CRC64NVME (base64), where it computed one.
+    crc64nvme: str | None = None
+
+
+class RangeReader(ABC):
+    """Positioned reads of one published revision's files: the byte source of a pull.
+
+    Memory stays flat: bytes pass through the caller's reusable buffer, any number of threads
+    may read at once, and each read asks the store for exactly the range wanted."""
+
+    #: Extra whole-file checksums the store recorded (path -> {"crc64nvme": base64}).
+    checksums: dict[str, dict[str, str]]
+
+    @abstractmethod
+    def read_range(self, path: str, offset: int, length: int, buf: memoryview,
+                   sink: Sink) -> None:
+        """Pass the ``length`` bytes of ``path`` at ``offset`` to ``sink`` in order, through
+        ``buf``, or raise (:class:`ShortRead`, :class:`NotFound`, ``Unavailable``)."""
+
+    def close(self) -> None:
+        return None
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where a revision's weights live for a server: what a render mounts."""
+
+    #: The store the revision is in (its URL, as :func:`~.registry.open_store` takes it).
+    store_url: str
+    #: The revision's directory under the store root (``models/<org>/<name>/<commit>``).
+    revision_path: str
+    #: S3 bucket and key prefix of the store root; None for a POSIX tree.
+    bucket: str | None = None
+    s3_prefix: str = ""
+    #: POSIX path of the store root; None for S3.
+    root_path: str | None = None
+
 
 @dataclass(frozen=True)
 class PutReceipt:
@@ -41,15 +117,17 @@ class PutReceipt:
 
     path: str
     size: int
-    #: "uploaded" (bytes sent), "copied" (inside the store), "kept" (already there), or
-    #: "stored" (placed in a file tree: a hard link from quarantine, else a copy).
+    #: "uploaded" (bytes sent), "copied" (inside the store), "kept" (already there),
+    #: "stored" (placed in a file tree: a hard link from quarantine, else a copy), or
+    #: "referenced" (the revision reads bytes a published one keeps: none moved).
     action: str
 
 
 def receipt_stats(receipts: list[PutReceipt | None]) -> dict[str, int]:
     """Transfer counters of a revision from its receipts (a file store returns none)."""
     stats: dict[str, int] = {}
-    names = {"uploaded": "uploaded", "copied": "copied", "kept": "skipped", "stored": "stored"}
+    names = {"uploaded": "uploaded", "copied": "copied", "kept": "skipped", "stored": "stored",
+             "referenced": "referenced"}
     for receipt in receipts:
         if receipt is None or receipt.action not in names:
             continue
@@ -99,7 +177,8 @@ class RevisionWriter(ABC):
         ``source_commit`` of the same repo, inside the store: no byte passes through this
         machine. Then hold what the store reports for the new file to ``record`` (size, and
         the store's own checksum where it keeps one; ``reverify``: re-hash it where the store
-        cannot say). Returns a "copied" receipt, or None when the revision was published
+        cannot say). Returns a "copied" or "referenced" receipt (see
+        docs/architecture.md, "Storage layout"), or None when the revision was published
         meanwhile; raises :class:`ReuseFailed` (having left nothing at the target) when the
         source is gone or the copy does not match, so that the caller downloads the file."""
         raise ReuseFailed(f"{type(self).__name__} cannot reuse files")
@@ -129,6 +208,21 @@ class Store(ABC):
     url: str
     #: Digests, beyond sha256 and xxh3-128, the store wants computed as bytes arrive.
     wanted_checksums: frozenset[str] = frozenset()
+    #: Where who acts on this store comes from: the cloud's answer (STS) or the OS user.
+    identity_source: Literal["sts", "os-user"] = "os-user"
+    #: Whether the store lives in a cloud region that a serving target must be told.
+    regional: bool = False
+    #: The directory of the store when it is a POSIX tree on this machine, else None.
+    local_root: Path | None = None
+
+    def region(self) -> str | None:
+        """The cloud region the store lives in, where it knows it."""
+        return None
+
+    def watch_transfers(self, progress: ProgressCallback | None) -> None:
+        """Report bytes the store itself moves (uploads, copies) to ``progress``; a store
+        that only places files it is handed has nothing to report."""
+        return None
 
     @abstractmethod
     def exists(self) -> bool:
@@ -200,8 +294,7 @@ class Store(ABC):
         :class:`NotFound` if the revision is not published, :class:`AlreadyExists` if ``rel``
         is already there.
         """
-        if self.read_manifest(repo_id, commit) is None:
-            raise NotFound(f"{repo_id}@{commit} is not published in {self.url}")
+        self.published_manifest_bytes(repo_id, commit)
         self.create(f"{revision_prefix(repo_id, commit)}/{rel}", data)
 
     def local_path(self, key: str) -> Path | None:
@@ -215,6 +308,68 @@ class Store(ABC):
     def read_manifest(self, repo_id: str, commit: str) -> ShardManifest | None:
         found = self.read(manifest_key(repo_id, commit))
         return None if found is None else ShardManifest.parse(found.data)
+
+    def published_manifest_bytes(self, repo_id: str, commit: str, *,
+                                 hint: str | None = None) -> bytes:
+        """The stored bytes of a revision's manifest; raises :class:`NotPublished`."""
+        found = self.read(manifest_key(repo_id, commit))
+        if found is None:
+            raise NotPublished(repo_id, commit, self.url, hint=hint)
+        return found.data
+
+    def published_manifest(self, repo_id: str, commit: str, *,
+                           hint: str | None = None) -> ShardManifest:
+        """A revision's manifest; raises :class:`NotPublished`."""
+        return ShardManifest.parse(self.published_manifest_bytes(repo_id, commit, hint=hint))
+
+    def object_records(self, repo_id: str, commit: str) -> dict[str, ObjectRecord]:
+        """Where each file of a published revision lives, by path, as recorded when it was
+        published; empty where the store keeps no such record (a file tree: a revision's
+        files are the files under its directory)."""
+        return {}
+
+    def open_object(self, record: ObjectRecord) -> BinaryIO:
+        """A streaming reader of the object ``record`` names; raises :class:`NotFound`."""
+        return self.open_read(record.key)
+
+    def open_file(self, repo_id: str, commit: str, path: str,
+                  records: Mapping[str, ObjectRecord]) -> BinaryIO:
+        """A streaming reader of file ``path`` of a revision: the object its ``records``
+        (:meth:`object_records`) name, else the one under the revision's prefix."""
+        record = records.get(path)
+        if record is not None:
+            return self.open_object(record)
+        return self.open_read(f"{revision_prefix(repo_id, commit)}/{path}")
+
+    def read_sizes(self, repo_id: str, commit: str) -> dict[str, int]:
+        """Path -> size of every file a revision reads (its ``.k3a/`` aside): what lies under
+        its prefix, and where its records name an object elsewhere, that object's size (None
+        of it read). What the artifact gate compares with the manifest."""
+        prefix = revision_prefix(repo_id, commit) + "/"
+        return {
+            key[len(prefix):]: size for key, size in self.object_sizes(prefix).items()
+            if not key[len(prefix):].startswith(f"{META_DIR}/")
+        }
+
+    def materialize(self, repo_id: str, commit: str) -> int:
+        """Make the revision's prefix hold every file it reads, for a server that reads the
+        prefix itself (HyperPod's ``s3Storage``, an FSx import). Returns the bytes copied;
+        a store whose revisions always hold their files copies none."""
+        return 0
+
+    @abstractmethod
+    def open_ranges(self, repo_id: str, commit: str, connections: int) -> RangeReader:
+        """A ranged reader of a published revision's files, for ``connections`` threads."""
+
+    def placement(self, repo_id: str, commit: str) -> Placement:
+        """Where a server reads this revision from."""
+        return type(self).placement_at(self.url, revision_prefix(repo_id, commit))
+
+    @classmethod
+    @abstractmethod
+    def placement_at(cls, store_url: str, revision_path: str) -> Placement:
+        """The placement of ``revision_path`` in the store at ``store_url``, from the URL
+        alone (a render has a tuple's weights location, not a connection to the store)."""
 
     def list_revisions(self, repo_id: str) -> list[str]:
         """Commits of ``repo_id`` that are published (their manifest exists)."""

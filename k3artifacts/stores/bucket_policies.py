@@ -15,8 +15,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from k3artifacts.config import CHECKOUT_ROOT, default_policies_dir
+from k3artifacts.bundled import POLICIES
 from k3artifacts.errors import ConfigError
+from k3artifacts.settings import default_policies_dir
 
 IAM_ROLES = ("downloader", "promoter", "inference")
 
@@ -28,8 +29,8 @@ _BUCKET = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
 
 def policies_dir() -> Path:
     """Where the ``s3/`` and ``iam/`` templates are: ``$K3A_POLICIES`` (or ``./policies``) when
-    it holds them, else the ``policies/`` of the checkout this package runs from."""
-    for path in (default_policies_dir(), CHECKOUT_ROOT / "policies"):
+    it holds them, else the templates shipped in the package."""
+    for path in (default_policies_dir(), POLICIES):
         if (path / "s3").is_dir() and (path / "iam").is_dir():
             return path
     raise ConfigError(

@@ -11,7 +11,8 @@ import importlib
 from urllib.parse import urlparse
 
 from k3artifacts.errors import ConfigError
-from k3artifacts.stores.base import Store
+from k3artifacts.revisions.manifest import revision_prefix
+from k3artifacts.stores.base import Placement, Store
 
 #: URL scheme -> "module:Class". A plain path has the empty scheme.
 SCHEMES: dict[str, str] = {
@@ -21,8 +22,7 @@ SCHEMES: dict[str, str] = {
 }
 
 
-def open_store(url: str) -> Store:
-    """``file:///abs/path``, a plain path, or ``s3://bucket/prefix``."""
+def _store_class(url: str) -> type[Store]:
     target = SCHEMES.get(urlparse(url).scheme)
     if target is None:
         raise ConfigError(
@@ -30,4 +30,22 @@ def open_store(url: str) -> Store:
         )
     module, _, name = target.partition(":")
     store_class: type[Store] = getattr(importlib.import_module(module), name)
-    return store_class.from_url(url)  # type: ignore[attr-defined]
+    return store_class
+
+
+def open_store(url: str) -> Store:
+    """``file:///abs/path``, a plain path, or ``s3://bucket/prefix``."""
+    return _store_class(url).from_url(url)  # type: ignore[attr-defined]
+
+
+def weights_placement(location: str, repo_id: str, commit: str) -> Placement:
+    """Where a tuple's weights live, from the location its binding recorded
+    (:meth:`Store.location`): the store it is in and how a server mounts it."""
+    location = location.rstrip("/")
+    suffix = revision_prefix(repo_id, commit)
+    if not location.endswith("/" + suffix):
+        raise ConfigError(f"weights location {location} does not end in {suffix}")
+    store_url = location[: -len(suffix) - 1]
+    if not urlparse(store_url).scheme:
+        raise ConfigError(f"unsupported weights location {location}")
+    return _store_class(store_url).placement_at(store_url, suffix)

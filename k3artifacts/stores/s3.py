@@ -32,10 +32,10 @@ import hashlib
 import json
 import logging
 import math
-import os
 import re
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -47,26 +47,41 @@ from awscrt import checksums as crt_checksums
 from s3transfer.manager import TransferConfig, TransferManager
 from s3transfer.subscribers import BaseSubscriber
 
+from k3artifacts import faultpoints
 from k3artifacts.canonical import canonical_json
-from k3artifacts.config import parse_size
 from k3artifacts.errors import (
     AlreadyExists,
     ConfigError,
     Conflict,
     K3AError,
     NotFound,
+    Unavailable,
     VerifyMismatch,
 )
 from k3artifacts.revisions.manifest import (
-    META_DIR,
     FileRecord,
     ShardManifest,
     manifest_key,
     revision_prefix,
 )
+from k3artifacts.settings import load
 from k3artifacts.stores import awsclients
 from k3artifacts.stores.awsclients import aws_errors, error_code, http_status
-from k3artifacts.stores.base import PutReceipt, ReuseFailed, RevisionWriter, Store, Versioned
+from k3artifacts.stores.base import (
+    OBJECT_RECORDS_REL,
+    NotPublished,
+    ObjectRecord,
+    Placement,
+    ProgressCallback,
+    PutReceipt,
+    RangeReader,
+    ReuseFailed,
+    RevisionWriter,
+    ShortRead,
+    Sink,
+    Store,
+    Versioned,
+)
 from k3artifacts.stores.capabilities import ensure_conditional_writes
 
 log = logging.getLogger(__name__)
@@ -77,8 +92,6 @@ GiB = 1024 * MiB
 MAX_PARTS = 10_000
 META_SHA256 = "k3a-sha256"
 META_XXH3 = "k3a-xxh3-128"
-#: Per-revision record of what S3 stored for each object (key, version id, checksum).
-OBJECTS_NAME = "s3-objects.json"
 CHECKSUM_ALGORITHM = "CRC64NVME"
 READ_BLOCK = 8 * MiB
 
@@ -87,14 +100,7 @@ _GONE = {"NoSuchKey", "NoSuchVersion", "404", "InvalidArgument"}
 #: What S3 answers when the bytes it received do not match the checksum sent with them.
 _DIGEST_ERRORS = {"BadDigest", "InvalidDigest", "XAmzContentChecksumMismatch"}
 
-PART_SIZE_ENV = "K3A_S3_PART_SIZE"
-CONCURRENCY_ENV = "K3A_S3_CONCURRENCY"
-
 _BUCKET_RE = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
-
-#: ``progress(path, nbytes)``: ``nbytes`` more bytes of ``path`` reached S3 (negative when
-#: s3transfer rewinds a retried part). Called from transfer threads.
-ProgressCallback = Callable[[str, int], None]
 
 
 @dataclass(frozen=True)
@@ -120,20 +126,12 @@ class TransferTuning:
         ``K3A_S3_CONCURRENCY`` (parts in flight per file): what a staging worker reads, so
         every process of a run moves bytes the same way."""
         tuning = cls()
-        part = os.environ.get(PART_SIZE_ENV)
-        if part:
-            try:
-                size = parse_size(part)
-            except ValueError as exc:
-                raise ConfigError(f"{PART_SIZE_ENV}: {exc}") from None
-            if size < 5 * MiB:
-                raise ConfigError(f"{PART_SIZE_ENV}={part}: S3 parts must be at least 5 MiB")
+        settings = load()
+        if settings.s3_part_size is not None:
+            size = settings.s3_part_size
             tuning = dataclasses.replace(tuning, multipart_threshold=size, min_part_size=size)
-        concurrency = os.environ.get(CONCURRENCY_ENV)
-        if concurrency:
-            if not concurrency.isdigit() or int(concurrency) < 1:
-                raise ConfigError(f"{CONCURRENCY_ENV}={concurrency!r} is not a positive integer")
-            tuning = dataclasses.replace(tuning, max_concurrency=int(concurrency))
+        if settings.s3_concurrency is not None:
+            tuning = dataclasses.replace(tuning, max_concurrency=settings.s3_concurrency)
         return tuning
 
     def part_size(self, size: int) -> int:
@@ -163,6 +161,9 @@ class TransferCounters:
     objects_uploaded: int = 0
     objects_copied: int = 0
     objects_skipped: int = 0
+    #: Files a new revision reads where a published one keeps them: no byte moved.
+    objects_referenced: int = 0
+    bytes_referenced: int = 0
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     def add(self, **amounts: int) -> None:
@@ -185,6 +186,9 @@ class ObjectReceipt(PutReceipt):
     checksum_crc64nvme: str | None
     checksum_type: str | None
     copied_from: str | None = None
+    #: The published revision whose object this file reads by reference (``key`` is then
+    #: outside this revision's prefix until :meth:`S3Store.materialize` copies it in).
+    referenced_from: str | None = None
 
 
 def crc64nvme_and_sha256(path: Path) -> tuple[str, str, int]:
@@ -231,6 +235,8 @@ class S3Store(Store):
     #: Keys per ListObjectsV2 page (S3 returns at most 1000).
     list_page_size = 1000
     wanted_checksums = frozenset({"crc64nvme"})
+    identity_source = "sts"
+    regional = True
 
     def __init__(
         self,
@@ -274,6 +280,21 @@ class S3Store(Store):
                 "K3A_S3_ENDPOINT_URL and the region with AWS_REGION",
             )
         return cls(parsed.netloc, parsed.path, **kwargs)
+
+    @classmethod
+    def placement_at(cls, store_url: str, revision_path: str) -> Placement:
+        parsed = urlparse(store_url)
+        return Placement(store_url=store_url, revision_path=revision_path,
+                         bucket=parsed.netloc, s3_prefix=parsed.path.strip("/"))
+
+    def region(self) -> str | None:
+        # The client's region already follows AWS_REGION / AWS_DEFAULT_REGION and the profile.
+        settings = load()
+        return (self.client.meta.region_name or settings.aws_region
+                or settings.aws_default_region)
+
+    def watch_transfers(self, progress: ProgressCallback | None) -> None:
+        self.progress = progress
 
     def exists(self) -> bool:
         """The bucket exists and holds something under ``models/`` or ``releases/``.
@@ -397,17 +418,35 @@ class S3Store(Store):
         return None if found is None else found["LastModified"]
 
     # ---- objects -------------------------------------------------------------------------
-    def head(self, key: str) -> dict[str, Any] | None:
-        """HEAD of store key ``key`` with its checksum, or None when absent."""
+    def head(self, key: str, version_id: str | None = None) -> dict[str, Any] | None:
+        """HEAD of store key ``key`` (at ``version_id``) with its checksum, or None when
+        absent."""
+        version = {"VersionId": version_id} if version_id and version_id != "null" else {}
         with aws_errors(f"inspecting {self.s3_url(key)}"):
             try:
                 return self.client.head_object(
-                    Bucket=self.bucket, Key=self.key(key), ChecksumMode="ENABLED"
+                    Bucket=self.bucket, Key=self.key(key), ChecksumMode="ENABLED", **version
                 )
             except bex.ClientError as exc:
-                if http_status(exc) == 404:
+                # 400: a version id this bucket never issued (S3 answers so for a malformed
+                # one); 404/405: absent, or a delete marker.
+                if http_status(exc) in (404, 405) or (version and http_status(exc) == 400):
                     return None
                 raise
+
+    def open_object(self, record: ObjectRecord) -> BinaryIO:
+        """A streaming reader of the object ``record`` names, at its recorded version."""
+        version = {"VersionId": record.version_id} if record.version_id else {}
+        with aws_errors(f"reading {self.s3_url(record.key)}"):
+            try:
+                resp = self.client.get_object(Bucket=self.bucket, Key=self.key(record.key),
+                                              **version)
+            except bex.ClientError as exc:
+                if error_code(exc) in ("NoSuchKey", "NoSuchVersion") or http_status(exc) == 404:
+                    raise NotFound(f"{record.key} is not in {self.url}") from None
+                raise
+        body: BinaryIO = resp["Body"]
+        return body
 
     def open_read(self, key: str) -> BinaryIO:
         with aws_errors(f"reading {self.s3_url(key)}"):
@@ -431,14 +470,91 @@ class S3Store(Store):
                      revision_prefix(repo_id, commit))
         return stale
 
+    def object_records(self, repo_id: str, commit: str) -> dict[str, ObjectRecord]:
+        found = self.read(f"{revision_prefix(repo_id, commit)}/{OBJECT_RECORDS_REL}")
+        if found is None:
+            return {}
+        records = {}
+        for obj in json.loads(found.data).get("objects", []):
+            version = obj.get("version_id")
+            crc = obj.get("checksum_crc64nvme")
+            full = obj.get("checksum_type") in (None, "FULL_OBJECT")
+            records[obj["path"]] = ObjectRecord(
+                path=obj["path"],
+                key=self._unkey(obj["key"]),
+                size=int(obj["size"]),
+                version_id=version if version and version != "null" else None,
+                crc64nvme=crc if crc and full else None,
+            )
+        return records
+
+    def read_sizes(self, repo_id: str, commit: str) -> dict[str, int]:
+        sizes = super().read_sizes(repo_id, commit)
+        prefix = revision_prefix(repo_id, commit)
+        for record in self.object_records(repo_id, commit).values():
+            if record.key != f"{prefix}/{record.path}":
+                head = self.head(record.key, record.version_id)
+                if head is not None:
+                    sizes[record.path] = int(head["ContentLength"])
+        return sizes
+
+    def open_ranges(self, repo_id: str, commit: str, connections: int) -> RangeReader:
+        return _S3Ranges(self, revision_prefix(repo_id, commit),
+                         self.object_records(repo_id, commit), connections)
+
     def delete_revision(self, repo_id: str, commit: str) -> None:
         if self.read_manifest(repo_id, commit) is None:
-            raise NotFound(f"{repo_id}@{commit} is not published in {self.url}")
-        # Manifest first: from that instant readers see no revision, never half of one.
+            raise NotPublished(repo_id, commit, self.url)
+        # Manifest first: from that instant readers see no revision, never half of one, and
+        # a writer that references this revision's objects finds it gone before it publishes
+        # (S3RevisionWriter.commit), so the scan below sees every reference that can still
+        # be published.
         mkey = manifest_key(repo_id, commit)
         with aws_errors(f"deleting {self.s3_url(mkey)}"):
             self.client.delete_object(Bucket=self.bucket, Key=self.key(mkey))
-        self._delete_keys(self.list_keys(f"{revision_prefix(repo_id, commit)}/"))
+        needed = self.referenced_keys(repo_id, but=commit)
+        self._delete_keys([k for k in self.list_keys(f"{revision_prefix(repo_id, commit)}/")
+                           if k not in needed])
+
+    def referenced_keys(self, repo_id: str, *, but: str | None = None) -> set[str]:
+        """Every object key the revisions of ``repo_id`` (other than ``but``) read: from
+        their object records, published or being published (records come before the
+        manifest), which is what may never be deleted."""
+        suffix = f"/{OBJECT_RECORDS_REL}"
+        base = f"models/{repo_id}/"
+        needed: set[str] = set()
+        for key in self.list_keys(base):
+            commit = key[len(base):-len(suffix)]
+            if not key.endswith(suffix) or commit == but or "/" in commit:
+                continue
+            needed.update(r.key for r in self.object_records(repo_id, commit).values())
+        return needed
+
+    def materialize(self, repo_id: str, commit: str, *, workers: int = 16) -> int:
+        """Copy, inside S3, every object a published revision reads by reference into its
+        own prefix, many at once (each a parallel UploadPartCopy), then record the copies as
+        the objects it reads. Returns the bytes copied (0 when the prefix is complete)."""
+        records = self.object_records(repo_id, commit)
+        prefix = revision_prefix(repo_id, commit)
+        outside = [r for r in records.values() if r.key != f"{prefix}/{r.path}"]
+        if not outside:
+            return 0
+        manifest = self.published_manifest(repo_id, commit)
+        writer = S3RevisionWriter(self, repo_id, commit)
+        with ThreadPoolExecutor(max(1, workers), thread_name_prefix="k3a-materialize") as pool:
+            list(pool.map(lambda r: writer.copy_in(manifest.file(r.path), r), outside))
+        records_key = f"{prefix}/{OBJECT_RECORDS_REL}"
+        found = self.read(records_key)
+        assert found is not None  # object_records found it above
+        body = json.loads(found.data)
+        for obj in body["objects"]:
+            if obj["path"] in writer.receipts:
+                obj.update(dataclasses.asdict(writer.receipts[obj["path"]]))
+        try:
+            self.replace(records_key, canonical_json(body), found.token)
+        except Conflict:
+            pass  # another materialize recorded its copies first: the same objects
+        return sum(r.size for r in outside)
 
     def _delete_keys(self, keys: list[str]) -> list[str]:
         """Delete store keys in batches; returns those S3 refused (e.g. by bucket policy)."""
@@ -474,6 +590,62 @@ class S3Store(Store):
         return aborted
 
 
+class _S3Ranges(RangeReader):
+    """Ranged ``GetObject`` on a client whose pool has a connection per worker, each response
+    read straight into the caller's buffer. Each object is read at the version its revision
+    recorded, so an overwrite in the middle of a pull cannot mix two objects' bytes; the
+    CRC64NVME recorded there is offered for checking too."""
+
+    def __init__(self, store: S3Store, prefix: str, records: dict[str, ObjectRecord],
+                 connections: int):
+        self.store = store
+        self.prefix = prefix
+        self.records = records
+        # Same endpoint and region as the store's own client, a bigger connection pool.
+        endpoint = store.client.meta.endpoint_url
+        if "amazonaws.com" in (endpoint or ""):
+            endpoint = None
+        self.client = awsclients.client(
+            "s3", endpoint_url=endpoint, region=store.client.meta.region_name,
+            max_pool_connections=connections,
+        )
+        self.checksums = {p: {"crc64nvme": r.crc64nvme} for p, r in records.items()
+                          if r.crc64nvme}
+
+    def read_range(self, path: str, offset: int, length: int, buf: memoryview,
+                   sink: Sink) -> None:
+        record = self.records.get(path)
+        key = record.key if record is not None else f"{self.prefix}/{path}"
+        args = {"Bucket": self.store.bucket, "Key": self.store.key(key),
+                "Range": f"bytes={offset}-{offset + length - 1}"}
+        if record is not None and record.version_id:
+            args["VersionId"] = record.version_id
+        try:
+            resp = self.client.get_object(**args)
+            body = resp["Body"]
+            # The urllib3 response under botocore's StreamingBody reads into our buffer with
+            # no intermediate bytes object (the copy that costs at several GB/s).
+            raw = getattr(body, "_raw_stream", None)
+            done = 0
+            with body:
+                while done < length:
+                    want = buf[: min(len(buf), length - done)]
+                    if raw is not None and hasattr(raw, "readinto"):
+                        n = raw.readinto(want)
+                    else:
+                        chunk = body.read(len(want))
+                        n = len(chunk)
+                        want[:n] = chunk
+                    if not n:
+                        raise ShortRead(f"{path}: response ended at {offset + done}")
+                    sink(buf[:n])
+                    done += n
+        except (bex.BotoCoreError, bex.ClientError) as exc:
+            raise awsclients.translate(exc, f"reading {self.store.s3_url(key)}") from exc
+        except (OSError, ValueError) as exc:  # urllib3 protocol errors surface as these
+            raise Unavailable(f"reading {path}: {exc}") from exc
+
+
 class S3RevisionWriter(RevisionWriter):
     """Puts one revision's objects; :meth:`commit` writes the manifest last.
 
@@ -503,7 +675,7 @@ class S3RevisionWriter(RevisionWriter):
         with self._lock:
             if commit not in self._sources:
                 found = self.store.read(
-                    f"{revision_prefix(self.repo_id, commit)}/{META_DIR}/{OBJECTS_NAME}"
+                    f"{revision_prefix(self.repo_id, commit)}/{OBJECT_RECORDS_REL}"
                 )
                 self._sources[commit] = None if found is None else {
                     o["path"]: o for o in json.loads(found.data)["objects"]
@@ -551,6 +723,12 @@ class S3RevisionWriter(RevisionWriter):
         return self.counters.as_dict()
 
     def open_staged(self, path: str) -> BinaryIO:
+        with self._lock:
+            receipt = self.receipts.get(path)
+        if receipt is not None and receipt.referenced_from:
+            version = receipt.version_id if receipt.version_id != "null" else None
+            return self.store.open_object(ObjectRecord(
+                path, self.store._unkey(receipt.key), receipt.size, version))
         return self.store.open_read(f"{self.prefix}/{path}")
 
     def put_file(
@@ -623,34 +801,55 @@ class S3RevisionWriter(RevisionWriter):
     def reuse(
         self, record: FileRecord, source_commit: str, source_path: str, *, reverify: bool = False
     ) -> ObjectReceipt | None:
-        """Copy the object of ``source_path`` in published revision ``source_commit`` to this
-        revision, inside S3, from the version that revision recorded (a later overwrite of the
-        key does not reach the copy); when that version is gone, from the current one. S3
-        computes the copy's CRC64NVME, which must equal the one recorded when the source was
-        uploaded (S3 checked it then against the CRC computed from the downloaded bytes), so
-        ``reverify`` needs no extra read here."""
-        key = f"{self.prefix}/{record.path}"
-        source = f"{revision_prefix(self.repo_id, source_commit)}/{source_path}"
-        where = f"{record.path} from {self.store.s3_url(source)}"
+        """Take the object ``source_path`` of published revision ``source_commit`` reads into
+        this revision by reference: no byte moves, the revision's object records name that
+        object and version (a later overwrite of the key does not reach it; when the version
+        is gone, the current one). The object must hold the record's size and sha256 and the
+        CRC64NVME S3 checked when it was uploaded, so ``reverify`` needs no read here. The
+        prefix gets its own copy only when a server needs one (:meth:`S3Store.materialize`);
+        :meth:`commit` makes sure ``source_commit`` was not retired meanwhile."""
         pinned = self._source_receipt(source_commit, source_path)
+        source = (self.store._unkey(pinned["key"]) if pinned
+                  else f"{revision_prefix(self.repo_id, source_commit)}/{source_path}")
+        where = f"{record.path} from {self.store.s3_url(source)}"
         expected = pinned.get("checksum_crc64nvme") if pinned else None
         version = pinned.get("version_id") if pinned else None
-        copied = self._try_copy(record, key, source, version) if version else False
-        if not copied:
+        head = self.store.head(source, version) if version and version != "null" else None
+        if head is None:
             head = self.store.head(source)
             if head is None:
                 raise ReuseFailed(f"{where}: the source object is gone")
             expected = expected or head.get("ChecksumCRC64NVME")
-            if not self._try_copy(record, key, source, head.get("VersionId")):
-                raise ReuseFailed(f"{where}: S3 could not copy it")
-            version = head.get("VersionId")
-        try:
-            head = self._checked_head(key, record, expected)
-        except VerifyMismatch as exc:
-            self._delete_target(key)
-            raise ReuseFailed(f"{where}: {exc}") from None
+        problems = self._problems(head, record, expected)
+        if problems:
+            raise ReuseFailed(f"{where}: " + "; ".join(problems))
+        self._count(objects_referenced=1, bytes_referenced=record.size)
+        found = head.get("VersionId")
+        origin = self.store.s3_url(source) + (
+            f"?versionId={found}" if found and found != "null" else "")
+        receipt = ObjectReceipt(
+            path=record.path, key=self.store.key(source), size=int(head["ContentLength"]),
+            action="referenced", etag=_etag(head), version_id=found,
+            checksum_crc64nvme=head.get("ChecksumCRC64NVME"),
+            checksum_type=head.get("ChecksumType"), copied_from=origin,
+            referenced_from=source_commit,
+        )
+        with self._lock:
+            self.receipts[record.path] = receipt
+        return receipt
+
+    def copy_in(self, record: FileRecord, source: ObjectRecord) -> ObjectReceipt:
+        """Copy the object ``source`` names, inside S3, to ``record``'s key in this revision
+        and hold the copy to the recorded CRC64NVME (:meth:`S3Store.materialize`)."""
+        key = f"{self.prefix}/{record.path}"
+        where = f"{record.path} from {self.store.s3_url(source.key)}"
+        if not self._try_copy(record, key, source.key, source.version_id):
+            raise NotFound(f"{where}: S3 could not copy it (the object is gone)",
+                           hint="the revision is damaged: run `k3a verify` on it")
+        head = self._checked_head(key, record, source.crc64nvme)
         self._count(objects_copied=1)
-        origin = self.store.s3_url(source) + (f"?versionId={version}" if version else "")
+        origin = self.store.s3_url(source.key) + (
+            f"?versionId={source.version_id}" if source.version_id else "")
         return self._receipt(record, "copied", head, copied_from=origin)
 
     def _try_copy(self, record: FileRecord, key: str, source: str, version: str | None) -> bool:
@@ -686,6 +885,16 @@ class S3RevisionWriter(RevisionWriter):
         head = self.store.head(key)
         if head is None:
             raise VerifyMismatch(f"{self.store.s3_url(key)}: missing right after it was written")
+        problems = self._problems(head, record, crc)
+        if problems:
+            raise VerifyMismatch(
+                f"{self.store.s3_url(key)}: " + "; ".join(problems),
+                hint="the revision was not published; re-run to upload the file again",
+            )
+        return head
+
+    def _problems(self, head: dict[str, Any], record: FileRecord, crc: str | None) -> list[str]:
+        """How an object S3 describes differs from ``record`` and the CRC64NVME expected."""
         problems = []
         if not self._matches(head, record):
             problems.append(
@@ -697,12 +906,7 @@ class S3RevisionWriter(RevisionWriter):
             problems.append("S3 stored no CRC64NVME checksum")
         elif crc is not None and stored != crc:
             problems.append(f"S3 stored CRC64NVME {stored}, we computed {crc}")
-        if problems:
-            raise VerifyMismatch(
-                f"{self.store.s3_url(key)}: " + "; ".join(problems),
-                hint="the revision was not published; re-run to upload the file again",
-            )
-        return head
+        return problems
 
     def _check_complete(self, manifest: ShardManifest) -> None:
         missing = []
@@ -734,17 +938,37 @@ class S3RevisionWriter(RevisionWriter):
             return
         self._check_complete(manifest)
         receipts = [dataclasses.asdict(self.receipts[r.path]) for r in manifest.files]
-        with aws_errors(f"writing {self.store.s3_url(self.prefix)}/{META_DIR}/{OBJECTS_NAME}"):
+        with aws_errors(f"writing {self.store.s3_url(self.prefix)}/{OBJECT_RECORDS_REL}"):
             self.store._put_small(
-                f"{self.prefix}/{META_DIR}/{OBJECTS_NAME}",
+                f"{self.prefix}/{OBJECT_RECORDS_REL}",
                 canonical_json({"manifest_sha256": manifest.digest(), "objects": receipts}),
             )
+        self._check_references_live()
+        faultpoints.pause("references-checked", self.commit_sha)
         try:
             self.store.create(manifest_key(self.repo_id, self.commit_sha), manifest.canonical())
         except AlreadyExists:
             raced = self.store.read_manifest(self.repo_id, self.commit_sha)
             assert raced is not None
             self._same_or_conflict(raced, manifest)
+
+    def _check_references_live(self) -> None:
+        """After this revision's records are written, every revision it references must still
+        be published. gc deletes a manifest before it reads everyone's records
+        (:meth:`S3Store.delete_revision`): a source found published here was not yet being
+        deleted when our records became visible, so its deletion keeps what they name."""
+        with self._lock:
+            sources = {r.referenced_from for r in self.receipts.values() if r.referenced_from}
+        gone = sorted(c for c in sources
+                      if self.store.read(manifest_key(self.repo_id, c)) is None)
+        if gone:
+            self.store.delete(f"{self.prefix}/{OBJECT_RECORDS_REL}")
+            raise Conflict(
+                f"{self.repo_id}@{self.commit_sha}: files were reused from "
+                f"{', '.join(c[:12] for c in gone)}, retired (k3a gc) while this run staged; "
+                "nothing was published",
+                hint="re-run `k3a stage`: it plans again from the revisions still published",
+            )
 
     def _same_or_conflict(self, existing: ShardManifest, manifest: ShardManifest) -> None:
         if existing.content_digest() != manifest.content_digest():

@@ -68,11 +68,19 @@ class VerifyReport:
         raise VerifyMismatch(f"{self.target}: {', '.join(parts)}:\n{lines}")
 
 
+NOT_PUBLISHED_HINT = "stage it first with `k3a stage`, or check the commit"
+
+
 class _Reader:
     """Opens the bytes of a revision's files, from a directory or through a store."""
 
-    def __init__(self, directory: Path | None = None, store: Store | None = None, prefix: str = ""):
-        self.directory, self.store, self.prefix = directory, store, prefix
+    def __init__(self, directory: Path | None = None, store: Store | None = None,
+                 revision: tuple[str, str] = ("", "")):
+        self.directory, self.store = directory, store
+        self.revision = revision
+        self.prefix = revision_prefix(*revision) if store is not None else ""
+        #: Where each file's bytes live (a revision may read objects it shares with another).
+        self.records = store.object_records(*revision) if store is not None else {}
 
     def manifest_bytes(self) -> bytes:
         if self.directory is not None:
@@ -84,19 +92,13 @@ class _Reader:
                     f"{path} not found: not a published revision directory",
                     hint="point at models/<org>/<name>/<commit> of a store",
                 ) from None
-        found = self.store.read(f"{self.prefix}/{META_DIR}/{MANIFEST_NAME}")
-        if found is None:
-            raise NotFound(
-                f"{self.prefix} is not published in {self.store.url}",
-                hint="stage it first with `k3a stage`, or check the commit",
-            )
-        return found.data
+        return self.store.published_manifest_bytes(*self.revision, hint=NOT_PUBLISHED_HINT)
 
     def digest(self, record: FileRecord, hasher: MultiHasher, on_bytes) -> MultiHasher:
         if self.directory is not None:
             path = self.directory.joinpath(*record.path.split("/"))
             return feed_file(hasher, path, on_bytes=on_bytes)
-        with self.store.open_read(f"{self.prefix}/{record.path}") as fh:
+        with self.store.open_file(*self.revision, record.path, self.records) as fh:
             read_into = getattr(fh, "readinto", None) or _readinto_from_read(fh)
             return hash_stream(read_into, hasher, on_bytes)
 
@@ -147,15 +149,11 @@ def verify_revision(
     else:
         local = store.local_path(revision_prefix(repo_id, commit))
         if local is not None:
-            if not (local / META_DIR / MANIFEST_NAME).exists():
-                # Said here, in the store's terms: the operator named a revision, not a path.
-                raise NotFound(
-                    f"{repo_id}@{commit} is not published in {store.url}",
-                    hint="stage it first with `k3a stage`, or check the commit",
-                )
+            # Said first in the store's terms: the operator named a revision, not a path.
+            store.published_manifest_bytes(repo_id, commit, hint=NOT_PUBLISHED_HINT)
             reader = _Reader(directory=local)
         else:
-            reader = _Reader(store=store, prefix=revision_prefix(repo_id, commit))
+            reader = _Reader(store=store, revision=(repo_id, commit))
         target = f"{repo_id}@{commit} in {store.url}"
     raw = reader.manifest_bytes()
     manifest = ShardManifest.parse(raw)

@@ -13,7 +13,6 @@ from k3artifacts.promotion.gates.context import GateContext, human_bytes, summar
 from k3artifacts.releases.channels import GateResult
 from k3artifacts.releases.retirement import read_tombstone
 from k3artifacts.releases.tuples import DIGEST
-from k3artifacts.revisions.manifest import META_DIR, revision_prefix
 from k3artifacts.staging.rules import PICKLE_SUFFIXES
 
 NAME = "artifact"
@@ -37,12 +36,7 @@ def check(ctx: GateContext) -> GateResult:
             f"manifest license sha256 {manifest.license.sha256} is not the tuple's "
             f"{release.binding.license_sha256}"
         )
-    prefix = revision_prefix(w.repo_id, w.commit) + "/"
-    stored = {
-        key[len(prefix) :]: size
-        for key, size in store.object_sizes(prefix).items()
-        if not key[len(prefix) :].startswith(f"{META_DIR}/")
-    }
+    stored = store.read_sizes(w.repo_id, w.commit)
     for record in manifest.files:
         size = stored.pop(record.path, None)
         if size is None:

@@ -8,12 +8,11 @@ import posixpath
 import re
 from dataclasses import dataclass, field
 from typing import Any, Literal
-from urllib.parse import unquote, urlparse
 
 from k3artifacts.errors import ConfigError
 from k3artifacts.releases.tuples import ReleaseTuple
-from k3artifacts.revisions.manifest import revision_prefix
 from k3artifacts.serving.profiles import ServingResources
+from k3artifacts.stores.registry import weights_placement
 
 ANNOTATION = "k3a.io"
 VOLUME = "model-weights"
@@ -42,32 +41,28 @@ class WeightsVolume:
 
 def weights_volume(release: ReleaseTuple, res: ServingResources) -> WeightsVolume:
     weights = release.binding.weights
-    suffix = revision_prefix(weights.repo_id, weights.commit)
-    location = weights.location.rstrip("/")
-    if not location.endswith("/" + suffix):
-        raise ConfigError(
-            f"tuple {release.id}: weights location {location} does not end in {suffix}"
-        )
-    store_root = location[: -len(suffix) - 1]
-    parsed = urlparse(store_root)
-    if parsed.scheme == "s3":
+    try:
+        placed = weights_placement(weights.location, weights.repo_id, weights.commit)
+    except ConfigError as exc:
+        raise ConfigError(f"tuple {release.id}: {exc}", hint=exc.hint) from None
+    suffix = placed.revision_path
+    if placed.bucket is not None:
         if not res.storage.s3_region:
             raise ConfigError(
                 f"tuple {release.id}: weights are in S3 but the tuple records no region",
                 hint="re-create the tuple with --s3-region REGION",
             )
-        prefix = parsed.path.strip("/")
         return WeightsVolume(
             kind="s3",
             store_subpath="",
             model_subpath=suffix,
-            bucket=parsed.netloc,
-            s3_prefix=prefix,
+            bucket=placed.bucket,
+            s3_prefix=placed.s3_prefix,
             region=res.storage.s3_region,
         )
-    if parsed.scheme != "file":
-        raise ConfigError(f"tuple {release.id}: unsupported weights location {location}")
-    root_path = posixpath.normpath(unquote(parsed.path))
+    if placed.root_path is None:
+        raise ConfigError(f"tuple {release.id}: unsupported weights location {weights.location}")
+    root_path = placed.root_path
     fsx = res.storage.fsx
     if fsx is None:
         return WeightsVolume(

@@ -1,0 +1,342 @@
+"""Every environment variable k3a reads, named, typed, defaulted and documented once.
+
+This module is the only reader of the environment: library code, the CLI and the flows ask
+:func:`load` for values and never look at ``os.environ`` themselves (``tests/test_settings.py``
+holds them to it). The reference page ``docs/reference/environment.md`` is generated from the
+fields below; regenerate it with ``python -m k3artifacts.settings --markdown``.
+
+The environment is input like any other: a malformed value is refused with its variable named
+(:class:`~k3artifacts.errors.ConfigError`, exit 9), never half-applied. An empty value counts as
+unset. Values are read when :func:`load` is called, not at import, so a test or a Prefect job
+that changes the environment gets what it set.
+
+No variable here says who is acting: on S3 the identity is the caller AWS authenticated, on a
+file store the OS user (``releases/actor.py``). ``K3A_ACTOR`` is listed honestly for what it is,
+a typed label.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import BeforeValidator, Field, SecretStr, ValidationError, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from k3artifacts import bundled
+from k3artifacts.errors import ConfigError, plain_validation_errors
+
+MiB = 1024 * 1024
+
+_SIZE_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+               "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+
+
+def parse_size(value: str | int) -> int:
+    """Sizes like ``64MiB``, ``4GiB``, ``1.5GB`` or plain bytes; ValueError otherwise."""
+    if isinstance(value, int):
+        return value
+    text = str(value).strip().lower().replace(" ", "")
+    number = text.rstrip("kmgtib")
+    try:
+        return int(float(number) * _SIZE_UNITS[text[len(number):]])
+    except (ValueError, KeyError):
+        raise ValueError(f"{value!r} is not a size like 64MiB, 4GiB or 1000000") from None
+
+
+def default_workers() -> int:
+    """Files staged at once: one per core, at least 2, at most 8.
+
+    Staging is CPU-bound (sha256 of every byte): on this project's 2-core machine 2 workers
+    reached 0.83-0.88 of cp's rate and 4 only 0.73 (bench/RESULTS.md). Beyond 8, parallel
+    connections to the Hub's CDN stop adding throughput.
+    """
+    return min(8, max(2, os.cpu_count() or 2))
+
+
+Size = Annotated[int, BeforeValidator(parse_size)]
+
+
+def var(name: str, group: str, doc: str, *, default: Any = None, shown: str | None = None,
+        **constraints: Any) -> Any:
+    """A field read from the variable ``name``; ``group`` and ``doc`` make its reference entry,
+    ``shown`` says the default in words where it is computed."""
+    extra = {"group": group, "shown_default": shown}
+    return Field(default, validation_alias=name, description=doc, json_schema_extra=extra,
+                 **constraints)
+
+
+class Settings(BaseSettings):
+    """The environment of one k3a process, as typed values."""
+
+    model_config = SettingsConfigDict(
+        env_ignore_empty=True, case_sensitive=True, extra="ignore", frozen=True)
+
+    # ---- where things live ----------------------------------------------------------------
+    store: str | None = var(
+        "K3A_STORE", "Where things live",
+        "Release store URL: `file:///path` (local disk or an FSx for Lustre mount) or "
+        "`s3://bucket/prefix`. `--store` overrides it.",
+        shown="file://$XDG_DATA_HOME/k3artifacts/store")
+    policies: Path | None = var(
+        "K3A_POLICIES", "Where things live",
+        "Policy directory (`promotion-gates.yaml`, `signing/`, `eval-suites/`, `s3/`, `iam/`): "
+        "a checkout's reviewed `policies/`. `--policies` overrides it.",
+        shown="./policies if present, else the defaults shipped in the package")
+    profiles_dir: Path | None = var(
+        "K3A_PROFILES_DIR", "Where things live",
+        "Directory of serving profiles (`<name>.yaml`) that `--profile NAME` looks in.",
+        shown="the profiles shipped in the package (a checkout's manifests/profiles)")
+    quarantine: Path | None = var(
+        "K3A_QUARANTINE", "Where things live",
+        "Local download directory of `k3a stage` and the staging flow. Each file is checked "
+        "there before it is published. `--quarantine` overrides it.",
+        shown="beside a file store, else $XDG_CACHE_HOME/k3artifacts/quarantine")
+    node_cache: Path | None = var(
+        "K3A_NODE_CACHE", "Where things live",
+        "The node cache `k3a pull` fills and `k3a cache` manages (a node's NVMe). "
+        "`--cache` overrides it.",
+        shown="$XDG_DATA_HOME/k3artifacts/node-cache")
+    xdg_data_home: Path | None = var(
+        "XDG_DATA_HOME", "Where things live",
+        "Base of the default store and node cache (the XDG base directory convention).",
+        shown="~/.local/share")
+    xdg_cache_home: Path | None = var(
+        "XDG_CACHE_HOME", "Where things live",
+        "Base of the default quarantine when the store is not a local directory.",
+        shown="~/.cache")
+
+    # ---- S3 and AWS -----------------------------------------------------------------------
+    s3_endpoint_url: str | None = var(
+        "K3A_S3_ENDPOINT_URL", "S3 and AWS",
+        "S3 endpoint other than AWS's (a VPC endpoint, MinIO, SeaweedFS, moto). "
+        "`--endpoint-url` overrides it where a command has one.",
+        shown="boto3's own")
+    sts_endpoint_url: str | None = var(
+        "K3A_STS_ENDPOINT_URL", "S3 and AWS",
+        "STS endpoint k3a asks who is acting on an S3 store (`GetCallerIdentity`). It chooses "
+        "which service answers, never what the answer is.",
+        shown="boto3's own")
+    s3_part_size: Size | None = var(
+        "K3A_S3_PART_SIZE", "S3 and AWS",
+        "Multipart part size and threshold for uploads and copies, e.g. `64MiB` (S3 needs at "
+        "least 5 MiB); grown per file so no file needs more than 10,000 parts.",
+        shown="64MiB", ge=5 * MiB)
+    s3_concurrency: int | None = var(
+        "K3A_S3_CONCURRENCY", "S3 and AWS",
+        "Parts in flight per file during an S3 transfer.", shown="8", ge=1)
+    aws_region: str | None = var(
+        "AWS_REGION", "S3 and AWS",
+        "boto3's region; k3a also records it in a tuple's S3 serving target when the client "
+        "does not know the bucket's region.")
+    aws_default_region: str | None = var(
+        "AWS_DEFAULT_REGION", "S3 and AWS", "The older spelling of `AWS_REGION`.")
+    aws_retry_mode: str | None = var(
+        "AWS_RETRY_MODE", "S3 and AWS",
+        "boto3's retry mode. When it (or `AWS_MAX_ATTEMPTS`, or the profile's `retry_mode` / "
+        "`max_attempts`) is set, k3a keeps boto3's retries; otherwise it uses `standard` with "
+        "10 attempts.")
+    aws_max_attempts: str | None = var(
+        "AWS_MAX_ATTEMPTS", "S3 and AWS", "boto3's attempts per request; see `AWS_RETRY_MODE`.")
+
+    # ---- signing, registries, endpoints ----------------------------------------------------
+    signing_key: str | None = var(
+        "K3A_SIGNING_KEY", "Credentials",
+        "Key to sign revisions and tuples with: a PEM file (ECDSA P-256/P-384) or a "
+        "`pkcs11:` URI. `--signing-key` overrides it.")
+    signing_key_password: SecretStr | None = var(
+        "K3A_SIGNING_KEY_PASSWORD", "Credentials", "Passphrase of an encrypted PEM signing key.")
+    registry_username: str | None = var(
+        "K3A_REGISTRY_USERNAME", "Credentials",
+        "User for the container registry when k3a resolves an image tag to its digest; used "
+        "with `K3A_REGISTRY_PASSWORD`, else the Docker config's `auths` entry.")
+    registry_password: SecretStr | None = var(
+        "K3A_REGISTRY_PASSWORD", "Credentials", "Password or token for `K3A_REGISTRY_USERNAME`.")
+    docker_config: Path | None = var(
+        "DOCKER_CONFIG", "Credentials",
+        "Directory of the Docker `config.json` whose `auths` k3a reads (helpers are not run).",
+        shown="~/.docker")
+    endpoint_api_key: SecretStr | None = var(
+        "K3A_ENDPOINT_API_KEY", "Credentials",
+        "Bearer key for `k3a eval` / `k3a smoke` when vLLM runs with `--api-key`. "
+        "`--api-key` overrides it.")
+
+    # ---- who is acting (identity) -----------------------------------------------------------
+    actor: str | None = var(
+        "K3A_ACTOR", "Who is acting",
+        "A typed name, not an identity. It labels records no gate compares (a tuple's "
+        "`created_by`, an evaluation's `attached_by`). On a file store it stands for the "
+        "actor of reviews, promotions and rollbacks only where `promotion-gates.yaml` sets "
+        "`identity: {claimed_actor_on_file_stores: true}`, and is then recorded as `claimed`; "
+        "otherwise the OS user acts. On an S3 store it is ignored: the actor is the AWS "
+        "caller identity (STS).",
+        shown="your login name")
+
+    # ---- output and runs ---------------------------------------------------------------------
+    log_format: Literal["text", "json"] = var(
+        "K3A_LOG_FORMAT", "Output and runs",
+        "Progress and log lines on stderr as `text` or one JSON object per line. "
+        "`--log-format` overrides it.", default="text")
+    progress_interval: float = var(
+        "K3A_PROGRESS_INTERVAL", "Output and runs",
+        "Seconds between progress lines when stderr is not a terminal (a Job, CI), and "
+        "between updates of a flow's live artifacts. `--progress-interval` overrides it.",
+        default=30.0, ge=0.05)
+    workers: int | None = var(
+        "K3A_WORKERS", "Output and runs",
+        "Files a Prefect staging flow downloads at once with its thread-pool runner "
+        "(`k3a stage` has `--workers`).", shown="one per core, 2 to 8", ge=1)
+    dask_address: str | None = var(
+        "K3A_DASK_ADDRESS", "Output and runs",
+        "Dask scheduler (`tcp://host:8786`): a Prefect staging flow runs its per-file tasks "
+        "on that cluster instead of a thread pool.")
+    worker_image: str | None = var(
+        "K3A_WORKER_IMAGE", "Output and runs",
+        "Worker image (`repository@sha256:...`) that `prefect deploy` puts in "
+        "`flows/prefect.yaml`'s job template. Read by Prefect when deploying, not by k3a.")
+
+    # ---- fault points (tests only) -----------------------------------------------------------
+    fault_pause: str | None = var(
+        "K3A_FAULT_PAUSE", "Fault points (tests)",
+        "`<point>[@<glob>]:<seconds>`: pause at the named point so a crash test can kill "
+        "the process there (`k3artifacts/faultpoints.py` lists the points). The one switch "
+        "for fault injection; unset, every point is a no-op.")
+    fault_resume: Path | None = var(
+        "K3A_FAULT_RESUME", "Fault points (tests)",
+        "A file whose appearance ends a `K3A_FAULT_PAUSE` pause early.")
+
+    @field_validator("fault_pause")
+    @classmethod
+    def _fault_spec(cls, value: str | None) -> str | None:
+        if value is not None:
+            target, sep, seconds = value.rpartition(":")
+            try:
+                ok = bool(sep and target.partition("@")[0]) and float(seconds) >= 0
+            except ValueError:
+                ok = False
+            if not ok:
+                raise ValueError("expected <point>[@<glob>]:<seconds>")
+        return value
+
+
+#: The variables, in field order.
+VARIABLES = tuple(str(f.validation_alias) for f in Settings.model_fields.values())
+
+_last: tuple[tuple[str | None, ...], Settings] | None = None
+
+
+def load() -> Settings:
+    """The settings of this process, read from the environment now.
+
+    Validating costs about a millisecond and fault points ask once per file part, so the
+    last answer is kept while the variables it was read from are unchanged."""
+    global _last
+    key = tuple(map(os.environ.get, VARIABLES))
+    if _last is not None and _last[0] == key:
+        return _last[1]
+    try:
+        settings = Settings()
+    except ValidationError as exc:
+        raise ConfigError(
+            f"bad environment: {_by_variable(exc)}",
+            hint="fix or unset the variable (docs/reference/environment.md lists them)",
+        ) from None
+    _last = (key, settings)
+    return settings
+
+
+# ---- values derived from the variables ----------------------------------------------------------
+
+
+def data_home() -> Path:
+    return (load().xdg_data_home or Path.home() / ".local" / "share") / "k3artifacts"
+
+
+def default_store_url() -> str:
+    """``K3A_STORE`` or the embedded default: a local tree under the user's data directory."""
+    return load().store or f"file://{data_home() / 'store'}"
+
+
+def default_policies_dir() -> Path:
+    """``K3A_POLICIES``, else ``./policies`` when there is one (the checkout's policy data,
+    reviewed like code), else the defaults shipped in the package."""
+    local = Path("policies")
+    return load().policies or (local if local.is_dir() else bundled.POLICIES)
+
+
+def default_node_cache() -> Path:
+    """``K3A_NODE_CACHE``, else a directory under the user's data home (tests, laptops)."""
+    return load().node_cache or data_home() / "node-cache"
+
+
+def default_quarantine(store_local_root: Path | None) -> Path:
+    """``K3A_QUARANTINE``, else beside a file store (publication is then a hard link, no
+    copy), else the user's cache directory."""
+    settings = load()
+    if settings.quarantine is not None:
+        return settings.quarantine
+    if store_local_root is not None:
+        return store_local_root / ".k3a-quarantine"
+    return (settings.xdg_cache_home or Path.home() / ".cache") / "k3artifacts" / "quarantine"
+
+
+def _by_variable(exc: ValidationError) -> str:
+    # Name the variable the person set, not the field behind it.
+    text = plain_validation_errors(exc)
+    for name, field in Settings.model_fields.items():
+        text = text.replace(f"{name}:", f"{field.validation_alias}:")
+    return text
+
+
+def markdown() -> str:
+    """``docs/reference/environment.md``: every variable, grouped, in declaration order."""
+    lines = [
+        "# Environment variables",
+        "",
+        "<!-- Generated from k3artifacts/settings.py by "
+        "`python -m k3artifacts.settings --markdown`; tests/test_settings.py fails when they "
+        "differ. Edit the settings, not this page. -->",
+        "",
+        "Every variable k3a reads, read in one place (`k3artifacts/settings.py`). An empty value "
+        "counts as unset; a malformed one is refused (exit 9) naming the variable. A command "
+        "line option, where there is one, wins over its variable.",
+        "",
+        "No variable says who is acting: on S3 the actor is the caller identity AWS "
+        "authenticated, on a file store the OS user (see `K3A_ACTOR` for what a typed name "
+        "can and cannot do).",
+        "",
+        "Libraries k3a uses read their own variables as usual: boto3 (`AWS_PROFILE`, "
+        "`AWS_ACCESS_KEY_ID`, `AWS_ENDPOINT_URL_S3`, ...), huggingface_hub (`HF_TOKEN`, "
+        "`HF_ENDPOINT`, `HF_HUB_CACHE`, ...) and Prefect (`PREFECT_API_URL`, ...). The "
+        "`K3A_TUPLE_ID`, `K3A_WEIGHTS`, ... of the serving image (`docker/serving`) are "
+        "written into the image by `k3a docker build-args`, for whoever inspects a pod; "
+        "k3a does not read them.",
+    ]
+    group = None
+    for field in Settings.model_fields.values():
+        extra = field.json_schema_extra or {}
+        assert isinstance(extra, dict)
+        if extra["group"] != group:
+            group = extra["group"]
+            lines += ["", f"## {group}"]
+        default = extra["shown_default"] or (
+            None if field.default is None else str(field.default))
+        lines += ["", f"### `{field.validation_alias}`", "", str(field.description)]
+        if default is not None:
+            lines += ["", f"Default: `{default}`."]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str]) -> int:
+    if argv != ["--markdown"]:
+        print("usage: python -m k3artifacts.settings --markdown  (prints "
+              "docs/reference/environment.md)", file=sys.stderr)
+        return 2
+    sys.stdout.write(markdown())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

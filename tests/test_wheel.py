@@ -1,0 +1,96 @@
+"""The wheel is the product: installed with a plain ``pip install`` (what the worker image and a
+release engineer's laptop do) and run from a directory that is no checkout, it finds its
+profiles, schemas and policies as package data.
+
+The wheel is built offline from the checkout's files (``--no-build-isolation``, the test
+environment's setuptools) into a fresh virtual environment; the dependencies come from the test
+environment through a ``.pth`` line, so nothing is downloaded and the checkout itself is not
+importable there (asserted, or the test could pass on the editable install).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+import venv
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO_ROOT
+from tests.test_readme_path import readme_commands, run_in_one_shell
+
+pytestmark = pytest.mark.slow
+
+#: What a wheel is built from (the worker Dockerfile copies the same).
+SOURCES = ("pyproject.toml", "README.md", "k3artifacts", "manifests", "policies")
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory) -> Path:
+    """bin/ of a fresh venv holding only the wheel built from this checkout."""
+    base = tmp_path_factory.mktemp("wheel")
+    src = base / "src"
+    src.mkdir()
+    for name in SOURCES:
+        path = REPO_ROOT / name
+        if path.is_dir():
+            shutil.copytree(path, src / name, symlinks=True,
+                            ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+        else:
+            shutil.copy2(path, src / name)
+    pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "--no-input"]
+    subprocess.run([*pip, "wheel", "--no-deps", "--no-build-isolation", "--no-index", "-q",
+                    "-w", str(base / "dist"), str(src)], check=True, capture_output=True)
+    wheel = next((base / "dist").glob("k3artifacts-*.whl"))
+    env_dir = base / "venv"
+    venv.create(env_dir, with_pip=False)
+    purelib = Path(sysconfig.get_paths(vars={"base": str(env_dir),
+                                             "platbase": str(env_dir)})["purelib"])
+    # The test environment's packages, after the venv's own (the wheel's k3artifacts first).
+    deps = {sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]}
+    (purelib / "_k3a_test_deps.pth").write_text("\n".join(sorted(deps)) + "\n")
+    subprocess.run([*pip, "--python", str(env_dir / "bin" / "python"), "install", "--no-deps",
+                    "--no-index", "-q", str(wheel)], check=True, capture_output=True)
+    return env_dir / "bin"
+
+
+@pytest.fixture
+def elsewhere(installed, tmp_path) -> tuple[Path, dict[str, str]]:
+    """A working directory with no policies/ or manifests/, and an environment whose PATH
+    starts at the fresh venv and which points at no checkout."""
+    workdir = tmp_path / "elsewhere"
+    workdir.mkdir()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("K3A_", "PYTHON"))}
+    env.update(HOME=str(tmp_path / "home"), XDG_DATA_HOME=str(tmp_path / "home" / "data"),
+               USER="reader", HF_HUB_DISABLE_XET="1", HF_HUB_DISABLE_TELEMETRY="1",
+               PATH=f"{installed}{os.pathsep}{os.environ['PATH']}")
+    return workdir, env
+
+
+def test_the_installed_package_is_the_wheel_not_the_checkout(installed, elsewhere):
+    workdir, env = elsewhere
+    done = subprocess.run(
+        [installed / "python", "-c",
+         "import k3artifacts, k3artifacts.bundled as b; print(k3artifacts.__file__);"
+         "print(b.POLICIES / 'promotion-gates.yaml'); print(b.MANIFESTS / 'profiles')"],
+        cwd=workdir, env=env, capture_output=True, text=True, check=True)
+    module, gates, profiles = map(Path, done.stdout.split())
+    assert module.is_relative_to(installed.parent) and not module.is_relative_to(REPO_ROOT)
+    assert gates.is_file() and gates.is_relative_to(installed.parent)
+    assert (profiles / "p6-b300-tp8.yaml").is_file()
+
+
+def test_demo_and_the_readme_path_run_from_the_wheel(installed, elsewhere):
+    workdir, env = elsewhere
+    assert shutil.which("k3a", path=env["PATH"]) == str(installed / "k3a")
+    commands = readme_commands((REPO_ROOT / "README.md").read_text())
+    # The gates of the channel just promoted to, from the policy shipped in the package.
+    commands.append('k3a gates "$TUPLE" staging')
+    tuple_id = run_in_one_shell(commands, cwd=workdir, env=env)
+    assert tuple_id.startswith("k3t-")
+    assert len(list((workdir / "deploy").glob("*.eks.yaml"))) == 1
+    assert sorted(p.name for p in workdir.iterdir()) == ["deploy"]
