@@ -219,7 +219,7 @@ def rollback(
             raise NotFound(
                 f"{to} has never been on channel {channel}; rollback only returns to a tuple "
                 "that served this channel",
-                hint=f"see `k3a history {channel}`; to move to a new tuple, "
+                hint=f"see `k3a channel history {channel}`; to move to a new tuple, "
                 f"`k3a promote {to} {channel}` (through the gates)",
             )
     else:
@@ -234,7 +234,7 @@ def rollback(
         if target is None:
             raise NotFound(
                 f"channel {channel} has only ever pointed at {current_id}: nothing to roll back to",
-                hint=f"see `k3a history {channel}`",
+                hint=f"see `k3a channel history {channel}`",
             )
 
     release = TupleStore(store).get(target.tuple_id)
