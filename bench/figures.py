@@ -6,29 +6,15 @@ from __future__ import annotations
 import os
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 from .cli_start import cli_start
 from .env import MB, Bench, Row, cache_note, force_rmtree
 from .pull import pull
+from .staging import REPO, Options, published_release, stage_child
 
-REPO = "moonshotai/Kimi-K3"
 TINY_REPO = "bench/many-small-files"
 
-
-@dataclass(frozen=True)
-class Options:
-    size: int
-    shards: int
-    rss_size: int
-    tiny_files: int
-    s3_size: int
-    workers: int
-    real_s3_size: int
-    incr_size: int
-    pull_size: int
-    start_runs: int
 
 
 def _rate(nbytes: int, seconds: float) -> float:
@@ -38,26 +24,16 @@ def _rate(nbytes: int, seconds: float) -> float:
 # ----- helpers shared by several figures --------------------------------------------------------
 
 
-def stage_child(bench: Bench, endpoint: str, store_url: str, repo_id: str = REPO,
-                workers: int = 4, revision: str = "main", extra_env: dict | None = None):
-    """``k3a stage`` in a subprocess; returns (StageResult as dict, Child)."""
-    env = dict(bench.env, **(extra_env or {}))
-    child = bench.k3a(
-        "stage", repo_id, "--revision", revision, "--store", store_url, "--endpoint", endpoint,
-        "--workers", str(workers), "--json", "-q", env=env,
-    )
-    return child.json(), child
-
-
 def curl_rate(bench: Bench, endpoint: str, repo_id: str, commit: str, blobs: list[Path],
               parallel: int) -> tuple[float, int]:
     """Loopback HTTP read rate of every file of the revision, ``parallel`` at a time, to
-    /dev/null: the network side of the physical limit (no hashing, no disk write)."""
+    /dev/null: the network side of the physical limit (no hashing, no disk write). ``-L``
+    follows the hub's redirects to its CDN, as staging does."""
     from k3artifacts.staging.hub import HubSource
 
     src = HubSource(endpoint, token=False)
     files = src.list_files(repo_id, commit)
-    argv = ["curl", "-sS", "--fail", "--parallel", "--parallel-max", str(parallel)]
+    argv = ["curl", "-sS", "-L", "--fail", "--parallel", "--parallel-max", str(parallel)]
     for f in files:
         argv += ["-o", "/dev/null", src.file_url(repo_id, commit, f.path)]
     total = sum(f.size for f in files)
@@ -81,17 +57,11 @@ def cp_rate(bench: Bench, sources: list[Path], dest_parent: Path) -> float:
     return _rate(total, seconds)
 
 
-def _published_release(bench: Bench, opts: Options) -> tuple[dict[str, Path], str, list[Path]]:
-    files = bench.release(opts.size, opts.shards)
-    commit = bench.publish_on_hub(REPO, files)
-    return files, commit, bench.blob_paths(REPO, commit)
-
-
 # ----- 1 and 2: staging against the machine and against the hand-written pipeline ---------------
 
 
 def staging(bench: Bench, opts: Options, shared: dict) -> list[Row]:
-    files, commit, blobs = _published_release(bench, opts)
+    files, commit, blobs = published_release(bench, opts)
     total = sum(p.stat().st_size for p in blobs)
     rows: list[Row] = []
     with bench.hub() as endpoint:
@@ -171,7 +141,7 @@ print(json.dumps({"ok": report.ok, "bytes": report.bytes, "seconds": seconds}))
 def verify(bench: Bench, opts: Options, shared: dict) -> list[Row]:
     if "file_store" not in shared:
         with bench.hub() as endpoint:
-            _, commit, blobs = _published_release(bench, opts)
+            _, commit, blobs = published_release(bench, opts)
             store = bench.fresh("store-file")
             bench.settle(blobs)
             result, _ = stage_child(bench, endpoint, f"file://{store}", workers=opts.workers)
@@ -340,7 +310,7 @@ import json, sys, time, statistics, shutil
 from pathlib import Path
 sys.path.insert(0, ".")
 from k3artifacts.bundled import POLICIES
-from k3artifacts.sandbox.releases import Releases
+from tests.support.releases import Releases
 from k3artifacts.stores.registry import open_store
 from k3artifacts.promotion.moves import promote, rollback
 from k3artifacts.releases.reviews import review_code, review_license

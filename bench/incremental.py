@@ -12,9 +12,10 @@ from __future__ import annotations
 import uuid
 
 from k3artifacts.localhub.synthetic import derive_revision
-from k3artifacts.sandbox.seaweed import SeaweedS3
+from tests.support.seaweed import SeaweedS3
 
 from .env import Bench, Row
+from .staging import stage_child
 
 CHANGED = "generation_config.json"
 
@@ -28,7 +29,8 @@ def _row(store: str, files: dict, changed_size: int, full: dict, second: dict) -
         note=f"staging it took {second['seconds']:.2f}s vs {full['seconds']:.1f}s for the full "
              f"revision ({full['total_bytes'] / 2**20:.0f} MiB in {len(files)} files); "
              f"{second['reused_bytes']:,} bytes reused inside the store (a file tree: hard "
-             f"links; S3: server-side copies, so that time is the server's copy rate), "
+             f"links; S3: references to the published objects, "
+             f"{second['store_stats'].get('bytes_copied', 0):,} bytes copied), "
              f"plan {second['plan']}",
         extra={"full_seconds": full["seconds"], "incremental_seconds": second["seconds"],
                "reused_bytes": second["reused_bytes"], "store_stats": second["store_stats"]},
@@ -36,7 +38,6 @@ def _row(store: str, files: dict, changed_size: int, full: dict, second: dict) -
 
 
 def incremental(bench: Bench, opts, shared: dict) -> list[Row]:
-    from .figures import stage_child
 
     rows = []
     files = bench.release(opts.incr_size, opts.shards, seed=7)

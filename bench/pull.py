@@ -75,13 +75,14 @@ def _write(root: Path, sizes: list[int], seed: int) -> dict[str, Path]:
 
 def _publish(store, commit: str, files: dict[str, Path]):
     """Publish through the store's real revision writer (as staging does), hashing in chunks
-    (``sandbox.revisions.record_for`` reads a file whole: a GiB shard would be a GiB of RAM)."""
+    (``tests.support.revisions.record_for`` reads a file whole: a GiB shard would be a GiB of
+    RAM)."""
     import hashlib
 
     import xxhash
 
     from k3artifacts.revisions.manifest import FileRecord
-    from k3artifacts.sandbox.revisions import manifest_for
+    from tests.support.revisions import manifest_for
 
     records = {}
     for rel, path in files.items():
@@ -102,8 +103,8 @@ def _publish(store, commit: str, files: dict[str, Path]):
 
 
 def pull(bench: Bench, opts, shared: dict) -> list[Row]:
-    from k3artifacts.sandbox.seaweed import SeaweedS3
     from k3artifacts.stores.s3 import S3Store
+    from tests.support.seaweed import SeaweedS3
 
     total = opts.pull_size
     sizes = _shard_sizes(total)

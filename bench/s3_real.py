@@ -13,9 +13,10 @@ import os
 import shutil
 import uuid
 
-from k3artifacts.sandbox.seaweed import SeaweedS3
+from tests.support.seaweed import SeaweedS3
 
 from .env import MB, Bench, Row, cache_note
+from .staging import stage_child
 
 REPO = "bench/s3-real"
 
@@ -32,7 +33,6 @@ def _s5cmd() -> str:
 
 
 def stage_vs_s5cmd(bench: Bench, opts, shared: dict) -> list[Row]:
-    from .figures import stage_child
 
     files = bench.release(opts.real_s3_size, opts.shards, seed=5)
     commit = bench.publish_on_hub(REPO, files)

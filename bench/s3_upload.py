@@ -28,8 +28,8 @@ import boto3
 from boto3.s3.transfer import TransferConfig
 from botocore.config import Config
 
-from k3artifacts.sandbox.revisions import publish, write_revision
 from k3artifacts.stores.s3 import MiB, S3Store
+from tests.support.revisions import publish, write_revision
 
 
 def main() -> None:

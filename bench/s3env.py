@@ -7,8 +7,8 @@ import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from k3artifacts.sandbox.moto import AWS_TEST_ENV as AWS_ENV
-from k3artifacts.sandbox.moto import MotoServer
+from tests.support.moto import AWS_TEST_ENV as AWS_ENV
+from tests.support.moto import MotoServer
 
 from .env import Bench
 

@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 from .env import Bench, Row, cache_note
+from .staging import REPO, published_release, stage_child
 
 _SIGN_CHILD = """
 import json, sys, time
@@ -59,13 +60,12 @@ def _keys(bench: Bench) -> tuple[Path, Path, Path]:
 
 
 def signing(bench: Bench, opts, shared: dict) -> list[Row]:
-    from .figures import REPO, _published_release, stage_child
 
     model_signing = str(Path(sys.executable).with_name("model_signing"))
     if not os.path.exists(model_signing):
         raise RuntimeError("model_signing not found: pip install -e .[test] (the test extra)")
     with bench.hub() as endpoint:
-        _, commit, blobs = _published_release(bench, opts)
+        _, commit, blobs = published_release(bench, opts)
         store = bench.fresh("store-signing")
         bench.settle(blobs)
         stage_child(bench, endpoint, f"file://{store}", workers=opts.workers)

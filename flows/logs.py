@@ -2,7 +2,9 @@
 
 A staging run has a task per file (thousands for a 1.56 TB release); each one's completion
 line buries the lines that matter (resolved commit, verified files, the closing summary).
-Failed, crashed and retried tasks still log theirs.
+Failed, crashed and retried tasks still log theirs. Each flow installs the filter when it
+starts, and the per-file task too (a Dask worker is another process), rather than importing
+``flows`` reconfiguring logging for whoever imports it.
 """
 
 from __future__ import annotations

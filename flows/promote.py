@@ -32,6 +32,7 @@ from k3artifacts.stores.base import Store
 from .approval import form_text, rejected, wait_for_approval
 from .common import slug, store_from
 from .decisions import BLOCKED, DECISIONS, Refused, end_refused
+from .logs import quiet_task_completions
 from .move_records import gate_table, move_record, outcome_line, tuple_facts
 from .naming import label_run, promote_name, tags
 from .readiness import not_ready, smoke_endpoint
@@ -76,6 +77,7 @@ def promote_release(
     anyone is asked to approve.
     ``approval_timeout``: seconds to wait for the decision before failing (nothing moves).
     """
+    quiet_task_completions()
     logger = get_run_logger()
     store = store_from(store_url)
     pdir = Path(policies_dir) if policies_dir else default_policies_dir()

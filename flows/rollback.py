@@ -29,6 +29,7 @@ from k3artifacts.stores.base import Store
 from .approval import form_text, rejected, wait_for_approval
 from .common import slug, store_from
 from .decisions import DECISIONS, Refused, end_refused
+from .logs import quiet_task_completions
 from .move_records import move_record, outcome_line, tuple_facts
 from .naming import label_run, rollback_name, tags
 from .readiness import not_ready, smoke_endpoint
@@ -66,6 +67,7 @@ def rollback_channel(
     endpoint: str | None = None,
 ):
     """Roll ``channel`` back to ``to``, or to the previous distinct tuple in its history."""
+    quiet_task_completions()
     logger = get_run_logger()
     store = store_from(store_url)
     pdir = Path(policies_dir) if policies_dir else default_policies_dir()

@@ -14,11 +14,12 @@ runs the same engine with a thread pool.
 Resume: the library's quarantine, not Prefect's result cache
 -----------------------------------------------------------------
 A failed or killed run, run again with the same arguments, downloads only what is missing:
-``Stager.plan()`` finds every file already logged in the quarantine's ``verified.jsonl`` (and
-still on disk with the size and mtime it had when verified, or already in the store's
-in-progress revision), and a file cut off mid-transfer resumes from its ``partial/*.part``
-with a Range request. Prefect result caching keyed on (commit, path, upstream sha256) was the
-alternative; it is not used (tasks run with ``NO_CACHE`` and persist nothing) because:
+``plan_stage()`` (``k3artifacts/staging/engine.py``) finds every file already logged in the
+quarantine's ``verified.jsonl`` (and still on disk with the size and mtime it had when
+verified, or already in the store's in-progress revision), and a file cut off mid-transfer
+resumes from its ``partial/*.part`` with a Range request. Prefect result caching keyed on
+(commit, path, upstream sha256) was the alternative; it is not used (tasks run with
+``NO_CACHE`` and persist nothing) because:
 
 * it remembers finished files only: a 5 GB shard killed at 4.9 GB would restart from byte 0,
   whereas the quarantine resumes it, and for a 1.56 TB revision the partial shards are what
@@ -27,7 +28,7 @@ alternative; it is not used (tasks run with ``NO_CACHE`` and persist nothing) be
   nothing the quarantine does not already record (fsynced, next to the bytes it describes);
 * a cached result is a claim about bytes it cannot see: if the quarantine copy was removed or
   altered, a cache hit would skip a file that is not there, so the flow would re-check the
-  disk anyway, which is exactly what ``plan()`` does;
+  disk anyway, which is exactly what ``plan_stage()`` does;
 * ``k3a stage`` and the flow then share one resume mechanism, tested once.
 
 One run per revision
@@ -80,6 +81,7 @@ from k3artifacts.stores.base import Store
 
 from .artifacts import size
 from .common import revision_slug, slug, store_from, task_runner_from_env
+from .logs import quiet_task_completions
 from .naming import label_run, short, stage_name, tags
 from .progress import FlowObserver
 from .stage_summary import closing_line, summary_artifact
@@ -110,6 +112,7 @@ def resolve_commit(endpoint: str | None, repo_id: str, revision: str) -> str:
       cache_policy=NO_CACHE, persist_result=False)
 def fetch_file(job: FileJob) -> FileOutcome:
     """Download, hash and check one file, then hand it to the store (the engine's job)."""
+    quiet_task_completions()
     outcome = run_file_job(job)
     record = outcome.entry.record
     get_run_logger().info("%s: %s verified, sha256:%s", job.remote.path, size(record.size),
@@ -180,6 +183,7 @@ def stage_release(
     ``k3a stage --reverify-reused``). ``progress_interval``: seconds between updates of the
     live status, progress and files artifacts (default ``$K3A_PROGRESS_INTERVAL``, else 30).
     """
+    quiet_task_completions()
     logger = get_run_logger()
     check_repo_id(repo_id)
     if (image is None) != (profile is None):

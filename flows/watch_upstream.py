@@ -26,6 +26,7 @@ from k3artifacts.errors import K3AError
 from k3artifacts.revisions.refs import check_repo_id
 
 from .common import slug, store_from
+from .logs import quiet_task_completions
 from .stage_release import DEFAULT_REPO, resolve_commit, stage_release
 
 UNFINISHED = [StateType.SCHEDULED, StateType.PENDING, StateType.RUNNING, StateType.PAUSED,
@@ -61,6 +62,7 @@ def watch_upstream(
     of a subflow; the watcher then does not wait for it. ``stage_parameters``: extra
     parameters for stage-release (image, profile, quarantine, retries...).
     """
+    quiet_task_completions()
     logger = get_run_logger()
     check_repo_id(repo_id)
     store = store_from(store_url)

@@ -55,6 +55,13 @@ class Refusal(K3AError):
         return (type(self), (self.path, self.rule, self.detail), self.__dict__)
 
 
+def shown(name: str) -> str:
+    """``name`` as it may be printed: a name with control or bidirectional formatting
+    characters (which would rewrite the terminal line or reorder it) is shown escaped."""
+    # Bidirectional overrides and isolates are format characters (Cf): not printable.
+    return name if name.isprintable() else ascii(name)
+
+
 class ReleaseRefused(K3AError):
     exit_code = 3
     hint = "nothing was published; fix upstream or pass an explicit allowance, then re-run"
@@ -62,7 +69,7 @@ class ReleaseRefused(K3AError):
     noun = "file(s)"
 
     def __init__(self, refusals: list[Refusal]):
-        lines = "\n".join(f"  {r.path}: [{r.rule}] {r.detail}" for r in refusals)
+        lines = "\n".join(f"  {shown(r.path)}: [{r.rule}] {r.detail}" for r in refusals)
         super().__init__(f"{len(refusals)} {self.noun} refused:\n{lines}")
         self.refusals = refusals
 

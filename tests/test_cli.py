@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 
 from tests.staging_helpers import REPO, small_release
@@ -22,6 +23,17 @@ def test_demo_publishes_and_verifies_then_is_a_noop(k3a_cmd, k3a_env, tmp_path):
     assert second.returncode == 0, second.stderr
     again = json.loads(second.stdout)
     assert again["already_published"] and again["manifest_digest"] == out["manifest_digest"]
+
+
+def test_stage_says_what_a_file_store_did_with_the_files(k3a_cmd, k3a_env, tmp_path):
+    store = f"file://{tmp_path / 'store'}"
+    done = run(k3a_cmd, k3a_env, "demo", "--size", "2MiB", "--shards", "1", "--store", store)
+    assert done.returncode == 0, done.stderr
+    # Files are linked (or copied) into the tree, never "uploaded"; counts and bytes apart.
+    line = next(x for x in done.stdout.splitlines() if x.startswith("store files:"))
+    assert "placed in the store's tree" in line and "uploaded" not in done.stdout
+    assert re.search(r"\d+ placed in the store's tree \(hard link, else copy\) \([\d,]+ bytes\)",
+                     line)
 
 
 def test_stage_exit_codes(k3a_cmd, k3a_env, local_hub, tmp_path):

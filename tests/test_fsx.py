@@ -12,8 +12,8 @@ import botocore.session
 import pytest
 from botocore.validate import validate_parameters
 
-from k3artifacts.sandbox.revisions import REPO, publish, write_revision
 from k3artifacts.stores.fsx import PRELOAD_TASK_TYPE, covering_repository, preload_request
+from tests.support.revisions import REPO, publish, write_revision
 
 COMMIT = "c" * 40
 

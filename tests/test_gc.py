@@ -20,10 +20,10 @@ from k3artifacts.releases.policies import load_gate_policy
 from k3artifacts.releases.retention import plan, retire
 from k3artifacts.releases.retirement import RevisionRetiring, tombstone_key
 from k3artifacts.releases.tuples import TupleStore
-from k3artifacts.sandbox.releases import Releases
 from k3artifacts.stores.file import FileStore
 from k3artifacts.stores.s3 import S3Store
 from tests.fixtures.releases import passing_run
+from tests.support.releases import Releases
 
 
 @pytest.fixture

@@ -355,8 +355,8 @@ def test_reuse_shares_the_inode_on_one_file_system_and_copies_across(tmp_path):
 
 def test_racing_run_that_reused_other_files_accepts_the_published_manifest(store, tmp_path):
     from k3artifacts.errors import Conflict
-    from k3artifacts.sandbox.revisions import REPO as TEST_REPO
-    from k3artifacts.sandbox.revisions import publish, write_revision
+    from tests.support.revisions import REPO as TEST_REPO
+    from tests.support.revisions import publish, write_revision
 
     commit = "c" * 40
     _, published = publish(store, commit, write_revision(

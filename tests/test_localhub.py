@@ -17,7 +17,8 @@ from huggingface_hub.errors import (
     RevisionNotFoundError,
 )
 
-from k3artifacts.localhub import Fault, LocalHub
+from k3artifacts.localhub import LocalHub
+from tests.support.hubfaults import Fault
 
 REPO = "moonshotai/Kimi-K3-tiny"
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import time
@@ -15,8 +16,8 @@ from click.testing import CliRunner
 from k3artifacts.cli import cli
 from k3artifacts.nodecache import locks
 from k3artifacts.nodecache.layout import CacheLayout, Revision
-from k3artifacts.sandbox.releases import Releases
 from k3artifacts.stores.file import FileStore
+from tests.support.releases import Releases
 
 MiB = 1 << 20
 BIG = os.urandom(5 * MiB + 12345)  # five whole 1 MiB parts and a short one
@@ -252,6 +253,10 @@ def test_keep_1_never_evicts_a_leased_revision(file_releases, tmp_path, k3a_cmd,
         assert [(c["revision"], c["leased"]) for c in json.loads(listing)] == [
             (str(Revision(new.binding.weights.repo_id, new.binding.weights.commit)), False),
             (str(rev), True)]
+        # Sizes in a unit that shows them: a small revision is not "0.00 GiB".
+        code, listing, _ = k3a("cache", "ls", "--root", str(root))
+        assert code == 0 and "0.00" not in listing
+        assert re.search(r"\s\d+(\.\d)? (B|KiB|MiB)\s+\d+ files", listing), listing
     finally:
         server.kill()
         server.wait(10)

@@ -17,8 +17,8 @@ import pytest
 from test_nodecache import BIG, MiB, _wait_for, check_copy, k3a, pull_json
 
 from k3artifacts.nodecache.layout import CacheLayout, Revision
-from k3artifacts.sandbox.releases import Releases
 from k3artifacts.stores.file import FileStore
+from tests.support.releases import Releases
 
 SECRET = b"bytes a pull must never touch\n"
 

@@ -20,9 +20,9 @@ import pytest
 from click.testing import CliRunner
 
 from k3artifacts.cli import cli
-from k3artifacts.localhub import Fault
 from k3artifacts.releases.tuples import tuple_key
 from tests.staging_helpers import REPO, small_release
+from tests.support.hubfaults import Fault
 
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
 
@@ -184,8 +184,8 @@ def test_an_empty_existing_store_is_fine(k3a_env, tmp_path):
 
 @pytest.fixture
 def tampered(tmp_path):
-    from k3artifacts.sandbox.releases import Releases
     from k3artifacts.stores.file import FileStore
+    from tests.support.releases import Releases
 
     store = FileStore(tmp_path / "store")
     release = Releases(store, tmp_path / "scratch").release()
@@ -263,8 +263,8 @@ def test_a_malformed_tuple_id_is_a_usage_error(k3a_env, tmp_path, bad_id):
 def test_a_bad_evaluation_report_is_explained_in_plain_words(
     k3a_env, tmp_path, report, words
 ):
-    from k3artifacts.sandbox.releases import Releases
     from k3artifacts.stores.file import FileStore
+    from tests.support.releases import Releases
 
     store = FileStore(tmp_path / "store")
     release = Releases(store, tmp_path / "scratch").release()
@@ -281,8 +281,8 @@ def test_a_bad_evaluation_report_is_explained_in_plain_words(
 
 
 def test_verify_counts_only_files_of_the_manifest(k3a_env, tmp_path):
-    from k3artifacts.sandbox.releases import Releases
     from k3artifacts.stores.file import FileStore
+    from tests.support.releases import Releases
 
     store = FileStore(tmp_path / "store")
     published = Releases(store, tmp_path / "scratch").publish()
@@ -358,7 +358,7 @@ def test_hub_errors_after_first_contact_are_retried_and_logged(k3a_cmd, k3a_env,
 @pytest.mark.s3
 def test_s3_errors_after_first_contact_are_retried_and_logged(s3_env, s3_store, s3_url,
                                                               s3_fault_proxy, tmp_path):
-    from k3artifacts.sandbox.releases import Releases
+    from tests.support.releases import Releases
 
     manifest = Releases(s3_store, tmp_path / "scratch").publish()
     s3_fault_proxy.add("GetObject", "*/.k3a/manifest.json", times=2)
@@ -389,8 +389,8 @@ def test_demo_keeps_its_files_with_the_store_and_points_down_the_offline_path(k3
 
 
 def test_an_unreachable_registry_suggests_offline(k3a_env, tmp_path):
-    from k3artifacts.sandbox.releases import Releases
     from k3artifacts.stores.file import FileStore
+    from tests.support.releases import Releases
 
     store = FileStore(tmp_path / "store")
     manifest = Releases(store, tmp_path / "scratch").publish()

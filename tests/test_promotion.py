@@ -134,7 +134,7 @@ def test_artifact_gate_checks_sizes_and_unlisted_files(file_store, tmp_path, pol
     """File-tree surgery, so this one runs on the file store only."""
     import os
 
-    from k3artifacts.sandbox.releases import Releases
+    from tests.support.releases import Releases
 
     releases = Releases(file_store, tmp_path / "scratch")
     manifest = releases.publish(shards=3)

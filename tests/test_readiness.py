@@ -1,5 +1,5 @@
 """Readiness runs against a real HTTP server process on loopback (the OpenAI-compatible fixture
-server, `k3artifacts/sandbox/openai_server.py`) through the official `openai` client, and the
+server, `tests/support/openai_server.py`) through the official `openai` client, and the
 evaluation gate judging the reports they leave in the store."""
 
 from __future__ import annotations
@@ -27,12 +27,12 @@ from k3artifacts.releases.evaluations import (
     evaluations_prefix,
     list_evaluations,
 )
-from k3artifacts.sandbox.openai_server import start
-from k3artifacts.sandbox.ports import free_ports
-from k3artifacts.sandbox.releases import Releases
 from k3artifacts.serving.render.common import served_name
 from k3artifacts.stores.file import FileStore
 from tests.fixtures.releases import REPO_ROOT, staged_for
+from tests.support.openai_server import start
+from tests.support.ports import free_ports
+from tests.support.releases import Releases
 
 SUITE = "eval-suites/k3-core.yaml"
 

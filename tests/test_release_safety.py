@@ -15,8 +15,8 @@ from k3artifacts.promotion.gates import check_gates
 from k3artifacts.promotion.moves import promote
 from k3artifacts.releases.channels import current, history
 from k3artifacts.releases.reviews import CorruptReview, review_key, review_license
-from k3artifacts.sandbox.releases import Releases
 from tests.fixtures.releases import passing_run, staged_for
+from tests.support.releases import Releases
 
 
 def _ready(store, release, policies, reviewed):

@@ -12,9 +12,9 @@ from awscrt import checksums
 
 from k3artifacts.errors import AlreadyExists, Conflict, NotFound, VerifyMismatch
 from k3artifacts.revisions.manifest import manifest_key
-from k3artifacts.sandbox.revisions import REPO, manifest_for, publish, record_for, write_revision
 from k3artifacts.stores.registry import open_store
 from k3artifacts.stores.s3 import META_SHA256, META_XXH3, MiB, S3Store, TransferTuning
+from tests.support.revisions import REPO, manifest_for, publish, record_for, write_revision
 
 pytestmark = pytest.mark.s3
 
@@ -291,7 +291,7 @@ _KILLED_WRITER = """
 import sys
 from pathlib import Path
 from k3artifacts.stores.s3 import MiB, S3Store, TransferTuning
-from k3artifacts.sandbox.revisions import REPO, record_for
+from tests.support.revisions import REPO, record_for
 url, endpoint, local = sys.argv[1:4]
 store = S3Store.from_url(url, endpoint_url=endpoint, tuning=TransferTuning(
     multipart_threshold=5 * MiB, min_part_size=5 * MiB, max_concurrency=1,

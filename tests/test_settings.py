@@ -23,8 +23,6 @@ SETTINGS = ROOT / "k3artifacts" / "settings.py"
 NOT_SETTINGS = {
     # The AWS credential variables key a per-process cache of STS's answer; boto3 reads them.
     ("k3artifacts/releases/actor.py", "_CREDENTIAL_ENV"),
-    # A test stand-in handing its environment to the moto server it starts.
-    ("k3artifacts/sandbox/moto.py", "AWS_TEST_ENV"),
 }
 
 

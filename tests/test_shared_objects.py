@@ -22,11 +22,15 @@ from click.testing import CliRunner
 
 from k3artifacts.cli import cli
 from k3artifacts.errors import Conflict
-from k3artifacts.sandbox.revisions import REPO as WRITER_REPO
-from k3artifacts.sandbox.revisions import manifest_for, publish, write_revision
+from k3artifacts.releases.binding import bind
+from k3artifacts.releases.policies import load_gate_policy
+from k3artifacts.releases.retention import plan, retire
 from k3artifacts.stores.base import OBJECT_RECORDS_REL
 from k3artifacts.stores.verify import verify_revision
 from tests.staging_helpers import REPO, run_stage, small_release
+from tests.support.releases import Releases
+from tests.support.revisions import REPO as WRITER_REPO
+from tests.support.revisions import manifest_for, publish, write_revision
 
 SHARD1 = "model-00001-of-00002.safetensors"
 SHARD2 = "model-00002-of-00002.safetensors"
@@ -94,10 +98,16 @@ def test_a_one_shard_commit_stores_only_that_shard(local_hub, store, tmp_path):
     pulled_matches(local_hub, c2, pull(store, f"{REPO}@{c2}", tmp_path / "cache"))
 
 
-def test_gc_of_the_source_keeps_every_object_the_new_commit_reads(local_hub, store, tmp_path):
+def test_gc_of_the_source_keeps_every_object_the_new_commit_reads(
+    local_hub, store, tmp_path, policies
+):
     c1, c2, _, _ = two_commits(local_hub, store, tmp_path)
     old_shard2 = f"models/{REPO}/{c1}/{SHARD2}"
-    store.delete_revision(REPO, c1)  # what `k3a gc` does once its checks pass
+    # `k3a gc --keep 0 --keep-days 0 --apply`, for c1 alone (both are unreachable).
+    policy = load_gate_policy(policies)
+    verdicts = {v.commit: v for v in plan(store, policy, keep=0, keep_days=0)}
+    assert {c: v.action for c, v in verdicts.items()} == {c1: "retire", c2: "retire"}
+    assert retire(store, verdicts[c1], policy, who="test").action == "retired"
     assert store.list_revisions(REPO) == [c2]
     report = verify_revision(store=store, repo_id=REPO, commit=c2, full=True)
     assert report.ok, report.problems
@@ -109,7 +119,7 @@ def test_gc_of_the_source_keeps_every_object_the_new_commit_reads(local_hub, sto
 
 
 @pytest.mark.s3
-def test_materialize_gives_the_prefix_its_files_then_gc_frees_the_source(
+def test_binding_a_tuple_materializes_the_prefix_then_gc_frees_the_source(
     local_hub, seaweed_store, tmp_path
 ):
     store = seaweed_store
@@ -117,8 +127,12 @@ def test_materialize_gives_the_prefix_its_files_then_gc_frees_the_source(
     manifest = store.read_manifest(REPO, c2)
     prefix = f"models/{REPO}/{c2}/"
     assert prefix + SHARD1 not in store.object_sizes(prefix)  # read from c1's objects
-    copied = store.materialize(REPO, c2)
-    assert copied == manifest.total_bytes - manifest.file(SHARD2).size
+    # What the artifact gate compares with the manifest: the objects the revision reads.
+    assert store.read_sizes(REPO, c2) == {r.path: r.size for r in manifest.files}
+    spec = Releases(store, tmp_path / "scratch").tuple_for(manifest).binding
+    binding = bind(store, REPO, c2, spec.image, spec.serving)
+    assert binding.weights.location == f"{store.url}/{prefix.rstrip('/')}"
+    assert store.materialize(REPO, c2) == 0  # bind copied them in
     listed = store.object_sizes(prefix)
     for record in manifest.files:
         assert listed[prefix + record.path] == record.size

@@ -27,12 +27,12 @@ from k3artifacts.releases.signatures import (
 )
 from k3artifacts.releases.tuples import tuple_key
 from k3artifacts.revisions.manifest import FileRecord, LicenseRecord, ShardManifest
-from k3artifacts.sandbox.releases import Releases
 from k3artifacts.signing.keys import load_signer
 from k3artifacts.signing.policy import load_trusted_keys
 from k3artifacts.signing.revision import SIGNATURE_REL, sign_revision
 from k3artifacts.signing.verify import verify_signed_revision
 from k3artifacts.stores.file import FileStore
+from tests.support.releases import Releases
 
 MODEL_SIGNING = str(Path(sys.executable).parent / "model_signing")
 

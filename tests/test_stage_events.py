@@ -7,12 +7,12 @@ import threading
 import pytest
 
 from k3artifacts.errors import Unavailable
-from k3artifacts.localhub import Fault
 from k3artifacts.staging.download import RetryPolicy
 from k3artifacts.staging.engine import StageOptions, stage
 from k3artifacts.staging.events import StageObserver
 from k3artifacts.staging.hub import HubSource
 from tests.staging_helpers import FAST_RETRY, REPO, small_release
+from tests.support.hubfaults import Fault
 
 SHARD = "model-00001-of-00002.safetensors"
 

@@ -8,7 +8,6 @@ import subprocess
 import pytest
 
 from k3artifacts.errors import NotFound, ReleaseRefused, Unavailable
-from k3artifacts.localhub import Fault
 from k3artifacts.staging.download import RetryPolicy
 from k3artifacts.stores.verify import verify_revision
 from tests.staging_helpers import (
@@ -18,6 +17,7 @@ from tests.staging_helpers import (
     run_stage,
     small_release,
 )
+from tests.support.hubfaults import Fault
 
 SHARD = "model-00001-of-00002.safetensors"
 

@@ -8,9 +8,9 @@ import pytest
 
 from k3artifacts.errors import ConfigError
 from k3artifacts.releases.tuples import TupleStore
-from k3artifacts.sandbox.releases import Releases
 from k3artifacts.stores.capabilities import MissingCapability, probe
 from k3artifacts.stores.s3 import S3Store
+from tests.support.releases import Releases
 
 pytestmark = pytest.mark.s3
 

@@ -91,8 +91,8 @@ policies_option = click.option(
     default=from_settings(lambda: str(default_policies_dir())),
     show_default="$K3A_POLICIES, else ./policies, else the defaults shipped with k3a",
     type=click.Path(file_okay=False, path_type=Path),
-    help="Policy directory (promotion-gates.yaml, licenses/, code-reviews/, signing/) of the "
-    "checkout.",
+    help="Policy directory of the checkout (promotion-gates.yaml, signing/, eval-suites/, s3/, "
+    "iam/).",
 )
 
 signing_key_option = click.option(

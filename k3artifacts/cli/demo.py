@@ -133,8 +133,8 @@ def demo_cmd(store_url, size, shards, seed, workdir, workers, quiet, progress_in
         click.echo(f"verify:          {outcome} ({report.algorithm}, {report.files} files)")
         click.echo("next: make a release tuple and render it, no registry or network needed")
         click.echo("      (<tuple-id> is the k3t-... id `tuple create` prints; reviews are "
-                   "recorded under ./policies or $K3A_POLICIES; README: 'From the demo to a "
-                   "rendered manifest'):")
+                   "records in the store, checked by the gates of ./policies or the shipped "
+                   "defaults; README: 'From the demo to a rendered manifest'):")
         for step in steps:
             click.echo(f"  {step}")
 

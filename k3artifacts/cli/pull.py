@@ -139,12 +139,13 @@ def cache_ls(root, as_json):
     unfinished pulls (re-run the pull to resume one, `k3a cache gc` frees them)."""
     from k3artifacts.nodecache.layout import CacheLayout
     from k3artifacts.nodecache.retention import list_cached
+    from k3artifacts.reporting.progress import human_size
 
     cached = list_cached(CacheLayout(root))
 
     def human() -> None:
         for c in cached:
-            click.echo(f"{c.revision}  {c.bytes / 2**30:8.2f} GiB  {c.files:5d} files"
+            click.echo(f"{c.revision}  {human_size(c.bytes):>10}  {c.files:5d} files"
                        f"{'  leased' if c.leased else ''}{'  partial' if c.partial else ''}")
 
     emit(as_json, [c.__dict__ for c in cached], human)

@@ -75,21 +75,24 @@ def print_stage_result(result: StageResult) -> None:
         )
         click.echo(f"location:        {result.location}")
         stats = result.store_stats
-        # A file store's "upload" is placing the file from quarantine (a link, else a copy).
-        put = stats.get("bytes_uploaded", 0) + stats.get("bytes_stored", 0)
         click.echo(
             f"bytes:           {result.downloaded_bytes:,} pulled from the Hub, "
-            f"{result.reused_bytes:,} reused from published revisions, "
-            f"{put:,} uploaded to the store"
+            f"{result.reused_bytes:,} reused from published revisions"
         )
-        if stats.get("bytes_uploaded") or stats.get("bytes_copied") \
-                or stats.get("bytes_referenced"):
-            click.echo(
-                f"store:           {stats.get('bytes_uploaded', 0):,} bytes uploaded, "
-                f"{stats.get('bytes_copied', 0):,} copied inside the store, "
-                f"{stats.get('bytes_referenced', 0):,} shared with published revisions "
-                f"(nothing moved), {stats.get('objects_skipped', 0)} object(s) already there"
-            )
+        # What the store did with each file, in files and in bytes: an object store uploads,
+        # copies inside itself or references bytes a published revision keeps; a file store
+        # places the quarantine's file in its tree (a hard link on one file system, else a copy).
+        done = [
+            f"{stats[f'objects_{name}']} {label} ({stats[f'bytes_{name}']:,} bytes)"
+            for name, label in (("uploaded", "uploaded"), ("copied", "copied inside the store"),
+                                ("referenced", "shared with published revisions, nothing moved"),
+                                ("stored", "placed in the store's tree (hard link, else copy)"))
+            if stats.get(f"objects_{name}")
+        ]
+        if stats.get("objects_skipped"):
+            done.append(f"{stats['objects_skipped']} already there")
+        if done:
+            click.echo(f"store files:     {', '.join(done)}")
         for reason in result.reuse_fallbacks:
             click.echo(f"not reused:      {reason} (downloaded instead)")
     click.echo(f"commit:          {result.commit}")
@@ -187,7 +190,8 @@ def stage_cmd(repo_id, revision, store_url, quarantine, endpoint, workers, allow
       k3a stage moonshotai/Kimi-K3 --revision main --store file:///fsx/k3a
     Exit codes: 0 published or already published, 2 malformed repo id, 3 refused
     (nothing published), 6 another run holds this revision, 7 repo/revision not found,
-    8 hub or store unreachable (within seconds if it never answered), 130 Ctrl-C.
+    8 hub or store unreachable (within seconds if it never answered), silent past
+    --read-timeout or slower than --min-rate, 130 Ctrl-C.
     """
     from k3artifacts.revisions.refs import check_repo_id
     from k3artifacts.staging.download import RetryPolicy

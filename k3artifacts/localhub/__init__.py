@@ -5,15 +5,15 @@ needs to resolve a revision, list files (with LFS sha256) and download them (HEA
 Range resume). Like huggingface.co, it answers ``/resolve/`` for an LFS file with a 302 to a
 CDN on another origin (its own server on another port) that refuses ``Authorization``;
 ``redirects=False`` serves every file from the hub itself, for the few tests that need that.
-It can misbehave on purpose (:mod:`.faults`)::
+The tests' stand-in that misbehaves on purpose and records every request
+(``tests/support/hubfaults.py``) hooks in through :meth:`LocalHub.plan_answer` and
+:meth:`LocalHub.record`::
 
     hub = LocalHub(tmp_path / "hub")
     commit = hub.add_commit("moonshotai/Kimi-K3", {"config.json": b"{}", "model.safetensors": path})
     hub.add_tag("moonshotai/Kimi-K3", "v1", commit)
-    hub.faults.add("*.safetensors", Fault.drop(after_bytes=4096))
     with hub.serve() as endpoint:
         HfApi(endpoint=endpoint).model_info("moonshotai/Kimi-K3", files_metadata=True)
-    [r for r in hub.requests if r.target == "model.safetensors"]
 """
 
 from __future__ import annotations
@@ -29,17 +29,15 @@ from contextlib import contextmanager
 from pathlib import Path
 from urllib.parse import parse_qsl, quote, urlencode
 
-from k3artifacts.localhub.faults import Fault, FaultSet
 from k3artifacts.localhub.repos import LFS_PATTERNS, LFS_THRESHOLD, Commit, Entry, RepoStore
-from k3artifacts.localhub.server import RequestRecord, _Server
+from k3artifacts.localhub.server import BodyPlan, RequestRecord, _Server
 
 __all__ = [
     "LFS_PATTERNS",
     "LFS_THRESHOLD",
     "Commit",
+    "BodyPlan",
     "Entry",
-    "Fault",
-    "FaultSet",
     "LocalHub",
     "RequestRecord",
 ]
@@ -66,12 +64,9 @@ class LocalHub:
         self._links: dict[str, tuple[str, Entry]] = {}
         self._cdn: _Server | None = None
         self._cdn_thread: threading.Thread | None = None
-        self.faults = FaultSet()
         #: Tracebacks of unexpected errors inside the server (a test fixture asserts none).
         self.server_errors: list[str] = []
-        self._requests: list[RequestRecord] = []
-        self._req_lock = threading.Condition()
-        self._in_flight = 0
+        self._links_lock = threading.Lock()
         self._server: _Server | None = None
         self._thread: threading.Thread | None = None
 
@@ -114,31 +109,20 @@ class LocalHub:
             raise KeyError(f"{repo_id}@{revision}: no such revision")
         return dict(commit.files)
 
-    # ----- observation -----------------------------------------------------------------------
+    # ----- hooks (the tests' stand-in overrides them) ----------------------------------------
 
-    @property
-    def requests(self) -> list[RequestRecord]:
-        """Every request answered so far, in completion order (a copy).
-
-        A client can read the last byte of an answer before the server thread has recorded
-        it, so this waits (briefly) for answers in progress to be recorded."""
-        with self._req_lock:
-            self._req_lock.wait_for(lambda: self._in_flight == 0, timeout=2.0)
-            return list(self._requests)
-
-    def clear_requests(self) -> None:
-        with self._req_lock:
-            self._requests.clear()
+    def plan_answer(self, *, method: str, repo_id: str | None, target: str,
+                    stage: str) -> BodyPlan:
+        """How to answer a request for ``target``: plainly."""
+        del method, repo_id, target, stage
+        return BodyPlan()
 
     def begin_request(self) -> None:
-        with self._req_lock:
-            self._in_flight += 1
+        """A request arrived."""
 
     def record(self, rec: RequestRecord) -> None:
-        with self._req_lock:
-            self._requests.append(rec)
-            self._in_flight -= 1
-            self._req_lock.notify_all()
+        """A request was answered."""
+        del rec
 
     def last_commit(self, commit: Commit, path: str, kind: str) -> Commit:
         """The oldest ancestor, in an unbroken line, where ``path`` is as it is in ``commit``."""
@@ -174,7 +158,7 @@ class LocalHub:
             "Key-Pair-Id": "K3ALOCALHUB",
         })
         signature = hmac.new(self._secret, f"{path}?{query}".encode(), "sha256").hexdigest()
-        with self._req_lock:
+        with self._links_lock:
             self._links[signature] = (repo_id, entry)
         host, port = self._cdn.server_address[:2]
         return f"http://{host}:{port}{path}?{query}&Signature={signature}"
@@ -193,7 +177,7 @@ class LocalHub:
             return None
         if expires < time.time():
             return None
-        with self._req_lock:
+        with self._links_lock:
             return self._links.get(signature)
 
     @property

@@ -31,7 +31,8 @@ import sys
 import threading
 import time
 import traceback
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qsl, unquote, urlencode
@@ -40,12 +41,29 @@ if TYPE_CHECKING:
     from k3artifacts.localhub import LocalHub
 
 from k3artifacts.errors import Refusal
-from k3artifacts.localhub.faults import BodyPlan
 from k3artifacts.localhub.repos import Commit, Entry
 from k3artifacts.staging.license import card_metadata
 
 _READ_CHUNK = 1024 * 1024
 _TREE_EXPAND_PAGE = 50  # the real Hub pages expanded listings by 50
+
+
+@dataclass
+class BodyPlan:
+    """How to answer one request, as a test stand-in decided (by default: plainly). Offsets
+    are relative to the body start, except transforms, which get the absolute file offset of
+    the chunk they alter."""
+
+    status: int | None = None  # answer this status (with retry_after) instead
+    retry_after: int | None = None
+    stall_before: float = 0.0
+    stalls: list[tuple[int, float]] = field(default_factory=list)
+    trickle: tuple[int, int, float] | None = None  # (after bytes, chunk, seconds between)
+    json_edits: list[Callable[[Any], Any]] = field(default_factory=list)
+    next_origin: str | None = None
+    cut_at: int | None = None  # close the connection after this many body bytes
+    short_by: int = 0  # close after body length minus this
+    transforms: list[Callable[[int, bytearray], None]] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -233,17 +251,16 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _faults(self, target: str, stage: str = "file") -> BodyPlan:
         self._target = target
-        plan = self.server.state.faults.plan(
+        plan = self.server.state.plan_answer(
             method=self.command, repo_id=self._repo_id, target=target, stage=stage
         )
         if plan.stall_before:
             self.server.stopping.wait(plan.stall_before)
         if plan.status is not None:
-            f = plan.status
-            headers = {"Retry-After": str(f.retry_after)} if f.retry_after is not None else {}
+            headers = {} if plan.retry_after is None else {"Retry-After": str(plan.retry_after)}
             self._send_json(
-                f.status,
-                {"error": f"injected fault: status {f.status}"},
+                plan.status,
+                {"error": f"injected fault: status {plan.status}"},
                 head=False,
                 headers=headers,
             )

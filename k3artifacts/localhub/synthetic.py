@@ -80,7 +80,7 @@ _MODELING_PY = '''"""Kimi K3 model (synthetic release): the class names transfor
 
 from transformers.modeling_utils import PreTrainedModel
 
-from k3artifacts.configuration_kimi_k3 import KimiK3Config
+from .configuration_kimi_k3 import KimiK3Config
 
 
 class KimiK3PreTrainedModel(PreTrainedModel):

@@ -24,7 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from k3artifacts.canonical import canonical_json
 from k3artifacts.errors import AlreadyExists, K3AError, NotFound, VerifyMismatch
 from k3artifacts.releases.tuples import TUPLE_ID, ReleaseTuple, TupleStore, tuple_manifest
-from k3artifacts.revisions.manifest import ShardManifest, revision_prefix
+from k3artifacts.revisions.manifest import ShardManifest
 from k3artifacts.stores.base import Store
 
 REVIEWS_PREFIX = "releases/reviews/"
@@ -129,7 +129,8 @@ def license_text(store: Store, tuple_id: str) -> str:
     if path is None or sha is None:
         raise NotFound(f"tuple {tuple_id} binds no license text (its revision has no LICENSE)")
     w = release.binding.weights
-    with store.open_read(f"{revision_prefix(w.repo_id, w.commit)}/{path}") as fh:
+    records = store.object_records(w.repo_id, w.commit)  # the object the revision reads
+    with store.open_file(w.repo_id, w.commit, path, records) as fh:
         raw = fh.read()
     if hashlib.sha256(raw).hexdigest() != sha:
         raise VerifyMismatch(

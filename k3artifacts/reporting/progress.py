@@ -160,7 +160,7 @@ class BarReporter(ProgressReporter):
             files = (f"{self.files_done}/{self.files_total} files"
                      if self.files_total is not None else "")
             if self.bytes_stored is not None:
-                files += f", {_size(self.bytes_stored)} stored"
+                files += f", {human_size(self.bytes_stored)} stored"
             self.progress.update(self.task, total=self.bytes_total, advance=delta, files=files)
 
     def note(self, message: str) -> None:
@@ -228,7 +228,8 @@ class LineReporter(ProgressReporter):
             self.emit(final=True)
 
 
-def _size(n: float) -> str:
+def human_size(n: float) -> str:
+    """``n`` bytes in the largest binary unit that keeps it at least 1 (``512 B``, ``3.2 MiB``)."""
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
         if abs(n) < 1024 or unit == "TiB":
             return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
@@ -246,16 +247,16 @@ def _duration(seconds: float) -> str:
 def _describe(f: dict) -> str:
     """The human half of a progress line (the text log format prints only this)."""
     total = f["bytes_total"]
-    parts = [f"{f['phase']}:", _size(f["bytes_done"])]
+    parts = [f"{f['phase']}:", human_size(f["bytes_done"])]
     if total is not None:
-        parts += ["of", _size(total), f"({f['percent']}%)" if f["percent"] is not None else ""]
-    parts.append(f"at {_size(f['rate_bytes_per_s'])}/s")
+        parts += ["of", human_size(total), f"({f['percent']}%)" if f["percent"] is not None else ""]
+    parts.append(f"at {human_size(f['rate_bytes_per_s'])}/s")
     if f["eta_s"] is not None and not f["final"]:
         parts.append(f"ETA {_duration(f['eta_s'])}")
     if f["files_total"] is not None:
         parts.append(f"files {f['files_done']}/{f['files_total']}")
     if f["bytes_stored"] is not None:
-        parts.append(f"stored {_size(f['bytes_stored'])}")
+        parts.append(f"stored {human_size(f['bytes_stored'])}")
     if f["final"]:
         parts.append(f"done in {_duration(f['elapsed_s'])}")
     return " ".join(p for p in parts if p)

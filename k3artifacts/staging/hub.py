@@ -29,12 +29,12 @@ from k3artifacts.revisions.refs import COMMIT
 from k3artifacts.staging.download import (
     RETRY_STATUS,
     Expected,
+    PermanentError,
     RetryPolicy,
     TransientError,
-    headers_for,
     host_of,
+    open_following,
     origin,
-    request,
     retry_after,
 )
 
@@ -143,14 +143,19 @@ class HubSource:
             )
 
         try:
-            resp = request("GET", url, headers_for(url, self.headers(), self.endpoint),
-                           self.retry, preload_content=False)
+            # Same-origin redirects (a renamed repo) are followed as the official client does;
+            # the token goes to the hub's origin only.
+            opened = open_following(url, self.headers(), self.retry, hub_url=self.endpoint)
         except TransientError as exc:
             raise _Transient(unavailable(str(exc)), None, unreachable=exc.first_contact,
                              detail=str(exc)) from None
+        except PermanentError as exc:
+            raise unavailable(str(exc)) from None
+        resp, url = opened.response, opened.url
         try:
             body = _read_bounded(resp, self.retry, host_of(url))
         except TransientError as exc:
+            resp.close()  # a half-read answer must not go back to the pool
             raise _Transient(unavailable(str(exc)), None, answered=True) from None
         finally:
             resp.release_conn()

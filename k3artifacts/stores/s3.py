@@ -16,10 +16,13 @@ Same key layout as the file store, under ``prefix``. What S3 gives us instead of
   any part size, S3's own default, and runs at ~7 GB/s here (awscrt). Our sha256 and xxh3-128
   ride along as object metadata (``x-amz-meta-k3a-sha256``, ``x-amz-meta-k3a-xxh3-128``).
 * **Reuse**: a file staging planned to take from a published revision of the same repo
-  (:meth:`S3RevisionWriter.reuse`) is copied inside S3 (s3transfer ``copy``: CopyObject, or
-  UploadPartCopy above the multipart threshold, so past 5 GiB too) from the object version that
-  revision recorded in its ``s3-objects.json``; its bytes never pass through this machine, and
-  the copy's CRC64NVME must equal the one S3 checked when the source was uploaded.
+  (:meth:`S3RevisionWriter.reuse`) is not copied at all: the new revision's object records
+  (``.k3a/s3-objects.json``) name the object and version the source's records name, after a
+  HEAD holds it to the file's size, sha256 and the CRC64NVME S3 checked at its upload. Readers
+  follow the records; :meth:`S3Store.materialize` copies the objects into the prefix (s3transfer
+  ``copy``: UploadPartCopy parts in parallel, past 5 GiB too) where a server reads the prefix
+  itself; :meth:`S3Store.delete_revision` keeps every object some revision's records name
+  (docs/architecture.md, "A new commit costs what it changed").
 * **Resume**: an object already at its key with the record's sha256 and size is kept, so a
   re-run after a crash uploads only what is missing.
 """

@@ -17,9 +17,9 @@ from k3artifacts.promotion.gates import check_gates
 from k3artifacts.promotion.moves import promote
 from k3artifacts.releases.channels import current, history
 from k3artifacts.releases.reviews import review_code, review_license
-from k3artifacts.sandbox.releases import Releases
 from tests.faults.faultkit import SHARD1, assert_nothing_published, run_k3a, stage_args
 from tests.staging_helpers import LICENSE, REPO, raw_safetensors, run_stage, small_release
+from tests.support.releases import Releases
 
 pytestmark = pytest.mark.faults
 

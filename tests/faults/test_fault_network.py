@@ -10,7 +10,6 @@ import time
 import pytest
 
 from k3artifacts.errors import ReleaseRefused, Unavailable
-from k3artifacts.localhub import Fault
 from k3artifacts.staging.download import RetryPolicy
 from k3artifacts.staging.engine import StageObserver, StageOptions, stage
 from k3artifacts.staging.hub import HubSource
@@ -23,6 +22,7 @@ from tests.faults.faultkit import (
     quarantine_of,
 )
 from tests.staging_helpers import REPO, run_stage, small_release
+from tests.support.hubfaults import Fault
 
 pytestmark = pytest.mark.faults
 
@@ -200,9 +200,33 @@ def test_no_request_to_the_cdn_carries_the_token(make_local_hub, file_store, qua
     cdn = [r for r in server.hub.requests if r.origin == "cdn"]
     assert {r.target for r in cdn} == {SHARD1, SHARD2}
     assert [g.range for g in file_gets(server.hub, path=SHARD1)] == [None, f"bytes={CUT}-"]
+    # The resume went to the CDN URL directly: the hub was asked once.
+    assert len([r for r in server.hub.requests if r.origin == "hub" and r.target == SHARD1]) == 1
     assert not [r for r in cdn if r.authorization]
     # The hub itself needs the token on every call (it answers 401 without).
     assert all(r.authorization for r in server.hub.requests if r.origin == "hub")
+
+
+def test_expired_cdn_link_on_resume_goes_back_to_the_hub(local_hub, file_store, quarantine,
+                                                          release):
+    hub = local_hub.hub
+    hub.faults.add(SHARD1, Fault.drop(after_bytes=CUT))
+
+    class LinkExpiresAfterFirstBytes(StageObserver):
+        armed = False
+
+        def advance(self, path: str, nbytes: int) -> None:
+            if path == SHARD1 and not self.armed:
+                self.armed = True  # the next CDN answer for it is an expired signature
+                hub.faults.add(SHARD1, Fault.http_status(403, times=1))
+
+    policy = RetryPolicy(attempts=3, backoff=0.01)
+    stage(HubSource(local_hub.endpoint, token=False, retry=policy), file_store, REPO, "main",
+          quarantine, StageOptions(retry=policy), LinkExpiresAfterFirstBytes())
+    assert [(g.status, g.range) for g in file_gets(hub, path=SHARD1)] == [
+        (200, None), (403, f"bytes={CUT}-"), (206, f"bytes={CUT}-")]
+    assert len([r for r in hub.requests if r.origin == "hub" and r.target == SHARD1]) == 2
+    assert published(file_store, release)
 
 
 def test_hub_that_accepts_and_never_answers_fails_within_the_timeout(local_hub, file_store,
@@ -392,5 +416,49 @@ def test_hostile_hub_cases_through_the_cli(k3a_cmd, k3a_env, local_hub, tmp_path
     assert pinned.returncode == 3, pinned.stderr
     assert f"[pinned-commit] pinned commit {release} but the hub at {local_hub.endpoint} " \
            f"answered commit {other}" in pinned.stderr
+    hub.faults.clear()
+    hub.add_commit(REPO, {**small_release(tmp_path), "gnp.\u202ejson": b"{}"})
+    bidi = k3a()
+    assert bidi.returncode == 3, bidi.stderr
+    # Named, escaped: the override would reorder the operator's terminal line.
+    assert "'gnp.\\u202ejson': [unsafe-path] bidirectional override" in bidi.stderr
+    assert "\u202e" not in bidi.stderr
     # Refused before any byte moved.
     assert not file_gets(hub, mark)
+
+
+def test_redirects_are_bounded_and_never_leave_http():
+    """A server that redirects for ever (or to another scheme) is an answer, not a hang."""
+    import http.server
+    import threading
+
+    from k3artifacts.staging.download import PermanentError, open_following
+
+    hits = []
+
+    class Loop(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 - the base class's name
+            hits.append(self.path)
+            self.send_response(302)
+            target = "file:///etc/passwd" if self.path == "/scheme" else f"/hop{len(hits)}"
+            self.send_header("Location", target)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Loop)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}"
+        with pytest.raises(PermanentError, match="more than 2 redirects"):
+            open_following(f"{url}/start", {}, RetryPolicy(max_redirects=2), hub_url=url)
+        assert hits == ["/start", "/hop1", "/hop2"]
+        with pytest.raises(PermanentError, match="non-HTTP URL"):
+            open_following(f"{url}/scheme", {}, RetryPolicy(), hub_url=url)
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=5)

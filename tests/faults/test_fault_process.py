@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import pytest
 
-from k3artifacts.localhub import Fault
 from k3artifacts.stores.verify import verify_revision
 from tests.faults.faultkit import (
     SHARD1,
@@ -23,6 +22,7 @@ from tests.faults.faultkit import (
     wait_for,
 )
 from tests.staging_helpers import REPO, small_release
+from tests.support.hubfaults import Fault
 
 pytestmark = pytest.mark.faults
 

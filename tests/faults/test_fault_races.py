@@ -19,7 +19,6 @@ from k3artifacts.releases.binding import create_tuple
 from k3artifacts.releases.channels import current, history, history_key
 from k3artifacts.releases.reviews import review_code, review_license
 from k3artifacts.releases.tuples import ImageRef, TupleStore, tuple_key
-from k3artifacts.sandbox.releases import REPO_ID, Releases
 from k3artifacts.serving.profiles import load_profile, serving_spec
 from k3artifacts.stores.s3 import S3Store
 from k3artifacts.stores.verify import verify_revision
@@ -30,6 +29,7 @@ from tests.faults.faultkit import (
     wait_for,
 )
 from tests.staging_helpers import REPO, small_release
+from tests.support.releases import REPO_ID, Releases
 
 pytestmark = pytest.mark.faults
 

@@ -19,11 +19,11 @@ from flows.rollback import rollback_channel
 from k3artifacts.promotion.moves import promote
 from k3artifacts.releases.channels import current, read_state
 from k3artifacts.releases.evaluations import list_evaluations
-from k3artifacts.sandbox.openai_server import start
-from k3artifacts.sandbox.ports import free_ports
 from k3artifacts.serving.render.common import served_name
 from k3artifacts.stores.file import FileStore
 from tests.flow_helpers import answer_when_paused
+from tests.support.openai_server import start
+from tests.support.ports import free_ports
 
 
 @pytest.fixture

@@ -24,8 +24,8 @@ from prefect.logging.handlers import APILogWorker
 
 from flows.common import slug
 from flows.stage_release import stage_release
-from k3artifacts.localhub import Fault
 from tests.staging_helpers import REPO, small_release
+from tests.support.hubfaults import Fault
 
 # Artifact keys name the commit, and a release's commit derives from its bytes: each test
 # stages its own seed, so no test reads another's artifacts from the session's API.

@@ -6,10 +6,10 @@ from prefect.client.orchestration import get_client
 from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId
 
 from flows.stage_release import stage_release
-from k3artifacts.localhub import Fault
 from k3artifacts.stores.verify import verify_revision
 from tests.flow_helpers import resolve_gets
 from tests.staging_helpers import REPO, small_release
+from tests.support.hubfaults import Fault
 
 SHARD = "model-00001-of-00002.safetensors"
 FAST = {"attempts": 2, "backoff": 0.01, "task_retries": 1, "task_retry_delay": 0}

@@ -25,10 +25,10 @@ from prefect.settings import PREFECT_API_URL, temporary_settings
 from flows.common import slug
 from flows.promote import promote_release
 from flows.stage_release import stage_release
-from k3artifacts.localhub import Fault
 from k3artifacts.stores.file import FileStore
 from tests.fixtures.prefect_api import _free_port, _healthy
 from tests.staging_helpers import REPO, small_release
+from tests.support.hubfaults import Fault
 
 pytestmark = [
     pytest.mark.slow,

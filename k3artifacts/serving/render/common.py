@@ -37,6 +37,8 @@ class WeightsVolume:
     region: str | None = None
     host_path: str | None = None
     details: dict[str, str] = field(default_factory=dict)
+    #: The store's URL as the tuple recorded it (what `k3a pull` in a pod opens, for S3).
+    store_url: str = ""
 
 
 def weights_volume(release: ReleaseTuple, res: ServingResources) -> WeightsVolume:
@@ -59,6 +61,7 @@ def weights_volume(release: ReleaseTuple, res: ServingResources) -> WeightsVolum
             bucket=placed.bucket,
             s3_prefix=placed.s3_prefix,
             region=res.storage.s3_region,
+            store_url=placed.store_url,
         )
     if placed.root_path is None:
         raise ConfigError(f"tuple {release.id}: unsupported weights location {weights.location}")

@@ -57,7 +57,7 @@ def _lease_path(release: ReleaseTuple) -> str:
 def _store_access(vol: WeightsVolume) -> tuple[str, list[dict], list[dict]]:
     """(store URL as the pull container sees it, its volume mounts, its env)."""
     if vol.kind == "s3":
-        url = f"s3://{vol.bucket}/{vol.s3_prefix}" if vol.s3_prefix else f"s3://{vol.bucket}"
+        url = vol.store_url
         # Credentials come from the pod's service account (IRSA / Pod Identity).
         return url, [], [{"name": "AWS_REGION", "value": vol.region}]
     return f"file://{STORE_MOUNT}", [_mount(STORE_MOUNT, vol.store_subpath)], []

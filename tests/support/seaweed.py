@@ -19,7 +19,7 @@ from types import TracebackType
 import boto3
 from botocore.config import Config
 
-from k3artifacts.sandbox.ports import free_ports, stop, wait_listening
+from tests.support.ports import free_ports, stop, wait_listening
 
 ACCESS_KEY = "k3a-local"
 SECRET_KEY = "k3a-local-secret"

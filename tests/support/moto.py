@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 from types import TracebackType
 
-from k3artifacts.sandbox.ports import free_ports, stop, wait_listening
+from tests.support.ports import free_ports, stop, wait_listening
 
 #: Fake credentials and region: boto3 needs some; moto accepts any, no real account is reached.
 AWS_TEST_ENV = {

@@ -1,4 +1,12 @@
-"""Faults the local hub injects into its answers, configured while it runs.
+"""Faults the local hub injects into its answers, configured while it runs, and the log of
+every request it answered: test stand-ins, kept out of the wheel (``k3a demo`` needs neither).
+
+:class:`FaultyHub` is a :class:`~k3artifacts.localhub.LocalHub` with both::
+
+    hub = FaultyHub(tmp_path / "hub")
+    hub.faults.add("*.safetensors", Fault.drop(after_bytes=4096))
+    [r for r in hub.requests if r.target == "model.safetensors"]
+
 
 A :class:`Fault` matches a request by a glob over the repo file path (``resolve`` requests) or
 over the URL path (API requests, e.g. ``/api/models/*``), and acts on a number of matching
@@ -26,8 +34,11 @@ from __future__ import annotations
 import fnmatch
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Literal
+
+from k3artifacts.localhub import LocalHub
+from k3artifacts.localhub.server import BodyPlan, RequestRecord
 
 FaultKind = Literal[
     "drop", "status", "stall", "trickle", "short", "corrupt", "mutate", "json", "next"
@@ -118,22 +129,6 @@ class _Armed:
     attempts: int = 0
 
 
-@dataclass
-class BodyPlan:
-    """What the faults matched for one response decided. Offsets are relative to the body start,
-    except transforms, which get the absolute file offset of the chunk they alter."""
-
-    status: Fault | None = None
-    stall_before: float = 0.0
-    stalls: list[tuple[int, float]] = field(default_factory=list)
-    trickle: tuple[int, int, float] | None = None  # (after bytes, chunk, seconds between)
-    json_edits: list[Callable[[Any], Any]] = field(default_factory=list)
-    next_origin: str | None = None
-    cut_at: int | None = None  # close the connection after this many body bytes
-    short_by: int = 0  # close after body length minus this
-    transforms: list[Callable[[int, bytearray], None]] = field(default_factory=list)
-
-
 class FaultSet:
     """The armed faults of one hub. Thread-safe; each matching request uses up one ``times``."""
 
@@ -179,7 +174,7 @@ class FaultSet:
     def _apply(a: _Armed, plan: BodyPlan) -> None:
         f = a.fault
         if f.kind == "status":
-            plan.status = f
+            plan.status, plan.retry_after = f.status, f.retry_after
         elif f.kind == "drop":
             cut = f.after_bytes or 0
             plan.cut_at = cut if plan.cut_at is None else min(plan.cut_at, cut)
@@ -218,3 +213,42 @@ _MUTATE_TABLE = bytes(b ^ MUTATE_MASK for b in range(256))
 def _xor_all(start: int, buf: bytearray) -> None:
     del start
     buf[:] = buf.translate(_MUTATE_TABLE)
+
+
+class FaultyHub(LocalHub):
+    """A local hub that misbehaves as told (:attr:`faults`) and records every answer."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.faults = FaultSet()
+        self._requests: list[RequestRecord] = []
+        self._req_lock = threading.Condition()
+        self._in_flight = 0
+
+    def plan_answer(self, *, method: str, repo_id: str | None, target: str,
+                    stage: str) -> BodyPlan:
+        return self.faults.plan(method=method, repo_id=repo_id, target=target, stage=stage)
+
+    @property
+    def requests(self) -> list[RequestRecord]:
+        """Every request answered so far, in completion order (a copy).
+
+        A client can read the last byte of an answer before the server thread has recorded
+        it, so this waits (briefly) for answers in progress to be recorded."""
+        with self._req_lock:
+            self._req_lock.wait_for(lambda: self._in_flight == 0, timeout=2.0)
+            return list(self._requests)
+
+    def clear_requests(self) -> None:
+        with self._req_lock:
+            self._requests.clear()
+
+    def begin_request(self) -> None:
+        with self._req_lock:
+            self._in_flight += 1
+
+    def record(self, rec: RequestRecord) -> None:
+        with self._req_lock:
+            self._requests.append(rec)
+            self._in_flight -= 1
+            self._req_lock.notify_all()

