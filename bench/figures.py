@@ -8,6 +8,7 @@ import sys
 import time
 from pathlib import Path
 
+from .cli_start import cli_start
 from .env import MB, Bench, Row, cache_note, force_rmtree
 from .pull import pull
 from .staging import REPO, Options, published_release, stage_child
@@ -401,4 +402,5 @@ FIGURES = {
     "incremental": _incremental,  # 10
     "pull": pull,  # 11
     "headline": _headline,  # issue 22
+    "cli-start": cli_start,  # 12
 }

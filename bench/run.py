@@ -79,6 +79,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cores", type=int, default=None,
                    help="run the benchmark and every child on this many CPUs (sched affinity; "
                    "default: all), to show a smaller machine's figures on a larger one")
+    p.add_argument("--start-runs", type=int, default=9,
+                   help="fresh processes timed per command in the cli-start figure (median)")
     p.add_argument("--workers", type=int, default=default_workers(),
                    help="concurrent files (default: k3a stage's, one per core from 2 to 8)")
     p.add_argument("--only", action="append", choices=sorted(FIGURES),
@@ -100,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
                    tiny_files=args.tiny_files, s3_size=args.s3_size,
                    workers=args.workers, real_s3_size=args.real_s3_size,
                    incr_size=args.incr_size, pull_size=args.pull_size,
-                   nodes=args.nodes)
+                   nodes=args.nodes, start_runs=args.start_runs)
     names = args.only or list(FIGURES)
     rows: list[Row] = []
     shared: dict = {}

@@ -24,6 +24,7 @@ class Options:
     real_s3_size: int
     incr_size: int
     pull_size: int
+    start_runs: int
     #: Node caches each revision is pulled onto (the headline figure).
     nodes: int = 2
 

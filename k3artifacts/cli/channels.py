@@ -11,11 +11,9 @@ from typing import Any
 
 import click
 
-from k3artifacts.cli import cli
 from k3artifacts.cli.common import (
     emit,
     get_store,
-    handle_errors,
     json_option,
     store_option,
 )
@@ -95,7 +93,7 @@ def _move_summary(result: MoveResult) -> None:
     )
 
 
-@cli.command("promote")
+@click.command("promote")
 @click.argument("tuple_id")
 @click.argument("channel")
 @click.option(
@@ -119,7 +117,6 @@ def _move_summary(result: MoveResult) -> None:
 @local_policies_option
 @store_option
 @json_option
-@handle_errors
 def promote_cmd(
     tuple_id: str,
     channel: str,
@@ -167,7 +164,7 @@ def promote_cmd(
     emit(as_json, result, human)
 
 
-@cli.command("rollback")
+@click.command("rollback")
 @click.argument("channel")
 @click.option(
     "--to",
@@ -188,7 +185,6 @@ def promote_cmd(
 @local_policies_option
 @store_option
 @json_option
-@handle_errors
 def rollback_cmd(
     channel: str,
     to: str | None,
@@ -239,7 +235,7 @@ def rollback_cmd(
     emit(as_json, result, lambda: _move_summary(result))
 
 
-@cli.command("approve")
+@click.command("approve")
 @click.argument("request_id", metavar="REQUEST")
 @click.option("--reject", is_flag=True, help="Answer no: the move or change will not happen.")
 @click.option("--reason", default=None, help="Why (recorded with the decision).")
@@ -247,7 +243,6 @@ def rollback_cmd(
 @by_option
 @store_option
 @json_option
-@handle_errors
 def approve_cmd(request_id: str, reject: bool, reason: str | None, show: bool, by: str | None,
                 store_url: str, as_json: bool) -> None:
     """Answer an approval request (a flow's promotion or rollback, a rollback the policy wants
@@ -289,11 +284,16 @@ def _history_row(e: HistoryEntry) -> list[str]:
     ]
 
 
-@cli.command("history")
+@click.group("channel")
+def channel_group() -> None:
+    """Channel pointers in the store and the history of their moves. `k3a channels list` and
+    `k3a history CHANNEL` are the old spellings."""
+
+
+@channel_group.command("history")
 @click.argument("channel")
 @store_option
 @json_option
-@handle_errors
 def history_cmd(channel: str, store_url: str, as_json: bool) -> None:
     """Every move of CHANNEL, oldest first: seq, when, action, tuple, previous, who, policy,
     why.
@@ -312,15 +312,9 @@ def history_cmd(channel: str, store_url: str, as_json: bool) -> None:
     )
 
 
-@cli.group("channels")
-def channels_group() -> None:
-    """Channel pointers in the store."""
-
-
-@channels_group.command("list")
+@channel_group.command("list")
 @store_option
 @json_option
-@handle_errors
 def channels_list(store_url: str, as_json: bool) -> None:
     """Each channel with the tuple it points at and its last move."""
     pointers = list_channels(get_store(store_url))
@@ -347,14 +341,13 @@ def channels_list(store_url: str, as_json: bool) -> None:
     emit(as_json, [p.model_dump(mode="json") for p in pointers], human)
 
 
-@cli.command("gates")
+@click.command("gates")
 @click.argument("tuple_id")
 @click.argument("channel")
 @by_option
 @local_policies_option
 @store_option
 @json_option
-@handle_errors
 def gates_cmd(
     tuple_id: str, channel: str, by: str | None, local_policies: Path | None, store_url: str,
     as_json: bool,
@@ -377,11 +370,11 @@ def gates_cmd(
     emit(as_json, report, human)
     if report.failed:
         names = ", ".join(r.name for r in report.failed)
-        click.secho(f"{tuple_id} would not move onto {channel}: {names} failed", fg="red", err=True)
-        raise SystemExit(GateFailed.exit_code)
+        raise GateFailed(f"{tuple_id} would not move onto {channel}: {names} failed",
+                         hint="the table says what each failed gate needs")
 
 
-@cli.group("review")
+@click.group("review")
 def review_group() -> None:
     """Record that you read a tuple's license or remote code (a create-once record in the
     store, with your identity: the license and remote_code gates read only these)."""
@@ -394,7 +387,6 @@ def review_group() -> None:
 @click.option("--show", is_flag=True, help="Print the license text to read; record nothing.")
 @store_option
 @json_option
-@handle_errors
 def review_license_cmd(
     tuple_id: str,
     by: str | None,
@@ -439,7 +431,6 @@ def review_license_cmd(
 @click.option("--note", default=None, help="Anything the next reader should know.")
 @store_option
 @json_option
-@handle_errors
 def review_code_cmd(
     tuple_id: str, by: str | None, note: str | None, store_url: str, as_json: bool,
 ) -> None:

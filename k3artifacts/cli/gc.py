@@ -1,18 +1,23 @@
-"""``k3a gc``: retire published revisions no channel can reach (dry run unless --apply)."""
+"""``k3a revision gc``: retire published revisions no channel can reach (dry run unless --apply)."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import click
 
-from k3artifacts.cli import cli
-from k3artifacts.cli.common import emit, get_store, handle_errors, json_option, store_option
+from k3artifacts.cli.common import emit, get_store, json_option, store_option
+
+if TYPE_CHECKING:
+    from k3artifacts.releases.retention import RevisionVerdict
+
 from k3artifacts.policy.actor import resolve_actor
 from k3artifacts.policy.record import in_force
 from k3artifacts.promotion.gates.context import human_bytes
 from k3artifacts.releases.retention import RevisionVerdict, plan, retire
 
 
-@cli.command("gc")
+@click.command("gc")
 @click.option("--apply", "apply_", is_flag=True, help="Delete what the plan retires.")
 @click.option("--keep", type=click.IntRange(min=1), default=None,
               help="Keep the newest N revisions of each repo. Default: retention.keep.")
@@ -20,7 +25,6 @@ from k3artifacts.releases.retention import RevisionVerdict, plan, retire
               help="Keep revisions published less than D days ago. Default: retention.keep_days.")
 @store_option
 @json_option
-@handle_errors
 def gc_cmd(apply_: bool, keep: int | None, keep_days: float | None, store_url: str,
            as_json: bool) -> None:
     """Retire published revisions by the retention section of the store's policy
@@ -54,6 +58,7 @@ def gc_cmd(apply_: bool, keep: int | None, keep_days: float | None, store_url: s
 
 
 def _print(verdicts: list[RevisionVerdict], applied: bool) -> None:
+
     if not verdicts:
         click.echo("no published revisions")
         return

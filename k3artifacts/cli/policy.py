@@ -6,8 +6,7 @@ from pathlib import Path
 
 import click
 
-from k3artifacts.cli import cli
-from k3artifacts.cli.common import emit, get_store, handle_errors, json_option, store_option
+from k3artifacts.cli.common import emit, get_store, json_option, store_option
 from k3artifacts.policy.actor import resolve_actor
 from k3artifacts.policy.document import PolicyDocument
 from k3artifacts.policy.record import (
@@ -29,7 +28,7 @@ def _me(store: Store):  # type: ignore[no-untyped-def]
     return resolve_actor(store, typed=None, identity=in_force(store).document.gates.identity)
 
 
-@cli.group("policy")
+@click.group("policy")
 def policy_group() -> None:
     """The store's policy: which gates, duties and signatures each channel requires.
 
@@ -43,7 +42,6 @@ def policy_group() -> None:
 @policy_group.command("show")
 @store_option
 @json_option
-@handle_errors
 def show_cmd(store_url: str, as_json: bool) -> None:
     """The policy in force: version, digest, and its gate policy text."""
     policy = in_force(get_store(store_url))
@@ -60,7 +58,6 @@ def show_cmd(store_url: str, as_json: bool) -> None:
 @click.option("--why", default=None, help="Why (recorded).")
 @store_option
 @json_option
-@handle_errors
 def init_cmd(from_dir: Path | None, why: str | None, store_url: str, as_json: bool) -> None:
     """Record the store's first policy (only while it has none). Without it, the first move
     seeds the packaged defaults.
@@ -80,7 +77,6 @@ def init_cmd(from_dir: Path | None, why: str | None, store_url: str, as_json: bo
 @click.option("--why", default=None, help="Why this change (recorded).")
 @store_option
 @json_option
-@handle_errors
 def propose_cmd(policies_dir: Path, why: str | None, store_url: str, as_json: bool) -> None:
     """Propose DIR's policy files as the store's next policy version: stores the document (by
     digest) and an approval request naming what it loosens. Changes nothing in force.
@@ -108,7 +104,6 @@ def propose_cmd(policies_dir: Path, why: str | None, store_url: str, as_json: bo
 @click.argument("request_id", metavar="REQUEST")
 @store_option
 @json_option
-@handle_errors
 def apply_cmd(request_id: str, store_url: str, as_json: bool) -> None:
     """Put a proposed policy in force, judged by the policy it replaces: a change that loosens
     a channel needs an approval by an identity other than the proposer's.
@@ -125,7 +120,6 @@ def apply_cmd(request_id: str, store_url: str, as_json: bool) -> None:
 @policy_group.command("history")
 @store_option
 @json_option
-@handle_errors
 def history_cmd(store_url: str, as_json: bool) -> None:
     """Every version of the store's policy: who seeded or changed it, who approved, what it
     loosened."""

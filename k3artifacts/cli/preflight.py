@@ -8,11 +8,9 @@ from pathlib import Path
 
 import click
 
-from k3artifacts.cli import cli
 from k3artifacts.cli.common import (
     emit,
     get_store,
-    handle_errors,
     json_option,
     store_option,
 )
@@ -30,7 +28,7 @@ from k3artifacts.stores.awsclients import client
 FAILED = 5
 
 
-@cli.command("preflight")
+@click.command("preflight")
 @click.argument("tuple_or_channel")
 @click.option("--channel", required=True,
               help="The channel about to serve the tuple: its `infrastructure:` policy says "
@@ -43,7 +41,6 @@ FAILED = 5
               help="Who is acting, typed (only where the gate policy allows a claimed name).")
 @store_option
 @json_option
-@handle_errors
 def preflight_cmd(tuple_or_channel: str, channel: str, kubeconfig: Path | None,
                   aws_profile: str | None, by: str | None, store_url: str,
                   as_json: bool) -> None:

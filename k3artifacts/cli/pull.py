@@ -4,46 +4,56 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import click
 
-from k3artifacts.cli import cli
+from k3artifacts.cli.app import AliasGroup
 from k3artifacts.cli.common import (
     ByteSize,
     emit,
     from_settings,
     get_store,
-    handle_errors,
     json_option,
     progress_options,
     reporter,
+    resumable,
     store_option,
 )
 from k3artifacts.errors import NotFound
-from k3artifacts.nodecache import locks
-from k3artifacts.nodecache.fetch import Tuning
-from k3artifacts.nodecache.layout import CacheLayout, default_root, parse_revision
-from k3artifacts.nodecache.pull import PullObserver, pull, resolve_target
-from k3artifacts.nodecache.retention import gc, list_cached, remove
-from k3artifacts.reporting.progress import BytesProgress, human_size
 
-DEFAULTS = Tuning()
+
+def _default_root() -> Path:
+    from k3artifacts.nodecache.layout import default_root
+
+    return default_root()
+
+
+def _default_tuning(field: str) -> Callable[[], int]:
+    def default() -> int:
+        from k3artifacts.nodecache.fetch import Tuning
+
+        return getattr(Tuning(), field)
+
+    return default
+
 
 root_option = click.option(
     "--to", "--root", "root", type=click.Path(file_okay=False, path_type=Path),
-    default=from_settings(default_root), show_default="$K3A_NODE_CACHE",
+    default=from_settings(_default_root), show_default="$K3A_NODE_CACHE",
     help="Node cache root; revisions land under ROOT/models/<org>/<name>/<commit>/.",
 )
 
 
-@cli.command("pull")
+@click.command("pull")
 @click.argument("target")
 @store_option
 @root_option
-@click.option("--part-size", type=ByteSize(), default=DEFAULTS.part_size, show_default="16MiB",
+@click.option("--part-size", type=ByteSize(), default=_default_tuning("part_size"),
+              show_default="16MiB",
               help="Bytes per ranged read; files larger than this are read in parallel parts.")
-@click.option("--concurrency", type=int, default=DEFAULTS.concurrency, show_default=True,
+@click.option("--concurrency", type=int, default=_default_tuning("concurrency"), show_default="16",
               help="Ranged reads in flight (across and within files).")
 @click.option("--connections", type=int, default=None,
               help="S3 connections in the pool  [default: --concurrency]")
@@ -56,7 +66,7 @@ root_option = click.option(
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar or log lines.")
 @progress_options
 @json_option
-@handle_errors
+@resumable
 def pull_cmd(target, store_url, root, part_size, concurrency, connections, keep, verify, quiet,
              progress_interval, log_format, as_json):
     """Put a release's weights on this node's disk, verified as the bytes arrive.
@@ -73,6 +83,12 @@ def pull_cmd(target, store_url, root, part_size, concurrency, connections, keep,
     revision, 8 store unreachable, or not enough space / the disk filled (re-run: parts on
     disk are kept), 9 a link planted in the cache (named; nothing was written through it).
     """
+    from k3artifacts.nodecache.fetch import Tuning
+    from k3artifacts.nodecache.layout import CacheLayout
+    from k3artifacts.nodecache.pull import PullObserver, pull, resolve_target
+    from k3artifacts.nodecache.retention import gc
+    from k3artifacts.reporting.progress import BytesProgress
+
     tuning = Tuning(part_size=part_size, concurrency=concurrency, connections=connections)
     resolved = resolve_target(get_store(store_url), target)
     with reporter("pulling", quiet=quiet, as_json=as_json, interval=progress_interval,
@@ -110,18 +126,21 @@ def pull_cmd(target, store_url, root, part_size, concurrency, connections, keep,
     emit(as_json, result.__dict__, human)
 
 
-@cli.group("cache")
+@click.group("cache", cls=AliasGroup, aliases={"ls": "list"})
 def cache_group():
     """The node cache: list, remove, collect, and lease revisions for a running server."""
 
 
-@cache_group.command("ls")
+@cache_group.command("list")
 @root_option
 @json_option
-@handle_errors
 def cache_ls(root, as_json):
     """Cached revisions, most recently used first, with whether a server leases them; then
     unfinished pulls (re-run the pull to resume one, `k3a cache gc` frees them)."""
+    from k3artifacts.nodecache.layout import CacheLayout
+    from k3artifacts.nodecache.retention import list_cached
+    from k3artifacts.reporting.progress import human_size
+
     cached = list_cached(CacheLayout(root))
 
     def human() -> None:
@@ -135,9 +154,11 @@ def cache_ls(root, as_json):
 @cache_group.command("rm")
 @click.argument("revision")
 @root_option
-@handle_errors
 def cache_rm(revision, root):
     """Remove org/name@<commit> from the cache (refused while a server leases it)."""
+    from k3artifacts.nodecache.layout import CacheLayout, parse_revision
+    from k3artifacts.nodecache.retention import remove
+
     remove(CacheLayout(root), parse_revision(revision))
     click.echo(f"removed {revision}")
 
@@ -147,10 +168,12 @@ def cache_rm(revision, root):
               help="Revisions to keep (most recently used).")
 @root_option
 @json_option
-@handle_errors
 def cache_gc(keep, root, as_json):
     """Evict least recently used revisions beyond --keep; leased ones are never evicted.
     Unfinished pulls that no pull is running are deleted first."""
+    from k3artifacts.nodecache.layout import CacheLayout
+    from k3artifacts.nodecache.retention import gc
+
     result = gc(CacheLayout(root), keep)
 
     def human() -> None:
@@ -168,7 +191,6 @@ def cache_gc(keep, root, as_json):
 @click.argument("revision")
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 @root_option
-@handle_errors
 def cache_lease(revision, command, root):
     """Run COMMAND holding a lease on REVISION (org/name@<commit>): never evicted meanwhile.
 
@@ -178,6 +200,9 @@ def cache_lease(revision, command, root):
     long as COMMAND runs, and a killed server releases it. `flock -s <lease file> COMMAND`
     holds the same lease where k3a is not installed.
     """
+    from k3artifacts.nodecache import locks
+    from k3artifacts.nodecache.layout import CacheLayout, parse_revision
+
     layout = CacheLayout(root)
     rev = parse_revision(revision)
     locks.take_lease(layout, rev)

@@ -6,11 +6,9 @@ from pathlib import Path
 
 import click
 
-from k3artifacts.cli import cli
 from k3artifacts.cli.common import (
     emit,
     get_store,
-    handle_errors,
     json_option,
     store_option,
 )
@@ -24,7 +22,7 @@ by_option = click.option("--by", default=None,
                          help="Who is acting, typed (only where the gate policy allows it).")
 
 
-@cli.group("scan")
+@click.group("scan")
 def scan_group() -> None:
     """The serving image's vulnerability scan, recorded with the tuple (the image_scan gate:
     critical findings fail it unless overridden with a reason)."""
@@ -58,7 +56,6 @@ def _record(store_url: str, by: str | None, scan: ImageScan,
 @by_option
 @store_option
 @json_option
-@handle_errors
 def attach_cmd(tuple_or_channel: str, report_path: Path, by: str | None,
                store_url: str, as_json: bool) -> None:
     """Record a Trivy or Grype JSON report of the tuple's serving image.
@@ -78,7 +75,6 @@ def attach_cmd(tuple_or_channel: str, report_path: Path, by: str | None,
 @by_option
 @store_option
 @json_option
-@handle_errors
 def ecr_cmd(tuple_or_channel: str, repository: str | None, region: str | None, by: str | None,
             store_url: str, as_json: bool) -> None:
     """Record ECR's scan findings (basic or enhanced) for the tuple's image digest.

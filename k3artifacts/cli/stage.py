@@ -3,32 +3,29 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
-from k3artifacts.cli import cli
 from k3artifacts.cli.common import (
-    RESUME_HINT,
     ByteSize,
+    default_workers,
     emit,
     get_store,
-    handle_errors,
     json_option,
     progress_options,
     reporter,
+    resumable,
     signing_key_option,
     store_option,
 )
-from k3artifacts.reporting.progress import DEFAULT_INTERVAL, StageProgress
-from k3artifacts.revisions.refs import check_repo_id
-from k3artifacts.settings import default_workers
-from k3artifacts.staging.download import RetryPolicy
-from k3artifacts.staging.engine import StageOptions, StageResult, plan_stage, stage
-from k3artifacts.staging.hub import HubSource
-from k3artifacts.staging.plan import StagePlan
-from k3artifacts.staging.quarantine import quarantine_root_for
-from k3artifacts.staging.repair import repair_revision
-from k3artifacts.stores.base import Store
+
+if TYPE_CHECKING:
+    from k3artifacts.staging.engine import StageOptions, StageResult
+    from k3artifacts.staging.plan import StagePlan
+    from k3artifacts.stores.base import Store
+
+from k3artifacts.reporting.progress import DEFAULT_INTERVAL
 
 
 def run_stage(
@@ -45,6 +42,11 @@ def run_stage(
     log_format: str = "text",
 ) -> StageResult:
     """The stage command's body; `k3a demo` runs exactly this against its local hub."""
+    from k3artifacts.reporting.progress import StageProgress
+    from k3artifacts.staging.engine import stage
+    from k3artifacts.staging.hub import HubSource
+    from k3artifacts.staging.quarantine import quarantine_root_for
+
     source = HubSource(endpoint=endpoint, retry=options.retry)
     with reporter("staging", quiet=quiet, as_json=as_json, interval=progress_interval,
                   log_format=log_format) as progress:
@@ -116,7 +118,7 @@ def print_plan(plan: StagePlan) -> None:
         click.echo(f"{action + ':':<10} {total.files:>6} file(s) {total.bytes:>18,} bytes")
 
 
-@cli.command("stage")
+@click.command("stage")
 @click.argument("repo_id")
 @click.option("--revision", default="main", show_default=True, help="Branch, tag or commit.")
 @store_option
@@ -162,7 +164,7 @@ def print_plan(plan: StagePlan) -> None:
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar or progress lines.")
 @progress_options
 @json_option
-@handle_errors(on_interrupt=RESUME_HINT)
+@resumable
 def stage_cmd(repo_id, revision, store_url, quarantine, endpoint, workers, allow_pickle,
               keep_quarantine, window_bytes, retries, connect_timeout, read_timeout, min_rate,
               rate_window, signing_key, reverify_reused, plan_only, repair, quiet,
@@ -201,6 +203,13 @@ def stage_cmd(repo_id, revision, store_url, quarantine, endpoint, workers, allow
     published, for --repair), 8 hub or store unreachable (within seconds if it never
     answered), silent past --read-timeout or slower than --min-rate, 130 Ctrl-C.
     """
+    from k3artifacts.revisions.refs import check_repo_id
+    from k3artifacts.staging.download import RetryPolicy
+    from k3artifacts.staging.engine import StageOptions, plan_stage
+    from k3artifacts.staging.hub import HubSource
+    from k3artifacts.staging.quarantine import quarantine_root_for
+    from k3artifacts.staging.repair import repair_revision
+
     check_repo_id(repo_id)
     store = get_store(store_url, must_exist=False)
     options = StageOptions(

@@ -7,11 +7,9 @@ from datetime import UTC, datetime
 
 import click
 
-from k3artifacts.cli import cli
 from k3artifacts.cli.common import (
     emit,
     get_store,
-    handle_errors,
     json_option,
     store_option,
 )
@@ -27,7 +25,7 @@ from k3artifacts.traffic.prometheus import Prometheus
 FAILED = 5
 
 
-@cli.group("traffic")
+@click.group("traffic")
 def traffic_group() -> None:
     """Canary traffic: analyse a rollout step on vLLM's metrics, as its AnalysisTemplate does.
 
@@ -53,7 +51,6 @@ def traffic_group() -> None:
               help="Who is acting, typed (only where the gate policy allows a claimed name).")
 @store_option
 @json_option
-@handle_errors
 def analyze_cmd(tuple_or_channel: str, prometheus_url: str, channel: str, step: int,
                 at_text: str | None, by: str | None, store_url: str,
                 as_json: bool) -> None:

@@ -1,22 +1,27 @@
-"""``k3a tuple create``, ``k3a tuples list|show|diff`` and ``k3a render``."""
+"""``k3a tuple create|list|show|diff`` and ``k3a render``."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import click
 
-from k3artifacts.cli import cli
 from k3artifacts.cli.common import (
     emit,
     get_store,
-    handle_errors,
     json_option,
     policies_option,
     signing_key_option,
     store_option,
 )
 from k3artifacts.errors import ConfigError, ReleaseRefused
+
+if TYPE_CHECKING:
+    from k3artifacts.releases.tuples import ReleaseTuple
+    from k3artifacts.serving.profiles import StorageTarget
+    from k3artifacts.stores.base import Store
+
 from k3artifacts.policy.record import in_force
 from k3artifacts.releases.binding import (
     create_tuple,
@@ -39,6 +44,8 @@ def _storage(
     s3_region: str | None,
     fsx: tuple[str | None, str | None, str | None, str | None],
 ) -> StorageTarget | None:
+    from k3artifacts.serving.profiles import StorageTarget
+
     if any(fsx):
         if not all(fsx):
             raise ConfigError(
@@ -73,9 +80,10 @@ def _summary(release: ReleaseTuple) -> dict:
     }
 
 
-@cli.group("tuple")
+@click.group("tuple")
 def tuple_group() -> None:
-    """Make release tuples (see also `k3a tuples`)."""
+    """Release tuples: the weights commit, image digest and serving arguments that serving
+    consumes. `k3a tuples ...` is the old spelling."""
 
 
 @tuple_group.command("create")
@@ -115,7 +123,6 @@ def tuple_group() -> None:
 @signing_key_option
 @store_option
 @json_option
-@handle_errors
 def tuple_create(
     revision: str,
     image: str,
@@ -143,6 +150,7 @@ def tuple_create(
     Exit codes: 0 created or already present, 7 revision/image/profile not found,
     8 registry unreachable, 9 bad reference/profile/options.
     """
+
     repo_id, commit = parse_revision_ref(revision)
     signer = load_signer(signing_key) if signing_key else None
     store = get_store(store_url)
@@ -176,25 +184,21 @@ def tuple_create(
     emit(as_json, payload, human)
 
 
-@cli.group("tuples")
-def tuples_group() -> None:
-    """Inspect release tuples."""
-
-
-@tuples_group.command("list")
+@tuple_group.command("list")
 @store_option
 @json_option
-@handle_errors
 def tuples_list(store_url: str, as_json: bool) -> None:
     """Every tuple in the store, oldest first. A tuple whose body does not match its id is
     listed as tampered (exit 3) instead of being hidden."""
+
     tuples = TupleStore(get_store(store_url))
-    rows, broken = [], []
+    rows, broken, refusals = [], [], []
     for tuple_id in tuples.list_ids():
         try:
             rows.append(_summary(tuples.get(tuple_id)))
         except ReleaseRefused as exc:
             broken.append({"id": tuple_id, "error": str(exc.refusals[0])})
+            refusals.append(exc)
     rows.sort(key=lambda r: (r["created_at"], r["id"]))
 
     def human() -> None:
@@ -206,17 +210,18 @@ def tuples_list(store_url: str, as_json: bool) -> None:
             click.secho(f"{b['id']}  REFUSED  {b['error']}", fg="red")
 
     emit(as_json, {"tuples": rows, "refused": broken}, human)
-    if broken:
-        raise SystemExit(ReleaseRefused.exit_code)
+    if refusals:
+        # The first one's class says what to do (a tampered record: restore it).
+        raise type(refusals[0])([r for exc in refusals for r in exc.refusals])
 
 
-@tuples_group.command("show")
+@tuple_group.command("show")
 @click.argument("tuple_id")
 @store_option
 @json_option
-@handle_errors
 def tuples_show(tuple_id: str, store_url: str, as_json: bool) -> None:
     """One tuple, in full (its id is re-derived from the body: a tampered one is refused)."""
+
     release = TupleStore(get_store(store_url)).get(check_tuple_id(tuple_id))
 
     def human() -> None:
@@ -238,14 +243,15 @@ def tuples_show(tuple_id: str, store_url: str, as_json: bool) -> None:
     emit(as_json, release, human)
 
 
-@tuples_group.command("diff")
+@tuple_group.command("diff")
 @click.argument("a")
 @click.argument("b")
 @store_option
 @json_option
-@handle_errors
 def tuples_diff(a: str, b: str, store_url: str, as_json: bool) -> None:
     """What differs between the bindings of tuples A and B (exit 0 either way)."""
+    from k3artifacts.releases.tuples import TupleStore, check_tuple_id
+
     tuples = TupleStore(get_store(store_url))
     left, right = tuples.get(check_tuple_id(a)), tuples.get(check_tuple_id(b))
     changes = diff_bindings(left.binding, right.binding)
@@ -260,16 +266,31 @@ def tuples_diff(a: str, b: str, store_url: str, as_json: bool) -> None:
     emit(as_json, payload, human)
 
 
-@cli.command("render")
+class RenderTarget(click.ParamType):
+    """A target of :data:`k3artifacts.serving.render.TARGETS`, imported only to check a value
+    (not for `k3a render --help`)."""
+
+    name = "target"
+
+    def convert(self, value: Any, param: Any, ctx: Any) -> str:
+
+        if value not in TARGETS:
+            self.fail(f"{value!r} is not one of {', '.join(TARGETS)}", param, ctx)
+        return value
+
+
+@click.command("render")
 @click.argument("tuple_or_channel")
 @click.option(
     "--target",
-    type=click.Choice(list(TARGETS)),
+    type=RenderTarget(),
     required=True,
+    metavar="TARGET",
     help="hyperpod: InferenceEndpointConfig; eks: PV/PVC, Deployment (or "
-    "LeaderWorkerSet), Service, PodDisruptionBudget; eks-prewarm: a DaemonSet that pulls the "
-    "tuple into every GPU node's cache (k3a pull); eks-rollout: the eks pods under an Argo "
-    "Rollout with the canary steps and AnalysisTemplate of --rollout-channel's traffic policy.",
+    "LeaderWorkerSet), Service, PodDisruptionBudget; eks-node-cache: the same, serving from "
+    "the node's NVMe cache; eks-prewarm: a DaemonSet that pulls the tuple into every GPU "
+    "node's cache (k3a pull); eks-rollout: the eks pods under an Argo Rollout with the canary "
+    "steps and AnalysisTemplate of --rollout-channel's traffic policy.",
 )
 @click.option(
     "--weights",
@@ -309,7 +330,6 @@ def tuples_diff(a: str, b: str, store_url: str, as_json: bool) -> None:
 @policies_option
 @store_option
 @json_option
-@handle_errors
 def render_cmd(
     tuple_or_channel: str,
     target: str,
@@ -331,6 +351,7 @@ def render_cmd(
     Exit codes: 0 rendered, 3 tuple body tampered, 7 tuple or channel not found,
     9 the tuple cannot be served on this target (reason and fix printed).
     """
+
     if weights == "node-cache":
         if target not in ("eks", "eks-node-cache"):
             raise ConfigError(

@@ -330,7 +330,7 @@ def _disk_errors(layout: CacheLayout, rev: Revision) -> Iterator[None]:
                 f"{rev}: {where}{exc.strerror}",
                 hint="free space (`k3a cache gc --keep N`, or other files on that disk) and "
                 "re-run `k3a pull`: verified files and recorded parts are kept and resumed; "
-                "`k3a cache ls` lists the unfinished pull",
+                "`k3a cache list` lists the unfinished pull",
             ) from None
         raise Unavailable(
             f"pulling {rev} into {layout.root}: {where}{exc.strerror or exc}",

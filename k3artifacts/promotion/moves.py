@@ -256,7 +256,7 @@ def _rollback_target(store: Store, state: ChannelState, to: str | None) -> Histo
             raise NotFound(
                 f"{to} has never been on channel {channel}; rollback only returns to a tuple "
                 "that served this channel",
-                hint=f"see `k3a history {channel}`; to move to a new tuple, "
+                hint=f"see `k3a channel history {channel}`; to move to a new tuple, "
                 f"`k3a promote {to} {channel}` (through the gates)",
             )
         return found
@@ -265,7 +265,7 @@ def _rollback_target(store: Store, state: ChannelState, to: str | None) -> Histo
     if found is None:
         raise NotFound(
             f"channel {channel} has only ever pointed at {current_id}: nothing to roll back to",
-            hint=f"see `k3a history {channel}`",
+            hint=f"see `k3a channel history {channel}`",
         )
     return found
 

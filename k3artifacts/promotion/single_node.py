@@ -133,7 +133,7 @@ def previous_tuple(store: Store, channel: str, to: str | None) -> tuple[str, str
         if entry.tuple_id != current:
             return current, entry.tuple_id
     raise NotFound(f"channel {channel} has only ever pointed at {current}: nothing to roll "
-                   "back to", hint=f"see `k3a history {channel}`")
+                   "back to", hint=f"see `k3a channel history {channel}`")
 
 
 def rollback_single_node(

@@ -372,7 +372,7 @@ def _lost_race(store: Store, state: ChannelState, entry: HistoryEntry) -> Channe
         return ChannelMoved(
             f"{wanted} lost a race: the channel pointer changed and is now absent",
             winner=None,
-            hint=f"check `k3a history {state.channel}` and retry",
+            hint=f"check `k3a channel history {state.channel}` and retry",
         )
     w = winner.entry
     return ChannelMoved(
@@ -380,7 +380,7 @@ def _lost_race(store: Store, state: ChannelState, entry: HistoryEntry) -> Channe
         f"({w.action} #{w.seq} by {w.who} at {w.when.isoformat()}) first; nothing was written",
         winner=winner,
         hint=(
-            f"review `k3a history {state.channel}`; if {entry.tuple_id} should still replace "
-            f"{winner.tuple_id}, run the {entry.action} again"
+            f"review `k3a channel history {state.channel}`; if {entry.tuple_id} should still "
+            f"replace {winner.tuple_id}, run the {entry.action} again"
         ),
     )

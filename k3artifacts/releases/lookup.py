@@ -25,7 +25,7 @@ def resolve_with_move(store: Store, name: str) -> tuple[ReleaseTuple, HistoryEnt
         if pointer is None:
             raise NotFound(
                 f"{name!r} is not a tuple id and there is no channel {name} in {store.url}",
-                hint="pass a tuple id (`k3a tuples list`) or an existing channel",
+                hint="pass a tuple id (`k3a tuple list`) or an existing channel",
             )
         name, move = pointer.tuple_id, pointer.entry
     return TupleStore(store).get(name), move

@@ -1323,8 +1323,8 @@ class S3RevisionWriter(RevisionWriter):
             self.store.delete(f"{self.prefix}/{OBJECT_RECORDS_REL}")
             raise Conflict(
                 f"{self.repo_id}@{self.commit_sha}: files were reused from "
-                f"{', '.join(c[:12] for c in gone)}, retired (k3a gc) while this run staged; "
-                "nothing was published",
+                f"{', '.join(c[:12] for c in gone)}, retired (k3a revision gc) while this run "
+                "staged; nothing was published",
                 hint="re-run `k3a stage`: it plans again from the revisions still published",
             )
 

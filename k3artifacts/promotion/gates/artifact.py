@@ -27,7 +27,7 @@ def check(ctx: GateContext) -> GateResult:
     problems = []
     stone = read_tombstone(store, w.repo_id, w.commit)
     if stone is not None:
-        problems.append(f"the revision is being retired by {stone.who} (k3a gc)")
+        problems.append(f"the revision is being retired by {stone.who} (k3a revision gc)")
     digest = manifest.digest()
     if not manifest.answers_to(w.manifest_digest):
         problems.append(f"manifest digest {digest} is not the tuple's {w.manifest_digest}")
