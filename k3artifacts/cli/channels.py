@@ -7,7 +7,7 @@ propose a change instead."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -19,15 +19,13 @@ from k3artifacts.cli.common import (
 )
 from k3artifacts.cli.single_node import run_single_node, single_node_options
 from k3artifacts.errors import ConfigError, GateFailed
-from k3artifacts.policy.actor import Actor, resolve_actor
-from k3artifacts.policy.approvals import decide, get_request, request_approval
-from k3artifacts.policy.record import in_force
-from k3artifacts.policy.results import GateResult
-from k3artifacts.promotion.gates import GATE_TABLE_HEADER, check_gates, gate_rows
-from k3artifacts.promotion.moves import MoveResult, promote, rollback
-from k3artifacts.releases.channels import HistoryEntry, history, list_channels, read_state
-from k3artifacts.releases.reviews import license_text, review_code, review_license
-from k3artifacts.stores.base import Store
+
+if TYPE_CHECKING:
+    from k3artifacts.policy.actor import Actor
+    from k3artifacts.policy.results import GateResult
+    from k3artifacts.promotion.moves import MoveResult
+    from k3artifacts.releases.channels import HistoryEntry
+    from k3artifacts.stores.base import Store
 
 by_option = click.option(
     "--by",
@@ -46,11 +44,14 @@ local_policies_option = click.option(
 
 
 def _actor(store: Store, by: str | None) -> Actor:
+    from k3artifacts.policy.actor import resolve_actor
+    from k3artifacts.policy.record import in_force
     identity = in_force(store).document.gates.identity
     return resolve_actor(store, typed=by, identity=identity)
 
 
 def _refuse_local_policies(local: Path | None, store: Store) -> None:
+    from k3artifacts.policy.record import in_force
     if local is not None:
         policy = in_force(store)
         raise ConfigError(
@@ -69,6 +70,7 @@ def _table(rows: list[list[str]], header: list[str]) -> None:
 
 
 def _gate_table(results: list[GateResult]) -> None:
+    from k3artifacts.promotion.gates import GATE_TABLE_HEADER, gate_rows
     if results:
         _table(gate_rows(results), GATE_TABLE_HEADER)
     else:
@@ -147,6 +149,7 @@ def promote_cmd(
     5 a gate failed, 6 lost a race (another move won; nothing written), 7 unknown tuple or
     channel not in the policy, 9 bad override, or a local --policies.
     """
+    from k3artifacts.promotion.moves import promote
     if len(override_gates) != len(override_reasons):
         raise click.UsageError("give exactly one --reason for each --override-gate")
     overrides = dict(zip(override_gates, override_reasons, strict=True))
@@ -212,6 +215,9 @@ def rollback_cmd(
     (with --single-node: the procedure stopped at a failed step, recorded), 6 lost a race,
     7 unknown channel, target never on it, or target's weights gone.
     """
+    from k3artifacts.policy.approvals import request_approval
+    from k3artifacts.promotion.moves import rollback
+    from k3artifacts.releases.channels import history, read_state
     store = get_store(store_url)
     _refuse_local_policies(local_policies, store)
     actor = _actor(store, by)
@@ -252,6 +258,7 @@ def approve_cmd(request_id: str, reject: bool, reason: str | None, show: bool, b
     Exit codes: 0 recorded (or shown), 5 you asked for it yourself, 6 already answered,
     7 no such request.
     """
+    from k3artifacts.policy.approvals import decide, get_request
     store = get_store(store_url)
     request = get_request(store, request_id)
     if show:
@@ -300,6 +307,8 @@ def history_cmd(channel: str, store_url: str, as_json: bool) -> None:
 
     Exit codes: 0 ok, 4 the pointer does not match its history, 7 unknown channel.
     """
+    from k3artifacts.policy.record import in_force
+    from k3artifacts.releases.channels import history
     store = get_store(store_url)
     entries = history(store, channel, in_force(store).document.gates.channels)
     emit(
@@ -317,6 +326,7 @@ def history_cmd(channel: str, store_url: str, as_json: bool) -> None:
 @json_option
 def channels_list(store_url: str, as_json: bool) -> None:
     """Each channel with the tuple it points at and its last move."""
+    from k3artifacts.releases.channels import list_channels
     pointers = list_channels(get_store(store_url))
 
     def human() -> None:
@@ -358,6 +368,8 @@ def gates_cmd(
     Exit codes: 0 every gate passes, 4 the pointer does not match its history, 5 at least one
     fails, 7 unknown tuple or channel, 9 a local --policies.
     """
+    from k3artifacts.policy.record import in_force
+    from k3artifacts.promotion.gates import check_gates
     store = get_store(store_url)
     _refuse_local_policies(local_policies, store)
     actor = _actor(store, by)
@@ -404,6 +416,7 @@ def review_license_cmd(
     Exit codes: 0 ok, 4 stored text does not match the tuple, 7 unknown tuple or no license,
     9 a typed --by the policy does not allow, or a corrupt review record.
     """
+    from k3artifacts.releases.reviews import license_text, review_license
     store = get_store(store_url)
     if show:
         click.echo(license_text(store, tuple_id), nl=False)
@@ -440,6 +453,7 @@ def review_code_cmd(
     are skipped. Exit codes: 0 ok, 7 unknown tuple or revision not staged, 9 a typed --by the
     policy does not allow, or a corrupt review record.
     """
+    from k3artifacts.releases.reviews import review_code
     store = get_store(store_url)
     actor = _actor(store, by)
     outcome = review_code(store, tuple_id, by=actor.name, by_source=actor.source, note=note)

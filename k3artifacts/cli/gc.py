@@ -11,10 +11,9 @@ from k3artifacts.cli.common import emit, get_store, json_option, store_option
 if TYPE_CHECKING:
     from k3artifacts.releases.retention import RevisionVerdict
 
-from k3artifacts.policy.actor import resolve_actor
-from k3artifacts.policy.record import in_force
-from k3artifacts.promotion.gates.context import human_bytes
-from k3artifacts.releases.retention import RevisionVerdict, plan, retire
+
+if TYPE_CHECKING:
+    from k3artifacts.releases.retention import RevisionVerdict
 
 
 @click.command("gc")
@@ -40,6 +39,9 @@ def gc_cmd(apply_: bool, keep: int | None, keep_days: float | None, store_url: s
     \b
     Exit codes: 0 done (or plan shown), 8 store unreachable, 9 bad policy.
     """
+    from k3artifacts.policy.actor import resolve_actor
+    from k3artifacts.policy.record import in_force
+    from k3artifacts.releases.retention import plan, retire
     store = get_store(store_url)
     policy = in_force(store).document.gates
     verdicts = plan(
@@ -59,6 +61,7 @@ def gc_cmd(apply_: bool, keep: int | None, keep_days: float | None, store_url: s
 
 def _print(verdicts: list[RevisionVerdict], applied: bool) -> None:
 
+    from k3artifacts.promotion.gates.context import human_bytes
     if not verdicts:
         click.echo("no published revisions")
         return

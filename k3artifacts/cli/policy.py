@@ -3,21 +3,14 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
 from k3artifacts.cli.common import emit, get_store, json_option, store_option
-from k3artifacts.policy.actor import resolve_actor
-from k3artifacts.policy.document import PolicyDocument
-from k3artifacts.policy.record import (
-    apply,
-    changes,
-    in_force,
-    packaged_document,
-    propose,
-    seed,
-)
-from k3artifacts.stores.base import Store
+
+if TYPE_CHECKING:
+    from k3artifacts.stores.base import Store
 
 policy_dir_arg = click.argument(
     "policies_dir", metavar="DIR", type=click.Path(file_okay=False, exists=True, path_type=Path))
@@ -25,6 +18,8 @@ policy_dir_arg = click.argument(
 
 def _me(store: Store):  # type: ignore[no-untyped-def]
     # Policy moves are never asserted: a typed name cannot change what judges promotions.
+    from k3artifacts.policy.actor import resolve_actor
+    from k3artifacts.policy.record import in_force
     return resolve_actor(store, typed=None, identity=in_force(store).document.gates.identity)
 
 
@@ -44,6 +39,7 @@ def policy_group() -> None:
 @json_option
 def show_cmd(store_url: str, as_json: bool) -> None:
     """The policy in force: version, digest, and its gate policy text."""
+    from k3artifacts.policy.record import in_force
     policy = in_force(get_store(store_url))
     out = {"version": policy.version, "digest": policy.digest,
            "files": sorted(policy.document.files), "policy": policy.document.gates}
@@ -65,6 +61,8 @@ def init_cmd(from_dir: Path | None, why: str | None, store_url: str, as_json: bo
     Exit codes: 0 recorded, 6 the store already has a policy (propose a change instead),
     9 a malformed policy directory.
     """
+    from k3artifacts.policy.document import PolicyDocument
+    from k3artifacts.policy.record import packaged_document, seed
     store = get_store(store_url)
     document = PolicyDocument.from_dir(from_dir) if from_dir else packaged_document()
     policy = seed(store, document, by=_me(store), why=why)
@@ -83,6 +81,8 @@ def propose_cmd(policies_dir: Path, why: str | None, store_url: str, as_json: bo
 
     Exit codes: 0 proposed, 9 a malformed policy directory or no change.
     """
+    from k3artifacts.policy.document import PolicyDocument
+    from k3artifacts.policy.record import propose
     store = get_store(store_url)
     request, current = propose(store, PolicyDocument.from_dir(policies_dir), by=_me(store),
                                why=why)
@@ -111,6 +111,7 @@ def apply_cmd(request_id: str, store_url: str, as_json: bool) -> None:
     Exit codes: 0 applied, 5 approval missing, rejected or by the proposer, 6 the policy
     changed since the proposal, 7 no such request.
     """
+    from k3artifacts.policy.record import apply
     store = get_store(store_url)
     policy = apply(store, request_id, by=_me(store))
     emit(as_json, {"version": policy.version, "digest": policy.digest},
@@ -123,6 +124,7 @@ def apply_cmd(request_id: str, store_url: str, as_json: bool) -> None:
 def history_cmd(store_url: str, as_json: bool) -> None:
     """Every version of the store's policy: who seeded or changed it, who approved, what it
     loosened."""
+    from k3artifacts.policy.record import changes
     recorded = changes(get_store(store_url))
 
     def human() -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
@@ -15,14 +16,9 @@ from k3artifacts.cli.common import (
     store_option,
 )
 from k3artifacts.errors import ConfigError
-from k3artifacts.policy.actor import resolve_actor
-from k3artifacts.policy.record import in_force
-from k3artifacts.preflight.kube import list_nodes
-from k3artifacts.preflight.run import AwsClients, run_preflight
-from k3artifacts.releases.lookup import resolve_tuple
-from k3artifacts.releases.preflights import record_preflight
-from k3artifacts.releases.tuples import tuple_manifest
-from k3artifacts.stores.awsclients import client
+
+if TYPE_CHECKING:
+    pass
 
 #: Exit code of a preflight that ran and found a check failing.
 FAILED = 5
@@ -58,6 +54,14 @@ def preflight_cmd(tuple_or_channel: str, channel: str, kubeconfig: Path | None,
     Exit codes: 0 every check passed (recorded), 5 a check failed (recorded), 7 tuple not
     found, 9 no infrastructure policy for the channel.
     """
+    from k3artifacts.policy.actor import resolve_actor
+    from k3artifacts.policy.record import in_force
+    from k3artifacts.preflight.kube import list_nodes
+    from k3artifacts.preflight.run import AwsClients, run_preflight
+    from k3artifacts.releases.lookup import resolve_tuple
+    from k3artifacts.releases.preflights import record_preflight
+    from k3artifacts.releases.tuples import tuple_manifest
+    from k3artifacts.stores.awsclients import client
     store = get_store(store_url)
     policy = in_force(store).document.gates
     chan = policy.channels.get(channel)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
@@ -12,11 +13,9 @@ from k3artifacts.cli.common import (
     json_option,
     store_option,
 )
-from k3artifacts.policy.actor import resolve_actor
-from k3artifacts.policy.record import in_force
-from k3artifacts.releases.lookup import resolve_tuple
-from k3artifacts.releases.scans import ImageScan, ecr_findings, parse_report, record_scan
-from k3artifacts.stores.awsclients import client
+
+if TYPE_CHECKING:
+    from k3artifacts.releases.scans import ImageScan
 
 by_option = click.option("--by", default=None,
                          help="Who is acting, typed (only where the gate policy allows it).")
@@ -30,6 +29,9 @@ def scan_group() -> None:
 
 def _record(store_url: str, by: str | None, scan: ImageScan,
             as_json: bool) -> None:
+    from k3artifacts.policy.actor import resolve_actor
+    from k3artifacts.policy.record import in_force
+    from k3artifacts.releases.scans import record_scan
     store = get_store(store_url)
     policy = in_force(store).document.gates
     actor = resolve_actor(store, typed=by, identity=policy.identity)
@@ -62,6 +64,8 @@ def attach_cmd(tuple_or_channel: str, report_path: Path, by: str | None,
 
     Exit codes: 0 recorded, 7 tuple not found, 9 not a Trivy/Grype report, or a report of
     another image."""
+    from k3artifacts.releases.lookup import resolve_tuple
+    from k3artifacts.releases.scans import parse_report
     release = resolve_tuple(get_store(store_url), tuple_or_channel)
     scan = parse_report(release, report_path.read_bytes(), str(report_path))
     _record(store_url, by, scan, as_json)
@@ -80,6 +84,9 @@ def ecr_cmd(tuple_or_channel: str, repository: str | None, region: str | None, b
     """Record ECR's scan findings (basic or enhanced) for the tuple's image digest.
 
     Exit codes: 0 recorded, 7 tuple not found, 8 ECR unavailable, 9 scan not complete."""
+    from k3artifacts.releases.lookup import resolve_tuple
+    from k3artifacts.releases.scans import ecr_findings
+    from k3artifacts.stores.awsclients import client
     release = resolve_tuple(get_store(store_url), tuple_or_channel)
     image = release.binding.image
     host, _, path = image.repository.partition("/")

@@ -6,14 +6,16 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from k3artifacts.cli.common import emit
 from k3artifacts.errors import ConfigError
-from k3artifacts.policy.actor import Actor
-from k3artifacts.stores.base import Store
+
+if TYPE_CHECKING:
+    from k3artifacts.policy.actor import Actor
+    from k3artifacts.stores.base import Store
 
 #: Exit code of a procedure that stopped at a failed step (the record says which).
 FAILED = 5

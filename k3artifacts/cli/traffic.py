@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 from datetime import UTC, datetime
+from typing import TYPE_CHECKING
 
 import click
 
@@ -14,12 +15,9 @@ from k3artifacts.cli.common import (
     store_option,
 )
 from k3artifacts.errors import ConfigError
-from k3artifacts.policy.actor import resolve_actor
-from k3artifacts.policy.record import in_force
-from k3artifacts.releases.analyses import record_analysis
-from k3artifacts.releases.lookup import resolve_tuple
-from k3artifacts.traffic.analysis import analyze_step, describe
-from k3artifacts.traffic.prometheus import Prometheus
+
+if TYPE_CHECKING:
+    pass
 
 #: Exit code of an analysis that ran and failed (the step's bounds were broken).
 FAILED = 5
@@ -64,6 +62,12 @@ def analyze_cmd(tuple_or_channel: str, prometheus_url: str, channel: str, step: 
     Exit codes: 0 step passed (recorded), 5 step failed (recorded), 7 tuple not found,
     8 Prometheus unreachable, 9 bad policy, step or query.
     """
+    from k3artifacts.policy.actor import resolve_actor
+    from k3artifacts.policy.record import in_force
+    from k3artifacts.releases.analyses import record_analysis
+    from k3artifacts.releases.lookup import resolve_tuple
+    from k3artifacts.traffic.analysis import analyze_step, describe
+    from k3artifacts.traffic.prometheus import Prometheus
     store = get_store(store_url)
     policy = in_force(store).document.gates
     chan = policy.channels.get(channel)

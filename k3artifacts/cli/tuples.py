@@ -22,29 +22,13 @@ if TYPE_CHECKING:
     from k3artifacts.serving.profiles import StorageTarget
     from k3artifacts.stores.base import Store
 
-from k3artifacts.policy.record import in_force
-from k3artifacts.releases.binding import (
-    create_tuple,
-    diff_bindings,
-    published_manifest,
-)
-from k3artifacts.releases.lookup import resolve_with_move
-from k3artifacts.releases.signatures import sign_tuple
-from k3artifacts.releases.tuples import ReleaseTuple, TupleStore, check_tuple_id
-from k3artifacts.revisions.refs import parse_revision_ref
-from k3artifacts.serving.images import resolve_image
-from k3artifacts.serving.profiles import FsxTarget, StorageTarget, load_profile, serving_spec
-from k3artifacts.serving.render import TARGETS, render
-from k3artifacts.signing.keys import load_signer
-from k3artifacts.stores.base import Store
-
 
 def _storage(
     store: Store,
     s3_region: str | None,
     fsx: tuple[str | None, str | None, str | None, str | None],
 ) -> StorageTarget | None:
-    from k3artifacts.serving.profiles import StorageTarget
+    from k3artifacts.serving.profiles import FsxTarget, StorageTarget
 
     if any(fsx):
         if not all(fsx):
@@ -150,6 +134,12 @@ def tuple_create(
     Exit codes: 0 created or already present, 7 revision/image/profile not found,
     8 registry unreachable, 9 bad reference/profile/options.
     """
+    from k3artifacts.releases.binding import create_tuple, published_manifest
+    from k3artifacts.releases.signatures import sign_tuple
+    from k3artifacts.revisions.refs import parse_revision_ref
+    from k3artifacts.serving.images import resolve_image
+    from k3artifacts.serving.profiles import load_profile, serving_spec
+    from k3artifacts.signing.keys import load_signer
 
     repo_id, commit = parse_revision_ref(revision)
     signer = load_signer(signing_key) if signing_key else None
@@ -190,6 +180,7 @@ def tuple_create(
 def tuples_list(store_url: str, as_json: bool) -> None:
     """Every tuple in the store, oldest first. A tuple whose body does not match its id is
     listed as tampered (exit 3) instead of being hidden."""
+    from k3artifacts.releases.tuples import TupleStore
 
     tuples = TupleStore(get_store(store_url))
     rows, broken, refusals = [], [], []
@@ -221,6 +212,7 @@ def tuples_list(store_url: str, as_json: bool) -> None:
 @json_option
 def tuples_show(tuple_id: str, store_url: str, as_json: bool) -> None:
     """One tuple, in full (its id is re-derived from the body: a tampered one is refused)."""
+    from k3artifacts.releases.tuples import TupleStore, check_tuple_id
 
     release = TupleStore(get_store(store_url)).get(check_tuple_id(tuple_id))
 
@@ -250,6 +242,7 @@ def tuples_show(tuple_id: str, store_url: str, as_json: bool) -> None:
 @json_option
 def tuples_diff(a: str, b: str, store_url: str, as_json: bool) -> None:
     """What differs between the bindings of tuples A and B (exit 0 either way)."""
+    from k3artifacts.releases.binding import diff_bindings
     from k3artifacts.releases.tuples import TupleStore, check_tuple_id
 
     tuples = TupleStore(get_store(store_url))
@@ -273,6 +266,8 @@ class RenderTarget(click.ParamType):
     name = "target"
 
     def convert(self, value: Any, param: Any, ctx: Any) -> str:
+
+        from k3artifacts.serving.render import TARGETS
 
         if value not in TARGETS:
             self.fail(f"{value!r} is not one of {', '.join(TARGETS)}", param, ctx)
@@ -351,6 +346,9 @@ def render_cmd(
     Exit codes: 0 rendered, 3 tuple body tampered, 7 tuple or channel not found,
     9 the tuple cannot be served on this target (reason and fix printed).
     """
+    from k3artifacts.policy.record import in_force
+    from k3artifacts.releases.lookup import resolve_with_move
+    from k3artifacts.serving.render import render
 
     if weights == "node-cache":
         if target not in ("eks", "eks-node-cache"):
