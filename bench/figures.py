@@ -8,6 +8,7 @@ import sys
 import time
 from pathlib import Path
 
+from .cli_start import cli_start
 from .env import MB, Bench, Row, cache_note, force_rmtree
 from .pull import pull
 from .staging import REPO, Options, published_release, stage_child
@@ -306,33 +307,31 @@ def s3(bench: Bench, opts: Options, shared: dict) -> list[Row]:
 # ----- 5: promote and rollback latency ----------------------------------------------------------
 
 _CHANNEL_CHILD = """
-import json, sys, time, statistics, shutil
+import json, sys, time, statistics
 from pathlib import Path
 sys.path.insert(0, ".")
-from k3artifacts.bundled import POLICIES
 from tests.support.releases import Releases
 from k3artifacts.stores.registry import open_store
+from k3artifacts.policy.actor import Actor
 from k3artifacts.promotion.moves import promote, rollback
 from k3artifacts.releases.reviews import review_code, review_license
 url, scratch, nfiles, rounds = sys.argv[1], Path(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
 store = open_store(url)
-policies = scratch / "policies"
-policies.mkdir(parents=True)
-shutil.copy(POLICIES / "promotion-gates.yaml", policies)
+bench = Actor(name="bench", source="os-user")
 rel = Releases(store, scratch / "files")
 extra = {f"extra/{i % 20:02d}/{i:05d}.json": b"{}" for i in range(nfiles - 4)}
 a, b = rel.release(extra=extra), rel.release(extra=extra)
 for t in (a, b):
     review_license(store, t.id, by="bench", by_source="os-user")
     review_code(store, t.id, by="bench", by_source="os-user")
-promote(store, a.id, "staging", actor="bench", policies_dir=policies)
+promote(store, a.id, "staging", actor=bench)
 times = {"promote": [], "rollback": []}
 for _ in range(rounds):
     t = time.perf_counter()
-    promote(store, b.id, "staging", actor="bench", policies_dir=policies)
+    promote(store, b.id, "staging", actor=bench)
     times["promote"].append(time.perf_counter() - t)
     t = time.perf_counter()
-    rollback(store, "staging", actor="bench")
+    rollback(store, "staging", actor=bench)
     times["rollback"].append(time.perf_counter() - t)
 files = len(store.read_manifest(a.binding.weights.repo_id, a.binding.weights.commit).files)
 print(json.dumps({"files": files, **{k: statistics.median(v) for k, v in times.items()}}))
@@ -386,6 +385,12 @@ def _incremental(bench: Bench, opts: Options, shared: dict) -> list[Row]:
     return incremental(bench, opts, shared)
 
 
+def _headline(bench: Bench, opts: Options, shared: dict) -> list[Row]:
+    from .headline import headline
+
+    return headline(bench, opts, shared)
+
+
 FIGURES = {
     "staging": staging,  # 1 and 2
     "s3": s3,  # 3
@@ -397,5 +402,7 @@ FIGURES = {
     "signing": _signing,  # 9
     "incremental": _incremental,  # 10
     "pull": pull,  # 11
-    "warm": warm_start,  # 12
+    "headline": _headline,  # issue 22
+    "cli-start": cli_start,  # 12
+    "warm": warm_start,  # 13
 }

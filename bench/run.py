@@ -74,6 +74,13 @@ def main(argv: list[str] | None = None) -> int:
                    "file store and into SeaweedFS (default 512MiB)")
     p.add_argument("--pull-size", type=parse_size, default=parse_size("1GiB"),
                    help="revision size for the k3a pull figure (SeaweedFS; default 1GiB)")
+    p.add_argument("--nodes", type=int, default=2,
+                   help="node caches each revision is pulled onto in the headline (default 2)")
+    p.add_argument("--cores", type=int, default=None,
+                   help="run the benchmark and every child on this many CPUs (sched affinity; "
+                   "default: all), to show a smaller machine's figures on a larger one")
+    p.add_argument("--start-runs", type=int, default=9,
+                   help="fresh processes timed per command in the cli-start figure (median)")
     p.add_argument("--workers", type=int, default=default_workers(),
                    help="concurrent files (default: k3a stage's, one per core from 2 to 8)")
     p.add_argument("--device", choices=["cuda", "cpu"], default="cuda",
@@ -89,13 +96,16 @@ def main(argv: list[str] | None = None) -> int:
                    help="synthetic releases (kept between runs) and scratch stores")
     p.add_argument("--json", action="store_true", help="print the rows as JSON on stdout")
     args = p.parse_args(argv)
+    if args.cores is not None:
+        # Children inherit the mask: k3a, SeaweedFS, the hub and s5cmd share these cores.
+        os.sched_setaffinity(0, sorted(os.sched_getaffinity(0))[: max(1, args.cores)])
 
     bench = Bench(args.workdir, cold=args.cold)
     opts = Options(size=args.size, shards=args.shards, rss_size=args.rss_size,
                    tiny_files=args.tiny_files, s3_size=args.s3_size,
                    workers=args.workers, real_s3_size=args.real_s3_size,
                    incr_size=args.incr_size, pull_size=args.pull_size,
-                   device=args.device)
+                   nodes=args.nodes, start_runs=args.start_runs, device=args.device)
     names = args.only or list(FIGURES)
     rows: list[Row] = []
     shared: dict = {}
@@ -109,7 +119,8 @@ def main(argv: list[str] | None = None) -> int:
     meta = {
         "date": time.strftime("%Y-%m-%d %H:%M %Z", time.localtime(started)),
         "command": "python -m bench " + " ".join(sys.argv[1:] if argv is None else argv),
-        "machine": f"{platform.node()} {os.cpu_count()} cores, load {os.getloadavg()[0]:.1f}",
+        "machine": f"{platform.node()} {len(os.sched_getaffinity(0))} of {os.cpu_count()} "
+                   f"cores, load {os.getloadavg()[0]:.1f}",
         "seconds": round(time.time() - started, 1),
     }
     if args.json:

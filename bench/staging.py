@@ -24,6 +24,9 @@ class Options:
     real_s3_size: int
     incr_size: int
     pull_size: int
+    start_runs: int
+    #: Node caches each revision is pulled onto (the headline figure).
+    nodes: int = 2
     #: Where the warm-start figure compiles: cuda (inductor + Triton) or cpu (C++ codegen).
     device: str = "cuda"
 

@@ -1,4 +1,4 @@
-"""Figure 12: warm start. ``torch.compile`` of a six-block transformer in a fresh process,
+"""Figure 13: warm start. ``torch.compile`` of a six-block transformer in a fresh process,
 cold (empty ``TORCHINDUCTOR_CACHE_DIR`` / ``TRITON_CACHE_DIR``), then with the caches that
 run left, captured with ``k3a warm capture`` into a file store and brought back by ``k3a warm
 use`` (pull, verify, copy) into another directory; then the same with one cache blob

@@ -1,39 +1,40 @@
-"""A release engineer's decision, asked for by pausing the flow run with a typed input form.
+"""A release engineer's decision, asked for as an approval request in the store.
 
-The run pauses (``pause_flow_run(wait_for_input=ApprovalInput)``) and the Prefect UI shows a
-form with these fields under a description of the move: what the channel serves now, what
-would replace it (weights commit, manifest, image, profile, license sha256) and the gates.
-``decision`` is a required choice with no default, so submitting the form untouched is an
-error, not a silent rejection. A script answers with
-``prefect.flow_runs.resume_flow_run(flow_run_id, run_input={"decision": "approve",
-"reviewer": ..., "reason": ...})`` (Prefect has no CLI verb for it). The process stays alive
-while paused, which suits approvals of minutes to hours; the timeout fails the run and moves
-nothing. Prefect OSS does not authenticate who fills the form: ``reviewer`` is what they
-typed, and it is recorded as such in the channel history.
+The flow records a request (``policy/approvals.py``: what would move, the policy in force, the
+flow's own identity as requester, a typed ``requested_by`` shown as typed) and shows it as an
+artifact: what the channel serves now, what would replace it (weights commit, manifest, image,
+profile, license sha256), the gates, and the command that answers it, ``k3a approve REQUEST``
+(``--reject`` to refuse), which the approver runs under their own identity (STS on S3, their
+uid's account on a file store). The flow waits for that answer in the store; a name typed in a
+form or a parameter is never an approver, and separation of duties judges the approver. The
+timeout fails the run and moves nothing.
 """
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
-from typing import Literal
+from prefect.artifacts import create_markdown_artifact
+from prefect.states import Cancelled, Failed, State
 
-from prefect.flow_runs import pause_flow_run
-from prefect.input import RunInput
-from prefect.states import Cancelled, State
-from pydantic import Field
-
-from k3artifacts.releases.channels import Approval, GateResult
+from k3artifacts.policy.actor import Actor, resolve_actor
+from k3artifacts.policy.approvals import (
+    Action,
+    ApprovalRequest,
+    Decision,
+    request_approval,
+    wait_for_decision,
+)
+from k3artifacts.policy.record import in_force
+from k3artifacts.policy.results import GateResult
 from k3artifacts.stores.base import Store
 
 from .artifacts import sha256
 from .move_records import TupleFacts, verdict
 
 
-class ApprovalInput(RunInput):
-    decision: Literal["approve", "reject"] = Field(
-        description="Approve moves the channel; reject leaves it where it is")
-    reviewer: str = Field(min_length=1, description="Your name, recorded in the channel history")
-    reason: str = Field(default="", description="Why; recorded in the channel history")
+def flow_actor(store: Store) -> Actor:
+    """Who the flow acts as: the identity its process has on the store (a worker's role), never
+    a parameter."""
+    return resolve_actor(store, typed=None, identity=in_force(store).document.gates.identity)
 
 
 def _license(store: Store, facts: TupleFacts) -> str:
@@ -45,7 +46,7 @@ def _license(store: Store, facts: TupleFacts) -> str:
 
 
 def _tuple_block(title: str, store: Store, facts: TupleFacts | None, fallback: str) -> str:
-    # A list, not a table: the form is narrow, and a table's last column is cut off there.
+    # A list, not a table: the artifact pane is narrow, and a table's last column is cut off.
     if facts is None:
         return f"**{title}:** {fallback}"
     return "\n".join([
@@ -61,7 +62,7 @@ def _tuple_block(title: str, store: Store, facts: TupleFacts | None, fallback: s
 def form_text(headline: str, store: Store, *, now: TupleFacts | None, now_id: str | None,
               then: TupleFacts | None, then_id: str | None, gates: list[GateResult],
               requested_by: str | None, reason: str | None) -> str:
-    """The form's description: the move, both sides of it, and the gates, as lists."""
+    """The approval request's description: the move, both sides of it, and the gates."""
     asked = (f"Requested by **{requested_by or '(unknown)'}**"
              + (f': "{reason}"' if reason else " (no reason given)"))
     gate_lines = [f"- **{g.name}**: {verdict(g)}, {g.reason}" for g in gates] or ["- none ran"]
@@ -71,27 +72,38 @@ def form_text(headline: str, store: Store, *, now: TupleFacts | None, now_id: st
         _tuple_block("Serving now", store, now, now_id or "nothing (first promotion)"),
         _tuple_block("Would replace it", store, then, then_id or "the previous tuple"),
         "**Gates**\n" + "\n".join(gate_lines),
-        "Choose **approve** or **reject**; there is no default.",
     ])
 
 
-def wait_for_approval(description: str, *, timeout: int, poll_interval: int) -> Approval:
-    """Pause until someone answers; raises Prefect's pause timeout when nobody does."""
-    answer = pause_flow_run(
-        wait_for_input=ApprovalInput.with_initial_data(description=description),
-        timeout=timeout,
-        poll_interval=poll_interval,
-    )
-    return Approval(
-        who=answer.reviewer,
-        decision="approved" if answer.decision == "approve" else "rejected",
-        reason=answer.reason or None,
-        when=datetime.now(UTC),
-    )
+def ask_for_approval(store: Store, description: str, *, action: Action, channel: str,
+                     tuple_id: str | None, requested_by: str | None, reason: str | None,
+                     key: str) -> ApprovalRequest:
+    """Record the approval request and show it, with the command that answers it."""
+    request = request_approval(
+        store, action=action, by=flow_actor(store), channel=channel, tuple_id=tuple_id,
+        policy_digest=in_force(store).digest, requested_for=requested_by, why=reason)
+    create_markdown_artifact(
+        f"{description}\n\n**Approval request:** `{request.id}`\n\n"
+        f"Approve under your own identity: `k3a approve {request.id} --store {store.url}` "
+        f"(`--reject --reason ...` to refuse). A name typed anywhere else does not approve.",
+        key=f"{key}-approval", description=f"approval request {request.id}: {request.subject()}")
+    return request
 
 
-def rejected(approval: Approval, what: str) -> State:
+def wait_for_approval(store: Store, request: ApprovalRequest, *, timeout: int,
+                      poll_interval: int) -> Decision | State:
+    """The answer recorded in the store, or the run's final state when nobody answers."""
+    decision = wait_for_decision(store, request.id, timeout=timeout, poll_interval=poll_interval)
+    if decision is None:
+        return Failed(name="Approval timed out",
+                      message=f"nobody answered {request.id} ({request.subject()}) within "
+                      f"{timeout} s; nothing moved")
+    return decision
+
+
+def rejected(decision: Decision, what: str) -> State:
     """The run's final state after a rejection: Cancelled, named Rejected. Nobody failed, and
     nothing was written; the message says who decided and why."""
-    because = f": {approval.reason}" if approval.reason else ""
-    return Cancelled(name="Rejected", message=f"{what} rejected by {approval.who}{because}")
+    because = f": {decision.reason}" if decision.reason else ""
+    return Cancelled(name="Rejected",
+                     message=f"{what} rejected by {decision.by.label()}{because}")

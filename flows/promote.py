@@ -1,10 +1,11 @@
-"""Flow ``promote``: gates, then a release engineer's approval, then the channel pointer.
+"""Flow ``promote``: gates, then a release engineer's approval record, then the pointer.
 
-    check gates (nothing written) -> fail now if a gate fails and is not overridden
-    -> smoke the ``endpoint`` serving the tuple, when given (report stored, artifact shown;
-    not ready: the run ends "Blocked by gate", nothing moves) -> pause for ApprovalInput
-    (decision, reviewer, reason) -> promote(): gates again, then a compare-and-swap of the
-    pointer; the approval is recorded in the channel history entry
+    check gates (nothing written; the store's policy) -> fail now if a gate fails and is not
+    overridden -> smoke the ``endpoint`` serving the tuple, when given (report stored, artifact
+    shown; not ready: the run ends "Blocked by gate", nothing moves) -> record an approval
+    request and wait for its answer in the store (``k3a approve REQUEST``, under the approver's
+    own identity) -> promote(): gates again with the approver as the promoter, then a
+    compare-and-swap of the pointer; the approval is recorded in the channel history entry
 
 Rejection writes nothing and ends the run Cancelled, named "Rejected". A failing gate ends it
 Failed, named "Blocked by gate", and a move beaten by another one "Lost race": decisions, logged
@@ -15,44 +16,45 @@ The same move without Prefect: ``k3a promote TUPLE CHANNEL``.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
+from prefect.states import State
 
 from k3artifacts.errors import GateFailed
-from k3artifacts.promotion.gates import GateReport, apply_overrides, channel_policy, check_gates
+from k3artifacts.policy.gates import apply_overrides
+from k3artifacts.policy.record import in_force
+from k3artifacts.policy.results import GateReport
+from k3artifacts.promotion.gates import channel_policy, check_gates
 from k3artifacts.promotion.moves import MoveResult, promote
-from k3artifacts.releases.channels import Approval, read_state
-from k3artifacts.releases.policies import load_gate_policy
-from k3artifacts.settings import default_policies_dir
+from k3artifacts.releases.channels import read_state
+from k3artifacts.reporting import events
 from k3artifacts.stores.base import Store
 
-from .approval import form_text, rejected, wait_for_approval
+from .approval import ask_for_approval, flow_actor, form_text, rejected, wait_for_approval
 from .common import slug, store_from
 from .decisions import BLOCKED, DECISIONS, Refused, end_refused
 from .logs import quiet_task_completions
 from .move_records import gate_table, move_record, outcome_line, tuple_facts
 from .naming import label_run, promote_name, tags
+from .notify import failed_gates, notify
 from .readiness import not_ready, smoke_endpoint
 
 __all__ = ["gate_table", "promote_release"]
 
 
 @task(name="check-gates", cache_policy=NO_CACHE, persist_result=False)
-def gate_check(store: Store, tuple_id: str, channel: str, policies_dir: Path,
-               actor: str | None) -> GateReport:
-    return check_gates(store, tuple_id, channel, policies_dir=policies_dir, actor=actor)
+def gate_check(store: Store, tuple_id: str, channel: str) -> GateReport:
+    # No promoter yet: separation of duties is judged on the approver, by the move.
+    return check_gates(store, tuple_id, channel)
 
 
 @task(name="move-pointer", cache_policy=NO_CACHE, persist_result=False)
-def move_pointer(store: Store, tuple_id: str, channel: str, *, actor: str, reason: str | None,
-                 overrides: dict[str, str], policies_dir: Path,
-                 approval: Approval) -> MoveResult | Refused:
+def move_pointer(store: Store, tuple_id: str, channel: str, *, reason: str | None,
+                 overrides: dict[str, str], approval: str) -> MoveResult | Refused:
     try:
-        return promote(store, tuple_id, channel, actor=actor, reason=reason, overrides=overrides,
-                       policies_dir=policies_dir, approval=approval)
+        return promote(store, tuple_id, channel, actor=flow_actor(store), reason=reason,
+                       overrides=overrides, approval=approval)
     except DECISIONS as exc:
         return Refused.of(exc)
 
@@ -62,7 +64,6 @@ def promote_release(
     tuple_id: str,
     channel: str = "staging",
     store_url: str | None = None,
-    policies_dir: str | None = None,
     requested_by: str | None = None,
     reason: str | None = None,
     overrides: dict[str, str] | None = None,
@@ -72,6 +73,8 @@ def promote_release(
 ):
     """Move ``channel`` onto ``tuple_id`` once its gates pass and a release engineer approves.
 
+    The gates are the store's policy. ``requested_by`` is shown to the approver as typed; it is
+    never an identity (the approver's record is).
     ``overrides``: gate name -> reason, for a failed gate someone decided to accept (recorded).
     ``endpoint``: an OpenAI-compatible URL serving ``tuple_id`` (a canary): smoke-tested before
     anyone is asked to approve.
@@ -80,19 +83,20 @@ def promote_release(
     quiet_task_completions()
     logger = get_run_logger()
     store = store_from(store_url)
-    pdir = Path(policies_dir) if policies_dir else default_policies_dir()
     overrides = overrides or {}
     after = tuple_facts(store, tuple_id)
     label_run(tags(repo=after and after.repo_id, commit=after and after.commit,
                    tuple_id=tuple_id, channel=channel))
-    report = gate_check(store, tuple_id, channel, pdir, requested_by)
-    table = gate_table(report.results)
+    report = gate_check(store, tuple_id, channel)
+    table = gate_table(report.results) + f"\n\npolicy: {in_force(store).label()}"
     key = slug("k3a-promote", channel)
     try:
         # The library's one override rule, before anyone is asked to approve.
-        apply_overrides(channel_policy(load_gate_policy(pdir), channel, pdir), report, overrides)
+        apply_overrides(channel_policy(in_force(store), channel).gates, report, overrides)
     except GateFailed as exc:
         refused = Refused.of(exc)
+        notify(events.promotion_blocked(tuple_id, channel, failed_gates(report.results),
+                                        requested_by=requested_by))
         _refusal_artifact(refused, f"{tuple_id} -> {channel}", table, requested_by, reason, key)
         return end_refused(refused)
     if endpoint:
@@ -100,6 +104,8 @@ def promote_release(
                                 channel=channel)
         if not smoked.passed:
             refused = Refused(BLOCKED, not_ready(smoked), "fix the endpoint, then run again")
+            notify(events.promotion_blocked(tuple_id, channel, {"smoke": refused.message},
+                                            requested_by=requested_by))
             _refusal_artifact(refused, f"{tuple_id} -> {channel}", table, requested_by, reason,
                               key)
             return end_refused(refused)
@@ -107,36 +113,47 @@ def promote_release(
         table += f"\n\nsmoke of {endpoint}: ready (throughput knee at concurrency {knee})"
     before_id = read_state(store, channel).tuple_id
     before = tuple_facts(store, before_id)
-    logger.info("gates pass for %s -> %s; waiting for approval", tuple_id, channel)
-    approval = wait_for_approval(
+    request = ask_for_approval(
+        store,
         form_text(f"Promote {tuple_id} to {channel}", store, now=before, now_id=before_id,
                   then=after, then_id=tuple_id, gates=report.results,
                   requested_by=requested_by, reason=reason),
-        timeout=approval_timeout,
-        poll_interval=poll_interval,
-    )
-    if approval.decision == "rejected":
-        final = rejected(approval, f"promotion of {tuple_id} to {channel}")
+        action="promote", channel=channel, tuple_id=tuple_id, requested_by=requested_by,
+        reason=reason, key=key)
+    logger.info("gates pass for %s -> %s; waiting for `k3a approve %s`", tuple_id, channel,
+                request.id)
+    decision = wait_for_approval(store, request, timeout=approval_timeout,
+                                 poll_interval=poll_interval)
+    if isinstance(decision, State):
+        return decision
+    if decision.decision == "rejected":
+        final = rejected(decision, f"promotion of {tuple_id} to {channel}")
         create_markdown_artifact(f"# {tuple_id} -> {channel}: rejected\n\n{final.message}\n\n"
                                  f"{channel} was not changed.\n\n{table}", key=f"{key}-refused",
                                  description=f"promotion of {tuple_id} to {channel}: rejected")
         return final
-    result = move_pointer(store, tuple_id, channel, actor=requested_by or approval.who,
-                          reason=reason, overrides=overrides, policies_dir=pdir,
-                          approval=approval)
+    result = move_pointer(store, tuple_id, channel, reason=reason, overrides=overrides,
+                          approval=request.id)
     if isinstance(result, Refused):
+        if result.state_name == BLOCKED:
+            notify(events.promotion_blocked(tuple_id, channel, {"gates": result.message},
+                                            requested_by=requested_by))
         _refusal_artifact(result, f"{tuple_id} -> {channel}", table, requested_by, reason, key)
         return end_refused(result)
     if result.previous_tuple_id != before_id:  # moved meanwhile: record what it really replaced
         before = tuple_facts(store, result.previous_tuple_id)
     facts = dict(before=before, after=after, requested_by=requested_by, reason=reason,
-                 approval=approval)
+                 approval=result.entry.approval)
     create_markdown_artifact(
         move_record("promote", result, **facts), key=key,
         description=f"promotion of {channel} to {tuple_id}: who asked and approved, from which "
                     f"tuple, gates, history #{result.entry.seq}",
     )
     logger.info("%s", outcome_line("promote", result, **facts))
+    if result.changed:
+        notify(events.channel_promoted(
+            channel, tuple_id, previous_tuple_id=result.previous_tuple_id, seq=result.entry.seq,
+            who=result.entry.who, why=result.entry.why))
     return result.model_dump(mode="json")
 
 

@@ -11,9 +11,11 @@ from k3artifacts.readiness.markdown import report_markdown
 from k3artifacts.readiness.record import smoke
 from k3artifacts.readiness.suite import SmokeSettings
 from k3artifacts.releases.evaluations import ReadinessReport
+from k3artifacts.reporting import events
 from k3artifacts.stores.base import Store
 
 from .common import slug
+from .notify import notify
 
 
 @task(name="smoke", cache_policy=NO_CACHE, persist_result=False)
@@ -27,6 +29,12 @@ def smoke_endpoint(store: Store, endpoint: str, tuple_id: str, *, by: str,
                              description=f"smoke of {tuple_id} at {endpoint}")
     logger.info("smoke of %s at %s: %s (report %s)", tuple_id, endpoint,
                 "ready" if report.passed else "NOT READY", outcome.record.report_sha256[:12])
+    if not report.passed:
+        notify(events.readiness_failed(
+            tuple_id, channel, endpoint=report.endpoint, kind=report.kind,
+            failed={c.name: c.detail for c in report.failed} or {"verdict": "; ".join(
+                report.problems())},
+            report_sha256=outcome.record.report_sha256))
     return report
 
 

@@ -1,9 +1,11 @@
 """Flow ``rollback``: point a channel back at a tuple it served before; no weight byte moves.
 
-Approval is the channel's policy (``rollback_approval`` in policies/promotion-gates.yaml),
-overridable per run with ``require_approval``: a rollback is usually an incident response, so
-by default it does not wait. When it does, the decision is recorded in the history entry like a
-promotion's, and a rejection writes nothing and ends the run Cancelled, named "Rejected". A
+Approval is the store's policy (``rollback_approval``), which the library enforces for every
+caller; ``require_approval`` can ask for one where the policy does not: a rollback is usually an
+incident response, so by default it does not wait. When it does, the flow records an approval
+request and waits for its answer in the store (``k3a approve REQUEST``, under the approver's
+own identity); the decision is recorded in the history entry like a promotion's, and a
+rejection writes nothing and ends the run Cancelled, named "Rejected". A
 rollback beaten by a concurrent move ends Failed, named "Lost race" (:mod:`flows.decisions`).
 With ``endpoint`` (the URL serving the channel once its render is re-applied), the smoke suite
 runs after the move; the run fails when the endpoint is not ready: do not reopen traffic.
@@ -12,34 +14,34 @@ The same move without Prefect: ``k3a rollback CHANNEL [--to TUPLE]``.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
+from prefect.states import State
 
 from k3artifacts.errors import GateFailed
-from k3artifacts.promotion.gates import channel_policy
+from k3artifacts.policy.record import in_force
 from k3artifacts.promotion.moves import MoveResult, rollback
-from k3artifacts.releases.channels import Approval, iter_history_reversed, read_state
-from k3artifacts.releases.policies import load_gate_policy
-from k3artifacts.settings import default_policies_dir
+from k3artifacts.releases.channels import iter_history_reversed, read_state
+from k3artifacts.reporting import events
 from k3artifacts.stores.base import Store
 
-from .approval import form_text, rejected, wait_for_approval
+from .approval import ask_for_approval, flow_actor, form_text, rejected, wait_for_approval
 from .common import slug, store_from
 from .decisions import DECISIONS, Refused, end_refused
 from .logs import quiet_task_completions
 from .move_records import move_record, outcome_line, tuple_facts
 from .naming import label_run, rollback_name, tags
+from .notify import notify
 from .readiness import not_ready, smoke_endpoint
 
 
 @task(name="move-pointer-back", cache_policy=NO_CACHE, persist_result=False)
-def move_back(store: Store, channel: str, *, to: str | None, actor: str, reason: str | None,
-              approval: Approval | None) -> MoveResult | Refused:
+def move_back(store: Store, channel: str, *, to: str | None, reason: str | None,
+              approval: str | None) -> MoveResult | Refused:
     try:
-        return rollback(store, channel, to=to, actor=actor, reason=reason, approval=approval)
+        return rollback(store, channel, to=to, actor=flow_actor(store), reason=reason,
+                        approval=approval)
     except DECISIONS as exc:
         return Refused.of(exc)
 
@@ -58,7 +60,6 @@ def rollback_channel(
     channel: str = "production",
     to: str | None = None,
     store_url: str | None = None,
-    policies_dir: str | None = None,
     requested_by: str | None = None,
     reason: str | None = None,
     require_approval: bool | None = None,
@@ -70,31 +71,35 @@ def rollback_channel(
     quiet_task_completions()
     logger = get_run_logger()
     store = store_from(store_url)
-    pdir = Path(policies_dir) if policies_dir else default_policies_dir()
     label_run(tags(channel=channel, tuple_id=to))
-    if require_approval is None:
-        require_approval = channel_policy(load_gate_policy(pdir), channel, pdir).rollback_approval
-    approval = None
+    chan = in_force(store).document.gates.channels.get(channel)
+    require_approval = bool(require_approval or (chan and chan.rollback_approval))
+    request_id = None
     key = slug("k3a-rollback", channel)
     now_id = read_state(store, channel).tuple_id
     before = tuple_facts(store, now_id)
     if require_approval:
-        target = to or _default_target(store, channel)
-        approval = wait_for_approval(
+        # The target is fixed now, so the approval answers exactly this move.
+        to = to or _default_target(store, channel)
+        request = ask_for_approval(
+            store,
             form_text(f"Roll {channel} back", store, now=before, now_id=now_id,
-                      then=tuple_facts(store, target), then_id=target, gates=[],
+                      then=tuple_facts(store, to), then_id=to, gates=[],
                       requested_by=requested_by, reason=reason),
-            timeout=approval_timeout,
-            poll_interval=poll_interval,
-        )
-        if approval.decision == "rejected":
-            final = rejected(approval, f"rollback of {channel}")
+            action="rollback", channel=channel, tuple_id=to, requested_by=requested_by,
+            reason=reason, key=key)
+        decision = wait_for_approval(store, request, timeout=approval_timeout,
+                                     poll_interval=poll_interval)
+        if isinstance(decision, State):
+            return decision
+        if decision.decision == "rejected":
+            final = rejected(decision, f"rollback of {channel}")
             create_markdown_artifact(f"# {channel}: rollback rejected\n\n{final.message}",
                                      key=f"{key}-refused",
                                      description=f"rollback of {channel}: rejected")
             return final
-    actor = requested_by or (approval.who if approval else "prefect:rollback")
-    result = move_back(store, channel, to=to, actor=actor, reason=reason, approval=approval)
+        request_id = request.id
+    result = move_back(store, channel, to=to, reason=reason, approval=request_id)
     if isinstance(result, Refused):
         create_markdown_artifact(
             f"# {channel}: rollback {result.state_name.lower()}\n\n{result.message}\n\n"
@@ -107,15 +112,21 @@ def rollback_channel(
     if result.previous_tuple_id != now_id:
         before = tuple_facts(store, result.previous_tuple_id)
     facts = dict(before=before, after=after, requested_by=requested_by, reason=reason,
-                 approval=approval)
+                 approval=result.entry.approval)
     create_markdown_artifact(
         move_record("rollback", result, **facts), key=key,
         description=f"rollback of {channel} to {result.tuple_id}: who asked and approved, from "
                     f"which tuple, checks, history #{result.entry.seq}",
     )
     logger.info("%s", outcome_line("rollback", result, **facts))
+    if result.changed:
+        notify(events.channel_rolled_back(channel, result.tuple_id,
+                                          previous_tuple_id=result.previous_tuple_id,
+                                          seq=result.entry.seq, who=result.entry.who,
+                                          why=result.entry.why))
     if endpoint:
-        smoked = smoke_endpoint(store, endpoint, result.tuple_id, by=actor, channel=channel)
+        smoked = smoke_endpoint(store, endpoint, result.tuple_id, by=result.entry.who,
+                                channel=channel)
         if not smoked.passed:
             raise GateFailed(f"{channel} now points at {result.tuple_id}, but "
                              + not_ready(smoked),

@@ -24,12 +24,13 @@ from k3artifacts.promotion.single_node import (
 from k3artifacts.releases.tuples import TupleStore
 from k3artifacts.serving.render.common import default_name
 
+from .approval import flow_actor
 from .common import slug, store_from
 
 
 @task(name="rollback-node-steps", cache_policy=NO_CACHE, persist_result=False)
 def node_steps(store_url: str | None, channel: str, to: str | None, kubeconfig: str,
-               name: str | None, namespace: str, endpoint: str, metrics_url: str, actor: str,
+               name: str | None, namespace: str, endpoint: str, metrics_url: str,
                reason: str | None, drain_timeout_s: float,
                ready_timeout_s: float) -> SingleNodeRollback:
     logger = get_run_logger()
@@ -44,7 +45,8 @@ def node_steps(store_url: str | None, channel: str, to: str | None, kubeconfig: 
     report = rollback_single_node(
         store, channel, kube=KubeAPI(Path(kubeconfig)),
         name=name or default_name(TupleStore(store).get(target)), namespace=namespace,
-        endpoint=endpoint, metrics_url=metrics_url, actor=actor, reason=reason, to=target,
+        endpoint=endpoint, metrics_url=metrics_url, actor=flow_actor(store), reason=reason,
+        to=target,
         drain_timeout_s=drain_timeout_s, ready_timeout_s=ready_timeout_s, on_step=log)
     record_single_node(store, report)
     return report
@@ -60,15 +62,13 @@ def rollback_node(
     name: str | None = None,
     namespace: str = "default",
     store_url: str | None = None,
-    requested_by: str | None = None,
     reason: str | None = None,
     drain_timeout_s: float = 600,
     ready_timeout_s: float = 5400,
 ) -> dict:
     """Drain the node serving ``channel`` and put its previous tuple (or ``to``) on it."""
-    actor = requested_by or "prefect:rollback-node"
     report = node_steps(store_url, channel, to, kubeconfig, name, namespace, endpoint,
-                        metrics_url, actor, reason, drain_timeout_s, ready_timeout_s)
+                        metrics_url, reason, drain_timeout_s, ready_timeout_s)
     rows = "\n".join(f"| {s.name} | {'pass' if s.passed else 'FAIL'} | {s.seconds:.1f} s | "
                      f"{s.detail.replace('|', '/')} |" for s in report.steps)
     create_markdown_artifact(

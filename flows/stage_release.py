@@ -67,8 +67,9 @@ from prefect.exceptions import ObjectAlreadyExists
 from prefect.futures import as_completed
 from prefect.tasks import exponential_backoff
 
-from k3artifacts.errors import K3AError, Unavailable
+from k3artifacts.errors import K3AError, ReleaseRefused, Unavailable
 from k3artifacts.releases.binding import create_tuple
+from k3artifacts.reporting import events
 from k3artifacts.revisions.refs import check_repo_id
 from k3artifacts.serving.images import resolve_image
 from k3artifacts.serving.profiles import load_profile, serving_spec
@@ -83,6 +84,7 @@ from .artifacts import size
 from .common import revision_slug, slug, store_from, task_runner_from_env
 from .logs import quiet_task_completions
 from .naming import label_run, short, stage_name, tags
+from .notify import notify
 from .progress import FlowObserver
 from .stage_summary import closing_line, summary_artifact
 
@@ -212,6 +214,11 @@ def stage_release(
         label_run(tags(tuple_id=summary["tuple_id"]))
     summary_artifact(summary, key=slug("k3a", repo_id, commit[:12], "summary"))
     logger.info("%s", closing_line(summary))
+    if not result.already_published:  # a run that found it published staged nothing
+        notify(events.revision_published(
+            repo_id, commit, manifest_digest=result.manifest_digest, location=result.location,
+            files=result.files, total_bytes=result.total_bytes, remote_code=result.remote_code,
+            tuple_id=summary["tuple_id"]))
     return summary
 
 
@@ -233,6 +240,8 @@ def _stage(
                        qroot, options, observer, TaskRunner(task_retries, task_retry_delay))
     except BaseException as exc:
         observer.close(f"failed: {exc}".splitlines()[0])
+        if isinstance(exc, ReleaseRefused):
+            notify(events.revision_refused(repo_id, commit, exc))
         raise
     observer.close("published")
     return result

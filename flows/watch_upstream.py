@@ -23,10 +23,12 @@ from prefect.client.schemas.objects import StateType
 from prefect.deployments import run_deployment
 
 from k3artifacts.errors import K3AError
+from k3artifacts.reporting import events
 from k3artifacts.revisions.refs import check_repo_id
 
 from .common import slug, store_from
 from .logs import quiet_task_completions
+from .notify import notify
 from .stage_release import DEFAULT_REPO, resolve_commit, stage_release
 
 UNFINISHED = [StateType.SCHEDULED, StateType.PENDING, StateType.RUNNING, StateType.PAUSED,
@@ -89,6 +91,7 @@ def watch_upstream(
             "repo_id": repo_id, "revision": commit, "store_url": store_url, "endpoint": endpoint,
         }
         logger.info("%s@%s (%s) is new: staging it", repo_id, commit, ", ".join(names))
+        notify(events.upstream_revision_found(repo_id, names[0], commit))
         if deployment:
             run = run_deployment(deployment, parameters=params, tags=[tag, "k3a-watch"], timeout=0)
             actions.append(action | {"action": f"started deployment run {run.name}"})

@@ -90,7 +90,8 @@ class TamperedRecord(ReleaseRefused):
 
 class VerifyMismatch(K3AError):
     exit_code = 4
-    hint = "do not serve this copy; re-stage the revision or restore the files from the store"
+    hint = ("do not serve this copy; `k3a stage REPO --revision COMMIT --repair` fetches the "
+            "damaged files again and puts them back (same manifest digest)")
 
 
 class GateFailed(K3AError):

@@ -11,8 +11,7 @@ unset. Values are read when :func:`load` is called, not at import, so a test or 
 that changes the environment gets what it set.
 
 No variable here says who is acting: on S3 the identity is the caller AWS authenticated, on a
-file store the OS user (``releases/actor.py``). ``K3A_ACTOR`` is listed honestly for what it is,
-a typed label.
+file store the account of the process's real uid (``policy/actor.py``).
 """
 
 from __future__ import annotations
@@ -83,8 +82,10 @@ class Settings(BaseSettings):
     policies: Path | None = var(
         "K3A_POLICIES", "Where things live",
         "Policy directory (`promotion-gates.yaml`, `signing/`, `eval-suites/`, `s3/`, `iam/`): "
-        "a checkout's reviewed `policies/`. `--policies` overrides it.",
-        shown="`./policies` when there is one, else the defaults shipped in the package")
+        "a checkout's reviewed `policies/`, read by `k3a verify --signature`, `bootstrap` and "
+        "`eval run`. It never judges a promotion: the store's policy does "
+        "(`k3a policy show`; change it with `k3a policy propose DIR`). `--policies` overrides it.",
+        shown="./policies if present, else the defaults shipped in the package")
     profiles_dir: Path | None = var(
         "K3A_PROFILES_DIR", "Where things live",
         "Directory of serving profiles (`<name>.yaml`) that `--profile NAME` looks in.",
@@ -162,17 +163,6 @@ class Settings(BaseSettings):
         "K3A_ENDPOINT_API_KEY", "Credentials",
         "Bearer key for `k3a eval` / `k3a smoke` when vLLM runs with `--api-key`. "
         "`--api-key` overrides it.")
-
-    # ---- who is acting (identity) -----------------------------------------------------------
-    actor: str | None = var(
-        "K3A_ACTOR", "Who is acting",
-        "A typed name, not an identity. It labels records no gate compares (a tuple's "
-        "`created_by`, an evaluation's `attached_by`). On a file store it stands for the "
-        "actor of reviews, promotions and rollbacks only where `promotion-gates.yaml` sets "
-        "`identity: {claimed_actor_on_file_stores: true}`, and is then recorded as `claimed`; "
-        "otherwise the OS user acts. On an S3 store it is ignored: the actor is the AWS "
-        "caller identity (STS).",
-        shown="your login name")
 
     # ---- output and runs ---------------------------------------------------------------------
     log_format: Literal["text", "json"] = var(
@@ -304,8 +294,8 @@ def markdown() -> str:
         "line option, where there is one, wins over its variable.",
         "",
         "No variable says who is acting: on S3 the actor is the caller identity AWS "
-        "authenticated, on a file store the OS user (see `K3A_ACTOR` for what a typed name "
-        "can and cannot do).",
+        "authenticated, on a file store the account of the process's real uid "
+        "(`LOGNAME`, `USER` and the like are never read for it).",
         "",
         "Libraries k3a uses read their own variables as usual: boto3 (`AWS_PROFILE`, "
         "`AWS_ACCESS_KEY_ID`, `AWS_ENDPOINT_URL_S3`, ...), huggingface_hub (`HF_TOKEN`, "

@@ -10,63 +10,57 @@ def resolve_gets(hub: FaultyHub, since: int = 0) -> list[str]:
     return [r.target for r in hub.requests[since:] if "/resolve/" in r.url and r.method == "GET"]
 
 
-def answer_when_paused(tag: str, run_input: dict, timeout: float = 120.0, before=None):
-    """Start a thread that waits for the flow run tagged ``tag`` to pause, then resumes it with
-    ``run_input``, as a release engineer's form (or script) would. Returns (thread, outcome):
-    outcome gets "resumed" or the error. ``before()``, if given, runs once the run is paused,
-    before the answer (to read what the paused run shows)."""
-    import contextvars
+def answer_when_requested(store_url: str, run_input: dict, timeout: float = 120.0, before=None):
+    """Start a thread that waits for a flow's approval request to appear in the store, then
+    answers it as a release engineer running `k3a approve` would: ``run_input["reviewer"]``
+    is the approver's identity (an ``os-user`` Actor: tests/test_identity_policy.py runs the
+    real command under another uid), ``decision`` approve or reject, ``reason``. Returns
+    (thread, outcome): outcome gets the request id or the error. ``before(request)``, if
+    given, runs once the request is there, before the answer."""
     import threading
     import time
 
-    from prefect.client.orchestration import get_client
-    from prefect.client.schemas.filters import (
-        FlowRunFilter,
-        FlowRunFilterState,
-        FlowRunFilterStateType,
-        FlowRunFilterTags,
-    )
-    from prefect.client.schemas.objects import StateType
-    from prefect.flow_runs import resume_flow_run
+    from k3artifacts.policy.actor import Actor
+    from k3artifacts.policy.approvals import PREFIX, decide, get_request
+    from k3artifacts.stores.registry import open_store
 
+    store = open_store(store_url)
     outcome: list[object] = []
+
+    def pending() -> list[str]:
+        keys = store.list_keys(PREFIX)
+        return [k.split("/")[-2] for k in keys if k.endswith("/request.json")
+                and k.replace("request.json", "decision.json") not in keys]
 
     def answer() -> None:
         deadline = time.monotonic() + timeout
         try:
-            with get_client(sync_client=True) as client:
-                while time.monotonic() < deadline:
-                    paused = client.read_flow_runs(flow_run_filter=FlowRunFilter(
-                        tags=FlowRunFilterTags(all_=[tag]),
-                        state=FlowRunFilterState(type=FlowRunFilterStateType(any_=[StateType.PAUSED])),
-                    ))
-                    if paused:
-                        if before is not None:
-                            before()
-                        resume_flow_run(paused[0].id, run_input=run_input)
-                        outcome.append("resumed")
-                        return
-                    time.sleep(0.2)
-            outcome.append(TimeoutError(f"no paused run tagged {tag}"))
+            while time.monotonic() < deadline:
+                waiting = pending()
+                if waiting:
+                    request = get_request(store, waiting[0])
+                    if before is not None:
+                        before(request)
+                    decide(store, request.id,
+                           by=Actor(name=run_input["reviewer"], source="os-user"),
+                           approve=run_input["decision"] == "approve",
+                           reason=run_input.get("reason") or None)
+                    outcome.append(request.id)
+                    return
+                time.sleep(0.2)
+            outcome.append(TimeoutError(f"no approval request in {store_url}"))
         except Exception as exc:  # noqa: BLE001 - handed to the test
             outcome.append(exc)
 
-    # The thread needs the test's Prefect settings (the API URL), which live in a contextvar.
-    thread = threading.Thread(target=contextvars.copy_context().run, args=(answer,), daemon=True)
+    thread = threading.Thread(target=answer, daemon=True)
     thread.start()
     return thread, outcome
 
 
 def run_answered(flow_fn, run_input, **params):
-    """Run a flow that pauses for approval, answering its form with ``run_input``."""
-    import uuid
-
-    from prefect import tags
-
-    tag = f"test-{uuid.uuid4().hex[:12]}"
-    thread, outcome = answer_when_paused(tag, run_input)
-    with tags(tag):
-        state = flow_fn(**params, poll_interval=1, return_state=True)
+    """Run a flow that waits for approval, answering its request with ``run_input``."""
+    thread, outcome = answer_when_requested(params["store_url"], run_input)
+    state = flow_fn(**params, poll_interval=1, return_state=True)
     thread.join(30)
-    assert outcome == ["resumed"], outcome
+    assert len(outcome) == 1 and isinstance(outcome[0], str), outcome
     return state

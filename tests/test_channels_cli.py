@@ -4,33 +4,40 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
+import pwd
 import re
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 from click.testing import CliRunner, Result
 
 from k3artifacts.cli import cli
+from k3artifacts.policy.record import in_force
 from k3artifacts.releases.channels import current, history
+from tests.fixtures.moves import use_policy
 from tests.fixtures.releases import ATOMIC_STORES, require_atomic_cas
+
+#: Who acts without --by on a file store: the account of this process's real uid.
+ME = pwd.getpwuid(os.getuid()).pw_name
 
 CODE = {"modeling_kimi.py": b"def forward(x):\n    return x\n"}
 
 
 @pytest.fixture
 def k3a_env_store(request, k3a_env, store, policies):
-    """The checkout's gate policy, except: on the file store a typed name stands for the actor
-    (one OS user plays every role here), and production's stay on staging is not waited for
-    (the promotion_order gate's clock is tested in test_release_safety.py)."""
+    """The store's policy: the checkout's, except: on the file store a typed name stands for
+    the actor (`--by`; one OS user plays every role here), and production's stay on staging is
+    not waited for (the promotion_order gate's clock is tested in test_release_safety.py)."""
     from k3artifacts.stores.file import FileStore
 
     gates = policies / "promotion-gates.yaml"
     text = gates.read_text().replace("min_hours: 24", "min_hours: 0")
     gates.write_text(text.replace(
         "claimed_actor_on_file_stores: false", "claimed_actor_on_file_stores: true"))
+    use_policy(store, policies)
     if isinstance(store, FileStore):
         base = k3a_env
     elif request.node.callspec.params.get("store") == "seaweed":
@@ -42,7 +49,7 @@ def k3a_env_store(request, k3a_env, store, policies):
         base.pop("AWS_SESSION_TOKEN", None)
     else:
         base = request.getfixturevalue("s3_env")
-    return dict(base, K3A_STORE=store.url, K3A_POLICIES=str(policies), K3A_ACTOR="ops-bot")
+    return dict(base, K3A_STORE=store.url)
 
 
 @pytest.fixture
@@ -96,7 +103,7 @@ def test_staged_revision_to_production_and_back(k3a, releases, store, tmp_path, 
         "remote_code",
     ]
     moved = json.loads(k3a("promote", old.id, "staging", "--why", "smoke ok", "--json").stdout)
-    assert moved["changed"] and moved["entry"]["seq"] == 1 and moved["entry"]["who"] == "ops-bot"
+    assert moved["changed"] and moved["entry"]["seq"] == 1 and moved["entry"]["who"] == ME
 
     eval_blocked = k3a("promote", old.id, "production", expect=5)
     assert "evaluation: no evaluation run" in eval_blocked.stderr
@@ -109,9 +116,10 @@ def test_staged_revision_to_production_and_back(k3a, releases, store, tmp_path, 
     assert "attached by hand" in still_blocked.stderr
     override = ("--override-gate", "evaluation", "--reason", "97/100 attached; endpoint down")
     own = k3a("promote", old.id, "production", "--by", "alice", *override, expect=5)
-    assert "alice reviewed the license and code" in own.stderr  # separation of duties
+    # separation of duties
+    assert f"alice (asserted by {ME}) reviewed the license and code" in own.stderr
     out = k3a("promote", old.id, "production", "--by", "bob", *override).stdout
-    assert f"production: (empty) -> {old.id} (promote #1 by bob)" in out
+    assert f"production: (empty) -> {old.id} (promote #1 by bob; policy v1 " in out
 
     # The new revision's code is the same file: already reviewed by sha256.
     k3a("review", "license", new.id, "--by", "alice")
@@ -131,7 +139,7 @@ def test_staged_revision_to_production_and_back(k3a, releases, store, tmp_path, 
     assert current(store, "production").tuple_id == new.id
 
     back = k3a("rollback", "production", "--why", "5xx spike").stdout
-    assert f"production: {new.id} -> {old.id} (rollback #3 by ops-bot)" in back
+    assert f"production: {new.id} -> {old.id} (rollback #3 by {ME}" in back
 
     listed = k3a("history", "production").stdout.splitlines()
     assert listed[0].split()[:3] == ["seq", "when", "(UTC)"]
@@ -146,10 +154,8 @@ def test_staged_revision_to_production_and_back(k3a, releases, store, tmp_path, 
         "production": old.id,
         "staging": new.id,
     }
-    # The reviews are records in the store, not files in the checkout.
-    policies = Path(k3a.env["K3A_POLICIES"])
-    assert sorted(p.name for p in policies.rglob("*.yaml")) == [
-        "k3-core.yaml", "promotion-gates.yaml", "trusted-keys.yaml"]
+    # The reviews are records in the store, and every move names the policy that judged it.
+    assert {e["policy_digest"] for e in entries} == {in_force(store).digest}
     reviews = store.list_keys("releases/reviews/")
     assert len(reviews) == 2 and reviews[0].startswith("releases/reviews/code/")
 
@@ -204,6 +210,7 @@ def test_exit_codes_reach_the_shell(k3a_cmd, k3a_env_store, releases):
 RACER = """
 import os, sys, time
 from k3artifacts.cli import cli
+from k3artifacts.policy.record import in_force
 while not os.path.exists(sys.argv[1]):
     time.sleep(0.001)
 cli(args=sys.argv[2:], prog_name="k3a")

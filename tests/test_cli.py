@@ -75,14 +75,14 @@ def test_help_explains(k3a_cmd, k3a_env):
 def test_revisions_lists_what_is_published(k3a_cmd, k3a_env, local_hub, tmp_path):
     commit = local_hub.hub.add_commit(REPO, small_release(tmp_path))
     store = f"file://{tmp_path / 'store'}"
-    missing = run(k3a_cmd, k3a_env, "revisions", REPO, "--store", store, "--json")
+    missing = run(k3a_cmd, k3a_env, "revision", "list", REPO, "--store", store, "--json")
     assert missing.returncode == 7 and "no store at" in missing.stderr
     (tmp_path / "store").mkdir()
-    empty = run(k3a_cmd, k3a_env, "revisions", REPO, "--store", store, "--json")
+    empty = run(k3a_cmd, k3a_env, "revision", "list", REPO, "--store", store, "--json")
     assert empty.returncode == 0 and json.loads(empty.stdout) == []
     staged = run(k3a_cmd, k3a_env, "stage", REPO, "--endpoint", local_hub.endpoint,
                  "--store", store, "--json", "-q")
     assert staged.returncode == 0, staged.stderr
-    listed = json.loads(run(k3a_cmd, k3a_env, "revisions", REPO, "--store", store, "--json").stdout)
+    listed = json.loads(run(k3a_cmd, k3a_env, "revision", "list", REPO, "--store", store, "--json").stdout)
     assert [r["commit"] for r in listed] == [commit]
     assert listed[0]["manifest_digest"] == json.loads(staged.stdout)["manifest_digest"]

@@ -14,14 +14,15 @@ from click.testing import CliRunner
 
 from k3artifacts.cli import cli
 from k3artifacts.errors import Conflict, GateFailed, NotFound
-from k3artifacts.promotion.moves import promote, rollback
+from k3artifacts.policy.model import load_gate_policy
+from k3artifacts.promotion.gates.context import human_bytes
 from k3artifacts.releases.channels import channel_names, current
-from k3artifacts.releases.policies import load_gate_policy
 from k3artifacts.releases.retention import plan, retire
 from k3artifacts.releases.retirement import RevisionRetiring, tombstone_key
 from k3artifacts.releases.tuples import TupleStore
 from k3artifacts.stores.file import FileStore
 from k3artifacts.stores.s3 import S3Store
+from tests.fixtures.moves import promote, rollback
 from tests.fixtures.releases import passing_run
 from tests.support.releases import Releases
 
@@ -265,3 +266,39 @@ def test_gc_racing_promotions_never_leaves_a_channel_on_deleted_weights(
     assert not errors, errors
     _every_channel_is_servable(store)
     assert outcomes["retired"] > 0 and outcomes["moved"] > 0, outcomes
+
+
+def test_gc_counts_only_bytes_whose_last_link_it_removed(local_hub, file_store, tmp_path,
+                                                         policies, k3a_env):
+    """A revision staged after another hard-links the files they share: retiring the older one
+    gives back only what no kept revision links, and gc says so, before and after."""
+    from tests.staging_helpers import REPO, run_stage, small_release
+
+    files = small_release(tmp_path)
+    old = local_hub.hub.add_commit(REPO, files)
+    run_stage(local_hub.endpoint, file_store, tmp_path / "q")
+    time.sleep(1.1)  # published_at has whole seconds: the second revision is the newest
+    new = local_hub.hub.add_commit(REPO, {**files, "config.json": b'{"v": 2}'})
+    run_stage(local_hub.endpoint, file_store, tmp_path / "q")
+    old_dir = file_store.local_path(f"models/{REPO}/{old}")
+    new_dir = file_store.local_path(f"models/{REPO}/{new}")
+    shard = "model-00001-of-00002.safetensors"
+    assert os.stat(old_dir / shard).st_ino == os.stat(new_dir / shard).st_ino  # one inode
+    own = ["config.json", ".k3a/manifest.json", ".k3a/provenance.json"]
+    assert all(os.stat(old_dir / p).st_nlink == 1 for p in own)
+    unique = sum(os.stat(old_dir / p).st_size for p in own)
+    total = sum(f.stat().st_size for f in old_dir.rglob("*") if f.is_file())
+    assert unique < total // 10
+
+    env = dict(k3a_env, K3A_STORE=file_store.url, K3A_POLICIES=str(policies))
+    runner = CliRunner()
+    args = ["gc", "--keep", "1", "--keep-days", "0"]
+    dry = json.loads(runner.invoke(cli, [*args, "--json"], env=env).stdout)
+    (planned,) = [v for v in dry if v["action"] == "retire"]
+    assert (planned["commit"], planned["bytes"], planned["freed"]) == (old, total, unique)
+    applied = runner.invoke(cli, [*args, "--apply"], env=env)
+    assert applied.exit_code == 0, applied.stderr
+    assert "shared with kept revisions stays" in applied.stdout
+    assert applied.stdout.splitlines()[-1] == f"freed {human_bytes(unique)}"
+    assert not old_dir.exists() and os.stat(new_dir / shard).st_nlink == 1
+    assert file_store.read_manifest(REPO, new) is not None

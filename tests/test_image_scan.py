@@ -11,6 +11,7 @@ import uuid
 import urllib3
 import yaml
 
+from k3artifacts.policy.model import load_gate_policy
 from k3artifacts.promotion.gates import (
     GATES,
     apply_overrides,
@@ -19,7 +20,6 @@ from k3artifacts.promotion.gates import (
     context,
 )
 from k3artifacts.releases.binding import create_tuple
-from k3artifacts.releases.policies import load_gate_policy
 from k3artifacts.releases.scans import list_scans
 from k3artifacts.releases.tuples import ImageRef
 from k3artifacts.serving.profiles import load_profile, serving_spec

@@ -8,6 +8,7 @@ and ``kill -9`` during an incremental run.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import threading
@@ -64,7 +65,8 @@ def stage_next(local_hub, store, tmp_path, files, **options):
 
 def sources(store, commit) -> dict[str, str | None]:
     """path -> the commit its bytes were reused from (None: downloaded)."""
-    manifest = store.read_manifest(REPO, commit)
+    manifest = store.read_manifest(REPO, commit).with_provenance(
+        store.read_provenance(REPO, commit))
     return {r.path: r.reused_from for r in manifest.files}
 
 
@@ -315,7 +317,7 @@ def test_s3_kill9_during_incremental_run_then_rerun_completes(local_hub, s3_stor
 
 
 def test_old_manifests_keep_their_digest():
-    from k3artifacts.revisions.manifest import FileRecord, LicenseRecord, ShardManifest
+    from k3artifacts.revisions.manifest import ShardManifest
 
     record = {"path": "config.json", "size": 2, "kind": "config", "sha256": "a" * 64,
               "xxh3_128": "b" * 32, "upstream_sha256": None, "upstream_git_oid": "c" * 40,
@@ -328,11 +330,81 @@ def test_old_manifests_keep_their_digest():
     manifest = ShardManifest.parse(raw)
     assert manifest.files[0].source == "downloaded"
     assert manifest.canonical() == raw
+    assert manifest.digest() == manifest.legacy_digest() == hashlib.sha256(raw).hexdigest()
     reused = manifest.files[0].model_copy(update={"source": "reused", "reused_from": "e" * 40})
-    assert FileRecord.model_validate_json(reused.model_dump_json()) == reused
-    assert ShardManifest(**{**old, "files": [reused],
-                            "license": LicenseRecord(path=None, sha256=None, text=None)}
-                         ).digest() != manifest.digest()
+    as_reused = manifest.model_copy(update={"files": [reused]})
+    assert as_reused.digest() == manifest.digest()
+    assert as_reused.canonical() == raw
+
+
+def _legacy_bytes(manifest) -> bytes:
+    """The manifest as it was published before provenance moved out: ``source`` and
+    ``reused_from`` inside the records of reused files."""
+    data = json.loads(manifest.canonical())
+    for plain, record in zip(data["files"], manifest.files, strict=True):
+        if record.source == "reused":
+            plain.update(source="reused", reused_from=record.reused_from)
+    return json.dumps(data, sort_keys=True, separators=(",", ":")).encode()
+
+
+def test_same_commit_fresh_and_by_reuse_has_one_digest(local_hub, file_store, tmp_path,
+                                                      k3a_cmd, k3a_env):
+    from k3artifacts.stores.file import FileStore
+
+    files, c1 = first_revision(local_hub, file_store, tmp_path)
+    result, _ = stage_next(local_hub, file_store, tmp_path, {
+        **files, "config.json": b'{"model_type": "kimi_k3", "n_routed_experts": 897}'})
+    c2 = result.commit
+    fresh = FileStore(tmp_path / "fresh")
+    assert run_stage(local_hub.endpoint, fresh, tmp_path / "q-fresh", revision=c2).commit == c2
+
+    by_reuse, downloaded = file_store.read_manifest(REPO, c2), fresh.read_manifest(REPO, c2)
+    assert by_reuse.digest() == downloaded.digest() == result.manifest_digest
+    assert (file_store.local_path(f"models/{REPO}/{c2}/.k3a/manifest.json").read_bytes()
+            == fresh.local_path(f"models/{REPO}/{c2}/.k3a/manifest.json").read_bytes())
+    # Where the bytes came from is kept beside the manifest, store by store.
+    assert {p.source for p in file_store.read_provenance(REPO, c2).files} == {
+        "downloaded", "reused"}
+    assert {p.source for p in fresh.read_provenance(REPO, c2).files} == {"downloaded"}
+    assert sources(file_store, c2) == {p: (None if p == "config.json" else c1) for p in files}
+
+    for store in (file_store, fresh):
+        checked = run_k3a(k3a_cmd, k3a_env, "verify", f"{REPO}@{c2}", "--store", store.url,
+                           "--expect-digest", downloaded.digest(), "--json")
+        assert checked.returncode == 0, checked.stdout + checked.stderr
+        assert json.loads(checked.stdout)["manifest_digest"] == downloaded.digest()
+
+
+def test_manifest_with_provenance_inside_still_verifies(local_hub, file_store, tmp_path,
+                                                        k3a_cmd, k3a_env):
+    """A revision published before provenance moved out: its bytes carry ``source: reused``.
+    It verifies by its canonical digest and by the digest a tuple bound then cites."""
+    files, c1 = first_revision(local_hub, file_store, tmp_path)
+    result, _ = stage_next(local_hub, file_store, tmp_path, {**files, "config.json": b"{}"})
+    c2 = result.commit
+    revision = file_store.local_path(f"models/{REPO}/{c2}")
+    published = file_store.read_manifest(REPO, c2).with_provenance(
+        file_store.read_provenance(REPO, c2))
+    legacy = _legacy_bytes(published)
+    assert b'"source":"reused"' in legacy
+    for path in (revision / ".k3a", revision / ".k3a" / "manifest.json"):
+        os.chmod(path, 0o755 if path.is_dir() else 0o644)
+    (revision / ".k3a" / "manifest.json").write_bytes(legacy)
+    (revision / ".k3a" / "provenance.json").unlink()
+
+    old = file_store.read_manifest(REPO, c2)
+    cited = hashlib.sha256(legacy).hexdigest()
+    assert old.legacy_digest() == cited != old.digest() == published.digest()
+    assert old.answers_to(cited) and old.answers_to(old.digest())
+    assert {f.reused_from for f in old.files if f.path != "config.json"} == {c1}
+    for digest in (cited, old.digest()):
+        checked = run_k3a(k3a_cmd, k3a_env, "verify", f"{REPO}@{c2}", "--store", file_store.url,
+                           "--expect-digest", digest, "--full", "--json")
+        assert checked.returncode == 0, checked.stdout + checked.stderr
+        assert json.loads(checked.stdout)["manifest_digest"] == old.digest()
+    other = run_k3a(k3a_cmd, k3a_env, "verify", f"{REPO}@{c2}", "--store", file_store.url,
+                     "--expect-digest", "0" * 64, "--json")
+    assert other.returncode != 0
 
 
 def test_reuse_shares_the_inode_on_one_file_system_and_copies_across(tmp_path):
@@ -364,8 +436,8 @@ def test_racing_run_that_reused_other_files_accepts_the_published_manifest(store
     a, b = published.files
     reused = published.model_copy(update={"files": [
         a.model_copy(update={"source": "reused", "reused_from": "f" * 40}), b]})
-    assert reused.digest() != published.digest()
-    store.begin_revision(TEST_REPO, commit).commit(reused)  # same bytes: no conflict
+    assert reused.digest() == published.digest()
+    store.begin_revision(TEST_REPO, commit).commit(reused)  # same weights: no conflict
     assert store.read_manifest(TEST_REPO, commit) == published
     other = published.model_copy(update={"files": [a.model_copy(update={"sha256": "0" * 64}), b]})
     with pytest.raises(Conflict):

@@ -236,7 +236,7 @@ def test_a_disk_that_fills_during_the_pull_is_exit_8_and_the_partial_is_listed_a
         err = err_path.read_text()
         assert "the node cache's disk is full (tmpfs mounted at" in err, err
         assert ".part: No space left on device (preallocating" in err
-        assert "k3a cache ls" in err and "Traceback" not in err
+        assert "k3a cache list" in err and "Traceback" not in err
         code, out, _ = k3a("cache", "ls", "--root", str(root), "--json")
         listed = json.loads(out)
         assert code == 0 and [(c["revision"], c["partial"]) for c in listed] == [

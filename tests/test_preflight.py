@@ -19,14 +19,14 @@ import pytest
 import yaml
 from botocore.stub import Stubber
 
+from k3artifacts.policy.model import load_gate_policy
+from k3artifacts.policy.rollout import InfrastructurePolicy
 from k3artifacts.preflight import checks
 from k3artifacts.preflight.kube import list_nodes
 from k3artifacts.preflight.run import AwsClients, run_preflight
 from k3artifacts.promotion.gates import GATES, channel_policy, context
 from k3artifacts.releases.binding import create_tuple
-from k3artifacts.releases.policies import load_gate_policy
 from k3artifacts.releases.preflights import list_preflights, record_preflight
-from k3artifacts.releases.rollout_policy import InfrastructurePolicy
 from k3artifacts.releases.tuples import ImageRef, WeightsRef
 from k3artifacts.serving.profiles import (
     FsxTarget,

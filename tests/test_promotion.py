@@ -8,8 +8,6 @@ import threading
 import pytest
 
 from k3artifacts.errors import ConfigError, GateFailed, K3AError, NotFound
-from k3artifacts.promotion.gates import check_gates
-from k3artifacts.promotion.moves import promote, rollback
 from k3artifacts.releases.channels import (
     Approval,
     ChannelMoved,
@@ -21,6 +19,7 @@ from k3artifacts.releases.channels import (
 )
 from k3artifacts.releases.evaluations import attach_evaluation
 from k3artifacts.releases.reviews import review_code, review_license
+from tests.fixtures.moves import check_gates, promote, rollback
 from tests.fixtures.releases import ATOMIC_STORES, require_atomic_cas, staged_for
 
 CODE = {"modeling_kimi.py": b"def forward(x):\n    return x\n"}
@@ -380,7 +379,7 @@ def test_unknown_names_and_nothing_to_roll_back(store, releases, policies, revie
     assert "k3a promote" in unknown.value.hint
     with pytest.raises(NotFound):
         rollback(store, "production", actor="bob")
-    with pytest.raises(NotFound, match="not configured in .*promotion-gates.yaml"):
+    with pytest.raises(NotFound, match="not configured in the store's policy"):
         _promote(store, release, "prodution", policies)
     with pytest.raises(ConfigError, match="not a valid channel name"):
         _promote(store, release, "Prod_1", policies)

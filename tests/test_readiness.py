@@ -16,8 +16,6 @@ from click.testing import CliRunner
 
 from k3artifacts.cli import cli
 from k3artifacts.errors import ConfigError, GateFailed
-from k3artifacts.promotion.gates import check_gates
-from k3artifacts.promotion.moves import promote
 from k3artifacts.readiness.markdown import report_markdown
 from k3artifacts.readiness.record import evaluate
 from k3artifacts.readiness.sweep import knee, percentile
@@ -27,8 +25,9 @@ from k3artifacts.releases.evaluations import (
     evaluations_prefix,
     list_evaluations,
 )
-from k3artifacts.serving.render.common import served_name
+from k3artifacts.serving.render.common import served_name, served_names
 from k3artifacts.stores.file import FileStore
+from tests.fixtures.moves import check_gates, promote, use_policy
 from tests.fixtures.releases import REPO_ROOT, staged_for
 from tests.support.openai_server import start
 from tests.support.ports import free_ports
@@ -61,8 +60,8 @@ def server(tmp_path: Path):
     """Start fixture servers (stopped by PID at teardown): server(name, **faults)."""
     started = []
 
-    def run(name: str, **faults):
-        s = start(name, tmp_path / f"openai-{len(started)}.log", **faults)
+    def run(names: str | list[str], **faults):
+        s = start(names, tmp_path / f"openai-{len(started)}.log", **faults)
         started.append(s)
         return s
 
@@ -99,14 +98,14 @@ def test_a_passing_run_lets_production_gate_pass(store, tmp_path, fast_policies,
                                                  reviewed):
     release = Releases(store, tmp_path / "scratch").release()
     reviewed(release)
-    s = server(served_name(release))
+    s = server(served_names(release))
     outcome = evaluate(store, s.url, release.id, fast_policies / SUITE, channel="production",
                        by="ci")
     report = outcome.report
     assert report.passed and outcome.written, report.failed
     assert [c.name for c in report.checks] == [
         "models", "chat", "stream", "structured_output", "tool_call", "long_context", "sweep"]
-    assert report.served_models == [served_name(release)] and report.pass_rate == 1.0
+    assert report.served_models == served_names(release) and report.pass_rate == 1.0
     assert report.sweep is not None and [p.concurrency for p in report.sweep.points] == [1, 2, 4]
     long_context = next(c for c in report.checks if c.name == "long_context")
     assert "target 7680" in long_context.detail  # the server's 8192 less room for the answer
@@ -131,8 +130,8 @@ FAULTS = [
     pytest.param({"malformed_json": True}, {"structured_output", "tool_call",
                                             "structured-invoice", "tool-weather"},
                  "malformed JSON", id="malformed-json"),
-    pytest.param({"served_name": "someone-else"}, {"models", "chat"},
-                 "serves ['someone-else'], not the tuple's", id="wrong-served-name"),
+    pytest.param({"served_names": "someone-else"}, {"models", "chat"},
+                 "serves ['someone-else'] and no tuple id", id="wrong-served-name"),
     pytest.param(None, {"models", "chat", "sweep", "tool-weather"}, "connection refused",
                  id="connection-refused"),
 ]
@@ -148,7 +147,7 @@ def test_each_failure_mode_names_its_check_and_the_gate_refuses_the_report(
         (port,) = free_ports(1)  # nobody listens there
         url = f"http://127.0.0.1:{port}"
     else:
-        name = faults.pop("served_name", served_name(release))
+        name = faults.pop("served_names", served_names(release))
         url = server(name, **faults).url
     began = time.monotonic()
     outcome = evaluate(store, url, release.id, fast_policies / SUITE, channel="production",
@@ -175,7 +174,7 @@ def test_reports_for_another_tuple_or_suite_are_refused(store, tmp_path, fast_po
     ran, other = releases.release(), releases.release()
     reviewed(ran)
     reviewed(other)
-    s = server(served_name(ran))
+    s = server(served_names(ran))
     outcome = evaluate(store, s.url, ran.id, fast_policies / SUITE, channel="production",
                        by="ci")
     assert outcome.report.passed
@@ -195,7 +194,7 @@ def test_reports_for_another_tuple_or_suite_are_refused(store, tmp_path, fast_po
     edited.write_text((fast_policies / SUITE).read_text() + "\n# loosened\n")
     fresh = releases.release()
     reviewed(fresh)
-    s2 = server(served_name(fresh))
+    s2 = server(served_names(fresh))
     assert evaluate(store, s2.url, fresh.id, edited, channel="production", by="ci").report.passed
     reason = _gate(store, fresh, fast_policies).reason
     assert "the latest run is of suite 'k3-core' sha256" in reason and "not the policy's" in reason
@@ -207,11 +206,11 @@ def test_regression_against_the_production_report_is_refused(store, tmp_path, fa
     prod, cand = releases.release(), releases.release()
     for r in (prod, cand):
         reviewed(r)
-    evaluate(store, server(served_name(prod)).url, prod.id, fast_policies / SUITE,
+    evaluate(store, server(served_names(prod)).url, prod.id, fast_policies / SUITE,
              channel="production", by="ci")
     staged_for(store, prod, fast_policies)  # production comes after staging
     promote(store, prod.id, "production", actor="alice", policies_dir=fast_policies)
-    slow = server(served_name(cand), token_delay=0.03)  # passes every SLO, but much slower
+    slow = server(served_names(cand), token_delay=0.03)  # passes every SLO, but much slower
     outcome = evaluate(store, slow.url, cand.id, fast_policies / SUITE, channel="production",
                        by="ci")
     assert outcome.report.baseline is not None and outcome.report.baseline.tuple_id == prod.id
@@ -221,11 +220,85 @@ def test_regression_against_the_production_report_is_refused(store, tmp_path, fa
         gate.reason)
 
 
+def test_eval_run_that_regresses_against_the_previous_run_makes_the_gate_fail(
+        store, tmp_path, fast_policies, server, reviewed):
+    """The policy here compares nothing itself (no ``max_regression``): the run's own verdict,
+    NOT READY on a latency regression against the run of the tuple on production, is what the
+    gate re-applies."""
+    gates = fast_policies / "promotion-gates.yaml"
+    policy = yaml.safe_load(gates.read_text())
+    del policy["channels"]["production"]["evaluation"]["max_regression"]
+    gates.write_text(yaml.safe_dump(policy, sort_keys=False))
+    releases = Releases(store, tmp_path / "scratch")
+    prod, cand = releases.release(), releases.release()
+    for r in (prod, cand):
+        reviewed(r)
+    evaluate(store, server(served_names(prod)).url, prod.id, fast_policies / SUITE,
+             channel="production", by="ci")
+    staged_for(store, prod, fast_policies)
+    promote(store, prod.id, "production", actor="alice", policies_dir=fast_policies)
+    slow = server(served_names(cand), token_delay=0.03)  # within every SLO, but much slower
+    outcome = evaluate(store, slow.url, cand.id, fast_policies / SUITE, channel="production",
+                       by="ci")
+    report = outcome.report
+    assert report.baseline is not None and report.baseline.tuple_id == prod.id
+    assert not report.failed and report.pass_rate == 1.0  # every check and case passed...
+    assert report.regressions and not report.passed  # ...but it regressed: NOT READY
+    gate = _gate(store, cand, fast_policies)
+    assert not gate.passed
+    assert f"> {prod.id}'s" in gate.reason and "p99 at concurrency 1" in gate.reason
+    with pytest.raises(GateFailed):
+        promote(store, cand.id, "production", actor="alice", policies_dir=fast_policies)
+
+
+def test_smoke_of_an_endpoint_started_from_another_tuple_fails_models(store, tmp_path, server,
+                                                                    k3a_env):
+    releases = Releases(store, tmp_path / "scratch")
+    wanted, running = releases.release(), releases.release()
+    assert served_name(wanted) == served_name(running)  # one profile: one served model name
+    env = dict(k3a_env, K3A_STORE=store.url, K3A_ACTOR="ci")
+    s = server(served_names(running))
+    result = CliRunner().invoke(cli, ["smoke", s.url, "--tuple", wanted.id, "--max-concurrency",
+                                      "1", "--json"], env=env)
+    assert result.exit_code == 5, result.stderr
+    report = json.loads(result.stdout)["report"]
+    models = report["checks"][0]
+    assert models["name"] == "models" and not models["passed"]
+    assert f"serves tuple(s) {running.id}, not {wanted.id}" in models["detail"]
+    assert report["expected_model"] == wanted.id
+    ok = CliRunner().invoke(cli, ["smoke", s.url, "--tuple", running.id, "--max-concurrency",
+                                  "1", "--json"], env=env)
+    assert ok.exit_code == 0, ok.stderr
+    assert json.loads(ok.stdout)["report"]["served_models"] == served_names(running)
+
+
+def test_long_context_is_sized_in_the_endpoints_own_tokens(store, tmp_path, server):
+    """A small vocabulary (2 characters a token): a words-per-token guess would send about
+    twice the server's limit; counted by the endpoint, the prompt fits and is answered."""
+    from k3artifacts.readiness.run import run_readiness
+    from k3artifacts.readiness.suite import SmokeSettings, SweepSettings
+
+    release = Releases(store, tmp_path / "scratch").release()
+    s = server(served_names(release), max_model_len=4096, chars_per_token=2)
+    settings = SmokeSettings(sweep=SweepSettings(max_concurrency=1, max_tokens=8))
+    report = run_readiness(s.url, release, settings)
+    check = next(c for c in report.checks if c.name == "long_context")
+    assert check.passed, check.detail
+    assert "target 3584" in check.detail and "measured with /tokenize" in check.detail
+    seen = int(check.detail.split()[0])
+    assert 3584 - 10 < seen <= 3584
+    words = int(3584 * 0.75)  # what the guess sent: this server counts far more tokens
+    body = json.dumps({"model": release.id, "prompt": " ".join(["alpha"] * words)}).encode()
+    req = urllib.request.Request(s.url.removesuffix("/v1") + "/tokenize", data=body,
+                                 headers={"Content-Type": "application/json"})
+    assert json.load(urllib.request.urlopen(req, timeout=5))["count"] > 4096
+
+
 def test_smoke_cli_reports_json_and_a_dead_endpoint_exits_8(store, tmp_path, server, k3a_env):
     release = Releases(store, tmp_path / "scratch").release()
-    env = dict(k3a_env, K3A_STORE=store.url, K3A_ACTOR="ci")
+    env = dict(k3a_env, K3A_STORE=store.url)
     runner = CliRunner()
-    s = server(served_name(release))
+    s = server(served_names(release))
     ok = runner.invoke(cli, ["smoke", s.url.removesuffix("/v1"), "--tuple", release.id,
                              "--max-concurrency", "2", "--json"], env=env)
     assert ok.exit_code == 0, ok.stderr
@@ -269,7 +342,7 @@ def test_run_reports_are_create_once_beside_the_tuple_on_s3(s3_store, tmp_path, 
     from k3artifacts.releases.evaluations import record_run
 
     release = Releases(s3_store, tmp_path / "scratch").release()
-    outcome = evaluate(s3_store, server(served_name(release)).url, release.id,
+    outcome = evaluate(s3_store, server(served_names(release)).url, release.id,
                        fast_policies / SUITE, channel="production", by="ci")
     assert outcome.written
     again, written = record_run(s3_store, outcome.report, by="someone-else")
@@ -285,7 +358,7 @@ def test_sweep_records_429_rates_and_stops_at_the_first_breach(store, tmp_path, 
     from k3artifacts.readiness.suite import SmokeSettings, SweepSettings
 
     release = Releases(store, tmp_path / "scratch").release()
-    s = server(served_name(release), token_delay=0.01, max_inflight=2)
+    s = server(served_names(release), token_delay=0.01, max_inflight=2)
     settings = SmokeSettings(sweep=SweepSettings(max_concurrency=16, max_tokens=16))
     report = run_readiness(s.url, release, settings)
     assert report.sweep is not None
@@ -301,8 +374,9 @@ def test_sweep_records_429_rates_and_stops_at_the_first_breach(store, tmp_path, 
 def test_eval_run_cli_names_the_failed_checks_and_exits_5(store, tmp_path, fast_policies,
                                                           server, k3a_env):
     release = Releases(store, tmp_path / "scratch").release()
-    env = dict(k3a_env, K3A_STORE=store.url, K3A_ACTOR="ci", K3A_POLICIES=str(fast_policies))
-    s = server(served_name(release), malformed_json=True)
+    use_policy(store, fast_policies)
+    env = dict(k3a_env, K3A_STORE=store.url, K3A_POLICIES=str(fast_policies))
+    s = server(served_names(release), malformed_json=True)
     result = CliRunner().invoke(cli, ["eval", "run", s.url, "--tuple", release.id,
                                       "--suite", str(fast_policies / SUITE)], env=env)
     assert result.exit_code == 5, result.stderr

@@ -11,10 +11,9 @@ from click.testing import CliRunner
 
 from k3artifacts.cli import cli
 from k3artifacts.errors import ConfigError, GateFailed
-from k3artifacts.promotion.gates import check_gates
-from k3artifacts.promotion.moves import promote
 from k3artifacts.releases.channels import current, history
 from k3artifacts.releases.reviews import CorruptReview, review_key, review_license
+from tests.fixtures.moves import check_gates, promote
 from tests.fixtures.releases import passing_run, staged_for
 from tests.support.releases import Releases
 

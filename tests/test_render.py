@@ -37,6 +37,14 @@ FSX = FsxTarget(
 )
 
 
+def vllm_args(release) -> list[str]:
+    """The tuple's args as rendered: vLLM serves the profile's name and the tuple id (each in
+    /v1/models), so readiness can tell which tuple an endpoint was started from."""
+    args = [a for a in release.binding.serving.args if not a.startswith("--served-model-name=")]
+    assert len(args) == len(release.binding.serving.args) - 1
+    return [*args, "--served-model-name", "Kimi-K3", release.id]
+
+
 def make(published, profile="p6-b300-tp8", storage=None, verifier=VERIFIER):
     p = published
     spec = serving_spec(load_profile(profile), storage=storage, verifier_image=verifier)
@@ -94,7 +102,7 @@ def test_hyperpod_fsx(published_revision):
     )
     worker = spec["worker"]
     assert worker["image"] == IMAGE.reference
-    assert worker["args"] == release.binding.serving.args
+    assert worker["args"] == vllm_args(release)
     assert {"name": "VLLM_ENABLE_K3_LATENT_MOE_TAIL_FUSION", "value": "1"} in worker[
         "environmentVariables"
     ]
@@ -168,7 +176,7 @@ def test_eks_single_node_validates(published_revision, where):
         b.weights.manifest_digest,
     ]
     (vllm,) = pod["containers"]
-    assert vllm["image"] == IMAGE.reference and vllm["args"] == b.serving.args
+    assert vllm["image"] == IMAGE.reference and vllm["args"] == vllm_args(release)
     assert vllm["resources"]["limits"]["nvidia.com/gpu"] == "8"
     assert vllm["startupProbe"]["failureThreshold"] * vllm["startupProbe"]["periodSeconds"] >= 3600
     assert "/v1/completions" in vllm["readinessProbe"]["exec"]["command"][-1]
@@ -190,7 +198,7 @@ def test_eks_two_nodes_is_a_leader_worker_set(published_revision):
     lwt = lws["spec"]["leaderWorkerTemplate"]
     assert lwt["size"] == 2
     leader = lwt["leaderTemplate"]["spec"]
-    assert leader["containers"][0]["args"] == release.binding.serving.args
+    assert leader["containers"][0]["args"] == vllm_args(release)
     assert leader["initContainers"][0]["command"][3] == "k3a"
     assert lwt["workerTemplate"]["spec"]["initContainers"][0]["command"][3] == "k3a"
     service = next(d for d in docs if d["kind"] == "Service")

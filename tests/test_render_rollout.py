@@ -12,9 +12,9 @@ import pytest
 import yaml
 
 from k3artifacts.errors import ConfigError
+from k3artifacts.policy.model import load_gate_policy
+from k3artifacts.policy.rollout import TrafficPolicy
 from k3artifacts.releases.binding import create_tuple
-from k3artifacts.releases.policies import load_gate_policy
-from k3artifacts.releases.rollout_policy import TrafficPolicy
 from k3artifacts.releases.tuples import ImageRef
 from k3artifacts.serving.profiles import (
     FsxTarget,

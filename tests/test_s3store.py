@@ -213,11 +213,13 @@ def test_second_revision_references_unchanged_objects_then_materializes_them(
     m2 = manifest_for(C2, {**rev2, **reused})
     w2.commit(m2)
     assert s3_store.list_revisions(REPO) == [C1, C2]
-    assert s3_store.read_manifest(REPO, C2) == m2
+    published = s3_store.read_manifest(REPO, C2)
+    assert published.canonical() == m2.canonical()  # identity only: provenance is beside it
+    assert published.with_provenance(s3_store.read_provenance(REPO, C2)) == m2
     # Only the changed file lies under the new prefix until a server needs the rest there.
     assert sorted(s3_store.object_sizes(f"models/{REPO}/{C2}/")) == [
-        f"models/{REPO}/{C2}/.k3a/manifest.json", f"models/{REPO}/{C2}/.k3a/s3-objects.json",
-        f"models/{REPO}/{C2}/config.json"]
+        f"models/{REPO}/{C2}/.k3a/manifest.json", f"models/{REPO}/{C2}/.k3a/provenance.json",
+        f"models/{REPO}/{C2}/.k3a/s3-objects.json", f"models/{REPO}/{C2}/config.json"]
 
     assert s3_store.materialize(REPO, C2) == 3 * 6 * MiB
     for name, data in shards.items():

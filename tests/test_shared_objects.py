@@ -22,8 +22,8 @@ from click.testing import CliRunner
 
 from k3artifacts.cli import cli
 from k3artifacts.errors import Conflict
+from k3artifacts.policy.model import load_gate_policy
 from k3artifacts.releases.binding import bind
-from k3artifacts.releases.policies import load_gate_policy
 from k3artifacts.releases.retention import plan, retire
 from k3artifacts.stores.base import OBJECT_RECORDS_REL
 from k3artifacts.stores.verify import verify_revision

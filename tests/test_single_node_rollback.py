@@ -24,7 +24,7 @@ from k3artifacts.promotion.single_node import (
 from k3artifacts.readiness.suite import SmokeSettings, SweepSettings
 from k3artifacts.releases.channels import read_state
 from k3artifacts.releases.reviews import review_code, review_license
-from k3artifacts.serving.render.common import served_name
+from k3artifacts.serving.render.common import served_name, served_names
 from k3artifacts.stores.file import FileStore
 from tests.support.openai_server import start
 from tests.support.releases import Releases
@@ -118,7 +118,7 @@ def _wait_running(metrics: str, n: int):
 def test_steps_in_order_after_the_node_drained(tmp_path, cluster, channel):
     config, calls = cluster
     store, a, b = channel
-    node = start(served_name(a), tmp_path / "node.log", slow_first_token=1.5)
+    node = start(served_names(a), tmp_path / "node.log", slow_first_token=1.5)
     try:
         metrics = f"http://127.0.0.1:{node.port}/metrics"
         finished = _in_flight(node.url, served_name(a), 3)
@@ -153,7 +153,7 @@ def test_steps_in_order_after_the_node_drained(tmp_path, cluster, channel):
 def test_a_drain_that_times_out_changes_nothing_and_reopens(tmp_path, cluster, channel):
     config, calls = cluster
     store, a, b = channel
-    node = start(served_name(a), tmp_path / "node.log", slow_first_token=3)
+    node = start(served_names(a), tmp_path / "node.log", slow_first_token=3)
     try:
         metrics = f"http://127.0.0.1:{node.port}/metrics"
         finished = _in_flight(node.url, served_name(a), 1)

@@ -261,7 +261,8 @@ def test_stage_to_s3_then_one_changed_file_uploads_only_that_file(local_hub, s3_
     second_commit = local_hub.hub.add_commit(REPO, changed)
     second = run_stage(local_hub.endpoint, s3_store, tmp_path / "q")
     assert second.commit == second_commit != first_commit
-    new = s3_store.read_manifest(REPO, second_commit)
+    new = s3_store.read_manifest(REPO, second_commit).with_provenance(
+        s3_store.read_provenance(REPO, second_commit))
     old = s3_store.read_manifest(REPO, first_commit)
     as_downloaded = {"source": "downloaded", "reused_from": None}
     differing = [f for f in new.files if old.file(f.path) != f.model_copy(update=as_downloaded)]

@@ -14,9 +14,9 @@ import pytest
 import urllib3
 import yaml
 
+from k3artifacts.policy.model import load_gate_policy
 from k3artifacts.promotion.gates import GATES, channel_policy, context
 from k3artifacts.releases.analyses import list_analyses
-from k3artifacts.releases.policies import load_gate_policy
 from k3artifacts.serving.render.common import served_name
 from k3artifacts.stores.file import FileStore
 from tests.fixtures.prometheus import prometheus, prometheus_binary

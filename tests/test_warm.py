@@ -16,7 +16,7 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric import ec
 
 from k3artifacts.errors import UnsafeCacheEntry
-from k3artifacts.releases.policies import load_gate_policy
+from k3artifacts.policy.model import load_gate_policy
 from k3artifacts.releases.retention import plan, retire
 from k3artifacts.signing.keys import KeySigner
 from k3artifacts.stores.file import FileStore
@@ -250,24 +250,25 @@ def test_retention_keeps_a_warm_artifact_exactly_as_long_as_its_tuple(captured, 
     assert len(drop_warm(root, set())) == 1 and list_warm(root) == []
 
 
-def test_policy_turns_warm_start_off_for_a_channel(captured, tmp_path):
+def test_policy_turns_warm_start_off_for_a_channel(captured, tmp_path, policies):
+    from k3artifacts.policy.document import PolicyDocument
     from k3artifacts.warm.trust import warm_trust
 
     store, releases, release, dirs = captured
     _capture(store, release, dirs)
-    policies = tmp_path / "policies"
-    policies.mkdir()
-    text = (REPO_ROOT / "policies" / "promotion-gates.yaml").read_text()
-    text = text.replace("  staging:\n", "  staging:\n    warm_start: {enabled: false}\n", 1)
-    (policies / "promotion-gates.yaml").write_text(text)
-    trust = warm_trust(policies, "staging")
+    gates = policies / "promotion-gates.yaml"
+    gates.write_text(gates.read_text().replace(
+        "  staging:\n", "  staging:\n    warm_start: {enabled: false}\n", 1))
+    trust = warm_trust(PolicyDocument.from_dir(policies), "staging")
     assert prewarm.fetch(store, release, tmp_path / "n", gpu=GPU, trust=trust).reason == \
         "disabled"
 
 
 def test_cli_capture_pull_and_cache_ls(captured, tmp_path, policies):
+    from tests.fixtures.moves import use_policy
+
     store, releases, release, dirs = captured
-    env = {**os.environ, "K3A_STORE": store.url, "K3A_POLICIES": str(policies)}
+    env = {**os.environ, "K3A_STORE": store.url}
     k3a = [sys.executable, "-m", "k3artifacts"]
     out = subprocess.run([*k3a, "warm", "capture", release.id, "--gpu", GPU, "--json",
                           *(f"{n}={p}" for n, p in dirs.items())],
@@ -276,19 +277,19 @@ def test_cli_capture_pull_and_cache_ls(captured, tmp_path, policies):
     again = subprocess.run([*k3a, "warm", "capture", release.id, "--gpu", GPU,
                             f"triton={dirs['triton']}"], env=env, capture_output=True, text=True)
     assert again.returncode == 6 and "already" in again.stderr.lower() + again.stdout.lower()
+    # The packaged policy (the store has none yet) requires signatures on production: a bare
+    # tuple's unsigned artifact is then a named miss, and the weights pull still succeeds.
+    strict = subprocess.run([*k3a, "pull", release.id, "--to", str(tmp_path / "n2"), "--gpu",
+                             GPU, "--json"], env=env, capture_output=True, text=True)
+    assert strict.returncode == 0, strict.stderr
+    assert json.loads(strict.stdout)["warm"]["reason"] == "unsigned"
+    assert "warm start miss: unsigned" in strict.stderr
+    use_policy(store, policies)  # one that requires no signature
     root = tmp_path / "node"
     pulled = subprocess.run([*k3a, "pull", release.id, "--to", str(root), "--gpu", GPU,
                              "--json"], env=env, capture_output=True, text=True)
     assert pulled.returncode == 0, pulled.stderr
     assert json.loads(pulled.stdout)["warm"]["ok"] is True
-    # The shipped policy requires signatures on production: a bare tuple's unsigned
-    # artifact is then a named miss, and the weights pull still succeeds.
-    strict = subprocess.run([*k3a, "pull", release.id, "--to", str(tmp_path / "n2"), "--gpu",
-                             GPU, "--json", "--policies", str(REPO_ROOT / "policies")],
-                            env=env, capture_output=True, text=True)
-    assert strict.returncode == 0, strict.stderr
-    assert json.loads(strict.stdout)["warm"]["reason"] == "unsigned"
-    assert "warm start miss: unsigned" in strict.stderr
     miss = subprocess.run([*k3a, "warm", "pull", release.id, "--to", str(root), "--gpu",
                            "NVIDIA B200", "--json"], env=env, capture_output=True, text=True)
     assert miss.returncode == 0 and json.loads(miss.stdout)["reason"] == "foreign-gpu"
@@ -367,10 +368,10 @@ def test_a_link_planted_in_the_node_cache_or_the_work_dir_is_never_followed(capt
     assert [p for p in into.rglob("*") if p.is_file()] == []
 
 
-def test_no_store_or_no_policy_is_a_cold_start_never_a_failure(captured, tmp_path, policies):
+def test_no_store_is_a_cold_start_never_a_failure(captured, tmp_path):
     store, releases, release, dirs = captured
     k3a = [sys.executable, "-m", "k3artifacts"]
-    env = {**os.environ, "K3A_STORE": store.url, "K3A_POLICIES": str(policies)}
+    env = {**os.environ, "K3A_STORE": store.url}
     into = tmp_path / "work"
     gone = subprocess.run([*k3a, "warm", "use", release.id, "--store",
                            f"file://{tmp_path / 'nowhere'}", "--gpu", GPU, "--into", str(into),
@@ -380,10 +381,3 @@ def test_no_store_or_no_policy_is_a_cold_start_never_a_failure(captured, tmp_pat
     assert json.loads(gone.stdout)["reason"] == "unavailable"
     assert sorted(p.name for p in into.iterdir()) == sorted(
         ["vllm", "triton", "inductor", "flashinfer", "deepgemm"])
-    empty = tmp_path / "empty-policies"
-    empty.mkdir()
-    pulled = subprocess.run([*k3a, "pull", release.id, "--to", str(tmp_path / "n"), "--gpu",
-                             GPU, "--policies", str(empty), "--json"],
-                            env=env, capture_output=True, text=True)
-    assert pulled.returncode == 0, pulled.stderr
-    assert json.loads(pulled.stdout)["warm"]["reason"] == "no-policy"

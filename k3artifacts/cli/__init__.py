@@ -1,75 +1,96 @@
-"""The ``k3a`` command: every flow of the pipeline, runnable without a Prefect server."""
+"""The ``k3a`` program: Ctrl-C and a closed stdout handled from its first statement.
+
+This module imports nothing heavier than :mod:`signal`, so the interrupt handler is in place
+before click, pydantic or any command module is imported: Ctrl-C in the first second exits
+130 like Ctrl-C an hour into a stage. The command group lives in :mod:`k3artifacts.cli.app`.
+"""
 
 from __future__ import annotations
 
-import importlib
+import contextlib
+import io
+import os
+import signal
+import sys
+from typing import Any
 
-import click
+#: Exit code of a run stopped by Ctrl-C (SIGINT), as shells report it.
+INTERRUPTED = 130
+RESUME_HINT = "re-run the same command to resume: partial and verified files are kept"
+RETRY_HINT = "nothing half-written is visible to readers; re-run the same command"
 
-from k3artifacts import __version__
-
-#: Which module defines each command. A command's module is imported only when that command
-#: runs (or for `k3a --help`), so `k3a verify` on a node does not pay for the Hub client,
-#: boto3 or the renderers.
-COMMAND_MODULES = {
-    "stage": "stage",
-    "verify": "verify",
-    "sign": "sign",
-    "revisions": "revisions",
-    "demo": "demo",
-    "promote": "channels",
-    "rollback": "channels",
-    "history": "channels",
-    "channels": "channels",
-    "gates": "channels",
-    "review": "channels",
-    "gc": "gc",
-    "eval": "readiness",
-    "smoke": "readiness",
-    "tuple": "tuples",
-    "tuples": "tuples",
-    "render": "tuples",
-    "bootstrap": "aws",
-    "fsx": "aws",
-    "docker": "docker",
-    "pull": "pull",
-    "cache": "pull",
-    "warm": "warm",
-    "traffic": "traffic",
-    "preflight": "preflight",
-    "scan": "scan",
-}
+_interrupt_hint = RETRY_HINT
 
 
-class LazyGroup(click.Group):
-    def list_commands(self, ctx: click.Context) -> list[str]:
-        return sorted(set(super().list_commands(ctx)) | set(COMMAND_MODULES))
-
-    def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
-        if name not in self.commands and name in COMMAND_MODULES:
-            # Importing the module registers its commands on this group (@cli.command).
-            importlib.import_module(f"{__name__}.{COMMAND_MODULES[name]}")
-        return super().get_command(ctx, name)
+def set_interrupt_hint(hint: str) -> None:
+    """What Ctrl-C tells the operator to do next, from now on in this process."""
+    global _interrupt_hint
+    _interrupt_hint = hint
 
 
-@click.group(
-    cls=LazyGroup,
-    context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},
-)
-@click.version_option(__version__, prog_name="k3a")
-def cli() -> None:
-    """Stage Kimi K3 (or any Hugging Face safetensors model) into a verified, pinned release.
+def _interrupted(signum: int, frame: Any) -> None:
+    # Straight to the file descriptor: a worker thread may hold sys.stderr's lock mid-line.
+    with contextlib.suppress(OSError):  # stderr may be a pipe nobody reads any more
+        os.write(2, f"\nerror: interrupted (Ctrl-C)\nnext: {_interrupt_hint}\n".encode())
+    # At once, as a crash would: waiting for running transfers to drain could take an hour
+    # at a multi-GB shard, and every write is already crash-safe (partial files are a prefix,
+    # records are created or swapped atomically, a revision is visible only with its manifest).
+    os._exit(INTERRUPTED)
 
-    \b
-    Typical path:
-      k3a demo                                   # try it all locally, no network needed
-      k3a stage moonshotai/Kimi-K3 --revision main --store s3://bucket/k3a
-      k3a verify moonshotai/Kimi-K3@<commit>     # on a node, before serving
-    Exit codes: 0 ok, 2 usage, 3 refused content, 4 verify mismatch, 5 gate failed,
-    6 lost a race, 7 not found (also: no store there), 8 upstream/storage unavailable,
-    9 bad configuration, 130 interrupted (re-run resumes).
-    """
+
+class _ClosedPipeTolerant(io.TextIOWrapper):
+    """stdout (or stderr) that outlives its reader: once ``k3a ... | head -1`` has closed the
+    pipe, the rest of the output goes to /dev/null and the command finishes its work and
+    exits with its own code (a stage whose summary nobody reads has still published)."""
+
+    def write(self, text: str) -> int:
+        try:
+            return super().write(text)
+        except BrokenPipeError:
+            self._discard_from_now_on()
+            return super().write(text)
+
+    def flush(self) -> None:
+        try:
+            super().flush()
+        except BrokenPipeError:
+            self._discard_from_now_on()
+            super().flush()
+
+    def _discard_from_now_on(self) -> None:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, self.fileno())
+        os.close(devnull)
+
+
+def _tolerant(stream: Any) -> Any:
+    if not isinstance(stream, io.TextIOWrapper) or isinstance(stream, _ClosedPipeTolerant):
+        return stream
+    # The original wrapper stays referenced by sys.__stdout__ / sys.__stderr__, so it never
+    # closes the buffer they share.
+    stream.flush()
+    return _ClosedPipeTolerant(
+        stream.buffer,
+        encoding=stream.encoding,
+        errors=stream.errors,
+        line_buffering=stream.line_buffering,
+        write_through=stream.write_through,
+    )
 
 
 def main() -> None:
-    cli()
+    signal.signal(signal.SIGINT, _interrupted)
+    sys.stdout = _tolerant(sys.stdout)
+    sys.stderr = _tolerant(sys.stderr)
+    from k3artifacts.cli.app import cli
+
+    cli(prog_name="k3a")
+
+
+def __getattr__(name: str) -> Any:
+    # `from k3artifacts.cli import cli` (tests, CliRunner) without importing click here.
+    if name == "cli":
+        from k3artifacts.cli.app import cli
+
+        return cli
+    raise AttributeError(name)

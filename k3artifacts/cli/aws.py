@@ -4,30 +4,27 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 from urllib.parse import urlparse
 
 import click
 
-from k3artifacts.cli import cli
 from k3artifacts.cli.common import (
     emit,
     from_settings,
     get_store,
-    handle_errors,
     json_option,
+    load,
     store_option,
 )
 from k3artifacts.errors import ConfigError
-from k3artifacts.revisions.refs import match_revision_ref
-from k3artifacts.settings import load
-from k3artifacts.stores import awsclients
-from k3artifacts.stores.bootstrap import BootstrapReport, bootstrap
-from k3artifacts.stores.bucket_policies import BucketPolicyInputs, iam_policies
-from k3artifacts.stores.fsx import start_preload
+
+if TYPE_CHECKING:
+    from k3artifacts.stores.bootstrap import BootstrapReport
 
 endpoint_option = click.option(
     "--endpoint-url", default=None,
-    help=f"S3 endpoint (moto, MinIO, VPC endpoint). Default: ${awsclients.S3_ENDPOINT_ENV}, "
+    help="S3 endpoint (moto, MinIO, VPC endpoint). Default: $K3A_S3_ENDPOINT_URL, "
     "else boto3's own.",
 )
 profile_option = click.option("--profile", envvar="AWS_PROFILE", help="AWS profile to use.")
@@ -40,7 +37,7 @@ def _bucket_and_prefix(url: str) -> tuple[str, str]:
     return parsed.netloc, parsed.path.strip("/")
 
 
-@cli.command("bootstrap")
+@click.command("bootstrap")
 @click.argument("bucket_url", metavar="s3://BUCKET[/PREFIX]")
 @click.option("--admin-role-arn", required=True,
               help="The only role allowed to delete under models/ and releases/ or change "
@@ -58,7 +55,7 @@ def _bucket_and_prefix(url: str) -> tuple[str, str]:
               "omitted). Its policy must allow logging.s3.amazonaws.com; the error says how.")
 @click.option("--log-prefix", help="Key prefix of the access logs. Default: BUCKET/PREFIX/.")
 @click.option("--noncurrent-days", type=click.IntRange(min=1), default=30, show_default=True,
-              help="Days before noncurrent object versions expire (what `k3a gc` leaves).")
+              help="Days before noncurrent object versions expire (what `k3a revision gc` leaves).")
 @click.option("--create-bucket", is_flag=True, help="Create the bucket when it does not exist.")
 @click.option("--dry-run", is_flag=True, help="Show what differs; change nothing.")
 @click.option("--iam-out", type=click.Path(file_okay=False, path_type=Path),
@@ -67,7 +64,6 @@ def _bucket_and_prefix(url: str) -> tuple[str, str]:
 @endpoint_option
 @profile_option
 @json_option
-@handle_errors
 def bootstrap_cmd(
     bucket_url: str, admin_role_arn: str, inference_role_arn: str, kms_key_arn: str,
     downloader_role_arn: str | None, promoter_role_arn: str | None,
@@ -88,6 +84,9 @@ def bootstrap_cmd(
     Exit codes: 0 done (or dry run shown), 7 bucket missing (see --create-bucket),
     8 S3 unreachable, 9 bad ARN/URL or missing permission.
     """
+    from k3artifacts.stores.bootstrap import bootstrap
+    from k3artifacts.stores.bucket_policies import BucketPolicyInputs, iam_policies
+
     bucket, prefix = _bucket_and_prefix(bucket_url)
     inputs = BucketPolicyInputs(
         bucket=bucket, prefix=prefix, admin_role_arn=admin_role_arn,
@@ -96,6 +95,8 @@ def bootstrap_cmd(
         extra_reader_arns=extra_readers, log_bucket=log_bucket, log_prefix=log_prefix,
         noncurrent_days=noncurrent_days,
     )
+    from k3artifacts.stores import awsclients
+
     client = awsclients.s3_client(endpoint_url, profile, inputs.region)
     report = bootstrap(client, inputs, dry_run=dry_run, create_bucket=create_bucket)
     written: list[str] = []
@@ -127,7 +128,7 @@ def _print_report(report: BootstrapReport, written: list[str]) -> None:
         click.echo(f"wrote {path}")
 
 
-@cli.group("fsx")
+@click.group("fsx")
 def fsx_group() -> None:
     """FSx for Lustre file systems linked to the release bucket."""
 
@@ -142,7 +143,6 @@ def fsx_group() -> None:
 @click.option("--region", default=from_settings(lambda: load().aws_region),
               help="Region of the file system.  [env var: AWS_REGION]")
 @json_option
-@handle_errors
 def fsx_preload(ref: str, file_system_id: str, store_url: str, fsx_endpoint_url: str | None,
                 profile: str | None, region: str | None, as_json: bool) -> None:
     """Import a published revision's metadata from S3 into a linked FSx for Lustre file system.
@@ -157,6 +157,9 @@ def fsx_preload(ref: str, file_system_id: str, store_url: str, fsx_endpoint_url:
     Exit codes: 0 task started, 7 revision or file system not found, 8 FSx unreachable,
     9 store is not S3, file system not Lustre or not linked to the store's bucket.
     """
+    from k3artifacts.revisions.refs import match_revision_ref
+    from k3artifacts.stores.fsx import start_preload
+
     parsed = match_revision_ref(ref)
     if parsed is None:
         raise click.BadParameter("write ORG/NAME@<40-hex commit>", param_hint="REF")
@@ -169,6 +172,8 @@ def fsx_preload(ref: str, file_system_id: str, store_url: str, fsx_endpoint_url:
         )
     store.published_manifest_bytes(repo_id, commit, hint="stage it first (k3a stage)")
     store.materialize(repo_id, commit)  # the file system imports the prefix as it is
+    from k3artifacts.stores import awsclients
+
     client = awsclients.client("fsx", endpoint_url=fsx_endpoint_url, profile=profile,
                                region=region)
     started = start_preload(client, file_system_id, store.location(repo_id, commit))

@@ -1,44 +1,66 @@
-"""``k3a promote | rollback | history | channels | gates | review``: moving channels."""
+"""``k3a promote | rollback | approve | history | channels | gates | review``: moving channels.
+
+Who acts is resolved once (``policy/actor.py``); what judges is the store's policy
+(``policy/record.py``), never a local directory: ``--policies`` here is refused with the way to
+propose a change instead."""
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
-from k3artifacts.cli import cli
 from k3artifacts.cli.common import (
     emit,
     get_store,
-    handle_errors,
     json_option,
-    policies_option,
     store_option,
 )
 from k3artifacts.cli.single_node import run_single_node, single_node_options
-from k3artifacts.errors import GateFailed, K3AError
-from k3artifacts.promotion.gates import GATE_TABLE_HEADER, check_gates, gate_rows
-from k3artifacts.promotion.moves import MoveResult, promote, rollback
-from k3artifacts.releases.actor import Actor, resolve_actor
-from k3artifacts.releases.channels import GateResult, HistoryEntry, history, list_channels
-from k3artifacts.releases.policies import load_gate_policy
-from k3artifacts.releases.reviews import license_text, review_code, review_license
-from k3artifacts.stores.base import Store
+from k3artifacts.errors import ConfigError, GateFailed
+
+if TYPE_CHECKING:
+    from k3artifacts.policy.actor import Actor
+    from k3artifacts.policy.results import GateResult
+    from k3artifacts.promotion.moves import MoveResult
+    from k3artifacts.releases.channels import HistoryEntry
+    from k3artifacts.stores.base import Store
 
 by_option = click.option(
     "--by",
     "by",
     default=None,
-    help="Who is acting, typed: accepted only on file stores whose gate policy allows it "
-    "(identity.claimed_actor_on_file_stores). Otherwise the actor is your AWS identity (STS) "
-    "on S3, the OS user on file stores.",
+    help="Who is acting, typed: accepted only on file stores whose policy allows it "
+    "(identity.claimed_actor_on_file_stores), and recorded as asserted. Otherwise the actor is "
+    "your AWS identity (STS) on S3, the account of your uid on file stores.",
+)
+
+#: Refused, not read: a local directory can propose a policy change, never judge a move.
+local_policies_option = click.option(
+    "--policies", "local_policies", default=None, hidden=True,
+    type=click.Path(file_okay=False, path_type=Path),
 )
 
 
-def _actor(store: Store, policies_dir: Path, by: str | None) -> Actor:
-    identity = load_gate_policy(policies_dir).identity
-    return resolve_actor(store, typed=by, claims_allowed=identity.claimed_actor_on_file_stores)
+def _actor(store: Store, by: str | None) -> Actor:
+    from k3artifacts.policy.actor import resolve_actor
+    from k3artifacts.policy.record import in_force
+    identity = in_force(store).document.gates.identity
+    return resolve_actor(store, typed=by, identity=identity)
+
+
+def _refuse_local_policies(local: Path | None, store: Store) -> None:
+    from k3artifacts.policy.record import in_force
+    if local is not None:
+        policy = in_force(store)
+        raise ConfigError(
+            f"--policies {local}: moves are judged by the store's policy ({policy.label()}), "
+            "not a local directory",
+            hint=f"to change the store's policy: `k3a policy propose {local}`, then "
+            "`k3a policy apply REQUEST` (a change that loosens a channel needs a second "
+            "identity's `k3a approve REQUEST`)",
+        )
 
 
 def _table(rows: list[list[str]], header: list[str]) -> None:
@@ -48,6 +70,7 @@ def _table(rows: list[list[str]], header: list[str]) -> None:
 
 
 def _gate_table(results: list[GateResult]) -> None:
+    from k3artifacts.promotion.gates import GATE_TABLE_HEADER, gate_rows
     if results:
         _table(gate_rows(results), GATE_TABLE_HEADER)
     else:
@@ -64,13 +87,15 @@ def _move_summary(result: MoveResult) -> None:
         return
     for name in result.unused_overrides:
         click.echo(f"note: override of {name} not used (the gate passed); not recorded")
+    approved = f", approved by {e.approval.who}" if e.approval else ""
     click.echo(
         f"{result.channel}: {result.previous_tuple_id or '(empty)'} -> {result.tuple_id} "
-        f"({e.action} #{e.seq} by {e.who})"
+        f"({e.action} #{e.seq} by {e.who}{approved}; policy v{e.policy_version} "
+        f"{(e.policy_digest or '')[:12]})"
     )
 
 
-@cli.command("promote")
+@click.command("promote")
 @click.argument("tuple_id")
 @click.argument("channel")
 @click.option(
@@ -87,26 +112,30 @@ def _move_summary(result: MoveResult) -> None:
     help="Why the preceding --override-gate is acceptable (recorded in the history).",
 )
 @click.option("--why", default=None, help="Why this promotion (recorded in the history).")
+@click.option("--approval", "approval", metavar="REQUEST", default=None,
+              help="An approved request (`k3a approve REQUEST`) for this move: the approver is "
+              "then the promoter separation of duties judges.")
 @by_option
-@policies_option
+@local_policies_option
 @store_option
 @json_option
-@handle_errors
 def promote_cmd(
     tuple_id: str,
     channel: str,
     override_gates: tuple[str, ...],
     override_reasons: tuple[str, ...],
     why: str | None,
+    approval: str | None,
     by: str | None,
-    policies_dir: Path,
+    local_policies: Path | None,
     store_url: str,
     as_json: bool,
 ) -> None:
     """Move CHANNEL to TUPLE_ID after the channel's gates pass.
 
-    The gates come from POLICIES/promotion-gates.yaml; each failed gate is listed with its
-    reason and the pointer does not move, unless that gate is overridden with
+    The gates are the store's policy (`k3a policy show`; seeded from the packaged defaults on
+    first use); each failed gate is listed with its reason and the pointer does not move,
+    unless that gate is overridden with
     `--override-gate NAME --reason "..."`. The move is a compare-and-swap: if another promotion
     or rollback moved the channel meanwhile, this one writes nothing and names the winner.
     Promoting the tuple the channel already points at succeeds and writes nothing.
@@ -116,23 +145,19 @@ def promote_cmd(
       k3a promote k3t-0123456789abcdef01234567 production --why "eval passed" \\
           --override-gate evaluation --reason "suite flaky, manual check by bob"
 
-    Exit codes: 0 moved (or already there), 5 a gate failed, 6 lost a race (another move won;
-    nothing written), 7 unknown tuple or channel not in the policy, 9 bad policy or override.
+    Exit codes: 0 moved (or already there), 4 the channel pointer does not match its history,
+    5 a gate failed, 6 lost a race (another move won; nothing written), 7 unknown tuple or
+    channel not in the policy, 9 bad override, or a local --policies.
     """
+    from k3artifacts.promotion.moves import promote
     if len(override_gates) != len(override_reasons):
         raise click.UsageError("give exactly one --reason for each --override-gate")
     overrides = dict(zip(override_gates, override_reasons, strict=True))
     store = get_store(store_url)
-    actor = _actor(store, policies_dir, by)
+    _refuse_local_policies(local_policies, store)
     result = promote(
-        store,
-        tuple_id,
-        channel,
-        actor=actor.name,
-        actor_source=actor.source,
-        reason=why,
-        overrides=overrides,
-        policies_dir=policies_dir,
+        store, tuple_id, channel, actor=_actor(store, by), reason=why, overrides=overrides,
+        approval=approval,
     )
 
     def human() -> None:
@@ -142,7 +167,7 @@ def promote_cmd(
     emit(as_json, result, human)
 
 
-@cli.command("rollback")
+@click.command("rollback")
 @click.argument("channel")
 @click.option(
     "--to",
@@ -153,17 +178,24 @@ def promote_cmd(
 )
 @click.option("--why", default=None, help="Why roll back (recorded in the history).")
 @single_node_options
+@click.option("--approval", "approval", metavar="REQUEST", default=None,
+              help="An approved request for this rollback (`k3a approve REQUEST`), where the "
+              "store's policy sets rollback_approval for the channel.")
+@click.option("--request-approval", "request_approval_", is_flag=True,
+              help="Record a request for approval of this rollback and print its id; moves "
+              "nothing.")
 @by_option
-@policies_option
+@local_policies_option
 @store_option
 @json_option
-@handle_errors
 def rollback_cmd(
     channel: str,
     to: str | None,
     why: str | None,
+    approval: str | None,
+    request_approval_: bool,
     by: str | None,
-    policies_dir: Path,
+    local_policies: Path | None,
     store_url: str,
     as_json: bool,
     **node: Any,
@@ -174,29 +206,73 @@ def rollback_cmd(
     and swaps the pointer, so it takes the same time for any release size. Two rollbacks in a
     row swap back (like an undo). Refuses a target whose weights were deleted from the store.
 
-    Exit codes: 0 moved (or already there), 4 target's manifest changed, 6 lost a race,
+    Where the store's policy sets rollback_approval for CHANNEL, the rollback needs an
+    approval record: `--request-approval` records the request and prints its id, another
+    release engineer runs `k3a approve REQUEST`, then `--approval REQUEST` moves the channel.
+
+    Exit codes: 0 moved (or already there, or a request recorded), 4 target's manifest changed
+    or the pointer does not match its history, 5 approval needed, rejected or for another move
+    (with --single-node: the procedure stopped at a failed step, recorded), 6 lost a race,
     7 unknown channel, target never on it, or target's weights gone.
-    With --single-node: 5 the procedure stopped at a failed step (recorded).
     """
+    from k3artifacts.policy.approvals import request_approval
+    from k3artifacts.promotion.moves import rollback
+    from k3artifacts.releases.channels import history, read_state
     store = get_store(store_url)
-    actor = _actor(store, policies_dir, by)
+    _refuse_local_policies(local_policies, store)
+    actor = _actor(store, by)
     if node["single_node"]:
-        run_single_node(store, channel, to=to, why=why, actor=actor, as_json=as_json, **node)
+        run_single_node(store, channel, to=to, why=why, actor=actor, approval=approval,
+                        as_json=as_json, **node)
         return
-    result = rollback(
-        store, channel, to=to, actor=actor.name, actor_source=actor.source, reason=why,
-        policy_channels=_policy_channels(policies_dir),
-    )
+    if request_approval_:
+        state = read_state(store, channel)
+        if to is None and state.pointer is not None:
+            to = next((e.tuple_id for e in reversed(history(store, channel))
+                       if e.tuple_id != state.pointer.tuple_id), None)
+        request = request_approval(store, action="rollback", by=actor, channel=channel,
+                                   tuple_id=to, why=why, needs=["rollback_approval"])
+        emit(as_json, request, lambda: click.echo(
+            f"requested: {request.subject()} as {request.id}\n"
+            f"next: another release engineer runs `k3a approve {request.id}`; then "
+            f"`k3a rollback {channel} --to {to} --approval {request.id}`"))
+        return
+    result = rollback(store, channel, to=to, actor=actor, reason=why, approval=approval)
     emit(as_json, result, lambda: _move_summary(result))
 
 
-def _policy_channels(policies_dir: Path) -> set[str] | None:
-    """The channels the gate policy allows, or None when there is no readable policy here
-    (a rollback needs none: it only returns to tuples that passed their gates)."""
-    try:
-        return set(load_gate_policy(policies_dir).channels)
-    except K3AError:
-        return None
+@click.command("approve")
+@click.argument("request_id", metavar="REQUEST")
+@click.option("--reject", is_flag=True, help="Answer no: the move or change will not happen.")
+@click.option("--reason", default=None, help="Why (recorded with the decision).")
+@click.option("--show", is_flag=True, help="Print the request; record nothing.")
+@by_option
+@store_option
+@json_option
+def approve_cmd(request_id: str, reject: bool, reason: str | None, show: bool, by: str | None,
+                store_url: str, as_json: bool) -> None:
+    """Answer an approval request (a flow's promotion or rollback, a rollback the policy wants
+    approved, a policy change), once, under your own identity: your AWS identity (STS) on S3,
+    the account of your uid on file stores. The requester cannot approve their own request.
+
+    Exit codes: 0 recorded (or shown), 5 you asked for it yourself, 6 already answered,
+    7 no such request.
+    """
+    from k3artifacts.policy.approvals import decide, get_request
+    store = get_store(store_url)
+    request = get_request(store, request_id)
+    if show:
+        emit(as_json, request, lambda: click.echo(
+            f"{request.id}: {request.subject()}\nrequested by {request.requested_by.label()} "
+            f"at {request.requested_at:%Y-%m-%d %H:%M}"
+            + (f" for {request.requested_for!r} (typed)" if request.requested_for else "")
+            + (f"\nwhy: {request.why}" if request.why else "")
+            + "".join(f"\nneeds approval: {n}" for n in request.needs)))
+        return
+    decision = decide(store, request_id, by=_actor(store, by), approve=not reject,
+                      reason=reason)
+    emit(as_json, decision, lambda: click.echo(
+        f"{decision.decision}: {request.subject()} ({request.id}) by {decision.by.label()}"))
 
 
 def _history_row(e: HistoryEntry) -> list[str]:
@@ -210,43 +286,47 @@ def _history_row(e: HistoryEntry) -> list[str]:
         e.tuple_id,
         e.previous_tuple_id or "-",
         e.who,
+        f"v{e.policy_version} {e.policy_digest[:12]}" if e.policy_digest else "-",
         "; ".join([e.why or "", *notes]).strip("; ") or "-",
     ]
 
 
-@cli.command("history")
+@click.group("channel")
+def channel_group() -> None:
+    """Channel pointers in the store and the history of their moves. `k3a channels list` and
+    `k3a history CHANNEL` are the old spellings."""
+
+
+@channel_group.command("history")
 @click.argument("channel")
 @store_option
-@policies_option
 @json_option
-@handle_errors
-def history_cmd(channel: str, store_url: str, policies_dir: Path, as_json: bool) -> None:
-    """Every move of CHANNEL, oldest first: seq, when, action, tuple, previous, who, why.
+def history_cmd(channel: str, store_url: str, as_json: bool) -> None:
+    """Every move of CHANNEL, oldest first: seq, when, action, tuple, previous, who, policy,
+    why.
 
-    Exit codes: 0 ok, 7 unknown channel.
+    Exit codes: 0 ok, 4 the pointer does not match its history, 7 unknown channel.
     """
-    entries = history(get_store(store_url), channel, _policy_channels(policies_dir))
+    from k3artifacts.policy.record import in_force
+    from k3artifacts.releases.channels import history
+    store = get_store(store_url)
+    entries = history(store, channel, in_force(store).document.gates.channels)
     emit(
         as_json,
         [e.model_dump(mode="json") for e in entries],
         lambda: _table(
             [_history_row(e) for e in entries],
-            ["seq", "when (UTC)", "action", "tuple", "previous", "who", "why"],
+            ["seq", "when (UTC)", "action", "tuple", "previous", "who", "policy", "why"],
         ),
     )
 
 
-@cli.group("channels")
-def channels_group() -> None:
-    """Channel pointers in the store."""
-
-
-@channels_group.command("list")
+@channel_group.command("list")
 @store_option
 @json_option
-@handle_errors
 def channels_list(store_url: str, as_json: bool) -> None:
     """Each channel with the tuple it points at and its last move."""
+    from k3artifacts.releases.channels import list_channels
     pointers = list_channels(get_store(store_url))
 
     def human() -> None:
@@ -271,35 +351,42 @@ def channels_list(store_url: str, as_json: bool) -> None:
     emit(as_json, [p.model_dump(mode="json") for p in pointers], human)
 
 
-@cli.command("gates")
+@click.command("gates")
 @click.argument("tuple_id")
 @click.argument("channel")
 @by_option
-@policies_option
+@local_policies_option
 @store_option
 @json_option
-@handle_errors
 def gates_cmd(
-    tuple_id: str, channel: str, by: str | None, policies_dir: Path, store_url: str,
+    tuple_id: str, channel: str, by: str | None, local_policies: Path | None, store_url: str,
     as_json: bool,
 ) -> None:
-    """Dry run: the gates CHANNEL requires, run on TUPLE_ID, with you as the promoter.
-    Writes nothing.
+    """Dry run: the gates the store's policy requires of CHANNEL, run on TUPLE_ID, with you as
+    the promoter. Writes nothing; says which policy version judged.
 
-    Exit codes: 0 every gate passes, 5 at least one fails, 7 unknown tuple or channel,
-    9 bad policy.
+    Exit codes: 0 every gate passes, 4 the pointer does not match its history, 5 at least one
+    fails, 7 unknown tuple or channel, 9 a local --policies.
     """
+    from k3artifacts.policy.record import in_force
+    from k3artifacts.promotion.gates import check_gates
     store = get_store(store_url)
-    actor = _actor(store, policies_dir, by)
-    report = check_gates(store, tuple_id, channel, policies_dir=policies_dir, actor=actor.name)
-    emit(as_json, report, lambda: _gate_table(report.results))
+    _refuse_local_policies(local_policies, store)
+    actor = _actor(store, by)
+    report = check_gates(store, tuple_id, channel, actor=actor)
+
+    def human() -> None:
+        _gate_table(report.results)
+        click.echo(f"policy: {in_force(store).label()}")
+
+    emit(as_json, report, human)
     if report.failed:
         names = ", ".join(r.name for r in report.failed)
-        click.secho(f"{tuple_id} would not move onto {channel}: {names} failed", fg="red", err=True)
-        raise SystemExit(GateFailed.exit_code)
+        raise GateFailed(f"{tuple_id} would not move onto {channel}: {names} failed",
+                         hint="the table says what each failed gate needs")
 
 
-@cli.group("review")
+@click.group("review")
 def review_group() -> None:
     """Record that you read a tuple's license or remote code (a create-once record in the
     store, with your identity: the license and remote_code gates read only these)."""
@@ -310,16 +397,13 @@ def review_group() -> None:
 @by_option
 @click.option("--note", default=None, help="Anything the next reader should know.")
 @click.option("--show", is_flag=True, help="Print the license text to read; record nothing.")
-@policies_option
 @store_option
 @json_option
-@handle_errors
 def review_license_cmd(
     tuple_id: str,
     by: str | None,
     note: str | None,
     show: bool,
-    policies_dir: Path,
     store_url: str,
     as_json: bool,
 ) -> None:
@@ -332,11 +416,12 @@ def review_license_cmd(
     Exit codes: 0 ok, 4 stored text does not match the tuple, 7 unknown tuple or no license,
     9 a typed --by the policy does not allow, or a corrupt review record.
     """
+    from k3artifacts.releases.reviews import license_text, review_license
     store = get_store(store_url)
     if show:
         click.echo(license_text(store, tuple_id), nl=False)
         return
-    actor = _actor(store, policies_dir, by)
+    actor = _actor(store, by)
     outcome = review_license(store, tuple_id, by=actor.name, by_source=actor.source, note=note)
 
     def human() -> None:
@@ -357,13 +442,10 @@ def review_license_cmd(
 @click.argument("tuple_id")
 @by_option
 @click.option("--note", default=None, help="Anything the next reader should know.")
-@policies_option
 @store_option
 @json_option
-@handle_errors
 def review_code_cmd(
-    tuple_id: str, by: str | None, note: str | None, policies_dir: Path, store_url: str,
-    as_json: bool,
+    tuple_id: str, by: str | None, note: str | None, store_url: str, as_json: bool,
 ) -> None:
     """Record that you reviewed every remote-code file (*.py) of TUPLE_ID's revision.
 
@@ -371,8 +453,9 @@ def review_code_cmd(
     are skipped. Exit codes: 0 ok, 7 unknown tuple or revision not staged, 9 a typed --by the
     policy does not allow, or a corrupt review record.
     """
+    from k3artifacts.releases.reviews import review_code
     store = get_store(store_url)
-    actor = _actor(store, policies_dir, by)
+    actor = _actor(store, by)
     outcome = review_code(store, tuple_id, by=actor.name, by_source=actor.source, note=note)
 
     def human() -> None:

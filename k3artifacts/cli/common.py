@@ -1,26 +1,51 @@
-"""What every k3a command shares: the store option, --json output, errors -> exit codes."""
+"""What every k3a command shares: the store option, --json output, progress, sizes."""
 
 from __future__ import annotations
 
 import functools
-import json
-import os
-import signal
-import sys
-import threading
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
-from k3artifacts.canonical import to_plain
+from k3artifacts.cli import RESUME_HINT, set_interrupt_hint
+from k3artifacts.cli.app import DOCUMENT_META, JSON_META, print_document
 from k3artifacts.errors import ConfigError, K3AError, NotFound
-from k3artifacts.reporting.logs import LOG_FORMATS, configure_logging
-from k3artifacts.reporting.progress import DEFAULT_INTERVAL, ProgressReporter, make_reporter
-from k3artifacts.settings import default_policies_dir, default_store_url, load, parse_size
-from k3artifacts.stores.base import Store
-from k3artifacts.stores.registry import open_store
+from k3artifacts.reporting.logs import LOG_FORMATS
+from k3artifacts.reporting.progress import DEFAULT_INTERVAL
+
+if TYPE_CHECKING:
+    from k3artifacts.reporting.progress import ProgressReporter
+    from k3artifacts.settings import Settings
+    from k3artifacts.stores.base import Store
+
+
+# The settings module is imported when a command computes its defaults, not when k3a or a
+# command's --help starts: it costs pydantic-settings (a quarter of a CPU-second).
+def load() -> Settings:
+    """:func:`k3artifacts.settings.load`."""
+    from k3artifacts import settings
+
+    return settings.load()
+
+
+def default_store_url() -> str:
+    from k3artifacts import settings
+
+    return settings.default_store_url()
+
+
+def default_policies_dir() -> Path:
+    from k3artifacts import settings
+
+    return settings.default_policies_dir()
+
+
+def default_workers() -> int:
+    from k3artifacts import settings
+
+    return settings.default_workers()
 
 
 class SettingsRefused(click.ClickException):
@@ -77,8 +102,21 @@ signing_key_option = click.option(
     "K3A_SIGNING_KEY_PASSWORD.  [env var: K3A_SIGNING_KEY]",
 )
 
+
+def _remember_json(ctx: click.Context, param: click.Parameter, value: bool) -> bool:
+    # The group reports a failure as JSON too (k3artifacts.cli.app).
+    if value:
+        ctx.meta[JSON_META] = True
+    return value
+
+
 json_option = click.option(
-    "--json", "as_json", is_flag=True, help="Print one JSON document on stdout (for scripts)."
+    "--json",
+    "as_json",
+    is_flag=True,
+    callback=_remember_json,
+    help="Print one JSON document on stdout (for scripts); a failure prints "
+    '{"error", "exit_code", "next"}.',
 )
 
 
@@ -108,6 +146,8 @@ def reporter(
 ) -> ProgressReporter:
     """The progress display of a command: none with -q, no bar under --json (a script reads
     stdout; periodic lines on stderr still help its logs)."""
+    from k3artifacts.reporting.progress import make_reporter
+
     mode = "lines" if as_json else "auto"
     return make_reporter(phase, mode=mode, interval=interval, log_format=log_format, quiet=quiet)
 
@@ -119,6 +159,8 @@ def get_store(url: str, *, must_exist: bool = True) -> Store:
     A mistyped path or bucket would otherwise read as an empty store ("no channels yet").
     The check is also the first contact with an S3 endpoint, which fails fast when the
     endpoint cannot be reached at all."""
+    from k3artifacts.stores.registry import open_store
+
     store = open_store(url)
     if not store.exists() and must_exist:
         raise NotFound(
@@ -130,61 +172,28 @@ def get_store(url: str, *, must_exist: bool = True) -> Store:
 
 
 def emit(as_json: bool, payload: Any, human: Callable[[], None]) -> None:
-    """Print ``payload`` as JSON for scripts, or call ``human`` to print for people."""
-    if as_json:
-        click.echo(json.dumps(to_plain(payload), indent=2, sort_keys=True, default=str))
-    else:
+    """``payload`` as the command's JSON document for scripts, or call ``human`` to print for
+    people. The group prints the document when the command ends, with the error merged in
+    when it fails (a verify that found a bad file), so stdout holds exactly one document."""
+    if not as_json:
         human()
+        return
+    ctx = click.get_current_context(silent=True)
+    if ctx is None:
+        print_document(payload)
+    else:
+        ctx.meta[DOCUMENT_META] = payload
 
 
-#: Exit code of a run stopped by Ctrl-C (SIGINT), as shells report it.
-INTERRUPTED = 130
-RESUME_HINT = "re-run the same command to resume: partial and verified files are kept"
-RETRY_HINT = "nothing half-written is visible to readers; re-run the same command"
+def resumable(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """For commands whose interrupted work a re-run resumes: Ctrl-C says so."""
 
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        set_interrupt_hint(RESUME_HINT)
+        return fn(*args, **kwargs)
 
-def _exit_interrupted(hint: str) -> None:
-    # Straight to the file descriptor: a worker thread may hold sys.stderr's lock mid-line.
-    os.write(2, f"\nerror: interrupted (Ctrl-C)\nnext: {hint}\n".encode())
-    # At once, as a crash would: waiting for running transfers to drain could take an hour
-    # at a multi-GB shard, and every write is already crash-safe (partial files are a prefix,
-    # records are created or swapped atomically, a revision is visible only with its manifest).
-    os._exit(INTERRUPTED)
-
-
-def handle_errors(
-    fn: Callable[..., Any] | None = None, *, on_interrupt: str = RETRY_HINT
-) -> Any:
-    """Turn library errors into one clear message on stderr and the documented exit code;
-    Ctrl-C exits 130 with ``on_interrupt`` as the next step."""
-
-    def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
-        @functools.wraps(fn)
-        def wrapper(*args: Any, **kwargs: Any) -> Any:
-            previous = None
-            if _main_thread():
-                previous = signal.signal(signal.SIGINT, lambda *_: _exit_interrupted(on_interrupt))
-            try:
-                # The library's log records (retries, mostly) reach stderr in every command;
-                # commands with --log-format set it again from the option.
-                configure_logging(load().log_format)
-                return fn(*args, **kwargs)
-            except K3AError as exc:
-                click.secho(f"error: {exc}", fg="red", err=True)
-                if exc.hint:
-                    click.echo(f"next: {exc.hint}", err=True)
-                sys.exit(exc.exit_code)
-            finally:
-                if previous is not None:
-                    signal.signal(signal.SIGINT, previous)
-
-        return wrapper
-
-    return decorate(fn) if fn is not None else decorate
-
-
-def _main_thread() -> bool:
-    return threading.current_thread() is threading.main_thread()
+    return wrapper
 
 
 class ByteSize(click.ParamType):
@@ -193,6 +202,8 @@ class ByteSize(click.ParamType):
     name = "size"
 
     def convert(self, value: Any, param: Any, ctx: Any) -> int:
+        from k3artifacts.settings import parse_size
+
         try:
             return parse_size(value)
         except ValueError as exc:

@@ -5,26 +5,25 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
-from k3artifacts.cli import cli
 from k3artifacts.cli.common import (
-    RESUME_HINT,
     ByteSize,
+    default_workers,
     emit,
     get_store,
-    handle_errors,
     json_option,
     progress_options,
+    resumable,
     store_option,
 )
 from k3artifacts.cli.stage import print_stage_result, run_stage
-from k3artifacts.localhub import LocalHub
-from k3artifacts.settings import data_home, default_workers
-from k3artifacts.staging.engine import StageOptions
-from k3artifacts.stores.base import Store
-from k3artifacts.stores.verify import verify_revision
+
+if TYPE_CHECKING:
+    from k3artifacts.stores.base import Store
+
 
 DEMO_REPO = "demo/Kimi-K3-synthetic"
 #: A serving image given by digest, so the demo's path needs no registry (`--offline`).
@@ -37,6 +36,8 @@ DEMO_PROFILE = "p6-b300-tp8"
 def default_workdir(store: Store) -> Path:
     """Beside the data of the store the demo writes to (a test's or a scratch store keeps
     its demo files with it); the user's data directory for an S3 store."""
+    from k3artifacts.settings import data_home
+
     if store.local_root is not None:
         return store.local_root / ".k3a-demo"
     return data_home() / "demo"
@@ -75,7 +76,7 @@ def demo_release(workdir: Path, size: int, shards: int, seed: int) -> dict[str, 
     return files
 
 
-@cli.command("demo")
+@click.command("demo")
 @store_option
 @click.option("--size", type=ByteSize(), default="64MiB", show_default=True,
               help="Total size of the synthetic checkpoint.")
@@ -90,7 +91,7 @@ def demo_release(workdir: Path, size: int, shards: int, seed: int) -> dict[str, 
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar or progress lines.")
 @progress_options
 @json_option
-@handle_errors(on_interrupt=RESUME_HINT)
+@resumable
 def demo_cmd(store_url, size, shards, seed, workdir, workers, quiet, progress_interval,
              log_format, as_json):
     """Stage a synthetic Kimi-K3-shaped release from a local hub into the store.
@@ -105,6 +106,10 @@ def demo_cmd(store_url, size, shards, seed, workdir, workers, quiet, progress_in
       k3a demo --size 4GiB --shards 8   # a staging throughput check
       k3a demo --store s3://bucket/k3a  # with K3A_S3_ENDPOINT_URL for a local S3
     """
+    from k3artifacts.localhub import LocalHub
+    from k3artifacts.staging.engine import StageOptions
+    from k3artifacts.stores.verify import verify_revision
+
     store = get_store(store_url, must_exist=False)
     workdir = workdir or default_workdir(store)
     files = demo_release(workdir, size, shards, seed)

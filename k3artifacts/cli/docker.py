@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import click
 
-from k3artifacts.cli import cli
-from k3artifacts.cli.common import emit, get_store, handle_errors, json_option, store_option
-from k3artifacts.releases.lookup import resolve_tuple
-from k3artifacts.releases.tuples import ReleaseTuple
+from k3artifacts.cli.common import emit, get_store, json_option, store_option
+
+if TYPE_CHECKING:
+    from k3artifacts.releases.tuples import ReleaseTuple
+
 
 
 def serving_build_args(release: ReleaseTuple) -> dict[str, str]:
@@ -23,7 +26,7 @@ def serving_build_args(release: ReleaseTuple) -> dict[str, str]:
     }
 
 
-@cli.group("docker")
+@click.group("docker")
 def docker_group() -> None:
     """Inputs for the images in docker/."""
 
@@ -32,7 +35,6 @@ def docker_group() -> None:
 @click.argument("tuple_or_channel")
 @store_option
 @json_option
-@handle_errors
 def build_args(tuple_or_channel: str, store_url: str, as_json: bool) -> None:
     """Print the build args of the serving image (docker/serving/Dockerfile) for a tuple.
 
@@ -44,6 +46,8 @@ def build_args(tuple_or_channel: str, store_url: str, as_json: bool) -> None:
       docker build $(k3a docker build-args k3t-...) -t REPO:k3t-... docker/serving
     Exit codes: 0 printed, 3 the tuple's body does not match its id, 7 unknown tuple or channel.
     """
+    from k3artifacts.releases.lookup import resolve_tuple
+
     release = resolve_tuple(get_store(store_url), tuple_or_channel)
     args = serving_build_args(release)
 

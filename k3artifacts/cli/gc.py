@@ -1,34 +1,33 @@
-"""``k3a gc``: retire published revisions no channel can reach (dry run unless --apply)."""
+"""``k3a revision gc``: retire published revisions no channel can reach (dry run unless --apply)."""
 
 from __future__ import annotations
 
-from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
-from k3artifacts.cli import cli
-from k3artifacts.cli.channels import policies_option
-from k3artifacts.cli.common import emit, get_store, handle_errors, json_option, store_option
-from k3artifacts.promotion.gates.context import human_bytes
-from k3artifacts.releases.actor import resolve_actor
-from k3artifacts.releases.policies import load_gate_policy
-from k3artifacts.releases.retention import RevisionVerdict, plan, retire
-from k3artifacts.warm.retention import retire_warm
+from k3artifacts.cli.common import emit, get_store, json_option, store_option
+
+if TYPE_CHECKING:
+    from k3artifacts.releases.retention import RevisionVerdict
 
 
-@cli.command("gc")
+if TYPE_CHECKING:
+    from k3artifacts.releases.retention import RevisionVerdict
+
+
+@click.command("gc")
 @click.option("--apply", "apply_", is_flag=True, help="Delete what the plan retires.")
 @click.option("--keep", type=click.IntRange(min=1), default=None,
               help="Keep the newest N revisions of each repo. Default: retention.keep.")
 @click.option("--keep-days", type=click.FloatRange(min=0), default=None,
               help="Keep revisions published less than D days ago. Default: retention.keep_days.")
-@policies_option
 @store_option
 @json_option
-@handle_errors
-def gc_cmd(apply_: bool, keep: int | None, keep_days: float | None, policies_dir: Path,
-           store_url: str, as_json: bool) -> None:
-    """Retire published revisions by the retention policy (policies/promotion-gates.yaml).
+def gc_cmd(apply_: bool, keep: int | None, keep_days: float | None, store_url: str,
+           as_json: bool) -> None:
+    """Retire published revisions by the retention section of the store's policy
+    (`k3a policy show`).
 
     Never retires a revision that a channel's current tuple, or the tuple of any entry in the
     channel's rollback window (its newest `rollback_window` history entries), is bound to.
@@ -40,8 +39,12 @@ def gc_cmd(apply_: bool, keep: int | None, keep_days: float | None, policies_dir
     \b
     Exit codes: 0 done (or plan shown), 8 store unreachable, 9 bad policy.
     """
+    from k3artifacts.policy.actor import resolve_actor
+    from k3artifacts.policy.record import in_force
+    from k3artifacts.releases.retention import plan, retire
+    from k3artifacts.warm.retention import retire_warm
     store = get_store(store_url)
-    policy = load_gate_policy(policies_dir)
+    policy = in_force(store).document.gates
     verdicts = plan(
         store,
         policy,
@@ -49,9 +52,7 @@ def gc_cmd(apply_: bool, keep: int | None, keep_days: float | None, policies_dir
         keep_days=policy.retention.keep_days if keep_days is None else keep_days,
     )
     if apply_:
-        who = resolve_actor(
-            store, typed=None, claims_allowed=policy.identity.claimed_actor_on_file_stores
-        ).name
+        who = resolve_actor(store, typed=None, identity=policy.identity).name
         verdicts = [
             retire(store, v, policy, who=who, also=retire_warm) if v.action == "retire" else v
             for v in verdicts
@@ -61,6 +62,8 @@ def gc_cmd(apply_: bool, keep: int | None, keep_days: float | None, policies_dir
 
 
 def _print(verdicts: list[RevisionVerdict], applied: bool) -> None:
+
+    from k3artifacts.promotion.gates.context import human_bytes
     if not verdicts:
         click.echo("no published revisions")
         return
@@ -69,9 +72,11 @@ def _print(verdicts: list[RevisionVerdict], applied: bool) -> None:
         size = human_bytes(v.bytes)
         line = f"{v.action:7} {v.repo_id}@{v.commit[:12]}  {size:>10}  {v.published_at:%Y-%m-%d}"
         if v.action in ("retire", "retired"):
-            freed += v.bytes
+            freed += v.freed
             verb = "frees" if v.action == "retired" else "would free"
-            click.echo(f"{line}  {verb} {size}")
+            shared = f" ({human_bytes(v.bytes - v.freed)} shared with kept revisions stays)" \
+                if v.freed < v.bytes else ""
+            click.echo(f"{line}  {verb} {human_bytes(v.freed)}{shared}")
         else:
             click.echo(f"{line}  {v.reason}")
     total = human_bytes(freed)

@@ -5,33 +5,26 @@ from __future__ import annotations
 import sys
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
-from k3artifacts.cli import cli
 from k3artifacts.cli.common import (
     emit,
     get_store,
-    handle_errors,
     json_option,
-    policies_option,
     store_option,
 )
 from k3artifacts.errors import ConfigError
-from k3artifacts.preflight.kube import list_nodes
-from k3artifacts.preflight.run import AwsClients, run_preflight
-from k3artifacts.releases.actor import resolve_actor
-from k3artifacts.releases.lookup import resolve_tuple
-from k3artifacts.releases.policies import GATES_FILE, load_gate_policy
-from k3artifacts.releases.preflights import record_preflight
-from k3artifacts.releases.tuples import tuple_manifest
-from k3artifacts.stores.awsclients import client
+
+if TYPE_CHECKING:
+    pass
 
 #: Exit code of a preflight that ran and found a check failing.
 FAILED = 5
 
 
-@cli.command("preflight")
+@click.command("preflight")
 @click.argument("tuple_or_channel")
 @click.option("--channel", required=True,
               help="The channel about to serve the tuple: its `infrastructure:` policy says "
@@ -42,12 +35,10 @@ FAILED = 5
 @click.option("--aws-profile", default=None, help="AWS profile to read the account with.")
 @click.option("--by", default=None,
               help="Who is acting, typed (only where the gate policy allows a claimed name).")
-@policies_option
 @store_option
 @json_option
-@handle_errors
 def preflight_cmd(tuple_or_channel: str, channel: str, kubeconfig: Path | None,
-                  aws_profile: str | None, by: str | None, policies_dir: Path, store_url: str,
+                  aws_profile: str | None, by: str | None, store_url: str,
                   as_json: bool) -> None:
     """Check the infrastructure a tuple is about to run on; record what was found.
 
@@ -63,17 +54,26 @@ def preflight_cmd(tuple_or_channel: str, channel: str, kubeconfig: Path | None,
     Exit codes: 0 every check passed (recorded), 5 a check failed (recorded), 7 tuple not
     found, 9 no infrastructure policy for the channel.
     """
-    policy = load_gate_policy(policies_dir)
+    from k3artifacts.policy.actor import resolve_actor
+    from k3artifacts.policy.record import in_force
+    from k3artifacts.preflight.kube import list_nodes
+    from k3artifacts.preflight.run import AwsClients, run_preflight
+    from k3artifacts.releases.lookup import resolve_tuple
+    from k3artifacts.releases.preflights import record_preflight
+    from k3artifacts.releases.tuples import tuple_manifest
+    from k3artifacts.stores.awsclients import client
+    store = get_store(store_url)
+    policy = in_force(store).document.gates
     chan = policy.channels.get(channel)
     if chan is None or chan.infrastructure is None:
         raise ConfigError(f"channel {channel!r} has no infrastructure policy in "
-                          f"{policies_dir / GATES_FILE}",
-                          hint="add `infrastructure: {region: ..., subnet_ids: [...], ...}`")
+                          f"the store's policy ({in_force(store).label()})",
+                          hint="propose one under the channel "
+                          "(`infrastructure: {region: ..., subnet_ids: [...], ...}`) "
+                          "with `k3a policy propose DIR`")
     infra = chan.infrastructure
-    store = get_store(store_url)
     release = resolve_tuple(store, tuple_or_channel)
-    actor = resolve_actor(store, typed=by,
-                          claims_allowed=policy.identity.claimed_actor_on_file_stores)
+    actor = resolve_actor(store, typed=by, identity=policy.identity)
     ec2 = client("ec2", profile=aws_profile, region=infra.region)
 
     def nodes() -> list[dict]:

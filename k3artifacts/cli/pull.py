@@ -4,53 +4,56 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import click
 
-from k3artifacts.cli import cli
+from k3artifacts.cli.app import AliasGroup
 from k3artifacts.cli.common import (
     ByteSize,
     emit,
     from_settings,
     get_store,
-    handle_errors,
     json_option,
-    policies_option,
     progress_options,
     reporter,
+    resumable,
     store_option,
 )
 from k3artifacts.errors import NotFound
-from k3artifacts.nodecache import locks
-from k3artifacts.nodecache.fetch import Tuning
-from k3artifacts.nodecache.layout import CacheLayout, default_root, parse_revision
-from k3artifacts.nodecache.pull import PullObserver, pull, resolve_target
-from k3artifacts.nodecache.retention import gc, list_cached, remove
-from k3artifacts.releases.lookup import resolve_tuple
-from k3artifacts.releases.tuples import TUPLE_ID
-from k3artifacts.reporting.progress import BytesProgress, human_size
-from k3artifacts.revisions.refs import match_revision_ref
-from k3artifacts.warm import prewarm
-from k3artifacts.warm.model import detect_gpu
-from k3artifacts.warm.node import drop_warm, list_warm
 
-DEFAULTS = Tuning()
+
+def _default_root() -> Path:
+    from k3artifacts.nodecache.layout import default_root
+
+    return default_root()
+
+
+def _default_tuning(field: str) -> Callable[[], int]:
+    def default() -> int:
+        from k3artifacts.nodecache.fetch import Tuning
+
+        return getattr(Tuning(), field)
+
+    return default
+
 
 root_option = click.option(
     "--to", "--root", "root", type=click.Path(file_okay=False, path_type=Path),
-    default=from_settings(default_root), show_default="$K3A_NODE_CACHE",
+    default=from_settings(_default_root), show_default="$K3A_NODE_CACHE",
     help="Node cache root; revisions land under ROOT/models/<org>/<name>/<commit>/.",
 )
 
 
-@cli.command("pull")
+@click.command("pull")
 @click.argument("target")
 @store_option
 @root_option
-@click.option("--part-size", type=ByteSize(), default=DEFAULTS.part_size, show_default="16MiB",
+@click.option("--part-size", type=ByteSize(), default=_default_tuning("part_size"),
+              show_default="16MiB",
               help="Bytes per ranged read; files larger than this are read in parallel parts.")
-@click.option("--concurrency", type=int, default=DEFAULTS.concurrency, show_default=True,
+@click.option("--concurrency", type=int, default=_default_tuning("concurrency"), show_default="16",
               help="Ranged reads in flight (across and within files).")
 @click.option("--connections", type=int, default=None,
               help="S3 connections in the pool  [default: --concurrency]")
@@ -67,13 +70,12 @@ root_option = click.option(
 @click.option("--channel", default=None,
               help="Channel whose policy governs the warm start  [default: TARGET when it is "
               "a channel]")
-@policies_option
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar or log lines.")
 @progress_options
 @json_option
-@handle_errors
+@resumable
 def pull_cmd(target, store_url, root, part_size, concurrency, connections, keep, verify, gpu,
-             no_warm, channel, policies_dir, quiet, progress_interval, log_format, as_json):
+             no_warm, channel, quiet, progress_interval, log_format, as_json):
     """Put a release's weights on this node's disk, verified as the bytes arrive.
 
     TARGET is a tuple id, a channel (its current tuple) or org/name@<commit>. The manifest
@@ -91,6 +93,12 @@ def pull_cmd(target, store_url, root, part_size, concurrency, connections, keep,
     revision, 8 store unreachable, or not enough space / the disk filled (re-run: parts on
     disk are kept), 9 a link planted in the cache (named; nothing was written through it).
     """
+    from k3artifacts.nodecache.fetch import Tuning
+    from k3artifacts.nodecache.layout import CacheLayout
+    from k3artifacts.nodecache.pull import PullObserver, pull, resolve_target
+    from k3artifacts.nodecache.retention import gc
+    from k3artifacts.reporting.progress import BytesProgress
+
     tuning = Tuning(part_size=part_size, concurrency=concurrency, connections=connections)
     store = get_store(store_url)
     resolved = resolve_target(store, target)
@@ -110,15 +118,8 @@ def pull_cmd(target, store_url, root, part_size, concurrency, connections, keep,
         result = pull(resolved, root, tuning=tuning, observer=observer, verify=verify)
     warm = None
     if resolved.tuple_id is not None and not no_warm:
-        # After the weights: a miss is logged and reported, never this command's failure.
-        release = resolve_tuple(store, resolved.tuple_id)
-        if channel is None and not TUPLE_ID.match(target) and match_revision_ref(target) is None:
-            channel = target
-        gpu = gpu or detect_gpu()
-        trust = prewarm.policy_or_miss(policies_dir, channel, release.id, gpu)
-        warm = trust if isinstance(trust, prewarm.WarmOutcome) else \
-            prewarm.fetch(store, release, root, gpu=gpu, trust=trust)
-        if not quiet:
+        warm = _pull_warm(store, target, resolved.tuple_id, root, gpu, channel)
+        if not quiet:  # after the weights: a miss is said, never this command's failure
             click.echo(f"k3a: {warm.line()}", err=True)
     if keep is not None:
         swept = gc(CacheLayout(root), keep, protect=frozenset({result.revision}))
@@ -142,34 +143,60 @@ def pull_cmd(target, store_url, root, part_size, concurrency, connections, keep,
     emit(as_json, {**result.__dict__, "warm": warm.as_dict() if warm else None}, human)
 
 
+def _pull_warm(store, target: str, tuple_id: str, root: Path, gpu: str | None,
+               channel: str | None):
+    from k3artifacts.releases.lookup import resolve_tuple
+    from k3artifacts.releases.tuples import TUPLE_ID
+    from k3artifacts.revisions.refs import match_revision_ref
+    from k3artifacts.warm import prewarm
+    from k3artifacts.warm.model import detect_gpu
+
+    release = resolve_tuple(store, tuple_id)
+    if channel is None and not TUPLE_ID.match(target) and match_revision_ref(target) is None:
+        channel = target
+    gpu = gpu or detect_gpu()
+    trust = prewarm.policy_or_miss(store, channel, release.id, gpu)
+    if isinstance(trust, prewarm.WarmOutcome):
+        return trust
+    return prewarm.fetch(store, release, root, gpu=gpu, trust=trust)
+
+
 def _drop_orphan_warm(root: Path) -> list[str]:
     """Warm artifacts live as long as their tuple's weights on this node."""
+    from k3artifacts.nodecache.layout import CacheLayout
+    from k3artifacts.nodecache.retention import list_cached
+    from k3artifacts.warm.node import drop_warm
+
     return drop_warm(root, {c.revision for c in list_cached(CacheLayout(root))
                             if not c.partial})
 
 
-@cli.group("cache")
+@click.group("cache", cls=AliasGroup, aliases={"ls": "list"})
 def cache_group():
     """The node cache: list, remove, collect, and lease revisions for a running server."""
 
 
-@cache_group.command("ls")
+@cache_group.command("list")
 @root_option
 @json_option
-@handle_errors
 def cache_ls(root, as_json):
     """Cached revisions, most recently used first, with whether a server leases them; then
     unfinished pulls (re-run the pull to resume one, `k3a cache gc` frees them)."""
+    from k3artifacts.nodecache.layout import CacheLayout
+    from k3artifacts.nodecache.retention import list_cached
+    from k3artifacts.reporting.progress import human_size
+    from k3artifacts.warm.node import list_warm
+
     cached = list_cached(CacheLayout(root))
     warm = list_warm(root)
 
     def human() -> None:
-        for c in cached:
-            click.echo(f"{c.revision}  {human_size(c.bytes):>10}  {c.files:5d} files"
-                       f"{'  leased' if c.leased else ''}{'  partial' if c.partial else ''}")
         for w in warm:
             click.echo(f"warm {w.tuple_id} {w.gpu} {w.layout}  {human_size(w.bytes):>10}  "
                        f"{w.files:5d} files  (weights {w.revision})")
+        for c in cached:
+            click.echo(f"{c.revision}  {human_size(c.bytes):>10}  {c.files:5d} files"
+                       f"{'  leased' if c.leased else ''}{'  partial' if c.partial else ''}")
 
     emit(as_json, [{"kind": "weights", **c.__dict__} for c in cached]
          + [{"kind": "warm", **w.__dict__} for w in warm], human)
@@ -178,9 +205,11 @@ def cache_ls(root, as_json):
 @cache_group.command("rm")
 @click.argument("revision")
 @root_option
-@handle_errors
 def cache_rm(revision, root):
     """Remove org/name@<commit> from the cache (refused while a server leases it)."""
+    from k3artifacts.nodecache.layout import CacheLayout, parse_revision
+    from k3artifacts.nodecache.retention import remove
+
     remove(CacheLayout(root), parse_revision(revision))
     _drop_orphan_warm(root)
     click.echo(f"removed {revision}")
@@ -191,10 +220,12 @@ def cache_rm(revision, root):
               help="Revisions to keep (most recently used).")
 @root_option
 @json_option
-@handle_errors
 def cache_gc(keep, root, as_json):
     """Evict least recently used revisions beyond --keep; leased ones are never evicted.
     Unfinished pulls that no pull is running are deleted first."""
+    from k3artifacts.nodecache.layout import CacheLayout
+    from k3artifacts.nodecache.retention import gc
+
     result = gc(CacheLayout(root), keep)
     warm_dropped = _drop_orphan_warm(root)
 
@@ -215,7 +246,6 @@ def cache_gc(keep, root, as_json):
 @click.argument("revision")
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 @root_option
-@handle_errors
 def cache_lease(revision, command, root):
     """Run COMMAND holding a lease on REVISION (org/name@<commit>): never evicted meanwhile.
 
@@ -225,6 +255,9 @@ def cache_lease(revision, command, root):
     long as COMMAND runs, and a killed server releases it. `flock -s <lease file> COMMAND`
     holds the same lease where k3a is not installed.
     """
+    from k3artifacts.nodecache import locks
+    from k3artifacts.nodecache.layout import CacheLayout, parse_revision
+
     layout = CacheLayout(root)
     rev = parse_revision(revision)
     locks.take_lease(layout, rev)

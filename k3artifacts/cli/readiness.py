@@ -5,34 +5,34 @@ from __future__ import annotations
 import sys
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
-from k3artifacts.cli import cli
 from k3artifacts.cli.common import (
     emit,
     from_settings,
     get_store,
-    handle_errors,
     json_option,
+    load,
     store_option,
 )
 from k3artifacts.errors import GateFailed, Unavailable
-from k3artifacts.readiness.record import Recorded, evaluate, smoke
-from k3artifacts.readiness.run import Observer
-from k3artifacts.readiness.suite import Slo, SmokeSettings, SweepSettings
-from k3artifacts.releases.actor import current_actor
-from k3artifacts.releases.evaluations import (
-    CheckResult,
-    SweepPoint,
-    attach_evaluation,
-    list_evaluations,
-    parse_report,
-)
-from k3artifacts.settings import load
+
+if TYPE_CHECKING:
+    from k3artifacts.readiness.record import Recorded
+    from k3artifacts.readiness.run import Observer
+    from k3artifacts.releases.evaluations import CheckResult, SweepPoint
+
+
+def _os_account() -> str:
+    from k3artifacts.policy.actor import os_account
+
+    return os_account()
+
 
 actor_option = click.option(
-    "--by", "actor", default=current_actor, show_default="$K3A_ACTOR or your login name",
+    "--by", "actor", default=_os_account, show_default="the account of your uid",
     help="Who ran it (recorded with the report).")
 tuple_option = click.option(
     "--tuple", "tuple_name", required=True, metavar="ID|CHANNEL",
@@ -52,6 +52,8 @@ api_key_option = click.option(
 def _observer() -> Observer:
     """One line per check and sweep level on stderr: coloured on a terminal, timestamped log
     lines otherwise (CI logs, Prefect workers)."""
+    from k3artifacts.readiness.run import Observer
+
     tty = sys.stderr.isatty()
 
     def say(ok: bool, text: str) -> None:
@@ -90,16 +92,16 @@ def _finish(outcome: Recorded, as_json: bool, what: str) -> None:
                        + ("; ".join(report.regressions) or "no regression"))
         verb = "recorded" if outcome.written else "already recorded"
         click.echo(f"{verb}: report {outcome.record.report_sha256[:12]} for {report.tuple_id}")
-        click.echo("ready" if report.passed and not report.regressions else "NOT READY")
+        click.echo("ready" if report.passed else "NOT READY")
 
     emit(as_json, {"written": outcome.written, "report_sha256": outcome.record.report_sha256,
-                   "passed": report.passed and not report.regressions,
+                   "passed": report.passed,
                    "report": report.model_dump(mode="json")}, human)
     if report.unreachable:
         raise Unavailable(
             f"{report.endpoint} is unreachable: {report.checks[0].detail}",
             hint="check the URL and port, and that the pods are Ready; the report was recorded")
-    if not report.passed or report.regressions:
+    if not report.passed:  # the judgement the evaluation gate re-applies
         names = ", ".join(c.name for c in report.failed) or "thresholds"
         raise GateFailed(f"{what} failed for {report.tuple_id}: {names}"
                          + (f"; regressions: {'; '.join(report.regressions)}"
@@ -107,7 +109,7 @@ def _finish(outcome: Recorded, as_json: bool, what: str) -> None:
                          hint="fix the endpoint (or the release) and run it again")
 
 
-@cli.command("smoke")
+@click.command("smoke")
 @click.argument("endpoint")
 @tuple_option
 @click.option("--long-context-tokens", type=int, default=None,
@@ -129,7 +131,6 @@ def _finish(outcome: Recorded, as_json: bool, what: str) -> None:
 @actor_option
 @store_option
 @json_option
-@handle_errors
 def smoke_cmd(endpoint: str, tuple_name: str, long_context_tokens: int | None,
               max_concurrency: int, ttft_slo: float, e2e_slo: float, max_error_rate: float,
               timeout: float, retries: int, api_key: str | None, actor: str, store_url: str,
@@ -154,6 +155,10 @@ def smoke_cmd(endpoint: str, tuple_name: str, long_context_tokens: int | None,
 
     Exit codes: 0 ready, 5 a check failed, 7 unknown tuple or channel, 8 endpoint unreachable.
     """
+    from k3artifacts.readiness.record import smoke
+    from k3artifacts.readiness.suite import Slo, SmokeSettings, SweepSettings
+
+
     settings = SmokeSettings(
         request_timeout_s=timeout, max_retries=retries, long_context_tokens=long_context_tokens,
         slo=Slo(ttft_p99_s=ttft_slo, e2e_p99_s=e2e_slo, max_error_rate=max_error_rate),
@@ -164,7 +169,7 @@ def smoke_cmd(endpoint: str, tuple_name: str, long_context_tokens: int | None,
     _finish(outcome, as_json, "smoke")
 
 
-@cli.group("eval")
+@click.group("eval")
 def eval_group() -> None:
     """Evaluation runs of tuples against endpoints (what the evaluation gate reads)."""
 
@@ -181,7 +186,6 @@ def eval_group() -> None:
 @actor_option
 @store_option
 @json_option
-@handle_errors
 def eval_run(endpoint: str, tuple_name: str, suite_file: Path, channel: str,
              api_key: str | None, actor: str, store_url: str, as_json: bool) -> None:
     """Run the readiness checks and the suite's cases against ENDPOINT serving the tuple.
@@ -198,6 +202,9 @@ def eval_run(endpoint: str, tuple_name: str, suite_file: Path, channel: str,
     Exit codes: 0 passed, 5 failed or regressed, 7 unknown tuple, 8 endpoint unreachable,
     9 malformed suite.
     """
+    from k3artifacts.readiness.record import evaluate
+
+
     outcome = evaluate(get_store(store_url), endpoint, tuple_name, suite_file, channel=channel,
                        by=actor, observer=_observer(), api_key=api_key)
     _finish(outcome, as_json, "evaluation")
@@ -209,7 +216,6 @@ def eval_run(endpoint: str, tuple_name: str, suite_file: Path, channel: str,
 @actor_option
 @store_option
 @json_option
-@handle_errors
 def eval_attach(tuple_id: str, report: Path, actor: str, store_url: str, as_json: bool) -> None:
     """Record REPORT (JSON with "suite", "passed", "total") for TUPLE_ID as an override's evidence.
 
@@ -218,6 +224,9 @@ def eval_attach(tuple_id: str, report: Path, actor: str, store_url: str, as_json
     Attaching the same report again writes nothing. Exit codes: 0 ok, 7 unknown tuple,
     9 invalid report.
     """
+    from k3artifacts.releases.evaluations import attach_evaluation, parse_report
+
+
     raw = parse_report(report.read_bytes(), str(report))
     record, written = attach_evaluation(get_store(store_url), tuple_id, raw, by=actor)
     parsed = record.parsed()
@@ -237,9 +246,11 @@ def eval_attach(tuple_id: str, report: Path, actor: str, store_url: str, as_json
 @click.argument("tuple_id")
 @store_option
 @json_option
-@handle_errors
 def eval_list(tuple_id: str, store_url: str, as_json: bool) -> None:
     """Evaluation reports of TUPLE_ID (runs and attached overrides), oldest first."""
+    from k3artifacts.releases.evaluations import list_evaluations
+
+
     records = list_evaluations(get_store(store_url), tuple_id)
 
     def human() -> None:

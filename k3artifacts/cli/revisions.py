@@ -1,25 +1,32 @@
-"""k3a revisions: what the store holds for a model."""
+"""``k3a revision list|gc``: what the store holds for a model, and retiring what no channel
+can reach."""
 
 from __future__ import annotations
 
 import click
 
-from k3artifacts.cli import cli
-from k3artifacts.cli.common import emit, get_store, handle_errors, json_option, store_option
-from k3artifacts.revisions.refs import check_repo_id
+from k3artifacts.cli.common import emit, get_store, json_option, store_option
+from k3artifacts.cli.gc import gc_cmd
 
 
-@cli.command("revisions")
+@click.group("revision")
+def revision_group() -> None:
+    """Published revisions in the store. `k3a revisions REPO_ID` and `k3a gc` are the old
+    spellings of `list` and `gc`."""
+
+
+@revision_group.command("list")
 @click.argument("repo_id")
 @store_option
 @json_option
-@handle_errors
-def revisions_cmd(repo_id, store_url, as_json):
+def revision_list(repo_id, store_url, as_json):
     """List the published revisions of REPO_ID in the store (commit, size, manifest digest).
 
     A revision appears here only once its manifest is written, so a staging in progress or
     an interrupted one is never listed. Exit code 0 (an empty list is not an error).
     """
+    from k3artifacts.revisions.refs import check_repo_id
+
     store = get_store(store_url)
     rows = []
     for commit in store.list_revisions(check_repo_id(repo_id)):
@@ -43,3 +50,6 @@ def revisions_cmd(repo_id, store_url, as_json):
                        f"  manifest {row['manifest_digest'][:16]}")
 
     emit(as_json, rows, human)
+
+
+revision_group.add_command(gc_cmd)

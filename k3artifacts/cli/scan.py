@@ -3,40 +3,38 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
-from k3artifacts.cli import cli
 from k3artifacts.cli.common import (
     emit,
     get_store,
-    handle_errors,
     json_option,
-    policies_option,
     store_option,
 )
-from k3artifacts.releases.actor import resolve_actor
-from k3artifacts.releases.lookup import resolve_tuple
-from k3artifacts.releases.policies import load_gate_policy
-from k3artifacts.releases.scans import ImageScan, ecr_findings, parse_report, record_scan
-from k3artifacts.stores.awsclients import client
+
+if TYPE_CHECKING:
+    from k3artifacts.releases.scans import ImageScan
 
 by_option = click.option("--by", default=None,
                          help="Who is acting, typed (only where the gate policy allows it).")
 
 
-@cli.group("scan")
+@click.group("scan")
 def scan_group() -> None:
     """The serving image's vulnerability scan, recorded with the tuple (the image_scan gate:
     critical findings fail it unless overridden with a reason)."""
 
 
-def _record(store_url: str, policies_dir: Path, by: str | None, scan: ImageScan,
+def _record(store_url: str, by: str | None, scan: ImageScan,
             as_json: bool) -> None:
+    from k3artifacts.policy.actor import resolve_actor
+    from k3artifacts.policy.record import in_force
+    from k3artifacts.releases.scans import record_scan
     store = get_store(store_url)
-    policy = load_gate_policy(policies_dir)
-    actor = resolve_actor(store, typed=by,
-                          claims_allowed=policy.identity.claimed_actor_on_file_stores)
+    policy = in_force(store).document.gates
+    actor = resolve_actor(store, typed=by, identity=policy.identity)
     record, written = record_scan(store, scan, by=actor.name)
 
     def human() -> None:
@@ -58,19 +56,19 @@ def _record(store_url: str, policies_dir: Path, by: str | None, scan: ImageScan,
               help="Trivy (`trivy image --format json`) or Grype (`grype -o json`) report of "
               "the tuple's image, scanned by digest.")
 @by_option
-@policies_option
 @store_option
 @json_option
-@handle_errors
-def attach_cmd(tuple_or_channel: str, report_path: Path, by: str | None, policies_dir: Path,
+def attach_cmd(tuple_or_channel: str, report_path: Path, by: str | None,
                store_url: str, as_json: bool) -> None:
     """Record a Trivy or Grype JSON report of the tuple's serving image.
 
     Exit codes: 0 recorded, 7 tuple not found, 9 not a Trivy/Grype report, or a report of
     another image."""
+    from k3artifacts.releases.lookup import resolve_tuple
+    from k3artifacts.releases.scans import parse_report
     release = resolve_tuple(get_store(store_url), tuple_or_channel)
     scan = parse_report(release, report_path.read_bytes(), str(report_path))
-    _record(store_url, policies_dir, by, scan, as_json)
+    _record(store_url, by, scan, as_json)
 
 
 @scan_group.command("ecr")
@@ -79,19 +77,20 @@ def attach_cmd(tuple_or_channel: str, report_path: Path, by: str | None, policie
               help="ECR repository name (default: the tuple image's path after the registry).")
 @click.option("--region", default=None, help="The registry's region (default: from the host).")
 @by_option
-@policies_option
 @store_option
 @json_option
-@handle_errors
 def ecr_cmd(tuple_or_channel: str, repository: str | None, region: str | None, by: str | None,
-            policies_dir: Path, store_url: str, as_json: bool) -> None:
+            store_url: str, as_json: bool) -> None:
     """Record ECR's scan findings (basic or enhanced) for the tuple's image digest.
 
     Exit codes: 0 recorded, 7 tuple not found, 8 ECR unavailable, 9 scan not complete."""
+    from k3artifacts.releases.lookup import resolve_tuple
+    from k3artifacts.releases.scans import ecr_findings
+    from k3artifacts.stores.awsclients import client
     release = resolve_tuple(get_store(store_url), tuple_or_channel)
     image = release.binding.image
     host, _, path = image.repository.partition("/")
     if region is None and ".ecr." in host:
         region = host.split(".ecr.")[1].split(".")[0]
     scan = ecr_findings(client("ecr", region=region), release, repository or path)
-    _record(store_url, policies_dir, by, scan, as_json)
+    _record(store_url, by, scan, as_json)

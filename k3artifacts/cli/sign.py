@@ -4,29 +4,21 @@ from __future__ import annotations
 
 import click
 
-from k3artifacts.cli import cli
 from k3artifacts.cli.common import (
     emit,
     get_store,
-    handle_errors,
     json_option,
     signing_key_option,
     store_option,
 )
 from k3artifacts.errors import ConfigError
-from k3artifacts.releases.signatures import sign_tuple
-from k3artifacts.releases.tuples import TUPLE_ID
-from k3artifacts.revisions.refs import match_revision_ref
-from k3artifacts.signing.keys import load_signer
-from k3artifacts.signing.revision import sign_revision
 
 
-@cli.command("sign")
+@click.command("sign")
 @click.argument("target")
 @signing_key_option
 @store_option
 @json_option
-@handle_errors
 def sign_cmd(target, signing_key, store_url, as_json):
     """Sign a published revision (org/name@<commit>) or a release tuple (k3t-...).
 
@@ -39,6 +31,12 @@ def sign_cmd(target, signing_key, store_url, as_json):
     A tuple's signature goes to releases/tuples/<id>.sig. Both are created once: signing
     again with the same key is a no-op, with another key a conflict (exit 6).
     """
+    from k3artifacts.releases.signatures import sign_tuple
+    from k3artifacts.releases.tuples import TUPLE_ID
+    from k3artifacts.revisions.refs import match_revision_ref
+    from k3artifacts.signing.keys import load_signer
+    from k3artifacts.signing.revision import sign_revision
+
     if not signing_key:
         raise ConfigError("no signing key",
                           hint="pass --signing-key PATH or set K3A_SIGNING_KEY")

@@ -6,13 +6,16 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from k3artifacts.cli.common import emit
 from k3artifacts.errors import ConfigError
-from k3artifacts.stores.base import Store
+
+if TYPE_CHECKING:
+    from k3artifacts.policy.actor import Actor
+    from k3artifacts.stores.base import Store
 
 #: Exit code of a procedure that stopped at a failed step (the record says which).
 FAILED = 5
@@ -47,7 +50,8 @@ def single_node_options(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def run_single_node(store: Store, channel: str, *, to: str | None, why: str | None,
-                    actor: Any, as_json: bool, single_node: bool, kubeconfig: Path | None,
+                    actor: Actor, approval: str | None, as_json: bool, single_node: bool,
+                    kubeconfig: Path | None,
                     node_name: str | None, namespace: str, endpoint: str | None,
                     metrics_url: str | None, drain_timeout: float,
                     ready_timeout: float) -> None:
@@ -77,7 +81,7 @@ def run_single_node(store: Store, channel: str, *, to: str | None, why: str | No
 
     report = rollback_single_node(
         store, channel, kube=KubeAPI(kubeconfig), name=name, namespace=namespace,
-        endpoint=endpoint, metrics_url=metrics_url, actor=actor.name, actor_source=actor.source,
+        endpoint=endpoint, metrics_url=metrics_url, actor=actor, approval=approval,
         reason=why, to=target, drain_timeout_s=drain_timeout, ready_timeout_s=ready_timeout,
         on_step=say)
     key = record_single_node(store, report)

@@ -3,31 +3,29 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
-from k3artifacts.cli import cli
 from k3artifacts.cli.common import (
-    RESUME_HINT,
     ByteSize,
+    default_workers,
     emit,
     get_store,
-    handle_errors,
     json_option,
     progress_options,
     reporter,
+    resumable,
     signing_key_option,
     store_option,
 )
-from k3artifacts.reporting.progress import DEFAULT_INTERVAL, StageProgress
-from k3artifacts.revisions.refs import check_repo_id
-from k3artifacts.settings import default_workers
-from k3artifacts.staging.download import RetryPolicy
-from k3artifacts.staging.engine import StageOptions, StageResult, plan_stage, stage
-from k3artifacts.staging.hub import HubSource
-from k3artifacts.staging.plan import StagePlan
-from k3artifacts.staging.quarantine import quarantine_root_for
-from k3artifacts.stores.base import Store
+
+if TYPE_CHECKING:
+    from k3artifacts.staging.engine import StageOptions, StageResult
+    from k3artifacts.staging.plan import StagePlan
+    from k3artifacts.stores.base import Store
+
+from k3artifacts.reporting.progress import DEFAULT_INTERVAL
 
 
 def run_stage(
@@ -44,6 +42,11 @@ def run_stage(
     log_format: str = "text",
 ) -> StageResult:
     """The stage command's body; `k3a demo` runs exactly this against its local hub."""
+    from k3artifacts.reporting.progress import StageProgress
+    from k3artifacts.staging.engine import stage
+    from k3artifacts.staging.hub import HubSource
+    from k3artifacts.staging.quarantine import quarantine_root_for
+
     source = HubSource(endpoint=endpoint, retry=options.retry)
     with reporter("staging", quiet=quiet, as_json=as_json, interval=progress_interval,
                   log_format=log_format) as progress:
@@ -115,7 +118,7 @@ def print_plan(plan: StagePlan) -> None:
         click.echo(f"{action + ':':<10} {total.files:>6} file(s) {total.bytes:>18,} bytes")
 
 
-@cli.command("stage")
+@click.command("stage")
 @click.argument("repo_id")
 @click.option("--revision", default="main", show_default=True, help="Branch, tag or commit.")
 @store_option
@@ -154,14 +157,18 @@ def print_plan(plan: StagePlan) -> None:
 @click.option("--plan", "plan_only", is_flag=True,
               help="Print what would be downloaded, reused (from which revision) or is already "
               "there, per file and in total, and change nothing.")
+@click.option("--repair", is_flag=True,
+              help="For a published revision: re-hash every file (sha256), fetch each one that "
+              "fails from the Hub at the same commit, check it against the manifest and put "
+              "it back. The manifest is not rewritten: the revision keeps its digest.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar or progress lines.")
 @progress_options
 @json_option
-@handle_errors(on_interrupt=RESUME_HINT)
+@resumable
 def stage_cmd(repo_id, revision, store_url, quarantine, endpoint, workers, allow_pickle,
               keep_quarantine, window_bytes, retries, connect_timeout, read_timeout, min_rate,
-              rate_window, signing_key, reverify_reused, plan_only, quiet, progress_interval,
-              log_format, as_json):
+              rate_window, signing_key, reverify_reused, plan_only, repair, quiet,
+              progress_interval, log_format, as_json):
     """Download, verify and publish REPO_ID at --revision into the store.
 
     The revision is resolved to a commit once; every file is hashed as it arrives (sha256
@@ -185,11 +192,24 @@ def stage_cmd(repo_id, revision, store_url, quarantine, endpoint, workers, allow
     \b
     Example:
       k3a stage moonshotai/Kimi-K3 --revision main --store file:///fsx/k3a
-    Exit codes: 0 published or already published, 2 malformed repo id, 3 refused
-    (nothing published), 6 another run holds this revision, 7 repo/revision not found,
-    8 hub or store unreachable (within seconds if it never answered), silent past
-    --read-timeout or slower than --min-rate, 130 Ctrl-C.
+
+    --repair is for a published revision that `k3a verify` finds damaged: only the files
+    that fail are fetched again and put back, then the revision is verified in full.
+
+    \b
+    Exit codes: 0 published or already published (repaired, or nothing to repair), 2
+    malformed repo id, 3 refused (nothing published), 4 --repair could not make the revision
+    match its manifest, 6 another run holds this revision, 7 repo/revision not found (or not
+    published, for --repair), 8 hub or store unreachable (within seconds if it never
+    answered), silent past --read-timeout or slower than --min-rate, 130 Ctrl-C.
     """
+    from k3artifacts.revisions.refs import check_repo_id
+    from k3artifacts.staging.download import RetryPolicy
+    from k3artifacts.staging.engine import StageOptions, plan_stage
+    from k3artifacts.staging.hub import HubSource
+    from k3artifacts.staging.quarantine import quarantine_root_for
+    from k3artifacts.staging.repair import repair_revision
+
     check_repo_id(repo_id)
     store = get_store(store_url, must_exist=False)
     options = StageOptions(
@@ -202,6 +222,19 @@ def stage_cmd(repo_id, revision, store_url, quarantine, endpoint, workers, allow
         signing_key=signing_key,
         reverify_reused=reverify_reused,
     )
+    if repair:
+        source = HubSource(endpoint=endpoint, retry=options.retry)
+        commit = source.resolve(repo_id, revision)
+        result = repair_revision(
+            source, store, repo_id, commit,
+            quarantine_root_for(store, quarantine) / "repair" / commit, workers=workers,
+            on_file=None if as_json or quiet else
+            lambda path, why: click.echo(f"repaired {path} (was: {why})", err=True))
+        emit(as_json, result.__dict__, lambda: click.echo(
+            f"{repo_id}@{commit}: {len(result.repaired)} of {result.files} file(s) put back, "
+            f"{result.downloaded_bytes:,} bytes fetched; verified in full; manifest digest "
+            f"{result.manifest_digest} (unchanged)"))
+        return
     if plan_only:
         plan = plan_stage(HubSource(endpoint=endpoint, retry=options.retry), store, repo_id,
                           revision, quarantine_root_for(store, quarantine), options)

@@ -4,32 +4,26 @@ from __future__ import annotations
 
 import sys
 from datetime import UTC, datetime
-from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
-from k3artifacts.cli import cli
 from k3artifacts.cli.common import (
     emit,
     get_store,
-    handle_errors,
     json_option,
-    policies_option,
     store_option,
 )
 from k3artifacts.errors import ConfigError
-from k3artifacts.releases.actor import resolve_actor
-from k3artifacts.releases.analyses import record_analysis
-from k3artifacts.releases.lookup import resolve_tuple
-from k3artifacts.releases.policies import GATES_FILE, load_gate_policy
-from k3artifacts.traffic.analysis import analyze_step, describe
-from k3artifacts.traffic.prometheus import Prometheus
+
+if TYPE_CHECKING:
+    pass
 
 #: Exit code of an analysis that ran and failed (the step's bounds were broken).
 FAILED = 5
 
 
-@cli.group("traffic")
+@click.group("traffic")
 def traffic_group() -> None:
     """Canary traffic: analyse a rollout step on vLLM's metrics, as its AnalysisTemplate does.
 
@@ -53,12 +47,10 @@ def traffic_group() -> None:
               help="End of the window (default: now), e.g. when the step's pause ended.")
 @click.option("--by", default=None,
               help="Who is acting, typed (only where the gate policy allows a claimed name).")
-@policies_option
 @store_option
 @json_option
-@handle_errors
 def analyze_cmd(tuple_or_channel: str, prometheus_url: str, channel: str, step: int,
-                at_text: str | None, by: str | None, policies_dir: Path, store_url: str,
+                at_text: str | None, by: str | None, store_url: str,
                 as_json: bool) -> None:
     """Run one canary step's queries over its window and record the result beside the tuple.
 
@@ -70,12 +62,21 @@ def analyze_cmd(tuple_or_channel: str, prometheus_url: str, channel: str, step: 
     Exit codes: 0 step passed (recorded), 5 step failed (recorded), 7 tuple not found,
     8 Prometheus unreachable, 9 bad policy, step or query.
     """
-    policy = load_gate_policy(policies_dir)
+    from k3artifacts.policy.actor import resolve_actor
+    from k3artifacts.policy.record import in_force
+    from k3artifacts.releases.analyses import record_analysis
+    from k3artifacts.releases.lookup import resolve_tuple
+    from k3artifacts.traffic.analysis import analyze_step, describe
+    from k3artifacts.traffic.prometheus import Prometheus
+    store = get_store(store_url)
+    policy = in_force(store).document.gates
     chan = policy.channels.get(channel)
     if chan is None or chan.traffic is None:
         raise ConfigError(f"channel {channel!r} has no traffic policy in "
-                          f"{policies_dir / GATES_FILE}",
-                          hint="add `traffic: {steps: [...], prometheus: URL, thresholds: ...}`")
+                          f"the store's policy ({in_force(store).label()})",
+                          hint="propose one under the channel "
+                          "(`traffic: {steps: [...], prometheus: URL, thresholds: ...}`) "
+                          "with `k3a policy propose DIR`")
     at = datetime.now(UTC)
     if at_text is not None:
         try:
@@ -84,10 +85,8 @@ def analyze_cmd(tuple_or_channel: str, prometheus_url: str, channel: str, step: 
             raise ConfigError(f"--at {at_text!r} is not an ISO-8601 time") from None
         if at.tzinfo is None:
             raise ConfigError(f"--at {at_text!r} has no time zone", hint="end it in Z or +00:00")
-    store = get_store(store_url)
     release = resolve_tuple(store, tuple_or_channel)
-    actor = resolve_actor(store, typed=by,
-                          claims_allowed=policy.identity.claimed_actor_on_file_stores)
+    actor = resolve_actor(store, typed=by, identity=policy.identity)
     analysis = analyze_step(Prometheus(prometheus_url), release.id, channel, chan.traffic,
                             step, at.astimezone(UTC))
     record, written = record_analysis(store, analysis, by=actor.name)

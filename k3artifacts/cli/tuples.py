@@ -1,37 +1,26 @@
-"""``k3a tuple create``, ``k3a tuples list|show|diff`` and ``k3a render``."""
+"""``k3a tuple create|list|show|diff`` and ``k3a render``."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import click
 
-from k3artifacts.cli import cli
 from k3artifacts.cli.common import (
     emit,
     get_store,
-    handle_errors,
     json_option,
     policies_option,
     signing_key_option,
     store_option,
 )
 from k3artifacts.errors import ConfigError, ReleaseRefused
-from k3artifacts.releases.binding import (
-    create_tuple,
-    diff_bindings,
-    published_manifest,
-)
-from k3artifacts.releases.lookup import resolve_tuple
-from k3artifacts.releases.policies import GATES_FILE, load_gate_policy
-from k3artifacts.releases.signatures import sign_tuple
-from k3artifacts.releases.tuples import ReleaseTuple, TupleStore, check_tuple_id
-from k3artifacts.revisions.refs import parse_revision_ref
-from k3artifacts.serving.images import resolve_image
-from k3artifacts.serving.profiles import FsxTarget, StorageTarget, load_profile, serving_spec
-from k3artifacts.serving.render import TARGETS, render
-from k3artifacts.signing.keys import load_signer
-from k3artifacts.stores.base import Store
+
+if TYPE_CHECKING:
+    from k3artifacts.releases.tuples import ReleaseTuple
+    from k3artifacts.serving.profiles import StorageTarget
+    from k3artifacts.stores.base import Store
 
 
 def _storage(
@@ -39,6 +28,8 @@ def _storage(
     s3_region: str | None,
     fsx: tuple[str | None, str | None, str | None, str | None],
 ) -> StorageTarget | None:
+    from k3artifacts.serving.profiles import FsxTarget, StorageTarget
+
     if any(fsx):
         if not all(fsx):
             raise ConfigError(
@@ -73,9 +64,10 @@ def _summary(release: ReleaseTuple) -> dict:
     }
 
 
-@cli.group("tuple")
+@click.group("tuple")
 def tuple_group() -> None:
-    """Make release tuples (see also `k3a tuples`)."""
+    """Release tuples: the weights commit, image digest and serving arguments that serving
+    consumes. `k3a tuples ...` is the old spelling."""
 
 
 @tuple_group.command("create")
@@ -115,7 +107,6 @@ def tuple_group() -> None:
 @signing_key_option
 @store_option
 @json_option
-@handle_errors
 def tuple_create(
     revision: str,
     image: str,
@@ -143,6 +134,13 @@ def tuple_create(
     Exit codes: 0 created or already present, 7 revision/image/profile not found,
     8 registry unreachable, 9 bad reference/profile/options.
     """
+    from k3artifacts.releases.binding import create_tuple, published_manifest
+    from k3artifacts.releases.signatures import sign_tuple
+    from k3artifacts.revisions.refs import parse_revision_ref
+    from k3artifacts.serving.images import resolve_image
+    from k3artifacts.serving.profiles import load_profile, serving_spec
+    from k3artifacts.signing.keys import load_signer
+
     repo_id, commit = parse_revision_ref(revision)
     signer = load_signer(signing_key) if signing_key else None
     store = get_store(store_url)
@@ -176,25 +174,22 @@ def tuple_create(
     emit(as_json, payload, human)
 
 
-@cli.group("tuples")
-def tuples_group() -> None:
-    """Inspect release tuples."""
-
-
-@tuples_group.command("list")
+@tuple_group.command("list")
 @store_option
 @json_option
-@handle_errors
 def tuples_list(store_url: str, as_json: bool) -> None:
     """Every tuple in the store, oldest first. A tuple whose body does not match its id is
     listed as tampered (exit 3) instead of being hidden."""
+    from k3artifacts.releases.tuples import TupleStore
+
     tuples = TupleStore(get_store(store_url))
-    rows, broken = [], []
+    rows, broken, refusals = [], [], []
     for tuple_id in tuples.list_ids():
         try:
             rows.append(_summary(tuples.get(tuple_id)))
         except ReleaseRefused as exc:
             broken.append({"id": tuple_id, "error": str(exc.refusals[0])})
+            refusals.append(exc)
     rows.sort(key=lambda r: (r["created_at"], r["id"]))
 
     def human() -> None:
@@ -206,17 +201,19 @@ def tuples_list(store_url: str, as_json: bool) -> None:
             click.secho(f"{b['id']}  REFUSED  {b['error']}", fg="red")
 
     emit(as_json, {"tuples": rows, "refused": broken}, human)
-    if broken:
-        raise SystemExit(ReleaseRefused.exit_code)
+    if refusals:
+        # The first one's class says what to do (a tampered record: restore it).
+        raise type(refusals[0])([r for exc in refusals for r in exc.refusals])
 
 
-@tuples_group.command("show")
+@tuple_group.command("show")
 @click.argument("tuple_id")
 @store_option
 @json_option
-@handle_errors
 def tuples_show(tuple_id: str, store_url: str, as_json: bool) -> None:
     """One tuple, in full (its id is re-derived from the body: a tampered one is refused)."""
+    from k3artifacts.releases.tuples import TupleStore, check_tuple_id
+
     release = TupleStore(get_store(store_url)).get(check_tuple_id(tuple_id))
 
     def human() -> None:
@@ -238,14 +235,16 @@ def tuples_show(tuple_id: str, store_url: str, as_json: bool) -> None:
     emit(as_json, release, human)
 
 
-@tuples_group.command("diff")
+@tuple_group.command("diff")
 @click.argument("a")
 @click.argument("b")
 @store_option
 @json_option
-@handle_errors
 def tuples_diff(a: str, b: str, store_url: str, as_json: bool) -> None:
     """What differs between the bindings of tuples A and B (exit 0 either way)."""
+    from k3artifacts.releases.binding import diff_bindings
+    from k3artifacts.releases.tuples import TupleStore, check_tuple_id
+
     tuples = TupleStore(get_store(store_url))
     left, right = tuples.get(check_tuple_id(a)), tuples.get(check_tuple_id(b))
     changes = diff_bindings(left.binding, right.binding)
@@ -260,16 +259,33 @@ def tuples_diff(a: str, b: str, store_url: str, as_json: bool) -> None:
     emit(as_json, payload, human)
 
 
-@cli.command("render")
+class RenderTarget(click.ParamType):
+    """A target of :data:`k3artifacts.serving.render.TARGETS`, imported only to check a value
+    (not for `k3a render --help`)."""
+
+    name = "target"
+
+    def convert(self, value: Any, param: Any, ctx: Any) -> str:
+
+        from k3artifacts.serving.render import TARGETS
+
+        if value not in TARGETS:
+            self.fail(f"{value!r} is not one of {', '.join(TARGETS)}", param, ctx)
+        return value
+
+
+@click.command("render")
 @click.argument("tuple_or_channel")
 @click.option(
     "--target",
-    type=click.Choice(list(TARGETS)),
+    type=RenderTarget(),
     required=True,
+    metavar="TARGET",
     help="hyperpod: InferenceEndpointConfig; eks: PV/PVC, Deployment (or "
-    "LeaderWorkerSet), Service, PodDisruptionBudget; eks-prewarm: a DaemonSet that pulls the "
-    "tuple into every GPU node's cache (k3a pull); eks-rollout: the eks pods under an Argo "
-    "Rollout with the canary steps and AnalysisTemplate of --rollout-channel's traffic policy.",
+    "LeaderWorkerSet), Service, PodDisruptionBudget; eks-node-cache: the same, serving from "
+    "the node's NVMe cache; eks-prewarm: a DaemonSet that pulls the tuple into every GPU "
+    "node's cache (k3a pull); eks-rollout: the eks pods under an Argo Rollout with the canary "
+    "steps and AnalysisTemplate of --rollout-channel's traffic policy.",
 )
 @click.option(
     "--weights",
@@ -309,7 +325,6 @@ def tuples_diff(a: str, b: str, store_url: str, as_json: bool) -> None:
 @policies_option
 @store_option
 @json_option
-@handle_errors
 def render_cmd(
     tuple_or_channel: str,
     target: str,
@@ -331,6 +346,10 @@ def render_cmd(
     Exit codes: 0 rendered, 3 tuple body tampered, 7 tuple or channel not found,
     9 the tuple cannot be served on this target (reason and fix printed).
     """
+    from k3artifacts.policy.record import in_force
+    from k3artifacts.releases.lookup import resolve_with_move
+    from k3artifacts.serving.render import render
+
     if weights == "node-cache":
         if target not in ("eks", "eks-node-cache"):
             raise ConfigError(
@@ -338,17 +357,20 @@ def render_cmd(
                 hint="on HyperPod the operator places the weights: README, 'Node-local cache'",
             )
         target = "eks-node-cache"
+    store = get_store(store_url)
     traffic = None
     if rollout_channel is not None:
-        chan = load_gate_policy(policies_dir).channels.get(rollout_channel)
+        policy = in_force(store)
+        chan = policy.document.gates.channels.get(rollout_channel)
         if chan is None or chan.traffic is None:
             raise ConfigError(
-                f"channel {rollout_channel!r} has no traffic policy in "
-                f"{policies_dir / GATES_FILE}",
-                hint="add `traffic: {steps: [...], prometheus: URL, thresholds: {...}}` to it",
+                f"channel {rollout_channel!r} has no traffic policy in the store's policy "
+                f"({policy.label()})",
+                hint="propose one with `traffic: {steps: [...], prometheus: URL, thresholds: "
+                "{...}}` under the channel (`k3a policy propose DIR`)",
             )
         traffic = chan.traffic
-    release = resolve_tuple(get_store(store_url), tuple_or_channel)
+    release, move = resolve_with_move(store, tuple_or_channel)
     rendered = render(release, target, name=name, namespace=namespace,
                       signing_policy=policies_dir if verify_signature else None,
                       traffic=traffic)
@@ -365,6 +387,16 @@ def render_cmd(
         "path": str(path) if path else None,
         "documents": rendered.documents,
     }
+    if move is not None:
+        # Which policy version judged what is rendered: the channel move that made it current.
+        payload["channel"] = {"name": move.channel, "seq": move.seq,
+                              "policy_version": move.policy_version,
+                              "policy_digest": move.policy_digest}
+        judged = (f"policy v{move.policy_version} {move.policy_digest[:12]}"
+                  if move.policy_digest else "a policy not recorded (a move before policies "
+                  "were the store's)")
+        click.echo(f"{move.channel} #{move.seq} -> {move.tuple_id}, judged by {judged}",
+                   err=True)
 
     def human() -> None:
         if path is None:

@@ -6,11 +6,9 @@ from pathlib import Path
 
 import click
 
-from k3artifacts.cli import cli
 from k3artifacts.cli.common import (
     emit,
     get_store,
-    handle_errors,
     json_option,
     policies_option,
     progress_options,
@@ -18,18 +16,12 @@ from k3artifacts.cli.common import (
     store_option,
 )
 from k3artifacts.errors import UsageError, VerifyMismatch
-from k3artifacts.releases.tuples import TUPLE_ID
-from k3artifacts.reporting.progress import BytesProgress
-from k3artifacts.revisions.refs import (
-    COMMIT,
-    check_manifest_digest,
-    check_repo_id,
-    match_revision_ref,
-)
-from k3artifacts.stores.verify import verify_revision
 
 
 def parse_target(target: str, *, tuples: bool = False) -> tuple[str, str] | Path | str:
+    from k3artifacts.releases.tuples import TUPLE_ID
+    from k3artifacts.revisions.refs import COMMIT, check_repo_id, match_revision_ref
+
     if tuples and TUPLE_ID.match(target):
         return target
     ref = match_revision_ref(target)
@@ -47,7 +39,7 @@ def parse_target(target: str, *, tuples: bool = False) -> tuple[str, str] | Path
     )
 
 
-@cli.command("verify")
+@click.command("verify")
 @click.argument("target")
 @store_option
 @click.option("--full", is_flag=True, help="Check sha256 (slower) instead of xxh3-128.")
@@ -67,7 +59,6 @@ def parse_target(target: str, *, tuples: bool = False) -> tuple[str, str] | Path
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar or progress lines.")
 @progress_options
 @json_option
-@handle_errors
 def verify_cmd(target, store_url, full, expect_digest, check_signature, channel, policies_dir,
                workers, quiet, progress_interval, log_format, as_json):
     """Re-hash a published revision against its manifest; run on a node before serving.
@@ -80,6 +71,10 @@ def verify_cmd(target, store_url, full, expect_digest, check_signature, channel,
     missing, by an untrusted key or over other bytes, 7 not a published revision or no
     store there.
     """
+    from k3artifacts.reporting.progress import BytesProgress
+    from k3artifacts.revisions.refs import check_manifest_digest
+    from k3artifacts.stores.verify import verify_revision
+
     if expect_digest is not None:
         check_manifest_digest(expect_digest)
     if check_signature:
@@ -125,6 +120,7 @@ def _verify_signed(target, store_url, full, expect_digest, channel, policies_dir
     # Imported here: a plain `k3a verify` on a node needs neither cryptography nor policies.
     from k3artifacts.releases.signatures import check_tuple_signature
     from k3artifacts.releases.tuples import TupleStore
+    from k3artifacts.reporting.progress import BytesProgress
     from k3artifacts.signing.policy import load_trusted_keys
     from k3artifacts.signing.verify import verify_signed_revision
 

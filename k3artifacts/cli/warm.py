@@ -6,20 +6,17 @@ from pathlib import Path
 
 import click
 
-from k3artifacts.cli import cli
 from k3artifacts.cli.common import (
     emit,
     from_settings,
     get_store,
-    handle_errors,
     json_option,
-    policies_option,
     signing_key_option,
     store_option,
 )
 from k3artifacts.errors import K3AError
 from k3artifacts.nodecache.layout import default_root
-from k3artifacts.releases.actor import resolve_actor
+from k3artifacts.policy.actor import store_identity
 from k3artifacts.releases.channels import CHANNEL_NAME
 from k3artifacts.releases.lookup import resolve_tuple
 from k3artifacts.releases.tuples import TUPLE_ID
@@ -28,7 +25,6 @@ from k3artifacts.warm import prewarm
 from k3artifacts.warm.capture import AlreadyCaptured, capture, parse_roots
 from k3artifacts.warm.model import CACHE_ROOTS, detect_gpu, tuple_layout
 from k3artifacts.warm.node import list_warm
-from k3artifacts.warm.trust import warm_trust
 
 gpu_option = click.option(
     "--gpu", default=None,
@@ -61,7 +57,7 @@ WARM_HELP = (
 )
 
 
-@cli.group("warm", help=WARM_HELP)
+@click.group("warm", help=WARM_HELP)
 def warm_group():
     pass
 
@@ -77,7 +73,6 @@ def warm_group():
               help="An artifact already captured for this tuple, GPU and layout is success "
               "(the capture Job's restarts).")
 @json_option
-@handle_errors
 def capture_cmd(target, dirs, gpu, tp, store_url, signing_key, if_absent, as_json):
     """Store cache directories as the warm-start artifact of TARGET (a tuple or channel).
 
@@ -98,7 +93,7 @@ def capture_cmd(target, dirs, gpu, tp, store_url, signing_key, if_absent, as_jso
         raise click.UsageError("no GPU found (nvidia-smi); pass --gpu MODEL")
     want_tp, pp = tuple_layout(release)
     signer = load_signer(signing_key) if signing_key else None
-    who = resolve_actor(store, typed=None, claims_allowed=False).name
+    who, _ = store_identity(store)  # never a typed name: the store's answer or the OS user
     try:
         result = capture(store, release, gpu=gpu, tensor_parallel=tp or want_tp,
                          pipeline_parallel=pp, roots=roots, captured_by=who, signer=signer)
@@ -127,19 +122,21 @@ def capture_cmd(target, dirs, gpu, tp, store_url, signing_key, if_absent, as_jso
 @channel_option
 @store_option
 @root_option
-@policies_option
 @json_option
-@handle_errors
-def pull_cmd(target, gpu, tp, channel, store_url, root, policies_dir, as_json):
+def pull_cmd(target, gpu, tp, channel, store_url, root, as_json):
     """Bring TARGET's warm artifact for this node's GPU into the node cache, verified.
 
-    Any reason not to (none captured, another GPU or layout, unsigned where the channel
-    requires signatures, a corrupted blob) is a named miss: logged, exit 0, nothing kept.
+    The policy is the store's (`k3a policy show`): the channel's warm_start setting and its
+    signing rule. Any reason not to (none captured, another GPU or layout, unsigned where
+    the channel requires signatures, a corrupted blob) is a named miss: logged, exit 0,
+    nothing kept.
     """
     store = get_store(store_url)
     release = resolve_tuple(store, target)
-    trust = warm_trust(policies_dir, _channel(target, channel))
-    outcome = prewarm.fetch(store, release, root, gpu=gpu or detect_gpu(), trust=trust, tp=tp)
+    gpu = gpu or detect_gpu()
+    trust = prewarm.policy_or_miss(store, _channel(target, channel), release.id, gpu)
+    outcome = trust if isinstance(trust, prewarm.WarmOutcome) else \
+        prewarm.fetch(store, release, root, gpu=gpu, trust=trust, tp=tp)
     emit(as_json, outcome.as_dict(), lambda: click.echo(outcome.line()))
 
 
@@ -154,10 +151,8 @@ def pull_cmd(target, gpu, tp, channel, store_url, root, policies_dir, as_json):
 @channel_option
 @store_option
 @root_option
-@policies_option
 @json_option
-@handle_errors
-def use_cmd(target, into, no_pull, gpu, tp, channel, store_url, root, policies_dir, as_json):
+def use_cmd(target, into, no_pull, gpu, tp, channel, store_url, root, as_json):
     """Before the server starts: copy TARGET's pulled warm artifact into --into, each file
     re-verified (xxh3-128) against the store's manifest, held to the channel's policy.
 
@@ -175,7 +170,7 @@ def use_cmd(target, into, no_pull, gpu, tp, channel, store_url, root, policies_d
                                       detail=str(exc), env=env)
         click.echo(f"k3a: {outcome.line()}", err=True)
     else:
-        trust = prewarm.policy_or_miss(policies_dir, _channel(target, channel), release.id, gpu)
+        trust = prewarm.policy_or_miss(store, _channel(target, channel), release.id, gpu)
         if isinstance(trust, prewarm.WarmOutcome):
             outcome = trust
             outcome.env = prewarm.use_cold(into)
@@ -188,7 +183,6 @@ def use_cmd(target, into, no_pull, gpu, tp, channel, store_url, root, policies_d
 @warm_group.command("ls")
 @root_option
 @json_option
-@handle_errors
 def ls_cmd(root, as_json):
     """Warm artifacts in the node cache (also listed by `k3a cache ls`)."""
     found = list_warm(root)

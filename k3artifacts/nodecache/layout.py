@@ -118,7 +118,7 @@ def parse_revision(text: str) -> Revision:
     if ref is None:
         raise ConfigError(
             f"{text!r} is not org/name@<40-hex commit>",
-            hint="list what the cache holds with `k3a cache ls`",
+            hint="list what the cache holds with `k3a cache list`",
         )
     return Revision(ref[0], ref[1])
 

@@ -330,7 +330,7 @@ def _disk_errors(layout: CacheLayout, rev: Revision) -> Iterator[None]:
                 f"{rev}: {where}{exc.strerror}",
                 hint="free space (`k3a cache gc --keep N`, or other files on that disk) and "
                 "re-run `k3a pull`: verified files and recorded parts are kept and resumed; "
-                "`k3a cache ls` lists the unfinished pull",
+                "`k3a cache list` lists the unfinished pull",
             ) from None
         raise Unavailable(
             f"pulling {rev} into {layout.root}: {where}{exc.strerror or exc}",
@@ -366,7 +366,7 @@ def _read_manifest(target: PullTarget) -> tuple[bytes, ShardManifest]:
         rev.repo_id, rev.commit,
         hint="check the tuple's store (--store) or stage the revision first")
     manifest = ShardManifest.parse(raw)
-    if target.manifest_digest is not None and manifest.digest() != target.manifest_digest:
+    if target.manifest_digest is not None and not manifest.answers_to(target.manifest_digest):
         raise VerifyMismatch(
             f"{rev} in {target.store.url}: manifest digest {manifest.digest()}, the tuple "
             f"{target.tuple_id} binds {target.manifest_digest}; nothing was pulled",

@@ -119,7 +119,7 @@ def remove(layout: CacheLayout, rev: Revision) -> None:
                                hint="retry when the pull ends")
             return
         raise NotFound(f"{rev} is not in the cache at {layout.root}",
-                       hint="list what it holds with `k3a cache ls`")
+                       hint="list what it holds with `k3a cache list`")
     if not evict(layout, rev):
         raise Conflict(f"{rev} is leased by a running server; not removed",
                        hint="stop the server (its lease goes with it), then remove")

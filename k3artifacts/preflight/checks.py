@@ -13,9 +13,9 @@ from botocore.exceptions import BotoCoreError, ClientError
 from botocore.parsers import ResponseParserError
 
 from k3artifacts.errors import K3AError
+from k3artifacts.policy.rollout import InfrastructurePolicy
 from k3artifacts.preflight.iam_eval import allowed
 from k3artifacts.preflight.model import CheckOutcome
-from k3artifacts.releases.rollout_policy import InfrastructurePolicy
 from k3artifacts.releases.tuples import ReleaseTuple
 from k3artifacts.serving.profiles import ServingResources
 

@@ -7,7 +7,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from k3artifacts.releases.rollout_policy import InfrastructurePolicy
+from k3artifacts.policy.rollout import InfrastructurePolicy
 
 CHECKS = ("capacity", "storage_throughput", "iam", "private_networking", "node_health")
 

@@ -8,9 +8,9 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from k3artifacts.policy.rollout import InfrastructurePolicy
 from k3artifacts.preflight import checks
 from k3artifacts.preflight.model import CheckOutcome, PreflightReport
-from k3artifacts.releases.rollout_policy import InfrastructurePolicy
 from k3artifacts.releases.tuples import ReleaseTuple
 from k3artifacts.serving.profiles import serving_resources
 

@@ -26,6 +26,7 @@ from pydantic import BaseModel, ConfigDict
 
 from k3artifacts.canonical import canonical_digest, canonical_json
 from k3artifacts.errors import ConfigError, K3AError, NotFound
+from k3artifacts.policy.actor import Actor
 from k3artifacts.preflight.kube import KubeAPI
 from k3artifacts.promotion.moves import rollback
 from k3artifacts.readiness.record import smoke
@@ -132,7 +133,7 @@ def previous_tuple(store: Store, channel: str, to: str | None) -> tuple[str, str
         if entry.tuple_id != current:
             return current, entry.tuple_id
     raise NotFound(f"channel {channel} has only ever pointed at {current}: nothing to roll "
-                   "back to", hint=f"see `k3a history {channel}`")
+                   "back to", hint=f"see `k3a channel history {channel}`")
 
 
 def rollback_single_node(
@@ -144,9 +145,9 @@ def rollback_single_node(
     namespace: str,
     endpoint: str,
     metrics_url: str,
-    actor: str,
-    actor_source: str | None = None,
+    actor: Actor,
     reason: str | None = None,
+    approval: str | None = None,
     to: str | None = None,
     settings: SmokeSettings | None = None,
     drain_timeout_s: float = 600,
@@ -223,7 +224,7 @@ def rollback_single_node(
         return f"Service {namespace}/{name} selects {target}'s pod again"
 
     def pointer() -> str:
-        moved = rollback(store, channel, to=target, actor=actor, actor_source=actor_source,
+        moved = rollback(store, channel, to=target, actor=actor, approval=approval,
                          reason=reason or "single-node rollback")
         return f"{channel} -> {moved.tuple_id} (history #{moved.entry.seq})"
 

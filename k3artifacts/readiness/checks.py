@@ -8,6 +8,7 @@ a structured-output or tool-call answer is held to the same rules wherever it is
 from __future__ import annotations
 
 import json
+import math
 import re
 import time
 from collections.abc import Callable
@@ -21,6 +22,7 @@ from k3artifacts.readiness.client import describe
 from k3artifacts.readiness.code_run import run_cases
 from k3artifacts.readiness.suite import Case, SmokeSettings
 from k3artifacts.releases.evaluations import CheckResult
+from k3artifacts.releases.tuples import TUPLE_ID
 
 STRUCTURED = Case(
     name="structured_output",
@@ -54,8 +56,9 @@ TOOL = Case(
 
 @dataclass
 class Probe:
-    """One endpoint as the checks see it: a bounded client, the model name the tuple serves,
-    and every model name the server answered with (collected for the report)."""
+    """One endpoint as the checks see it: a bounded client, the tuple id (a rendered server
+    answers to it as a served model name, and every request asks for it), and every model name
+    the server answered with (collected for the report)."""
 
     client: openai.OpenAI
     model: str
@@ -79,7 +82,8 @@ def timed(name: str, fn: Callable[[], tuple[bool, str]], *, kind: str | None = N
 
 
 def models_check(probe: Probe) -> tuple[CheckResult, bool]:
-    """(result, reachable): whether /v1/models lists the tuple's served model name."""
+    """(result, reachable): whether /v1/models lists the tuple id. Every tuple of a profile
+    shares its served model name, so only the id says which weights answer."""
     reachable = True
 
     def run() -> tuple[bool, str]:
@@ -93,7 +97,13 @@ def models_check(probe: Probe) -> tuple[CheckResult, bool]:
             probe.saw(name)
         if probe.model in listed:
             return True, f"serves {probe.model}"
-        return False, f"serves {listed or 'nothing'}, not the tuple's {probe.model!r}"
+        tuples = [name for name in listed if TUPLE_ID.match(name)]
+        if tuples:
+            return False, (f"serves tuple(s) {', '.join(tuples)}, not {probe.model}: the endpoint "
+                           "was started from another tuple's render")
+        return False, (f"serves {listed or 'nothing'} and no tuple id, not {probe.model}: "
+                       "not started from a render of this tuple (`k3a render` adds its id as a "
+                       "served model name)")
 
     return timed("models", run, retries=probe.settings.max_retries), reachable
 
@@ -239,24 +249,71 @@ def _judge_tool(case: Case, message: Any) -> tuple[bool, str]:
     return True, f"called {name}({_clip(call.function.arguments)})"
 
 
+FILLER = "alpha bravo charlie delta "
+#: Filler repeats of the first measurement; the second doubles it (their difference is the
+#: cost of one repeat in the endpoint's own tokens, the rest is the template and the question).
+SAMPLE_REPEATS = 32
+
+
+def _long_messages(repeats: int) -> list[dict[str, str]]:
+    return [{"role": "user", "content": FILLER * repeats + "\n\nReply with exactly: DONE"}]
+
+
+class TokenCounter:
+    """Prompt tokens as the endpoint counts them: vLLM's ``POST /tokenize`` (the chat template
+    applied), else a one-token completion's ``usage.prompt_tokens``."""
+
+    def __init__(self, probe: Probe):
+        self.probe = probe
+        self.how = "/tokenize"
+
+    def __call__(self, messages: list[dict[str, str]]) -> int:
+        if self.how == "/tokenize":
+            try:
+                found = self.probe.client.post(
+                    str(self.probe.client.base_url).rstrip("/").removesuffix("/v1") + "/tokenize",
+                    body={"model": self.probe.model, "messages": messages,
+                          "add_generation_prompt": True},
+                    cast_to=object)
+                return int(found["count"])  # type: ignore[index]
+            except (openai.NotFoundError, openai.BadRequestError, openai.UnprocessableEntityError,
+                    KeyError, TypeError, ValueError):
+                self.how = "usage.prompt_tokens"  # not vLLM: ask a completion instead
+        resp = self.probe.client.chat.completions.create(
+            model=self.probe.model, max_tokens=1, temperature=0, messages=messages)
+        if resp.usage is None:
+            raise ValueError("the endpoint reports no usage and has no /tokenize: prompt "
+                             "tokens cannot be counted")
+        return resp.usage.prompt_tokens
+
+
 def long_context_check(probe: Probe, tokens: int) -> CheckResult:
-    # ~0.75 words per token for BPE tokenizers: the prompt stays inside the target in tokens.
-    words = max(1, int(tokens * 0.75))
-    filler = " ".join(("alpha", "bravo", "charlie", "delta")[i % 4] for i in range(words))
+    """A prompt of ``tokens`` tokens as the endpoint's tokenizer counts them (no words-per-token
+    guess: vocabularies differ by a factor of several), answered in full."""
 
     def run() -> tuple[bool, str]:
+        count = TokenCounter(probe)
+        small = count(_long_messages(SAMPLE_REPEATS))
+        per = (count(_long_messages(2 * SAMPLE_REPEATS)) - small) / SAMPLE_REPEATS
+        if per <= 0:
+            return False, f"the endpoint counts no tokens for more text ({count.how})"
+        fixed = small - per * SAMPLE_REPEATS
+        repeats = max(1, int((tokens - fixed) / per))
+        measured = count(_long_messages(repeats))
+        while measured > tokens and repeats > 1:  # a tokenizer merging across repeats
+            repeats = max(1, repeats - max(1, math.ceil((measured - tokens) / per)))
+            measured = count(_long_messages(repeats))
         resp = probe.client.chat.completions.create(
-            model=probe.model, max_tokens=16, temperature=0,
-            messages=[{"role": "user", "content": filler + "\n\nReply with exactly: DONE"}],
-        )
+            model=probe.model, max_tokens=16, temperature=0, messages=_long_messages(repeats))
         probe.saw(resp.model)
         text = (resp.choices[0].message.content or "").strip() if resp.choices else ""
         if not text:
             return False, "empty answer to the long prompt"
         seen = resp.usage.prompt_tokens if resp.usage else None
-        if seen is not None and seen < words * 0.9:
-            return False, f"server counted {seen} prompt tokens for {words} words: truncated?"
-        return True, f"{seen if seen is not None else '?'} prompt tokens accepted " \
-                     f"(target {tokens})"
+        if seen is not None and seen < measured:
+            return False, (f"server counted {seen} prompt tokens for a prompt of {measured} "
+                           f"({count.how}): truncated?")
+        return True, (f"{seen if seen is not None else measured} prompt tokens accepted "
+                      f"(target {tokens}, measured with {count.how})")
 
     return timed("long_context", run, retries=probe.settings.max_retries)

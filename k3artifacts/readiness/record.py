@@ -50,8 +50,8 @@ def evaluate(store: Store, endpoint: str, name: str, suite_file: Path, *, channe
     base = None
     if current is not None and current != release.id:
         found = latest_run(store, current, kind="eval", suite_sha256=sha)
-        base = baseline_of(found, channel, 1) if found else None
+        base = baseline_of(found, channel, 1, margin) if found else None
     report = run_readiness(endpoint, release, suite.smoke, suite=suite, suite_sha256=sha,
-                           baseline=base, margin=margin, observer=observer, api_key=api_key)
+                           baseline=base, observer=observer, api_key=api_key)
     record, written = record_run(store, report, by=by)
     return Recorded(report, record, written)

@@ -25,7 +25,6 @@ from k3artifacts.releases.evaluations import (
     regressions,
 )
 from k3artifacts.releases.tuples import ReleaseTuple
-from k3artifacts.serving.render.common import served_name
 
 SMOKE_SUITE = "smoke"
 #: Checks a run always makes, in order (the suite's cases come after, then ``sweep``).
@@ -83,14 +82,13 @@ def run_readiness(
     suite: Suite | None = None,
     suite_sha256: str | None = None,
     baseline: Baseline | None = None,
-    margin: float = 0.0,
     observer: Observer | None = None,
     api_key: str | None = None,
 ) -> ReadinessReport:
     """Smoke (``suite`` None) or eval run of ``endpoint`` for ``release``."""
     obs = observer or Observer()
     started, t0 = datetime.now(UTC), time.monotonic()
-    model = served_name(release)
+    model = release.id
     probe = Probe(make_client(endpoint, settings, api_key=api_key), model, settings)
     results: list[CheckResult] = []
 
@@ -139,7 +137,8 @@ def run_readiness(
         unreachable=not reachable,
     )
     if baseline is not None:
-        found = regressions(report, baseline, margin=margin, concurrency=1)
+        found = regressions(report, baseline, margin=baseline.margin,
+                            concurrency=baseline.concurrency)
         report = report.model_copy(update={"regressions": found})
     return report
 

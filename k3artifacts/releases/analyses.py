@@ -15,8 +15,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from k3artifacts.canonical import canonical_digest, canonical_json
 from k3artifacts.errors import AlreadyExists, ConfigError
+from k3artifacts.policy.rollout import TrafficThresholds
 from k3artifacts.releases.channels import check_channel
-from k3artifacts.releases.rollout_policy import TrafficThresholds
 from k3artifacts.releases.tuples import TupleStore, check_tuple_id
 from k3artifacts.stores.base import Store
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from k3artifacts.releases.actor import current_actor
+from k3artifacts.policy.actor import os_account
 from k3artifacts.releases.tuples import (
     ImageRef,
     ReleaseTuple,
@@ -68,7 +68,7 @@ def create_tuple(
 ) -> Created:
     binding = bind(store, repo_id, commit, image, serving)
     release = ReleaseTuple.make(
-        binding, created_at=now or datetime.now(UTC), created_by=created_by or current_actor()
+        binding, created_at=now or datetime.now(UTC), created_by=created_by or os_account()
     )
     tuples = TupleStore(store)
     if tuples.put(release):

@@ -30,7 +30,6 @@ and not "log entry first, then pointer":
 
 from __future__ import annotations
 
-import re
 from collections.abc import Collection, Iterator
 from dataclasses import dataclass
 from datetime import datetime
@@ -41,12 +40,13 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from k3artifacts import faultpoints
 from k3artifacts.canonical import canonical_json
 from k3artifacts.errors import AlreadyExists, ConfigError, Conflict, K3AError, NotFound
+from k3artifacts.policy.model import CHANNEL_NAME
+from k3artifacts.policy.results import GateResult, Override
 from k3artifacts.releases.tuples import TUPLE_ID
 from k3artifacts.stores.base import Store
 
 CHANNEL_SCHEMA = 1
 CHANNELS_PREFIX = "releases/channels/"
-CHANNEL_NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
 SEQ_WIDTH = 10  # zero-padded so that keys sort in move order
 
 
@@ -54,26 +54,19 @@ class _Frozen(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
 
-class GateResult(_Frozen):
-    name: str
-    passed: bool
-    reason: str
-    #: Failed, but the mover overrode it with a reason (see ``HistoryEntry.overrides``).
-    overridden: bool = False
-
-
-class Override(_Frozen):
-    gate: str
-    reason: str = Field(min_length=1)
-
-
 class Approval(_Frozen):
-    """A release engineer's decision, when a flow waited for one before moving the pointer."""
+    """A release engineer's decision that authorized the move: an approval record in the
+    store (``policy/approvals.py``), answered under the approver's own identity."""
 
     who: str = Field(min_length=1)
+    #: Where ``who`` came from (``sts``, ``os-user``, ``asserted``); None in entries written
+    #: before approvals were records (then ``who`` was typed in a form).
+    who_source: str | None = None
     decision: Literal["approved", "rejected"]
     reason: str | None = None
     when: datetime | None = None
+    #: The approval request this answers (``k3a approve REQUEST``).
+    request_id: str | None = None
 
 
 class HistoryEntry(_Frozen):
@@ -84,14 +77,20 @@ class HistoryEntry(_Frozen):
     tuple_id: str = Field(pattern=TUPLE_ID.pattern)
     previous_tuple_id: str | None = Field(default=None, pattern=TUPLE_ID.pattern)
     who: str
-    #: Where ``who`` came from (``sts``, ``os-user``, ``claimed``; see ``releases/actor.py``);
-    #: None for entries written before identities were resolved, or by library callers.
+    #: Where ``who`` came from (``sts``, ``os-user``, ``asserted``; see ``policy/actor.py``);
+    #: None for entries written before identities were resolved.
     who_source: str | None = None
+    #: For an asserted ``who``: the identity that typed it.
+    who_account: str | None = None
     when: datetime
     why: str | None = None
     gates: list[GateResult] = Field(default_factory=list)
     overrides: list[Override] = Field(default_factory=list)
     approval: Approval | None = None
+    #: The store's policy version the move was judged by (``policy/record.py``); None in
+    #: entries written before the policy was the store's.
+    policy_digest: str | None = None
+    policy_version: int | None = None
 
 
 class ChannelPointer(_Frozen):
@@ -134,7 +133,21 @@ class ChannelMoved(Conflict):
 class CorruptRecord(K3AError):
     """A channel record that does not parse or contradicts another: the store was edited."""
 
+    exit_code = 4
     hint = "inspect the key named above; channel records are written only by k3a"
+
+
+class PointerMismatch(CorruptRecord):
+    """The pointer is not the move its history's latest entry records (a hand-edited pointer,
+    or a history entry deleted): nobody may follow it until someone looks."""
+
+    def __init__(self, message: str, channel: str):
+        super().__init__(
+            message,
+            hint=f"compare releases/channels/{channel}.json with `k3a history {channel}`; "
+            "channel pointers are moved only by `k3a promote` / `k3a rollback`: restore the "
+            "pointer the history's latest entry records",
+        )
 
 
 def check_channel(name: str) -> str:
@@ -183,6 +196,8 @@ class ChannelState:
 
 
 def read_state(store: Store, channel: str) -> ChannelState:
+    """The pointer as every reader and mover sees it: checked against the history's latest
+    entry first (:func:`check_against_history`)."""
     key = pointer_key(channel)
     found = store.read(key)
     if found is None:
@@ -190,7 +205,36 @@ def read_state(store: Store, channel: str) -> ChannelState:
     pointer = _parse(ChannelPointer, key, found.data)
     if pointer.channel != channel:
         raise CorruptRecord(f"{key} names channel {pointer.channel!r}")
+    check_against_history(store, pointer)
     return ChannelState(channel, pointer, found.token)
+
+
+def check_against_history(store: Store, pointer: ChannelPointer) -> None:
+    """Raise :class:`PointerMismatch` unless ``pointer`` is the move its history records: the
+    latest logged entry is the pointer's own (same seq, same content), or, when its mover died
+    before logging it, the one before, whose tuple the pointer's entry says it replaced. One
+    listing and one read, whatever the history's length."""
+    channel = pointer.channel
+    seqs = _logged_seqs(store, channel)
+    latest = seqs[-1] if seqs else 0
+    where = f"{pointer_key(channel)} in {store.url}"
+    if latest > pointer.seq:
+        raise PointerMismatch(
+            f"{where} says #{pointer.seq} ({pointer.tuple_id}), but the history goes on to "
+            f"#{latest}: the pointer was set back by hand", channel)
+    if latest == pointer.seq:
+        if _read_entry(store, channel, latest) != pointer.entry:
+            raise PointerMismatch(
+                f"{where} points at {pointer.tuple_id} as #{pointer.seq}, but history entry "
+                f"#{latest} records another move: the pointer was edited by hand", channel)
+        return
+    if latest == pointer.seq - 1 and (
+            latest == 0 or _read_entry(store, channel, latest).tuple_id
+            == pointer.entry.previous_tuple_id):
+        return  # the mover died between its two writes; the next move logs the entry
+    raise PointerMismatch(
+        f"{where} says #{pointer.seq} ({pointer.tuple_id}), but the history's latest entry is "
+        f"#{latest}: the pointer does not follow its history", channel)
 
 
 def channel_names(store: Store) -> list[str]:
@@ -328,7 +372,7 @@ def _lost_race(store: Store, state: ChannelState, entry: HistoryEntry) -> Channe
         return ChannelMoved(
             f"{wanted} lost a race: the channel pointer changed and is now absent",
             winner=None,
-            hint=f"check `k3a history {state.channel}` and retry",
+            hint=f"check `k3a channel history {state.channel}` and retry",
         )
     w = winner.entry
     return ChannelMoved(
@@ -336,7 +380,7 @@ def _lost_race(store: Store, state: ChannelState, entry: HistoryEntry) -> Channe
         f"({w.action} #{w.seq} by {w.who} at {w.when.isoformat()}) first; nothing was written",
         winner=winner,
         hint=(
-            f"review `k3a history {state.channel}`; if {entry.tuple_id} should still replace "
-            f"{winner.tuple_id}, run the {entry.action} again"
+            f"review `k3a channel history {state.channel}`; if {entry.tuple_id} should still "
+            f"replace {winner.tuple_id}, run the {entry.action} again"
         ),
     )

@@ -93,7 +93,8 @@ class Sweep(BaseModel):
 
 
 class Baseline(BaseModel):
-    """The report this run was compared with: the one of the tuple on the target channel."""
+    """The report this run was compared with: the one of the tuple on the target channel,
+    and how far this run may fall behind it."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -101,7 +102,12 @@ class Baseline(BaseModel):
     tuple_id: str
     report_sha256: str
     pass_rate: float
+    #: At ``concurrency``.
     e2e_p99: float | None
+    concurrency: int = Field(default=1, gt=0)
+    #: Pass rate may drop by at most this much (absolute), the p99 grow by this fraction.
+    #: (Runs recorded before the margin was are judged by the one they were run with.)
+    margin: float = Field(default=0.05, ge=0)
 
 
 class ReadinessReport(BaseModel):
@@ -113,8 +119,9 @@ class ReadinessReport(BaseModel):
     kind: Literal["smoke", "eval"]
     tuple_id: str
     endpoint: str
-    #: What the tuple says vLLM serves, and what the server answered with (/v1/models and the
-    #: ``model`` field of its completions): a report binds to the tuple only when they agree.
+    #: The model name the run asked for (the tuple id, which a rendered server serves), and
+    #: what the server answered with (/v1/models and the ``model`` field of its completions):
+    #: a report binds to the tuple only when they agree.
     expected_model: str
     served_models: list[str]
     suite: str
@@ -130,8 +137,8 @@ class ReadinessReport(BaseModel):
     min_pass_rate: float = Field(default=1.0, ge=0, le=1)
     sweep: Sweep | None = None
     baseline: Baseline | None = None
-    #: How this run is worse than the baseline beyond the suite's margin (informational; the
-    #: gate re-derives it against the channel's current report with the policy's margin).
+    #: How this run is worse than the baseline beyond its margin, as found when it ran (the
+    #: verdict re-derives it: :func:`judge`).
     regressions: list[str] = Field(default_factory=list)
     #: The endpoint could not be reached at all (connection refused, DNS, timeout on connect).
     unreachable: bool = False
@@ -154,12 +161,16 @@ class ReadinessReport(BaseModel):
         return [c for c in [*self.checks, *self.cases] if not c.passed]
 
     @property
+    def verdict(self) -> str:
+        return f"{self.suite}: {self.passed_count}/{len(self.judged)} = {self.pass_rate:.1%}"
+
+    def problems(self) -> list[str]:
+        """Why this run is NOT READY by its own criteria (empty: ready)."""
+        return judge(self, min_pass_rate=self.min_pass_rate, baseline=self.baseline)
+
+    @property
     def passed(self) -> bool:
-        return (
-            bool(self.checks)
-            and all(c.passed for c in self.checks)
-            and self.pass_rate >= self.min_pass_rate
-        )
+        return not self.problems()
 
 
 class EvaluationRecord(BaseModel):
@@ -301,7 +312,8 @@ def latest_run(
     return runs[-1] if runs else None
 
 
-def baseline_of(record: EvaluationRecord, channel: str, concurrency: int) -> Baseline:
+def baseline_of(record: EvaluationRecord, channel: str, concurrency: int,
+                margin: float) -> Baseline:
     run = record.readiness()
     point = run.sweep.at(concurrency) if run.sweep else None
     return Baseline(
@@ -310,7 +322,41 @@ def baseline_of(record: EvaluationRecord, channel: str, concurrency: int) -> Bas
         report_sha256=record.report_sha256,
         pass_rate=run.pass_rate,
         e2e_p99=point.e2e_p99 if point else None,
+        concurrency=concurrency,
+        margin=margin,
     )
+
+
+def judge(report: ReadinessReport, *, min_pass_rate: float, baseline: Baseline | None,
+          latency: tuple[int, float] | None = None) -> list[str]:
+    """The one judgement of a readiness run, for ``k3a eval run`` / ``k3a smoke`` (the run's
+    own criteria) and for the evaluation gate (the run's own, then the channel policy's):
+    every check passed, the pass rate, the end-to-end p99 at ``latency`` = (concurrency,
+    limit in seconds), and no regression against ``baseline`` beyond its margin. Returns the
+    problems, each one line; empty: ready."""
+    problems = []
+    if not report.checks:
+        problems.append("no readiness check ran")
+    failed = [c for c in report.checks if not c.passed]
+    problems.extend(f"check {c.name} failed: {c.detail}" for c in failed[:4])
+    if len(failed) > 4:
+        problems.append(f"and {len(failed) - 4} more failed checks")
+    if report.pass_rate < min_pass_rate:
+        failed_cases = ", ".join(c.name for c in report.cases if not c.passed)
+        problems.append(f"{report.verdict} is below the required {min_pass_rate:.1%}"
+                        + (f" (failed: {failed_cases})" if failed_cases else ""))
+    if latency is not None:
+        concurrency, limit = latency
+        point = report.sweep.at(concurrency) if report.sweep else None
+        if point is None or point.e2e_p99 is None:
+            problems.append(f"the sweep has no latency at concurrency {concurrency}")
+        elif point.e2e_p99 > limit:
+            problems.append(f"end-to-end p99 at concurrency {concurrency} is "
+                            f"{point.e2e_p99:.3f} s > {limit:g} s")
+    if baseline is not None:
+        problems.extend(regressions(report, baseline, margin=baseline.margin,
+                                    concurrency=baseline.concurrency))
+    return problems
 
 
 def regressions(

@@ -25,8 +25,8 @@ from pydantic import BaseModel, ConfigDict
 from k3artifacts.canonical import canonical_json
 from k3artifacts.errors import AlreadyExists
 from k3artifacts.faultpoints import pause
+from k3artifacts.policy.model import GatePolicy
 from k3artifacts.releases.channels import channel_names, iter_history_reversed, read_state
-from k3artifacts.releases.policies import GatePolicy
 from k3artifacts.releases.retirement import (
     Marker,
     live_pins,
@@ -47,6 +47,10 @@ class RevisionVerdict(BaseModel):
     commit: str
     published_at: datetime
     bytes: int
+    #: What retiring it gives back: bytes whose last link (file store) or last reference (S3)
+    #: goes with it; a file shared with a kept revision is not counted. For a plan, what
+    #: retiring it alone would free now (revisions sharing files free them with the last one).
+    freed: int = 0
     action: Literal["keep", "retire", "retired", "kept"]
     #: Why kept (or, after --apply, why a planned retirement did not happen).
     reason: str
@@ -124,6 +128,7 @@ def plan(
                     commit=commit,
                     published_at=when,
                     bytes=_size(store, repo_id, commit),
+                    freed=0 if reasons else store.reclaimable_bytes(repo_id, commit),
                     action="keep" if reasons else "retire",
                     reason="; ".join(reasons),
                 )
@@ -178,9 +183,10 @@ def retire(
             update={"action": "kept", "reason": "became reachable: " + ", ".join(reach)}
         )
     pause("gc-checked", commit)
+    freed = 0
     if store.read(manifest_key(repo_id, commit)) is not None:
-        store.delete_revision(repo_id, commit)
+        freed = store.delete_revision(repo_id, commit)
     if also is not None:
         also(store, repo_id, commit)
     store.delete(stone)
-    return verdict.model_copy(update={"action": "retired", "reason": ""})
+    return verdict.model_copy(update={"action": "retired", "reason": "", "freed": freed})

@@ -107,8 +107,9 @@ def pinned(store: Store, repo_id: str, commit: str, *, who: str, why: str) -> It
             raise RevisionRetiring(
                 f"{repo_id}@{commit} is being retired by {stone.who} ({stone.why}, since "
                 f"{stone.at:%Y-%m-%d %H:%M} UTC); no channel may move onto it",
-                hint="promote another tuple; if the gc that wrote it crashed, `k3a gc --apply` "
-                f"takes over a tombstone older than {STALE_AFTER.total_seconds() / 3600:.0f} h "
+                hint="promote another tuple; if the gc that wrote it crashed, "
+                "`k3a revision gc --apply` takes over a tombstone older than "
+                f"{STALE_AFTER.total_seconds() / 3600:.0f} h "
                 f"({tombstone_key(repo_id, commit)}) and finishes or withdraws it",
             )
         pause("move-pinned", commit)

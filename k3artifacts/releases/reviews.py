@@ -8,8 +8,8 @@ A review is a create-once record in the store, like tuples and history::
 It binds a sha256, not a repo or a version: a license text that changes by one byte needs a
 new review, and the same text reviewed once passes for every later revision that carries it.
 It records who reviewed, as the same identity source that records who promotes (STS on S3,
-the OS user on file stores; ``releases/actor.py``), so a gate can tell the two apart. Only
-``k3a review`` writes them; a file under ``policies/`` counts for nothing. Recording is
+the account of the real uid on file stores; ``policy/actor.py``), so a gate can tell the two
+apart. Only ``k3a review`` writes them; a file under ``policies/`` counts for nothing. Recording is
 idempotent: content already reviewed is not recorded again (the first review stands).
 """
 

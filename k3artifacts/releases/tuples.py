@@ -130,7 +130,7 @@ def check_tuple_id(tuple_id: str) -> str:
     if not TUPLE_ID.match(tuple_id):
         raise UsageError(
             f"{tuple_id!r} is not a tuple id",
-            hint="tuple ids look like k3t-<24 hex>; list them with `k3a tuples list`",
+            hint="tuple ids look like k3t-<24 hex>; list them with `k3a tuple list`",
         )
     return tuple_id
 
@@ -160,7 +160,7 @@ class TupleStore:
         if found is None:
             raise NotFound(
                 f"tuple {tuple_id} is not in {self.store.url}",
-                hint="list tuples with `k3a tuples list`",
+                hint="list tuples with `k3a tuple list`",
             )
         key = tuple_key(tuple_id)
         try:

@@ -1,15 +1,11 @@
 """What an operator is told about without watching: the pipeline's notification vocabulary.
 
-Four happenings, each a :class:`Notification` with a stable event name, the resource it is
-about and a JSON payload. The library only builds them (it never imports Prefect); the flows
-emit them as Prefect events, and a Prefect automation matching ``k3a.*`` forwards them to a
-webhook or Slack (README, "Notifications")::
+Each happening is a :class:`Notification`: a stable event name, the resource it is about (a
+revision or a channel), related resources (the tuple, the channel) and a JSON payload. The
+library only builds them; the flows emit them as Prefect events (``flows/notify.py``), and a
+Prefect automation matching them forwards them to a webhook or Slack (README, "Notifications").
 
-    from prefect.events import emit_event
-    n = revision_refused("moonshotai/Kimi-K3", commit, exc)
-    emit_event(event=n.event, resource=n.resource, payload=n.payload)
-
-Names and payload keys are an interface: automations and dashboards match on them.
+Names, resource ids and payload keys are an interface: automations and dashboards match on them.
 """
 
 from __future__ import annotations
@@ -21,12 +17,17 @@ from typing import Any
 from k3artifacts.errors import ReleaseRefused
 
 UPSTREAM_FOUND = "k3a.revision.upstream-found"
+#: Staged: verified and published in the store (and bound into a tuple when one was asked for).
 PUBLISHED = "k3a.revision.published"
 REFUSED = "k3a.revision.refused"
 PROMOTION_BLOCKED = "k3a.promotion.blocked"
+PROMOTED = "k3a.channel.promoted"
+ROLLED_BACK = "k3a.channel.rolled-back"
+READINESS_FAILED = "k3a.readiness.failed"
 
 #: Every event name, for an automation's ``expect`` list.
-EVENTS = (UPSTREAM_FOUND, PUBLISHED, REFUSED, PROMOTION_BLOCKED)
+EVENTS = (UPSTREAM_FOUND, PUBLISHED, REFUSED, PROMOTION_BLOCKED, PROMOTED, ROLLED_BACK,
+          READINESS_FAILED)
 
 
 @dataclass(frozen=True)
@@ -35,6 +36,26 @@ class Notification:
     #: Prefect's resource labels: ``prefect.resource.id`` plus what a filter may match on.
     resource: dict[str, str]
     payload: dict[str, Any] = field(default_factory=dict)
+    #: Prefect's related resources, each with a ``prefect.resource.role`` (tuple, channel).
+    related: list[dict[str, str]] = field(default_factory=list)
+
+
+def tuple_resource_id(tuple_id: str) -> str:
+    return f"k3a.tuple.{tuple_id}"
+
+
+def channel_resource_id(channel: str) -> str:
+    return f"k3a.channel.{channel}"
+
+
+def _tuple(tuple_id: str) -> dict[str, str]:
+    return {"prefect.resource.id": tuple_resource_id(tuple_id),
+            "prefect.resource.name": tuple_id, "prefect.resource.role": "tuple"}
+
+
+def _channel(channel: str, tuple_id: str) -> dict[str, str]:
+    return {"prefect.resource.id": channel_resource_id(channel),
+            "prefect.resource.name": channel, "k3a.tuple": tuple_id}
 
 
 def _revision_resource(repo_id: str, commit: str) -> dict[str, str]:
@@ -79,6 +100,7 @@ def revision_published(
             "remote_code": sorted(remote_code),
             "tuple_id": tuple_id,
         },
+        [_tuple(tuple_id)] if tuple_id else [],
     )
 
 
@@ -102,15 +124,55 @@ def promotion_blocked(
     """A move onto ``channel`` was refused by its gates (``failed_gates``: gate -> reason)."""
     return Notification(
         PROMOTION_BLOCKED,
-        {
-            "prefect.resource.id": f"k3a.channel.{channel}",
-            "prefect.resource.name": channel,
-            "k3a.tuple": tuple_id,
-        },
+        _channel(channel, tuple_id),
         {
             "tuple_id": tuple_id,
             "channel": channel,
             "failed_gates": dict(sorted(failed_gates.items())),
             "requested_by": requested_by,
         },
+        [_tuple(tuple_id)],
+    )
+
+
+def _moved(event: str, channel: str, tuple_id: str, *, previous_tuple_id: str | None, seq: int,
+           who: str, why: str | None) -> Notification:
+    return Notification(
+        event,
+        _channel(channel, tuple_id),
+        {"tuple_id": tuple_id, "channel": channel, "previous_tuple_id": previous_tuple_id,
+         "history_seq": seq, "who": who, "why": why},
+        [_tuple(tuple_id)],
+    )
+
+
+def channel_promoted(channel: str, tuple_id: str, *, previous_tuple_id: str | None, seq: int,
+                     who: str, why: str | None) -> Notification:
+    """``channel`` now points at ``tuple_id`` (history entry ``seq``)."""
+    return _moved(PROMOTED, channel, tuple_id, previous_tuple_id=previous_tuple_id, seq=seq,
+                  who=who, why=why)
+
+
+def channel_rolled_back(channel: str, tuple_id: str, *, previous_tuple_id: str | None, seq: int,
+                        who: str, why: str | None) -> Notification:
+    """``channel`` was pointed back at ``tuple_id``, a tuple it served before."""
+    return _moved(ROLLED_BACK, channel, tuple_id, previous_tuple_id=previous_tuple_id, seq=seq,
+                  who=who, why=why)
+
+
+def readiness_failed(tuple_id: str, channel: str | None, *, endpoint: str, kind: str,
+                     failed: Mapping[str, str], report_sha256: str) -> Notification:
+    """A smoke or eval run of ``endpoint`` for ``tuple_id`` ended NOT READY (``failed``: check
+    or problem -> detail); the report is stored beside the tuple."""
+    resource = {"prefect.resource.id": tuple_resource_id(tuple_id),
+                "prefect.resource.name": tuple_id, "k3a.endpoint": endpoint}
+    related = [{"prefect.resource.id": channel_resource_id(channel),
+                "prefect.resource.name": channel, "prefect.resource.role": "channel"}
+               ] if channel else []
+    return Notification(
+        READINESS_FAILED,
+        resource,
+        {"tuple_id": tuple_id, "channel": channel, "endpoint": endpoint, "kind": kind,
+         "failed": dict(failed), "report_sha256": report_sha256},
+        related,
     )

@@ -24,21 +24,12 @@ import threading
 import time
 from typing import TYPE_CHECKING, Literal
 
-from rich.console import Console
-from rich.progress import (
-    BarColumn,
-    DownloadColumn,
-    Progress,
-    TaskProgressColumn,
-    TextColumn,
-    TimeRemainingColumn,
-    TransferSpeedColumn,
-)
-
 from k3artifacts.reporting.logs import configure_logging
 from k3artifacts.staging.events import StageObserver
 
 if TYPE_CHECKING:
+    from rich.console import Console
+
     from k3artifacts.revisions.manifest import FileRecord
     from k3artifacts.staging.hub import RemoteFile
     from k3artifacts.staging.plan import StagePlan
@@ -134,6 +125,18 @@ class BarReporter(ProgressReporter):
     """rich's bar on stderr; notes and library log lines print above it."""
 
     def __init__(self, phase: str, console: Console | None = None):
+        # Only a terminal shows the bar: rich is imported for it alone (k3a starts faster).
+        from rich.console import Console
+        from rich.progress import (
+            BarColumn,
+            DownloadColumn,
+            Progress,
+            TaskProgressColumn,
+            TextColumn,
+            TimeRemainingColumn,
+            TransferSpeedColumn,
+        )
+
         super().__init__(phase)
         self.console = console or Console(stderr=True)
         self.progress = Progress(

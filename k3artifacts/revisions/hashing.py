@@ -18,7 +18,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import xxhash
-from awscrt import checksums as crt_checksums
 
 CHUNK = 8 << 20
 #: Bytes of a mapped file hashed per call: progress callbacks stay frequent, call overhead nil.
@@ -45,6 +44,11 @@ class MultiHasher:
         self._xxh = xxhash.xxh3_128() if xxh3 else None
         # S3's full-object checksum: computed here it spares the upload a read of the file.
         self._crc: int | None = 0 if crc64nvme else None
+        if crc64nvme:
+            # Loading awscrt's native library costs ~0.1 s: only a hasher that needs it pays.
+            from awscrt.checksums import crc64nvme as crc64nvme_update
+
+            self._crc64nvme = crc64nvme_update
         # Small files on the Hub carry a git blob sha1 instead of an LFS sha256; checking it
         # needs the size up front, which the listing gives.
         self._git = None
@@ -60,7 +64,7 @@ class MultiHasher:
         if self._git is not None:
             self._git.update(data)
         if self._crc is not None:
-            self._crc = crt_checksums.crc64nvme(data, self._crc)
+            self._crc = self._crc64nvme(data, self._crc)
         self.size += len(data)
 
     def hexdigests(self) -> Digests:

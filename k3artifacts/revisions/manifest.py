@@ -1,8 +1,15 @@
 """The shard manifest: what a published revision holds, byte for byte.
 
 Persisted as canonical JSON at ``models/<org>/<name>/<commit>/.k3a/manifest.json``; its sha256
-is the manifest digest that release tuples bind to. Nothing time- or host-dependent goes in, so
-staging the same revision twice gives the same digest.
+is the manifest digest that release tuples bind to. Only what identifies the weights goes in
+(commit, paths, sizes, hashes, license and remote-code records): the same commit staged into two
+stores, fresh in one and by reuse in the other, gets one digest. Where a file's bytes came from
+is provenance, kept beside it in ``.k3a/provenance.json`` (:class:`Provenance`).
+
+Manifests published before that split carry provenance inside (``source: reused``). They still
+parse; :meth:`ShardManifest.digest` is their canonical digest, and
+:meth:`ShardManifest.legacy_digest` the sha256 of the bytes as stored, which tuples bound then
+cite: :meth:`ShardManifest.answers_to` accepts either.
 """
 
 from __future__ import annotations
@@ -16,6 +23,8 @@ from k3artifacts.canonical import canonical_digest, canonical_json
 MANIFEST_SCHEMA = 1
 META_DIR = ".k3a"
 MANIFEST_NAME = "manifest.json"
+PROVENANCE_NAME = "provenance.json"
+PROVENANCE_SCHEMA = 1
 
 FileKind = Literal["weights", "index", "license", "code", "card", "config", "other"]
 FileSource = Literal["downloaded", "reused"]
@@ -47,19 +56,24 @@ class FileRecord(Frozen):
     #: Where this revision's bytes of the file came from: a Hub transfer checked against the
     #: upstream hash, or a copy inside the store of the file of another published revision
     #: (``reused_from``: its commit), which was itself downloaded and checked that way.
+    #: Provenance, not identity: carried with the record (quarantine log, task results) but
+    #: never part of the manifest's bytes (:meth:`ShardManifest.canonical`, :class:`Provenance`).
     source: FileSource = "downloaded"
     reused_from: str | None = Field(default=None, pattern=r"^[0-9a-f]{40}$")
 
     @model_serializer(mode="wrap")
     def _omit_default_provenance(self, handler: SerializerFunctionWrapHandler) -> dict:
-        # Provenance came after manifests were first published: a downloaded file serializes
-        # as it always did, so the digests of existing manifests (bound into tuples) hold.
+        # A downloaded file serializes as records did before provenance existed: that form,
+        # with reused files' provenance inside, is what manifests published then hold.
         data = handler(self)
         if data.get("source") == "downloaded":
             del data["source"]
         if data.get("reused_from") is None:
             data.pop("reused_from", None)
         return data
+
+    def provenance(self) -> FileProvenance:
+        return FileProvenance(path=self.path, source=self.source, reused_from=self.reused_from)
 
 
 class LicenseRecord(Frozen):
@@ -78,6 +92,32 @@ class RemoteCodeEntry(Frozen):
     sha256: str
 
 
+class FileProvenance(Frozen):
+    path: str
+    source: FileSource
+    reused_from: str | None = Field(default=None, pattern=r"^[0-9a-f]{40}$")
+
+
+class Provenance(Frozen):
+    """Where the bytes of one store's copy of a revision came from, beside its manifest.
+
+    Differs between stores holding the same commit, so it is outside the manifest digest; it
+    names the digest it describes so that it cannot be taken for another manifest's."""
+
+    schema_version: int = PROVENANCE_SCHEMA
+    repo_id: str
+    commit: str = Field(pattern=r"^[0-9a-f]{40}$")
+    manifest_digest: str = Field(pattern=r"^[0-9a-f]{64}$")
+    files: list[FileProvenance]
+
+    def canonical(self) -> bytes:
+        return canonical_json(self)
+
+    @classmethod
+    def parse(cls, data: bytes) -> Provenance:
+        return cls.model_validate_json(data)
+
+
 class ShardManifest(Frozen):
     schema_version: int = MANIFEST_SCHEMA
     repo_id: str
@@ -87,19 +127,48 @@ class ShardManifest(Frozen):
     remote_code: list[RemoteCodeEntry]
     total_bytes: int
 
+    def _identity(self) -> dict:
+        data = self.model_dump(mode="json")
+        for plain in data["files"]:
+            plain.pop("source", None)
+            plain.pop("reused_from", None)
+        return data
+
     def canonical(self) -> bytes:
-        return canonical_json(self)
+        """The bytes of ``manifest.json``: identity only, whatever provenance the files carry."""
+        return canonical_json(self._identity())
 
     def digest(self) -> str:
+        """sha256 of :meth:`canonical`: one digest per commit, whichever store and however
+        its bytes got there."""
+        return canonical_digest(self._identity())
+
+    def legacy_digest(self) -> str:
+        """The digest this manifest had when provenance was inside it (sha256 of the canonical
+        JSON with ``source``/``reused_from`` on reused files, nothing on downloaded ones): what
+        a tuple bound to a manifest published then cites. Equal to :meth:`digest` when no file
+        was reused."""
         return canonical_digest(self)
 
-    def content_digest(self) -> str:
-        """The digest with every file counted as downloaded: two stagings of one revision that
-        reused different files (a revision was published between their plans) hold the same
-        bytes, and a writer that finds the other's manifest published accepts it."""
-        plain = [f.model_copy(update={"source": "downloaded", "reused_from": None})
-                 for f in self.files]
-        return canonical_digest(self.model_copy(update={"files": plain}))
+    def answers_to(self, digest: str) -> bool:
+        """Whether a tuple or an operator citing ``digest`` means these weights."""
+        return digest in (self.digest(), self.legacy_digest())
+
+    def provenance(self) -> Provenance:
+        return Provenance(repo_id=self.repo_id, commit=self.commit, manifest_digest=self.digest(),
+                          files=[f.provenance() for f in self.files])
+
+    def with_provenance(self, provenance: Provenance | None) -> ShardManifest:
+        """This manifest with its files' provenance taken from the sibling record; unchanged
+        when there is none or it describes another manifest (provenance is informative: a
+        missing or stray record never makes weights unreadable)."""
+        if provenance is None or provenance.manifest_digest != self.digest():
+            return self
+        by_path = {p.path: p for p in provenance.files}
+        files = [f.model_copy(update={"source": by_path[f.path].source,
+                                      "reused_from": by_path[f.path].reused_from})
+                 if f.path in by_path else f for f in self.files]
+        return self.model_copy(update={"files": files})
 
     def file(self, path: str) -> FileRecord | None:
         for record in self.files:
@@ -119,3 +188,7 @@ def revision_prefix(repo_id: str, commit: str) -> str:
 
 def manifest_key(repo_id: str, commit: str) -> str:
     return f"{revision_prefix(repo_id, commit)}/{META_DIR}/{MANIFEST_NAME}"
+
+
+def provenance_key(repo_id: str, commit: str) -> str:
+    return f"{revision_prefix(repo_id, commit)}/{META_DIR}/{PROVENANCE_NAME}"

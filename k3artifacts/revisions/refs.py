@@ -54,7 +54,7 @@ def parse_revision_ref(text: str) -> RevisionRef:
         raise UsageError(
             f"{text!r} is not a pinned revision",
             hint="write org/name@<40-hex commit>; list staged commits with "
-            "`k3a revisions org/name`",
+            "`k3a revision list org/name`",
         )
     return ref
 
@@ -65,6 +65,6 @@ def check_manifest_digest(digest: str) -> str:
         raise UsageError(
             f"{digest!r} is not a manifest digest",
             hint="a manifest digest is 64 hex characters, as printed by `k3a stage`, "
-            "`k3a revisions` and `k3a tuples show`",
+            "`k3a revision list` and `k3a tuple show`",
         )
     return digest

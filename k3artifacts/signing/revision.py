@@ -19,6 +19,7 @@ from k3artifacts.errors import AlreadyExists
 from k3artifacts.revisions.manifest import (
     MANIFEST_NAME,
     META_DIR,
+    PROVENANCE_NAME,
     ShardManifest,
     revision_prefix,
 )
@@ -29,9 +30,10 @@ from k3artifacts.stores.base import OBJECT_RECORDS_REL, Store
 SIGNATURE_NAME = "model.sig"
 SIGNATURE_REL = f"{META_DIR}/{SIGNATURE_NAME}"
 MANIFEST_REL = f"{META_DIR}/{MANIFEST_NAME}"
-#: Files of a revision directory that the signature does not cover: itself, and the store's
-#: record of where the bytes live (written by the store, not part of the release's content).
-IGNORED = (SIGNATURE_REL, OBJECT_RECORDS_REL)
+#: Files of a revision directory that the signature does not cover: itself, and what differs
+#: between stores holding the same weights (the store's record of where the bytes live, and
+#: of where they came from): one signature then verifies in every store.
+IGNORED = (SIGNATURE_REL, OBJECT_RECORDS_REL, f"{META_DIR}/{PROVENANCE_NAME}")
 PREDICATE_TYPE = "https://model_signing/signature/v1.0"
 
 

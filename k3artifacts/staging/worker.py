@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -32,7 +32,13 @@ from k3artifacts.staging.plan import matches_listing
 from k3artifacts.staging.quarantine import Quarantine, VerifiedEntry
 from k3artifacts.staging.rules import file_kind
 from k3artifacts.staging.safetensors_header import check_header
-from k3artifacts.stores.base import SMALL_FILE, PutReceipt, RevisionWriter, Store
+from k3artifacts.stores.base import (
+    SMALL_FILE,
+    PutReceipt,
+    RevisionWriter,
+    Store,
+    StreamedPut,
+)
 from k3artifacts.stores.registry import open_store
 
 
@@ -148,20 +154,26 @@ class RunContext:
                 # A retried task whose earlier attempt verified the file, then failed to store.
                 entry, downloaded = found, 0
             else:
-                entry, downloaded = self._download(remote)
+                entry, downloaded, streamed = self._download(remote)
                 self._accepted[remote.path] = entry
-            receipt = self.store_entry(entry)
+            receipt = self.store_entry(entry, streamed)
         return FileOutcome(entry, downloaded, receipt)
 
-    def store_entry(self, entry: VerifiedEntry) -> PutReceipt | None:
-        """Hand a verified file to the store, then drop the local copy where nobody needs it."""
+    def store_entry(
+        self, entry: VerifiedEntry, streamed: StreamedPut | None = None
+    ) -> PutReceipt | None:
+        """Hand a verified file to the store (finishing what was sent while it downloaded),
+        then drop the local copy where nobody needs it."""
         if entry.stored:  # adopted from an earlier run's store-side work: nothing to hand over
             return None
         record = entry.record
+        local = self.quarantine.final_path(record.path)
         with self.in_store(record.path):
-            receipt = self.writer.put_file(
-                record, self.quarantine.final_path(record.path), checksums=entry.checksums
-            )
+            receipt = None
+            if streamed is not None:
+                receipt = streamed.finish(record, entry.checksums, local)
+            if receipt is None:
+                receipt = self.writer.put_file(record, local, checksums=entry.checksums)
         # Weights leave a shared quarantine early under a window; small files stay, since the
         # manifest is built from them (index, license, card).
         if self.drop_when_stored or (
@@ -171,7 +183,10 @@ class RunContext:
                 self.quarantine.mark_stored(entry)
         return receipt
 
-    def _download(self, remote: RemoteFile) -> tuple[VerifiedEntry, int]:
+    def _download(self, remote: RemoteFile) -> tuple[VerifiedEntry, int, StreamedPut | None]:
+        """Fetch and verify one file. Where the store takes it so, the file is sent to the
+        store as it lands (each byte read back once, from the page cache, while the download
+        goes on); the returned :class:`StreamedPut` is finished once the file is verified."""
         part = self.quarantine.part_path(remote.path)
         self.observer.file_started(remote.path, remote.size)
         if not remote.lfs_sha256 and not remote.git_oid:
@@ -179,45 +194,62 @@ class RunContext:
         git_size = remote.size if remote.git_oid else None
         received = 0
         lock = threading.Lock()
+        streamed: StreamedPut | None = None
+        base = 0
 
         def counted(n: int) -> None:
             nonlocal received
             with lock:
                 received += n
             self.observer.advance(remote.path, n)
+            if streamed is not None:
+                streamed.written(base + received)
 
         durable = remote.size >= SMALL_FILE
         with self._in_quarantine(remote.path):
             kept = part.stat().st_size if part.exists() else 0
             if 0 < kept <= remote.size:
                 self.observer.file_resumed(remote.path, kept)
+                base = kept
+            if remote.lfs_sha256 and self._want_crc:
+                streamed = self.writer.begin_put(remote.path, remote.size, remote.lfs_sha256,
+                                                 part)
             try:
-                hasher = fetch(
-                    self.source.file_url(self.spec.repo_id, self.spec.commit, remote.path),
-                    self._headers,
-                    part,
-                    remote.size,
-                    lambda: MultiHasher(git_blob_size=git_size, crc64nvme=self._want_crc),
-                    policy=self.spec.options.retry,
-                    on_bytes=counted,
-                    on_resumed=lambda n: self.observer.advance(remote.path, n),
-                    label=remote.path,
-                    durable=durable,
-                    expected=remote.expected(self.spec.commit),
-                )
-            except PermanentError as exc:
-                raise Refusal(remote.path, "download", str(exc)) from None
-            faultpoints.pause("downloaded", remote.path)
-            try:
-                record, tensors = check_file(remote, part, hasher)
-            except Refusal:
-                # Wrong bytes are not worth resuming from: the next attempt starts clean.
-                self.quarantine.discard(part)
+                entry = self._fetch_checked(remote, part, git_size, counted, durable)
+            except BaseException:
+                if streamed is not None:
+                    streamed.cancel()
                 raise
-            entry = self.quarantine.accept(
-                record, part, tensors, hasher.extra_checksums(), durable=durable
+        return entry, received, streamed
+
+    def _fetch_checked(self, remote: RemoteFile, part: Path, git_size: int | None,
+                       counted: Callable[[int], None], durable: bool) -> VerifiedEntry:
+        try:
+            hasher = fetch(
+                self.source.file_url(self.spec.repo_id, self.spec.commit, remote.path),
+                self._headers,
+                part,
+                remote.size,
+                lambda: MultiHasher(git_blob_size=git_size, crc64nvme=self._want_crc),
+                policy=self.spec.options.retry,
+                on_bytes=counted,
+                on_resumed=lambda n: self.observer.advance(remote.path, n),
+                label=remote.path,
+                durable=durable,
+                expected=remote.expected(self.spec.commit),
             )
-        return entry, received
+        except PermanentError as exc:
+            raise Refusal(remote.path, "download", str(exc)) from None
+        faultpoints.pause("downloaded", remote.path)
+        try:
+            record, tensors = check_file(remote, part, hasher)
+        except Refusal:
+            # Wrong bytes are not worth resuming from: the next attempt starts clean.
+            self.quarantine.discard(part)
+            raise
+        return self.quarantine.accept(
+            record, part, tensors, hasher.extra_checksums(), durable=durable
+        )
 
     # A full or failing disk is no reason for a traceback: the operator needs to know which
     # side (local quarantine or the store), which file, and that a re-run resumes.

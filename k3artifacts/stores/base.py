@@ -23,8 +23,10 @@ from k3artifacts.errors import NotFound
 from k3artifacts.revisions.manifest import (
     META_DIR,
     FileRecord,
+    Provenance,
     ShardManifest,
     manifest_key,
+    provenance_key,
     revision_prefix,
 )
 
@@ -150,8 +152,42 @@ class Versioned:
     token: str
 
 
+class StreamedPut(ABC):
+    """A file handed to the store while it is still being downloaded (see
+    :meth:`RevisionWriter.begin_put`): its bytes go out as they land, not in a second read of
+    the whole file after it was verified. Nothing of it is visible until :meth:`finish`."""
+
+    @abstractmethod
+    def written(self, upto: int) -> None:
+        """Bytes ``[0, upto)`` of the local file hold what will be verified (not necessarily
+        durable yet). Called from the downloading thread; must return quickly."""
+
+    @abstractmethod
+    def finish(
+        self, record: FileRecord, checksums: Mapping[str, str], local_path: Path
+    ) -> PutReceipt | None:
+        """The file is complete and verified as ``record`` and lies at ``local_path`` now (a
+        verified file is moved out of its partial name): send the rest and make it a file of
+        the revision. None when what was sent cannot be proven to be the verified bytes (the
+        file changed under us, or a download restarted from zero): nothing was put, the caller
+        puts the file whole."""
+
+    @abstractmethod
+    def cancel(self) -> None:
+        """The download failed or was refused: drop whatever was sent."""
+
+
 class RevisionWriter(ABC):
     """Accumulates one revision's files; nothing is visible to readers until :meth:`commit`."""
+
+    def begin_put(
+        self, path: str, size: int, sha256: str, local_path: Path
+    ) -> StreamedPut | None:
+        """Start putting a file of ``size`` bytes, expected to hash to ``sha256`` (upstream's
+        LFS digest), that is being downloaded to ``local_path``; or None when this store takes
+        files whole through :meth:`put_file` (a file tree links the verified file: there is
+        nothing to overlap)."""
+        return None
 
     @abstractmethod
     def put_file(
@@ -284,8 +320,21 @@ class Store(ABC):
         """A streaming reader of a stored object; raises :class:`NotFound`."""
 
     @abstractmethod
-    def delete_revision(self, repo_id: str, commit: str) -> None:
-        """Remove a published revision (an admin action, e.g. retention)."""
+    def delete_revision(self, repo_id: str, commit: str) -> int:
+        """Remove a published revision (an admin action, e.g. retention). Returns the bytes
+        freed: those whose last copy went with it (a file still linked or referenced from
+        another revision stays, and is not counted)."""
+
+    @abstractmethod
+    def reclaimable_bytes(self, repo_id: str, commit: str) -> int:
+        """What :meth:`delete_revision` would free now; writes nothing."""
+
+    @abstractmethod
+    def repair_file(self, repo_id: str, commit: str, record: FileRecord,
+                    local_path: Path) -> None:
+        """Put back a published file that failed verification, from ``local_path`` (bytes
+        already checked against ``record``). Only that file of this revision changes: the
+        manifest is untouched, so the revision keeps its digest (``k3a stage --repair``)."""
 
     def add_to_revision(self, repo_id: str, commit: str, rel: str, data: bytes) -> None:
         """Create ``<revision>/<rel>`` once in a published revision, touching nothing else.
@@ -308,6 +357,12 @@ class Store(ABC):
     def read_manifest(self, repo_id: str, commit: str) -> ShardManifest | None:
         found = self.read(manifest_key(repo_id, commit))
         return None if found is None else ShardManifest.parse(found.data)
+
+    def read_provenance(self, repo_id: str, commit: str) -> Provenance | None:
+        """Where the bytes of this store's copy came from (None for revisions published
+        before provenance moved beside the manifest: theirs is inside it)."""
+        found = self.read(provenance_key(repo_id, commit))
+        return None if found is None else Provenance.parse(found.data)
 
     def published_manifest_bytes(self, repo_id: str, commit: str, *,
                                  hint: str | None = None) -> bytes:

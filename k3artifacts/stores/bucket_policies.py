@@ -1,5 +1,5 @@
 """The bucket and IAM policy JSON under ``policies/s3`` and ``policies/iam``, rendered for one
-bucket (the promotion-gate and review policies are ``k3artifacts.releases.policies``).
+bucket (the promotion-gate policy is the store's: ``k3artifacts.policy``).
 
 The files are data with ``{{name}}`` placeholders; this module fills them in. A string that is
 exactly ``{{name}}`` whose value is a list becomes that list (e.g. the reader role ARNs of a

@@ -24,6 +24,7 @@ from k3artifacts.revisions.hashing import hash_file
 from k3artifacts.revisions.manifest import (
     MANIFEST_NAME,
     META_DIR,
+    PROVENANCE_NAME,
     FileRecord,
     ShardManifest,
     revision_prefix,
@@ -287,15 +288,64 @@ class FileStore(Store):
     def open_ranges(self, repo_id: str, commit: str, connections: int) -> RangeReader:
         return _FileRanges(self._path(revision_prefix(repo_id, commit)))
 
-    def delete_revision(self, repo_id: str, commit: str) -> None:
+    def delete_revision(self, repo_id: str, commit: str) -> int:
         target = self._path(revision_prefix(repo_id, commit))
         if not target.exists():
             raise NotFound(f"{repo_id}@{commit} is not in {self.url}")
         # Rename first so readers see the revision vanish whole, then delete at leisure.
         doomed = target.with_name(f".deleting-{commit}-{os.getpid()}")
         os.rename(target, doomed)
+        freed = _unshared_bytes(doomed)
         _make_writable(doomed)
         shutil.rmtree(doomed)
+        return freed
+
+    def repair_file(self, repo_id: str, commit: str, record: FileRecord,
+                    local_path: Path) -> None:
+        final = self._path(revision_prefix(repo_id, commit))
+        if not (final / META_DIR / MANIFEST_NAME).exists():
+            raise NotPublished(repo_id, commit, self.url)
+        dest = self._path(f"{revision_prefix(repo_id, commit)}/{record.path}")
+        tmp = dest.with_name(f".{dest.name}.repair-{os.getpid()}")
+        # A new inode replaces this revision's name only: a revision hard-linking the damaged
+        # inode is damaged too and is repaired on its own. The directory opens for one rename,
+        # under the revision's lock (as add_to_revision).
+        with open(final.with_name(f".{commit}.lock"), "a+b") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            mode = os.stat(dest.parent).st_mode
+            os.chmod(dest.parent, 0o755)
+            try:
+                shutil.copyfile(local_path, tmp)
+                fd = os.open(tmp, os.O_RDONLY)
+                try:
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
+                os.chmod(tmp, READ_ONLY_FILE)
+                os.replace(tmp, dest)
+                _fsync_dir(dest.parent)
+            finally:
+                tmp.unlink(missing_ok=True)
+                os.chmod(dest.parent, stat.S_IMODE(mode))
+
+    def reclaimable_bytes(self, repo_id: str, commit: str) -> int:
+        target = self._path(revision_prefix(repo_id, commit))
+        return _unshared_bytes(target) if target.exists() else 0
+
+
+def _unshared_bytes(tree: Path) -> int:
+    """Bytes of the files under ``tree`` whose every hard link is under it: what removing
+    the tree gives back (a file linked from another revision stays on disk)."""
+    seen: dict[tuple[int, int], list[int]] = {}  # inode -> [links seen here, nlink, size]
+    for dirpath, _, filenames in os.walk(tree):
+        for name in filenames:
+            st = os.lstat(os.path.join(dirpath, name))
+            if not stat.S_ISREG(st.st_mode):
+                continue
+            entry = seen.setdefault((st.st_dev, st.st_ino), [0, st.st_nlink, st.st_size])
+            entry[0] += 1
+    return sum(size for here, nlink, size in seen.values() if here >= nlink)
 
 
 class _FileRanges(RangeReader):
@@ -487,7 +537,7 @@ class _FileRevisionWriter(RevisionWriter):
             self._seal_and_rename(manifest)
 
     def _same_or_conflict(self, existing: ShardManifest, manifest: ShardManifest) -> None:
-        if existing.content_digest() != manifest.content_digest():
+        if existing.digest() != manifest.digest():
             raise Conflict(f"{self.final} exists with a different manifest; refusing to overwrite")
 
     def _seal_and_rename(self, manifest: ShardManifest) -> None:
@@ -508,7 +558,8 @@ class _FileRevisionWriter(RevisionWriter):
                     os.unlink(os.path.join(dirpath, name))
         meta.mkdir()
         _syncfs(self.work)
-        _write_durable(meta / "manifest.json", manifest.canonical())
+        _write_durable(meta / PROVENANCE_NAME, manifest.provenance().canonical())
+        _write_durable(meta / MANIFEST_NAME, manifest.canonical())
         # Every file's bytes were synced by put_file; the names linking them still need their
         # directories synced. One fsync per directory, not per file (thousands of small files).
         for dirpath, _, filenames in os.walk(self.work, topdown=False):

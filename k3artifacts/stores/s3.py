@@ -15,6 +15,11 @@ Same key layout as the file store, under ``prefix``. What S3 gives us instead of
   the part size and cannot be compared with a whole-file digest; CRC64NVME is whole-object for
   any part size, S3's own default, and runs at ~7 GB/s here (awscrt). Our sha256 and xxh3-128
   ride along as object metadata (``x-amz-meta-k3a-sha256``, ``x-amz-meta-k3a-xxh3-128``).
+* **Streaming**: a shard at or above the multipart threshold is sent by this package in parts
+  (:class:`_PartUpload`) while it is still downloading into quarantine, each part one ``pread``
+  of bytes still in the page cache; the upload is completed only after the shard is verified
+  and only if the CRCs of the parts sent combine to the CRC of the verified bytes. Smaller
+  files go in one PUT after verification (s3transfer).
 * **Reuse**: a file staging planned to take from a published revision of the same repo
   (:meth:`S3RevisionWriter.reuse`) is not copied at all: the new revision's object records
   (``.k3a/s3-objects.json``) name the object and version the source's records name, after a
@@ -30,14 +35,18 @@ Same key layout as the file store, under ``prefix``. What S3 gives us instead of
 from __future__ import annotations
 
 import base64
+import contextlib
 import dataclasses
 import hashlib
+import http.client
 import json
 import logging
 import math
+import os
 import re
 import threading
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -65,6 +74,7 @@ from k3artifacts.revisions.manifest import (
     FileRecord,
     ShardManifest,
     manifest_key,
+    provenance_key,
     revision_prefix,
 )
 from k3artifacts.settings import load
@@ -83,6 +93,7 @@ from k3artifacts.stores.base import (
     ShortRead,
     Sink,
     Store,
+    StreamedPut,
     Versioned,
 )
 from k3artifacts.stores.capabilities import ensure_conditional_writes
@@ -91,6 +102,8 @@ log = logging.getLogger(__name__)
 
 MiB = 1024 * 1024
 GiB = 1024 * MiB
+#: Bytes gathered before a transfer's progress is handed on (see _Progress).
+PROGRESS_STEP = 8 * MiB
 #: S3's limit on parts per multipart upload.
 MAX_PARTS = 10_000
 META_SHA256 = "k3a-sha256"
@@ -122,6 +135,10 @@ class TransferTuning:
     max_concurrency: int = 8
     #: Bytes per second across one transfer, or None for no limit.
     max_bandwidth: int | None = None
+    #: Part size of uploads this package sends itself (streamed while downloading, or from a
+    #: verified file): each part in flight is one buffer, so memory is ``max_concurrency`` of
+    #: these per writer whatever the file size.
+    stream_part_size: int = 16 * MiB
 
     @classmethod
     def from_env(cls) -> TransferTuning:
@@ -132,7 +149,8 @@ class TransferTuning:
         settings = load()
         if settings.s3_part_size is not None:
             size = settings.s3_part_size
-            tuning = dataclasses.replace(tuning, multipart_threshold=size, min_part_size=size)
+            tuning = dataclasses.replace(tuning, multipart_threshold=size, min_part_size=size,
+                                         stream_part_size=size)
         if settings.s3_concurrency is not None:
             tuning = dataclasses.replace(tuning, max_concurrency=settings.s3_concurrency)
         return tuning
@@ -143,6 +161,12 @@ class TransferTuning:
         file gets 105 MiB parts)."""
         needed = math.ceil(size / MAX_PARTS)
         return max(self.min_part_size, math.ceil(needed / MiB) * MiB)
+
+    def upload_part_size(self, size: int) -> int:
+        """Part size of a streamed upload of ``size`` bytes, grown like :meth:`part_size`."""
+        needed = math.ceil(size / MAX_PARTS)
+        return max(min(self.stream_part_size, self.min_part_size),
+                   math.ceil(needed / MiB) * MiB)
 
     def config(self, size: int) -> TransferConfig:
         return TransferConfig(
@@ -211,18 +235,42 @@ def crc64nvme_and_sha256(path: Path) -> tuple[str, str, int]:
 
 
 class _Progress(BaseSubscriber):
+    """Counts one transfer's bytes for the counters and the progress callback.
+
+    s3transfer reports every block http.client sends (8-16 KiB), hundreds of thousands of
+    calls per GiB from its worker threads; a profile of a 4 GiB staging found 7% of it in the
+    callback. Bytes are therefore gathered here and handed on once per PROGRESS_STEP and when
+    the transfer ends, so counters and the display stay exact at the end and cost nothing
+    in between."""
+
     def __init__(self, path: str, counters: list[TransferCounters], field_name: str,
                  callback: ProgressCallback | None):
         self.path = path
         self.counters = counters
         self.field_name = field_name
         self.callback = callback
+        self._pending = 0
+        self._lock = threading.Lock()
 
     def on_progress(self, future: Any, bytes_transferred: int, **kwargs: Any) -> None:
+        with self._lock:
+            self._pending += bytes_transferred
+            if -PROGRESS_STEP < self._pending < PROGRESS_STEP:
+                return
+            amount, self._pending = self._pending, 0
+        self._hand_on(amount)
+
+    def on_done(self, future: Any, **kwargs: Any) -> None:
+        with self._lock:
+            amount, self._pending = self._pending, 0
+        if amount:
+            self._hand_on(amount)
+
+    def _hand_on(self, amount: int) -> None:
         for counters in self.counters:
-            counters.add(**{self.field_name: bytes_transferred})
+            counters.add(**{self.field_name: amount})
         if self.callback is not None:
-            self.callback(self.path, bytes_transferred)
+            self.callback(self.path, amount)
 
 
 def _etag(resp: dict[str, Any]) -> str:
@@ -505,7 +553,7 @@ class S3Store(Store):
         return _S3Ranges(self, revision_prefix(repo_id, commit),
                          self.object_records(repo_id, commit), connections)
 
-    def delete_revision(self, repo_id: str, commit: str) -> None:
+    def delete_revision(self, repo_id: str, commit: str) -> int:
         if self.read_manifest(repo_id, commit) is None:
             raise NotPublished(repo_id, commit, self.url)
         # Manifest first: from that instant readers see no revision, never half of one, and
@@ -515,9 +563,39 @@ class S3Store(Store):
         mkey = manifest_key(repo_id, commit)
         with aws_errors(f"deleting {self.s3_url(mkey)}"):
             self.client.delete_object(Bucket=self.bucket, Key=self.key(mkey))
+        doomed = self._unreferenced(repo_id, commit)
+        refused = set(self._delete_keys(sorted(doomed)))
+        return sum(size for key, size in doomed.items() if key not in refused)
+
+    def repair_file(self, repo_id: str, commit: str, record: FileRecord,
+                    local_path: Path) -> None:
+        """Upload the file under the revision's own prefix (a new version) and record that
+        version as the object it reads, where its record named a damaged object (its own, or
+        another revision's by reference)."""
+        self.published_manifest(repo_id, commit)
+        prefix = revision_prefix(repo_id, commit)
+        writer = S3RevisionWriter(self, repo_id, commit)
+        receipt = writer._upload(record, f"{prefix}/{record.path}", local_path, None)
+        records_key = f"{prefix}/{OBJECT_RECORDS_REL}"
+        found = self.read(records_key)
+        if found is None:
+            return  # a revision without records reads its prefix, which now holds the file
+        body = json.loads(found.data)
+        for obj in body["objects"]:
+            if obj["path"] == record.path:
+                obj.clear()
+                obj.update(dataclasses.asdict(receipt))
+        self.replace(records_key, canonical_json(body), found.token)
+
+    def reclaimable_bytes(self, repo_id: str, commit: str) -> int:
+        return sum(self._unreferenced(repo_id, commit).values())
+
+    def _unreferenced(self, repo_id: str, commit: str) -> dict[str, int]:
+        """Key -> size of the revision's objects no other revision reads (the current
+        versions; noncurrent ones expire by the bucket's lifecycle rule)."""
         needed = self.referenced_keys(repo_id, but=commit)
-        self._delete_keys([k for k in self.list_keys(f"{revision_prefix(repo_id, commit)}/")
-                           if k not in needed])
+        return {k: size for k, size in self.object_sizes(f"{revision_prefix(repo_id, commit)}/")
+                .items() if k not in needed}
 
     def referenced_keys(self, repo_id: str, *, but: str | None = None) -> set[str]:
         """Every object key the revisions of ``repo_id`` (other than ``but``) read: from
@@ -626,15 +704,14 @@ class _S3Ranges(RangeReader):
         try:
             resp = self.client.get_object(**args)
             body = resp["Body"]
-            # The urllib3 response under botocore's StreamingBody reads into our buffer with
-            # no intermediate bytes object (the copy that costs at several GB/s).
             raw = getattr(body, "_raw_stream", None)
+            read_into = _socket_reader(raw)
             done = 0
             with body:
                 while done < length:
                     want = buf[: min(len(buf), length - done)]
-                    if raw is not None and hasattr(raw, "readinto"):
-                        n = raw.readinto(want)
+                    if read_into is not None:
+                        n = read_into(want)
                     else:
                         chunk = body.read(len(want))
                         n = len(chunk)
@@ -643,10 +720,235 @@ class _S3Ranges(RangeReader):
                         raise ShortRead(f"{path}: response ended at {offset + done}")
                     sink(buf[:n])
                     done += n
+                if read_into is not None and raw._fp.isclosed():
+                    # Read to its end behind urllib3's back: hand the connection back to the
+                    # pool ourselves, or closing the body would close it.
+                    raw.release_conn()
         except (bex.BotoCoreError, bex.ClientError) as exc:
             raise awsclients.translate(exc, f"reading {self.store.s3_url(key)}") from exc
-        except (OSError, ValueError) as exc:  # urllib3 protocol errors surface as these
+        except (OSError, ValueError, http.client.HTTPException) as exc:
+            # urllib3 protocol errors surface as OSError/ValueError; a connection cut while
+            # reading through http.client as IncompleteRead.
             raise Unavailable(f"reading {path}: {exc}") from exc
+
+
+def _socket_reader(raw: Any) -> Callable[[memoryview], int] | None:
+    """``readinto`` of the http.client response under urllib3's, where the body is sent as is.
+
+    urllib3's own ``readinto`` reads into a new bytes object and copies it into the buffer: per
+    MiB a fresh allocation (an mmap, 256 page faults, an munmap) and a copy. http.client's
+    reads from the socket straight into our buffer and stops at Content-Length. Where the
+    body is content-encoded (urllib3 would decode it) or the private attribute is gone, None:
+    the caller reads through botocore."""
+    fp = getattr(raw, "_fp", None)
+    headers = getattr(raw, "headers", None)
+    if not isinstance(fp, http.client.HTTPResponse) or headers is None:
+        return None
+    if headers.get("Content-Encoding", "identity").lower() != "identity":
+        return None
+    return fp.readinto
+
+
+#: How far behind the downloaded offset a streamed part must end. The downloader writes through
+#: a buffered file object that holds at most its buffer (st_blksize, a few KiB) back from the
+#: OS; a part ending a MiB behind is in the page cache, where our own pread sees it.
+STREAM_LAG = 1 * MiB
+
+
+def _b64_crc(crc: int) -> str:
+    return base64.b64encode(crc.to_bytes(8, "big")).decode("ascii")
+
+
+class _PartUpload(StreamedPut):
+    """One file's multipart upload, sent by this package part by part.
+
+    Each part is read with one ``pread`` (the GIL is released for the whole read, where
+    s3transfer's file upload hands http.client a file it reads 8-16 KiB at a time under the
+    lock) and sent as one buffer with its CRC64NVME, computed here. The CRCs of the parts, in
+    order, combine into the CRC64NVME of what was sent; :meth:`finish` completes the upload only
+    if that equals the CRC computed from the bytes as they were downloaded and verified, and
+    hands the same value to S3 as the full-object checksum. A part read too early, a download
+    that restarted from zero, a file changed under us: each is caught there, by construction,
+    whatever the server checks.
+
+    Crash safety is S3's: until CompleteMultipartUpload nothing is an object, and a crashed
+    run's uploads are aborted by :meth:`S3Store.clean_incomplete`.
+    """
+
+    def __init__(self, writer: S3RevisionWriter, path: str, size: int, local_path: Path,
+                 metadata: dict[str, str]):
+        self.writer = writer
+        self.metadata = metadata
+        self.store = writer.store
+        self.path = path
+        self.size = size
+        self.local_path = local_path
+        self.key = f"{writer.prefix}/{path}"
+        self.s3_key = self.store.key(self.key)
+        self._part_size = self.store.tuning.upload_part_size(size)
+        self._fd: int | None = None
+        self._upload_id: str | None = None
+        self._next = 0  # offset of the first part not yet submitted
+        self._futures: list[Any] = []
+        self._parts: dict[int, tuple[dict[str, Any], int, int]] = {}  # n -> (part, crc, len)
+        self._lock = threading.Lock()
+        self._failed: BaseException | None = None
+        #: TransferTuning.max_bandwidth: parts start no faster than it allows.
+        self._bandwidth = self.store.tuning.max_bandwidth
+        self._paced_from: float | None = None
+        self._paced_bytes = 0
+
+    # ----- called by the downloading thread -------------------------------------------------------
+
+    def written(self, upto: int) -> None:
+        if self._failed is not None:
+            return  # finish() reports it; the download goes on
+        while self._next + self._part_size <= min(upto - STREAM_LAG, self.size):
+            self._open(self.local_path)
+            self._submit(self._next, self._part_size)
+
+    def _open(self, path: Path) -> None:
+        """Open the file on the caller's thread, while ``path`` names it: the downloader moves
+        a verified file out of its partial name, possibly before a queued part is read."""
+        with self._lock:
+            if self._fd is None:
+                self._fd = os.open(path, os.O_RDONLY)
+
+    def _submit(self, offset: int, length: int) -> None:
+        number = offset // self._part_size + 1
+        self._next = offset + length
+        self._futures.append(self.writer.pool().submit(self._send, number, offset, length))
+
+    # ----- on the writer's pool -------------------------------------------------------------------
+
+    def _upload(self) -> str:
+        with self._lock:
+            if self._upload_id is None:
+                self.writer.note_written(self.key)
+                resp = self.store.client.create_multipart_upload(
+                    Bucket=self.store.bucket, Key=self.s3_key,
+                    ChecksumAlgorithm=CHECKSUM_ALGORITHM, ChecksumType="FULL_OBJECT",
+                    Metadata=self.metadata,
+                )
+                self._upload_id = resp["UploadId"]
+            return self._upload_id
+
+    def _send(self, number: int, offset: int, length: int) -> None:
+        try:
+            upload_id = self._upload()
+            self._pace(length)
+            assert self._fd is not None
+            data = os.pread(self._fd, length, offset)
+            while len(data) < length:  # short reads happen on some filesystems
+                more = os.pread(self._fd, length - len(data), offset + len(data))
+                if not more:
+                    raise ShortRead(f"{self.local_path}: ended at {offset + len(data)}")
+                data += more
+            crc = crt_checksums.crc64nvme(data)
+            resp = self.store.client.upload_part(
+                Bucket=self.store.bucket, Key=self.s3_key, UploadId=upload_id,
+                PartNumber=number, Body=data, ChecksumCRC64NVME=_b64_crc(crc),
+            )
+            part = {"PartNumber": number, "ETag": resp["ETag"],
+                    "ChecksumCRC64NVME": resp.get("ChecksumCRC64NVME") or _b64_crc(crc)}
+            with self._lock:
+                self._parts[number] = (part, crc, length)
+            self.writer.sent(self.path, length)
+        except BaseException as exc:
+            self._failed = exc
+            raise
+
+    # ----- the end --------------------------------------------------------------------------------
+
+    def _pace(self, length: int) -> None:
+        """Hold a part until the bytes sent before it fit ``max_bandwidth`` (no limit: go)."""
+        if not self._bandwidth:
+            return
+        with self._lock:
+            now = time.monotonic()
+            if self._paced_from is None:
+                self._paced_from = now
+            due = self._paced_from + self._paced_bytes / self._bandwidth
+            self._paced_bytes += length
+        if due > now:
+            time.sleep(due - now)
+
+    def _drain(self) -> None:
+        for future in self._futures:
+            future.exception()  # wait for all of them before reporting the first failure
+        self._futures.clear()
+        if self._failed is not None:
+            failed, self._failed = self._failed, None
+            raise failed
+
+    def finish(self, record: FileRecord, checksums: Mapping[str, str],
+               local_path: Path) -> ObjectReceipt | None:
+        crc = checksums.get("crc64nvme")
+        if crc is None or record.size != self.size or (
+                self.metadata.get(META_SHA256) != record.sha256):
+            self.cancel()
+            return None
+        what = f"uploading {self.local_path} to s3://{self.store.bucket}/{self.s3_key}"
+        try:
+            with aws_errors(what):
+                if self._next < self.size:
+                    self._open(local_path)  # where nothing was sent yet, the file is there now
+                while self._next < self.size:
+                    self._submit(self._next, min(self._part_size, self.size - self._next))
+                self._drain()
+                sent = 0
+                for number in sorted(self._parts):
+                    _, part_crc, length = self._parts[number]
+                    sent = crt_checksums.combine_crc64nvme(sent, part_crc, length)
+                if _b64_crc(sent) != crc:
+                    log.warning("%s: the parts sent while it downloaded are not the verified "
+                                "bytes (download restarted?); uploading it again whole",
+                                self.path)
+                    self.cancel()
+                    return None
+                try:
+                    self.store.client.complete_multipart_upload(
+                        Bucket=self.store.bucket, Key=self.s3_key, UploadId=self._upload(),
+                        ChecksumCRC64NVME=crc, ChecksumType="FULL_OBJECT",
+                        MultipartUpload={"Parts": [self._parts[n][0]
+                                                   for n in sorted(self._parts)]},
+                    )
+                except bex.ClientError as exc:
+                    if error_code(exc) not in _DIGEST_ERRORS:
+                        raise
+                    raise VerifyMismatch(
+                        f"s3://{self.store.bucket}/{self.s3_key}: S3 refused the upload: the "
+                        f"bytes it received do not match CRC64NVME {crc} ({error_code(exc)})",
+                        hint="corrupted in transit; nothing was published, re-run",
+                    ) from None
+        except BaseException:
+            self.cancel()
+            raise
+        self._close()
+        return self.writer.finish_upload(record, self.key, crc)
+
+    def cancel(self) -> None:
+        for future in self._futures:
+            future.cancel()
+        for future in self._futures:
+            if not future.cancelled():
+                future.exception()
+        self._futures.clear()
+        self._failed = None
+        if self._upload_id is not None:
+            with contextlib.suppress(bex.BotoCoreError, bex.ClientError):
+                self.store.client.abort_multipart_upload(
+                    Bucket=self.store.bucket, Key=self.s3_key, UploadId=self._upload_id)
+            self._upload_id = None
+        self._parts.clear()
+        self._next = 0
+        self._close()
+
+    def _close(self) -> None:
+        with self._lock:
+            if self._fd is not None:
+                os.close(self._fd)
+                self._fd = None
 
 
 class S3RevisionWriter(RevisionWriter):
@@ -672,6 +974,7 @@ class S3RevisionWriter(RevisionWriter):
         self._lock = threading.Lock()
         #: Per source commit: its s3-objects.json receipts by path (None: it has none).
         self._sources: dict[str, dict[str, dict[str, Any]] | None] = {}
+        self._pool: ThreadPoolExecutor | None = None
 
     def _source_receipt(self, commit: str, path: str) -> dict[str, Any] | None:
         """What S3 stored for ``path`` when revision ``commit`` was published."""
@@ -773,13 +1076,24 @@ class S3RevisionWriter(RevisionWriter):
                 f"(sha256 {sha256}, size {size}; the record says {record.sha256}, {record.size})",
                 hint="nothing was uploaded for this file; re-download it into quarantine",
             )
+        metadata = {META_SHA256: record.sha256, META_XXH3: record.xxh3_128}
+        if size >= self.store.tuning.multipart_threshold:
+            # Our own parts (one pread and one buffer each), whose CRCs must combine to ``crc``.
+            upload = _PartUpload(self, record.path, size, local_path, metadata)
+            receipt = upload.finish(record, {"crc64nvme": crc}, local_path)
+            if receipt is None:
+                raise VerifyMismatch(
+                    f"{local_path}: changed while it was uploaded as {record.path} (its parts "
+                    f"do not combine to CRC64NVME {crc})",
+                    hint="nothing was published; re-run: the file is downloaded again",
+                )
+            return receipt
         extra = {
             "ChecksumAlgorithm": CHECKSUM_ALGORITHM,
             "ChecksumCRC64NVME": crc,
-            "Metadata": {META_SHA256: record.sha256, META_XXH3: record.xxh3_128},
+            "Metadata": metadata,
         }
-        with self._lock:
-            self._written.add(key)
+        self.note_written(key)
         s3_key = self.store.key(key)
         with aws_errors(f"uploading {local_path} to s3://{self.store.bucket}/{s3_key}"):
             try:
@@ -797,9 +1111,45 @@ class S3RevisionWriter(RevisionWriter):
                     hint="the file changed during the upload or was corrupted in transit; "
                     "nothing was published, re-run",
                 ) from None
+        return self.finish_upload(record, key, crc)
+
+    # ----- what _PartUpload asks of its writer ----------------------------------------------------
+
+    def begin_put(
+        self, path: str, size: int, sha256: str, local_path: Path
+    ) -> _PartUpload | None:
+        if size < self.store.tuning.multipart_threshold:
+            return None  # one PUT after verification costs less than a multipart upload
+        return _PartUpload(self, path, size, local_path, {META_SHA256: sha256})
+
+    def pool(self) -> ThreadPoolExecutor:
+        """Threads sending parts, shared by every file of this writer: their number bounds
+        the part buffers in memory, whatever the file sizes and the files in flight."""
+        with self._lock:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(self.store.tuning.max_concurrency,
+                                                thread_name_prefix="k3a-s3-part")
+            return self._pool
+
+    def note_written(self, key: str) -> None:
+        with self._lock:
+            self._written.add(key)
+
+    def sent(self, path: str, nbytes: int) -> None:
+        self._count(bytes_uploaded=nbytes)
+        if self.progress is not None:
+            self.progress(path, nbytes)
+
+    def finish_upload(self, record: FileRecord, key: str, crc: str) -> ObjectReceipt:
         head = self._checked_head(key, record, crc)
         self._count(objects_uploaded=1)
         return self._receipt(record, "uploaded", head)
+
+    def _close_pool(self) -> None:
+        with self._lock:
+            pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=True, cancel_futures=True)
 
     def reuse(
         self, record: FileRecord, source_commit: str, source_path: str, *, reverify: bool = False
@@ -935,6 +1285,7 @@ class S3RevisionWriter(RevisionWriter):
                 f"manifest is for {manifest.repo_id}@{manifest.commit}, writer for "
                 f"{self.repo_id}@{self.commit_sha}"
             )
+        self._close_pool()  # every file is finished by now: its threads have nothing to do
         existing = self.store.read_manifest(self.repo_id, self.commit_sha)
         if existing is not None:
             self._same_or_conflict(existing, manifest)
@@ -948,6 +1299,10 @@ class S3RevisionWriter(RevisionWriter):
             )
         self._check_references_live()
         faultpoints.pause("references-checked", self.commit_sha)
+        # Beside the manifest, before it: where this store's bytes came from (not digested).
+        pkey = provenance_key(self.repo_id, self.commit_sha)
+        with aws_errors(f"writing {self.store.s3_url(pkey)}"):
+            self.store._put_small(pkey, manifest.provenance().canonical())
         try:
             self.store.create(manifest_key(self.repo_id, self.commit_sha), manifest.canonical())
         except AlreadyExists:
@@ -968,13 +1323,13 @@ class S3RevisionWriter(RevisionWriter):
             self.store.delete(f"{self.prefix}/{OBJECT_RECORDS_REL}")
             raise Conflict(
                 f"{self.repo_id}@{self.commit_sha}: files were reused from "
-                f"{', '.join(c[:12] for c in gone)}, retired (k3a gc) while this run staged; "
-                "nothing was published",
+                f"{', '.join(c[:12] for c in gone)}, retired (k3a revision gc) while this run "
+                "staged; nothing was published",
                 hint="re-run `k3a stage`: it plans again from the revisions still published",
             )
 
     def _same_or_conflict(self, existing: ShardManifest, manifest: ShardManifest) -> None:
-        if existing.content_digest() != manifest.content_digest():
+        if existing.digest() != manifest.digest():
             raise Conflict(
                 f"{self.store.location(self.repo_id, self.commit_sha)} is already published "
                 f"with a different manifest ({existing.digest()} != {manifest.digest()}); "
@@ -989,6 +1344,7 @@ class S3RevisionWriter(RevisionWriter):
         production policy lets only an admin delete under ``models/``) are left in
         ``abort_leftovers``: harmless, and the next run of this revision keeps them.
         """
+        self._close_pool()
         if self.store.read_manifest(self.repo_id, self.commit_sha) is not None:
             return  # published (by us or a peer): nothing of it is ours to drop any more
         self.store.abort_multipart_uploads(self.prefix)

@@ -6,8 +6,8 @@ from __future__ import annotations
 from datetime import datetime
 
 from k3artifacts.errors import ConfigError
+from k3artifacts.policy.rollout import TrafficPolicy
 from k3artifacts.releases.analyses import MetricResult, TrafficAnalysis
-from k3artifacts.releases.rollout_policy import TrafficPolicy
 from k3artifacts.traffic.prometheus import Prometheus
 from k3artifacts.traffic.queries import step_queries
 

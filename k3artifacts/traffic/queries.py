@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from k3artifacts.releases.rollout_policy import TrafficThresholds
+from k3artifacts.policy.rollout import TrafficThresholds
 
 TUPLE_LABEL = "k3a_io_tuple_id"
 E2E = "vllm:e2e_request_latency_seconds"

@@ -56,12 +56,14 @@ def _miss(outcome: WarmOutcome, exc: Exception) -> WarmOutcome:
     return outcome
 
 
-def policy_or_miss(policies_dir: Path, channel: str | None, tuple_id: str,
+def policy_or_miss(store: Store, channel: str | None, tuple_id: str,
                    gpu: str | None) -> WarmTrust | WarmOutcome:
-    """The channel's warm-start rule, or (policy files missing or malformed) a miss: the
-    weights pull and the pod go on, cold."""
+    """The channel's warm-start rule from the store's policy in force, or (policy missing or
+    malformed) a miss: the weights pull and the pod go on, cold."""
+    from k3artifacts.policy.record import in_force
+
     try:
-        return warm_trust(policies_dir, channel)
+        return warm_trust(in_force(store).document, channel)
     except K3AError as exc:
         outcome = WarmOutcome(tuple_id, gpu, "?", ok=False)
         outcome.reason, outcome.detail = "no-policy", str(exc)

@@ -3,7 +3,8 @@
 These caches hold compiled kernels and generated Python that the server imports and runs, so
 an artifact is used only when all of these hold, checked in this order:
 
-* the channel's policy allows warm starts (``warm_start`` in ``promotion-gates.yaml``);
+* the channel's policy allows warm starts (``warm_start`` in the gate policy in force in the
+  store, ``k3a policy show``);
 * its manifest is in the store at the key of this tuple, GPU and layout, parses, and is in
   canonical form (so its digest is the digest of what was stored);
 * it was captured for this tuple (id, image digest and serving args), this GPU model and this
@@ -21,12 +22,11 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from cryptography.hazmat.primitives.asymmetric import ec
 
 from k3artifacts.errors import ConfigError
-from k3artifacts.releases.policies import load_gate_policy
+from k3artifacts.policy.document import PolicyDocument
 from k3artifacts.releases.tuples import ReleaseTuple
 from k3artifacts.signing.attestation import verify_statement
 from k3artifacts.signing.dsse import BundleError
@@ -71,18 +71,20 @@ class WarmTrust:
     channel: str | None = None
 
 
-def warm_trust(policies_dir: Path, channel: str | None) -> WarmTrust:
+def warm_trust(document: PolicyDocument, channel: str | None) -> WarmTrust:
     """The channel's warm-start rule: its ``warm_start`` policy and its signing policy. No
     channel (a bare tuple, a pre-warm of a candidate): signatures are required when any
     channel requires them, since the artifact may end up serving there. Never raises over
-    the signing policy: a channel that requires signatures and trusts no key gets misses."""
-    gates = load_gate_policy(policies_dir)
+    the signing policy: a channel that requires signatures and trusts no key gets misses.
+    ``document``: the store's policy in force (``k3a policy show``)."""
+    gates = document.gates
     rule = gates.channels.get(channel) if channel else None
     warm = rule.warm_start if rule is not None else None
-    try:
-        keys = load_trusted_keys(policies_dir)
-    except ConfigError:
-        keys = None
+    with document.written_to() as policies_dir:
+        try:
+            keys = load_trusted_keys(policies_dir)
+        except ConfigError:
+            keys = None
     if keys is None:
         required, trusted = False, {}
     else:

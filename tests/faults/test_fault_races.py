@@ -14,7 +14,6 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from k3artifacts.promotion.moves import promote
 from k3artifacts.releases.binding import create_tuple
 from k3artifacts.releases.channels import current, history, history_key
 from k3artifacts.releases.reviews import review_code, review_license
@@ -28,6 +27,7 @@ from tests.faults.faultkit import (
     start_k3a,
     wait_for,
 )
+from tests.fixtures.moves import promote
 from tests.staging_helpers import REPO, small_release
 from tests.support.releases import REPO_ID, Releases
 

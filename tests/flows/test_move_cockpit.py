@@ -1,12 +1,11 @@
 """What promote and rollback runs leave in the Prefect UI: named decisions, complete records,
-names and tags, an approval form that informs (read back through the API)."""
+names and tags, an approval request that informs (read back through the API)."""
 
 from __future__ import annotations
 
 import uuid
 
 import pytest
-from prefect import tags
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.filters import (
     ArtifactFilter,
@@ -16,12 +15,11 @@ from prefect.client.schemas.filters import (
 )
 from prefect.logging.handlers import APILogWorker
 
-from flows.approval import ApprovalInput
 from flows.promote import promote_release
 from flows.rollback import rollback_channel
 from k3artifacts.releases.channels import history
 from k3artifacts.stores.file import FileStore
-from tests.flow_helpers import answer_when_paused, run_answered
+from tests.flow_helpers import answer_when_requested, run_answered
 
 
 @pytest.fixture
@@ -43,7 +41,7 @@ def run_of(state):
 def test_gate_refusal_is_a_named_decision_without_traceback(store, releases, policies):
     release = releases.release()  # license and remote code never reviewed
     state = promote_release(tuple_id=release.id, channel="staging", store_url=store.url,
-                            policies_dir=str(policies), requested_by="ci", reason="nightly",
+                            requested_by="ci", reason="nightly",
                             return_state=True)
     assert state.is_failed() and state.name == "Blocked by gate"
     assert "license" in state.message and "next:" in state.message
@@ -61,7 +59,7 @@ def test_gate_refusal_is_a_named_decision_without_traceback(store, releases, pol
 
 def test_internal_errors_still_show_their_traceback(store, releases, policies):
     state = promote_release(tuple_id="k3t-" + "0" * 24, channel="staging", store_url=store.url,
-                            policies_dir=str(policies), return_state=True)
+                            return_state=True)
     assert state.is_failed() and state.name == "Failed"
     _, _, logs = run_of(state)
     assert any("Traceback" in m for m in logs)
@@ -75,12 +73,12 @@ def test_promote_and_rollback_records_are_complete(store, releases, policies, re
         run_answered(promote_release,
                      {"decision": "approve", "reviewer": "alice", "reason": "evals look fine"},
                      tuple_id=r.id, channel="staging", store_url=store.url,
-                     policies_dir=str(policies), requested_by="ci", reason="nightly candidate")
+                     requested_by="ci", reason="nightly candidate")
         for r in (first, second)
     ]
     back = run_answered(rollback_channel,
                         {"decision": "approve", "reviewer": "carol", "reason": "confirmed p99"},
-                        channel="staging", store_url=store.url, policies_dir=str(policies),
+                        channel="staging", store_url=store.url,
                         requested_by="oncall", reason="p99 latency up", require_approval=True)
     assert all(s.is_completed() for s in [*states, back])
     seqs = [e.seq for e in history(store, "staging")]
@@ -117,60 +115,35 @@ def test_promote_and_rollback_records_are_complete(store, releases, policies, re
             f"commit:{w.commit}"} <= set(run.tags)
 
 
-def test_approval_form_informs_and_has_no_default_decision(store, releases, policies, reviewed):
+def test_approval_request_informs_and_names_the_command_that_answers_it(store, releases,
+                                                                        policies, reviewed):
     serving, candidate = releases.release(), releases.release()
     for r in (serving, candidate):
         reviewed(r)
     run_answered(promote_release, {"decision": "approve", "reviewer": "a", "reason": ""},
-                 tuple_id=serving.id, channel="staging", store_url=store.url,
-                 policies_dir=str(policies))
+                 tuple_id=serving.id, channel="staging", store_url=store.url)
     seen: dict = {}
-
-    def peek_at_the_form():
-        # What the paused run asks for: the form's schema and description, read from the API.
-        from prefect.input.run_input import keyset_from_paused_state
-        with get_client(sync_client=True) as client:
-            paused = client.read_flow_runs(flow_run_filter=_paused_with(tag))
-            keyset = keyset_from_paused_state(paused[0].state)
-            seen["schema"] = client.read_flow_run_input(paused[0].id, keyset["schema"])
-            seen["description"] = client.read_flow_run_input(paused[0].id, keyset["description"])
-
-    tag = f"test-{uuid.uuid4().hex[:12]}"
-    thread, outcome = answer_when_paused(tag, {"decision": "reject", "reviewer": "bob"},
-                                         before=peek_at_the_form)
-    with tags(tag):
-        state = promote_release(tuple_id=candidate.id, channel="staging", store_url=store.url,
-                                policies_dir=str(policies), requested_by="ci", reason="nightly",
-                                poll_interval=1, return_state=True)
+    thread, outcome = answer_when_requested(store.url, {"decision": "reject", "reviewer": "bob"},
+                                            before=lambda request: seen.update(request=request))
+    state = promote_release(tuple_id=candidate.id, channel="staging", store_url=store.url,
+                            requested_by="ci", reason="nightly", poll_interval=1,
+                            return_state=True)
     thread.join(30)
-    assert outcome == ["resumed"] and state.name == "Rejected"
+    assert outcome == [seen["request"].id] and state.name == "Rejected"
+    assert "rejected by bob" in state.message
 
-    import json
-    schema = json.loads(seen["schema"])
-    assert "decision" in schema["required"]
-    assert "default" not in schema["properties"]["decision"]
-    assert set(schema["properties"]["decision"]["enum"]) == {"approve", "reject"}
-    text = json.loads(seen["description"])
+    # What the run shows the approver, read back from the API: the move, both sides of it,
+    # and the command to answer it with, under their own identity.
+    _, arts, _ = run_of(state)
+    text = arts["k3a-promote-staging-approval"].data
     for r in (serving, candidate):
         w = r.binding.weights
         for fact in (r.id, w.commit, r.binding.image.reference, r.binding.serving.profile):
             assert fact in text, fact
     assert "Serving now" in text and "Would replace it" in text and "license: `sha256:" in text
-    assert "| " not in text  # lists, not tables: nothing cut off at the form's width
-    assert ApprovalInput.model_fields["decision"].is_required()
-
-
-def _paused_with(tag):
-    from prefect.client.schemas.filters import (
-        FlowRunFilter,
-        FlowRunFilterState,
-        FlowRunFilterStateType,
-        FlowRunFilterTags,
-    )
-    from prefect.client.schemas.objects import StateType
-
-    return FlowRunFilter(tags=FlowRunFilterTags(all_=[tag]), state=FlowRunFilterState(
-        type=FlowRunFilterStateType(any_=[StateType.PAUSED])))
+    assert f"k3a approve {seen['request'].id}" in text
+    assert "| " not in text  # lists, not tables: nothing cut off in a narrow pane
+    assert seen["request"].requested_for == "ci"  # shown as typed, not an identity
 
 
 def test_a_lost_race_is_a_named_decision(store, releases, policies, reviewed, prefect_api,
@@ -183,7 +156,7 @@ def test_a_lost_race_is_a_named_decision(store, releases, policies, reviewed, pr
     import time
     from pathlib import Path
 
-    from k3artifacts.promotion.moves import promote
+    from tests.fixtures.moves import promote
 
     first, second, third = (releases.release() for _ in range(3))
     for r in (first, second, third):
@@ -195,7 +168,7 @@ def test_a_lost_race_is_a_named_decision(store, releases, policies, reviewed, pr
         "import json\n"
         "from flows.rollback import rollback_channel\n"
         f"s = rollback_channel(channel='staging', store_url={store.url!r}, "
-        f"policies_dir={str(policies)!r}, requested_by='oncall', reason='p99 up', "
+        "requested_by='oncall', reason='p99 up', "
         "return_state=True)\n"
         "print('STATE ' + json.dumps([s.name, s.message, str(s.state_details.flow_run_id)]))\n"
     )

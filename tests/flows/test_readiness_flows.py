@@ -3,10 +3,7 @@ the OpenAI-compatible fixture server on loopback, and show the report as an arti
 
 from __future__ import annotations
 
-import uuid
-
 import pytest
-from prefect import tags
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.filters import (
     ArtifactFilter,
@@ -16,12 +13,12 @@ from prefect.client.schemas.filters import (
 
 from flows.promote import promote_release
 from flows.rollback import rollback_channel
-from k3artifacts.promotion.moves import promote
 from k3artifacts.releases.channels import current, read_state
 from k3artifacts.releases.evaluations import list_evaluations
-from k3artifacts.serving.render.common import served_name
+from k3artifacts.serving.render.common import served_names
 from k3artifacts.stores.file import FileStore
-from tests.flow_helpers import answer_when_paused
+from tests.fixtures.moves import promote
+from tests.flow_helpers import answer_when_requested
 from tests.support.openai_server import start
 from tests.support.ports import free_ports
 
@@ -56,13 +53,11 @@ def test_promote_smokes_the_endpoint_before_asking_for_approval(store, releases,
                                                                 reviewed, server):
     release = releases.release()
     reviewed(release)
-    s = server(served_name(release))
-    tag = f"test-{uuid.uuid4().hex[:12]}"
-    thread, outcome = answer_when_paused(tag, {"decision": "approve", "reviewer": "alice"})
-    with tags(tag):
-        state = promote_release(tuple_id=release.id, channel="staging", store_url=store.url,
-                                policies_dir=str(policies), endpoint=s.url, poll_interval=1,
-                                return_state=True)
+    s = server(served_names(release))
+    thread, outcome = answer_when_requested(store.url, {"decision": "approve",
+                                                        "reviewer": "alice"})
+    state = promote_release(tuple_id=release.id, channel="staging", store_url=store.url,
+                            endpoint=s.url, poll_interval=1, return_state=True)
     thread.join(30)
     assert state.is_completed(), state
     assert current(store, "staging").tuple_id == release.id
@@ -80,7 +75,7 @@ def test_promote_with_an_endpoint_serving_another_model_fails_and_moves_nothing(
     reviewed(release)
     s = server("some-other-model")
     state = promote_release(tuple_id=release.id, channel="staging", store_url=store.url,
-                            policies_dir=str(policies), endpoint=s.url, return_state=True)
+                            endpoint=s.url, return_state=True)
     assert state.is_failed() and "models: serves ['some-other-model']" in state.message
     assert read_state(store, "staging").pointer is None
     assert "NOT READY" in smoke_artifact(state, "staging")
@@ -92,7 +87,7 @@ def test_rollback_fails_when_the_endpoint_is_not_ready(store, releases, policies
         reviewed(r)
         promote(store, r.id, "staging", actor="ci", policies_dir=policies)
     (port,) = free_ports(1)
-    state = rollback_channel(channel="staging", store_url=store.url, policies_dir=str(policies),
+    state = rollback_channel(channel="staging", store_url=store.url,
                              endpoint=f"http://127.0.0.1:{port}", return_state=True)
     assert state.is_failed() and "connection refused" in state.message
     assert "keep traffic closed" not in state.message  # the hint is the CLI's, not the message

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from flows.rollback_node import rollback_node
 from k3artifacts.releases.channels import read_state
-from k3artifacts.serving.render.common import served_name
+from k3artifacts.serving.render.common import served_names
 from tests.support.openai_server import start
 from tests.test_single_node_rollback import channel, cluster  # noqa: F401 - fixtures
 
@@ -13,7 +13,7 @@ from tests.test_single_node_rollback import channel, cluster  # noqa: F401 - fix
 def test_rollback_node_flow(tmp_path, cluster, channel):  # noqa: F811 - fixtures
     config, calls = cluster
     store, a, b = channel
-    node = start(served_name(a), tmp_path / "node.log")
+    node = start(served_names(a), tmp_path / "node.log")
     try:
         out = rollback_node(kubeconfig=str(config), endpoint=node.url,
                             metrics_url=f"http://127.0.0.1:{node.port}/metrics",

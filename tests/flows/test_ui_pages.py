@@ -142,7 +142,7 @@ def test_run_pages_show_names_tags_and_decisions(ui_server, local_hub, tmp_path,
 
     release = releases.release()  # never reviewed: the license gate blocks it
     blocked = promote_release(tuple_id=release.id, channel="staging", store_url=store.url,
-                              policies_dir=str(policies), requested_by="ci",
+                              requested_by="ci",
                               reason="nightly candidate", return_state=True)
     assert blocked.name == "Blocked by gate"
     dom = browse(f"{ui_server}/runs/flow-run/{blocked.state_details.flow_run_id}",

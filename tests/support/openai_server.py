@@ -17,11 +17,17 @@ and answers deterministically:
 * ``response_format`` json_schema / json_object: a JSON instance of the schema;
 * a prompt containing ``Reply with exactly: X``: the text ``X``; otherwise a short echo.
 
-Tokens are whitespace-separated words, for ``max_tokens``, ``usage`` and the context limit.
+Like vLLM it answers to every name given to ``--served-model-name`` (each listed in
+``/v1/models``, echoed in ``model``), counts prompts with a tokenizer and a chat template,
+reports them in ``usage`` and at ``POST /tokenize`` (vLLM's body and answer: ``count``,
+``max_model_len``, ``tokens``), and refuses a prompt over ``--max-model-len`` with vLLM's 400.
+The tokenizer splits words into pieces of ``--chars-per-token`` characters (0: a word is a
+token), so a small vocabulary can be provoked; completions count one token per word.
 
 Faults (flags): ``--slow-first-token S``; ``--rate-limit F`` (fraction of requests answered
 429, spread evenly) and ``--max-inflight N`` (429 beyond N requests in flight); ``--malformed-json``
-(structured output and tool arguments cut short); ``--served-name`` (serve another model name);
+(structured output and tool arguments cut short); serving other names (an endpoint started from
+another tuple);
 ``--capacity N`` (per-token delay grows with requests in flight beyond N: a throughput knee);
 ``--error-rate F`` (fraction of completions answered 500, spread evenly: a degrading canary);
 ``--text-only`` (image parts refused with vLLM's 400, as by a model without vision);
@@ -31,8 +37,8 @@ Image parts must be ``data:image/png;base64`` URLs of a real PNG (400 otherwise)
 ``/metrics``: vLLM's Prometheus metrics of the requests served (:mod:`.vllm_metrics`).
 Connection refused is a port nobody listens on.
 
-Run: ``python -m tests.support.openai_server --port P --served-name NAME``; or
-:func:`start` (a subprocess on 127.0.0.1, stopped by its PID).
+Run: ``python -m tests.support.openai_server --port P --served-model-name NAME [NAME...]``;
+or :func:`start` (a subprocess on 127.0.0.1, stopped by its PID).
 """
 
 from __future__ import annotations
@@ -46,7 +52,8 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+import zlib
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -58,11 +65,14 @@ from tests.support.vllm_metrics import VllmMetrics
 REPLY = re.compile(r"Reply with exactly:\s*(.+?)\s*$", re.MULTILINE)
 INJECTION = re.compile(r"reply only with the word (\w+)", re.IGNORECASE)
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+#: Tokens a chat template adds around each message, and to open the assistant's turn.
+MESSAGE_TOKENS = 3
+GENERATION_PROMPT_TOKENS = 2
 
 
 @dataclass
 class Config:
-    served_name: str
+    served_names: list[str]
     max_model_len: int = 8192
     token_delay: float = 0.0
     slow_first_token: float = 0.0
@@ -74,6 +84,7 @@ class Config:
     text_only: bool = False
     follow_injections: bool = False
     chatty: bool = False
+    chars_per_token: int = 0
 
 
 @dataclass
@@ -111,14 +122,26 @@ def instance(schema: dict[str, Any]) -> Any:
     return "x" * max(1, schema.get("minLength", 5))
 
 
-def _words(messages: list[dict[str, Any]]) -> int:
-    count = 0
+def tokenize(text: str, chars_per_token: int) -> list[int]:
+    """Token ids of ``text``: each word, cut into pieces of ``chars_per_token`` characters."""
+    ids = []
+    for word in text.split():
+        step = chars_per_token or len(word)
+        ids += [zlib.crc32(word[i:i + step].encode()) % 50_000
+                for i in range(0, len(word), step)]
+    return ids
+
+
+def chat_tokens(messages: list[dict[str, Any]], chars_per_token: int,
+                add_generation_prompt: bool = True) -> list[int]:
+    """The prompt a chat template makes of ``messages``, tokenized."""
+    ids: list[int] = []
     for m in messages:
         content = m.get("content") or ""
         if isinstance(content, list):
             content = " ".join(p.get("text", "") for p in content if isinstance(p, dict))
-        count += len(str(content).split())
-    return count
+        ids += [1] * MESSAGE_TOKENS + tokenize(str(content), chars_per_token)
+    return ids + [2] * (GENERATION_PROMPT_TOKENS if add_generation_prompt else 0)
 
 
 def _text(content: Any) -> str:
@@ -206,9 +229,9 @@ class Handler(BaseHTTPRequestHandler):
         cfg = self.server.cfg
         if self.path.rstrip("/") == "/v1/models":
             self._send_json(200, {"object": "list", "data": [{
-                "id": cfg.served_name, "object": "model", "created": int(time.time()),
-                "owned_by": "k3a-fixture", "root": cfg.served_name,
-                "max_model_len": cfg.max_model_len}]})
+                "id": name, "object": "model", "created": int(time.time()),
+                "owned_by": "k3a-fixture", "root": cfg.served_names[0],
+                "max_model_len": cfg.max_model_len} for name in cfg.served_names]})
         elif self.path == "/health":
             self._send_json(200, {})
         elif self.path == "/metrics":
@@ -224,13 +247,17 @@ class Handler(BaseHTTPRequestHandler):
     def do_POST(self) -> None:  # noqa: N802 - stdlib's name
         length = int(self.headers.get("Content-Length") or 0)
         raw = self.rfile.read(length)
-        if self.path.rstrip("/") != "/v1/chat/completions":
+        route = self.path.rstrip("/")
+        if route not in ("/v1/chat/completions", "/tokenize"):
             self._error(404, f"no route {self.path}", "NotFoundError")
             return
         try:
             req = json.loads(raw)
         except ValueError:
             self._error(400, "request body is not JSON", "BadRequestError")
+            return
+        if route == "/tokenize":
+            self._tokenize(req)
             return
         state, cfg = self.server.state, self.server.cfg
         with state.lock:
@@ -264,13 +291,31 @@ class Handler(BaseHTTPRequestHandler):
         # request n is picked when n * fraction crosses an integer: evenly spread
         return fraction > 0 and int(n * fraction) != int((n - 1) * fraction)
 
+    def _unknown_model(self, req: dict[str, Any]) -> bool:
+        if req.get("model") in self.server.cfg.served_names:
+            return False
+        self._error(404, f"The model `{req.get('model')}` does not exist.", "NotFoundError")
+        return True
+
+    def _tokenize(self, req: dict[str, Any]) -> None:
+        """vLLM's ``/tokenize``: a completion ``prompt`` or chat ``messages``."""
+        cfg = self.server.cfg
+        if req.get("model") is not None and self._unknown_model(req):
+            return
+        if "messages" in req:
+            ids = chat_tokens(req["messages"] or [], cfg.chars_per_token,
+                              req.get("add_generation_prompt", True))
+        else:
+            ids = tokenize(str(req.get("prompt") or ""), cfg.chars_per_token)
+        self._send_json(200, {"count": len(ids), "max_model_len": cfg.max_model_len,
+                              "tokens": ids, "token_strs": None})
+
     def _complete(self, req: dict[str, Any]) -> None:
         cfg = self.server.cfg
-        if req.get("model") != cfg.served_name:
-            self._error(404, f"The model `{req.get('model')}` does not exist.", "NotFoundError")
+        if self._unknown_model(req):
             return
         messages = req.get("messages") or []
-        prompt_tokens = _words(messages)
+        prompt_tokens = len(chat_tokens(messages, cfg.chars_per_token))
         if prompt_tokens > cfg.max_model_len:
             self._error(400, f"This model's maximum context length is {cfg.max_model_len} "
                         f"tokens. However, you requested {prompt_tokens} tokens in the "
@@ -302,7 +347,7 @@ class Handler(BaseHTTPRequestHandler):
                                       "function": {"name": tool, "arguments": text}}]
         self._send_json(200, {
             "id": cid, "object": "chat.completion", "created": int(time.time()),
-            "model": cfg.served_name,
+            "model": req["model"],
             "choices": [{"index": 0, "message": message, "finish_reason": finish,
                          "logprobs": None}],
             "usage": usage})
@@ -360,7 +405,7 @@ class Handler(BaseHTTPRequestHandler):
         self.send_header("Transfer-Encoding", "chunked")
         self.end_headers()
         base = {"id": cid, "object": "chat.completion.chunk", "created": int(time.time()),
-                "model": cfg.served_name}
+                "model": req["model"]}
 
         def event(delta: dict[str, Any], reason: str | None = None) -> None:
             chunk = {**base, "choices": [{"index": 0, "delta": delta, "logprobs": None,
@@ -411,7 +456,7 @@ class _Server(ThreadingHTTPServer):
 def _parse(argv: list[str]) -> tuple[int, Config]:
     p = argparse.ArgumentParser(prog="python -m tests.support.openai_server")
     p.add_argument("--port", type=int, required=True)
-    p.add_argument("--served-name", required=True)
+    p.add_argument("--served-model-name", dest="served_names", nargs="+", required=True)
     p.add_argument("--max-model-len", type=int, default=8192)
     p.add_argument("--token-delay", type=float, default=0.0)
     p.add_argument("--slow-first-token", type=float, default=0.0)
@@ -423,10 +468,13 @@ def _parse(argv: list[str]) -> tuple[int, Config]:
     p.add_argument("--text-only", action="store_true")
     p.add_argument("--follow-injections", action="store_true")
     p.add_argument("--chatty", action="store_true")
+    p.add_argument("--chars-per-token", type=int, default=0)
     a = p.parse_args(argv)
-    return a.port, Config(a.served_name, a.max_model_len, a.token_delay, a.slow_first_token,
+    return a.port, Config(a.served_names, a.max_model_len, a.token_delay, a.slow_first_token,
                           a.rate_limit, a.max_inflight, a.malformed_json, a.capacity,
-                          a.error_rate, a.text_only, a.follow_injections, a.chatty)
+                          error_rate=a.error_rate, text_only=a.text_only,
+                          follow_injections=a.follow_injections, chatty=a.chatty,
+                          chars_per_token=a.chars_per_token)
 
 
 @dataclass
@@ -442,11 +490,13 @@ class FixtureServer:
         stop(self.proc)
 
 
-def start(served_name: str, log: Path, **faults: Any) -> FixtureServer:
-    """Start the server as a subprocess on a free loopback port; ``faults``: Config fields."""
+def start(served_names: str | Sequence[str], log: Path, **faults: Any) -> FixtureServer:
+    """Start the server as a subprocess on a free loopback port, answering to ``served_names``
+    (one name or several, as vLLM's ``--served-model-name``); ``faults``: Config fields."""
     (port,) = free_ports(1)
+    names = [served_names] if isinstance(served_names, str) else list(served_names)
     args = [sys.executable, "-m", "tests.support.openai_server", "--port", str(port),
-            "--served-name", served_name]
+            "--served-model-name", *names]
     for name, value in faults.items():
         flag = "--" + name.replace("_", "-")
         if value is True:

@@ -9,8 +9,8 @@ the image is pinned by digest. These are cheap (one manifest read, one listing):
 
 from __future__ import annotations
 
+from k3artifacts.policy.results import GateResult
 from k3artifacts.promotion.gates.context import GateContext, human_bytes, summarize
-from k3artifacts.releases.channels import GateResult
 from k3artifacts.releases.retirement import read_tombstone
 from k3artifacts.releases.tuples import DIGEST
 from k3artifacts.staging.rules import PICKLE_SUFFIXES
@@ -27,9 +27,9 @@ def check(ctx: GateContext) -> GateResult:
     problems = []
     stone = read_tombstone(store, w.repo_id, w.commit)
     if stone is not None:
-        problems.append(f"the revision is being retired by {stone.who} (k3a gc)")
+        problems.append(f"the revision is being retired by {stone.who} (k3a revision gc)")
     digest = manifest.digest()
-    if digest != w.manifest_digest:
+    if not manifest.answers_to(w.manifest_digest):
         problems.append(f"manifest digest {digest} is not the tuple's {w.manifest_digest}")
     if manifest.license.sha256 != release.binding.license_sha256:
         problems.append(

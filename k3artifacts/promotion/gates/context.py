@@ -8,7 +8,8 @@ from functools import cached_property
 from pathlib import Path
 
 from k3artifacts.errors import NotFound
-from k3artifacts.releases.policies import ChannelPolicy
+from k3artifacts.policy.actor import Actor
+from k3artifacts.policy.model import ChannelPolicy
 from k3artifacts.releases.tuples import ReleaseTuple, tuple_manifest
 from k3artifacts.revisions.manifest import ShardManifest, manifest_key
 from k3artifacts.stores.base import Store
@@ -21,11 +22,13 @@ class GateContext:
     store: Store
     release: ReleaseTuple
     channel: str
-    #: The channel's section of ``promotion-gates.yaml``: each gate reads its own settings.
+    #: The channel's section of the store's policy in force: each gate reads its own settings.
     policy: ChannelPolicy
+    #: That policy's files, written out for this judgement (suites, trusted keys).
     policies_dir: Path
-    #: Who is promoting; None in a dry run that names nobody (``k3a gates`` without identity).
-    actor: str | None = None
+    #: Who decides the move (the approver, when an approval record authorizes it); None in a
+    #: dry run that names nobody (a flow before its approval).
+    actor: Actor | None = None
     now: datetime = field(default_factory=lambda: datetime.now(UTC))
 
     @cached_property

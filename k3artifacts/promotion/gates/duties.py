@@ -1,13 +1,15 @@
 """``separation_of_duties``: whoever promotes did not review what the policy names.
 
-The promoter and the reviewers are identities from the same source (STS on S3, the OS user on
-file stores; see ``releases/actor.py``), so comparing them means something.
+The promoter and the reviewers are identities from the same source (STS on S3, the account of
+the real uid on file stores; see ``policy/actor.py``), so comparing them means something; an
+asserted name is seen through to the account that typed it. In a flow the promoter is the
+approver of the approval record, never a name typed in a form.
 """
 
 from __future__ import annotations
 
+from k3artifacts.policy.results import GateResult
 from k3artifacts.promotion.gates.context import GateContext
-from k3artifacts.releases.channels import GateResult
 from k3artifacts.releases.reviews import reviewers_of
 
 NAME = "separation_of_duties"
@@ -23,18 +25,20 @@ def check(ctx: GateContext) -> GateResult:
             name=NAME, passed=True, reason="not checked yet: the move checks its promoter"
         )
     reviewers = reviewers_of(ctx.store, ctx.release, ctx.manifest)
-    clashes = [kind for kind in duties.not_reviewer_of if ctx.actor in reviewers.get(kind, set())]
+    who = ctx.actor.identities()
+    clashes = [kind for kind in duties.not_reviewer_of if who & reviewers.get(kind, set())]
     if clashes:
         return GateResult(
             name=NAME,
             passed=False,
-            reason=f"{ctx.actor} reviewed the {' and '.join(clashes)} of {ctx.release.id}; "
+            reason=f"{ctx.actor.label()} reviewed the {' and '.join(clashes)} of {ctx.release.id}; "
             f"the policy of {ctx.channel} needs someone else to promote it",
         )
     named = sorted({r for kind in duties.not_reviewer_of for r in reviewers.get(kind, set())})
     return GateResult(
         name=NAME,
         passed=True,
-        reason=f"promoter {ctx.actor} is not a {'/'.join(duties.not_reviewer_of)} reviewer"
+        reason=f"promoter {ctx.actor.label()} ({ctx.actor.source}) is not a "
+        f"{'/'.join(duties.not_reviewer_of)} reviewer"
         + (f" ({', '.join(named)})" if named else ""),
     )

@@ -2,12 +2,14 @@
 this tuple, met the channel's thresholds.
 
 Trusted evidence is a report a readiness run wrote (``origin: run``), for this tuple, of the
-exact suite file the policy names (sha256), whose server answered as the tuple's served model
-name. The gate judges the latest such report: every readiness check passed, the suite's pass
-rate, the end-to-end p99 at the policy's concurrency, and no regression beyond the margin
-against the latest report of the tuple now on the channel. A report handed in with
-``k3a eval attach`` is an override's evidence, not a run: the gate names it and refuses; the
-promotion may override the gate with a reason, which the history records.
+exact suite file the policy names (sha256), whose server answered as the tuple id. The gate
+judges the latest such report with the one judgement ``k3a eval run`` uses
+(:func:`k3artifacts.releases.evaluations.judge`), twice: by the run's own criteria (its suite's
+threshold, its regression baseline: a run that said NOT READY never passes), then by the
+channel policy's (pass rate, end-to-end p99 at the policy's concurrency, no regression beyond
+the policy's margin against the latest report of the tuple now on the channel). A report
+handed in with ``k3a eval attach`` is an override's evidence, not a run: the gate names it and
+refuses; the promotion may override the gate with a reason, which the history records.
 """
 
 from __future__ import annotations
@@ -15,19 +17,20 @@ from __future__ import annotations
 from pathlib import Path
 
 from k3artifacts.errors import ConfigError
+from k3artifacts.policy.model import EvaluationPolicy
+from k3artifacts.policy.results import GateResult
 from k3artifacts.promotion.gates.context import GateContext
 from k3artifacts.readiness.suite import file_sha256
-from k3artifacts.releases.channels import GateResult, read_state
+from k3artifacts.releases.channels import read_state
 from k3artifacts.releases.evaluations import (
+    Baseline,
     EvaluationRecord,
     baseline_of,
+    judge,
     latest_run,
     list_evaluations,
-    regressions,
 )
-from k3artifacts.releases.policies import EvaluationPolicy
 from k3artifacts.releases.tuples import ReleaseTuple
-from k3artifacts.serving.render.common import served_name
 from k3artifacts.stores.base import Store
 
 NAME = "evaluation"
@@ -100,50 +103,43 @@ def evaluation_gate(
     run = latest.readiness()
     which = f"run {latest.report_sha256[:12]} of {run.endpoint} at {run.started_at:%Y-%m-%d %H:%M}"
     problems = []
-    expected = served_name(release)
-    if run.expected_model != expected:
-        problems.append(f"it asked for model {run.expected_model!r}, the tuple serves {expected!r}")
-    if expected not in run.served_models:
+    if run.expected_model != release.id:
+        problems.append(f"it asked for model {run.expected_model!r}, not the tuple id "
+                        f"{release.id!r} (a run from before readiness was bound to the tuple: "
+                        "run it again)")
+    elif release.id not in run.served_models:
         problems.append(f"the server answered as {run.served_models or 'nothing'}, "
-                        f"not {expected!r}")
-    failed_checks = [c for c in run.checks if not c.passed]
-    problems.extend(f"check {c.name} failed: {c.detail}" for c in failed_checks[:4])
-    if len(failed_checks) > 4:
-        problems.append(f"and {len(failed_checks) - 4} more failed checks")
-    verdict = f"{run.suite}: {run.passed_count}/{len(run.judged)} = {run.pass_rate:.1%}"
-    if run.pass_rate < policy.min_pass_rate:
-        failed_cases = ", ".join(c.name for c in run.cases if not c.passed)
-        problems.append(f"{verdict} is below the required {policy.min_pass_rate:.1%}"
-                        + (f" (failed: {failed_cases})" if failed_cases else ""))
+                        f"not {release.id!r}")
+    # The run's own verdict first (its suite's threshold, its regression baseline): a run
+    # that said NOT READY never passes. Then the channel policy's, by the same judgement.
+    own = run.problems()
+    problems.extend(own)
     concurrency = policy.latency.concurrency if policy.latency else 1
-    if policy.latency:
-        point = run.sweep.at(concurrency) if run.sweep else None
-        limit = policy.latency.max_e2e_p99_s
-        if point is None or point.e2e_p99 is None:
-            problems.append(f"the sweep has no latency at concurrency {concurrency}")
-        elif point.e2e_p99 > limit:
-            problems.append(f"end-to-end p99 at concurrency {concurrency} is "
-                            f"{point.e2e_p99:.3f} s > {limit:g} s")
-    if policy.max_regression is not None:
-        problems.extend(_regressions(store, release, run_channel=channel, policy=policy,
-                                     suite_sha=suite_sha, latest=latest,
-                                     concurrency=concurrency))
+    for problem in judge(
+        run, min_pass_rate=policy.min_pass_rate,
+        baseline=_channel_baseline(store, release, channel=channel, policy=policy,
+                                   suite_sha=suite_sha, concurrency=concurrency),
+        latency=(concurrency, policy.latency.max_e2e_p99_s) if policy.latency else None,
+    ):
+        if problem not in own:
+            problems.append(problem)
     if problems:
         return _fail(f"{which}: " + "; ".join(problems))
     return GateResult(name=NAME, passed=True,
-                      reason=f"{verdict} >= {policy.min_pass_rate:.1%}, served as {expected!r} "
-                             f"({which})")
+                      reason=f"{run.verdict} >= {policy.min_pass_rate:.1%}, served as "
+                             f"{release.id!r} ({which})")
 
 
-def _regressions(store: Store, release: ReleaseTuple, *, run_channel: str,
-                 policy: EvaluationPolicy, suite_sha: str | None, latest: EvaluationRecord,
-                 concurrency: int) -> list[str]:
-    current = read_state(store, run_channel).tuple_id
+def _channel_baseline(store: Store, release: ReleaseTuple, *, channel: str,
+                      policy: EvaluationPolicy, suite_sha: str | None,
+                      concurrency: int) -> Baseline | None:
+    """The latest run of the tuple now on ``channel``, with the policy's margin."""
+    if policy.max_regression is None:
+        return None
+    current = read_state(store, channel).tuple_id
     if current is None or current == release.id:
-        return []
+        return None
     base = latest_run(store, current, kind="eval", suite_sha256=suite_sha)
     if base is None:
-        return []  # nothing to compare with: the channel's tuple predates the suite
-    assert policy.max_regression is not None
-    return regressions(latest.readiness(), baseline_of(base, run_channel, concurrency),
-                       margin=policy.max_regression, concurrency=concurrency)
+        return None  # nothing to compare with: the channel's tuple predates the suite
+    return baseline_of(base, channel, concurrency, policy.max_regression)

@@ -4,8 +4,8 @@ finding; a critical finding can be accepted only by overriding this gate with a 
 
 from __future__ import annotations
 
+from k3artifacts.policy.results import GateResult
 from k3artifacts.promotion.gates.context import GateContext, summarize
-from k3artifacts.releases.channels import GateResult
 from k3artifacts.releases.scans import list_scans
 
 NAME = "image_scan"

@@ -8,9 +8,9 @@ from datetime import timedelta
 
 from pydantic import ValidationError
 
+from k3artifacts.policy.results import GateResult
 from k3artifacts.preflight.model import PreflightReport
 from k3artifacts.promotion.gates.context import GateContext, summarize
-from k3artifacts.releases.channels import GateResult
 from k3artifacts.releases.preflights import list_preflights
 
 NAME = "infrastructure"

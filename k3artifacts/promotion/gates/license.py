@@ -3,8 +3,8 @@
 
 from __future__ import annotations
 
+from k3artifacts.policy.results import GateResult
 from k3artifacts.promotion.gates.context import GateContext
-from k3artifacts.releases.channels import GateResult
 from k3artifacts.releases.reviews import list_reviews, read_review, review_key
 
 NAME = "license"

@@ -10,8 +10,9 @@ from __future__ import annotations
 from datetime import timedelta
 
 from k3artifacts.errors import NotFound
+from k3artifacts.policy.results import GateResult
 from k3artifacts.promotion.gates.context import GateContext
-from k3artifacts.releases.channels import GateResult, HistoryEntry, history
+from k3artifacts.releases.channels import HistoryEntry, history
 
 NAME = "promotion_order"
 

@@ -1,20 +1,24 @@
-"""The gate registry: name -> check, the report of a run, and the one override rule.
+"""The gates' checks, bound to the names of the gate registry (``policy/gates.py``), and the
+run of a channel's gates as the store's policy says.
 
-Adding a gate is one module exposing ``check(ctx) -> GateResult``, one line in :data:`GATES`,
-and its name under a channel in ``policies/promotion-gates.yaml`` (with its settings, if it has
-any, in the channel policy model of ``releases/policies.py``).
+Adding a gate is one module exposing ``check(ctx) -> GateResult``, one line in :data:`CHECKS`,
+its name and override rule in ``policy/gates.py``, its settings (if any) in the channel policy
+model (``policy/model.py``) and its name under a channel in the store's policy (`k3a policy
+propose`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from datetime import datetime
-from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, computed_field
-
-from k3artifacts.errors import ConfigError, GateFailed, NotFound
+from k3artifacts.errors import ConfigError, NotFound
+from k3artifacts.policy.actor import Actor
+from k3artifacts.policy.gates import GATE_RULES
+from k3artifacts.policy.model import ChannelPolicy
+from k3artifacts.policy.record import InForce, in_force
+from k3artifacts.policy.results import GateReport, GateResult
 from k3artifacts.promotion.gates import (
     artifact,
     duties,
@@ -29,57 +33,25 @@ from k3artifacts.promotion.gates import (
     traffic,
 )
 from k3artifacts.promotion.gates.context import GateContext
-from k3artifacts.releases.channels import GateResult, Override, check_channel
-from k3artifacts.releases.policies import (
-    GATES_FILE,
-    ChannelPolicy,
-    GatePolicy,
-    load_gate_policy,
-)
+from k3artifacts.releases.channels import check_channel, read_state
 from k3artifacts.releases.tuples import ReleaseTuple, TupleStore
 from k3artifacts.serving.render import TARGETS
 from k3artifacts.stores.base import Store
 
-
-@dataclass(frozen=True)
-class Gate:
-    check: Callable[[GateContext], GateResult]
-    #: Whether a failure may be let through with a recorded reason. Not for gates whose
-    #: failure no reason can make acceptable: a tuple no cluster can run, a promoter approving
-    #: their own review.
-    overridable: bool = True
-
-
-GATES: dict[str, Gate] = {
-    artifact.NAME: Gate(artifact.check),
-    license.NAME: Gate(license.check),
-    remote_code.NAME: Gate(remote_code.check),
-    evaluation.NAME: Gate(evaluation.check),
-    renderable.NAME: Gate(renderable.check, overridable=False),
-    order.NAME: Gate(order.check),
-    duties.NAME: Gate(duties.check, overridable=False),
-    signature.NAME: Gate(signature.check),
-    traffic.NAME: Gate(traffic.check),
-    infrastructure.NAME: Gate(infrastructure.check),
-    image_scan.NAME: Gate(image_scan.check),
+CHECKS: dict[str, Callable[[GateContext], GateResult]] = {
+    artifact.NAME: artifact.check,
+    license.NAME: license.check,
+    remote_code.NAME: remote_code.check,
+    evaluation.NAME: evaluation.check,
+    renderable.NAME: renderable.check,
+    order.NAME: order.check,
+    duties.NAME: duties.check,
+    signature.NAME: signature.check,
+    traffic.NAME: traffic.check,
+    infrastructure.NAME: infrastructure.check,
+    image_scan.NAME: image_scan.check,
 }
-
-
-class GateReport(BaseModel):
-    model_config = ConfigDict(frozen=True)
-
-    tuple_id: str
-    channel: str
-    results: list[GateResult]
-
-    @computed_field  # type: ignore[prop-decorator]
-    @property
-    def passed(self) -> bool:
-        return all(r.passed for r in self.results)
-
-    @property
-    def failed(self) -> list[GateResult]:
-        return [r for r in self.results if not r.passed]
+assert set(CHECKS) == set(GATE_RULES), "every registered gate has exactly one check"
 
 
 GATE_TABLE_HEADER = ["gate", "result", "reason"]
@@ -94,38 +66,45 @@ def gate_rows(results: list[GateResult]) -> list[list[str]]:
     ]
 
 
-def channel_policy(policy: GatePolicy, channel: str, policies_dir: Path) -> ChannelPolicy:
-    """``channel``'s policy, its gates and targets checked against what this code knows."""
+def channel_policy(policy: InForce, channel: str) -> ChannelPolicy:
+    """``channel``'s section of the policy in force, its targets checked against this code."""
     check_channel(channel)
-    path = Path(policies_dir) / GATES_FILE
-    if channel not in policy.channels:
-        configured = ", ".join(sorted(policy.channels)) or "none"
+    gates = policy.document.gates
+    where = f"the store's policy, {policy.label()}"
+    if channel not in gates.channels:
+        configured = ", ".join(sorted(gates.channels)) or "none"
         raise NotFound(
-            f"channel {channel!r} is not configured in {path} (configured: {configured})",
-            hint=f"check the spelling, or add `{channel}: {{gates: [...]}}` under channels:",
+            f"channel {channel!r} is not configured in {where} (configured: {configured})",
+            hint="check the spelling, or add the channel to the policy: `k3a policy propose DIR`",
         )
-    chan = policy.channels[channel]
-    unknown = [g for g in chan.gates if g not in GATES]
-    if unknown:
-        raise ConfigError(
-            f"policy file {path}: channel {channel} names unknown gate(s) {', '.join(unknown)}",
-            hint=f"gates: {', '.join(GATES)}",
-        )
+    chan = gates.channels[channel]
     bad_targets = [t for t in chan.targets if t not in TARGETS]
     if bad_targets:
         raise ConfigError(
-            f"policy file {path}: channel {channel} names unknown target(s) "
-            f"{', '.join(bad_targets)}",
+            f"{where}: channel {channel} names unknown target(s) {', '.join(bad_targets)}",
             hint=f"targets: {', '.join(TARGETS)}",
         )
     if chan.order is not None and chan.order.after == channel:
-        raise ConfigError(f"policy file {path}: channel {channel} cannot come after itself")
+        raise ConfigError(f"{where}: channel {channel} cannot come after itself")
     return chan
 
 
-def run_gates(ctx: GateContext) -> GateReport:
-    results = [GATES[name].check(ctx) for name in ctx.policy.gates]
-    return GateReport(tuple_id=ctx.release.id, channel=ctx.channel, results=results)
+@contextmanager
+def judging(store: Store, release: ReleaseTuple, channel: str, policy: InForce,
+            actor: Actor | None, now: datetime | None) -> Iterator[GateContext]:
+    """A gate context for one judgement, reading the policy in force (its files written out
+    for the gates that read files, for as long as the judgement lasts)."""
+    chan = channel_policy(policy, channel)
+    extra = {} if now is None else {"now": now}
+    with policy.document.written_to() as policies_dir:
+        yield GateContext(store=store, release=release, channel=channel, policy=chan,
+                          policies_dir=policies_dir, actor=actor, **extra)
+
+
+def run_gates(ctx: GateContext, policy: InForce) -> GateReport:
+    results = [CHECKS[name](ctx) for name in ctx.policy.gates]
+    return GateReport(tuple_id=ctx.release.id, channel=ctx.channel, results=results,
+                      policy_digest=policy.digest, policy_version=policy.version)
 
 
 def check_gates(
@@ -133,86 +112,15 @@ def check_gates(
     tuple_id: str,
     channel: str,
     *,
-    policies_dir: Path,
-    actor: str | None = None,
+    actor: Actor | None = None,
     now: datetime | None = None,
 ) -> GateReport:
-    """Run the gates ``channel`` requires on ``tuple_id``. Nothing is written."""
-    chan = channel_policy(load_gate_policy(policies_dir), channel, policies_dir)
+    """Run the gates the store's policy requires of ``channel`` on ``tuple_id``. Nothing is
+    written (a store with no policy yet is judged by the packaged defaults)."""
+    policy = in_force(store)
+    channel_policy(policy, channel)
+    # The channel judged must be the one its history explains, as the move would require.
+    read_state(store, channel)
     release = TupleStore(store).get(tuple_id)
-    return run_gates(context(store, release, channel, chan, policies_dir, actor, now))
-
-
-def context(
-    store: Store,
-    release: ReleaseTuple,
-    channel: str,
-    chan: ChannelPolicy,
-    policies_dir: Path,
-    actor: str | None,
-    now: datetime | None,
-) -> GateContext:
-    extra = {} if now is None else {"now": now}
-    return GateContext(
-        store=store,
-        release=release,
-        channel=channel,
-        policy=chan,
-        policies_dir=Path(policies_dir),
-        actor=actor,
-        **extra,
-    )
-
-
-def check_overrides(chan: ChannelPolicy, channel: str, overrides: Mapping[str, str]) -> None:
-    """Refuse, before any gate runs, an override the rule does not allow (exit 9)."""
-    for gate, why in overrides.items():
-        if gate not in chan.gates:
-            raise ConfigError(
-                f"cannot override gate {gate!r}: channel {channel} requires only "
-                f"{', '.join(chan.gates) or 'no gates'}"
-            )
-        if not GATES[gate].overridable:
-            raise ConfigError(
-                f"gate {gate!r} cannot be overridden: fix what it reports instead",
-                hint="the renderable and separation_of_duties gates have no override",
-            )
-        if not why.strip():
-            raise ConfigError(f"overriding gate {gate!r} needs a reason")
-
-
-@dataclass(frozen=True)
-class Verdict:
-    """A gate report after the overrides: what the history entry records."""
-
-    gates: list[GateResult]
-    used: list[Override]
-    #: Overrides given for gates that passed anyway; not recorded.
-    unused: list[str]
-
-
-def apply_overrides(
-    chan: ChannelPolicy, report: GateReport, overrides: Mapping[str, str]
-) -> Verdict:
-    """The one override rule: every failed gate must be overridden (with a reason, and only
-    where the gate allows it), or the move is refused (GateFailed, exit 5) listing them all."""
-    check_overrides(chan, report.channel, overrides)
-    blocking = [r for r in report.failed if r.name not in overrides]
-    if blocking:
-        lines = "\n".join(f"  {r.name}: {r.reason}" for r in blocking)
-        fixable = [r.name for r in blocking if GATES[r.name].overridable]
-        how = (
-            "fix what each gate names, or override one with "
-            '`--override-gate NAME --reason "why"` (recorded in the channel history)'
-        )
-        raise GateFailed(
-            f"{report.tuple_id} cannot move onto {report.channel}: {len(blocking)} gate(s) "
-            f"failed:\n{lines}",
-            hint=how if fixable else "fix what each gate names (these gates have no override)",
-        )
-    failed = {r.name for r in report.failed}
-    return Verdict(
-        gates=[r.model_copy(update={"overridden": r.name in failed}) for r in report.results],
-        used=[Override(gate=g, reason=overrides[g]) for g in chan.gates if g in failed],
-        unused=sorted(set(overrides) - failed),
-    )
+    with judging(store, release, channel, policy, actor, now) as ctx:
+        return run_gates(ctx, policy)

@@ -3,8 +3,8 @@ in the store, by sha256 (``k3a review code``; ``releases/reviews.py``)."""
 
 from __future__ import annotations
 
+from k3artifacts.policy.results import GateResult
 from k3artifacts.promotion.gates.context import GateContext, summarize
-from k3artifacts.releases.channels import GateResult
 from k3artifacts.releases.reviews import read_review
 
 NAME = "remote_code"

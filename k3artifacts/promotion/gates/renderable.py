@@ -8,8 +8,8 @@ S3 location, the verifier image, a profile the target accepts).
 from __future__ import annotations
 
 from k3artifacts.errors import K3AError
+from k3artifacts.policy.results import GateResult
 from k3artifacts.promotion.gates.context import GateContext
-from k3artifacts.releases.channels import GateResult
 from k3artifacts.serving.render import render
 
 NAME = "renderable"

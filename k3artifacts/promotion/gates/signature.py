@@ -13,8 +13,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from k3artifacts.errors import K3AError
+from k3artifacts.policy.results import GateResult
 from k3artifacts.promotion.gates.context import GateContext
-from k3artifacts.releases.channels import GateResult
 from k3artifacts.releases.signatures import check_tuple_signature
 from k3artifacts.releases.tuples import ReleaseTuple
 from k3artifacts.signing.policy import load_trusted_keys

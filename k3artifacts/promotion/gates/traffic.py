@@ -4,9 +4,9 @@ measured with the policy's window and bounds as they are now."""
 
 from __future__ import annotations
 
+from k3artifacts.policy.results import GateResult
 from k3artifacts.promotion.gates.context import GateContext, summarize
 from k3artifacts.releases.analyses import list_analyses
-from k3artifacts.releases.channels import GateResult
 from k3artifacts.traffic.analysis import describe
 
 NAME = "traffic"

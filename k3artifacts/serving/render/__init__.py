@@ -33,7 +33,7 @@ from pathlib import Path
 import yaml
 
 from k3artifacts.errors import ConfigError
-from k3artifacts.releases.rollout_policy import TrafficPolicy
+from k3artifacts.policy.rollout import TrafficPolicy
 from k3artifacts.releases.tuples import ReleaseTuple
 from k3artifacts.serving.render.common import default_name, slug
 from k3artifacts.serving.render.eks import render_eks

@@ -96,10 +96,35 @@ def slug(text: str) -> str:
 
 
 def served_name(release: ReleaseTuple) -> str:
-    for arg in release.binding.serving.args:
+    args = release.binding.serving.args
+    for i, arg in enumerate(args):
         if arg.startswith("--served-model-name="):
             return arg.split("=", 1)[1]
+        if arg == "--served-model-name" and i + 1 < len(args):
+            return args[i + 1]
     return release.binding.serving.model_path
+
+
+def served_names(release: ReleaseTuple) -> list[str]:
+    """Every name the rendered server answers to: the profile's served model name (clients
+    keep using it across tuples) and the tuple id, which readiness asks for so that an endpoint
+    started from another tuple is told apart. vLLM lists each in ``/v1/models``."""
+    return [served_name(release), release.id]
+
+
+def serving_args(release: ReleaseTuple) -> list[str]:
+    """The tuple's vLLM args as rendered: its served model name joined by the tuple id."""
+    args, skipping = [], False
+    for arg in release.binding.serving.args:
+        if arg == "--served-model-name":  # the separate form takes values up to the next flag
+            skipping = True
+            continue
+        if skipping and not arg.startswith("-"):
+            continue
+        skipping = False
+        if not arg.startswith("--served-model-name="):
+            args.append(arg)
+    return [*args, "--served-model-name", *served_names(release)]
 
 
 def default_name(release: ReleaseTuple) -> str:

@@ -23,6 +23,7 @@ from k3artifacts.serving.render.common import (
     gpu_resources,
     labels,
     probes,
+    serving_args,
     slug,
     weights_volume,
 )
@@ -181,7 +182,7 @@ def _vllm_container(
         "name": "vllm",
         "image": b.image.reference,
         "command": VLLM_COMMAND,
-        "args": list(b.serving.args),
+        "args": serving_args(release),
         "env": env_list(release),
         "ports": [{"name": "http", "containerPort": b.serving.port}],
         "resources": gpu_resources(res),

@@ -27,6 +27,7 @@ from k3artifacts.serving.render.common import (
     gpu_resources,
     labels,
     probes,
+    serving_args,
     weights_volume,
 )
 
@@ -82,7 +83,7 @@ def render_hyperpod(release: ReleaseTuple, *, name: str, namespace: str | None) 
             "worker": {
                 "image": b.image.reference,
                 "command": VLLM_COMMAND,
-                "args": list(b.serving.args),
+                "args": serving_args(release),
                 "environmentVariables": env_list(release),
                 "modelInvocationPort": {"containerPort": b.serving.port, "name": "http"},
                 "modelVolumeMount": {"name": VOLUME, "mountPath": b.serving.model_path},

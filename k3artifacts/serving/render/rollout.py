@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from k3artifacts.errors import ConfigError
-from k3artifacts.releases.rollout_policy import TrafficPolicy
+from k3artifacts.policy.rollout import TrafficPolicy
 from k3artifacts.releases.tuples import ReleaseTuple
 from k3artifacts.serving.profiles import serving_resources
 from k3artifacts.serving.render.common import ANNOTATION, annotations, labels, weights_volume

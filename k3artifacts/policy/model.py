@@ -1,9 +1,10 @@
-"""Policy data kept in the repository (``policies/``), reviewed and committed like code.
+"""The gate policy's model: which gates a tuple must pass to move onto each channel, with each
+gate's settings, where a typed actor name is accepted, and what ``k3a gc`` keeps.
 
-``promotion-gates.yaml``: which gates a tuple must pass to move onto each channel, with each
-gate's settings, and where a typed actor name is accepted. Humans edit it, so every field is
-validated and a bad file is named in the error. (Reviews are records in the store, written by
-``k3a review``: ``releases/reviews.py``.)
+Its text is ``promotion-gates.yaml``; the copy that judges is the store's policy record
+(:mod:`k3artifacts.policy.record`), first seeded from the packaged ``policies/``. Humans edit
+it, so every field is validated here, gate names against the registry
+(:mod:`k3artifacts.policy.gates`), and a bad file is named in the error.
 """
 
 from __future__ import annotations
@@ -16,15 +17,12 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from k3artifacts.errors import ConfigError, plain_validation_errors
-from k3artifacts.releases.channels import CHANNEL_NAME
-from k3artifacts.releases.rollout_policy import InfrastructurePolicy, TrafficPolicy
+from k3artifacts.policy.gates import GATE_RULES
+from k3artifacts.policy.rollout import InfrastructurePolicy, TrafficPolicy
 
 GATES_FILE = "promotion-gates.yaml"
 
-#: Which names exist is the promotion gate registry's business (``promotion/gates``): this
-#: layer only checks the spelling, the registry refuses a name it does not know.
-GATE_NAME = r"^[a-z][a-z0-9_]{0,40}$"
-SHA256_HEX = r"^[0-9a-f]{64}$"
+CHANNEL_NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
 
 
 class _Strict(BaseModel):
@@ -114,9 +112,10 @@ class ChannelPolicy(_Strict):
 
     @model_validator(mode="after")
     def _evaluation_configured(self) -> ChannelPolicy:
-        for name in self.gates:
-            if not re.match(GATE_NAME, name):
-                raise ValueError(f"{name!r} is not a gate name")
+        unknown = [name for name in self.gates if name not in GATE_RULES]
+        if unknown:
+            raise ValueError(f"unknown gate(s) {', '.join(map(repr, unknown))} "
+                             f"(gates: {', '.join(GATE_RULES)})")
         if "evaluation" in self.gates and self.evaluation is None:
             raise ValueError("the evaluation gate needs `evaluation: {min_pass_rate: ...}`")
         if "renderable" in self.gates and not self.targets:
@@ -137,10 +136,11 @@ class ChannelPolicy(_Strict):
 
 
 class IdentityPolicy(_Strict):
-    """Where a typed name (``K3A_ACTOR``, ``--by``) may stand for who is acting.
+    """Where a typed name (``--by``) may stand for who is acting.
 
-    On S3 stores the actor is always the STS caller identity; on file stores it is the OS user
-    unless this allows a claimed name (a shared service account acting for people, say)."""
+    On S3 stores the actor is always the STS caller identity; on file stores it is the account
+    of the process's real uid unless this allows an asserted name (a shared service account
+    acting for people, say), which is then recorded as ``asserted``."""
 
     claimed_actor_on_file_stores: bool = False
 
@@ -166,7 +166,8 @@ def _load_yaml(path: Path) -> object:
     except FileNotFoundError:
         raise ConfigError(
             f"policy file {path} does not exist",
-            hint="pass --policies DIR (or set K3A_POLICIES) to the checkout's policies/ directory",
+            hint="name a directory holding promotion-gates.yaml (a copy of the packaged "
+            "policies/, edited)",
         ) from None
     try:
         return yaml.safe_load(text)

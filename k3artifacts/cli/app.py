@@ -1,0 +1,210 @@
+"""The ``k3a`` command group: which module defines each command, and the one place where a
+failing command becomes a message (or a ``--json`` document) and an exit code.
+
+A command's module is imported only when that command runs: ``k3a --help`` lists the short
+help kept in :data:`COMMANDS` and imports none of them, so it does not pay for the Hub
+client, boto3, openai or the renderers. ``tests/test_cli_manners.py`` checks that each entry's
+help is the command's own.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import sys
+from dataclasses import dataclass
+from typing import Any
+
+import click
+
+from k3artifacts import __version__
+from k3artifacts.errors import K3AError
+
+#: ``ctx.meta`` key set by ``--json`` (see :data:`k3artifacts.cli.common.json_option`).
+JSON_META = "k3a.json"
+#: ``ctx.meta`` key of the JSON document a command made (:func:`k3artifacts.cli.common.emit`).
+DOCUMENT_META = "k3a.document"
+_NONE = object()
+
+
+@dataclass(frozen=True)
+class Entry:
+    #: ``module:attribute`` under ``k3artifacts.cli``.
+    target: str
+    #: The command's short help, as ``k3a --help`` lists it; empty for a hidden alias.
+    help: str = ""
+    #: Where ``k3a --help`` lists it; None for an old spelling kept working but not listed.
+    section: str | None = None
+
+    def load(self) -> click.Command:
+        module, _, attr = self.target.partition(":")
+        return getattr(importlib.import_module(f"k3artifacts.cli.{module}"), attr)
+
+
+LIFECYCLE = "Release path"
+RELEASES = "Channels and promotion"
+OPERATIONS = "Stores, nodes and AWS"
+
+#: Every top-level command: verbs for the steps of the release path, singular nouns
+#: (``tuple``, ``channel``, ``revision``, ``cache``...) with verbs below them for the things
+#: the steps make. Old spellings stay as hidden aliases so scripts keep working.
+COMMANDS: dict[str, Entry] = {
+    "demo": Entry("demo:demo_cmd", "Stage a synthetic release from a local hub, end to end.",
+                  LIFECYCLE),
+    "stage": Entry("stage:stage_cmd", "Download, verify and publish a Hub revision.", LIFECYCLE),
+    "verify": Entry("verify:verify_cmd", "Re-hash a published revision or a local copy.",
+                    LIFECYCLE),
+    "sign": Entry("sign:sign_cmd", "Sign a published revision or a release tuple.", LIFECYCLE),
+    "tuple": Entry("tuples:tuple_group", "Release tuples: create, list, show, diff.", LIFECYCLE),
+    "render": Entry("tuples:render_cmd", "Render serving manifests from a tuple or a channel.",
+                    LIFECYCLE),
+    "pull": Entry("pull:pull_cmd", "Put a release's weights on this node's disk, verified.",
+                  LIFECYCLE),
+    "warm": Entry("warm:warm_group",
+                  "Warm-start caches of a tuple: capture, pull, use, list.", LIFECYCLE),
+    "smoke": Entry("readiness:smoke_cmd", "Check a running endpoint serves the tuple well.",
+                   LIFECYCLE),
+    "gates": Entry("channels:gates_cmd", "Dry run of the gates a channel requires for a tuple.",
+                   RELEASES),
+    "promote": Entry("channels:promote_cmd", "Move a channel to a tuple after its gates pass.",
+                     RELEASES),
+    "rollback": Entry("channels:rollback_cmd", "Point a channel back at a tuple it served before.",
+                      RELEASES),
+    "channel": Entry("channels:channel_group", "Channel pointers: list, history.", RELEASES),
+    "review": Entry("channels:review_group", "Record that you read a tuple's license or code.",
+                    RELEASES),
+    "eval": Entry("readiness:eval_group", "Evaluation runs of tuples against endpoints.",
+                  RELEASES),
+    "approve": Entry("channels:approve_cmd",
+                     "Answer an approval request under your own identity.", RELEASES),
+    "policy": Entry("policy:policy_group",
+                    "The store's gate policy: show, init, propose, apply, history.", RELEASES),
+    "traffic": Entry("traffic:traffic_group",
+                     "Canary analyses of a tuple's traffic steps (Prometheus).", RELEASES),
+    "preflight": Entry("preflight:preflight_cmd",
+                       "Infrastructure checks of a channel for a tuple, recorded.", RELEASES),
+    "scan": Entry("scan:scan_group", "The serving image's vulnerability scan, recorded.",
+                  RELEASES),
+    "revision": Entry("revisions:revision_group",
+                      "Published revisions in the store: list, gc.", OPERATIONS),
+    "cache": Entry("pull:cache_group", "The node cache: list, rm, gc, lease.", OPERATIONS),
+    "bootstrap": Entry("aws:bootstrap_cmd", "Apply the release bucket's settings (S3, IAM).",
+                       OPERATIONS),
+    "fsx": Entry("aws:fsx_group", "FSx for Lustre file systems linked to the bucket.",
+                 OPERATIONS),
+    "docker": Entry("docker:docker_group", "Inputs for the images in docker/.", OPERATIONS),
+    # Old spellings.
+    "tuples": Entry("tuples:tuple_group"),
+    "channels": Entry("channels:channel_group"),
+    "history": Entry("channels:history_cmd"),
+    "revisions": Entry("revisions:revision_list"),
+    "gc": Entry("gc:gc_cmd"),
+}
+
+
+class AliasGroup(click.Group):
+    """A group whose ``aliases`` (old spelling -> command name) work but are not listed."""
+
+    def __init__(self, *args: Any, aliases: dict[str, str] | None = None, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.aliases = aliases or {}
+
+    def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
+        return super().get_command(ctx, self.aliases.get(name, name))
+
+
+class K3AGroup(click.Group):
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return [name for name, entry in COMMANDS.items() if entry.section]
+
+    def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
+        entry = COMMANDS.get(name)
+        return entry.load() if entry else None
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        width = max(len(name) for name in self.list_commands(ctx))
+        for section in (LIFECYCLE, RELEASES, OPERATIONS):
+            rows = [(n.ljust(width), e.help) for n, e in COMMANDS.items() if e.section == section]
+            with formatter.section(section):
+                formatter.write_dl(rows)
+
+    def invoke(self, ctx: click.Context) -> Any:
+        raw_args = [*ctx._protected_args, *ctx.args]
+        try:
+            rv = super().invoke(ctx)
+        except K3AError as exc:
+            _fail(ctx, str(exc), exc.exit_code, exc.hint, as_json=_wants_json(ctx, raw_args))
+        except click.ClickException as exc:
+            # A usage error, or a malformed variable met computing a default: only --json
+            # changes how it looks; click prints it otherwise.
+            if not _wants_json(ctx, raw_args):
+                raise
+            where = getattr(exc, "ctx", None) or ctx
+            hint = getattr(exc, "hint", None) or f"see `{where.command_path} --help`"
+            _fail(ctx, exc.format_message(), exc.exit_code, hint, as_json=True)
+        document = ctx.meta.pop(DOCUMENT_META, _NONE)
+        if document is not _NONE:
+            print_document(document)
+        return rv
+
+
+def _wants_json(ctx: click.Context, raw_args: list[str]) -> bool:
+    if ctx.meta.get(JSON_META):
+        return True
+    # A usage error (or an error in an option's default) may stop parsing before --json's
+    # callback runs.
+    before_separator = raw_args[: raw_args.index("--")] if "--" in raw_args else raw_args
+    return "--json" in before_separator
+
+
+def print_document(payload: Any) -> None:
+    from k3artifacts.canonical import to_plain
+
+    click.echo(json.dumps(to_plain(payload), indent=2, sort_keys=True, default=str))
+
+
+def _fail(ctx: click.Context, message: str, exit_code: int, hint: str | None, *,
+          as_json: bool) -> None:
+    """One failure report: under --json one document on stdout (the command's own, if it made
+    one, with the error's keys added), always the message and the next step on stderr; then
+    the exit code."""
+    if as_json:
+        error = {"error": message, "exit_code": exit_code, "next": hint}
+        document = ctx.meta.pop(DOCUMENT_META, _NONE)
+        if document is _NONE:
+            print_document(error)
+        else:
+            from k3artifacts.canonical import to_plain
+
+            plain = to_plain(document)
+            print_document({**plain, **error} if isinstance(plain, dict)
+                           else {**error, "result": plain})
+    click.secho(f"error: {message}", fg="red", err=True)
+    if hint:
+        click.echo(f"next: {hint}", err=True)
+    sys.exit(exit_code)
+
+
+@click.group(
+    cls=K3AGroup,
+    context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},
+)
+@click.version_option(__version__, prog_name="k3a")
+def cli() -> None:
+    """Stage Kimi K3 (or any Hugging Face safetensors model) into a verified, pinned release.
+
+    \b
+    Typical path:
+      k3a demo                                   # try it all locally, no network needed
+      k3a stage moonshotai/Kimi-K3 --revision main --store s3://bucket/k3a
+      k3a verify moonshotai/Kimi-K3@<commit>     # on a node, before serving
+    Exit codes: 0 ok, 2 usage, 3 refused content, 4 verify mismatch, 5 gate failed,
+    6 lost a race, 7 not found (also: no store there), 8 upstream/storage unavailable,
+    9 bad configuration, 130 interrupted (re-run resumes).
+    """
+    # The library's log records (retries, mostly) reach stderr in every command; commands
+    # with --log-format set it again from the option.
+    from k3artifacts.reporting.logs import configure_logging
+    from k3artifacts.settings import load
+
+    configure_logging(load().log_format)

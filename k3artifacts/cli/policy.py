@@ -1,0 +1,137 @@
+"""``k3a policy show | init | propose | apply | history``: the store's policy and its changes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import click
+
+from k3artifacts.cli.common import emit, get_store, json_option, store_option
+
+if TYPE_CHECKING:
+    from k3artifacts.stores.base import Store
+
+policy_dir_arg = click.argument(
+    "policies_dir", metavar="DIR", type=click.Path(file_okay=False, exists=True, path_type=Path))
+
+
+def _me(store: Store):  # type: ignore[no-untyped-def]
+    # Policy moves are never asserted: a typed name cannot change what judges promotions.
+    from k3artifacts.policy.actor import resolve_actor
+    from k3artifacts.policy.record import in_force
+    return resolve_actor(store, typed=None, identity=in_force(store).document.gates.identity)
+
+
+@click.group("policy")
+def policy_group() -> None:
+    """The store's policy: which gates, duties and signatures each channel requires.
+
+    The copy in the store judges every promotion and rollback (a local directory never does);
+    each channel history entry records the digest of the version that judged it. Changing it
+    is its own recorded move: `propose DIR`, then `apply REQUEST`; a change that loosens a
+    channel needs `k3a approve REQUEST` by another identity first.
+    """
+
+
+@policy_group.command("show")
+@store_option
+@json_option
+def show_cmd(store_url: str, as_json: bool) -> None:
+    """The policy in force: version, digest, and its gate policy text."""
+    from k3artifacts.policy.record import in_force
+    policy = in_force(get_store(store_url))
+    out = {"version": policy.version, "digest": policy.digest,
+           "files": sorted(policy.document.files), "policy": policy.document.gates}
+    emit(as_json, out, lambda: click.echo(
+        f"policy {policy.label()}\nfiles: {', '.join(sorted(policy.document.files))}\n\n"
+        + policy.document.files["promotion-gates.yaml"]))
+
+
+@policy_group.command("init")
+@click.option("--from", "from_dir", type=click.Path(file_okay=False, exists=True, path_type=Path),
+              default=None, help="A policy directory (default: the packaged defaults).")
+@click.option("--why", default=None, help="Why (recorded).")
+@store_option
+@json_option
+def init_cmd(from_dir: Path | None, why: str | None, store_url: str, as_json: bool) -> None:
+    """Record the store's first policy (only while it has none). Without it, the first move
+    seeds the packaged defaults.
+
+    Exit codes: 0 recorded, 6 the store already has a policy (propose a change instead),
+    9 a malformed policy directory.
+    """
+    from k3artifacts.policy.document import PolicyDocument
+    from k3artifacts.policy.record import packaged_document, seed
+    store = get_store(store_url)
+    document = PolicyDocument.from_dir(from_dir) if from_dir else packaged_document()
+    policy = seed(store, document, by=_me(store), why=why)
+    emit(as_json, {"version": policy.version, "digest": policy.digest},
+         lambda: click.echo(f"recorded: policy {policy.label()} in {store.url}"))
+
+
+@policy_group.command("propose")
+@policy_dir_arg
+@click.option("--why", default=None, help="Why this change (recorded).")
+@store_option
+@json_option
+def propose_cmd(policies_dir: Path, why: str | None, store_url: str, as_json: bool) -> None:
+    """Propose DIR's policy files as the store's next policy version: stores the document (by
+    digest) and an approval request naming what it loosens. Changes nothing in force.
+
+    Exit codes: 0 proposed, 9 a malformed policy directory or no change.
+    """
+    from k3artifacts.policy.document import PolicyDocument
+    from k3artifacts.policy.record import propose
+    store = get_store(store_url)
+    request, current = propose(store, PolicyDocument.from_dir(policies_dir), by=_me(store),
+                               why=why)
+
+    def human() -> None:
+        click.echo(f"proposed: {request.subject()} to replace {current.label()}: {request.id}")
+        for need in request.needs:
+            click.echo(f"  loosens: {need}")
+        if request.needs:
+            click.echo(f"next: another identity runs `k3a approve {request.id}`, then "
+                       f"`k3a policy apply {request.id}`")
+        else:
+            click.echo(f"next: `k3a policy apply {request.id}` (it only tightens or keeps)")
+
+    emit(as_json, request, human)
+
+
+@policy_group.command("apply")
+@click.argument("request_id", metavar="REQUEST")
+@store_option
+@json_option
+def apply_cmd(request_id: str, store_url: str, as_json: bool) -> None:
+    """Put a proposed policy in force, judged by the policy it replaces: a change that loosens
+    a channel needs an approval by an identity other than the proposer's.
+
+    Exit codes: 0 applied, 5 approval missing, rejected or by the proposer, 6 the policy
+    changed since the proposal, 7 no such request.
+    """
+    from k3artifacts.policy.record import apply
+    store = get_store(store_url)
+    policy = apply(store, request_id, by=_me(store))
+    emit(as_json, {"version": policy.version, "digest": policy.digest},
+         lambda: click.echo(f"in force: policy {policy.label()}"))
+
+
+@policy_group.command("history")
+@store_option
+@json_option
+def history_cmd(store_url: str, as_json: bool) -> None:
+    """Every version of the store's policy: who seeded or changed it, who approved, what it
+    loosened."""
+    from k3artifacts.policy.record import changes
+    recorded = changes(get_store(store_url))
+
+    def human() -> None:
+        for c in recorded:
+            approved = f", approved by {c.approved_by.label()}" if c.approved_by else ""
+            loosened = f"; loosens: {'; '.join(c.loosens)}" if c.loosens else ""
+            click.echo(f"v{c.version} {c.digest[:12]} {c.at:%Y-%m-%d %H:%M} {c.action} by "
+                       f"{c.by.label()}{approved}{loosened}")
+
+    emit(as_json, [c.model_dump(mode="json") for c in recorded], human)

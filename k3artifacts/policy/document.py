@@ -1,0 +1,113 @@
+"""The policy as one document: the files that judge a promotion, canonical and digested.
+
+A policy directory (the packaged ``policies/``, or one a release engineer edits to propose a
+change) holds ``promotion-gates.yaml``, ``signing/trusted-keys.yaml`` with the public keys it
+names, and the evaluation suites the channels name. The document carries exactly those files'
+text, so its sha256 (of canonical JSON) names everything the gates read, and a loose file
+beside them can change nothing. The gates that read files (a suite's sha256, the trusted keys)
+read the document's copies, written out for the judgement (:meth:`PolicyDocument.written_to`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from functools import cached_property
+from pathlib import Path, PurePosixPath
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
+
+from k3artifacts.canonical import canonical_json
+from k3artifacts.errors import ConfigError, plain_validation_errors
+from k3artifacts.policy.model import GATES_FILE, GatePolicy, load_gate_policy
+from k3artifacts.signing.policy import SIGNING_DIR, TRUSTED_KEYS_FILE, SigningPolicy
+
+SIGNING_FILE = f"{SIGNING_DIR}/{TRUSTED_KEYS_FILE}"
+
+
+def _safe(rel: str) -> str:
+    path = PurePosixPath(rel)
+    if path.is_absolute() or ".." in path.parts or not path.parts:
+        raise ConfigError(f"policy file {rel!r} is outside the policy directory")
+    return str(path)
+
+
+class PolicyDocument(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    schema_version: Literal[1] = 1
+    #: Relative path -> text, for every file the gates read.
+    files: dict[str, str]
+
+    @model_validator(mode="after")
+    def _parses(self) -> PolicyDocument:
+        for rel in self.files:
+            _safe(rel)
+        if GATES_FILE not in self.files:
+            raise ValueError(f"the policy has no {GATES_FILE}")
+        try:
+            gates = GatePolicy.model_validate(yaml.safe_load(self.files[GATES_FILE]) or {})
+        except (yaml.YAMLError, ValidationError) as exc:
+            raise ValueError(f"{GATES_FILE}: {exc}") from None
+        for name, chan in gates.channels.items():
+            suite = chan.evaluation and chan.evaluation.suite_file
+            if suite and suite not in self.files:
+                raise ValueError(f"channel {name} names suite {suite}, not in the policy")
+        return self
+
+    @cached_property
+    def gates(self) -> GatePolicy:
+        return GatePolicy.model_validate(yaml.safe_load(self.files[GATES_FILE]) or {})
+
+    @cached_property
+    def digest(self) -> str:
+        return hashlib.sha256(canonical_json(self)).hexdigest()
+
+    @classmethod
+    def from_dir(cls, policies_dir: Path) -> PolicyDocument:
+        """The document of a policy directory: its gate policy, the suites it names and its
+        signing policy with the keys that names. Any other file there is not policy."""
+        root = Path(policies_dir)
+        gates = load_gate_policy(root)
+        wanted = [GATES_FILE]
+        wanted += sorted({c.evaluation.suite_file for c in gates.channels.values()
+                          if c.evaluation and c.evaluation.suite_file})
+        if (root / SIGNING_FILE).is_file():
+            wanted.append(SIGNING_FILE)
+            try:
+                signing = SigningPolicy.model_validate(
+                    yaml.safe_load((root / SIGNING_FILE).read_text(encoding="utf-8")))
+            except (yaml.YAMLError, ValidationError) as exc:
+                raise ConfigError(f"{root / SIGNING_FILE}: {exc}") from None
+            wanted += [f"{SIGNING_DIR}/{_safe(rel)}" for rel in signing.keys.values()]
+        files = {}
+        for rel in wanted:
+            try:
+                files[_safe(rel)] = (root / rel).read_text(encoding="utf-8")
+            except (FileNotFoundError, UnicodeDecodeError) as exc:
+                raise ConfigError(f"policy file {root / rel}: {exc}",
+                                  hint="the gate policy names it; add it or fix the name") from None
+        return cls.parse_files(files, where=str(root))
+
+    @classmethod
+    def parse_files(cls, files: dict[str, str], *, where: str) -> PolicyDocument:
+        try:
+            return cls(files=files)
+        except ValidationError as exc:
+            raise ConfigError(f"policy in {where} is malformed: {plain_validation_errors(exc)}"
+                              ) from None
+
+    @contextmanager
+    def written_to(self) -> Iterator[Path]:
+        """The document as a policy directory, for the length of one judgement."""
+        with tempfile.TemporaryDirectory(prefix="k3a-policy-") as tmp:
+            root = Path(tmp)
+            for rel, text in self.files.items():
+                path = root / rel
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.write_text(text, encoding="utf-8")
+            yield root

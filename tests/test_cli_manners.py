@@ -1,0 +1,238 @@
+"""How ``k3a`` behaves as a program, run as a user runs it (``python -m k3artifacts``):
+what it imports to start, Ctrl-C at any moment, a reader that closes the pipe, --json
+failures, and the command names (old spellings kept as hidden aliases)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+
+import click
+import pytest
+
+from k3artifacts.cli.app import COMMANDS, cli
+from tests.staging_helpers import REPO, small_release
+
+#: What `k3a --help` and any command's --help must not pay for: the Hub client, the AWS SDK,
+#: the OpenAI client (2.3 s of imports alone on the 2-core machine) and Prefect.
+HEAVY = ("openai", "boto3", "botocore", "huggingface_hub", "prefect")
+
+
+def run(cmd, env, *args, **kwargs):
+    options = {"capture_output": True, "text": True, "timeout": 300, **kwargs}
+    return subprocess.run([*cmd, *args], env=env, check=False, **options)
+
+
+def imported(cmd, env, *args) -> set[str]:
+    """Top-level package names a real ``k3a ARGS`` process imported (``-X importtime``)."""
+    python, *rest = cmd
+    proc = run([python, "-X", "importtime", *rest], env, *args)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return {line.rsplit("|", 1)[1].strip().split(".")[0]
+            for line in proc.stderr.splitlines() if line.startswith("import time:")}
+
+
+# ---- start: import only what the command runs ------------------------------------------------
+
+
+def test_help_lists_every_command_and_imports_none_of_them(k3a_cmd, k3a_env):
+    proc = run(k3a_cmd, k3a_env, "--help")
+    assert proc.returncode == 0, proc.stderr
+    listed = {line.split()[0] for line in proc.stdout.splitlines() if line.startswith("  ")
+              and line.split()[0] in COMMANDS}
+    assert listed == {name for name, entry in COMMANDS.items() if entry.section}
+    assert "Usage: k3a " in proc.stdout
+
+    modules = imported(k3a_cmd, k3a_env, "--help")
+    assert "click" in modules and "k3artifacts" in modules
+    assert not modules & {*HEAVY, "pydantic", "rich", "yaml"}
+
+
+@pytest.mark.parametrize("name", [n for n, e in COMMANDS.items() if e.section])
+def test_a_commands_help_imports_no_sdk(k3a_cmd, k3a_env, name):
+    assert not imported(k3a_cmd, k3a_env, name, "--help") & set(HEAVY)
+
+
+def test_every_entry_is_a_command_and_old_spellings_are_the_same_commands():
+    loaded = {name: entry.load() for name, entry in COMMANDS.items()}
+    assert all(isinstance(c, click.Command) for c in loaded.values())
+    ctx = click.Context(cli)
+    assert loaded["tuples"] is loaded["tuple"]
+    assert loaded["channels"] is loaded["channel"]
+    assert loaded["history"] is loaded["channel"].get_command(ctx, "history")
+    assert loaded["revisions"] is loaded["revision"].get_command(ctx, "list")
+    assert loaded["gc"] is loaded["revision"].get_command(ctx, "gc")
+    cache = loaded["cache"]
+    assert cache.get_command(ctx, "ls") is cache.get_command(ctx, "list")
+    assert "ls" not in cache.list_commands(ctx)
+
+
+# ---- regular nouns, old spellings still working ------------------------------------------------
+
+
+def test_old_spellings_answer_as_the_new_ones(k3a_cmd, k3a_env, tmp_path):
+    (tmp_path / "store").mkdir()
+    store = ("--store", f"file://{tmp_path / 'store'}")
+    cache = ("--root", str(tmp_path / "cache"))
+    pairs = [
+        (("tuple", "list", *store), ("tuples", "list", *store)),
+        (("channel", "list", *store), ("channels", "list", *store)),
+        (("revision", "list", REPO, *store), ("revisions", REPO, *store)),
+        (("cache", "list", *cache), ("cache", "ls", *cache)),
+        (("revision", "gc", "--keep", "1", *store), ("gc", "--keep", "1", *store)),
+    ]
+    for new, old in pairs:
+        a, b = run(k3a_cmd, k3a_env, *new, "--json"), run(k3a_cmd, k3a_env, *old, "--json")
+        assert a.returncode == b.returncode == 0, (new, a.stderr, b.stderr)
+        assert json.loads(a.stdout) == json.loads(b.stdout), (new, old)
+    new = run(k3a_cmd, k3a_env, "channel", "history", "production", *store)
+    old = run(k3a_cmd, k3a_env, "history", "production", *store)
+    assert new.returncode == old.returncode == 7 and new.stderr == old.stderr
+
+
+# ---- --json failures ---------------------------------------------------------------------------
+
+
+def test_json_failure_is_one_document_on_stdout(k3a_cmd, k3a_env, tmp_path):
+    missing = f"file://{tmp_path / 'nowhere'}"
+    proc = run(k3a_cmd, k3a_env, "revision", "list", REPO, "--store", missing, "--json")
+    assert proc.returncode == 7
+    doc = json.loads(proc.stdout)
+    assert doc["exit_code"] == 7 and "no store at" in doc["error"] and "K3A_STORE" in doc["next"]
+    assert "error: no store at" in proc.stderr, "people still read stderr"
+
+    plain = run(k3a_cmd, k3a_env, "revision", "list", REPO, "--store", missing)
+    assert plain.returncode == 7 and plain.stdout == ""
+
+    usage = run(k3a_cmd, k3a_env, "verify", "--json", "--no-such-flag")
+    assert usage.returncode == 2
+    doc = json.loads(usage.stdout)
+    assert doc["exit_code"] == 2 and "--no-such-flag" in doc["error"]
+    assert "k3a verify --help" in doc["next"]
+
+
+def test_json_failure_after_a_report_merges_into_it(k3a_cmd, k3a_env, local_hub, tmp_path):
+    """verify --json that finds a bad file: its report, with the error's keys, one document."""
+    commit = local_hub.hub.add_commit(REPO, small_release(tmp_path))
+    store = f"file://{tmp_path / 'store'}"
+    staged = run(k3a_cmd, k3a_env, "stage", REPO, "--endpoint", local_hub.endpoint,
+                 "--store", store, "-q")
+    assert staged.returncode == 0, staged.stderr
+    (published,) = (tmp_path / "store").rglob("model-00001-of-00002.safetensors")
+    published.chmod(0o644)
+    with open(published, "r+b") as fh:
+        first = fh.read(1)
+        fh.seek(0)
+        fh.write(bytes([first[0] ^ 0xFF]))
+    proc = run(k3a_cmd, k3a_env, "verify", f"{REPO}@{commit}", "--store", store, "--json", "-q")
+    assert proc.returncode == 4, proc.stderr
+    doc = json.loads(proc.stdout)
+    assert doc["exit_code"] == 4 and doc["error"] and "next" in doc
+    assert set(doc) - {"error", "exit_code", "next"}, "the verify report is still there"
+
+
+# ---- Ctrl-C ------------------------------------------------------------------------------------
+
+
+def reached(line: str, marker: str) -> bool:
+    """``marker`` is a module whose import just finished (an ``-X importtime`` line), or a
+    line the process printed (a fault point it waits at)."""
+    if line.startswith("import time:"):
+        return line.rsplit("|", 1)[1].strip() == marker
+    return line.startswith(marker)
+
+
+def interrupt_when(cmd, env, args, marker: str) -> subprocess.CompletedProcess:
+    """Start ``k3a ARGS`` with ``-X importtime``, send SIGINT at ``marker``, return the
+    result (stderr: every line the process wrote)."""
+    python, *rest = cmd
+    proc = subprocess.Popen([python, "-X", "importtime", *rest, *args], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    seen = []
+    try:
+        for line in proc.stderr:
+            seen.append(line)
+            if reached(line, marker):
+                proc.send_signal(signal.SIGINT)
+                break
+        out, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert any(reached(line, marker) for line in seen), "".join(seen)[-3000:]
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, "".join(seen) + err)
+
+
+@pytest.mark.parametrize("marker", [
+    "click",  # importing the command group
+    "k3artifacts.cli.common",  # importing the command's module
+    "k3artifacts.staging.engine",  # the command started: importing what it runs
+    "k3a: paused at downloaded",  # at work: a file downloaded, before its checks
+])
+def test_ctrl_c_at_any_moment_exits_130_quietly(k3a_cmd, k3a_env, local_hub, tmp_path, marker):
+    local_hub.hub.add_commit(REPO, small_release(tmp_path))
+    env = dict(k3a_env, K3A_FAULT_PAUSE="downloaded:60")
+    args = ["stage", REPO, "--endpoint", local_hub.endpoint,
+            "--store", f"file://{tmp_path / 'store'}", "-q"]
+    proc = interrupt_when(k3a_cmd, env, args, marker)
+    assert proc.returncode == 130, proc.stderr[-3000:]
+    assert "error: interrupted (Ctrl-C)" in proc.stderr
+    assert "re-run the same command" in proc.stderr.split("error: interrupted")[1]
+    assert "Traceback" not in proc.stderr and "Aborted" not in proc.stderr
+    assert not list((tmp_path / "store").rglob("manifest.json")), "nothing was published"
+
+
+def test_ctrl_c_right_after_start(k3a_cmd, k3a_env, tmp_path):
+    """Before Python has installed any handler the signal ends the process (the shell shows
+    130); from k3a's first statement on, k3a exits 130 itself. Never a traceback or 1."""
+    proc = subprocess.Popen([*k3a_cmd, "revision", "list", REPO, "--store",
+                             f"file://{tmp_path}"], env=k3a_env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode in (130, -signal.SIGINT), err
+    assert "Aborted" not in err
+
+
+# ---- a reader that stops reading ---------------------------------------------------------------
+
+
+def test_closed_stdout_ends_quietly_after_the_work(k3a_cmd, k3a_env, local_hub, tmp_path):
+    """`k3a stage ... | head -0`: the reader is gone before the summary; the revision is still
+    published and the exit is 0, with no traceback."""
+    commit = local_hub.hub.add_commit(REPO, small_release(tmp_path))
+    store = f"file://{tmp_path / 'store'}"
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        proc = run(k3a_cmd, k3a_env, "stage", REPO, "--endpoint", local_hub.endpoint,
+                   "--store", store, "-q", stdout=write_end, capture_output=False,
+                   stderr=subprocess.PIPE)
+    finally:
+        os.close(write_end)
+    assert proc.returncode == 0, proc.stderr
+    assert "Traceback" not in proc.stderr and "Broken pipe" not in proc.stderr
+    assert "Exception ignored" not in proc.stderr
+    listed = run(k3a_cmd, k3a_env, "revision", "list", REPO, "--store", store, "--json")
+    assert [r["commit"] for r in json.loads(listed.stdout)] == [commit]
+
+
+def test_closed_stdout_and_stderr_still_finish_the_work(k3a_cmd, k3a_env, local_hub, tmp_path):
+    """`k3a stage ... 2>&1 | head -0`, progress lines included: the same exit, the same
+    published revision."""
+    commit = local_hub.hub.add_commit(REPO, small_release(tmp_path))
+    store = f"file://{tmp_path / 'store'}"
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        proc = run(k3a_cmd, k3a_env, "stage", REPO, "--endpoint", local_hub.endpoint,
+                   "--store", store, "--log-format", "json", "--progress-interval", "0.05",
+                   stdout=write_end, stderr=write_end, capture_output=False)
+    finally:
+        os.close(write_end)
+    assert proc.returncode == 0
+    listed = run(k3a_cmd, k3a_env, "revision", "list", REPO, "--store", store, "--json")
+    assert [r["commit"] for r in json.loads(listed.stdout)] == [commit]

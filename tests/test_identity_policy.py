@@ -1,0 +1,279 @@
+"""Who acts and what judges: identity nobody can type, the store's policy, its recorded
+changes, and channel pointers that must match their history.
+
+Two identities on a file store: this process's account and a throwaway OS user
+(tests/fixtures/identities.py) running the real `k3a` under its own uid.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pwd
+import re
+import subprocess
+
+import pytest
+from click.testing import CliRunner
+
+from k3artifacts.canonical import canonical_json
+from k3artifacts.cli import cli
+from k3artifacts.errors import GateFailed
+from k3artifacts.policy.document import PolicyDocument
+from k3artifacts.policy.record import changes, in_force
+from k3artifacts.releases.channels import ChannelPointer, current, history, pointer_key
+from k3artifacts.releases.reviews import review_code, review_license
+from k3artifacts.stores.file import FileStore
+from tests.fixtures.identities import k3a_as
+from tests.fixtures.moves import promote, use_policy
+from tests.fixtures.releases import REVIEWER, passing_run, staged_for
+from tests.support.releases import Releases
+
+ME = pwd.getpwuid(os.getuid()).pw_name
+CODE = {"modeling_kimi.py": b"def forward(x):\n    return x\n"}
+
+
+def k3a(env, *args, expect=0):
+    result = CliRunner().invoke(cli, list(args), env=env, catch_exceptions=False)
+    assert result.exit_code == expect, (result.exit_code, result.stdout, result.stderr)
+    return result
+
+
+def loose_dir(policies, tmp_path):
+    """A copy of the policy with production's gates emptied, as a promoter could write."""
+    loose = tmp_path / "loose"
+    subprocess.run(["cp", "-r", str(policies), str(loose)], check=True)
+    gates = loose / "promotion-gates.yaml"
+    text = gates.read_text()
+    start = text.index("  production:\n    gates: [")
+    end = text.index("]", start) + 1
+    gates.write_text(text[:start] + "  production:\n    gates: []" + text[end:])
+    return loose
+
+
+def test_logname_and_user_do_not_make_the_reviewer_someone_else(
+    file_store, policies, k3a_env, k3a_cmd, tmp_path
+):
+    """`LOGNAME=alice USER=alice` (and K3A_ACTOR) name nobody: the reviews and the promoter are
+    both the account of the real uid, so separation of duties still refuses."""
+    store = file_store
+    use_policy(store, policies)
+    release = Releases(store, tmp_path / "scratch").release(code=CODE)
+    me_env = dict(k3a_env, K3A_STORE=store.url)
+    posing = dict(me_env, LOGNAME="alice", USER="alice", K3A_ACTOR="alice")
+    subprocess.run([*k3a_cmd, "review", "license", release.id], env=me_env, check=True,
+                   capture_output=True)
+    subprocess.run([*k3a_cmd, "review", "code", release.id], env=me_env, check=True,
+                   capture_output=True)
+    passing_run(store, release)
+    staged_for(store, release, policies)
+
+    gates = subprocess.run([*k3a_cmd, "gates", release.id, "production", "--json"], env=posing,
+                           capture_output=True, text=True, check=False)
+    assert gates.returncode == 5, gates.stderr
+    duties = next(r for r in json.loads(gates.stdout)["results"]
+                  if r["name"] == "separation_of_duties")
+    assert not duties["passed"] and f"{ME} reviewed the license and code" in duties["reason"]
+    assert "alice" not in gates.stdout
+
+    promoted = subprocess.run([*k3a_cmd, "promote", release.id, "production"], env=posing,
+                              capture_output=True, text=True, check=False)
+    assert promoted.returncode == 5 and "separation_of_duties" in promoted.stderr
+    assert [e.channel for e in history(store, "staging")] == ["staging"]
+    with pytest.raises(Exception, match="never been promoted"):
+        history(store, "production")
+
+
+@pytest.fixture(params=["file", pytest.param("seaweed", marks=pytest.mark.s3)])
+def judged_store(request, tmp_path, k3a_env):
+    """A store and the environment of a `k3a` acting on it: a file tree, or SeaweedFS (whose
+    identities are asked of moto's STS, as of AWS's beside real S3)."""
+    if request.param == "file":
+        store = FileStore(tmp_path / "store")
+        return store, dict(k3a_env, K3A_STORE=store.url)
+    # moto first: it fakes AWS credentials for the session, which the SeaweedFS fixture's
+    # monkeypatch would otherwise undo at teardown.
+    sts = request.getfixturevalue("moto_endpoint")
+    store = request.getfixturevalue("seaweed_store")
+    request.getfixturevalue("monkeypatch").delenv("AWS_SESSION_TOKEN", raising=False)
+    env = dict(k3a_env, **request.getfixturevalue("seaweed").env, K3A_STS_ENDPOINT_URL=sts,
+               K3A_STORE=store.url)
+    env.pop("AWS_SESSION_TOKEN", None)
+    return store, env
+
+
+def test_a_loose_policies_directory_cannot_move_production(judged_store, policies, tmp_path):
+    store, env = judged_store
+    use_policy(store, policies)
+    in_store = in_force(store)
+    release = Releases(store, tmp_path / "scratch").release()
+    review_license(store, release.id, by=REVIEWER, by_source="os-user")
+    review_code(store, release.id, by=REVIEWER, by_source="os-user")
+    staged_for(store, release, policies, hours=48)
+    loose = loose_dir(policies, tmp_path)
+
+    flag = k3a(env, "promote", release.id, "production", "--policies", str(loose), expect=9)
+    assert "judged by the store's policy" in flag.stderr and "k3a policy propose" in flag.stderr
+    # The old way of pointing at a policy directory is not read at all.
+    k3a(dict(env, K3A_POLICIES=str(loose)), "promote", release.id, "production", expect=5)
+    k3a(env, "gates", release.id, "production", "--policies", str(loose), expect=9)
+
+    # Proposing it is allowed; applying it alone is not: it removes production's gates.
+    proposed = json.loads(k3a(env, "policy", "propose", str(loose), "--json").stdout)
+    assert any("removes gate(s)" in n and "production" in n for n in proposed["needs"])
+    alone = k3a(env, "policy", "apply", proposed["id"], expect=5)
+    assert "k3a approve" in alone.stderr
+    own = k3a(env, "approve", proposed["id"], expect=5)
+    assert "cannot approve it" in own.stderr
+    assert in_force(store).digest == in_store.digest
+    with pytest.raises(Exception, match="never been promoted"):
+        current(store, "production")
+
+
+def test_a_policy_change_is_recorded_with_identity_and_digest(
+    shared_store, second_user, policies, k3a_env, tmp_path
+):
+    store = shared_store
+    env = dict(k3a_env, K3A_STORE=store.url)
+    seeded = json.loads(k3a(env, "policy", "init", "--from", str(policies), "--json").stdout)
+    assert seeded == {"version": 1, "digest": PolicyDocument.from_dir(policies).digest}
+    k3a(env, "policy", "init", expect=6)  # seeded once; after that, changes are proposed
+
+    # Tightening: the proposer applies it alone.
+    stricter = tmp_path / "stricter"
+    subprocess.run(["cp", "-r", str(policies), str(stricter)], check=True)
+    gates = stricter / "promotion-gates.yaml"
+    gates.write_text(gates.read_text().replace(
+        "    gates: [artifact, license, remote_code]\n",
+        "    gates: [artifact, license, remote_code, signature]\n", 1))
+    tighter = json.loads(k3a(env, "policy", "propose", str(stricter), "--json").stdout)
+    assert tighter["needs"] == [] and tighter["requested_by"] == {
+        "name": ME, "source": "os-user", "account": None}
+    k3a(env, "policy", "apply", tighter["id"])
+
+    # Loosening: a second identity approves, under its own uid, with the real command.
+    loose = loose_dir(stricter, tmp_path)
+    request = json.loads(k3a(env, "policy", "propose", str(loose), "--why", "drill",
+                             "--json").stdout)
+    shown = k3a_as(second_user, store, "approve", request["id"], "--show", env=k3a_env)
+    assert "removes gate(s)" in shown.stdout and ME in shown.stdout
+    k3a_as(second_user, store, "approve", request["id"], "--reason", "drill only", env=k3a_env)
+    applied = json.loads(k3a(env, "policy", "apply", request["id"], "--json").stdout)
+    assert applied == {"version": 3, "digest": PolicyDocument.from_dir(loose).digest}
+
+    recorded = changes(store)
+    assert [(c.version, c.action, c.by.name, c.by.source) for c in recorded] == [
+        (1, "seed", ME, "os-user"), (2, "change", ME, "os-user"), (3, "change", ME, "os-user")]
+    assert recorded[1].approved_by is None and recorded[1].loosens == []
+    third = recorded[2]
+    assert (third.approved_by.name, third.approved_by.source) == (second_user, "os-user")
+    assert third.previous_digest == recorded[1].digest and third.request_id == request["id"]
+    assert any("production" in n for n in third.loosens) and third.why == "drill"
+    listed = k3a(env, "policy", "history").stdout
+    assert f"approved by {second_user}" in listed and "v3" in listed
+
+    # Moves name the version that judged them.
+    release = Releases(store, tmp_path / "scratch").release()
+    k3a(env, "review", "license", release.id)
+    k3a(env, "review", "code", release.id)
+    gated = k3a(env, "gates", release.id, "staging").stdout
+    assert re.search(r"signature\s+pass", gated)  # the gate v2 added is still there
+    assert f"policy: version 3 ({applied['digest'][:12]})" in gated
+    moved = json.loads(k3a(env, "promote", release.id, "staging", "--json").stdout)["entry"]
+    assert (moved["policy_version"], moved["policy_digest"]) == (3, applied["digest"])
+    assert (moved["who"], moved["who_source"]) == (ME, "os-user")
+    rendered = CliRunner().invoke(cli, ["render", "staging", "--target", "eks", "--json"],
+                                  env=env, catch_exceptions=False)
+    assert f"judged by policy v3 {applied['digest'][:12]}" in rendered.stderr, rendered.stderr
+    assert rendered.exit_code == 0, rendered.stderr
+    assert json.loads(rendered.stdout)["channel"]["policy_digest"] == applied["digest"]
+
+
+def _hand_edited(store, releases, policies, reviewed):
+    first, second = releases.release(), releases.release()
+    for r in (first, second):
+        reviewed(r)
+        promote(store, r.id, "staging", actor="ci", policies_dir=policies)
+    # Someone points staging back at the first tuple by hand, keeping the file well-formed.
+    pointer = current(store, "staging")
+    entry = pointer.entry.model_copy(update={"tuple_id": first.id})
+    edited = ChannelPointer.for_entry(entry)
+    path = store.local_path(pointer_key("staging"))
+    path.chmod(0o644)
+    path.write_bytes(canonical_json(edited))
+    return first, second
+
+
+def test_a_hand_edited_pointer_is_refused_by_every_reader(
+    file_store, policies, k3a_env, tmp_path
+):
+    store = file_store
+    releases = Releases(store, tmp_path / "scratch")
+    from k3artifacts.releases.reviews import review_code, review_license
+    from tests.fixtures.releases import REVIEWER
+
+    def reviewed(r):
+        review_license(store, r.id, by=REVIEWER, by_source="os-user")
+        review_code(store, r.id, by=REVIEWER, by_source="os-user")
+
+    first, second = _hand_edited(store, releases, policies, reviewed)
+    env = dict(k3a_env, K3A_STORE=store.url)
+    for args in (["render", "staging", "--target", "eks"],
+                 ["pull", "staging", "--to", str(tmp_path / "cache")],
+                 ["gates", first.id, "staging"],
+                 ["history", "staging"],
+                 ["promote", second.id, "staging"],
+                 ["rollback", "staging"]):
+        refused = k3a(env, *args, expect=4)
+        assert "edited by hand" in refused.stderr and "k3a history staging" in refused.stderr, args
+        assert "Traceback" not in refused.stderr
+    assert not (tmp_path / "cache" / "models").exists()
+
+
+def test_the_override_hint_offers_only_gates_that_have_one(file_store, policies, tmp_path):
+    store = file_store
+    release = Releases(store, tmp_path / "scratch").release(code=CODE)
+    review_code(store, release.id, by="ci", by_source="os-user")  # the promoter's own review
+    gates = policies / "promotion-gates.yaml"
+    gates.write_text(gates.read_text().replace(
+        "    gates: [artifact, license, remote_code]\n",
+        "    gates: [artifact, license, remote_code, separation_of_duties]\n"
+        "    duties: {not_reviewer_of: [code]}\n", 1))
+    with pytest.raises(GateFailed) as failed:
+        promote(store, release.id, "staging", actor="ci", policies_dir=policies)
+    assert "license" in str(failed.value) and "separation_of_duties" in str(failed.value)
+    hint = failed.value.hint
+    assert "override license with" in hint
+    assert "separation_of_duties cannot be overridden" in hint
+
+
+def test_k3a_rollback_needs_the_approval_the_store_policy_asks_for(
+    shared_store, second_user, policies, k3a_env, tmp_path
+):
+    """`rollback_approval` binds `k3a rollback` as it binds the flow: refused without an
+    approval record, moved with one a second identity gave."""
+    store = shared_store
+    gates = policies / "promotion-gates.yaml"
+    gates.write_text(gates.read_text().replace(
+        "    gates: [artifact, license, remote_code]\n",
+        "    gates: [artifact, license, remote_code]\n    rollback_approval: true\n", 1))
+    releases = Releases(store, tmp_path / "scratch")
+    first, second = releases.release(), releases.release()
+    for r in (first, second):
+        review_license(store, r.id, by=REVIEWER, by_source="os-user")
+        review_code(store, r.id, by=REVIEWER, by_source="os-user")
+        promote(store, r.id, "staging", actor="ci", policies_dir=policies)
+    env = dict(k3a_env, K3A_STORE=store.url)
+
+    refused = k3a(env, "rollback", "staging", expect=5)
+    assert "requires an approval" in refused.stderr and "--request-approval" in refused.stderr
+    request = json.loads(k3a(env, "rollback", "staging", "--request-approval", "--why", "p99",
+                             "--json").stdout)
+    assert (request["channel"], request["tuple_id"]) == ("staging", first.id)
+    k3a(env, "rollback", "staging", "--approval", request["id"], expect=5)  # not answered yet
+    k3a_as(second_user, store, "approve", request["id"], env=k3a_env)
+    back = k3a(env, "rollback", "staging", "--to", first.id, "--approval", request["id"])
+    assert f"approved by {second_user}" in back.stdout
+    entry = history(store, "staging")[-1]
+    assert (entry.action, entry.tuple_id, entry.who) == ("rollback", first.id, ME)
+    assert (entry.approval.who, entry.approval.request_id) == (second_user, request["id"])

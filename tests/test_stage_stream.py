@@ -1,0 +1,166 @@
+"""Staging to S3 sends a shard while it downloads (issue 22): parts leave as they land in
+quarantine, each byte is read back once, and the upload is completed only when the CRCs of the
+parts sent combine to the CRC of the bytes verified. Against SeaweedFS on loopback; objects are
+read back with boto3 and checked by their bytes."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+from awscrt import checksums
+
+from k3artifacts.revisions.manifest import FileRecord
+from k3artifacts.stores.s3 import STREAM_LAG, MiB, S3Store, TransferTuning
+from k3artifacts.stores.verify import verify_revision
+from tests.faults.faultkit import SHARD1, run_k3a, start_k3a, wait_for
+from tests.staging_helpers import REPO, run_stage, small_release
+
+pytestmark = pytest.mark.slow
+
+#: Shards of 13 MiB with 5 MiB parts: two whole parts go out before the download ends.
+SHARD_BYTES = 13 * MiB
+
+
+def _crc(data: bytes) -> str:
+    return base64.b64encode(checksums.crc64nvme(data).to_bytes(8, "big")).decode()
+
+
+@pytest.fixture
+def store(seaweed, seaweed_bucket, monkeypatch):
+    for name, value in seaweed.env.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.delenv("AWS_SESSION_TOKEN", raising=False)
+    return S3Store.from_url(
+        f"s3://{seaweed_bucket}/k3a", endpoint_url=seaweed.endpoint,
+        tuning=TransferTuning(multipart_threshold=5 * MiB, min_part_size=5 * MiB,
+                              stream_part_size=5 * MiB, max_concurrency=2))
+
+
+def _bytes(files, path: str) -> bytes:
+    value = files[path]
+    return value.read_bytes() if isinstance(value, Path) else value
+
+
+def test_shards_stream_to_s3_once_and_read_back_whole(local_hub, store, tmp_path):
+    files = small_release(tmp_path, shard_bytes=SHARD_BYTES)
+    commit = local_hub.hub.add_commit(REPO, files)
+    result = run_stage(local_hub.endpoint, store, tmp_path / "q")
+    assert result.commit == commit
+    total = sum(len(_bytes(files, p)) for p in files)
+    # Every byte crossed to S3 once: no second upload of a shard after it was verified.
+    assert store.counters.bytes_uploaded == total
+    for path in files:
+        want = _bytes(files, path)
+        got = store.client.get_object(Bucket=store.bucket, Key=store.key(
+            f"models/{REPO}/{commit}/{path}"), ChecksumMode="ENABLED")
+        assert got["Body"].read() == want, path
+        if path.endswith(".safetensors"):
+            assert got["ChecksumCRC64NVME"] == _crc(want)
+            assert got["ChecksumType"] == "FULL_OBJECT"
+    assert verify_revision(store=store, repo_id=REPO, commit=commit, full=True).ok
+
+
+def test_parts_read_before_the_bytes_were_right_are_not_completed(store, tmp_path):
+    """Parts whose bytes are not the verified ones (read too early, or a download that started
+    over) never become an object: the CRCs of the parts sent do not combine to the CRC of the
+    bytes verified. Here the file held zeros while it was sent and the good bytes were verified
+    elsewhere."""
+    good = os.urandom(11 * MiB)
+    local = tmp_path / "shard"
+    local.write_bytes(b"\0" * len(good))
+    record = FileRecord(path="w.safetensors", size=len(good), kind="weights",
+                        sha256=hashlib.sha256(good).hexdigest(), xxh3_128="0" * 32)
+    writer = store.begin_revision(REPO, "a" * 40)
+    upload = writer.begin_put(record.path, record.size, record.sha256, local)
+    upload.written(record.size + STREAM_LAG)  # both whole parts go out, zeros
+    assert upload.finish(record, {"crc64nvme": _crc(good)}, local) is None
+    key = store.key(f"models/{REPO}/{'a' * 40}/{record.path}")
+    assert store.client.list_multipart_uploads(Bucket=store.bucket).get("Uploads", []) == []
+    assert "Contents" not in store.client.list_objects_v2(Bucket=store.bucket, Prefix=key)
+    # The caller's fallback: the verified file, whole.
+    local.write_bytes(good)
+    receipt = writer.put_file(record, local, checksums={"crc64nvme": _crc(good)})
+    assert receipt.checksum_crc64nvme == _crc(good)
+    assert store.client.get_object(Bucket=store.bucket, Key=key)["Body"].read() == good
+
+
+def test_killed_with_parts_sent_then_rerun_completes(local_hub, seaweed, seaweed_bucket,
+                                                    tmp_path, k3a_env, k3a_cmd,
+                                                     monkeypatch):
+    """Killed after parts of a shard reached S3 (before the shard was verified): nothing is
+    published, and the re-run aborts the stale upload, resumes and publishes the right bytes."""
+    files = small_release(tmp_path, shard_bytes=SHARD_BYTES)
+    commit = local_hub.hub.add_commit(REPO, files)
+    env = dict(k3a_env, **seaweed.env,
+               K3A_S3_PART_SIZE="5MiB")
+    env.pop("AWS_SESSION_TOKEN", None)
+    url = f"s3://{seaweed_bucket}/k3a"
+    args = ["stage", REPO, "--endpoint", local_hub.endpoint, "--store", url,
+            "--quarantine", str(tmp_path / "q"), "--retries", "3", "-q"]
+    for name, value in seaweed.env.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.delenv("AWS_SESSION_TOKEN", raising=False)
+    store = S3Store.from_url(url, endpoint_url=seaweed.endpoint)
+    client = store.client
+
+    def parts_sent() -> int:
+        uploads = client.list_multipart_uploads(Bucket=seaweed_bucket).get("Uploads", [])
+        return sum(len(client.list_parts(Bucket=seaweed_bucket, Key=u["Key"],
+                                         UploadId=u["UploadId"]).get("Parts", []))
+                   for u in uploads if u["Key"].endswith(SHARD1))
+
+    running = start_k3a(k3a_cmd, env, *args,
+                        K3A_FAULT_PAUSE=f"downloaded@{SHARD1}:60")
+    running.wait_line("paused at downloaded")
+    # Sent while the shard downloaded: the parts are in S3 before it was even checked.
+    wait_for(parts_sent, "parts of the shard in S3 before its verification", proc=running.proc)
+    running.kill9()
+    assert store.list_revisions(REPO) == []
+
+    done = run_k3a(k3a_cmd, env, *args)
+    assert done.returncode == 0, done.stderr
+    assert client.list_multipart_uploads(Bucket=seaweed_bucket).get("Uploads", []) == []
+    key = store.key(f"models/{REPO}/{commit}/{SHARD1}")
+    assert client.get_object(Bucket=seaweed_bucket, Key=key)["Body"].read() == _bytes(
+        files, SHARD1)
+    assert verify_revision(store=store, repo_id=REPO, commit=commit, full=True).ok
+
+
+def _stage_peak_rss(k3a_cmd, env, args, log: Path) -> int:
+    """Peak RSS of one ``k3a stage`` process (its own, from wait4)."""
+    with open(log, "wb") as err:
+        proc = subprocess.Popen([*k3a_cmd, *args], env=env, stdin=subprocess.DEVNULL,
+                                stdout=subprocess.DEVNULL, stderr=err)
+        _, status, usage = os.wait4(proc.pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0, log.read_text()[-3000:]
+    return usage.ru_maxrss * 1024
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "measured on main and on this branch alike, file store and S3 alike: 48 MiB shards peak "
+    "~93 MB above 6 MiB shards while tracemalloc's peak is 31 MB for both; with "
+    "MALLOC_MMAP_THRESHOLD_=131072 in the environment the peaks are equal, so glibc keeps "
+    "freed 1-16 MiB buffers in its heaps (mallopt at run start did not help). Open: issue 22"))
+def test_peak_memory_does_not_follow_the_shard_size(local_hub, seaweed, seaweed_bucket,
+                                                    tmp_path, k3a_env, k3a_cmd):
+    """Shards 8x bigger, same peak RSS (loosely): parts in flight are bounded buffers and the
+    download streams through one, so a shard is never held in memory."""
+    env = dict(k3a_env, **seaweed.env, K3A_S3_PART_SIZE="5MiB", K3A_S3_CONCURRENCY="2")
+    env.pop("AWS_SESSION_TOKEN", None)
+    url = f"s3://{seaweed_bucket}/k3a"
+    peaks = {}
+    for shard_bytes, seed in ((6 * MiB, 1), (48 * MiB, 2)):
+        local_hub.hub.add_commit(REPO, small_release(tmp_path, shard_bytes=shard_bytes,
+                                                     seed=seed))
+        peaks[shard_bytes] = _stage_peak_rss(k3a_cmd, env, [
+            "stage", REPO, "--endpoint", local_hub.endpoint, "--store", url,
+            "--quarantine", str(tmp_path / f"q{seed}"), "-q"], tmp_path / f"stage{seed}.log")
+    small, big = peaks[6 * MiB], peaks[48 * MiB]
+    # Holding one 48 MiB shard (two are in flight) would add at least that much.
+    assert big - small < 48 * MiB, peaks
+    assert big <= small * 1.25, peaks
