@@ -87,8 +87,8 @@ def _k3a(bench: Bench, *args: str) -> dict:
     return json.loads(out.stdout)
 
 
-def _signing(bench: Bench) -> tuple[Path, Path]:
-    """A signing key and a policies directory that trusts it and requires signatures on
+def _signing(bench: Bench, store) -> Path:
+    """A signing key, and the store's policy trusting it and requiring signatures on
     production (as the shipped policy does): the figure runs the whole trust path."""
     import shutil
 
@@ -104,14 +104,20 @@ def _signing(bench: Bench) -> tuple[Path, Path]:
                                           serialization.PrivateFormat.PKCS8,
                                           serialization.NoEncryption()))
     policies = where / "policies"
+    shutil.copytree(POLICIES, policies)
+    shutil.rmtree(policies / "signing")
     (policies / "signing" / "keys").mkdir(parents=True)
-    shutil.copy(POLICIES / "promotion-gates.yaml", policies)
     (policies / "signing" / "keys" / "bench.pub.pem").write_bytes(private.public_key().public_bytes(
         serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo))
     (policies / "signing" / "trusted-keys.yaml").write_text(
         "schema_version: 1\nkeys: {bench: keys/bench.pub.pem}\n"
         "channels: {production: {required: true}}\n")
-    return key, policies
+    from k3artifacts.policy.actor import Actor
+    from k3artifacts.policy.document import PolicyDocument
+    from k3artifacts.policy.record import seed
+
+    seed(store, PolicyDocument.from_dir(policies), by=Actor(name="bench", source="os-user"))
+    return key
 
 
 def warm_start(bench: Bench, opts: Options, shared: dict) -> list[Row]:
@@ -131,7 +137,7 @@ def warm_start(bench: Bench, opts: Options, shared: dict) -> list[Row]:
     store = FileStore(bench.fresh("warm-store"))
     release = Releases(store, bench.fresh("warm-scratch")).release()
     bench.env["K3A_STORE"] = store.url
-    key, policies = _signing(bench)
+    key = _signing(bench, store)
     cold_dir = bench.fresh("warm-cold")
     bench.log(f"warm: cold compile on {gpu}")
     cold = _compile(bench, device, cold_dir)
@@ -144,7 +150,7 @@ def warm_start(bench: Bench, opts: Options, shared: dict) -> list[Row]:
     node, into = bench.fresh("warm-node"), bench.fresh("warm-into")
     started = time.perf_counter()
     used = _k3a(bench, "warm", "use", release.id, "--gpu", gpu, "--to", str(node),
-                "--into", str(into), "--policies", str(policies))
+                "--into", str(into))
     use_s = time.perf_counter() - started
     if not used["ok"]:
         raise RuntimeError(f"warm use missed: {used['reason']}: {used['detail']}")
@@ -158,7 +164,7 @@ def warm_start(bench: Bench, opts: Options, shared: dict) -> list[Row]:
     blob.write_bytes(b"\0" * victim["size"])
     node2, into2 = bench.fresh("warm-node2"), bench.fresh("warm-into2")
     missed = _k3a(bench, "warm", "use", release.id, "--gpu", gpu, "--to", str(node2),
-                  "--into", str(into2), "--policies", str(policies))
+                  "--into", str(into2))
     corrupt = _compile(bench, device, into2)
     ratio = warm / cold
     return [
