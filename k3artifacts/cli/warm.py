@@ -14,17 +14,13 @@ from k3artifacts.cli.common import (
     signing_key_option,
     store_option,
 )
-from k3artifacts.errors import K3AError
-from k3artifacts.nodecache.layout import default_root
-from k3artifacts.policy.actor import store_identity
-from k3artifacts.releases.channels import CHANNEL_NAME
-from k3artifacts.releases.lookup import resolve_tuple
-from k3artifacts.releases.tuples import TUPLE_ID
-from k3artifacts.signing.keys import load_signer
-from k3artifacts.warm import prewarm
-from k3artifacts.warm.capture import AlreadyCaptured, capture, parse_roots
-from k3artifacts.warm.model import CACHE_ROOTS, detect_gpu, tuple_layout
-from k3artifacts.warm.node import list_warm
+
+
+def _default_root() -> Path:
+    from k3artifacts.nodecache.layout import default_root
+
+    return default_root()
+
 
 gpu_option = click.option(
     "--gpu", default=None,
@@ -39,11 +35,14 @@ channel_option = click.option(
     "TARGET when it is a channel]")
 root_option = click.option(
     "--to", "--root", "root", type=click.Path(file_okay=False, path_type=Path),
-    default=from_settings(default_root), show_default="$K3A_NODE_CACHE",
+    default=from_settings(_default_root), show_default="$K3A_NODE_CACHE",
     help="Node cache root; warm artifacts land under ROOT/warm/<tuple>/<gpu>/<layout>/.")
 
 
 def _channel(target: str, channel: str | None) -> str | None:
+    from k3artifacts.releases.channels import CHANNEL_NAME
+    from k3artifacts.releases.tuples import TUPLE_ID
+
     if channel is None and not TUPLE_ID.match(target) and CHANNEL_NAME.match(target):
         return target
     return channel
@@ -52,7 +51,9 @@ def _channel(target: str, channel: str | None) -> str | None:
 WARM_HELP = (
     "Warm-start artifacts: a tuple's compile and autotune caches, captured once on the first "
     "node that served it, verified and brought to every node with the weights.\n\n"
-    "Caches carried: " + ", ".join(f"{n} ({v})" for n, v in CACHE_ROOTS.items()) + ". "
+    "Caches carried: vllm (VLLM_CACHE_ROOT), triton (TRITON_CACHE_DIR), inductor "
+    "(TORCHINDUCTOR_CACHE_DIR), flashinfer (FLASHINFER_WORKSPACE_BASE), deepgemm "
+    "(DG_JIT_CACHE_DIR). "
     "docs/guides/warm-start.md says what an artifact holds and why it is safe to run."
 )
 
@@ -85,6 +86,12 @@ def capture_cmd(target, dirs, gpu, tp, store_url, signing_key, if_absent, as_jso
     Exit codes: 0 captured, 2 usage, 6 already captured (first one stands), 7 unknown
     tuple, 8 store unreachable, 9 unsafe cache entry or bad key.
     """
+    from k3artifacts.policy.actor import store_identity
+    from k3artifacts.releases.lookup import resolve_tuple
+    from k3artifacts.signing.keys import load_signer
+    from k3artifacts.warm.capture import AlreadyCaptured, capture, parse_roots
+    from k3artifacts.warm.model import detect_gpu, tuple_layout
+
     store = get_store(store_url)
     release = resolve_tuple(store, target)
     roots = parse_roots(list(dirs))
@@ -131,6 +138,10 @@ def pull_cmd(target, gpu, tp, channel, store_url, root, as_json):
     the channel requires signatures, a corrupted blob) is a named miss: logged, exit 0,
     nothing kept.
     """
+    from k3artifacts.releases.lookup import resolve_tuple
+    from k3artifacts.warm import prewarm
+    from k3artifacts.warm.model import detect_gpu
+
     store = get_store(store_url)
     release = resolve_tuple(store, target)
     gpu = gpu or detect_gpu()
@@ -160,6 +171,11 @@ def use_cmd(target, into, no_pull, gpu, tp, channel, store_url, root, as_json):
     named reason and exits 0: a warm start never fails a pod. The variables the server needs
     (VLLM_CACHE_ROOT, TRITON_CACHE_DIR, ...) point at --into/NAME either way.
     """
+    from k3artifacts.errors import K3AError
+    from k3artifacts.releases.lookup import resolve_tuple
+    from k3artifacts.warm import prewarm
+    from k3artifacts.warm.model import detect_gpu
+
     gpu = gpu or detect_gpu()
     try:
         store = get_store(store_url)
@@ -185,6 +201,8 @@ def use_cmd(target, into, no_pull, gpu, tp, channel, store_url, root, as_json):
 @json_option
 def ls_cmd(root, as_json):
     """Warm artifacts in the node cache (also listed by `k3a cache ls`)."""
+    from k3artifacts.warm.node import list_warm
+
     found = list_warm(root)
     emit(as_json, [c.__dict__ for c in found], lambda: [
         click.echo(f"{c.tuple_id}  {c.gpu}  {c.layout}  {c.files} files  {c.bytes:,} bytes  "
