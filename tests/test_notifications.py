@@ -309,7 +309,7 @@ def test_channel_flows_emit_their_events_and_the_readme_automation_posts_them(
         promoted, rolled = got[events.PROMOTED], got[events.ROLLED_BACK]
         assert promoted.resource.id == rolled.resource.id == channel
         assert related(promoted, "tuple") == [events.tuple_resource_id(second.id)]
-        # The flow acts as its process's own identity on the store; the typed "ci" is only shown.
+        # The mover is the flow's own identity (its process's account), not the typed requester.
         assert (promoted.payload["previous_tuple_id"], promoted.payload["who"]) == (
             first.id, os_account())
         assert (rolled.payload["previous_tuple_id"], rolled.payload["why"]) == (
