@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import click
 
@@ -15,9 +14,6 @@ from k3artifacts.cli.common import (
     store_option,
 )
 from k3artifacts.errors import ConfigError, GateFailed
-
-if TYPE_CHECKING:
-    pass
 
 
 @click.command("preflight")

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING
 
 import click
 
@@ -14,9 +13,6 @@ from k3artifacts.cli.common import (
     store_option,
 )
 from k3artifacts.errors import ConfigError, GateFailed
-
-if TYPE_CHECKING:
-    pass
 
 
 @click.group("traffic")
