@@ -11,12 +11,13 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
-from k3artifacts.canonical import canonical_digest, canonical_json
-from k3artifacts.errors import AlreadyExists, ConfigError
+from k3artifacts.canonical import canonical_digest
+from k3artifacts.errors import ConfigError
 from k3artifacts.policy.rollout import TrafficThresholds
 from k3artifacts.releases.channels import check_channel
+from k3artifacts.releases.records import create_once, read_records
 from k3artifacts.releases.tuples import TupleStore, check_tuple_id
 from k3artifacts.stores.base import Store
 
@@ -82,27 +83,13 @@ def record_analysis(
     key = f"{_prefix(analysis.tuple_id, analysis.channel, analysis.step)}{sha}.json"
     record = AnalysisRecord(analysis_sha256=sha, recorded_by=by,
                             recorded_at=now or datetime.now(UTC), analysis=analysis)
-    try:
-        store.create(key, canonical_json(record))
-    except AlreadyExists:
-        found = store.read(key)
-        if found is None:
-            raise
-        return AnalysisRecord.model_validate_json(found.data), False
-    return record, True
+    return create_once(store, key, record)
 
 
 def list_analyses(store: Store, tuple_id: str, channel: str) -> list[AnalysisRecord]:
     """Every recorded analysis of ``tuple_id`` on ``channel``, oldest window first."""
     records = []
-    for key in store.list_keys(_prefix(tuple_id, channel)):
-        found = store.read(key)
-        if found is None:
-            continue
-        try:
-            record = AnalysisRecord.model_validate_json(found.data)
-        except ValidationError as exc:
-            raise ConfigError(f"{key} is malformed: {exc.errors()[0]['msg']}") from None
+    for key, record in read_records(store, _prefix(tuple_id, channel), AnalysisRecord):
         a = record.analysis
         sha = canonical_digest(a.model_dump(mode="json"))
         if (sha != record.analysis_sha256 or a.tuple_id != tuple_id or a.channel != channel

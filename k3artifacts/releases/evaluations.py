@@ -21,8 +21,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from k3artifacts.canonical import canonical_digest, canonical_json
-from k3artifacts.errors import AlreadyExists, ConfigError, plain_validation_errors
+from k3artifacts.canonical import canonical_digest
+from k3artifacts.errors import ConfigError, plain_validation_errors
+from k3artifacts.releases.records import create_once, read_records
 from k3artifacts.releases.tuples import TupleStore, check_tuple_id
 from k3artifacts.stores.base import Store
 
@@ -259,27 +260,13 @@ def _create(
         report=report,
         origin=origin,
     )
-    try:
-        store.create(key, canonical_json(record))
-    except AlreadyExists:
-        found = store.read(key)
-        if found is None:
-            raise
-        return EvaluationRecord.model_validate_json(found.data), False
-    return record, True
+    return create_once(store, key, record)
 
 
 def list_evaluations(store: Store, tuple_id: str) -> list[EvaluationRecord]:
     """Reports attached to ``tuple_id``, oldest first."""
     records = []
-    for key in store.list_keys(evaluations_prefix(tuple_id)):
-        found = store.read(key)
-        if found is None:
-            continue
-        try:
-            record = EvaluationRecord.model_validate_json(found.data)
-        except ValidationError as exc:
-            raise ConfigError(f"{key} is malformed: {exc.errors()[0]['msg']}") from None
+    for key, record in read_records(store, evaluations_prefix(tuple_id), EvaluationRecord):
         sha = canonical_digest(record.report)
         if (
             record.tuple_id != tuple_id

@@ -7,11 +7,12 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict
 
-from k3artifacts.canonical import canonical_digest, canonical_json
-from k3artifacts.errors import AlreadyExists, ConfigError
+from k3artifacts.canonical import canonical_digest
+from k3artifacts.errors import ConfigError
 from k3artifacts.releases.channels import check_channel
+from k3artifacts.releases.records import create_once, read_records
 from k3artifacts.releases.tuples import TupleStore, check_tuple_id
 from k3artifacts.stores.base import Store
 
@@ -41,27 +42,13 @@ def record_preflight(store: Store, tuple_id: str, channel: str, report: dict[str
     key = f"{_prefix(tuple_id, channel)}{sha}.json"
     record = PreflightRecord(tuple_id=tuple_id, channel=channel, report_sha256=sha,
                              recorded_by=by, recorded_at=now or datetime.now(UTC), report=report)
-    try:
-        store.create(key, canonical_json(record))
-    except AlreadyExists:
-        found = store.read(key)
-        if found is None:
-            raise
-        return PreflightRecord.model_validate_json(found.data), False
-    return record, True
+    return create_once(store, key, record)
 
 
 def list_preflights(store: Store, tuple_id: str, channel: str) -> list[PreflightRecord]:
     """Recorded preflights of ``tuple_id`` for ``channel``, oldest first."""
     records = []
-    for key in store.list_keys(_prefix(tuple_id, channel)):
-        found = store.read(key)
-        if found is None:
-            continue
-        try:
-            record = PreflightRecord.model_validate_json(found.data)
-        except ValidationError as exc:
-            raise ConfigError(f"{key} is malformed: {exc.errors()[0]['msg']}") from None
+    for key, record in read_records(store, _prefix(tuple_id, channel), PreflightRecord):
         sha = canonical_digest(record.report)
         if (sha != record.report_sha256 or record.tuple_id != tuple_id
                 or record.channel != channel or not key.endswith(f"/{sha}.json")):

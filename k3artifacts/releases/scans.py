@@ -13,10 +13,11 @@ from datetime import UTC, datetime
 from typing import Any, Literal
 
 from botocore.exceptions import ClientError
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict
 
-from k3artifacts.canonical import canonical_digest, canonical_json
-from k3artifacts.errors import AlreadyExists, ConfigError, NotFound
+from k3artifacts.canonical import canonical_digest
+from k3artifacts.errors import ConfigError, NotFound
+from k3artifacts.releases.records import create_once, read_records
 from k3artifacts.releases.tuples import ReleaseTuple, TupleStore, check_tuple_id
 from k3artifacts.stores.awsclients import aws_errors, error_code
 from k3artifacts.stores.base import Store
@@ -136,26 +137,13 @@ def record_scan(store: Store, scan: ImageScan, *, by: str,
     key = f"{SCANS_PREFIX}{check_tuple_id(scan.tuple_id)}/{sha}.json"
     record = ScanRecord(scan_sha256=sha, recorded_by=by, recorded_at=now or datetime.now(UTC),
                         scan=scan)
-    try:
-        store.create(key, canonical_json(record))
-    except AlreadyExists:
-        found = store.read(key)
-        if found is None:
-            raise
-        return ScanRecord.model_validate_json(found.data), False
-    return record, True
+    return create_once(store, key, record)
 
 
 def list_scans(store: Store, tuple_id: str) -> list[ScanRecord]:
     records = []
-    for key in store.list_keys(f"{SCANS_PREFIX}{check_tuple_id(tuple_id)}/"):
-        found = store.read(key)
-        if found is None:
-            continue
-        try:
-            record = ScanRecord.model_validate_json(found.data)
-        except ValidationError as exc:
-            raise ConfigError(f"{key} is malformed: {exc.errors()[0]['msg']}") from None
+    prefix = f"{SCANS_PREFIX}{check_tuple_id(tuple_id)}/"
+    for key, record in read_records(store, prefix, ScanRecord):
         sha = canonical_digest(record.scan.model_dump(mode="json"))
         if (sha != record.scan_sha256 or record.scan.tuple_id != tuple_id
                 or not key.endswith(f"/{sha}.json")):
