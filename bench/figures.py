@@ -12,6 +12,7 @@ from .cli_start import cli_start
 from .env import MB, Bench, Row, cache_note, force_rmtree
 from .pull import pull
 from .staging import REPO, Options, published_release, stage_child
+from .warm_start import warm_start
 
 TINY_REPO = "bench/many-small-files"
 
@@ -403,4 +404,5 @@ FIGURES = {
     "pull": pull,  # 11
     "headline": _headline,  # issue 22
     "cli-start": cli_start,  # 12
+    "warm": warm_start,  # 13
 }

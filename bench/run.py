@@ -83,6 +83,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="fresh processes timed per command in the cli-start figure (median)")
     p.add_argument("--workers", type=int, default=default_workers(),
                    help="concurrent files (default: k3a stage's, one per core from 2 to 8)")
+    p.add_argument("--device", choices=["cuda", "cpu"], default="cuda",
+                   help="warm-start figure: compile on the GPU (max-autotune, Triton) or, to "
+                   "exercise the script without one, on the CPU (inductor C++ codegen)")
     p.add_argument("--only", action="append", choices=sorted(FIGURES),
                    help="run only this figure (repeatable)")
     p.add_argument("--cold", action="store_true",
@@ -102,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
                    tiny_files=args.tiny_files, s3_size=args.s3_size,
                    workers=args.workers, real_s3_size=args.real_s3_size,
                    incr_size=args.incr_size, pull_size=args.pull_size,
-                   nodes=args.nodes, start_runs=args.start_runs)
+                   nodes=args.nodes, start_runs=args.start_runs, device=args.device)
     names = args.only or list(FIGURES)
     rows: list[Row] = []
     shared: dict = {}

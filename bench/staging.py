@@ -27,6 +27,8 @@ class Options:
     start_runs: int
     #: Node caches each revision is pulled onto (the headline figure).
     nodes: int = 2
+    #: Where the warm-start figure compiles: cuda (inductor + Triton) or cpu (C++ codegen).
+    device: str = "cuda"
 
 
 def stage_child(bench: Bench, endpoint: str, store_url: str, repo_id: str = REPO,

@@ -27,12 +27,12 @@ def test_eks_node_cache_pulls_verifies_then_serves_the_local_copy(published_revi
     docs = render(release, "eks-node-cache").documents
     validate_k8s(docs)
     kinds = [d["kind"] for d in docs]
-    expected = ["Deployment", "Service", "PodDisruptionBudget"]
+    expected = ["Deployment", "Service", "PodDisruptionBudget", "Job"]
     assert kinds == (expected if where != "fsx"
                      else ["PersistentVolume", "PersistentVolumeClaim", *expected])
     pod = docs[kinds.index("Deployment")]["spec"]["template"]["spec"]
     w = release.binding.weights
-    pull, verify = pod["initContainers"]
+    pull, verify, _warm = pod["initContainers"]
     assert pull["image"] == verify["image"] == VERIFIER
     store = {"s3": "s3://k3a-releases/prod", "host": "file:///k3a-store",
              "fsx": "file:///k3a-store"}[where]
@@ -63,7 +63,8 @@ def test_multi_node_pods_each_pull_to_their_own_node(published_revision):
     (lws,) = [d for d in docs if d["kind"] == "LeaderWorkerSet"]
     for key in ("leaderTemplate", "workerTemplate"):
         spec = lws["spec"]["leaderWorkerTemplate"][key]["spec"]
-        assert [c["name"] for c in spec["initContainers"]] == ["pull-weights", "verify-weights"]
+        assert [c["name"] for c in spec["initContainers"]] == ["pull-weights", "verify-weights",
+                                                               "warm-start"]
         assert spec["containers"][0]["command"][:2] == ["flock", "-s"]
 
 
@@ -76,7 +77,8 @@ def test_prewarm_is_a_daemonset_on_the_profiles_gpu_nodes(published_revision, wh
     assert ds["kind"] == "DaemonSet" and ds["metadata"]["name"].endswith("-prewarm")
     pod = ds["spec"]["template"]["spec"]
     assert pod["nodeSelector"]["node.kubernetes.io/instance-type"] == "p6-b300.48xlarge"
-    assert [c["name"] for c in pod["initContainers"]] == ["pull-weights", "verify-weights"]
+    assert [c["name"] for c in pod["initContainers"]] == ["pull-weights", "verify-weights",
+                                                          "pull-warm"]
     w = release.binding.weights
     assert pod["containers"][0]["command"][:4] == ["k3a", "cache", "lease",
                                                    f"{w.repo_id}@{w.commit}"]

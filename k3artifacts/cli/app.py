@@ -60,6 +60,8 @@ COMMANDS: dict[str, Entry] = {
                     LIFECYCLE),
     "pull": Entry("pull:pull_cmd", "Put a release's weights on this node's disk, verified.",
                   LIFECYCLE),
+    "warm": Entry("warm:warm_group",
+                  "Warm-start caches of a tuple: capture, pull, use, list.", LIFECYCLE),
     "smoke": Entry("readiness:smoke_cmd", "Check a running endpoint serves the tuple well.",
                    LIFECYCLE),
     "gates": Entry("channels:gates_cmd", "Dry run of the gates a channel requires for a tuple.",

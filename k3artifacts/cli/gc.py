@@ -42,6 +42,7 @@ def gc_cmd(apply_: bool, keep: int | None, keep_days: float | None, store_url: s
     from k3artifacts.policy.actor import resolve_actor
     from k3artifacts.policy.record import in_force
     from k3artifacts.releases.retention import plan, retire
+    from k3artifacts.warm.retention import retire_warm
     store = get_store(store_url)
     policy = in_force(store).document.gates
     verdicts = plan(
@@ -53,7 +54,8 @@ def gc_cmd(apply_: bool, keep: int | None, keep_days: float | None, store_url: s
     if apply_:
         who = resolve_actor(store, typed=None, identity=policy.identity).name
         verdicts = [
-            retire(store, v, policy, who=who) if v.action == "retire" else v for v in verdicts
+            retire(store, v, policy, who=who, also=retire_warm) if v.action == "retire" else v
+            for v in verdicts
         ]
     emit(as_json, [v.model_dump(mode="json") for v in verdicts],
          lambda: _print(verdicts, apply_))

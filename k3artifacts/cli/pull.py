@@ -63,12 +63,19 @@ root_option = click.option(
 @click.option("--verify", is_flag=True,
               help="Re-read every file of a copy already here (xxh3-128) instead of holding "
               "each to the size, mtime and inode recorded when it was verified.")
+@click.option("--gpu", default=None,
+              help="Also bring the tuple's warm-start artifact for this GPU model (as "
+              "nvidia-smi names it)  [default: detected with nvidia-smi; none: no warm start]")
+@click.option("--no-warm", is_flag=True, help="Weights only: no warm-start artifact.")
+@click.option("--channel", default=None,
+              help="Channel whose policy governs the warm start  [default: TARGET when it is "
+              "a channel]")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar or log lines.")
 @progress_options
 @json_option
 @resumable
-def pull_cmd(target, store_url, root, part_size, concurrency, connections, keep, verify, quiet,
-             progress_interval, log_format, as_json):
+def pull_cmd(target, store_url, root, part_size, concurrency, connections, keep, verify, gpu,
+             no_warm, channel, quiet, progress_interval, log_format, as_json):
     """Put a release's weights on this node's disk, verified as the bytes arrive.
 
     TARGET is a tuple id, a channel (its current tuple) or org/name@<commit>. The manifest
@@ -78,6 +85,9 @@ def pull_cmd(target, store_url, root, part_size, concurrency, connections, keep,
     (same sha256) are hard-linked, not fetched. Pulling a revision already here checks each
     file against the size, mtime and inode recorded when it was verified (--verify: re-reads
     it) and fetches a changed one again. Nothing under the root is reached through a link.
+    For a tuple or channel, the tuple's warm-start artifact for this node's GPU follows
+    (verified, held to the channel's policy; any reason not to is a named miss on stderr,
+    never a failure: `k3a warm --help`).
 
     Exit codes: 0 done, 4 a file (named) does not match the manifest, 7 unknown tuple or
     revision, 8 store unreachable, or not enough space / the disk filled (re-run: parts on
@@ -90,7 +100,8 @@ def pull_cmd(target, store_url, root, part_size, concurrency, connections, keep,
     from k3artifacts.reporting.progress import BytesProgress
 
     tuning = Tuning(part_size=part_size, concurrency=concurrency, connections=connections)
-    resolved = resolve_target(get_store(store_url), target)
+    store = get_store(store_url)
+    resolved = resolve_target(store, target)
     with reporter("pulling", quiet=quiet, as_json=as_json, interval=progress_interval,
                   log_format=log_format) as progress:
         bar = BytesProgress(progress)
@@ -105,9 +116,15 @@ def pull_cmd(target, store_url, root, part_size, concurrency, connections, keep,
 
         observer = PullObserver(planned=planned, advance=bar, note=note)
         result = pull(resolved, root, tuning=tuning, observer=observer, verify=verify)
+    warm = None
+    if resolved.tuple_id is not None and not no_warm:
+        warm = _pull_warm(store, target, resolved.tuple_id, root, gpu, channel)
+        if not quiet:  # after the weights: a miss is said, never this command's failure
+            click.echo(f"k3a: {warm.line()}", err=True)
     if keep is not None:
         swept = gc(CacheLayout(root), keep, protect=frozenset({result.revision}))
         result.evicted = swept.evicted
+        _drop_orphan_warm(root)
 
     def human() -> None:
         if result.already_present:
@@ -123,7 +140,35 @@ def pull_cmd(target, store_url, root, part_size, concurrency, connections, keep,
         for evicted in result.evicted:
             click.echo(f"  evicted {evicted}")
 
-    emit(as_json, result.__dict__, human)
+    emit(as_json, {**result.__dict__, "warm": warm.as_dict() if warm else None}, human)
+
+
+def _pull_warm(store, target: str, tuple_id: str, root: Path, gpu: str | None,
+               channel: str | None):
+    from k3artifacts.releases.lookup import resolve_tuple
+    from k3artifacts.releases.tuples import TUPLE_ID
+    from k3artifacts.revisions.refs import match_revision_ref
+    from k3artifacts.warm import prewarm
+    from k3artifacts.warm.model import detect_gpu
+
+    release = resolve_tuple(store, tuple_id)
+    if channel is None and not TUPLE_ID.match(target) and match_revision_ref(target) is None:
+        channel = target
+    gpu = gpu or detect_gpu()
+    trust = prewarm.policy_or_miss(store, channel, release.id, gpu)
+    if isinstance(trust, prewarm.WarmOutcome):
+        return trust
+    return prewarm.fetch(store, release, root, gpu=gpu, trust=trust)
+
+
+def _drop_orphan_warm(root: Path) -> list[str]:
+    """Warm artifacts live as long as their tuple's weights on this node."""
+    from k3artifacts.nodecache.layout import CacheLayout
+    from k3artifacts.nodecache.retention import list_cached
+    from k3artifacts.warm.node import drop_warm
+
+    return drop_warm(root, {c.revision for c in list_cached(CacheLayout(root))
+                            if not c.partial})
 
 
 @click.group("cache", cls=AliasGroup, aliases={"ls": "list"})
@@ -140,15 +185,21 @@ def cache_ls(root, as_json):
     from k3artifacts.nodecache.layout import CacheLayout
     from k3artifacts.nodecache.retention import list_cached
     from k3artifacts.reporting.progress import human_size
+    from k3artifacts.warm.node import list_warm
 
     cached = list_cached(CacheLayout(root))
+    warm = list_warm(root)
 
     def human() -> None:
+        for w in warm:
+            click.echo(f"warm {w.tuple_id} {w.gpu} {w.layout}  {human_size(w.bytes):>10}  "
+                       f"{w.files:5d} files  (weights {w.revision})")
         for c in cached:
             click.echo(f"{c.revision}  {human_size(c.bytes):>10}  {c.files:5d} files"
                        f"{'  leased' if c.leased else ''}{'  partial' if c.partial else ''}")
 
-    emit(as_json, [c.__dict__ for c in cached], human)
+    emit(as_json, [{"kind": "weights", **c.__dict__} for c in cached]
+         + [{"kind": "warm", **w.__dict__} for w in warm], human)
 
 
 @cache_group.command("rm")
@@ -160,6 +211,7 @@ def cache_rm(revision, root):
     from k3artifacts.nodecache.retention import remove
 
     remove(CacheLayout(root), parse_revision(revision))
+    _drop_orphan_warm(root)
     click.echo(f"removed {revision}")
 
 
@@ -175,6 +227,7 @@ def cache_gc(keep, root, as_json):
     from k3artifacts.nodecache.retention import gc
 
     result = gc(CacheLayout(root), keep)
+    warm_dropped = _drop_orphan_warm(root)
 
     def human() -> None:
         for rev in result.partials:
@@ -183,8 +236,10 @@ def cache_gc(keep, root, as_json):
             click.echo(f"evicted {rev}")
         for rev in result.leased:
             click.echo(f"kept {rev}: in use")
+        for path in warm_dropped:
+            click.echo(f"removed warm artifact {path} (its weights are gone)")
 
-    emit(as_json, result.__dict__, human)
+    emit(as_json, {**result.__dict__, "warm_removed": warm_dropped}, human)
 
 
 @cache_group.command("lease", context_settings={"ignore_unknown_options": True})

@@ -79,6 +79,16 @@ class RetentionPolicy(_Strict):
     rollback_window: int = Field(default=10, ge=1)
 
 
+class WarmStartPolicy(_Strict):
+    """Whether pods on this channel may start from a warm-start artifact (``k3artifacts.warm``)
+    and what it must carry. The channel's signing policy (``policies/signing/``) already
+    requires a trusted signature where it requires one for the tuple."""
+
+    enabled: bool = True
+    #: Ask for a trusted signature even where the signing policy does not.
+    require_signature: bool = False
+
+
 class ChannelPolicy(_Strict):
     gates: list[str]
     evaluation: EvaluationPolicy | None = None
@@ -96,6 +106,9 @@ class ChannelPolicy(_Strict):
     #: back. Promotion through the flow always waits for one; a rollback is an incident
     #: response, so by default it does not.
     rollback_approval: bool = False
+    #: Warm starts (compile caches bound to the tuple); absent: allowed, signed as the
+    #: signing policy says.
+    warm_start: WarmStartPolicy | None = None
 
     @model_validator(mode="after")
     def _evaluation_configured(self) -> ChannelPolicy:

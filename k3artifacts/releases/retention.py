@@ -156,8 +156,13 @@ def retire(
     *,
     who: str,
     now: Callable[[], datetime] = lambda: datetime.now(UTC),
+    also: Callable[[Store, str, str], object] | None = None,
 ) -> RevisionVerdict:
-    """Delete one revision ``plan`` marked for retirement, by the retirement protocol."""
+    """Delete one revision ``plan`` marked for retirement, by the retirement protocol.
+
+    ``also(store, repo_id, commit)`` runs once the revision is deleted, before the tombstone
+    goes: what lives exactly as long as the revision's tuples (their warm-start artifacts,
+    ``k3artifacts.warm.retention.retire_warm``, which this layer does not import)."""
     repo_id, commit = verdict.repo_id, verdict.commit
     busy = _take_tombstone(store, repo_id, commit, who, now())
     if busy:
@@ -181,5 +186,7 @@ def retire(
     freed = 0
     if store.read(manifest_key(repo_id, commit)) is not None:
         freed = store.delete_revision(repo_id, commit)
+    if also is not None:
+        also(store, repo_id, commit)
     store.delete(stone)
     return verdict.model_copy(update={"action": "retired", "reason": "", "freed": freed})

@@ -1,5 +1,14 @@
 """Target ``hyperpod``: one ``InferenceEndpointConfig`` (``inference.sagemaker.aws.amazon.com/v1``)
-whose model source is the tuple's S3 prefix or its FSx path."""
+whose model source is the tuple's S3 prefix or its FSx path.
+
+Warm start: the HyperPod inference operator owns the pod it runs (one worker container, the
+model volume it mounts from ``modelSourceConfig``, no init containers or extra volumes of
+ours), so nothing here can verify a warm-start artifact before vLLM imports it. The render
+therefore sets no cache variable and vLLM compiles into the container's own cache: a
+HyperPod endpoint starts cold. What would be safe there is the same gate as on EKS
+(``k3a warm use``: policy, tuple, GPU, layout, signature, every file's digest) running in a
+container the operator lets us add; until it allows one, use the EKS node-cache target where
+start-up time matters (docs/guides/warm-start.md)."""
 
 from __future__ import annotations
 

@@ -33,6 +33,12 @@ from k3artifacts.serving.render.common import (
     weights_volume,
 )
 from k3artifacts.serving.render.eks import _mount, _volume_objects, render_eks
+from k3artifacts.serving.render.warm import (
+    capture_job,
+    prewarm_container,
+    serve_warm,
+    use_container,
+)
 
 #: The instance-store RAID0 that EKS AL2023 GPU nodes mount with nodeadm's
 #: ``localStorage: {strategy: RAID0}`` (p5, p6: 8 NVMe drives, ~30 TB).
@@ -112,8 +118,14 @@ def _need_verifier(release: ReleaseTuple, res: ServingResources) -> None:
 def _serve_from_cache(pod: dict, release: ReleaseTuple, res: ServingResources,
                       vol: WeightsVolume) -> None:
     model_path = release.binding.serving.model_path
-    pod["initContainers"] = _init_containers(release, res, vol)
+    store_url, store_mounts, env = _store_access(vol)
+    pod["initContainers"] = [
+        *_init_containers(release, res, vol),
+        use_container(release, res, store_url, store_mounts, env, CACHE_VOLUME, CACHE_MOUNT,
+                      pod["containers"][0]["resources"]),
+    ]
     for container in pod["containers"]:
+        serve_warm(container, release, CACHE_VOLUME)
         container["volumeMounts"] = [
             {"name": CACHE_VOLUME, "mountPath": model_path, "subPath": _revision_dir(release),
              "readOnly": True}
@@ -137,7 +149,22 @@ def render_eks_node_cache(release: ReleaseTuple, *, name: str,
             template["metadata"]["annotations"][f"{CACHE_VOLUME}.k3a.io/host-path"] = \
                 NODE_CACHE_HOST_PATH
             _serve_from_cache(template["spec"], release, res, vol)
+    store_url, store_mounts, env = _store_access(vol)
+    store_volumes = [v for v in _first_pod(docs)["volumes"] if v["name"] == VOLUME]
+    docs.append(capture_job(release, res, name=name, namespace=namespace,
+                            labels=_first_template(docs)["metadata"]["labels"],
+                            store_url=store_url, store_mounts=store_mounts,
+                            store_volumes=store_volumes, env=env, cache_volume=_cache_volume(),
+                            cache_mount=CACHE_MOUNT))
     return docs
+
+
+def _first_template(docs: list[dict]) -> dict:
+    return next(t for d in docs for t in _pod_templates(d))
+
+
+def _first_pod(docs: list[dict]) -> dict:
+    return _first_template(docs)["spec"]
 
 
 def _pod_templates(doc: dict) -> list[dict]:
@@ -147,6 +174,14 @@ def _pod_templates(doc: dict) -> list[dict]:
         lwt = doc["spec"]["leaderWorkerTemplate"]
         return [lwt["leaderTemplate"], lwt["workerTemplate"]]
     return []
+
+
+def _prewarm_init(release: ReleaseTuple, res: ServingResources,
+                  vol: WeightsVolume) -> list[dict]:
+    store_url, store_mounts, env = _store_access(vol)
+    warm = prewarm_container(release, res, store_url, store_mounts, env, CACHE_VOLUME,
+                             CACHE_MOUNT)
+    return [*_init_containers(release, res, vol), *([warm] if warm else [])]
 
 
 def render_prewarm(release: ReleaseTuple, *, name: str, namespace: str | None) -> list[dict]:
@@ -187,7 +222,7 @@ def render_prewarm(release: ReleaseTuple, *, name: str, namespace: str | None) -
                 "metadata": {"labels": labels(release, ds_name),
                              "annotations": annotations(release)},
                 "spec": {
-                    "initContainers": _init_containers(release, res, vol),
+                    "initContainers": _prewarm_init(release, res, vol),
                     "containers": [hold],
                     "volumes": [_cache_volume(), *([store_volume] if store_volume else [])],
                     "nodeSelector": {"node.kubernetes.io/instance-type": res.node_instance_type},

@@ -1,0 +1,227 @@
+"""``k3a warm capture``: a server's cache directories -> a warm-start artifact of its tuple.
+
+Each captured tree is hostile input (a hostPath other pods write to): it is walked through
+directory descriptors with ``O_NOFOLLOW`` (:mod:`k3artifacts.nodecache.safefs`), and a link,
+a FIFO or device, or a tree nested deeper than the walk allows refuses the whole capture,
+named (exit 9): nothing is stored, since a cache we cannot read faithfully is not a cache to
+hand to other nodes.
+
+Cost: one listing of the blob prefix says which contents the store already holds; every file
+is then read once (hashed as read: sha256 and xxh3-128) by a thread pool and, when new, put
+under its sha256 with an exclusive create. Bytes in flight are capped (:data:`IN_FLIGHT`), so
+memory stays flat whatever the number of files. The manifest is created last, once: a reader
+never sees an artifact whose blobs are not all there.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+
+from k3artifacts.errors import AlreadyExists, ConfigError, UsageError
+from k3artifacts.nodecache import safefs
+from k3artifacts.releases.tuples import ReleaseTuple
+from k3artifacts.revisions.hashing import MultiHasher
+from k3artifacts.signing.attestation import statement
+from k3artifacts.signing.keys import Signer
+from k3artifacts.stores.base import Store
+from k3artifacts.warm.model import (
+    BLOB_PREFIX,
+    CACHE_ROOTS,
+    WarmFile,
+    WarmManifest,
+    blob_key,
+    signature_key,
+)
+
+#: Bytes read but not yet stored, across the pool: what bounds memory.
+IN_FLIGHT = 256 << 20
+#: A single cache file above this is refused (a cache of compiled kernels holds nothing near
+#: it; a file that large is not what we think it is).
+MAX_FILE = 1 << 30
+WORKERS = 16
+PREDICATE_TYPE = "urn:k3artifacts:warm-start:v1"
+
+
+class AlreadyCaptured(AlreadyExists):
+    """The tuple already has a warm artifact for this GPU and layout (the first one stands)."""
+
+    def __init__(self, key: str):
+        super().__init__(key)
+        self.hint = ("a warm artifact is created once; this one stands (re-run with "
+                     "--if-absent to treat that as done)")
+
+
+@dataclass(frozen=True)
+class CaptureRoot:
+    name: str
+    path: Path
+
+
+def parse_roots(specs: list[str]) -> list[CaptureRoot]:
+    """``NAME=DIR`` (or a DIR whose basename is a cache name) for each captured directory."""
+    roots: dict[str, CaptureRoot] = {}
+    for spec in specs:
+        name, sep, path = spec.partition("=")
+        if not sep:
+            path, name = spec, Path(spec).name.lstrip(".")
+        if name not in CACHE_ROOTS:
+            raise UsageError(
+                f"{spec!r}: {name!r} is not a cache this artifact can carry",
+                hint="name each directory: " + ", ".join(f"{n}=DIR ({v})"
+                                                          for n, v in CACHE_ROOTS.items()))
+        if name in roots:
+            raise UsageError(f"cache {name!r} is given twice")
+        roots[name] = CaptureRoot(name, Path(path))
+    if not roots:
+        raise UsageError("no cache directory given", hint="e.g. triton=$TRITON_CACHE_DIR")
+    return list(roots.values())
+
+
+@dataclass
+class CaptureResult:
+    key: str
+    digest: str
+    files: int
+    bytes: int
+    blobs_new: int
+    bytes_new: int
+    signed_by: str | None
+    seconds: float
+
+
+class _Budget:
+    """A byte semaphore: acquire before reading a file, release once it is stored."""
+
+    def __init__(self, limit: int):
+        self.limit = limit
+        self.used = 0
+        self.cond = threading.Condition()
+
+    def acquire(self, n: int) -> None:
+        with self.cond:
+            # A file larger than the whole budget runs alone.
+            self.cond.wait_for(lambda: self.used == 0 or self.used + n <= self.limit)
+            self.used += n
+
+    def release(self, n: int) -> None:
+        with self.cond:
+            self.used -= n
+            self.cond.notify_all()
+
+
+@dataclass(frozen=True)
+class _Job:
+    root: CaptureRoot
+    rel: str
+    size: int
+
+
+def _list(root: CaptureRoot) -> list[_Job]:
+    try:
+        top = safefs.open_root(root.path, create=False)
+    except (FileNotFoundError, NotADirectoryError):
+        raise ConfigError(f"cache directory {root.path} ({root.name}) does not exist",
+                          hint="pass the directory the server compiled into") from None
+    with top:
+        jobs = []
+        for _, _, rel, st in safefs.walk_files(top):
+            if st.st_size > MAX_FILE:
+                raise ConfigError(f"{root.path / rel}: {st.st_size:,} bytes; a cache file "
+                                  f"above {MAX_FILE:,} is not captured")
+            jobs.append(_Job(root, rel, st.st_size))
+        return jobs
+
+
+def _read(job: _Job) -> tuple[bytes, bool]:
+    """The file's bytes and owner-execute bit, reached again without following a link."""
+    parts = job.rel.split("/")
+    with safefs.open_root(job.root.path, create=False) as top, top.walk(parts[:-1]) as parent:
+        fd = parent.open_regular(parts[-1], os.O_RDONLY)
+        try:
+            st = os.fstat(fd)
+            chunks = []
+            while chunk := os.read(fd, 8 << 20):
+                chunks.append(chunk)
+        finally:
+            os.close(fd)
+    return b"".join(chunks), bool(st.st_mode & 0o100)
+
+
+def capture(store: Store, release: ReleaseTuple, *, gpu: str, tensor_parallel: int,
+            pipeline_parallel: int, roots: list[CaptureRoot], captured_by: str,
+            signer: Signer | None = None, workers: int = WORKERS,
+            on_file: Callable[[int], None] | None = None) -> CaptureResult:
+    started = datetime.now(UTC)
+    jobs = [job for root in roots for job in _list(root)]
+    have = {key.rsplit("/", 1)[-1] for key in store.list_keys(BLOB_PREFIX)}
+    records: list[WarmFile | None] = [None] * len(jobs)
+    new = {"blobs": 0, "bytes": 0}
+    lock = threading.Lock()
+    budget = _Budget(IN_FLIGHT)
+
+    def one(i: int, job: _Job) -> None:
+        try:
+            data, executable = _read(job)
+            hasher = MultiHasher()
+            hasher.update(data)
+            d = hasher.hexdigests()
+            assert d.sha256 is not None and d.xxh3_128 is not None
+            with lock:
+                fresh = d.sha256 not in have
+                have.add(d.sha256)
+            if fresh:
+                try:
+                    store.create(blob_key(d.sha256), data)
+                    with lock:
+                        new["blobs"] += 1
+                        new["bytes"] += len(data)
+                except AlreadyExists:
+                    pass  # another capture stored the same content meanwhile
+            records[i] = WarmFile(root=job.root.name, path=job.rel, size=len(data),
+                                  sha256=d.sha256, xxh3_128=d.xxh3_128, executable=executable)
+        finally:
+            budget.release(job.size)
+        if on_file is not None:
+            on_file(len(data))
+
+    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="warm-capture") as pool:
+        futures: list[Future[None]] = []
+        for i, job in enumerate(jobs):
+            budget.acquire(job.size)
+            futures.append(pool.submit(one, i, job))
+        for future in futures:
+            future.result()  # the first failure (a link planted meanwhile) ends the capture
+    files = [r for r in records if r is not None]
+    manifest = WarmManifest(
+        tuple_id=release.id, image_digest=release.binding.image.digest,
+        serving_args=list(release.binding.serving.args), gpu=gpu.strip(),
+        tensor_parallel=tensor_parallel, pipeline_parallel=pipeline_parallel,
+        roots=sorted(r.name for r in roots),
+        files=sorted(files, key=lambda f: (f.root, f.path)),
+        total_bytes=sum(f.size for f in files), captured_at=started, captured_by=captured_by,
+    )
+    try:
+        store.create(manifest.key, manifest.to_bytes())
+    except AlreadyExists:
+        raise AlreadyCaptured(manifest.key) from None
+    signed_by = None
+    if signer is not None:
+        store.create(signature_key(manifest.key), signer.sign(
+            statement(manifest.key, manifest.digest(), PREDICATE_TYPE, predicate(manifest))))
+        signed_by = signer.key_hint
+    return CaptureResult(manifest.key, manifest.digest(), len(files), manifest.total_bytes,
+                         new["blobs"], new["bytes"], signed_by,
+                         round((datetime.now(UTC) - started).total_seconds(), 3))
+
+
+def predicate(manifest: WarmManifest) -> dict[str, object]:
+    """What the signature says, in the terms a reviewer reads."""
+    return {"tuple_id": manifest.tuple_id, "gpu": manifest.gpu, "layout": manifest.layout,
+            "image_digest": manifest.image_digest, "files": len(manifest.files),
+            "total_bytes": manifest.total_bytes}
