@@ -450,7 +450,7 @@ class _Server(ThreadingHTTPServer):
         super().__init__(("127.0.0.1", port), Handler)
         self.cfg = cfg
         self.state = State()
-        self.metrics = VllmMetrics(cfg.served_name)
+        self.metrics = VllmMetrics(cfg.served_names[0])
 
 
 def _parse(argv: list[str]) -> tuple[int, Config]:
