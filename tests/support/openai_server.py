@@ -450,6 +450,7 @@ class _Server(ThreadingHTTPServer):
         super().__init__(("127.0.0.1", port), Handler)
         self.cfg = cfg
         self.state = State()
+        # vLLM labels its metrics with the first served model name.
         self.metrics = VllmMetrics(cfg.served_names[0])
 
 
