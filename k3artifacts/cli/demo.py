@@ -165,8 +165,8 @@ def demo_cmd(store_url, size, shards, seed, workdir, next_revision, change, work
         click.echo(f"verify:          {outcome} ({report.algorithm}, {report.files} files)")
         click.echo("next: make a release tuple and render it, no registry or network needed")
         click.echo("      (<tuple-id> is the k3t-... id `tuple create` prints; reviews are "
-                   "records in the store, checked by the gates of ./policies or the shipped "
-                   "defaults; README: 'From the demo to a rendered manifest'):")
+                   "records in the store, judged by the store's policy; then to production: "
+                   "docs/guides/demo-to-production.md):")
         for step in steps:
             click.echo(f"  {step}")
 
