@@ -11,18 +11,14 @@ import uuid
 import urllib3
 import yaml
 
-from k3artifacts.policy.model import load_gate_policy
-from k3artifacts.promotion.gates import (
-    GATES,
-    apply_overrides,
-    channel_policy,
-    check_gates,
-    context,
-)
+from k3artifacts.policy.gates import apply_overrides, overridable
+from k3artifacts.policy.record import in_force
+from k3artifacts.promotion.gates import channel_policy
 from k3artifacts.releases.binding import create_tuple
 from k3artifacts.releases.scans import list_scans
 from k3artifacts.releases.tuples import ImageRef
 from k3artifacts.serving.profiles import load_profile, serving_spec
+from tests.fixtures.moves import check_gate, check_gates, use_policy
 
 VERIFIER = "registry.example.com/k3a-worker@sha256:" + "2" * 64
 
@@ -62,18 +58,18 @@ def test_critical_findings_fail_until_overridden(published_revision, policies, t
         path = tmp_path / f"report-{uuid.uuid4().hex[:6]}.json"
         path.write_text(json.dumps(report))
         return subprocess.run([*k3a_cmd, "scan", "attach", release.id, "--report", str(path),
-                               "--json", "--store", store.url, "--policies", str(policies)],
+                               "--json", "--store", store.url],
                               env=k3a_env, capture_output=True, text=True, timeout=120)
 
     gate_file = policies / "promotion-gates.yaml"
     doc = yaml.safe_load(gate_file.read_text())
     doc["channels"]["production"]["gates"].append("image_scan")
     gate_file.write_text(yaml.safe_dump(doc))
-    chan = channel_policy(load_gate_policy(policies), "production", policies)
+    use_policy(store, policies)
+    chan = channel_policy(in_force(store), "production")
 
     def gate():
-        return GATES["image_scan"].check(context(store, release, "production", chan, policies,
-                                                 None, None))
+        return check_gate(store, release, "production", "image_scan")
 
     assert "no scan of registry.example.com/vllm@sha256:333" in gate().reason
     other = ImageRef(repository=image.repository, digest="sha256:" + "4" * 64)
@@ -87,11 +83,11 @@ def test_critical_findings_fail_until_overridden(published_revision, policies, t
     failed = gate()
     assert not failed.passed and "trivy found 1 critical: CVE-2026-0001" in failed.reason
     # only an override with a reason lets it through, and the override is what is recorded
-    assert GATES["image_scan"].overridable
-    report = check_gates(store, release.id, "production", policies_dir=policies)
+    assert overridable("image_scan")
+    report = check_gates(store, release.id, "production")
     scan_only = report.model_copy(update={"results": [r for r in report.results
                                                       if r.name == "image_scan"]})
-    verdict = apply_overrides(chan, scan_only, {"image_scan": "CVE-2026-0001 is in a tool "
+    verdict = apply_overrides(chan.gates, scan_only, {"image_scan": "CVE-2026-0001 is in a tool "
                                                 "vLLM never loads; fix in next image"})
     assert [o.gate for o in verdict.used] == ["image_scan"]
     # a later scan of a rebuilt image's report without criticals: the newest decides
@@ -103,6 +99,7 @@ def test_critical_findings_fail_until_overridden(published_revision, policies, t
 
 def test_ecr_scan_findings(published_revision, policies, moto_ecr, moto_endpoint, k3a_cmd,
                            k3a_env):
+    use_policy(published_revision.store, policies)
     name = f"vllm-{uuid.uuid4().hex[:8]}"
     pushed = moto_ecr.push(name, "k3")
     image = ImageRef(repository=f"{moto_ecr.registry}/{name}", digest=pushed.digest)
@@ -115,7 +112,7 @@ def test_ecr_scan_findings(published_revision, policies, moto_ecr, moto_endpoint
         "imageId": {"imageDigest": pushed.digest},
         "imageScanStatus": {"status": "COMPLETE", "description": "done"}}
     cli = [*k3a_cmd, "scan", "ecr", release.id, "--json", "--store",
-           published_revision.store.url, "--policies", str(policies)]
+           published_revision.store.url]
     env = {**k3a_env, **moto_ecr.env()}
     unscanned = subprocess.run(cli, env=env, capture_output=True, text=True, timeout=120)
     assert unscanned.returncode == 7 and "start-image-scan" in unscanned.stderr, unscanned.stderr

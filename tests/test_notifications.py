@@ -20,10 +20,11 @@ import pytest
 import yaml
 
 from k3artifacts.errors import Refusal, ReleaseRefused
-from k3artifacts.promotion.moves import promote
+from k3artifacts.policy.actor import os_account
 from k3artifacts.reporting import events
 from k3artifacts.stores.file import FileStore
 from tests.conftest import REPO_ROOT
+from tests.fixtures.moves import promote, use_policy
 from tests.flow_helpers import run_answered
 from tests.staging_helpers import REPO, small_release
 from tests.support.hubfaults import Fault
@@ -268,7 +269,8 @@ def test_channel_flows_emit_their_events_and_the_readme_automation_posts_them(
 
         since = datetime.now(UTC) - timedelta(seconds=1)
         # approval_timeout: a run these tests expect to refuse fails soon if it asks instead.
-        params = {"store_url": store.url, "policies_dir": str(policies)}
+        use_policy(store, policies)
+        params = {"store_url": store.url}
         unreviewed = releases.release()  # reviews before it would cover its license and code
         blocked = promote_release(tuple_id=unreviewed.id, channel="staging", requested_by="ci",
                                   approval_timeout=30, return_state=True, **params)
@@ -307,7 +309,9 @@ def test_channel_flows_emit_their_events_and_the_readme_automation_posts_them(
         promoted, rolled = got[events.PROMOTED], got[events.ROLLED_BACK]
         assert promoted.resource.id == rolled.resource.id == channel
         assert related(promoted, "tuple") == [events.tuple_resource_id(second.id)]
-        assert (promoted.payload["previous_tuple_id"], promoted.payload["who"]) == (first.id, "ci")
+        # The mover is the flow's own identity (its process's account), not the typed requester.
+        assert (promoted.payload["previous_tuple_id"], promoted.payload["who"]) == (
+            first.id, os_account())
         assert (rolled.payload["previous_tuple_id"], rolled.payload["why"]) == (
             second.id, "p99 up")
 

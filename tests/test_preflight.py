@@ -19,12 +19,10 @@ import pytest
 import yaml
 from botocore.stub import Stubber
 
-from k3artifacts.policy.model import load_gate_policy
 from k3artifacts.policy.rollout import InfrastructurePolicy
 from k3artifacts.preflight import checks
 from k3artifacts.preflight.kube import list_nodes
 from k3artifacts.preflight.run import AwsClients, run_preflight
-from k3artifacts.promotion.gates import GATES, channel_policy, context
 from k3artifacts.releases.binding import create_tuple
 from k3artifacts.releases.preflights import list_preflights, record_preflight
 from k3artifacts.releases.tuples import ImageRef, WeightsRef
@@ -35,6 +33,7 @@ from k3artifacts.serving.profiles import (
     serving_resources,
     serving_spec,
 )
+from tests.fixtures.moves import check_gate, use_policy
 
 REGION, ZONE = "us-east-1", "us-east-1a"
 NOW = datetime(2026, 12, 1, 12, tzinfo=UTC)
@@ -259,11 +258,11 @@ def test_preflight_feeds_the_infrastructure_gate(kube, site, published_revision,
     doc = yaml.safe_load(gate_file.read_text())
     doc["channels"]["production"]["infrastructure"] = infra.model_dump()
     gate_file.write_text(yaml.safe_dump(doc))
-    chan = channel_policy(load_gate_policy(policies), "production", policies)
+    use_policy(published_revision.store, policies)
 
     def gate(now):
-        return GATES["infrastructure"].check(
-            context(published_revision.store, release, "production", chan, policies, None, now))
+        return check_gate(published_revision.store, release, "production", "infrastructure",
+                          now=now)
 
     assert "no preflight recorded" in gate(NOW).reason
 
@@ -319,10 +318,11 @@ def test_cli_records_and_names_what_moto_cannot_answer(moto_endpoint, site, kube
     doc = yaml.safe_load(gate_file.read_text())
     doc["channels"]["production"]["infrastructure"] = _policy(site).model_dump()
     gate_file.write_text(yaml.safe_dump(doc))
+    use_policy(published_revision.store, policies)
     env = {**k3a_env, "AWS_ENDPOINT_URL": moto_endpoint}
     run = subprocess.run(
         [*k3a_cmd, "preflight", release.id, "--channel", "production", "--kubeconfig",
-         str(config), "--json", "--policies", str(policies), "--store",
+         str(config), "--json", "--store",
          published_revision.store.url],
         env=env, capture_output=True, text=True, timeout=120)
     assert run.returncode == 5, run.stderr + run.stdout

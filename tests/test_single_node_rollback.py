@@ -15,7 +15,6 @@ import pytest
 import urllib3
 
 from k3artifacts.preflight.kube import KubeAPI
-from k3artifacts.promotion.moves import promote
 from k3artifacts.promotion.single_node import (
     record_single_node,
     rollback_single_node,
@@ -26,6 +25,7 @@ from k3artifacts.releases.channels import read_state
 from k3artifacts.releases.reviews import review_code, review_license
 from k3artifacts.serving.render.common import served_name, served_names
 from k3artifacts.stores.file import FileStore
+from tests.fixtures.moves import as_actor, promote
 from tests.support.openai_server import start
 from tests.support.releases import Releases
 
@@ -125,7 +125,7 @@ def test_steps_in_order_after_the_node_drained(tmp_path, cluster, channel):
         _wait_running(metrics, 3)
         report = rollback_single_node(
             store, "staging", kube=KubeAPI(config), name="kimi", namespace="serving",
-            endpoint=node.url, metrics_url=metrics, actor="oncall", settings=QUICK,
+            endpoint=node.url, metrics_url=metrics, actor=as_actor("oncall"), settings=QUICK,
             poll_s=0.1, drain_timeout_s=30, ready_timeout_s=30)
     finally:
         node.stop()
@@ -160,7 +160,7 @@ def test_a_drain_that_times_out_changes_nothing_and_reopens(tmp_path, cluster, c
         _wait_running(metrics, 1)
         report = rollback_single_node(
             store, "staging", kube=KubeAPI(config), name="kimi", namespace="serving",
-            endpoint=node.url, metrics_url=metrics, actor="oncall", settings=QUICK,
+            endpoint=node.url, metrics_url=metrics, actor=as_actor("oncall"), settings=QUICK,
             poll_s=0.1, drain_timeout_s=0.5)
         deadline = time.monotonic() + 20  # the slow request ends on its own, answered
         while not finished:
@@ -175,10 +175,9 @@ def test_a_drain_that_times_out_changes_nothing_and_reopens(tmp_path, cluster, c
     assert read_state(store, "staging").tuple_id == b.id
 
 
-def test_cli_needs_the_node_to_act_on(channel, policies, k3a_cmd, k3a_env):
+def test_cli_needs_the_node_to_act_on(channel, k3a_cmd, k3a_env):
     store, _, _ = channel
-    run = subprocess.run([*k3a_cmd, "rollback", "staging", "--single-node", "--store", store.url,
-                          "--policies", str(policies)],
+    run = subprocess.run([*k3a_cmd, "rollback", "staging", "--single-node", "--store", store.url],
                          env=k3a_env, capture_output=True, text=True, timeout=120)
     assert run.returncode == 9
     assert "--single-node needs --kubeconfig, --endpoint, --metrics" in run.stderr

@@ -14,11 +14,10 @@ import pytest
 import urllib3
 import yaml
 
-from k3artifacts.policy.model import load_gate_policy
-from k3artifacts.promotion.gates import GATES, channel_policy, context
 from k3artifacts.releases.analyses import list_analyses
 from k3artifacts.serving.render.common import served_name
 from k3artifacts.stores.file import FileStore
+from tests.fixtures.moves import check_gate, use_policy
 from tests.fixtures.prometheus import prometheus, prometheus_binary
 from tests.support.openai_server import start
 from tests.support.releases import Releases
@@ -59,6 +58,7 @@ def test_analysis_passes_the_good_canary_and_fails_the_degrading_one(
     gate_policy["channels"]["production"]["traffic"] = TRAFFIC
     gate_file.write_text(yaml.safe_dump(gate_policy))
     store = FileStore(tmp_path / "store")
+    use_policy(store, policies)
     rel = Releases(store, tmp_path / "scratch")
     good, bad = rel.release(), rel.release()
     model = served_name(good)
@@ -70,11 +70,8 @@ def test_analysis_passes_the_good_canary_and_fails_the_degrading_one(
     try:
         targets = {f"127.0.0.1:{s.port}": {"k3a_io_tuple_id": t} for t, s in servers.items()}
         with prometheus(tmp_path / "prometheus", targets) as prom:
-            gate = GATES["traffic"].check
-            chan = channel_policy(load_gate_policy(policies), "production", policies)
-
             def judged(release):
-                return gate(context(store, release, "production", chan, policies, None, None))
+                return check_gate(store, release, "production", "traffic")
 
             before = judged(good)
             assert not before.passed
@@ -104,7 +101,7 @@ def test_analysis_passes_the_good_canary_and_fails_the_degrading_one(
                 return subprocess.run(
                     [*k3a_cmd, "traffic", "analyze", release.id, "--prometheus", prom.url,
                      "--channel", "production", "--step", str(step), "--json",
-                     "--policies", str(policies), "--store", store.url],
+                     "--store", store.url],
                     env=k3a_env, capture_output=True, text=True, timeout=120)
 
             for step in (0, 1):

@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import sys
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import click
 
@@ -15,13 +13,7 @@ from k3artifacts.cli.common import (
     json_option,
     store_option,
 )
-from k3artifacts.errors import ConfigError
-
-if TYPE_CHECKING:
-    pass
-
-#: Exit code of a preflight that ran and found a check failing.
-FAILED = 5
+from k3artifacts.errors import ConfigError, GateFailed
 
 
 @click.command("preflight")
@@ -103,4 +95,8 @@ def preflight_cmd(tuple_or_channel: str, channel: str, kubeconfig: Path | None,
                    "report_sha256": record.report_sha256,
                    "report": report.model_dump(mode="json")}, human)
     if not report.passed:
-        sys.exit(FAILED)
+        # Raised, not exited: the group prints the document with the error merged in.
+        failed = ", ".join(c.name for c in report.checks if not c.passed)
+        raise GateFailed(f"infrastructure not ready for {release.id} on {channel}: {failed}",
+                         hint="fix what each check names and run `k3a preflight` again "
+                         "(the infrastructure gate reads the newest record)")

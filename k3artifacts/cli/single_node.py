@@ -3,7 +3,6 @@ it, each step recorded (``promotion/single_node.py``)."""
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -11,14 +10,12 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from k3artifacts.cli.common import emit
-from k3artifacts.errors import ConfigError
+from k3artifacts.errors import ConfigError, GateFailed
 
 if TYPE_CHECKING:
     from k3artifacts.policy.actor import Actor
     from k3artifacts.stores.base import Store
 
-#: Exit code of a procedure that stopped at a failed step (the record says which).
-FAILED = 5
 
 _OPTIONS = [
     click.option("--single-node", is_flag=True,
@@ -94,4 +91,7 @@ def run_single_node(store: Store, channel: str, *, to: str | None, why: str | No
     emit(as_json, {"record": key, **report.model_dump(mode="json"),
                    "completed": report.completed}, human)
     if not report.completed:
-        sys.exit(FAILED)
+        # Raised, not exited: the group prints the document with the error merged in.
+        last = report.steps[-1]
+        raise GateFailed(f"rollback of {channel} on the node stopped at {last.name}: "
+                         f"{last.detail}", hint=f"the steps taken are recorded at {key}")

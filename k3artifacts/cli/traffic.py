@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import sys
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING
 
 import click
 
@@ -14,13 +12,7 @@ from k3artifacts.cli.common import (
     json_option,
     store_option,
 )
-from k3artifacts.errors import ConfigError
-
-if TYPE_CHECKING:
-    pass
-
-#: Exit code of an analysis that ran and failed (the step's bounds were broken).
-FAILED = 5
+from k3artifacts.errors import ConfigError, GateFailed
 
 
 @click.group("traffic")
@@ -107,4 +99,8 @@ def analyze_cmd(tuple_or_channel: str, prometheus_url: str, channel: str, step: 
 
     emit(as_json, payload, human)
     if not analysis.passed:
-        sys.exit(FAILED)
+        # Raised, not exited: the group prints the document with the error merged in.
+        failed = ", ".join(m.name for m in analysis.metrics if not m.passed)
+        raise GateFailed(f"step {step} of {release.id} on {channel} failed: {failed}",
+                         hint="abort the rollout (kubectl argo rollouts abort NAME) and keep "
+                         "the stable tuple")

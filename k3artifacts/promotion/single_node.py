@@ -212,7 +212,7 @@ def rollback_single_node(
         return _wait(rolled_out, ready_timeout_s, f"Deployment {name} rolled out", poll_s)
 
     def smoke_step() -> str:
-        outcome = smoke(store, endpoint, target, settings or SmokeSettings(), by=actor)
+        outcome = smoke(store, endpoint, target, settings or SmokeSettings(), by=actor.name)
         failed = [c.name for c in outcome.report.failed]
         if not outcome.report.passed:
             raise ConfigError(f"smoke of {target} failed: {', '.join(failed)}")
@@ -237,7 +237,7 @@ def rollback_single_node(
                 and run("reopen", reopen):
             run("pointer", pointer)
     return SingleNodeRollback(channel=channel, from_tuple=current, to_tuple=target, name=name,
-                              namespace=namespace, steps=steps, by=actor)
+                              namespace=namespace, steps=steps, by=actor.name)
 
 
 def record_single_node(store: Store, report: SingleNodeRollback) -> str:

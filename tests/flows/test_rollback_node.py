@@ -18,7 +18,7 @@ def test_rollback_node_flow(tmp_path, cluster, channel):  # noqa: F811 - fixture
         out = rollback_node(kubeconfig=str(config), endpoint=node.url,
                             metrics_url=f"http://127.0.0.1:{node.port}/metrics",
                             channel="staging", namespace="serving", store_url=store.url,
-                            requested_by="oncall", drain_timeout_s=10, ready_timeout_s=10)
+                            drain_timeout_s=10, ready_timeout_s=10)
     finally:
         node.stop()
     assert [s["name"] for s in out["steps"]] == [
