@@ -25,6 +25,33 @@ def test_demo_publishes_and_verifies_then_is_a_noop(k3a_cmd, k3a_env, tmp_path):
     assert again["already_published"] and again["manifest_digest"] == out["manifest_digest"]
 
 
+def test_demo_next_revision_stages_a_second_commit_changing_one_file(k3a_cmd, k3a_env,
+                                                                      tmp_path):
+    """`k3a demo --next-revision --change FILE`: a new upstream commit in the demo's hub that
+    changes FILE only; staging it downloads that file and shares every other one."""
+    root = tmp_path / "store"
+    common = ("--size", "4MiB", "--shards", "2", "--store", f"file://{root}", "--json")
+    first = json.loads(run(k3a_cmd, k3a_env, "demo", *common).stdout)
+    done = run(k3a_cmd, k3a_env, "demo", "--next-revision", "--change", "generation_config.json",
+               *common)
+    assert done.returncode == 0, done.stderr
+    second = json.loads(done.stdout)
+    assert second["upstream_commit"] == {"commit": second["commit"],
+                                         "changed": "generation_config.json"}
+    assert second["commit"] != first["commit"] and not second["already_published"]
+    old, new = (root / "models" / "demo" / "Kimi-K3-synthetic" / c
+                for c in (first["commit"], second["commit"]))
+    changed = new / "generation_config.json"
+    assert second["downloaded_bytes"] == changed.stat().st_size
+    assert changed.read_bytes() != (old / "generation_config.json").read_bytes()
+    shared = [p.name for p in old.iterdir() if p.is_file()
+              and (new / p.name).stat().st_ino == p.stat().st_ino]
+    assert len(shared) == first["files"] - 1
+    # A file the demo's repo does not have is a usage error naming the ones it has.
+    refused = run(k3a_cmd, k3a_env, "demo", "--next-revision", "--change", "nope.json", *common)
+    assert refused.returncode == 2 and "config.json" in refused.stdout + refused.stderr
+
+
 def test_stage_says_what_a_file_store_did_with_the_files(k3a_cmd, k3a_env, tmp_path):
     store = f"file://{tmp_path / 'store'}"
     done = run(k3a_cmd, k3a_env, "demo", "--size", "2MiB", "--shards", "1", "--store", store)

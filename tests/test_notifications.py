@@ -1,9 +1,9 @@
 """Notifications for real: the flows emit the pipeline's events on a Prefect API, they are read
-back from that API, and the README's automation (read from README.md), created on the same
+back from that API, and the automation of docs/guides/prefect.md, created on the same
 server with a ``custom-webhook`` block, posts each one to a receiver on 127.0.0.1.
 
 Also against Prefect's own models: each notification is a valid Prefect event, and the
-README's trigger covers exactly these events."""
+guide's trigger covers exactly these events."""
 
 from __future__ import annotations
 
@@ -62,7 +62,7 @@ def all_notifications() -> list[events.Notification]:
 
 
 def readme_automation(block_document_id: str | None = None) -> dict:
-    text = (REPO_ROOT / "README.md").read_text()
+    text = (REPO_ROOT / "docs" / "guides" / "prefect.md").read_text()
     after = text[text.index(MARKER):]
     start = after.index("```yaml\n") + len("```yaml\n")
     doc = yaml.safe_load(after[start:after.index("```", start)])
@@ -251,7 +251,7 @@ def test_channel_flows_emit_their_events_and_the_readme_automation_posts_them(
         automation_id = client.create_automation(automation)
     try:
         # The server's trigger service loads the new automation on its own schedule: wait until
-        # it acts on a marker event (one the README's trigger expects) before the real ones.
+        # it acts on a marker event (one the guide's trigger expects) before the real ones.
         marker = f"marker-{uuid.uuid4().hex[:8]}"
 
         last_sent = [0.0]
@@ -265,7 +265,7 @@ def test_channel_flows_emit_their_events_and_the_readme_automation_posts_them(
                     "prefect.resource.id": f"k3a.test.{marker}", "prefect.resource.name": marker})
             return False
 
-        wait_for("the README automation to post a marker event", marker_posted)
+        wait_for("the guide's automation to post a marker event", marker_posted)
 
         since = datetime.now(UTC) - timedelta(seconds=1)
         # approval_timeout: a run these tests expect to refuse fails soon if it asks instead.
@@ -315,7 +315,7 @@ def test_channel_flows_emit_their_events_and_the_readme_automation_posts_them(
         assert (rolled.payload["previous_tuple_id"], rolled.payload["why"]) == (
             second.id, "p99 up")
 
-        # The automation posted each of them to the webhook, rendered from the README's subject.
+        # The automation posted each of them to the webhook, rendered from the guide's subject.
         names = {
             events.PROMOTION_BLOCKED: "staging", events.READINESS_FAILED: first.id,
             events.PROMOTED: "staging", events.ROLLED_BACK: "staging"}

@@ -71,7 +71,7 @@ def run_in_one_shell(commands: list[str], *, cwd: Path, env: dict[str, str]) -> 
 def test_the_block_is_found_and_walks_the_whole_path():
     commands = readme_commands((REPO_ROOT / "README.md").read_text())
     joined = "\n".join(commands)
-    for step in ("k3a demo", "k3a tuple create", "--offline", "k3a review license",
+    for step in ("source .venv/bin/activate", "k3a demo", "k3a tuple create", "--offline", "k3a review license",
                  "k3a promote", "staging", "k3a render"):
         assert step in joined
 
@@ -82,6 +82,8 @@ def test_readme_no_network_path_runs_command_by_command(k3a_env, tmp_path):
     workdir = tmp_path / "checkout"
     workdir.mkdir()
     shutil.copytree(REPO_ROOT / "policies", workdir / "policies")
+    # ... and its .venv (the block starts by activating it, as a reader's fresh shell must).
+    (workdir / ".venv").symlink_to(Path(sys.executable).parent.parent)
     env = {**k3a_env, "USER": "reader",
            "PATH": f"{Path(sys.executable).parent}{os.pathsep}{k3a_env['PATH']}"}
     assert shutil.which("k3a", path=env["PATH"]), "k3a is not installed in this environment"
@@ -98,4 +100,4 @@ def test_readme_no_network_path_runs_command_by_command(k3a_env, tmp_path):
     # the synthetic release beside it, nothing in the checkout but what the block made.
     store = Path(k3a_env["XDG_DATA_HOME"]) / "k3artifacts" / "store"
     assert (store / ".k3a-demo").is_dir()
-    assert sorted(p.name for p in workdir.iterdir()) == ["deploy", "policies"]
+    assert sorted(p.name for p in workdir.iterdir()) == [".venv", "deploy", "policies"]

@@ -87,10 +87,12 @@ def test_the_installed_package_is_the_wheel_not_the_checkout(installed, elsewher
 def test_demo_and_the_readme_path_run_from_the_wheel(installed, elsewhere):
     workdir, env = elsewhere
     assert shutil.which("k3a", path=env["PATH"]) == str(installed / "k3a")
+    # The block begins by activating the reader's venv: here, the one holding only the wheel.
+    (workdir / ".venv").symlink_to(installed.parent)
     commands = readme_commands((REPO_ROOT / "README.md").read_text())
     # The gates of the channel just promoted to, from the policy shipped in the package.
     commands.append('k3a gates "$TUPLE" staging')
     tuple_id = run_in_one_shell(commands, cwd=workdir, env=env)
     assert tuple_id.startswith("k3t-")
     assert len(list((workdir / "deploy").glob("*.eks.yaml"))) == 1
-    assert sorted(p.name for p in workdir.iterdir()) == ["deploy"]
+    assert sorted(p.name for p in workdir.iterdir()) == [".venv", "deploy"]

@@ -22,6 +22,7 @@ from k3artifacts.cli.common import (
 from k3artifacts.cli.stage import print_stage_result, run_stage
 
 if TYPE_CHECKING:
+    from k3artifacts.localhub import LocalHub
     from k3artifacts.stores.base import Store
 
 
@@ -76,6 +77,24 @@ def demo_release(workdir: Path, size: int, shards: int, seed: int) -> dict[str, 
     return files
 
 
+def next_upstream_commit(hub: LocalHub, workdir: Path, change: str) -> str:
+    """Publish in the demo's hub a commit that differs from its head in ``change`` only, as
+    upstream does when it fixes a config: the rest is the head's own blobs, so staging it
+    downloads one file and shares the others with the revision already published."""
+    from k3artifacts.localhub.synthetic import derive_revision
+
+    head = hub.resolve(DEMO_REPO, "main")
+    entries = hub.files(DEMO_REPO, head)
+    if change not in entries:
+        raise click.UsageError(
+            f"--change {change}: not a file of {DEMO_REPO}@{head}; one of: "
+            + ", ".join(sorted(entries)))
+    blobs = {path: hub.repos.blob_path(entry.sha256) for path, entry in entries.items()}
+    files = derive_revision(blobs, workdir / "next" / head, change=change,
+                            note=f"after {head}")
+    return hub.add_commit(DEMO_REPO, files, message=f"Update {change}")
+
+
 @click.command("demo")
 @store_option
 @click.option("--size", type=ByteSize(), default="64MiB", show_default=True,
@@ -86,14 +105,19 @@ def demo_release(workdir: Path, size: int, shards: int, seed: int) -> dict[str, 
               show_default="<store>/.k3a-demo for a file store, else "
               "~/.local/share/k3artifacts/demo",
               help="Where the synthetic release and the local hub's files live.")
+@click.option("--next-revision", is_flag=True,
+              help="First publish a new upstream commit in the demo's hub that changes one "
+              "file (--change), then stage it: try incremental staging.")
+@click.option("--change", "change", default="config.json", show_default=True, metavar="FILE",
+              help="With --next-revision: the repo file the new commit changes.")
 @click.option("--workers", type=int, default=default_workers, show_default="cores, 2 to 8",
               help="Files downloaded at once.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar or progress lines.")
 @progress_options
 @json_option
 @resumable
-def demo_cmd(store_url, size, shards, seed, workdir, workers, quiet, progress_interval,
-             log_format, as_json):
+def demo_cmd(store_url, size, shards, seed, workdir, next_revision, change, workers, quiet,
+             progress_interval, log_format, as_json):
     """Stage a synthetic Kimi-K3-shaped release from a local hub into the store.
 
     Writes a multi-shard safetensors checkpoint (with index, config, LICENSE, model card and
@@ -105,6 +129,8 @@ def demo_cmd(store_url, size, shards, seed, workdir, workers, quiet, progress_in
       k3a demo                          # 64 MiB into the default local store
       k3a demo --size 4GiB --shards 8   # a staging throughput check
       k3a demo --store s3://bucket/k3a  # with K3A_S3_ENDPOINT_URL for a local S3
+      k3a demo --next-revision          # a second upstream commit: only config.json moves
+      k3a demo --next-revision --change model.safetensors.index.json
     """
     from k3artifacts.localhub import LocalHub
     from k3artifacts.staging.engine import StageOptions
@@ -117,6 +143,7 @@ def demo_cmd(store_url, size, shards, seed, workdir, workers, quiet, progress_in
     if not hub.repos.repo_exists(DEMO_REPO):
         # Once per release: a second commit of the same files would be a new revision.
         hub.add_commit(DEMO_REPO, files)
+    upstream = next_upstream_commit(hub, workdir, change) if next_revision else None
     with hub.serve() as endpoint:
         result = run_stage(
             store, DEMO_REPO, "main", endpoint=endpoint, quarantine=None,
@@ -126,15 +153,20 @@ def demo_cmd(store_url, size, shards, seed, workdir, workers, quiet, progress_in
     report = verify_revision(store=store, repo_id=DEMO_REPO, commit=result.commit)
     steps = next_steps(result.commit, store.url)
     payload = dict(result.__dict__, verified=report.ok, hub_repo=DEMO_REPO, next=steps)
+    if upstream is not None:
+        payload["upstream_commit"] = {"commit": upstream, "changed": change}
 
     def human() -> None:
+        if upstream is not None:
+            click.echo(f"upstream:        new commit {upstream} in the demo hub "
+                       f"(changed {change})")
         print_stage_result(result)
         outcome = "ok" if report.ok else "FAILED"
         click.echo(f"verify:          {outcome} ({report.algorithm}, {report.files} files)")
         click.echo("next: make a release tuple and render it, no registry or network needed")
         click.echo("      (<tuple-id> is the k3t-... id `tuple create` prints; reviews are "
-                   "records in the store, checked by the gates of ./policies or the shipped "
-                   "defaults; README: 'From the demo to a rendered manifest'):")
+                   "records in the store, judged by the store's policy; then to production: "
+                   "docs/guides/demo-to-production.md):")
         for step in steps:
             click.echo(f"  {step}")
 

@@ -319,7 +319,7 @@ def _size(n: int) -> str:
 @contextlib.contextmanager
 def _disk_errors(layout: CacheLayout, rev: Revision) -> Iterator[None]:
     """A full disk (or another file-system error) is a refusal that says what to do, and
-    leaves the partial revision where ``k3a cache ls`` and ``k3a cache gc`` see it."""
+    leaves the partial revision where ``k3a cache list`` and ``k3a cache gc`` see it."""
     try:
         yield
     except OSError as exc:

@@ -1,5 +1,5 @@
 """The gate policy's model: which gates a tuple must pass to move onto each channel, with each
-gate's settings, where a typed actor name is accepted, and what ``k3a gc`` keeps.
+gate's settings, where a typed actor name is accepted, and what ``k3a revision gc`` keeps.
 
 Its text is ``promotion-gates.yaml``; the copy that judges is the store's policy record
 (:mod:`k3artifacts.policy.record`), first seeded from the packaged ``policies/``. Humans edit
@@ -68,7 +68,7 @@ class DutiesPolicy(_Strict):
 
 
 class RetentionPolicy(_Strict):
-    """What ``k3a gc`` keeps (each a default its flags override)."""
+    """What ``k3a revision gc`` keeps (each a default its flags override)."""
 
     #: The newest N published revisions of each repo, whatever their age.
     keep: int = Field(default=2, ge=1)
@@ -100,7 +100,7 @@ class ChannelPolicy(_Strict):
     traffic: TrafficPolicy | None = None
     #: Capacity, storage, IAM, networking and nodes the ``infrastructure`` gate's preflight checks.
     infrastructure: InfrastructurePolicy | None = None
-    #: History entries whose tuples `k3a gc` keeps for this channel (default: retention's).
+    #: History entries whose tuples `k3a revision gc` keeps for this channel (default: retention's).
     rollback_window: int | None = Field(default=None, ge=1)
     #: The rollback flow waits for a release engineer's approval before moving this channel
     #: back. Promotion through the flow always waits for one; a rollback is an incident

@@ -161,8 +161,8 @@ def promote(
 
     Raises GateFailed (exit 5) listing every failed gate or for a rejected/unrelated approval,
     Conflict/ChannelMoved (exit 6) naming the winner when another move got there first,
-    RevisionRetiring (exit 6) when ``k3a gc`` is deleting the weights, NotFound (exit 7) for an
-    unknown tuple, a channel the policy does not configure or weights gone, ConfigError
+    RevisionRetiring (exit 6) when ``k3a revision gc`` is deleting the weights, NotFound (exit 7)
+    for an unknown tuple, a channel the policy does not configure or weights gone, ConfigError
     (exit 9) for a bad override, PointerMismatch (exit 4) for a hand-edited pointer.
     """
     check_channel(channel)
@@ -178,7 +178,7 @@ def promote(
     release = TupleStore(store).get(tuple_id)
     when = _now(now)
     w = release.binding.weights
-    # The pin keeps `k3a gc` off these weights until the pointer references them (see
+    # The pin keeps `k3a revision gc` off these weights until the pointer references them (see
     # releases/retirement.py); it refuses here if gc is already retiring them.
     with pinned(store, w.repo_id, w.commit, who=actor.name, why=f"promote to {channel}"):
         with judging(store, release, channel, policy, decider, when) as ctx:

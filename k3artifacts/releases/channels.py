@@ -144,7 +144,7 @@ class PointerMismatch(CorruptRecord):
     def __init__(self, message: str, channel: str):
         super().__init__(
             message,
-            hint=f"compare releases/channels/{channel}.json with `k3a history {channel}`; "
+            hint=f"compare releases/channels/{channel}.json with `k3a channel history {channel}`; "
             "channel pointers are moved only by `k3a promote` / `k3a rollback`: restore the "
             "pointer the history's latest entry records",
         )

@@ -1,4 +1,4 @@
-"""``k3a gc``: retire published revisions no channel can reach, by a retention policy.
+"""``k3a revision gc``: retire published revisions no channel can reach, by a retention policy.
 
 A revision is kept when any of these holds, else it is retired (deleted from the store):
 

@@ -1,6 +1,6 @@
 """Retiring a revision while promotions run: tombstones (gc) and pins (moves).
 
-A revision is deleted by ``k3a gc`` only when no channel can reach it; a promotion makes a
+A revision is deleted by ``k3a revision gc`` only when no channel can reach it; a promotion makes a
 channel reach it. Without care the two race: gc decides the revision is unreferenced, a
 promotion that already checked the weights swaps a pointer onto it, gc deletes, and production
 points at nothing. The two sides each write their own marker first and then read the other's

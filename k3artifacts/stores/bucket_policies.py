@@ -65,7 +65,7 @@ class BucketPolicyInputs:
     extra_reader_arns: tuple[str, ...] = ()
     log_bucket: str | None = None
     log_prefix: str | None = None
-    #: Days a noncurrent object version (left by `k3a gc` deleting a revision, or by an
+    #: Days a noncurrent object version (left by `k3a revision gc` deleting a revision, or by an
     #: overwrite) is kept before the lifecycle rule expires it.
     noncurrent_days: int = 30
 

@@ -10,10 +10,8 @@ Same key layout as the file store, under ``prefix``. What S3 gives us instead of
   upload with a full-object checksum is rejected with BadDigest if any byte differs), so the
   chain is: upstream sha256 == record == local bytes == CRC S3 checked. After the upload we read
   back what S3 stored (HEAD with ChecksumMode) and compare it with ours, because some S3
-  implementations (moto among them) verify nothing. CRC64NVME rather than SHA-256 because S3
-  supports SHA-256 on multipart uploads only as a checksum-of-part-checksums, which depends on
-  the part size and cannot be compared with a whole-file digest; CRC64NVME is whole-object for
-  any part size, S3's own default, and runs at ~7 GB/s here (awscrt). Our sha256 and xxh3-128
+  implementations (moto among them) verify nothing. Why CRC64NVME and not SHA-256:
+  docs/guides/s3-and-fsx.md, "Checksums". Our sha256 and xxh3-128
   ride along as object metadata (``x-amz-meta-k3a-sha256``, ``x-amz-meta-k3a-xxh3-128``).
 * **Streaming**: a shard at or above the multipart threshold is sent by this package in parts
   (:class:`_PartUpload`) while it is still downloading into quarantine, each part one ``pread``

@@ -1,7 +1,7 @@
 """``artifact``: the weights the tuple binds are in the store, complete, as the manifest lists.
 
-The revision's manifest is in the store (and ``k3a gc`` is not retiring it) and its digest is
-the tuple's; every file it lists is present with its listed size and nothing unlisted sits
+The revision's manifest is in the store (and ``k3a revision gc`` is not retiring it) and its
+digest is the tuple's; every file it lists is present with its listed size and nothing unlisted sits
 beside them; no file of a format staging refuses; the license in the manifest is the tuple's;
 the image is pinned by digest. These are cheap (one manifest read, one listing): re-hashing
 1.5 TB is the job of ``k3a verify`` on the node, before the server starts.

@@ -1,0 +1,121 @@
+"""The generated reference pages: ``docs/reference/cli.md`` from the click commands themselves
+(every listed command of :data:`k3artifacts.cli.app.COMMANDS` and each subcommand, with its
+``--help`` as ``k3a`` prints it) and ``docs/reference/policy-schema.md`` from the policy's
+pydantic model. ``tests/test_reference_docs.py`` fails when a page differs from what this
+module writes, so the pages cannot drift from the code.
+
+    python -m k3artifacts.cli.manual cli > docs/reference/cli.md
+    python -m k3artifacts.cli.manual policy > docs/reference/policy-schema.md
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+
+import click
+
+#: Wide enough for every option line, fixed so the page does not depend on the terminal.
+WIDTH = 100
+REGENERATE = "python -m k3artifacts.cli.manual {page} > docs/reference/{file}"
+
+
+def _walk(command: click.Command, path: list[str],
+          parent: click.Context | None) -> Iterator[tuple[list[str], str]]:
+    ctx = click.Context(command, info_name=path[-1], parent=parent, terminal_width=WIDTH,
+                        max_content_width=WIDTH)
+    yield path, command.get_help(ctx)
+    if isinstance(command, click.Group):
+        for name in command.list_commands(ctx):
+            sub = command.get_command(ctx, name)
+            if sub is not None and not sub.hidden:
+                yield from _walk(sub, [*path, name], ctx)
+
+
+def cli_markdown() -> str:
+    from k3artifacts.cli.app import COMMANDS, cli
+
+    root = click.Context(cli, info_name="k3a", terminal_width=WIDTH, max_content_width=WIDTH)
+    lines = ["# CLI reference", "",
+             "Generated from the commands' own `--help` (`"
+             + REGENERATE.format(page="cli", file="cli.md")
+             + "`); do not edit by hand. Old spellings (`k3a tuples`, `k3a channels`, "
+             "`k3a history`, `k3a revisions`, `k3a gc`, `k3a cache ls`) still run and are not "
+             "listed.", "", "## k3a", "", "```", cli.get_help(root), "```", ""]
+    for name, entry in COMMANDS.items():
+        if entry.section is None:
+            continue
+        for path, text in _walk(entry.load(), ["k3a", name], root):
+            lines += [f"{'#' * min(len(path), 4)} {' '.join(path)}", "", "```", text, "```", ""]
+    return "\n".join(lines)
+
+
+def _type(spec: dict) -> str:
+    if "$ref" in spec:
+        return spec["$ref"].rsplit("/", 1)[-1]
+    if "anyOf" in spec:
+        return " or ".join(_type(s) for s in spec["anyOf"])
+    if "enum" in spec:
+        return " / ".join(f"`{v}`" for v in spec["enum"])
+    if "const" in spec:
+        return f"`{spec['const']}`"
+    kind = spec.get("type", "any")
+    if kind == "array":
+        return f"list of {_type(spec.get('items', {}))}"
+    if kind == "object" and "additionalProperties" in spec:
+        return f"map of name to {_type(spec['additionalProperties'])}"
+    return kind
+
+
+_BOUNDS = {"minimum": ">=", "exclusiveMinimum": ">", "maximum": "<=", "exclusiveMaximum": "<",
+           "minLength": "length >=", "minItems": "at least", "pattern": "matches"}
+
+
+def _bounds(spec: dict) -> str:
+    parts = [f"{word} `{spec[key]}`" for key, word in _BOUNDS.items() if key in spec]
+    for alt in spec.get("anyOf", []):
+        parts += [f"{word} `{alt[key]}`" for key, word in _BOUNDS.items() if key in alt]
+    return ", ".join(parts)
+
+
+def policy_markdown() -> str:
+    import json
+
+    from k3artifacts.policy.model import GATES_FILE, GatePolicy
+
+    schema = GatePolicy.model_json_schema()
+    models = {"GatePolicy": schema, **schema.get("$defs", {})}
+    lines = ["# Policy schema", "",
+             f"The fields of `{GATES_FILE}` (the packaged default is "
+             "`policies/promotion-gates.yaml`, whose comments say what each gate checks; the "
+             "copy that judges is the store's: [policy and identity](../policy-and-identity.md))."
+             " Generated from `k3artifacts/policy/model.py` (`"
+             + REGENERATE.format(page="policy", file="policy-schema.md")
+             + "`); do not edit by hand. Unknown keys are refused.", ""]
+    for name, model in models.items():
+        lines += [f"## {name}", ""]
+        if model.get("description"):
+            lines += [" ".join(model["description"].split()), ""]
+        required = set(model.get("required", []))
+        lines += ["| field | type | default | constraint |", "| --- | --- | --- | --- |"]
+        for field, spec in model.get("properties", {}).items():
+            default = ("required" if field in required
+                       else f"`{json.dumps(spec.get('default'))}`" if "default" in spec else "")
+            lines.append(f"| `{field}` | {_type(spec)} | {default} | {_bounds(spec)} |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+PAGES = {"cli": cli_markdown, "policy": policy_markdown}
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 1 or argv[0] not in PAGES:
+        print(f"usage: python -m k3artifacts.cli.manual {{{'|'.join(PAGES)}}}", file=sys.stderr)
+        return 2
+    sys.stdout.write(PAGES[argv[0]]())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
