@@ -225,7 +225,7 @@ def test_a_hand_edited_pointer_is_refused_by_every_reader(
                  ["promote", second.id, "staging"],
                  ["rollback", "staging"]):
         refused = k3a(env, *args, expect=4)
-        assert "edited by hand" in refused.stderr and "k3a history staging" in refused.stderr, args
+        assert "edited by hand" in refused.stderr and "k3a channel history staging" in refused.stderr, args
         assert "Traceback" not in refused.stderr
     assert not (tmp_path / "cache" / "models").exists()
 
