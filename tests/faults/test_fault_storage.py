@@ -55,7 +55,8 @@ def grow(path: Path, size: str) -> None:
 def test_full_quarantine_disk_names_file_and_resumes_after_space_freed(
         local_hub, tmp_path, small_disk, k3a_cmd, k3a_env):
     # Two 600 kB shards and small files: more than the 1 MiB quarantine disk holds.
-    local_hub.hub.add_commit(REPO, small_release(tmp_path, shard_bytes=600_000))
+    files = small_release(tmp_path, shard_bytes=600_000)
+    local_hub.hub.add_commit(REPO, files)
     store = FileStore(tmp_path / "store")
     quarantine = small_disk("quarantine", "1m")
     args = stage_args(local_hub.endpoint, store, quarantine, "--workers", "2")
@@ -65,7 +66,8 @@ def test_full_quarantine_disk_names_file_and_resumes_after_space_freed(
     assert "Traceback" not in full.stderr
     first = full.stderr.splitlines()[0]
     assert "No space left on device" in first and str(quarantine) in first
-    assert any(shard in first for shard in (SHARD1, SHARD2))
+    # Usually a shard; on a loaded machine a small file may be the one the full disk refuses.
+    assert any(name in first for name in files), first
     assert "--quarantine" in full.stderr and "re-run" in full.stderr
     assert_nothing_published(store)
 
