@@ -21,8 +21,15 @@ import sys
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BeforeValidator, Field, SecretStr, ValidationError, field_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    field_validator,
+)
 
 from k3artifacts import bundled
 from k3artifacts.errors import ConfigError, plain_validation_errors
@@ -67,11 +74,14 @@ def var(name: str, group: str, doc: str, *, default: Any = None, shown: str | No
                  **constraints)
 
 
-class Settings(BaseSettings):
-    """The environment of one k3a process, as typed values."""
+class Settings(BaseModel):
+    """The environment of one k3a process, as typed values.
 
-    model_config = SettingsConfigDict(
-        env_ignore_empty=True, case_sensitive=True, extra="ignore", frozen=True)
+    A plain model fed by :func:`load`, not pydantic-settings: importing that costs every
+    command about 0.1-0.25 s before its first byte (issue 22), and all it did here was read
+    flat variables by exact name."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
 
     # ---- where things live ----------------------------------------------------------------
     store: str | None = var(
@@ -227,7 +237,9 @@ def load() -> Settings:
     if _last is not None and _last[0] == key:
         return _last[1]
     try:
-        settings = Settings()
+        # An empty value counts as unset; names are matched exactly (case-sensitive).
+        settings = Settings.model_validate(
+            {name: value for name, value in zip(VARIABLES, key, strict=True) if value})
     except ValidationError as exc:
         raise ConfigError(
             f"bad environment: {_by_variable(exc)}",

@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 
 
 # The settings module is imported when a command computes its defaults, not when k3a or a
-# command's --help starts: it costs pydantic-settings (a quarter of a CPU-second).
+# command's --help starts: validating its model still costs pydantic's import.
 def load() -> Settings:
     """:func:`k3artifacts.settings.load`."""
     from k3artifacts import settings

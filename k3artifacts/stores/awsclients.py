@@ -25,6 +25,7 @@ from urllib.parse import urlparse
 import boto3
 import botocore.exceptions as bex
 from botocore.config import Config
+from botocore.loaders import Loader, create_loader
 
 from k3artifacts.errors import ConfigError, K3AError, NotFound, Unavailable
 from k3artifacts.settings import load
@@ -78,13 +79,33 @@ def check_endpoint(endpoint: str) -> None:
         ) from None
 
 
+_loaders: dict[str | None, Loader] = {}
+_loaders_lock = threading.Lock()
+
+
+def _shared_loader(data_path: str | None) -> Loader:
+    """One botocore data loader per process (per data path). Each session would otherwise
+    parse S3's service model and the endpoint rules again for every client, about 0.1 s a
+    client; a pull makes two and every command pays it before its first byte (issue 22). The
+    loader only caches botocore's own read-only JSON, so sessions keep their own credentials
+    and configuration."""
+    with _loaders_lock:
+        loader = _loaders.get(data_path)
+        if loader is None:
+            loader = _loaders[data_path] = create_loader(data_path)
+        return loader
+
+
 def session(profile: str | None = None, region: str | None = None) -> boto3.Session:
     try:
-        return boto3.Session(profile_name=profile, region_name=region)
+        sess = boto3.Session(profile_name=profile, region_name=region)
     except bex.ProfileNotFound as exc:
         raise ConfigError(
             str(exc), hint="name a profile from ~/.aws/config, or unset AWS_PROFILE"
         ) from None
+    core = sess._session
+    core.register_component("data_loader", _shared_loader(core.get_config_variable("data_path")))
+    return sess
 
 
 def _retry_settings(sess: boto3.Session) -> dict[str, Any]:
