@@ -58,7 +58,7 @@ def test_a_commands_help_imports_no_sdk(k3a_cmd, k3a_env, name):
 def test_every_entry_is_a_command_and_old_spellings_are_the_same_commands():
     loaded = {name: entry.load() for name, entry in COMMANDS.items()}
     assert all(isinstance(c, click.Command) for c in loaded.values())
-    ctx = click.Context(cli)
+    ctx = click.Context(cli, **cli.context_settings)
     assert loaded["tuples"] is loaded["tuple"]
     assert loaded["channels"] is loaded["channel"]
     assert loaded["history"] is loaded["channel"].get_command(ctx, "history")

@@ -35,7 +35,11 @@ def _walk(command: click.Command, path: list[str],
 def cli_markdown() -> str:
     from k3artifacts.cli.app import COMMANDS, cli
 
-    root = click.Context(cli, info_name="k3a", terminal_width=WIDTH, max_content_width=WIDTH)
+    # The group's own settings (`-h`): click caches a command's help option the first time a
+    # context asks, so a bare context here would print `--help` alone.
+    root = click.Context(cli, info_name="k3a",
+                         **{**cli.context_settings, "terminal_width": WIDTH,
+                            "max_content_width": WIDTH})
     lines = ["# CLI reference", "",
              "Generated from the commands' own `--help` (`"
              + REGENERATE.format(page="cli", file="cli.md")
