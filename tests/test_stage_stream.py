@@ -9,6 +9,7 @@ import base64
 import hashlib
 import os
 import subprocess
+import threading
 from pathlib import Path
 
 import pytest
@@ -87,6 +88,36 @@ def test_parts_read_before_the_bytes_were_right_are_not_completed(store, tmp_pat
     receipt = writer.put_file(record, local, checksums={"crc64nvme": _crc(good)})
     assert receipt.checksum_crc64nvme == _crc(good)
     assert store.client.get_object(Bucket=store.bucket, Key=key)["Body"].read() == good
+
+
+def test_each_file_in_flight_gets_its_own_parts_in_flight(store, tmp_path, monkeypatch):
+    """``max_concurrency`` is per file: three files put at once send six parts at once (one
+    pool sized for one file kept every download waiting on its last parts). Every part waits
+    at a barrier of six before it is sent: a pool with fewer threads never fills it."""
+    writer = store.begin_revision(REPO, "b" * 40)
+    writer.expect_files(3)
+    barrier = threading.Barrier(6, timeout=30)
+    real = store.client.upload_part
+
+    def upload_part(**kw):
+        barrier.wait()
+        return real(**kw)
+
+    monkeypatch.setattr(store.client, "upload_part", upload_part)
+    uploads = []
+    for i in range(3):
+        data = os.urandom(10 * MiB)
+        local = tmp_path / f"shard{i}"
+        local.write_bytes(data)
+        record = FileRecord(path=f"w{i}.safetensors", size=len(data), kind="weights",
+                            sha256=hashlib.sha256(data).hexdigest(), xxh3_128="0" * 32)
+        upload = writer.begin_put(record.path, record.size, record.sha256, local)
+        upload.written(record.size + STREAM_LAG)
+        uploads.append((upload, record, data, local))
+    for upload, record, data, local in uploads:
+        receipt = upload.finish(record, {"crc64nvme": _crc(data)}, local)
+        assert receipt is not None and receipt.checksum_crc64nvme == _crc(data)
+    assert not barrier.broken
 
 
 def test_killed_with_parts_sent_then_rerun_completes(local_hub, seaweed, seaweed_bucket,

@@ -142,6 +142,7 @@ class RunContext:
         #: A worker-local quarantine: nobody reads its files after the store has them.
         self.drop_when_stored = drop_when_stored
         self.budget = _ByteBudget(spec.options.window_bytes)
+        writer.expect_files(spec.options.workers)
         self._headers = source.headers()
         self._want_crc = "crc64nvme" in store.wanted_checksums
         self._accepted: dict[str, VerifiedEntry] = {}

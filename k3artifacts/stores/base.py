@@ -189,6 +189,12 @@ class RevisionWriter(ABC):
         nothing to overlap)."""
         return None
 
+    def expect_files(self, files: int) -> None:
+        """Up to ``files`` files will be put at once (the staging jobs of this process). A
+        writer that sends each file's parts in parallel sizes its pool from it; one that takes
+        files whole has nothing to size."""
+        return None
+
     @abstractmethod
     def put_file(
         self, record: FileRecord, local_path: Path, *, checksums: Mapping[str, str] | None = None

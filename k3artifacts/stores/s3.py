@@ -973,6 +973,7 @@ class S3RevisionWriter(RevisionWriter):
         #: Per source commit: its s3-objects.json receipts by path (None: it has none).
         self._sources: dict[str, dict[str, dict[str, Any]] | None] = {}
         self._pool: ThreadPoolExecutor | None = None
+        self._files_at_once = 1
 
     def _source_receipt(self, commit: str, path: str) -> dict[str, Any] | None:
         """What S3 stored for ``path`` when revision ``commit`` was published."""
@@ -1120,13 +1121,21 @@ class S3RevisionWriter(RevisionWriter):
             return None  # one PUT after verification costs less than a multipart upload
         return _PartUpload(self, path, size, local_path, {META_SHA256: sha256})
 
+    def expect_files(self, files: int) -> None:
+        with self._lock:
+            self._files_at_once = max(1, files)
+
     def pool(self) -> ThreadPoolExecutor:
-        """Threads sending parts, shared by every file of this writer: their number bounds
-        the part buffers in memory, whatever the file sizes and the files in flight."""
+        """Threads sending parts, shared by every file of this writer: ``max_concurrency``
+        per file put at once. Their number bounds the part buffers in memory whatever the
+        file sizes. One pool of 8 for 8 files in flight kept every download waiting on its
+        last parts (16 cores, SeaweedFS: the upload threads were the run's limit), as a
+        single S3 connection moves far less than a file's download does."""
         with self._lock:
             if self._pool is None:
-                self._pool = ThreadPoolExecutor(self.store.tuning.max_concurrency,
-                                                thread_name_prefix="k3a-s3-part")
+                self._pool = ThreadPoolExecutor(
+                    self.store.tuning.max_concurrency * self._files_at_once,
+                    thread_name_prefix="k3a-s3-part")
             return self._pool
 
     def note_written(self, key: str) -> None:
