@@ -32,12 +32,13 @@ class Options:
 
 
 def stage_child(bench: Bench, endpoint: str, store_url: str, repo_id: str = REPO,
-                workers: int = 4, revision: str = "main", extra_env: dict | None = None):
+                workers: int = 4, revision: str = "main", extra_env: dict | None = None,
+                extra_args: tuple[str, ...] = ()):
     """``k3a stage`` in a subprocess; returns (StageResult as dict, Child)."""
     env = dict(bench.env, **(extra_env or {}))
     child = bench.k3a(
         "stage", repo_id, "--revision", revision, "--store", store_url, "--endpoint", endpoint,
-        "--workers", str(workers), "--json", "-q", env=env,
+        "--workers", str(workers), "--json", "-q", *extra_args, env=env,
     )
     return child.json(), child
 
