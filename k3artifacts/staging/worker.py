@@ -206,7 +206,6 @@ class RunContext:
             if streamed is not None:
                 streamed.written(base + received)
 
-        durable = remote.size >= SMALL_FILE
         with self._in_quarantine(remote.path):
             kept = part.stat().st_size if part.exists() else 0
             if 0 < kept <= remote.size:
@@ -215,6 +214,12 @@ class RunContext:
             if remote.lfs_sha256 and self._want_crc:
                 streamed = self.writer.begin_put(remote.path, remote.size, remote.lfs_sha256,
                                                  part)
+            # The fsync makes a verified file trustworthy after an OS crash without reading it
+            # again. A file streamed to the store is durable there once its upload completes;
+            # its local copy is only a cache, so it goes unsynced (a re-run re-hashes it before
+            # any use, as it does small files). On 16 cores the fsyncs of 8 multi-GB shards at
+            # once held staging to the local disk's write rate, a disk no byte is read from.
+            durable = remote.size >= SMALL_FILE and streamed is None
             try:
                 entry = self._fetch_checked(remote, part, git_size, counted, durable)
             except BaseException:
