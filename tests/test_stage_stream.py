@@ -93,17 +93,23 @@ def test_parts_read_before_the_bytes_were_right_are_not_completed(store, tmp_pat
 def test_each_file_in_flight_gets_its_own_parts_in_flight(store, tmp_path, monkeypatch):
     """``max_concurrency`` is per file: three files put at once send six parts at once (one
     pool sized for one file kept every download waiting on its last parts). Every part waits
-    at a barrier of six before it is sent: a pool with fewer threads never fills it."""
+    at a barrier of six before it is sent: a pool with fewer threads never fills it. Parts go
+    without a payload signature, their CRC64NVME header being the check."""
     writer = store.begin_revision(REPO, "b" * 40)
     writer.expect_files(3)
     barrier = threading.Barrier(6, timeout=30)
-    real = store.client.upload_part
+    client = writer.part_client()
+    real = client.upload_part
 
     def upload_part(**kw):
         barrier.wait()
         return real(**kw)
 
-    monkeypatch.setattr(store.client, "upload_part", upload_part)
+    monkeypatch.setattr(client, "upload_part", upload_part)
+    payloads = []
+    client.meta.events.register(
+        "before-send.s3.UploadPart",
+        lambda request, **_: payloads.append(request.headers.get("X-Amz-Content-SHA256")))
     uploads = []
     for i in range(3):
         data = os.urandom(10 * MiB)
@@ -118,6 +124,9 @@ def test_each_file_in_flight_gets_its_own_parts_in_flight(store, tmp_path, monke
         receipt = upload.finish(record, {"crc64nvme": _crc(data)}, local)
         assert receipt is not None and receipt.checksum_crc64nvme == _crc(data)
     assert not barrier.broken
+    # Plain HTTP to SeaweedFS, yet no SHA256 of each part's body: its signed CRC64NVME
+    # header is the check (and the parts' CRCs combined, the end-to-end one).
+    assert payloads and set(payloads) == {b"UNSIGNED-PAYLOAD"}, payloads
 
 
 def test_killed_with_parts_sent_then_rerun_completes(local_hub, seaweed, seaweed_bucket,

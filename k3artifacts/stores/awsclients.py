@@ -130,8 +130,11 @@ def client(
     profile: str | None = None,
     region: str | None = None,
     max_pool_connections: int = 32,
+    sign_payload: bool | None = None,
 ) -> Any:
-    """A boto3 client for ``service`` with our retries and timeouts."""
+    """A boto3 client for ``service`` with our retries and timeouts. ``sign_payload=False``
+    (S3): bodies are sent as ``UNSIGNED-PAYLOAD`` also over plain HTTP, for requests whose
+    integrity a signed checksum header carries (see ``S3Store.part_client``)."""
     if endpoint_url is not None:
         check_endpoint(endpoint_url)
     sess = session(profile, region)
@@ -142,8 +145,13 @@ def client(
         "max_pool_connections": max_pool_connections,
         **_retry_settings(sess),
     }
+    s3: dict[str, Any] = {}
     if service == "s3" and endpoint_url is not None:
-        options["s3"] = {"addressing_style": "path"}
+        s3["addressing_style"] = "path"
+    if service == "s3" and sign_payload is not None:
+        s3["payload_signing_enabled"] = sign_payload
+    if s3:
+        options["s3"] = s3
     region_name = sess.region_name
     if region_name is None and endpoint_url is not None:
         # A custom endpoint (moto, MinIO) needs some region to sign with; AWS itself does not
