@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import socket
 import subprocess
+import sys
 
 import pytest
 
@@ -64,3 +65,22 @@ def test_cli_reports_unreachable_store_with_exit_8(k3a_cmd, k3a_env) -> None:
     assert out.returncode == 8, out.stderr
     assert "cannot reach the endpoint" in out.stderr and "next:" in out.stderr
     assert "Traceback" not in out.stderr
+
+
+def test_an_s3_store_opens_without_boto3_or_s3transfer(k3a_env) -> None:
+    """Every S3 command opens a store; only a staging upload or copy needs s3transfer, and
+    nothing needs boto3's layer over botocore (issue 22: each costs every command's start)."""
+    probe = ("import sys; from k3artifacts.stores.s3 import S3Store; "
+             "S3Store.from_url('s3://k3a-bucket/p', endpoint_url='http://127.0.0.1:1'); "
+             "print(sorted({'boto3', 's3transfer'} & {m.split('.')[0] for m in sys.modules}))")
+    proc = subprocess.run([sys.executable, "-c", probe], env={**k3a_env, "AWS_CONFIG_FILE":
+                          "/nonexistent"}, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "[]"
+
+
+def test_a_missing_profile_is_a_config_error(monkeypatch) -> None:
+    monkeypatch.setenv("AWS_CONFIG_FILE", "/nonexistent")
+    with pytest.raises(ConfigError, match="no-such-profile") as err:
+        awsclients.s3_client("http://127.0.0.1:1", profile="no-such-profile")
+    assert "AWS_PROFILE" in (err.value.hint or "")

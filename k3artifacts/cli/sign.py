@@ -31,8 +31,6 @@ def sign_cmd(target, signing_key, store_url, as_json):
     A tuple's signature goes to releases/tuples/<id>.sig. Both are created once: signing
     again with the same key is a no-op, with another key a conflict (exit 6).
     """
-    from k3artifacts.releases.signatures import sign_tuple
-    from k3artifacts.releases.tuples import TUPLE_ID
     from k3artifacts.revisions.refs import match_revision_ref
     from k3artifacts.signing.keys import load_signer
     from k3artifacts.signing.revision import sign_revision
@@ -47,13 +45,18 @@ def sign_cmd(target, signing_key, store_url, as_json):
         result = sign_revision(store, ref.repo_id, ref.commit, signer)
         payload = {"target": str(ref), "signature": result.key, "key_hint": result.key_hint,
                    "files": result.files, "new": result.new}
-    elif TUPLE_ID.match(target):
+    else:
+        # Only here: the tuple models are imports a revision's signing does not need.
+        from k3artifacts.releases.signatures import sign_tuple
+        from k3artifacts.releases.tuples import TUPLE_ID
+
+        if not TUPLE_ID.match(target):
+            raise ConfigError(
+                f"{target!r} is neither org/name@<40-hex commit> nor a tuple id",
+                hint="e.g. k3a sign moonshotai/Kimi-K3@<commit> --signing-key KEY.pem")
         tuple_result = sign_tuple(store, target, signer)
         payload = {"target": target, "signature": tuple_result.key,
                    "key_hint": tuple_result.key_hint, "new": tuple_result.new}
-    else:
-        raise ConfigError(f"{target!r} is neither org/name@<40-hex commit> nor a tuple id",
-                          hint="e.g. k3a sign moonshotai/Kimi-K3@<commit> --signing-key KEY.pem")
 
     def human() -> None:
         state = "signed" if payload["new"] else "already signed by this key"

@@ -52,7 +52,6 @@ from k3artifacts.nodecache.layout import (
 )
 from k3artifacts.nodecache.retention import evict
 from k3artifacts.nodecache.safefs import Dir
-from k3artifacts.releases.lookup import resolve_tuple
 from k3artifacts.revisions.hashing import MultiHasher
 from k3artifacts.revisions.manifest import (
     MANIFEST_NAME,
@@ -81,6 +80,10 @@ def resolve_target(store: Store, name: str) -> PullTarget:
     ref = match_revision_ref(name)
     if ref is not None:
         return PullTarget(Revision(ref[0], ref[1]), None, None, store)
+    # Tuples and channels bring their models (policy, rollout, history): a pull of a bare
+    # revision, what a node does on every new commit, does not pay for importing them.
+    from k3artifacts.releases.lookup import resolve_tuple
+
     release = resolve_tuple(store, name)
     weights = release.binding.weights
     try:

@@ -26,6 +26,7 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NoReturn
 
 from k3artifacts import faultpoints
 from k3artifacts.errors import AlreadyExists, K3AError, Refusal, ReleaseRefused, VerifyMismatch
@@ -295,10 +296,11 @@ class _Run:
             plan, receipts = self._plan(files, verified)
             by_path = {f.path: f for f in files}
             entries = [self._present(verified[p.path], receipts) for p in plan.of("present")]
-            reused, fallbacks = self._reuse(plan.of("reuse"), by_path, entries, receipts)
-            todo = [by_path[p.path] for p in plan.of("download")] + fallbacks
-            todo.sort(key=lambda f: -f.size)
-            downloaded = self._fetch(runner, todo, entries, receipts)
+            todo = sorted((by_path[p.path] for p in plan.of("download")), key=lambda f: -f.size)
+            reused, fallbacks, downloaded = self._reuse_while_fetching(
+                runner, plan.of("reuse"), by_path, todo, entries, receipts)
+            if fallbacks:
+                downloaded += self._fetch(runner, fallbacks, entries, receipts)
             try:
                 manifest = self._build_manifest(entries)
             except ReleaseRefused:
@@ -350,35 +352,48 @@ class _Run:
         self.tally.file_done(entry.record, reused=True)
         return entry
 
-    def _reuse(
+    def _reuse_while_fetching(
         self,
+        runner: Runner,
         planned: list[PlannedFile],
         by_path: dict[str, RemoteFile],
+        todo: list[RemoteFile],
         entries: list[VerifiedEntry],
         receipts: list[PutReceipt | None],
-    ) -> tuple[int, list[RemoteFile]]:
-        """Copy the planned files inside the store (a few requests each, so a thread pool of
-        this process rather than jobs); return the bytes reused and the files to download
-        instead."""
-        if not planned:
-            return 0, []
+    ) -> tuple[int, list[RemoteFile], int]:
+        """Take the planned files from published revisions inside the store while the jobs
+        download ``todo``; return the bytes reused, the files to download instead, and the
+        bytes downloaded.
+
+        A reuse is a few small requests (a thread pool of this process rather than jobs), a
+        download is bandwidth and hashing, so the two overlap: a commit changing one shard
+        costs about that shard's transfer, not also a round of requests per unchanged file
+        before it (issue 22). A failed download cancels the reuses not yet started, and the
+        run fails only once none is in flight: nothing writes into a revision being dropped."""
+        pool = ThreadPoolExecutor(self.options.workers, thread_name_prefix="k3a-reuse")
+        try:
+            futures = [(p, pool.submit(self._reuse_one, by_path[p.path], p)) for p in planned]
+            downloaded, failures = self._run_jobs(runner, todo, entries, receipts)
+        except BaseException:
+            pool.shutdown(wait=True, cancel_futures=True)
+            raise
+        pool.shutdown(wait=True, cancel_futures=failures is not None)
+        if failures is not None:
+            self._fail(*failures)
         reused = 0
         fallbacks: list[RemoteFile] = []
-        with ThreadPoolExecutor(self.options.workers, thread_name_prefix="k3a-reuse") as pool:
-            futures = [(p, pool.submit(self._reuse_one, by_path[p.path], p)) for p in planned]
-            for p, fut in futures:
-                try:
-                    entry, receipt = fut.result()
-                except ReuseFailed as exc:
-                    self.tally.note(f"{p.path}: not reused ({exc}); downloading it instead")
-                    self.fallback_reasons.append(str(exc))
-                    fallbacks.append(by_path[p.path])
-                    continue
-                entries.append(entry)
-                receipts.append(receipt)
-                reused += entry.record.size
-                self.tally.file_done(entry.record, reused=True)
-        return reused, fallbacks
+        for p, fut in futures:
+            try:
+                entry, receipt = fut.result()
+            except ReuseFailed as exc:
+                self.tally.note(f"{p.path}: not reused ({exc}); downloading it instead")
+                self.fallback_reasons.append(str(exc))
+                fallbacks.append(by_path[p.path])
+                continue
+            entries.append(entry)
+            receipts.append(receipt)
+            reused += entry.record.size
+        return reused, sorted(fallbacks, key=lambda f: -f.size), downloaded
 
     def _reuse_one(
         self, remote: RemoteFile, planned: PlannedFile
@@ -415,6 +430,7 @@ class _Run:
         # Logged as stored, so a re-run after a crash finds it in the store-side revision.
         self.quarantine.mark_stored(entry)
         faultpoints.pause("reused", record.path)
+        self.tally.file_done(record, reused=True)
         return entry, receipt
 
     def _fetch(
@@ -424,8 +440,22 @@ class _Run:
         entries: list[VerifiedEntry],
         receipts: list[PutReceipt | None],
     ) -> int:
+        """Run a job per file; collect what verified; fail the run if any did not."""
+        downloaded, failures = self._run_jobs(runner, todo, entries, receipts)
+        if failures is not None:
+            self._fail(*failures)
+        return downloaded
+
+    def _run_jobs(
+        self,
+        runner: Runner,
+        todo: list[RemoteFile],
+        entries: list[VerifiedEntry],
+        receipts: list[PutReceipt | None],
+    ) -> tuple[int, tuple[list[Refusal], list[tuple[str, BaseException]]] | None]:
         """Run a job per file; collect what verified, stop starting new jobs at the first
-        failure (running ones finish, so their partial files stay resumable)."""
+        failure (running ones finish, so their partial files stay resumable). Returns the
+        bytes downloaded and, if any file failed, the refusals and errors."""
         downloaded = 0
         refusals: list[Refusal] = []
         errors: list[tuple[str, BaseException]] = []
@@ -445,12 +475,16 @@ class _Run:
                 refusals.append(outcome)
             else:
                 errors.append((job.remote.path, outcome))
+        return downloaded, (refusals, errors) if refusals or errors else None
+
+    def _fail(self, refusals: list[Refusal], errors: list[tuple[str, BaseException]]
+              ) -> NoReturn:
+        """Refused files drop the revision being written; any other failure keeps it (a
+        re-run resumes)."""
         if refusals:
             self.ctx.writer.abort()
             raise ReleaseRefused(sorted(refusals, key=lambda r: r.path))
-        if errors:
-            raise _one_failure(errors)
-        return downloaded
+        raise _one_failure(errors)
 
     def _local(self, record: FileRecord) -> Path:
         """A manifest input in this process's quarantine; read back from the store (checked

@@ -2,7 +2,7 @@
 
 A new store is a module under :mod:`k3artifacts.stores` with a :class:`~.base.Store` subclass
 that has a ``from_url`` classmethod, and one line in :data:`SCHEMES`. Classes are imported
-only when their scheme is used, so a file-store command never loads boto3.
+only when their scheme is used, so a file-store command never loads botocore.
 """
 
 from __future__ import annotations

@@ -49,13 +49,11 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import TYPE_CHECKING, Any, BinaryIO
 from urllib.parse import urlparse
 
 import botocore.exceptions as bex
 from awscrt import checksums as crt_checksums
-from s3transfer.manager import TransferConfig, TransferManager
-from s3transfer.subscribers import BaseSubscriber
 
 from k3artifacts import faultpoints
 from k3artifacts.canonical import canonical_json
@@ -95,6 +93,9 @@ from k3artifacts.stores.base import (
     Versioned,
 )
 from k3artifacts.stores.capabilities import ensure_conditional_writes
+
+if TYPE_CHECKING:
+    from s3transfer.manager import TransferConfig, TransferManager
 
 log = logging.getLogger(__name__)
 
@@ -167,6 +168,10 @@ class TransferTuning:
                    math.ceil(needed / MiB) * MiB)
 
     def config(self, size: int) -> TransferConfig:
+        # s3transfer is imported only by what moves a file through it (a whole-file upload,
+        # an in-bucket copy): a pull or a sign starts without it (issue 22).
+        from s3transfer.manager import TransferConfig
+
         return TransferConfig(
             multipart_threshold=self.multipart_threshold,
             multipart_chunksize=self.part_size(size),
@@ -232,8 +237,9 @@ def crc64nvme_and_sha256(path: Path) -> tuple[str, str, int]:
     return base64.b64encode(crc.to_bytes(8, "big")).decode("ascii"), sha.hexdigest(), size
 
 
-class _Progress(BaseSubscriber):
-    """Counts one transfer's bytes for the counters and the progress callback.
+class _Progress:
+    """Counts one transfer's bytes for the counters and the progress callback (an s3transfer
+    subscriber: s3transfer calls the ``on_*`` methods a subscriber has).
 
     s3transfer reports every block http.client sends (8-16 KiB), hundreds of thousands of
     calls per GiB from its worker threads; a profile of a 4 GiB staging found 7% of it in the
@@ -276,7 +282,7 @@ def _etag(resp: dict[str, Any]) -> str:
 
 
 class S3Store(Store):
-    """``s3://bucket/prefix`` through boto3 + s3transfer.
+    """``s3://bucket/prefix`` through botocore + s3transfer.
 
     ``counters`` sum every writer's transfers; ``progress`` is handed to each new writer.
     """
@@ -1017,6 +1023,8 @@ class S3RevisionWriter(RevisionWriter):
         return receipt
 
     def _manager(self, size: int) -> TransferManager:
+        from s3transfer.manager import TransferManager
+
         return TransferManager(self.store.client, self.store.tuning.config(size))
 
     def adopt(self, record: FileRecord) -> ObjectReceipt | None:
