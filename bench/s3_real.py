@@ -19,6 +19,7 @@ from .staging import stage_child
 from .tools import s5cmd
 
 REPO = "bench/s3-real"
+ROUNDS = 2
 
 
 def stage_vs_s5cmd(bench: Bench, opts, shared: dict) -> list[Row]:
@@ -30,18 +31,27 @@ def stage_vs_s5cmd(bench: Bench, opts, shared: dict) -> list[Row]:
     upload_dir = bench.fresh("s5cmd-src")
     for path, src in files.items():  # the same bytes, named as upstream, without a copy
         os.link(src, upload_dir / path.replace("/", "__"))
+    # Rounds alternate the sides, best of ROUNDS each: s5cmd's own rate moved from 780 to 980
+    # MB/s between single runs on the 16-core machine, more than the change being measured.
+    best_s5 = best_stage = None
     with SeaweedS3(bench.fresh("seaweedfs")) as server, bench.hub() as hub:
         env = dict(bench.env, **server.env)
         env.pop("AWS_SESSION_TOKEN", None)
-        plain_bucket = server.create_bucket(f"k3a-bench-{uuid.uuid4().hex[:8]}")
-        bench.settle(blobs)
-        s5 = bench.run([s5cmd(), "--endpoint-url", server.endpoint, "--numworkers",
-                        str(max(8, opts.workers * 4)), "cp", f"{upload_dir}/*",
-                        f"s3://{plain_bucket}/s5cmd/"], env=env)
-        bucket = server.create_bucket(f"k3a-bench-{uuid.uuid4().hex[:8]}")
-        bench.settle(blobs)
-        result, child = stage_child(bench, hub, f"s3://{bucket}/k3a", repo_id=REPO,
-                                    workers=opts.workers, extra_env=env)
+        for _ in range(ROUNDS):
+            plain_bucket = server.create_bucket(f"k3a-bench-{uuid.uuid4().hex[:8]}")
+            bench.settle(blobs)
+            s5 = bench.run([s5cmd(), "--endpoint-url", server.endpoint, "--numworkers",
+                            str(max(8, opts.workers * 4)), "cp", f"{upload_dir}/*",
+                            f"s3://{plain_bucket}/s5cmd/"], env=env)
+            if best_s5 is None or s5.seconds < best_s5.seconds:
+                best_s5 = s5
+            bucket = server.create_bucket(f"k3a-bench-{uuid.uuid4().hex[:8]}")
+            bench.settle(blobs)
+            staged = stage_child(bench, hub, f"s3://{bucket}/k3a", repo_id=REPO,
+                                 workers=opts.workers, extra_env=env)
+            if best_stage is None or staged[0]["seconds"] < best_stage[0]["seconds"]:
+                best_stage = staged
+    s5, (result, child) = best_s5, best_stage
     ours, base = total / result["seconds"] / MB, total / s5.seconds / MB
     ratio = ours / base
     tuning = (f"parts {env.get('K3A_S3_PART_SIZE', '16MiB')}, "
@@ -52,8 +62,8 @@ def stage_vs_s5cmd(bench: Bench, opts, shared: dict) -> list[Row]:
         note=f"{total / 2**30:.2f} GiB in {len(files)} files, {opts.workers} files at once, "
              f"{tuning}; staging includes the hub download, three hashes, the quarantine "
              f"write and the checksum read-back, s5cmd only reads and uploads; SeaweedFS runs "
-             f"on the same cores; {cache_note(bench)}; stage used {child.cpu_seconds:.1f} "
-             f"CPU-s, s5cmd {s5.cpu_seconds:.1f}",
+             f"on the same cores; best of {ROUNDS} alternating rounds; {cache_note(bench)}; "
+             f"stage used {child.cpu_seconds:.1f} CPU-s, s5cmd {s5.cpu_seconds:.1f}",
         extra={"s5cmd_seconds": s5.seconds, "stage_seconds": result["seconds"],
                "store_stats": result.get("store_stats", {})},
     )]
