@@ -845,17 +845,12 @@ class _PartUpload(StreamedPut):
             upload_id = self._upload()
             self._pace(length)
             assert self._fd is not None
-            # A bytearray, not bytes: botocore wraps a bytes body in a BytesIO that urllib3
-            # then sends 16 KiB per Python iteration under the GIL; a bytearray goes to the
-            # socket in one sendall, the GIL released for the whole part.
-            data = bytearray(length)
-            view, got = memoryview(data), 0
-            while got < length:  # short reads happen on some filesystems
-                n = os.preadv(self._fd, [view[got:]], offset + got)
-                if not n:
-                    raise ShortRead(f"{self.local_path}: ended at {offset + got}")
-                got += n
-            view.release()
+            data = os.pread(self._fd, length, offset)
+            while len(data) < length:  # short reads happen on some filesystems
+                more = os.pread(self._fd, length - len(data), offset + len(data))
+                if not more:
+                    raise ShortRead(f"{self.local_path}: ended at {offset + len(data)}")
+                data += more
             crc = crt_checksums.crc64nvme(data)
             resp = self.writer.part_client().upload_part(
                 Bucket=self.store.bucket, Key=self.s3_key, UploadId=upload_id,
