@@ -94,7 +94,8 @@ def test_each_file_in_flight_gets_its_own_parts_in_flight(store, tmp_path, monke
     """``max_concurrency`` is per file: three files put at once send six parts at once (one
     pool sized for one file kept every download waiting on its last parts). Every part waits
     at a barrier of six before it is sent: a pool with fewer threads never fills it. Parts go
-    without a payload signature, their CRC64NVME header being the check."""
+    without a payload signature, their CRC64NVME header being the check, each as one bytes
+    body."""
     writer = store.begin_revision(REPO, "b" * 40)
     writer.expect_files(3)
     barrier = threading.Barrier(6, timeout=30)
@@ -106,10 +107,13 @@ def test_each_file_in_flight_gets_its_own_parts_in_flight(store, tmp_path, monke
         return real(**kw)
 
     monkeypatch.setattr(client, "upload_part", upload_part)
-    payloads = []
-    client.meta.events.register(
-        "before-send.s3.UploadPart",
-        lambda request, **_: payloads.append(request.headers.get("X-Amz-Content-SHA256")))
+    payloads, bodies = [], []
+
+    def sending(request, **_):
+        payloads.append(request.headers.get("X-Amz-Content-SHA256"))
+        bodies.append(type(request.body))
+
+    client.meta.events.register("before-send.s3.UploadPart", sending)
     uploads = []
     for i in range(3):
         data = os.urandom(10 * MiB)
@@ -127,6 +131,8 @@ def test_each_file_in_flight_gets_its_own_parts_in_flight(store, tmp_path, monke
     # Plain HTTP to SeaweedFS, yet no SHA256 of each part's body: its signed CRC64NVME
     # header is the check (and the parts' CRCs combined, the end-to-end one).
     assert payloads and set(payloads) == {b"UNSIGNED-PAYLOAD"}, payloads
+    # Each part leaves as the bytes read, not a file object urllib3 would send 16 KiB a call.
+    assert set(bodies) == {bytes}, bodies
 
 
 def test_killed_with_parts_sent_then_rerun_completes(local_hub, seaweed, seaweed_bucket,
