@@ -64,6 +64,13 @@ def test_worker_image_is_pinned_non_root_and_has_no_build_tools():
     assert entry and json.loads(entry[-1]) == ["k3a"]
     build_runs = " ".join(i["value"] for i in stages(parser)[0] if i["instruction"] == "RUN")
     assert "--constraint constraints.txt" in build_runs
+    # The base image ships its standard library without bytecode and the image runs with
+    # PYTHONDONTWRITEBYTECODE as a non-root user: unless compiled at build, every process
+    # compiles what it imports (bench/RESULTS.md, issue 22).
+    assert "PYTHONDONTWRITEBYTECODE=1" in " ".join(
+        i["value"] for i in final if i["instruction"] == "ENV")
+    assert re.search(r"python -m compileall .*get_path\(.stdlib.\)", runs), runs
+    assert "--no-compile" not in build_runs
 
 
 def test_worker_constraints_pin_every_runtime_dependency():
