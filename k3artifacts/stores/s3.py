@@ -137,7 +137,7 @@ class TransferTuning:
     max_bandwidth: int | None = None
     #: Part size of uploads this package sends itself (streamed while downloading, or from a
     #: verified file): each part in flight is one buffer, so memory is ``max_concurrency`` of
-    #: these per writer whatever the file size.
+    #: these per file in flight, whatever the file size.
     stream_part_size: int = 16 * MiB
 
     @classmethod
