@@ -288,6 +288,37 @@ def test_downloads_do_not_wait_for_the_reuses(local_hub, store, tmp_path, monkey
     assert verify_revision(store=store, repo_id=REPO, commit=result.commit, full=True).ok
 
 
+def test_reuses_are_not_limited_to_the_download_workers(local_hub, store, tmp_path,
+                                                       monkeypatch):
+    """Every reuse of the commit waits at a barrier of all of them, with 2 download workers
+    (what a 2-core machine gets): a reuse pool sized like the workers never fills it. A reuse
+    is a few small requests; two at a time made a one-shard commit on 2 cores wait on its
+    unchanged files after the shard had arrived (issue 22)."""
+    files, c1 = first_revision(local_hub, store, tmp_path)
+    local_hub.hub.add_commit(REPO, {**files, "config.json": b"{}"})
+    barrier = threading.Barrier(len(files) - 1, timeout=20)
+    begin = store.begin_revision
+
+    def begin_revision(repo_id, commit):
+        writer = begin(repo_id, commit)
+        reuse = writer.reuse
+
+        def all_at_once(*args, **kwargs):
+            barrier.wait()
+            return reuse(*args, **kwargs)
+
+        writer.reuse = all_at_once
+        return writer
+
+    monkeypatch.setattr(store, "begin_revision", begin_revision)
+    source = HubSource(endpoint=local_hub.endpoint, token=False, retry=FAST_RETRY)
+    result = stage(source, store, REPO, "main", tmp_path / "q",
+                   StageOptions(workers=2, retry=FAST_RETRY))
+    assert not barrier.broken
+    assert result.reused_files == len(files) - 1 and not result.reuse_fallbacks
+    assert verify_revision(store=store, repo_id=REPO, commit=result.commit, full=True).ok
+
+
 def test_two_revisions_sharing_shards_staged_at_once(local_hub, store, tmp_path):
     files, c1 = first_revision(local_hub, store, tmp_path)
     c2 = local_hub.hub.add_commit(REPO, {**files, "config.json": b'{"v": 2}'}, branch="b2")

@@ -62,6 +62,11 @@ from k3artifacts.stores.base import PutReceipt, ReuseFailed, Store, receipt_stat
 __all__ = ["StageOptions", "StageResult", "plan_stage", "stage"]
 
 _COPY_BLOCK = 1 << 20
+#: Reuses in flight. A reuse is a few small requests to the store (a server-side reference
+#: or copy, a header read back): latency, not CPU, so its pool does not follow the download
+#: workers, which are one per core (2 on a 2-core machine: a one-shard commit then waited on
+#: 15 unchanged files' reuses, two at a time, after its shard had arrived).
+REUSE_THREADS = 16
 
 
 @dataclass
@@ -370,7 +375,7 @@ class _Run:
         costs about that shard's transfer, not also a round of requests per unchanged file
         before it (issue 22). A failed download cancels the reuses not yet started, and the
         run fails only once none is in flight: nothing writes into a revision being dropped."""
-        pool = ThreadPoolExecutor(self.options.workers, thread_name_prefix="k3a-reuse")
+        pool = ThreadPoolExecutor(REUSE_THREADS, thread_name_prefix="k3a-reuse")
         try:
             futures = [(p, pool.submit(self._reuse_one, by_path[p.path], p)) for p in planned]
             downloaded, failures = self._run_jobs(runner, todo, entries, receipts)
