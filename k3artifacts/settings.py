@@ -134,7 +134,8 @@ class Settings(BaseModel):
         "K3A_S3_PART_SIZE", "S3 and AWS",
         "Multipart part size and threshold for uploads and copies, e.g. `64MiB` (S3 needs at "
         "least 5 MiB); grown per file so no file needs more than 10,000 parts.",
-        shown="`64MiB`", ge=5 * MiB)
+        shown="uploads in `16MiB` parts from 16 MiB, copies in `64MiB` parts from 64 MiB",
+        ge=5 * MiB)
     s3_concurrency: int | None = var(
         "K3A_S3_CONCURRENCY", "S3 and AWS",
         "Parts in flight per file during an S3 transfer.", shown="`8`", ge=1)

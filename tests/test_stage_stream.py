@@ -135,6 +135,35 @@ def test_each_file_in_flight_gets_its_own_parts_in_flight(store, tmp_path, monke
     assert set(bodies) == {bytes}, bodies
 
 
+def test_a_file_of_one_part_or_more_goes_as_parts_below_the_multipart_threshold(
+        seaweed, seaweed_bucket, monkeypatch, tmp_path):
+    """s3transfer's multipart threshold (64 MiB by default) does not decide which files we
+    send as our own parts: one of at least a part streams, smaller ones are one PUT. A 63 MB
+    shard went through s3transfer, whose signer hashed the whole file a second time over
+    plain HTTP (issue 22)."""
+    for name, value in seaweed.env.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.delenv("AWS_SESSION_TOKEN", raising=False)
+    store = S3Store.from_url(
+        f"s3://{seaweed_bucket}/k3a", endpoint_url=seaweed.endpoint,
+        tuning=TransferTuning(multipart_threshold=64 * MiB, min_part_size=64 * MiB,
+                              stream_part_size=5 * MiB, max_concurrency=2))
+    writer = store.begin_revision(REPO, "c" * 40)
+    assert writer.begin_put("small", 5 * MiB - 1, "0" * 64, tmp_path / "x") is None
+    for name, size in (("w.safetensors", 11 * MiB), ("tiny.json", 3 * MiB)):
+        data = os.urandom(size)
+        local = tmp_path / name
+        local.write_bytes(data)
+        record = FileRecord(path=name, size=size, kind="other",
+                            sha256=hashlib.sha256(data).hexdigest(), xxh3_128="0" * 32)
+        receipt = writer.put_file(record, local, checksums={"crc64nvme": _crc(data)})
+        assert receipt.checksum_crc64nvme == _crc(data)
+        head = store.client.head_object(Bucket=store.bucket, Key=store.key(
+            f"models/{REPO}/{'c' * 40}/{name}"))
+        parts = head["ETag"].strip('"').partition("-")[2]
+        assert parts == ("3" if size > 5 * MiB else ""), (name, head["ETag"])
+
+
 def test_killed_with_parts_sent_then_rerun_completes(local_hub, seaweed, seaweed_bucket,
                                                     tmp_path, k3a_env, k3a_cmd,
                                                      monkeypatch):

@@ -137,7 +137,9 @@ class TransferTuning:
     max_bandwidth: int | None = None
     #: Part size of uploads this package sends itself (streamed while downloading, or from a
     #: verified file): each part in flight is one buffer, so memory is ``max_concurrency`` of
-    #: these per file in flight, whatever the file size.
+    #: these per file in flight, whatever the file size. A file of at least one such part is
+    #: sent this way; only smaller ones go through s3transfer as one PUT, which over plain
+    #: HTTP signs the payload (a second sha256 of the file, read by the signer under the GIL).
     stream_part_size: int = 16 * MiB
 
     @classmethod
@@ -1089,7 +1091,7 @@ class S3RevisionWriter(RevisionWriter):
                 hint="nothing was uploaded for this file; re-download it into quarantine",
             )
         metadata = {META_SHA256: record.sha256, META_XXH3: record.xxh3_128}
-        if size >= self.store.tuning.multipart_threshold:
+        if size >= self.store.tuning.stream_part_size:
             # Our own parts (one pread and one buffer each), whose CRCs must combine to ``crc``.
             upload = _PartUpload(self, record.path, size, local_path, metadata)
             receipt = upload.finish(record, {"crc64nvme": crc}, local_path)
@@ -1130,7 +1132,7 @@ class S3RevisionWriter(RevisionWriter):
     def begin_put(
         self, path: str, size: int, sha256: str, local_path: Path
     ) -> _PartUpload | None:
-        if size < self.store.tuning.multipart_threshold:
+        if size < self.store.tuning.stream_part_size:
             return None  # one PUT after verification costs less than a multipart upload
         return _PartUpload(self, path, size, local_path, {META_SHA256: sha256})
 
