@@ -127,7 +127,8 @@ class TransferTuning:
     whole), and at most ``max_concurrency`` parts are in flight per file.
     """
 
-    #: Files at least this big go multipart (parallel parts, per-part retries).
+    #: s3transfer's threshold: files it moves (in-bucket copies) at least this big go
+    #: multipart (parallel parts, per-part retries). Our own uploads follow :meth:`in_parts`.
     multipart_threshold: int = 64 * MiB
     #: Smallest part; grown per file so that no file needs more than MAX_PARTS parts.
     min_part_size: int = 64 * MiB
@@ -137,9 +138,7 @@ class TransferTuning:
     max_bandwidth: int | None = None
     #: Part size of uploads this package sends itself (streamed while downloading, or from a
     #: verified file): each part in flight is one buffer, so memory is ``max_concurrency`` of
-    #: these per file in flight, whatever the file size. A file of at least one such part is
-    #: sent this way; only smaller ones go through s3transfer as one PUT, which over plain
-    #: HTTP signs the payload (a second sha256 of the file, read by the signer under the GIL).
+    #: these per file in flight, whatever the file size.
     stream_part_size: int = 16 * MiB
 
     @classmethod
@@ -163,6 +162,13 @@ class TransferTuning:
         file gets 105 MiB parts)."""
         needed = math.ceil(size / MAX_PARTS)
         return max(self.min_part_size, math.ceil(needed / MiB) * MiB)
+
+    def in_parts(self, size: int) -> bool:
+        """A file of at least one stream part is sent as our own parts (streamed while it
+        downloads, or from the verified file); only smaller ones go through s3transfer as one
+        PUT, which over plain HTTP signs the payload: a second sha256 of the file, read by
+        the signer under the GIL."""
+        return size >= self.stream_part_size
 
     def upload_part_size(self, size: int) -> int:
         """Part size of a streamed upload of ``size`` bytes, grown like :meth:`part_size`."""
@@ -1091,7 +1097,7 @@ class S3RevisionWriter(RevisionWriter):
                 hint="nothing was uploaded for this file; re-download it into quarantine",
             )
         metadata = {META_SHA256: record.sha256, META_XXH3: record.xxh3_128}
-        if size >= self.store.tuning.stream_part_size:
+        if self.store.tuning.in_parts(size):
             # Our own parts (one pread and one buffer each), whose CRCs must combine to ``crc``.
             upload = _PartUpload(self, record.path, size, local_path, metadata)
             receipt = upload.finish(record, {"crc64nvme": crc}, local_path)
@@ -1132,7 +1138,7 @@ class S3RevisionWriter(RevisionWriter):
     def begin_put(
         self, path: str, size: int, sha256: str, local_path: Path
     ) -> _PartUpload | None:
-        if size < self.store.tuning.stream_part_size:
+        if not self.store.tuning.in_parts(size):
             return None  # one PUT after verification costs less than a multipart upload
         return _PartUpload(self, path, size, local_path, {META_SHA256: sha256})
 
