@@ -259,6 +259,24 @@ class _DownloadSeen(StageObserver):
             self.downloaded.set()
 
 
+def _before_each_reuse(monkeypatch, store, hold) -> None:
+    """Every revision writer ``store`` opens calls ``hold()`` before each reuse."""
+    begin = store.begin_revision
+
+    def begin_revision(repo_id, commit):
+        writer = begin(repo_id, commit)
+        reuse = writer.reuse
+
+        def held(*args, **kwargs):
+            hold()
+            return reuse(*args, **kwargs)
+
+        writer.reuse = held
+        return writer
+
+    monkeypatch.setattr(store, "begin_revision", begin_revision)
+
+
 def test_downloads_do_not_wait_for_the_reuses(local_hub, store, tmp_path, monkeypatch):
     """Each reuse is held until a download has finished: a run that reused every file before
     downloading any would wait here in vain (issue 22: a one-shard commit's transfer starts
@@ -266,20 +284,11 @@ def test_downloads_do_not_wait_for_the_reuses(local_hub, store, tmp_path, monkey
     files, c1 = first_revision(local_hub, store, tmp_path)
     local_hub.hub.add_commit(REPO, {**files, "config.json": b"{}"})
     observer = _DownloadSeen()
-    begin = store.begin_revision
 
-    def begin_revision(repo_id, commit):
-        writer = begin(repo_id, commit)
-        reuse = writer.reuse
+    def after_a_download():
+        assert observer.downloaded.wait(10), "no download finished while files were reused"
 
-        def after_a_download(*args, **kwargs):
-            assert observer.downloaded.wait(10), "no download finished while files were reused"
-            return reuse(*args, **kwargs)
-
-        writer.reuse = after_a_download
-        return writer
-
-    monkeypatch.setattr(store, "begin_revision", begin_revision)
+    _before_each_reuse(monkeypatch, store, after_a_download)
     source = HubSource(endpoint=local_hub.endpoint, token=False, retry=FAST_RETRY)
     result = stage(source, store, REPO, "main", tmp_path / "q", StageOptions(retry=FAST_RETRY),
                    observer)
@@ -297,20 +306,7 @@ def test_reuses_are_not_limited_to_the_download_workers(local_hub, store, tmp_pa
     files, c1 = first_revision(local_hub, store, tmp_path)
     local_hub.hub.add_commit(REPO, {**files, "config.json": b"{}"})
     barrier = threading.Barrier(len(files) - 1, timeout=20)
-    begin = store.begin_revision
-
-    def begin_revision(repo_id, commit):
-        writer = begin(repo_id, commit)
-        reuse = writer.reuse
-
-        def all_at_once(*args, **kwargs):
-            barrier.wait()
-            return reuse(*args, **kwargs)
-
-        writer.reuse = all_at_once
-        return writer
-
-    monkeypatch.setattr(store, "begin_revision", begin_revision)
+    _before_each_reuse(monkeypatch, store, barrier.wait)
     source = HubSource(endpoint=local_hub.endpoint, token=False, retry=FAST_RETRY)
     result = stage(source, store, REPO, "main", tmp_path / "q",
                    StageOptions(workers=2, retry=FAST_RETRY))

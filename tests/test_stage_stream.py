@@ -31,15 +31,21 @@ def _crc(data: bytes) -> str:
     return base64.b64encode(checksums.crc64nvme(data).to_bytes(8, "big")).decode()
 
 
-@pytest.fixture
-def store(seaweed, seaweed_bucket, monkeypatch):
+def _seaweed_store(seaweed, bucket: str, monkeypatch, *, multipart: int) -> S3Store:
+    """The SeaweedFS store with 5 MiB stream parts, 2 in flight per file, and s3transfer's
+    multipart threshold and part size at ``multipart``."""
     for name, value in seaweed.env.items():
         monkeypatch.setenv(name, value)
     monkeypatch.delenv("AWS_SESSION_TOKEN", raising=False)
     return S3Store.from_url(
-        f"s3://{seaweed_bucket}/k3a", endpoint_url=seaweed.endpoint,
-        tuning=TransferTuning(multipart_threshold=5 * MiB, min_part_size=5 * MiB,
+        f"s3://{bucket}/k3a", endpoint_url=seaweed.endpoint,
+        tuning=TransferTuning(multipart_threshold=multipart, min_part_size=multipart,
                               stream_part_size=5 * MiB, max_concurrency=2))
+
+
+@pytest.fixture
+def store(seaweed, seaweed_bucket, monkeypatch):
+    return _seaweed_store(seaweed, seaweed_bucket, monkeypatch, multipart=5 * MiB)
 
 
 def _bytes(files, path: str) -> bytes:
@@ -141,13 +147,7 @@ def test_a_file_of_one_part_or_more_goes_as_parts_below_the_multipart_threshold(
     send as our own parts: one of at least a part streams, smaller ones are one PUT. A 63 MB
     shard went through s3transfer, whose signer hashed the whole file a second time over
     plain HTTP (issue 22)."""
-    for name, value in seaweed.env.items():
-        monkeypatch.setenv(name, value)
-    monkeypatch.delenv("AWS_SESSION_TOKEN", raising=False)
-    store = S3Store.from_url(
-        f"s3://{seaweed_bucket}/k3a", endpoint_url=seaweed.endpoint,
-        tuning=TransferTuning(multipart_threshold=64 * MiB, min_part_size=64 * MiB,
-                              stream_part_size=5 * MiB, max_concurrency=2))
+    store = _seaweed_store(seaweed, seaweed_bucket, monkeypatch, multipart=64 * MiB)
     writer = store.begin_revision(REPO, "c" * 40)
     assert writer.begin_put("small", 5 * MiB - 1, "0" * 64, tmp_path / "x") is None
     for name, size in (("w.safetensors", 11 * MiB), ("tiny.json", 3 * MiB)):
