@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import collections
 import logging
-import mmap
 import os
 import threading
 import time
@@ -33,7 +32,7 @@ from k3artifacts import faultpoints
 from k3artifacts.errors import ConfigError, NotFound, Unavailable, VerifyMismatch
 from k3artifacts.nodecache.layout import PartsRecord
 from k3artifacts.nodecache.safefs import FILE_MODE, Dir
-from k3artifacts.revisions.hashing import MultiHasher
+from k3artifacts.revisions.hashing import MultiHasher, feed_range
 from k3artifacts.revisions.manifest import FileRecord
 from k3artifacts.stores.base import RangeReader as Source
 from k3artifacts.stores.base import ShortRead
@@ -44,8 +43,6 @@ MiB = 1 << 20
 #: Bytes each worker moves per read/write call: big enough that syscalls cost nothing, small
 #: enough that memory stays a few MiB per worker.
 CHUNK = 1 * MiB
-#: Bytes of a part file mapped at once to hash it.
-HASH_WINDOW = 8 * MiB
 #: Seconds between sidecar records (each costs an fdatasync per file in flight).
 FLUSH_INTERVAL = 1.0
 
@@ -197,14 +194,8 @@ class FileJob:
         return True
 
     def _hash_part(self, idx: int) -> None:
-        # Mapped a window at a time: mapped page-cache pages count in the process's RSS, so
-        # mapping a whole part would make memory grow with the part size.
-        start, end = idx * self.part_size, idx * self.part_size + self.length(idx)
-        for offset in range(start, end, HASH_WINDOW):
-            size = min(HASH_WINDOW, end - offset)
-            with mmap.mmap(self.fd, size, access=mmap.ACCESS_READ, offset=offset) as mapped, \
-                    memoryview(mapped) as view:
-                self.hasher.update(view)
+        start = idx * self.part_size
+        feed_range(self.hasher, self.fd, start, start + self.length(idx))
 
     def _finish(self) -> None:
         got = self.hasher.hexdigests()

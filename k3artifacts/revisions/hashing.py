@@ -138,6 +138,22 @@ def feed_file(
         return hasher
 
 
+def feed_range(hasher: MultiHasher, fd: int, start: int, end: int) -> None:
+    """Feed bytes ``[start, end)`` of the open file ``fd`` to ``hasher``, straight from the page
+    cache (no copy), a window at a time: mapped pages count in the process's RSS, so mapping a
+    whole multi-GB range would make memory grow with its size. Parts written by other threads
+    moments ago are still hot there, so this reads memory, not the disk."""
+    offset = start
+    while offset < end:
+        # mmap offsets must be page-aligned; a range resumed at an odd byte maps from before it.
+        base = offset - offset % mmap.ALLOCATIONGRANULARITY
+        stop = min(end, base + MAP_STEP)
+        with mmap.mmap(fd, stop - base, access=mmap.ACCESS_READ, offset=base) as mapped, \
+                memoryview(mapped) as view, view[offset - base:] as window:
+            hasher.update(window)
+        offset = stop
+
+
 def _read_file(fh, hasher: MultiHasher, on_bytes, limit: int | None) -> MultiHasher:
     try:
         os.posix_fadvise(fh.fileno(), 0, 0, os.POSIX_FADV_SEQUENTIAL)
