@@ -16,6 +16,7 @@ import pytest
 from awscrt import checksums
 
 from k3artifacts.revisions.manifest import FileRecord
+from k3artifacts.staging.download import Ranges
 from k3artifacts.stores.s3 import STREAM_LAG, MiB, S3Store, TransferTuning
 from k3artifacts.stores.verify import verify_revision
 from tests.faults.faultkit import SHARD1, run_k3a, start_k3a, wait_for
@@ -53,10 +54,14 @@ def _bytes(files, path: str) -> bytes:
     return value.read_bytes() if isinstance(value, Path) else value
 
 
-def test_shards_stream_to_s3_once_and_read_back_whole(local_hub, store, tmp_path):
+@pytest.mark.parametrize("ranges", [Ranges(streams=1), Ranges(streams=3, size=2 * MiB)],
+                         ids=["one-stream", "ranges"])
+def test_shards_stream_to_s3_once_and_read_back_whole(local_hub, store, tmp_path, ranges):
+    """Parts leave as the file's whole prefix grows, whether one stream writes it front to
+    back or several write ranges out of order."""
     files = small_release(tmp_path, shard_bytes=SHARD_BYTES)
     commit = local_hub.hub.add_commit(REPO, files)
-    result = run_stage(local_hub.endpoint, store, tmp_path / "q")
+    result = run_stage(local_hub.endpoint, store, tmp_path / "q", ranges=ranges)
     assert result.commit == commit
     total = sum(len(_bytes(files, p)) for p in files)
     # Every byte crossed to S3 once: no second upload of a shard after it was verified.

@@ -132,13 +132,19 @@ def print_plan(plan: StagePlan) -> None:
               help="Hub URL [default: $HF_ENDPOINT or huggingface.co].")
 @click.option("--workers", type=int, default=default_workers, show_default="cores, 2 to 8",
               help="Files downloaded at once.")
+@click.option("--streams", type=click.IntRange(min=1), default=None,
+              show_default="4, for files over one 32 MiB range",
+              help="Connections per large file: it is fetched as ranges this many at a time "
+              "from the Hub's CDN (one connection rarely fills a long-distance link). 1: one "
+              "stream per file.")
 @click.option("--allow-pickle", is_flag=True,
               help="Accept .bin/.pt/.pkl weights (they can run code).")
 @click.option("--keep-quarantine", is_flag=True, help="Keep the local copy after publishing.")
 @click.option("--window-bytes", type=ByteSize(), default=None,
               help="Bound local quarantine disk (e.g. 500GiB): shards leave it once stored.")
 @click.option("--retries", default=8, show_default=True,
-              help="Attempts per file that make no progress before giving up.")
+              help="Attempts per file (per range, for a file fetched as ranges) that make no "
+              "progress before giving up.")
 @click.option("--connect-timeout", type=click.FloatRange(min=0.1), default=10.0,
               show_default=True, help="Seconds to connect to the hub or its CDN.")
 @click.option("--read-timeout", type=click.FloatRange(min=0.1), default=60.0,
@@ -165,7 +171,7 @@ def print_plan(plan: StagePlan) -> None:
 @progress_options
 @json_option
 @resumable
-def stage_cmd(repo_id, revision, store_url, quarantine, endpoint, workers, allow_pickle,
+def stage_cmd(repo_id, revision, store_url, quarantine, endpoint, workers, streams, allow_pickle,
               keep_quarantine, window_bytes, retries, connect_timeout, read_timeout, min_rate,
               rate_window, signing_key, reverify_reused, plan_only, repair, quiet,
               progress_interval, log_format, as_json):
@@ -204,7 +210,7 @@ def stage_cmd(repo_id, revision, store_url, quarantine, endpoint, workers, allow
     answered), silent past --read-timeout or slower than --min-rate, 130 Ctrl-C.
     """
     from k3artifacts.revisions.refs import check_repo_id
-    from k3artifacts.staging.download import RetryPolicy
+    from k3artifacts.staging.download import Ranges, RetryPolicy
     from k3artifacts.staging.engine import StageOptions, plan_stage
     from k3artifacts.staging.hub import HubSource
     from k3artifacts.staging.quarantine import quarantine_root_for
@@ -215,6 +221,7 @@ def stage_cmd(repo_id, revision, store_url, quarantine, endpoint, workers, allow
     options = StageOptions(
         allow_pickle=allow_pickle,
         workers=workers,
+        ranges=Ranges() if streams is None else Ranges(streams=streams),
         keep_quarantine=keep_quarantine,
         window_bytes=window_bytes,
         retry=RetryPolicy(attempts=retries, connect_timeout=connect_timeout,

@@ -64,6 +64,7 @@ class BodyPlan:
     cut_at: int | None = None  # close the connection after this many body bytes
     short_by: int = 0  # close after body length minus this
     transforms: list[Callable[[int, bytearray], None]] = field(default_factory=list)
+    whole: bool = False  # ignore Range and answer 200 with the whole body, as some proxies do
 
 
 @dataclass(frozen=True)
@@ -424,7 +425,7 @@ class _Handler(BaseHTTPRequestHandler):
     def _send_file(self, entry: Entry, headers: dict[str, str], plan: BodyPlan, *,
                    head: bool) -> None:
         size = entry.size
-        span = _parse_range(self.headers.get("Range"), size)
+        span = None if plan.whole else _parse_range(self.headers.get("Range"), size)
         if span == "unsatisfiable":
             headers["Content-Range"] = f"bytes */{size}"
             self._send_json(

@@ -15,17 +15,23 @@ What it follows, as the official ``huggingface_hub`` client does (``file_downloa
   processes the partial file on disk is re-hashed once, then the rest is fetched.
 - **429 and 5xx** are retried after ``Retry-After`` (capped at ``max_retry_after``) or an
   exponential backoff; only attempts that moved no byte count towards giving up.
+- **Several streams per file**: a file larger than one range (:class:`Ranges`) is fetched
+  as ranges on several connections at once, the first from the Hub (headers checked, CDN
+  URL learned) and the rest from the CDN directly; each range follows every rule here on its
+  own. A partial file written so keeps a :class:`PartialRecord` of its whole prefix.
 - **Timeouts**: every request has a connect and a read timeout; a transfer that delivers no
   byte for ``read_timeout`` is cut and resumed. A transfer slower than ``min_rate`` bytes/s
   over ``rate_window`` seconds is cut too, and ``slow_attempts`` such cuts in a row end with
   :class:`Unavailable` (exit 8) naming the server that trickled.
 
-Memory is one reused buffer per transfer.
+Memory is one network chunk per stream in flight, whatever the file's size.
 """
 
 from __future__ import annotations
 
+import collections
 import email.utils
+import itertools
 import logging
 import os
 import random
@@ -37,6 +43,7 @@ from pathlib import Path
 from urllib.parse import urljoin, urlsplit
 
 import urllib3
+from pydantic import BaseModel, ConfigDict
 from urllib3.exceptions import (
     ConnectTimeoutError,
     NameResolutionError,
@@ -48,7 +55,7 @@ from urllib3.exceptions import (
 from urllib3.exceptions import HTTPError as Urllib3Error
 
 from k3artifacts.errors import Unavailable
-from k3artifacts.revisions.hashing import MultiHasher, feed_file
+from k3artifacts.revisions.hashing import MultiHasher, feed_file, feed_range
 
 log = logging.getLogger(__name__)
 
@@ -156,8 +163,10 @@ def pool() -> urllib3.PoolManager:
     global _pool
     if _pool is None:
         # Redirects are followed by :func:`open_following` (never by urllib3), so each hop's
-        # headers are chosen for its origin and the Hub's own answer is seen.
-        _pool = urllib3.PoolManager(num_pools=8, maxsize=16, retries=False)
+        # headers are chosen for its origin and the Hub's own answer is seen. Up to 8 files
+        # at once, each over several streams, to one CDN host: a pool smaller than that opens
+        # and throws away a connection per range.
+        _pool = urllib3.PoolManager(num_pools=8, maxsize=64, retries=False)
     return _pool
 
 
@@ -275,8 +284,152 @@ def check_hub_headers(first: Mapping[str, str], size: int, expected: Expected) -
         raise PermanentError(f"the hub's X-Linked-Size {linked!r} differs from the listed {size}")
 
 
+@dataclass(frozen=True)
+class Ranges:
+    """How many HTTP streams one large file is fetched over, and in how big pieces.
+
+    One connection to a CDN moves what one TCP stream over a long path can carry (tens of
+    MB/s from huggingface.co's CDN to an AWS region); the file needs many at once to reach
+    the link's rate, which is why the Hub's own Xet client opens up to 64. A file of more than
+    one range is cut into ranges that ``streams`` threads fetch in file order, each written in
+    place; the bytes are hashed, in order, as the ranges below the cursor complete."""
+
+    streams: int = 4
+    size: int = 32 * 1024 * 1024
+
+    def __post_init__(self) -> None:
+        if self.streams < 1 or self.size < 1:
+            raise ValueError("Ranges needs at least one stream and a positive range size")
+
+    def split(self, start: int, end: int) -> list[tuple[int, int]]:
+        """``[start, end)`` as ``(first, stop)`` ranges on multiples of ``size``: the same
+        boundaries whatever byte a resumed run starts from."""
+        cuts = [start, *range(start - start % self.size + self.size, end, self.size), end]
+        return list(itertools.pairwise(cuts))
+
+    def applies(self, start: int, end: int) -> bool:
+        return self.streams > 1 and end - start > self.size
+
+
+class PartialRecord(BaseModel):
+    """``<part>.json``, beside a partial file written as parallel ranges: its first ``prefix``
+    bytes are whole; what lies after them may have holes and is fetched again. A partial file
+    without one was written front to back, so all of it counts."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    size: int
+    sha256: str | None
+    prefix: int
+
+
+def record_path(part: Path) -> Path:
+    return part.with_name(part.name + ".json")
+
+
+def _kept(part: Path, size: int, expected: Expected) -> int:
+    """Bytes of a partial file left by an earlier process that can be trusted as a prefix."""
+    sidecar = record_path(part)
+    try:
+        existing = part.stat().st_size
+    except FileNotFoundError:
+        sidecar.unlink(missing_ok=True)
+        return 0
+    if not sidecar.exists():
+        if existing <= size:
+            return existing
+    else:
+        try:
+            record = PartialRecord.model_validate_json(sidecar.read_bytes())
+        except (OSError, ValueError):
+            record = None
+        if record is not None and record.size == size and record.sha256 == expected.sha256:
+            return min(record.prefix, existing, size)
+    # Longer than listed, or ranged without a record we can read: no byte of it is trusted.
+    part.unlink()
+    sidecar.unlink(missing_ok=True)
+    return 0
+
+
+class _Stopped(Exception):
+    """Another range of the same file failed: this one stops where it is."""
+
+
+class _Tries:
+    """When one stream of bytes (a whole file or one range of it) gives up.
+
+    Only attempts that moved no byte count: a flaky link that still delivers is not a dead
+    one. A host that never answered gets one quick second chance; trickles in a row end it."""
+
+    def __init__(self, policy: RetryPolicy, name: str, url: str,
+                 stop: threading.Event | None = None):
+        self.policy = policy
+        self.name = name
+        self.url = url
+        self.stop = stop
+        self.attempt = 0
+        self.slow = 0
+
+    def failed(self, exc: TransientError, progressed: bool, position: int) -> None:
+        """Wait before the next attempt, or raise :class:`Unavailable`."""
+        policy, name = self.policy, self.name
+        if exc.first_contact:
+            self.attempt += 1
+            if self.attempt >= 2:
+                raise Unavailable(
+                    f"{name}: cannot reach {exc.host or host_of(self.url)} (it never "
+                    f"answered): {exc}",
+                    hint="check the endpoint (--endpoint / HF_ENDPOINT) and the route, "
+                    "DNS and proxy to it; partial files are kept for the re-run",
+                ) from None
+            self._sleep(FIRST_CONTACT_RETRY_S)
+            return
+        if exc.slow:
+            self.slow += 1
+            if self.slow >= policy.slow_attempts:
+                raise Unavailable(
+                    f"{name}: {exc.host} too slow, {self.slow} transfers in a row: {exc}",
+                    hint="the partial file is kept; re-run later or from a better "
+                    "connected host, or lower the floor with --min-rate",
+                ) from None
+        else:
+            self.slow = 0
+        self.attempt = 1 if progressed else self.attempt + 1
+        if self.attempt >= policy.attempts:
+            raise Unavailable(
+                f"{name}: gave up after {self.attempt} attempts: {exc}",
+                hint="the partial file is kept; re-run the same command to resume",
+            ) from None
+        delay = policy.delay(self.attempt - 1, exc.retry_after)
+        log.warning("%s: %s; attempt %d of %d without progress, retrying in %.1fs from byte %d",
+                    name, exc, self.attempt, policy.attempts, delay, position)
+        self._sleep(delay)
+
+    def _sleep(self, seconds: float) -> None:
+        if self.stop is None:
+            time.sleep(seconds)
+        elif self.stop.wait(seconds):
+            raise _Stopped()
+
+
+def _content_range_start(value: str | None, size: int, host: str) -> int | None:
+    """The first byte of a 206's ``Content-Range: bytes a-b/total``; refuses a total that
+    contradicts the listed size."""
+    if not value or not value.startswith("bytes "):
+        return None
+    span, _, total = value[6:].partition("/")
+    if total.strip() not in ("*", str(size)):
+        raise PermanentError(f"{host} says the file has {total.strip()} bytes, the listing {size}")
+    first = span.partition("-")[0].strip()
+    return int(first) if first.isdigit() else None
+
+
 class _Transfer:
-    """The state of one file's download across attempts: the URL to resume from."""
+    """One file's download across attempts and threads: the URL its bytes come from.
+
+    The first answer of a file comes from the Hub (its headers are checked against the
+    listing); the CDN URL it redirects to is kept and asked directly for every later range
+    or resume, until it stops answering (an expired signature) and the Hub gives a fresh one."""
 
     def __init__(self, url: str, headers: Mapping[str, str], size: int, expected: Expected,
                  policy: RetryPolicy):
@@ -288,72 +441,225 @@ class _Transfer:
         #: Where the bytes came from last time (the CDN, after the Hub's redirect).
         self.resume_url: str | None = None
 
-    def attempt(self, fh, hasher: MultiHasher, on_bytes: Callable[[int], None] | None) -> None:
-        offset = hasher.size
+    def open(self, first: int, stop: int) -> Opened:
+        """An answer whose body is bytes ``[first, stop)`` of the file (or raise)."""
         req = dict(self.headers)
-        if offset:
-            req["Range"] = f"bytes={offset}-"
+        if stop < self.size:
+            req["Range"] = f"bytes={first}-{stop - 1}"
+        elif first:
+            req["Range"] = f"bytes={first}-"
         start = self.resume_url or self.hub_url
         opened = open_following(start, req, self.policy, hub_url=self.hub_url)
-        resp = opened.response
+        resp, host = opened.response, host_of(opened.url)
         try:
             if start == self.hub_url:
                 check_hub_headers(opened.first_headers, self.size, self.expected)
             if resp.status in RETRY_STATUS:
-                raise TransientError(f"HTTP {resp.status} from {host_of(opened.url)}",
-                                     retry_after(resp.headers.get("Retry-After")),
-                                     host=host_of(opened.url))
+                raise TransientError(f"HTTP {resp.status} from {host}",
+                                     retry_after(resp.headers.get("Retry-After")), host=host)
             if self.resume_url is not None and resp.status in EXPIRED_STATUS:
                 self.resume_url = None
-                raise TransientError(f"HTTP {resp.status} from {host_of(opened.url)} on resume",
-                                     0.0, stale_url=True, host=host_of(opened.url))
-            if offset and resp.status == 200:
+                raise TransientError(f"HTTP {resp.status} from {host} on resume", 0.0,
+                                     stale_url=True, host=host)
+            if "Range" in req and resp.status == 200:
                 # The server ignored Range: start over rather than append a second copy.
                 raise RangeIgnored()
             if resp.status not in (200, 206):
-                raise PermanentError(f"HTTP {resp.status} from {host_of(opened.url)}")
-            self.resume_url = opened.url if opened.url != self.hub_url else None
-            self._body(resp, opened.url, fh, hasher, on_bytes)
+                raise PermanentError(f"HTTP {resp.status} from {host}")
+            if resp.status == 206:
+                served = _content_range_start(resp.headers.get("Content-Range"), self.size, host)
+                if served is not None and served != first:
+                    raise PermanentError(f"{host} answered a range from byte {served} when "
+                                         f"asked for byte {first}")
         except BaseException:
             # An unread or broken body must not go back to the pool for the next request.
+            resp.close()
+            resp.release_conn()
+            raise
+        self.resume_url = opened.url if opened.url != self.hub_url else None
+        return opened
+
+    def body(self, opened: Opened, first: int, stop: int, sink: Callable[[bytes], None],
+             halt: threading.Event | None = None) -> None:
+        """Pass the answer's bytes ``[first, stop)`` to ``sink`` in order; always releases
+        the answer. A stall or trickle is a :class:`TransientError` from the byte reached."""
+        resp, policy, url = opened.response, self.policy, opened.url
+        position = first
+        window_start, window_bytes = time.monotonic(), 0
+        try:
+            while position < stop:
+                if halt is not None and halt.is_set():
+                    raise _Stopped()
+                try:
+                    # read1 returns what has arrived instead of waiting for a full chunk, so a
+                    # dropped connection loses no byte already received: resume starts there.
+                    data = resp.read1(min(NET_CHUNK, stop - position))
+                except Urllib3Error as exc:
+                    raise TransientError(
+                        f"connection to {host_of(url)} lost at byte {position}: {exc}",
+                        host=host_of(url),
+                    ) from None
+                if not data:
+                    raise TransientError(f"body from {host_of(url)} ended at byte {position} "
+                                         f"of {self.size}", host=host_of(url))
+                sink(data)
+                position += len(data)
+                window_bytes += len(data)
+                elapsed = time.monotonic() - window_start
+                if elapsed >= policy.rate_window and position < stop:
+                    rate = window_bytes / elapsed
+                    if rate < policy.min_rate:
+                        raise TransientError(
+                            f"{host_of(url)} sent {rate:.0f} B/s over {elapsed:.1f}s, below "
+                            f"the floor of {policy.min_rate:.0f} B/s", slow=True,
+                            host=host_of(url),
+                        )
+                    window_start, window_bytes = time.monotonic(), 0
+            if stop == self.size and resp.read(1):
+                raise PermanentError(f"{host_of(url)} sent more than the listed {self.size} bytes")
+        except BaseException:
             resp.close()
             raise
         finally:
             resp.release_conn()
 
-    def _body(self, resp, url: str, fh, hasher: MultiHasher,
-              on_bytes: Callable[[int], None] | None) -> None:
-        size, policy = self.size, self.policy
-        window_start, window_bytes = time.monotonic(), 0
-        while hasher.size < size:
+
+#: Seconds between records of a ranged file's whole prefix (and the sync each one needs).
+RECORD_INTERVAL = 1.0
+
+
+class _RangedFetch:
+    """One file as several ranges in flight, written in place, hashed in order.
+
+    The first range is opened on the caller's thread, so the Hub is asked once (its headers
+    checked, its CDN URL learned) before the other streams go to the CDN directly. Whichever
+    thread completes the range at the hash cursor hashes it and any completed ranges after it,
+    straight from the page cache. The cursor is the file's whole prefix: what the store's
+    streamed upload may read, and what :class:`PartialRecord` keeps for a re-run."""
+
+    def __init__(self, transfer: _Transfer, fd: int, hasher: MultiHasher, ranges: Ranges, *,
+                 part: Path, name: str, durable: bool,
+                 on_bytes: Callable[[int], None] | None,
+                 on_prefix: Callable[[int], None] | None):
+        self.transfer = transfer
+        self.fd = fd
+        self.hasher = hasher
+        self.streams = ranges.streams
+        self.pending = collections.deque(ranges.split(hasher.size, transfer.size))
+        self.part = part
+        self.name = name
+        self.durable = durable
+        self.on_bytes = on_bytes
+        self.on_prefix = on_prefix
+        self.lock = threading.Lock()
+        self.halt = threading.Event()
+        self.landed: dict[int, int] = {}
+        self.hashing = False
+        self.errors: list[BaseException] = []
+        self.recorded_at = 0.0
+
+    def run(self) -> None:
+        self._record()  # before any byte lands past the prefix
+        first, stop = self.pending.popleft()
+        tries = self._tries()
+        opened = None
+        try:
+            while opened is None:
+                try:
+                    opened = self.transfer.open(first, stop)
+                except TransientError as exc:
+                    tries.failed(exc, False, first)
+            helpers = [threading.Thread(target=self._guarded, args=(self._work,),
+                                        name="k3a-range", daemon=True)
+                       for _ in range(min(self.streams - 1, len(self.pending)))]
+            for thread in helpers:
+                thread.start()
+            self._guarded(self._range, first, stop, opened, tries)
+            self._guarded(self._work)
+            for thread in helpers:
+                thread.join()
+        finally:
+            self._record(force=True)
+        if self.errors:
+            kinds = (RangeIgnored, PermanentError)
+            raise next((e for e in self.errors if isinstance(e, kinds)), self.errors[0])
+
+    def _guarded(self, work: Callable[..., None], *args: object) -> None:
+        try:
+            work(*args)
+        except _Stopped:
+            pass
+        except BaseException as exc:  # noqa: BLE001 - run() raises it on the caller's thread
+            with self.lock:
+                self.errors.append(exc)
+            self.halt.set()
+
+    def _tries(self) -> _Tries:
+        return _Tries(self.transfer.policy, self.name, self.transfer.hub_url, self.halt)
+
+    def _work(self) -> None:
+        while not self.halt.is_set():
+            with self.lock:
+                if not self.pending:
+                    return
+                first, stop = self.pending.popleft()
+            self._range(first, stop, None, self._tries())
+
+    def _range(self, first: int, stop: int, opened: Opened | None, tries: _Tries) -> None:
+        position = first
+
+        def sink(data: bytes) -> None:
+            nonlocal position
+            view, done = memoryview(data), 0
+            while done < len(view):
+                done += os.pwrite(self.fd, view[done:], position + done)
+            position += done
+            if self.on_bytes is not None:
+                self.on_bytes(done)
+
+        while position < stop:
+            before = position
             try:
-                # read1 returns what has arrived instead of waiting for a full chunk, so a
-                # dropped connection loses no byte already received: resume starts there.
-                data = resp.read1(min(NET_CHUNK, size - hasher.size))
-            except Urllib3Error as exc:
-                raise TransientError(
-                    f"connection to {host_of(url)} lost at byte {hasher.size}: {exc}",
-                    host=host_of(url),
-                ) from None
-            if not data:
-                raise TransientError(f"body from {host_of(url)} ended at byte {hasher.size} "
-                                     f"of {size}", host=host_of(url))
-            fh.write(data)
-            hasher.update(data)
-            if on_bytes is not None:
-                on_bytes(len(data))
-            window_bytes += len(data)
-            elapsed = time.monotonic() - window_start
-            if elapsed >= policy.rate_window and hasher.size < size:
-                rate = window_bytes / elapsed
-                if rate < policy.min_rate:
-                    raise TransientError(
-                        f"{host_of(url)} sent {rate:.0f} B/s over {elapsed:.1f}s, below the "
-                        f"floor of {policy.min_rate:.0f} B/s", slow=True, host=host_of(url),
-                    )
-                window_start, window_bytes = time.monotonic(), 0
-        if resp.read(1):
-            raise PermanentError(f"{host_of(url)} sent more than the listed {size} bytes")
+                if opened is None:
+                    opened = self.transfer.open(position, stop)
+                self.transfer.body(opened, position, stop, sink, self.halt)
+            except TransientError as exc:
+                tries.failed(exc, position > before, position)
+            finally:
+                opened = None
+        self._landed(first, stop)
+
+    def _landed(self, first: int, stop: int) -> None:
+        with self.lock:
+            self.landed[first] = stop
+            if self.hashing:
+                return  # the thread at the cursor picks this range up
+            self.hashing = True
+        while True:
+            with self.lock:
+                start = self.hasher.size
+                stop = self.landed.pop(start, -1)
+                if stop < 0:
+                    self.hashing = False
+                    return
+            feed_range(self.hasher, self.fd, start, stop)
+            if self.on_prefix is not None:
+                self.on_prefix(stop)
+            self._record()
+
+    def _record(self, force: bool = False) -> None:
+        now = time.monotonic()
+        if not force and now - self.recorded_at < RECORD_INTERVAL:
+            return
+        self.recorded_at = now
+        if self.durable:
+            os.fdatasync(self.fd)  # the record never claims bytes a power loss takes back
+        record = PartialRecord(size=self.transfer.size, sha256=self.transfer.expected.sha256,
+                               prefix=self.hasher.size)
+        sidecar = record_path(self.part)
+        staging = sidecar.with_name(sidecar.name + ".new")
+        staging.write_text(record.model_dump_json())
+        os.replace(staging, sidecar)
 
 
 def fetch(
@@ -364,7 +670,9 @@ def fetch(
     hasher_factory: Callable[[], MultiHasher],
     *,
     policy: RetryPolicy = RetryPolicy(),
+    ranges: Ranges = Ranges(),
     on_bytes: Callable[[int], None] | None = None,
+    on_prefix: Callable[[int], None] | None = None,
     on_resumed: Callable[[int], None] | None = None,
     label: str = "",
     durable: bool = True,
@@ -372,74 +680,62 @@ def fetch(
 ) -> MultiHasher:
     """Complete ``part`` to ``size`` bytes from ``url``; return the hasher over the whole file.
 
-    ``on_bytes`` sees bytes received from the network, ``on_resumed`` bytes re-read from a
-    partial file left by an earlier process. Raises :class:`Unavailable` when attempts that
-    make no progress (or trickles) are exhausted and :class:`PermanentError` when the server's
-    answer cannot become right by retrying. ``durable=False`` skips the fsync (the caller makes
-    the bytes durable some other way, or re-checks them after a crash).
+    ``on_bytes`` sees bytes received from the network (from any thread), ``on_prefix`` the
+    length of the whole prefix on disk each time it grows, ``on_resumed`` bytes re-read from a
+    partial file left by an earlier process. A file of more than one range is fetched over
+    ``ranges.streams`` connections. Raises :class:`Unavailable` when attempts that make no
+    progress (or trickles) are exhausted and :class:`PermanentError` when the server's answer
+    cannot become right by retrying. ``durable=False`` skips the fsync (the caller makes the
+    bytes durable some other way, or re-checks them after a crash).
     """
     hasher = hasher_factory()
-    if part.exists():
-        existing = part.stat().st_size
-        if existing > size:
-            part.unlink()
-        elif existing:
-            # Cross-process resume: the old process's hash state is gone; rebuild it from the
-            # bytes already on disk (read once), then fetch only the rest.
-            feed_file(hasher, part, limit=existing, on_bytes=on_resumed)
-            if existing == size:
-                # The old process received every byte and died before checking them. Asking
-                # for the rest would be a Range past the end, which servers answer with 416.
-                return hasher
+    kept = _kept(part, size, expected)
+    if kept:
+        # Cross-process resume: the old process's hash state is gone; rebuild it from the
+        # bytes already on disk (read once), then fetch only the rest.
+        feed_file(hasher, part, limit=kept, on_bytes=on_resumed)
     transfer = _Transfer(url, headers, size, expected, policy)
-    attempt = slow = 0
     name = label or url
-    with open(part, "r+b" if part.exists() else "wb") as fh:
-        while True:
-            fh.seek(hasher.size)
-            fh.truncate()
-            before = hasher.size
+    # Readable too: the hash cursor maps what the streams wrote.
+    with open(part, "r+b" if part.exists() else "w+b") as fh:
+        if ranges.applies(hasher.size, size):
             try:
-                transfer.attempt(fh, hasher, on_bytes)
-                fh.flush()
-                if durable:
-                    os.fsync(fh.fileno())
-                return hasher
+                _RangedFetch(transfer, fh.fileno(), hasher, ranges, part=part, name=name,
+                             durable=durable, on_bytes=on_bytes, on_prefix=on_prefix).run()
             except RangeIgnored:
+                record_path(part).unlink(missing_ok=True)
                 hasher = hasher_factory()
-            except TransientError as exc:
-                if exc.first_contact:
-                    attempt += 1
-                    if attempt >= 2:
-                        raise Unavailable(
-                            f"{name}: cannot reach {exc.host or host_of(url)} (it never "
-                            f"answered): {exc}",
-                            hint="check the endpoint (--endpoint / HF_ENDPOINT) and the route, "
-                            "DNS and proxy to it; partial files are kept for the re-run",
-                        ) from None
-                    time.sleep(FIRST_CONTACT_RETRY_S)
-                    continue
-                if exc.slow:
-                    slow += 1
-                    if slow >= policy.slow_attempts:
-                        raise Unavailable(
-                            f"{name}: {exc.host} too slow, {slow} transfers in a row: {exc}",
-                            hint="the partial file is kept; re-run later or from a better "
-                            "connected host, or lower the floor with --min-rate",
-                        ) from None
-                else:
-                    slow = 0
-                # A flaky link that still moves bytes is not a dead one: only attempts that
-                # made no progress count towards giving up.
-                attempt = 1 if hasher.size > before else attempt + 1
-                if attempt >= policy.attempts:
-                    raise Unavailable(
-                        f"{name}: gave up after {attempt} attempts: {exc}",
-                        hint="the partial file is kept; re-run the same command to resume",
-                    ) from None
-                delay = policy.delay(attempt - 1, exc.retry_after)
-                log.warning(
-                    "%s: %s; attempt %d of %d without progress, retrying in %.1fs from byte %d",
-                    name, exc, attempt, policy.attempts, delay, hasher.size,
-                )
-                time.sleep(delay)
+        hasher = _single(transfer, fh, hasher, hasher_factory, name, on_bytes, on_prefix)
+        fh.flush()
+        if durable:
+            os.fsync(fh.fileno())
+    record_path(part).unlink(missing_ok=True)
+    return hasher
+
+
+def _single(transfer: _Transfer, fh, hasher: MultiHasher,
+            hasher_factory: Callable[[], MultiHasher], name: str,
+            on_bytes: Callable[[int], None] | None,
+            on_prefix: Callable[[int], None] | None) -> MultiHasher:
+    """The rest of the file over one stream, front to back (a no-op once it is whole)."""
+    tries = _Tries(transfer.policy, name, transfer.hub_url)
+
+    def sink(data: bytes) -> None:
+        fh.write(data)
+        hasher.update(data)
+        if on_bytes is not None:
+            on_bytes(len(data))
+        if on_prefix is not None:
+            on_prefix(hasher.size)
+
+    while hasher.size < transfer.size:
+        fh.seek(hasher.size)
+        fh.truncate()
+        before = hasher.size
+        try:
+            transfer.body(transfer.open(before, transfer.size), before, transfer.size, sink)
+        except RangeIgnored:
+            hasher = hasher_factory()  # the sink hashes into the new one from byte 0
+        except TransientError as exc:
+            tries.failed(exc, hasher.size > before, hasher.size)
+    return hasher

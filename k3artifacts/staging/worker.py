@@ -25,7 +25,7 @@ from k3artifacts.errors import Refusal, Unavailable
 from k3artifacts.revisions.hashing import MultiHasher
 from k3artifacts.revisions.manifest import FileRecord
 from k3artifacts.settings import default_quarantine, default_workers
-from k3artifacts.staging.download import PermanentError, RetryPolicy, fetch
+from k3artifacts.staging.download import PermanentError, Ranges, RetryPolicy, fetch
 from k3artifacts.staging.events import StageObserver
 from k3artifacts.staging.hub import HubSource, RemoteFile
 from k3artifacts.staging.plan import matches_listing
@@ -47,6 +47,8 @@ class StageOptions:
     allow_pickle: bool = False
     workers: int = field(default_factory=default_workers)
     retry: RetryPolicy = RetryPolicy()
+    #: Streams per large file, and the size of the ranges they fetch.
+    ranges: Ranges = Ranges()
     #: Keep the quarantine copy after publishing (default: remove it, it is in the store now).
     keep_quarantine: bool = False
     #: Bound on local quarantine disk: weights in flight plus verified-but-not-yet-stored stay
@@ -195,22 +197,18 @@ class RunContext:
         git_size = remote.size if remote.git_oid else None
         received = 0
         lock = threading.Lock()
-        streamed: StreamedPut | None = None
-        base = 0
 
         def counted(n: int) -> None:
             nonlocal received
             with lock:
                 received += n
             self.observer.advance(remote.path, n)
-            if streamed is not None:
-                streamed.written(base + received)
 
         with self._in_quarantine(remote.path):
             kept = part.stat().st_size if part.exists() else 0
             if 0 < kept <= remote.size:
                 self.observer.file_resumed(remote.path, kept)
-                base = kept
+            streamed: StreamedPut | None = None
             if remote.lfs_sha256 and self._want_crc:
                 streamed = self.writer.begin_put(remote.path, remote.size, remote.lfs_sha256,
                                                  part)
@@ -221,7 +219,8 @@ class RunContext:
             # once held staging to the local disk's write rate, a disk no byte is read from.
             durable = remote.size >= SMALL_FILE and streamed is None
             try:
-                entry = self._fetch_checked(remote, part, git_size, counted, durable)
+                entry = self._fetch_checked(remote, part, git_size, counted, durable,
+                                            None if streamed is None else streamed.written)
             except BaseException:
                 if streamed is not None:
                     streamed.cancel()
@@ -229,7 +228,8 @@ class RunContext:
         return entry, received, streamed
 
     def _fetch_checked(self, remote: RemoteFile, part: Path, git_size: int | None,
-                       counted: Callable[[int], None], durable: bool) -> VerifiedEntry:
+                       counted: Callable[[int], None], durable: bool,
+                       on_prefix: Callable[[int], None] | None) -> VerifiedEntry:
         try:
             hasher = fetch(
                 self.source.file_url(self.spec.repo_id, self.spec.commit, remote.path),
@@ -238,7 +238,9 @@ class RunContext:
                 remote.size,
                 lambda: MultiHasher(git_blob_size=git_size, crc64nvme=self._want_crc),
                 policy=self.spec.options.retry,
+                ranges=self.spec.options.ranges,
                 on_bytes=counted,
+                on_prefix=on_prefix,
                 on_resumed=lambda n: self.observer.advance(remote.path, n),
                 label=remote.path,
                 durable=durable,

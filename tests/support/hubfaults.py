@@ -21,6 +21,7 @@ requests (``times``; ``None`` = every one). Each kind reproduces one way a real 
 ``corrupt`` flip the byte at file offset ``offset`` (the listing keeps the true sha256/size)
 ``json``    pass a JSON answer of the API (200 only) through ``edit`` (a malformed listing)
 ``next``    point a tree listing's ``Link: next`` at ``origin`` (another host)
+``whole``   ignore ``Range`` and answer 200 with the whole body (a proxy that strips it)
 ``mutate``  change the bytes between attempts: with ``good_first`` attempt 1 serves the listed
             bytes and later attempts other bytes of the same size; without, the reverse
 ========== ==================================================================================
@@ -41,7 +42,7 @@ from k3artifacts.localhub import LocalHub
 from k3artifacts.localhub.server import BodyPlan, RequestRecord
 
 FaultKind = Literal[
-    "drop", "status", "stall", "trickle", "short", "corrupt", "mutate", "json", "next"
+    "drop", "status", "stall", "trickle", "short", "corrupt", "mutate", "json", "next", "whole"
 ]
 
 #: XOR mask of the "other bytes" a mutate fault serves: every byte differs from the listed one.
@@ -72,7 +73,7 @@ class Fault:
 
     def __post_init__(self) -> None:
         if self.kind not in ("drop", "status", "stall", "trickle", "short", "corrupt", "mutate",
-                             "json", "next"):
+                             "json", "next", "whole"):
             raise ValueError(f"unknown fault kind {self.kind!r}")
         if self.times is not None and self.times < 1:
             raise ValueError("Fault.times must be >= 1 or None (every matching request)")
@@ -115,6 +116,10 @@ class Fault:
     @classmethod
     def corrupt(cls, offset: int = 0, *, times: int | None = None, **kw) -> Fault:
         return cls("corrupt", times=times, offset=offset, **kw)
+
+    @classmethod
+    def whole(cls, *, times: int | None = None, **kw) -> Fault:
+        return cls("whole", times=times, **kw)
 
     @classmethod
     def mutate(cls, *, good_first: bool = True, times: int | None = None, **kw) -> Fault:
@@ -193,6 +198,8 @@ class FaultSet:
             plan.short_by = max(plan.short_by, f.missing)
         elif f.kind == "corrupt":
             plan.transforms.append(_flip_at(f.offset))
+        elif f.kind == "whole":
+            plan.whole = True
         elif f.kind == "mutate":
             first = a.attempts == 1
             if first != f.good_first:
