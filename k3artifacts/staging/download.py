@@ -327,28 +327,32 @@ def record_path(part: Path) -> Path:
     return part.with_name(part.name + ".json")
 
 
-def _kept(part: Path, size: int, expected: Expected) -> int:
-    """Bytes of a partial file left by an earlier process that can be trusted as a prefix."""
-    sidecar = record_path(part)
+def kept_prefix(part: Path, size: int, expected: Expected) -> int | None:
+    """Bytes of a partial file left by an earlier process that can be trusted as a prefix
+    (0 when there is none); None when the file is there but no byte of it can be trusted."""
     try:
         existing = part.stat().st_size
     except FileNotFoundError:
-        sidecar.unlink(missing_ok=True)
         return 0
+    sidecar = record_path(part)
     if not sidecar.exists():
-        if existing <= size:
-            return existing
-    else:
-        try:
-            record = PartialRecord.model_validate_json(sidecar.read_bytes())
-        except (OSError, ValueError):
-            record = None
-        if record is not None and record.size == size and record.sha256 == expected.sha256:
-            return min(record.prefix, existing, size)
-    # Longer than listed, or ranged without a record we can read: no byte of it is trusted.
-    part.unlink()
-    sidecar.unlink(missing_ok=True)
-    return 0
+        return existing if existing <= size else None
+    try:
+        record = PartialRecord.model_validate_json(sidecar.read_bytes())
+    except (OSError, ValueError):
+        return None  # ranged, and where its holes are is unknown
+    if record.size != size or record.sha256 != expected.sha256:
+        return None
+    return min(record.prefix, existing, size)
+
+
+def _kept(part: Path, size: int, expected: Expected) -> int:
+    kept = kept_prefix(part, size, expected)
+    if not kept:
+        # Nothing to keep: no file whose size could later pass for a prefix, no stale record.
+        part.unlink(missing_ok=True)
+        record_path(part).unlink(missing_ok=True)
+    return kept or 0
 
 
 class _Stopped(Exception):

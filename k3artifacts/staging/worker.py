@@ -25,7 +25,13 @@ from k3artifacts.errors import Refusal, Unavailable
 from k3artifacts.revisions.hashing import MultiHasher
 from k3artifacts.revisions.manifest import FileRecord
 from k3artifacts.settings import default_quarantine, default_workers
-from k3artifacts.staging.download import PermanentError, Ranges, RetryPolicy, fetch
+from k3artifacts.staging.download import (
+    PermanentError,
+    Ranges,
+    RetryPolicy,
+    fetch,
+    kept_prefix,
+)
 from k3artifacts.staging.events import StageObserver
 from k3artifacts.staging.hub import HubSource, RemoteFile
 from k3artifacts.staging.plan import matches_listing
@@ -205,8 +211,8 @@ class RunContext:
             self.observer.advance(remote.path, n)
 
         with self._in_quarantine(remote.path):
-            kept = part.stat().st_size if part.exists() else 0
-            if 0 < kept <= remote.size:
+            kept = kept_prefix(part, remote.size, remote.expected(self.spec.commit))
+            if kept:
                 self.observer.file_resumed(remote.path, kept)
             streamed: StreamedPut | None = None
             if remote.lfs_sha256 and self._want_crc:
