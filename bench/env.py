@@ -75,6 +75,8 @@ class Bench:
         self.verbose = verbose
         self.hub_root = self.workdir / "hub"
         self.scratch = self.workdir / "scratch"
+        #: Extra arguments of every ``k3a stage`` a figure runs (``--streams``).
+        self.stage_args: tuple[str, ...] = ()
         force_rmtree(self.scratch)
         self.scratch.mkdir()
         self.env = dict(os.environ)
@@ -158,10 +160,12 @@ class Bench:
     # ----- processes ---------------------------------------------------------------------------
 
     @contextmanager
-    def hub(self) -> Iterator[str]:
-        """The local hub serving ``hub_root`` from its own process; yields the endpoint."""
+    def hub(self, stream_rate: float | None = None) -> Iterator[str]:
+        """The local hub serving ``hub_root`` from its own process; yields the endpoint.
+        ``stream_rate``: bytes/s each file answer is paced to."""
+        rate = [] if stream_rate is None else [str(stream_rate)]
         proc = subprocess.Popen(
-            [sys.executable, "-m", "bench.hubserve", str(self.hub_root)],
+            [sys.executable, "-m", "bench.hubserve", str(self.hub_root), *rate],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             env=self.env,

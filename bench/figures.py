@@ -391,6 +391,12 @@ def _headline(bench: Bench, opts: Options, shared: dict) -> list[Row]:
     return headline(bench, opts, shared)
 
 
+def _streams(bench: Bench, opts: Options, shared: dict) -> list[Row]:
+    from .cdn_streams import cdn_streams
+
+    return cdn_streams(bench, opts, shared)
+
+
 FIGURES = {
     "staging": staging,  # 1 and 2
     "s3": s3,  # 3
@@ -403,6 +409,7 @@ FIGURES = {
     "incremental": _incremental,  # 10
     "pull": pull,  # 11
     "headline": _headline,  # issue 22
+    "streams": _streams,  # 14
     "cli-start": cli_start,  # 12
     "warm": warm_start,  # 13
 }

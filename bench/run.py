@@ -74,6 +74,11 @@ def main(argv: list[str] | None = None) -> int:
                    "file store and into SeaweedFS (default 512MiB)")
     p.add_argument("--pull-size", type=parse_size, default=parse_size("1GiB"),
                    help="revision size for the k3a pull figure (SeaweedFS; default 1GiB)")
+    p.add_argument("--stream-size", type=parse_size, default=parse_size("1GiB"),
+                   help="checkpoint size for the paced-CDN figure (4 shards; default 1GiB)")
+    p.add_argument("--stream-rate", type=parse_size, default=parse_size("32MiB"),
+                   help="bytes/s the hub paces each connection to in that figure (default "
+                   "32MiB, one long-distance TCP stream)")
     p.add_argument("--nodes", type=int, default=2,
                    help="node caches each revision is pulled onto in the headline (default 2)")
     p.add_argument("--cores", type=int, default=None,
@@ -83,6 +88,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="fresh processes timed per command in the cli-start figure (median)")
     p.add_argument("--workers", type=int, default=default_workers(),
                    help="concurrent files (default: k3a stage's, one per core from 2 to 8)")
+    p.add_argument("--streams", type=int, default=None,
+                   help="k3a stage --streams for every staging leg (default: k3a stage's)")
     p.add_argument("--device", choices=["cuda", "cpu"], default="cuda",
                    help="warm-start figure: compile on the GPU (max-autotune, Triton) or, to "
                    "exercise the script without one, on the CPU (inductor C++ codegen)")
@@ -101,11 +108,14 @@ def main(argv: list[str] | None = None) -> int:
         os.sched_setaffinity(0, sorted(os.sched_getaffinity(0))[: max(1, args.cores)])
 
     bench = Bench(args.workdir, cold=args.cold)
+    if args.streams is not None:
+        bench.stage_args = ("--streams", str(args.streams))
     opts = Options(size=args.size, shards=args.shards, rss_size=args.rss_size,
                    tiny_files=args.tiny_files, s3_size=args.s3_size,
                    workers=args.workers, real_s3_size=args.real_s3_size,
                    incr_size=args.incr_size, pull_size=args.pull_size,
-                   nodes=args.nodes, start_runs=args.start_runs, device=args.device)
+                   nodes=args.nodes, stream_size=args.stream_size,
+                   stream_rate=args.stream_rate, start_runs=args.start_runs, device=args.device)
     names = args.only or list(FIGURES)
     rows: list[Row] = []
     shared: dict = {}

@@ -27,6 +27,9 @@ class Options:
     start_runs: int
     #: Node caches each revision is pulled onto (the headline figure).
     nodes: int = 2
+    #: The paced-CDN figure: checkpoint size, and bytes/s per connection.
+    stream_size: int = 1 << 30
+    stream_rate: int = 32 * 2**20
     #: Where the warm-start figure compiles: cuda (inductor + Triton) or cpu (C++ codegen).
     device: str = "cuda"
 
@@ -38,7 +41,7 @@ def stage_child(bench: Bench, endpoint: str, store_url: str, repo_id: str = REPO
     env = dict(bench.env, **(extra_env or {}))
     child = bench.k3a(
         "stage", repo_id, "--revision", revision, "--store", store_url, "--endpoint", endpoint,
-        "--workers", str(workers), "--json", "-q", *extra_args, env=env,
+        "--workers", str(workers), "--json", "-q", *bench.stage_args, *extra_args, env=env,
     )
     return child.json(), child
 

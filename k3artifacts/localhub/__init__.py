@@ -43,6 +43,10 @@ __all__ = [
 ]
 
 
+#: Bytes sent at once by a paced answer (``stream_rate``), then a pause that keeps the rate.
+STREAM_CHUNK = 256 * 1024
+
+
 class LocalHub:
     """Repos under ``root`` plus the server that serves them.
 
@@ -54,12 +58,16 @@ class LocalHub:
     """
 
     def __init__(self, root: Path, *, token: str | None = None, page_size: int = 1000,
-                 redirects: bool = True, link_ttl: float = 3600.0):
+                 redirects: bool = True, link_ttl: float = 3600.0,
+                 stream_rate: float | None = None):
         self.repos = RepoStore(Path(root))
         self.token = token
         self.page_size = page_size
         self.redirects = redirects
         self.link_ttl = link_ttl
+        #: Bytes/s each file answer is paced to, where given: one TCP stream over a long path
+        #: (huggingface.co's CDN to another continent) carries tens of MB/s, not loopback's GB/s.
+        self.stream_rate = stream_rate
         self._secret = secrets.token_bytes(16)
         self._links: dict[str, tuple[str, Entry]] = {}
         self._cdn: _Server | None = None
@@ -113,9 +121,12 @@ class LocalHub:
 
     def plan_answer(self, *, method: str, repo_id: str | None, target: str,
                     stage: str) -> BodyPlan:
-        """How to answer a request for ``target``: plainly."""
-        del method, repo_id, target, stage
-        return BodyPlan()
+        """How to answer a request for ``target``: plainly, at ``stream_rate`` if set."""
+        del method, repo_id, target
+        if self.stream_rate is None or stage != "file":
+            return BodyPlan()
+        chunk = STREAM_CHUNK
+        return BodyPlan(trickle=(0, chunk, chunk / self.stream_rate))
 
     def begin_request(self) -> None:
         """A request arrived."""
