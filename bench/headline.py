@@ -163,9 +163,13 @@ def headline(bench: Bench, opts: Options, shared: dict) -> list[Row]:
     stats = one_staged.get("store_stats", {})
     copied = stats.get("bytes_copied", 0)
     uploaded = stats.get("bytes_uploaded", 0)
+    # The targets: on the 16-core machine a one-shard commit must do better, since
+    # its fixed costs (process starts, S3 round trips) weigh against a faster full revision.
+    many = cores >= 16
+    one_target, share_target = (0.8, 0.15) if many else (0.6, 0.25)
     for label, ours, staged, theirs, target in (
         ("full revision", full, full_staged, full_peer, 0.9),
-        ("next commit changing one shard", one, one_staged, one_peer, 0.6),
+        ("next commit changing one shard", one, one_staged, one_peer, one_target),
     ):
         note = f"{where}; k3a {ours.describe()}"
         if theirs is None:
@@ -186,7 +190,8 @@ def headline(bench: Bench, opts: Options, shared: dict) -> list[Row]:
         ))
     rows.append(Row(
         "22 one-shard commit / full revision (k3a)", one.seconds / full.seconds, "x",
-        "full revision", full.seconds, None, "<= 0.25", one.seconds / full.seconds <= 0.25,
+        "full revision", full.seconds, None, f"<= {share_target}",
+        one.seconds / full.seconds <= share_target,
         note=f"{one.seconds:.1f}s vs {full.seconds:.1f}s; {where}",
     ))
     return rows
