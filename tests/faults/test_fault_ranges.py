@@ -156,3 +156,47 @@ def test_a_partial_file_whose_record_does_not_fit_is_fetched_again_whole(
     assert sorted(g.range for g in file_gets(local_hub.hub, path=SHARD1)) == \
         sorted(expected_ranges(size))
     assert published(file_store, release)
+
+
+@pytest.mark.parametrize("lie,message", [
+    ("start", "answered a range from byte 0 when asked for byte 65536"),
+    ("total", "says the file has 999 bytes, the listing 262144"),
+])
+def test_a_range_answer_that_contradicts_the_request_is_refused(tmp_path, lie, message):
+    """A server (or a cache in front of it) that answers another range than the one asked
+    for, or another file size than listed, is named: its bytes would land at the wrong place."""
+    import http.server
+    import threading
+
+    from k3artifacts.revisions.hashing import MultiHasher
+    from k3artifacts.staging.download import PermanentError, fetch
+
+    size, body = 4 * RANGE, bytes(4 * RANGE)
+
+    class Liar(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 - the base class's name
+            first, _, last = self.headers["Range"][6:].partition("-")
+            first, last = int(first), int(last or size - 1)
+            served = 0 if lie == "start" else first
+            total = 999 if lie == "total" else size
+            self.send_response(206)
+            self.send_header("Content-Range", f"bytes {served}-{served + last - first}/{total}")
+            self.send_header("Content-Length", str(last - first + 1))
+            self.end_headers()
+            self.wfile.write(body[served:served + last - first + 1])
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Liar)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}/f"
+        with pytest.raises(PermanentError, match=message):
+            fetch(url, {}, tmp_path / "f.part", size, MultiHasher,
+                  policy=RetryPolicy(attempts=2, backoff=0.01), ranges=Ranges(2, RANGE))
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=5)
