@@ -14,8 +14,8 @@ run. Ratios are the peer's time over k3a's (above 1: k3a is faster).
 from __future__ import annotations
 
 from .env import MB, Bench, Row
-from .headline import _hf_argv
 from .staging import stage_child
+from .tools import hf_argv
 
 REPO = "bench/cdn-streams"
 #: Four shards of a quarter of the size each: fewer files than files at once, as the last
@@ -29,7 +29,7 @@ def cdn_streams(bench: Bench, opts, shared: dict) -> list[Row]:
     commit = bench.publish_on_hub(REPO, files)
     blobs = bench.blob_paths(REPO, commit)
     total = sum(p.stat().st_size for p in blobs)
-    hf = _hf_argv()
+    hf = hf_argv()
     rate = opts.stream_rate
     rows: list[Row] = []
     with bench.hub(stream_rate=rate) as endpoint:

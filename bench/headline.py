@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import sys
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,7 +27,7 @@ from tests.support.seaweed import SeaweedS3
 
 from .env import Bench, Row, force_rmtree
 from .staging import Options, stage_child
-from .tools import s5cmd, signing_keys
+from .tools import hf_argv, s5cmd, signing_keys
 
 REPO = "bench/headline"
 
@@ -46,19 +45,6 @@ class Leg:
     def describe(self) -> str:
         return f"{self.seconds:.1f}s (" + ", ".join(
             f"{name} {s:.1f}" for name, s in self.steps.items()) + ")"
-
-
-def _hf_argv() -> list[str] | None:
-    """``hf`` beside this interpreter or on PATH, else the module behind that console script."""
-    beside = Path(sys.executable).with_name("hf")
-    found = str(beside) if beside.exists() else shutil.which("hf")
-    if found:
-        return [found]
-    try:
-        import huggingface_hub.cli.hf  # noqa: F401
-    except ImportError:
-        return None
-    return [sys.executable, "-m", "huggingface_hub.cli.hf"]
 
 
 def _changed_shard(src: Path, out: Path) -> Path:
@@ -141,7 +127,7 @@ def headline(bench: Bench, opts: Options, shared: dict) -> list[Row]:
     second = bench.publish_on_hub(REPO, second_files)
     total = sum(p.stat().st_size for p in files.values())
     changed = files[changed_name].stat().st_size
-    hf = _hf_argv()
+    hf = hf_argv()
     rows: list[Row] = []
     with SeaweedS3(bench.fresh("seaweedfs-headline")) as server, bench.hub() as hub:
         sides = _Sides(bench, opts, hub, server, hf)

