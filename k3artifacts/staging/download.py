@@ -54,7 +54,7 @@ from urllib3.exceptions import (
 )
 from urllib3.exceptions import HTTPError as Urllib3Error
 
-from k3artifacts.errors import Unavailable
+from k3artifacts.errors import ConfigError, Unavailable
 from k3artifacts.revisions.hashing import MultiHasher, feed_file, feed_range
 
 log = logging.getLogger(__name__)
@@ -299,7 +299,8 @@ class Ranges:
 
     def __post_init__(self) -> None:
         if self.streams < 1 or self.size < 1:
-            raise ValueError("Ranges needs at least one stream and a positive range size")
+            raise ConfigError(f"{self.streams} streams of {self.size}-byte ranges: a file needs "
+                              "at least one stream and ranges of at least one byte")
 
     def split(self, start: int, end: int) -> list[tuple[int, int]]:
         """``[start, end)`` as ``(first, stop)`` ranges on multiples of ``size``: the same
@@ -480,7 +481,10 @@ class _Transfer:
             resp.close()
             resp.release_conn()
             raise
-        self.resume_url = opened.url if opened.url != self.hub_url else None
+        if start == self.hub_url:
+            # Only a fresh answer from the Hub sets the URL: an answer from the kept URL that
+            # was asked before another stream found it expired must not bring it back.
+            self.resume_url = opened.url if opened.url != self.hub_url else None
         return opened
 
     def body(self, opened: Opened, first: int, stop: int, sink: Callable[[bytes], None],
