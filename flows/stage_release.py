@@ -73,7 +73,7 @@ from k3artifacts.reporting import events
 from k3artifacts.revisions.refs import check_repo_id
 from k3artifacts.serving.images import resolve_image
 from k3artifacts.serving.profiles import load_profile, serving_spec
-from k3artifacts.staging.download import RetryPolicy
+from k3artifacts.staging.download import Ranges, RetryPolicy
 from k3artifacts.staging.engine import StageOptions, StageResult, stage
 from k3artifacts.staging.hub import HubSource
 from k3artifacts.staging.quarantine import quarantine_root_for
@@ -173,6 +173,7 @@ def stage_release(
     profile: str | None = None,
     reverify_reused: bool = False,
     progress_interval: float | None = None,
+    streams: int = Ranges().streams,
 ) -> dict:
     """Stage ``repo_id`` at ``revision`` (branch, tag or commit) into ``store_url``.
 
@@ -184,6 +185,8 @@ def stage_release(
     re-hash files reused from a published revision after a file store copied them (as
     ``k3a stage --reverify-reused``). ``progress_interval``: seconds between updates of the
     live status, progress and files artifacts (default ``$K3A_PROGRESS_INTERVAL``, else 30).
+    ``streams``: connections per large file, each fetching ranges from the Hub's CDN (as
+    ``k3a stage --streams``).
     """
     quiet_task_completions()
     logger = get_run_logger()
@@ -201,6 +204,7 @@ def stage_release(
         window_bytes=window_bytes,
         retry=RetryPolicy(attempts=attempts, backoff=backoff),
         reverify_reused=reverify_reused,
+        ranges=Ranges(streams=streams),
     )
     limit = f"k3a-stage-{revision_slug(repo_id, commit)}"
     ensure_limit(limit)

@@ -138,3 +138,15 @@ def test_stage_flow_makes_the_release_tuple(local_hub, file_store, tmp_path, oci
     assert release.binding.weights.commit == commit
     assert release.binding.image.digest == pushed.digest
     assert release.id in artifacts_of(state)["summary"].data
+
+
+def test_a_stream_count_below_one_is_refused_before_any_file_moves(local_hub, file_store,
+                                                                   tmp_path):
+    from k3artifacts.errors import ConfigError
+
+    local_hub.hub.add_commit(REPO, small_release(tmp_path))
+    state = run(local_hub, file_store, tmp_path, streams=0)
+    assert state.is_failed()
+    err = state.result(raise_on_failure=False)
+    assert isinstance(err, ConfigError) and "0 streams" in str(err), err
+    assert resolve_gets(local_hub.hub) == []
