@@ -3,12 +3,14 @@ kill it with SIGKILL, and check what a reader of the store can see."""
 
 from __future__ import annotations
 
+import contextlib
+import http.server
 import os
 import signal
 import subprocess
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -21,6 +23,21 @@ SHARD1 = "model-00001-of-00002.safetensors"
 SHARD2 = "model-00002-of-00002.safetensors"
 #: Waits for a subprocess to reach a point; generous because the machine is shared.
 WAIT = 30.0
+
+
+@contextlib.contextmanager
+def serving(handler: type[http.server.BaseHTTPRequestHandler]) -> Iterator[str]:
+    """A one-off misbehaving HTTP server on 127.0.0.1 (a thread of this process), for answers
+    the local hub has no fault for; yields its base URL and is shut down on exit."""
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=5)
 
 
 def wait_for(predicate: Callable[[], object], what: str, timeout: float = WAIT,

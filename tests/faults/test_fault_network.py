@@ -20,6 +20,7 @@ from tests.faults.faultkit import (
     assert_nothing_published,
     file_gets,
     quarantine_of,
+    serving,
 )
 from tests.staging_helpers import REPO, run_stage, small_release
 from tests.support.hubfaults import Fault
@@ -430,7 +431,6 @@ def test_hostile_hub_cases_through_the_cli(k3a_cmd, k3a_env, local_hub, tmp_path
 def test_redirects_are_bounded_and_never_leave_http():
     """A server that redirects for ever (or to another scheme) is an answer, not a hang."""
     import http.server
-    import threading
 
     from k3artifacts.staging.download import PermanentError, open_following
 
@@ -448,17 +448,9 @@ def test_redirects_are_bounded_and_never_leave_http():
         def log_message(self, *args):
             pass
 
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Loop)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        url = f"http://127.0.0.1:{server.server_address[1]}"
+    with serving(Loop) as url:
         with pytest.raises(PermanentError, match="more than 2 redirects"):
             open_following(f"{url}/start", {}, RetryPolicy(max_redirects=2), hub_url=url)
         assert hits == ["/start", "/hop1", "/hop2"]
         with pytest.raises(PermanentError, match="non-HTTP URL"):
             open_following(f"{url}/scheme", {}, RetryPolicy(), hub_url=url)
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(timeout=5)

@@ -16,7 +16,13 @@ from k3artifacts.staging.download import PartialRecord, Ranges, RetryPolicy, rec
 from k3artifacts.staging.engine import StageObserver, StageOptions, stage
 from k3artifacts.staging.hub import HubSource
 from k3artifacts.stores.verify import verify_revision
-from tests.faults.faultkit import SHARD1, assert_nothing_published, file_gets, quarantine_of
+from tests.faults.faultkit import (
+    SHARD1,
+    assert_nothing_published,
+    file_gets,
+    quarantine_of,
+    serving,
+)
 from tests.staging_helpers import REPO, small_release
 from tests.support.hubfaults import Fault
 
@@ -166,7 +172,6 @@ def test_a_range_answer_that_contradicts_the_request_is_refused(tmp_path, lie, m
     """A server (or a cache in front of it) that answers another range than the one asked
     for, or another file size than listed, is named: its bytes would land at the wrong place."""
     import http.server
-    import threading
 
     from k3artifacts.revisions.hashing import MultiHasher
     from k3artifacts.staging.download import PermanentError, fetch
@@ -188,15 +193,7 @@ def test_a_range_answer_that_contradicts_the_request_is_refused(tmp_path, lie, m
         def log_message(self, *args):
             pass
 
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Liar)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        url = f"http://127.0.0.1:{server.server_address[1]}/f"
+    with serving(Liar) as base:
         with pytest.raises(PermanentError, match=message):
-            fetch(url, {}, tmp_path / "f.part", size, MultiHasher,
+            fetch(f"{base}/f", {}, tmp_path / "f.part", size, MultiHasher,
                   policy=RetryPolicy(attempts=2, backoff=0.01), ranges=Ranges(2, RANGE))
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(timeout=5)
