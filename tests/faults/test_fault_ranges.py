@@ -165,7 +165,8 @@ def test_a_partial_file_whose_record_does_not_fit_is_fetched_again_whole(
 
 
 @pytest.mark.parametrize("lie,message", [
-    ("start", "answered a range from byte 0 when asked for byte 65536"),
+    # Whichever stream asks first for a later range is refused: its start is not known.
+    ("start", r"answered a range from byte 0 when asked for byte (65536|131072|196608)$"),
     ("total", "says the file has 999 bytes, the listing 262144"),
 ])
 def test_a_range_answer_that_contradicts_the_request_is_refused(tmp_path, lie, message):
