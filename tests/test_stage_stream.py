@@ -15,8 +15,10 @@ from pathlib import Path
 import pytest
 from awscrt import checksums
 
+from k3artifacts.revisions.hashing import MultiHasher
 from k3artifacts.revisions.manifest import FileRecord
-from k3artifacts.staging.download import Ranges
+from k3artifacts.staging.download import Ranges, fetch
+from k3artifacts.staging.hub import HubSource
 from k3artifacts.stores.s3 import STREAM_LAG, MiB, S3Store, TransferTuning
 from k3artifacts.stores.verify import verify_revision
 from tests.faults.faultkit import SHARD1, run_k3a, start_k3a, wait_for
@@ -244,3 +246,25 @@ def test_peak_memory_does_not_follow_the_shard_size(local_hub, seaweed, seaweed_
     # Holding one 48 MiB shard (two are in flight) would add at least that much.
     assert big - small < 48 * MiB, peaks
     assert big <= small * 1.25, peaks
+
+
+def test_the_upload_is_offered_landed_bytes_before_the_cursor_hashes_them(local_hub, tmp_path):
+    """On one large file the hash cursor is the slowest stage: the streamed upload is offered
+    each landed prefix before the cursor hashes it (the upload completes only once the file is
+    verified), so sending and hashing overlap instead of following each other."""
+    commit = local_hub.hub.add_commit(REPO, small_release(tmp_path, shard_bytes=1 << 20))
+    size = local_hub.hub.files(REPO, commit)[SHARD1].size
+    hashers: list[MultiHasher] = []
+
+    def hasher() -> MultiHasher:
+        hashers.append(MultiHasher())
+        return hashers[-1]
+
+    offered: list[tuple[int, int]] = []  # (prefix offered, bytes hashed at that moment)
+    fetch(HubSource(local_hub.endpoint, token=False).file_url(REPO, commit, SHARD1), {},
+          tmp_path / "part", size, hasher, ranges=Ranges(streams=3, size=128 << 10),
+          on_prefix=lambda reach: offered.append((reach, hashers[-1].size)))
+    reaches = [reach for reach, _ in offered]
+    assert reaches == sorted(set(reaches)) and reaches[-1] == size
+    assert all(hashed < reach for reach, hashed in offered)
+    assert hashers[-1].size == size

@@ -542,8 +542,9 @@ class _RangedFetch:
     The first range is opened on the caller's thread, so the Hub is asked once (its headers
     checked, its CDN URL learned) before the other streams go to the CDN directly. Whichever
     thread completes the range at the hash cursor hashes it and any completed ranges after it,
-    straight from the page cache. The cursor is the file's whole prefix: what the store's
-    streamed upload may read, and what :class:`PartialRecord` keeps for a re-run."""
+    straight from the page cache. The whole prefix that has landed is what the store's
+    streamed upload may read, reported before the cursor hashes it; the cursor is what
+    :class:`PartialRecord` keeps for a re-run."""
 
     def __init__(self, transfer: _Transfer, fd: int, hasher: MultiHasher, ranges: Ranges, *,
                  part: Path, name: str, durable: bool,
@@ -563,6 +564,7 @@ class _RangedFetch:
         self.halt = threading.Event()
         self.landed: dict[int, int] = {}
         self.hashing = False
+        self.offered = hasher.size  # the prefix last offered to on_prefix
         self.errors: list[BaseException] = []
         self.recorded_at = 0.0
 
@@ -650,9 +652,16 @@ class _RangedFetch:
                 if stop < 0:
                     self.hashing = False
                     return
+                reach = stop
+                while reach in self.landed:
+                    reach = self.landed[reach]
+            # The upload follows what has landed, not what is hashed: on one large file the
+            # cursor's sha256 is the slowest stage, and the upload is completed only once the
+            # file is verified and its parts' CRCs combine to the verified bytes' CRC.
+            if self.on_prefix is not None and reach > self.offered:
+                self.offered = reach
+                self.on_prefix(reach)
             feed_range(self.hasher, self.fd, start, stop)
-            if self.on_prefix is not None:
-                self.on_prefix(stop)
             self._record()
 
     def _record(self, force: bool = False) -> None:
