@@ -27,7 +27,10 @@ def parse_size(text: str) -> int:
 def _fmt(v: float | None) -> str:
     if v is None:
         return "-"
-    return f"{v:,.0f}" if abs(v) >= 100 else f"{v:,.2f}"
+    if abs(v) >= 100:
+        return f"{v:,.0f}"
+    # Below 1 a third decimal: a share of 0.154 against a target of 0.15 must not print 0.15.
+    return f"{v:,.2f}" if abs(v) >= 1 else f"{v:.3f}"
 
 
 def table(rows: list[Row]) -> str:
