@@ -63,8 +63,9 @@ def stage_vs_s5cmd(bench: Bench, opts, shared: dict) -> list[Row]:
              f"{tuning}; staging includes the hub download, three hashes, the quarantine "
              f"write and the checksum read-back, s5cmd only reads and uploads; SeaweedFS runs "
              f"on the same cores; best of {ROUNDS} alternating rounds; {cache_note(bench)}; "
-             f"stage used {child.cpu_seconds:.1f} CPU-s and peak RSS {child.max_rss / 2**20:.0f} MiB, "
-             f"s5cmd {s5.cpu_seconds:.1f} CPU-s and {s5.max_rss / 2**20:.0f} MiB",
+             f"stage used {child.cpu_seconds:.1f} CPU-s and peak RSS "
+             f"{child.max_rss / 2**20:.0f} MiB, s5cmd {s5.cpu_seconds:.1f} CPU-s and "
+             f"{s5.max_rss / 2**20:.0f} MiB",
         extra={"s5cmd_seconds": s5.seconds, "stage_seconds": result["seconds"],
                "store_stats": result.get("store_stats", {})},
     )]
