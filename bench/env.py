@@ -18,6 +18,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tests.support.own_usage import launched, read_usage
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 MB = 1e6
 
@@ -193,24 +195,25 @@ class Bench:
         check: bool = True,
         stdout_to: Path | None = None,
     ) -> Child:
-        """Run a child to completion; wall time and its own peak RSS (wait4 rusage)."""
+        """Run a child to completion; its wall time, peak RSS and CPU time, its own (through
+        tests.support.own_usage: wait4 on a child of this process reports at least this
+        process's size as the child's peak)."""
         with contextlib.ExitStack() as stack:
             out = stack.enter_context(open(stdout_to, "wb")) if stdout_to else subprocess.PIPE
             err = stack.enter_context(tempfile.TemporaryFile())
-            started = time.perf_counter()
+            report = Path(stack.enter_context(tempfile.TemporaryDirectory())) / "usage.json"
             proc = subprocess.Popen(
-                list(argv), stdout=out, stderr=err, env=dict(env or self.env), cwd=REPO_ROOT
+                launched(list(map(str, argv)), report), stdout=out, stderr=err,
+                env=dict(env or self.env), cwd=REPO_ROOT,
             )
-            # communicate() reaps through waitpid and loses the rusage: read, then wait4.
-            stdout = proc.stdout.read() if proc.stdout is not None else b""
-            _, status, usage = os.wait4(proc.pid, 0)
-            seconds = time.perf_counter() - started
-            proc.returncode = os.waitstatus_to_exitcode(status)
+            stdout, _ = proc.communicate()
             err.seek(0)
             stderr = err.read()
+            usage = read_usage(report)
         child = Child(
-            seconds, usage.ru_maxrss * 1024, usage.ru_utime + usage.ru_stime,
-            stdout.decode(errors="replace"), stderr.decode(errors="replace"), proc.returncode,
+            usage.seconds, usage.max_rss, usage.cpu_seconds,
+            (stdout or b"").decode(errors="replace"), stderr.decode(errors="replace"),
+            proc.returncode,
         )
         if check and child.returncode != 0:
             raise RuntimeError(

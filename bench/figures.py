@@ -197,7 +197,7 @@ def rss(bench: Bench, opts: Options, shared: dict) -> list[Row]:
                 child.max_rss < 300e6,
                 note=f"{result['total_bytes'] / 2**30:.2f} GiB in {shards} shard(s), largest "
                      f"{biggest / 2**20:.0f} MiB; whole process incl. interpreter "
-                     "(wait4 ru_maxrss)",
+                     "(its own wait4 ru_maxrss, through tests.support.own_usage)",
             ))
     flat = peaks["one shard"] / peaks["many shards"]
     rows[0].note += f"; one-shard/many-shards = {flat:.2f}"

@@ -198,5 +198,5 @@ def pull(bench: Bench, opts, shared: dict) -> list[Row]:
             f"{len(small)} x 16 MiB shards", small_pull.max_rss / 2**20, 1 / flat,
             "flat (<= 1.25x)", flat <= 1.25,
             note=f"largest shard {max(sizes) / 2**20:.0f} MiB vs 16 MiB; whole process "
-                 f"(wait4 ru_maxrss); big/small = {flat:.2f}"),
+                 f"(its own ru_maxrss); big/small = {flat:.2f}"),
     ]
