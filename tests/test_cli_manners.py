@@ -15,6 +15,7 @@ import pytest
 
 from k3artifacts.cli.app import COMMANDS, cli
 from tests.staging_helpers import REPO, small_release
+from tests.support.ports import free_ports
 
 #: What `k3a --help` and any command's --help must not pay for: the Hub client, the AWS SDK,
 #: the OpenAI client (2.3 s of imports alone on the 2-core machine) and Prefect.
@@ -54,6 +55,24 @@ def test_help_lists_every_command_and_imports_none_of_them(k3a_cmd, k3a_env):
 @pytest.mark.parametrize("name", [n for n, e in COMMANDS.items() if e.section])
 def test_a_commands_help_imports_no_sdk(k3a_cmd, k3a_env, name):
     assert not imported(k3a_cmd, k3a_env, name, "--help") & set(HEAVY)
+
+
+def test_an_s3_command_does_not_load_pyopenssl_for_botocore(k3a_cmd, k3a_env):
+    """botocore imports urllib3.contrib.pyopenssl only for the SSLContext it falls back to;
+    where pyOpenSSL is installed that import cost every S3 command 20-30 ms of start on 2 cores
+    (OpenSSL and cryptography.x509). k3a takes the fallback, the same class."""
+    pytest.importorskip("OpenSSL")
+    env = {**k3a_env, "AWS_ACCESS_KEY_ID": "x", "AWS_SECRET_ACCESS_KEY": "x",
+           "AWS_MAX_ATTEMPTS": "1", "AWS_CONFIG_FILE": "/nonexistent",
+           "K3A_S3_ENDPOINT_URL": f"http://127.0.0.1:{free_ports(1)[0]}"}
+    python, *rest = k3a_cmd
+    proc = run([python, "-X", "importtime", *rest], env, "revision", "list", "org/name",
+               "--store", "s3://k3a-bucket/p")
+    assert proc.returncode == 8, proc.stderr[-2000:]
+    modules = {line.rsplit("|", 1)[1].strip() for line in proc.stderr.splitlines()
+               if line.startswith("import time:")}
+    assert "botocore.httpsession" in modules
+    assert "OpenSSL" not in modules
 
 
 def test_a_finished_command_leaves_its_heap_to_the_exit(k3a_env):

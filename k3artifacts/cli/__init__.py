@@ -82,6 +82,12 @@ def main() -> None:
     signal.signal(signal.SIGINT, _interrupted)
     sys.stdout = _tolerant(sys.stdout)
     sys.stderr = _tolerant(sys.stderr)
+    # botocore imports urllib3.contrib.pyopenssl only to reach urllib3's SSLContext as it was
+    # before any injection, and takes urllib3.util.ssl_.SSLContext when that import fails:
+    # the same class in a process that injects nothing, as this one. Where pyOpenSSL is
+    # installed (the pkcs11 extra) the import loads OpenSSL and cryptography.x509, 20-30 ms of
+    # every S3 command's start on 2 cores (issue 22). Signing imports what it uses itself.
+    sys.modules.setdefault("urllib3.contrib.pyopenssl", None)  # type: ignore[arg-type]
     from k3artifacts.cli.app import cli
 
     try:
