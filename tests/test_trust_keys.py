@@ -14,7 +14,7 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 
 from k3artifacts.errors import ConfigError, NotFound, UntrustedRecord
-from k3artifacts.trust.envelope import sign_record, verify_record
+from k3artifacts.trust.envelope import MAX_KEY, sign_record, verify_record
 from k3artifacts.trust.identities import Identities, Identity, KeyEntry
 from k3artifacts.trust.keys import (
     KmsSigner,
@@ -151,6 +151,13 @@ def test_a_kms_key_signs_raw_and_verifies_outside_kms(kms, monkeypatch):
     assert mine.source == f"kms:{mine.arn}"
     # Verified with the public key alone, as every reader does: KMS is not asked again.
     assert round_trip(mine).signers == {"eval-ci"}
+    # The largest statement k3a signs (longest store key, longest identity name) fits KMS RAW.
+    longest, name = "k/" + "a" * (MAX_KEY - 2), "n" * 128
+    data = sign_record(key=longest, kind="evaluation", body={"blob": "x" * 100_000}, signer=mine,
+                       identity=name)
+    policy = Identities(identities={name: Identity(keys=[entry])})
+    assert verify_record(data, key=longest, kind="evaluation", keyring=policy.keyring(),
+                         roles=None).signer == name
 
 
 @pytest.mark.s3

@@ -179,3 +179,12 @@ def test_the_refusal_names_its_key_and_reason_and_survives_pickling():
     again = pickle.loads(pickle.dumps(error))
     assert (again.key, again.reason, str(again)) == (KEY, "untrusted-key", str(error))
     assert KEY in str(error) and "refused (untrusted-key)" in str(error)
+
+
+def test_a_trusted_signature_over_something_else_than_a_statement_is_malformed():
+    for payload in (b'{"x": 1}', b'{"_type": "https://in-toto.io/Statement/v1"}', b"[]"):
+        def other(record, payload=payload):
+            record["envelope"]["payload"] = base64.b64encode(payload).decode()
+            record["envelope"]["signatures"][0]["sig"] = base64.b64encode(
+                ALICE.sign(pae(payload))).decode()
+        refused(edit(review(), other), "malformed")

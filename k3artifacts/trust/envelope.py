@@ -235,17 +235,18 @@ def verify_record(data: bytes, *, key: str, kind: str, keyring: Keyring,
     signers = _check_signatures(record, payload, key, keyring, roles)
     try:
         signed = json.loads(payload)
-        subjects = signed["subject"]
+        subjects = [s for s in signed["subject"] if isinstance(s, dict)]
         predicate = signed["predicate"]
         ok = signed["_type"] == STATEMENT_TYPE and isinstance(predicate, dict)
     except (ValueError, KeyError, TypeError):
         ok = False
     if not ok:
         raise UntrustedRecord(key, "malformed", "the signed payload is not an in-toto statement")
-    if signed["predicateType"] != PREDICATE_TYPE.format(kind=kind) or predicate.get("kind") != kind:
+    if signed.get("predicateType") != PREDICATE_TYPE.format(kind=kind) \
+            or predicate.get("kind") != kind:
         raise UntrustedRecord(key, "tampered", f"signed as {predicate.get('kind')!r}, stored as "
                               f"{kind!r}")
-    names = [s.get("name") for s in subjects if isinstance(s, dict)]
+    names = [s.get("name") for s in subjects]
     if names != [key]:
         raise UntrustedRecord(key, "wrong-key", f"signed for {names}, read at {key!r}: the record "
                               "was moved or copied from elsewhere")
