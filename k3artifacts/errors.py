@@ -5,7 +5,8 @@ Exit codes (documented in the README, stable for scripts):
   1  unexpected internal error (a bug: report it)
   2  usage error (bad flag or argument, a malformed id or digest; click's own code)
   3  refused: the release content broke a rule or failed verification; nothing was published
-  4  verify mismatch: a published file no longer matches its manifest
+  4  verify mismatch: a published file no longer matches its manifest, or a stored record
+     fails its signature check (:class:`UntrustedRecord`)
   5  gate failed: promotion refused by a policy gate
   6  conflict: lost a race (channel pointer moved, tuple id taken by another body)
   7  not found: unknown revision, tuple, channel, or no store at the given path/bucket
@@ -94,6 +95,53 @@ class VerifyMismatch(K3AError):
             "damaged files again and puts them back (same manifest digest)")
 
 
+class UntrustedRecord(K3AError):
+    """A stored record k3a will not act on, and why: ``reason`` names the check it failed
+    (:data:`RECORD_REFUSALS`). Raised wherever a signed record, a hash-chained history or a
+    root of trust is read (``k3artifacts/trust``); the record's absence is never a pass."""
+
+    exit_code = 4
+    hint = (
+        "do not act on it: records are written only by k3a, signed by a key the store's policy "
+        "trusts for them; restore the record from a backup (or S3 versioning) and find who can "
+        "write to the store"
+    )
+
+    def __init__(self, key: str, reason: str, detail: str, *, hint: str | None = None):
+        assert reason in RECORD_REFUSALS, reason
+        super().__init__(f"{key}: refused ({reason}): {detail}", hint=hint)
+        self.key = key
+        self.reason = reason
+        self.detail = detail
+
+    def __reduce__(self):
+        return (type(self), (self.key, self.reason, self.detail), self.__dict__)
+
+
+#: Every ``UntrustedRecord.reason``, each a check a record can fail.
+RECORD_REFUSALS = (
+    # one record (trust/envelope.py)
+    "unreadable",       # not UTF-8 JSON (truncated, garbled)
+    "malformed",        # JSON, but not a signed record, or a signed body that does not parse
+    "unsigned",         # no signature at all
+    "untrusted-key",    # signed only by keys the policy does not name
+    "wrong-role",       # signed by a known identity the policy does not let sign this kind
+    "tampered",         # a trusted key's signature that does not verify, or a body that is
+                        # not the one signed
+    "wrong-kind",       # a record of another kind where this one is read
+    "wrong-key",        # a record signed for another store key (moved, swapped)
+    "signer-mismatch",  # the identity the statement names as its maker did not sign it
+    # a hash-chained history (trust/chain.py)
+    "gap",              # an entry missing between the head and the start (or checkpoint)
+    "edit",             # an entry changed after it was signed
+    "fork",             # a validly signed entry that is not the one its successor names
+    "rewound",          # the head set back behind entries logged, or seen, after it
+    # the root of trust (trust/root.py)
+    "threshold",        # fewer distinct root identities signed than the change needs
+    "root-mismatch",    # the store's root is not the one this client pinned, nor follows it
+)
+
+
 class GateFailed(K3AError):
     exit_code = 5
 
@@ -118,6 +166,13 @@ class Unavailable(K3AError):
 
 class ConfigError(K3AError):
     exit_code = 9
+
+
+class TrustRootError(ConfigError):
+    """This client's root of trust for a store is missing, malformed, writable by others, or
+    another than the one asked for: k3a trusts nothing of that store until it is fixed."""
+
+    hint = "`k3a trust show` says what this client pins; `k3a trust init` pins a root"
 
 
 class UnsafeCacheEntry(ConfigError):

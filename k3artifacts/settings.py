@@ -114,6 +114,12 @@ class Settings(BaseModel):
         "XDG_DATA_HOME", "Where things live",
         "Base of the default store and node cache (the XDG base directory convention).",
         shown="`~/.local/share`")
+    xdg_config_home: Path | None = var(
+        "XDG_CONFIG_HOME", "Where things live",
+        "Base of this client's own configuration: its personal signing key "
+        "(`k3artifacts/keys/`) and the root of trust it pins for each store "
+        "(`k3artifacts/trust/`). Both are refused when others can write them.",
+        shown="`~/.config`")
     xdg_cache_home: Path | None = var(
         "XDG_CACHE_HOME", "Where things live",
         "Base of the default quarantine when the store is not a local directory.",
@@ -139,6 +145,12 @@ class Settings(BaseModel):
     s3_concurrency: int | None = var(
         "K3A_S3_CONCURRENCY", "S3 and AWS",
         "Parts in flight per file during an S3 transfer.", shown="`8`", ge=1)
+    kms_endpoint_url: str | None = var(
+        "K3A_KMS_ENDPOINT_URL", "S3 and AWS",
+        "KMS endpoint for a `kms:` identity key (a VPC endpoint, moto). It chooses which "
+        "service signs, never whose signature counts: every signature is checked against the "
+        "public key the policy names.",
+        shown="boto3's own")
     aws_region: str | None = var(
         "AWS_REGION", "S3 and AWS",
         "boto3's region; k3a also records it in a tuple's S3 serving target when the client "
@@ -160,6 +172,17 @@ class Settings(BaseModel):
         "`pkcs11:` URI. `--signing-key` overrides it.")
     signing_key_password: SecretStr | None = var(
         "K3A_SIGNING_KEY_PASSWORD", "Credentials", "Passphrase of an encrypted PEM signing key.")
+    identity_key: str | None = var(
+        "K3A_IDENTITY_KEY", "Credentials",
+        "Key this process signs its records with (reviews, approvals, evidence, moves, policy "
+        "and root changes): a PEM private key file (ed25519, ECDSA P-256/P-384, not readable by "
+        "others), `kms:KEY` (an AWS KMS ECC_NIST_P256 signing key: id, ARN or alias) or a "
+        "`pkcs11:` URI. Whose key it is decides who acted (docs/policy-and-identity.md).",
+        shown="this account's personal key, `$XDG_CONFIG_HOME/k3artifacts/keys/personal.pem` "
+        "(`k3a key create`)")
+    identity_key_password: SecretStr | None = var(
+        "K3A_IDENTITY_KEY_PASSWORD", "Credentials",
+        "Passphrase of an encrypted PEM identity key (`K3A_IDENTITY_KEY`).")
     registry_username: str | None = var(
         "K3A_REGISTRY_USERNAME", "Credentials",
         "User for the container registry when k3a resolves an image tag to its digest; used "
@@ -255,6 +278,11 @@ def load() -> Settings:
 
 def data_home() -> Path:
     return (load().xdg_data_home or Path.home() / ".local" / "share") / "k3artifacts"
+
+
+def config_home() -> Path:
+    """This client's configuration directory: personal keys and pinned roots of trust."""
+    return (load().xdg_config_home or Path.home() / ".config") / "k3artifacts"
 
 
 def default_store_url() -> str:

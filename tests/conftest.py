@@ -18,6 +18,7 @@ pytest_plugins: list[str] = [
     "tests.fixtures.prefect_api",
     "tests.fixtures.s3_fault_proxy",
     "tests.fixtures.seaweedfs",
+    "tests.fixtures.softhsm",
 ]
 
 
@@ -39,6 +40,7 @@ def k3a_env(tmp_path: Path) -> dict[str, str]:
     env["PYTHONPATH"] = str(REPO_ROOT) + os.pathsep + env.get("PYTHONPATH", "")
     env["HOME"] = str(tmp_path / "home")
     env["XDG_DATA_HOME"] = str(tmp_path / "home" / "data")
+    env["XDG_CONFIG_HOME"] = str(tmp_path / "home" / "config")
     env["HF_HUB_DISABLE_XET"] = "1"
     env["HF_HUB_DISABLE_TELEMETRY"] = "1"
     env.pop("K3A_STORE", None)

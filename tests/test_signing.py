@@ -32,6 +32,7 @@ from k3artifacts.signing.policy import load_trusted_keys
 from k3artifacts.signing.revision import SIGNATURE_REL, sign_revision
 from k3artifacts.signing.verify import verify_signed_revision
 from k3artifacts.stores.file import FileStore
+from tests.fixtures.softhsm import SOFTHSM
 from tests.support.releases import Releases
 
 MODEL_SIGNING = str(Path(sys.executable).parent / "model_signing")
@@ -464,51 +465,6 @@ def test_hyperpod_render_refuses_to_promise_a_signature_check(published_revision
     release = make(published_revision, storage=StorageTarget(fsx=FSX))
     with pytest.raises(ConfigError, match="cannot check signatures in the pod"):
         render(release, "hyperpod", signing_policy=policies)
-
-
-SOFTHSM = Path("/usr/lib/softhsm/libsofthsm2.so")
-
-
-@pytest.fixture
-def softhsm_uri(tmp_path, monkeypatch):
-    """A SoftHSM token holding a P-256 key pair made inside it (the private key never leaves
-    the token); returns its pkcs11: URI and the public key as PEM."""
-    if not SOFTHSM.exists() or shutil.which("softhsm2-util") is None:
-        pytest.skip("softhsm2 is not installed (apt-get install softhsm2; .ci/run does)")
-    import PyKCS11
-
-    tokens = tmp_path / "tokens"
-    tokens.mkdir()
-    conf = tmp_path / "softhsm2.conf"
-    conf.write_text(f"directories.tokendir = {tokens}\nobjectstore.backend = file\n")
-    monkeypatch.setenv("SOFTHSM2_CONF", str(conf))
-    subprocess.run(["softhsm2-util", "--init-token", "--free", "--label", "k3a-release",
-                    "--pin", "1234", "--so-pin", "5678"], check=True, capture_output=True)
-    lib = PyKCS11.PyKCS11Lib()
-    lib.load(str(SOFTHSM))
-    slot = next(s for s in lib.getSlotList(tokenPresent=True)
-                if lib.getTokenInfo(s).label.strip() == "k3a-release")
-    session = lib.openSession(slot, PyKCS11.CKF_SERIAL_SESSION | PyKCS11.CKF_RW_SESSION)
-    session.login("1234")
-    p256 = bytes.fromhex("06082a8648ce3d030107")  # DER OID of prime256v1
-    common = [(PyKCS11.CKA_TOKEN, PyKCS11.CK_TRUE), (PyKCS11.CKA_LABEL, "k3a"),
-              (PyKCS11.CKA_ID, (1,))]
-    session.generateKeyPair(
-        [(PyKCS11.CKA_CLASS, PyKCS11.CKO_PUBLIC_KEY), (PyKCS11.CKA_KEY_TYPE, PyKCS11.CKK_EC),
-         (PyKCS11.CKA_EC_PARAMS, p256), (PyKCS11.CKA_VERIFY, PyKCS11.CK_TRUE), *common],
-        [(PyKCS11.CKA_CLASS, PyKCS11.CKO_PRIVATE_KEY), (PyKCS11.CKA_KEY_TYPE, PyKCS11.CKK_EC),
-         (PyKCS11.CKA_SIGN, PyKCS11.CK_TRUE), (PyKCS11.CKA_PRIVATE, PyKCS11.CK_TRUE),
-         (PyKCS11.CKA_SENSITIVE, PyKCS11.CK_TRUE), *common],
-        mecha=PyKCS11.MechanismECGENERATEKEYPAIR,
-    )
-    from model_signing._signing.sign_pkcs11 import encode_ec_public_key
-
-    (public,) = session.findObjects([(PyKCS11.CKA_CLASS, PyKCS11.CKO_PUBLIC_KEY)])
-    pem = serialization.load_der_public_key(encode_ec_public_key(public)).public_bytes(
-        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
-    session.logout()
-    session.closeSession()
-    return f"pkcs11:token=k3a-release;object=k3a?module-path={SOFTHSM}&pin-value=1234", pem
 
 
 def test_pkcs11_key_signs_revision_and_tuple(softhsm_uri, releases, policies, tmp_path):

@@ -79,6 +79,9 @@ COMMANDS: dict[str, Entry] = {
                      "Answer an approval request under your own identity.", RELEASES),
     "policy": Entry("policy:policy_group",
                     "The store's gate policy: show, init, propose, apply, history.", RELEASES),
+    "key": Entry("trust:key_group", "The key you sign records with: create, show.", RELEASES),
+    "trust": Entry("trust:trust_group", "The store's root of trust, pinned here: init, show, "
+                   "rotate.", RELEASES),
     "traffic": Entry("traffic:traffic_group",
                      "Canary analyses of a tuple's traffic steps (Prometheus).", RELEASES),
     "preflight": Entry("preflight:preflight_cmd",

@@ -2,7 +2,8 @@
 
 A policy directory (the packaged ``policies/``, or one a release engineer edits to propose a
 change) holds ``promotion-gates.yaml``, ``signing/trusted-keys.yaml`` with the public keys it
-names, and the evaluation suites the channels name. The document carries exactly those files'
+names, ``identities.yaml`` (who may sign which records, :mod:`k3artifacts.trust.identities`)
+and the evaluation suites the channels name. The document carries exactly those files'
 text, so its sha256 (of canonical JSON) names everything the gates read, and a loose file
 beside them can change nothing. The gates that read files (a suite's sha256, the trusted keys)
 read the document's copies, written out for the judgement (:meth:`PolicyDocument.written_to`).
@@ -25,8 +26,10 @@ from k3artifacts.canonical import canonical_json
 from k3artifacts.errors import ConfigError, plain_validation_errors
 from k3artifacts.policy.model import GATES_FILE, GatePolicy, load_gate_policy
 from k3artifacts.signing.policy import SIGNING_DIR, TRUSTED_KEYS_FILE, SigningPolicy
+from k3artifacts.trust.identities import Identities
 
 SIGNING_FILE = f"{SIGNING_DIR}/{TRUSTED_KEYS_FILE}"
+IDENTITIES_FILE = "identities.yaml"
 
 
 def _safe(rel: str) -> str:
@@ -57,6 +60,11 @@ class PolicyDocument(BaseModel):
             suite = chan.evaluation and chan.evaluation.suite_file
             if suite and suite not in self.files:
                 raise ValueError(f"channel {name} names suite {suite}, not in the policy")
+        if IDENTITIES_FILE in self.files:
+            try:
+                Identities.model_validate(yaml.safe_load(self.files[IDENTITIES_FILE]) or {})
+            except (yaml.YAMLError, ValidationError) as exc:
+                raise ValueError(f"{IDENTITIES_FILE}: {exc}") from None
         return self
 
     @cached_property
@@ -64,16 +72,25 @@ class PolicyDocument(BaseModel):
         return GatePolicy.model_validate(yaml.safe_load(self.files[GATES_FILE]) or {})
 
     @cached_property
+    def identities(self) -> Identities:
+        """Who may sign which records; none where the document has no identities file."""
+        text = self.files.get(IDENTITIES_FILE)
+        return Identities.model_validate((yaml.safe_load(text) if text else None) or {})
+
+    @cached_property
     def digest(self) -> str:
         return hashlib.sha256(canonical_json(self)).hexdigest()
 
     @classmethod
     def from_dir(cls, policies_dir: Path) -> PolicyDocument:
-        """The document of a policy directory: its gate policy, the suites it names and its
-        signing policy with the keys that names. Any other file there is not policy."""
+        """The document of a policy directory: its gate policy, its identities, the suites it
+        names and its signing policy with the keys that names. Any other file there is not
+        policy."""
         root = Path(policies_dir)
         gates = load_gate_policy(root)
         wanted = [GATES_FILE]
+        if (root / IDENTITIES_FILE).is_file():
+            wanted.append(IDENTITIES_FILE)
         wanted += sorted({c.evaluation.suite_file for c in gates.channels.values()
                           if c.evaluation and c.evaluation.suite_file})
         if (root / SIGNING_FILE).is_file():

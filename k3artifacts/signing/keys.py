@@ -90,6 +90,23 @@ class Pkcs11Signer:
     def key_hint(self) -> str:
         return key_hint(self.public_key)
 
+    def sign_bytes(self, message: bytes) -> bytes:
+        """A DER ECDSA signature over ``message``: hashed here with the curve's digest, the
+        digest signed by the token (what records signed by an identity key need: no bundle)."""
+        import PyKCS11
+        from cryptography.hazmat.primitives import hashes
+        from cryptography.hazmat.primitives.asymmetric.utils import encode_dss_signature
+
+        digest = hashes.Hash(CURVE_HASHES[self.public_key.curve.name]())
+        digest.update(message)
+        key_id, label = self._signer.pkcs11_uri.get_keyid_and_label()
+        private = self._signer.find_object(PyKCS11.CKO_PRIVATE_KEY, label=label, id=key_id)
+        raw = bytes(self._signer.session.sign(private, digest.finalize(),
+                                              mecha=PyKCS11.Mechanism(PyKCS11.CKM_ECDSA, None)))
+        # The token answers r || s (PKCS#11's form); X.509 verifiers take DER.
+        half = len(raw) // 2
+        return encode_dss_signature(int.from_bytes(raw[:half]), int.from_bytes(raw[half:]))
+
     def sign(self, statement: dict[str, Any]) -> bytes:
         from in_toto_attestation.v1.resource_descriptor import ResourceDescriptor
         from in_toto_attestation.v1.statement import Statement

@@ -1,0 +1,296 @@
+"""``k3a key create | show`` and ``k3a trust init | show | rotate``: the key this account signs
+with, and the root of trust this client pins for a store (docs/policy-and-identity.md)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import click
+
+from k3artifacts.cli.common import emit, get_store, json_option, store_option
+
+if TYPE_CHECKING:
+    from k3artifacts.trust.identities import KeyEntry
+    from k3artifacts.trust.keys import RecordSigner
+    from k3artifacts.trust.pins import Pin
+    from k3artifacts.trust.root import Root
+
+
+def _key_view(signer: RecordSigner) -> dict[str, Any]:
+    from k3artifacts.trust.identities import KeyEntry
+    from k3artifacts.trust.keys import key_kind, signer_key_id
+
+    entry = KeyEntry.for_signer(signer)
+    return {"source": signer.source, "key_id": signer_key_id(signer),
+            "kind": key_kind(signer.public_key), "public_key": entry.pem,
+            "entry": entry.model_dump(exclude_none=True)}
+
+
+def _print_key(view: dict[str, Any]) -> None:
+    import yaml
+
+    click.echo(f"key: {view['source']}\nkind: {view['kind']}\nkey id: {view['key_id']}\n")
+    click.echo(view["public_key"], nl=False)
+    click.echo("\nAs an identity in a policy's identities.yaml (a change the store's root "
+               "identities approve):\n")
+    click.echo(yaml.safe_dump({"keys": [view["entry"]]}, sort_keys=False))
+
+
+@click.group("key")
+def key_group() -> None:
+    """The key this account signs its records with: reviews, approvals, evidence, moves.
+
+    \b
+    Unless K3A_IDENTITY_KEY names another (a PEM file, kms:KEY, a pkcs11: URI), it is your
+    personal key, $XDG_CONFIG_HOME/k3artifacts/keys/personal.pem (~/.config/...), made on
+    first use: the first command that signs makes it and says where, as ssh-keygen would.
+    Give its public half (personal.pub.pem) to the store's root identities: the store's
+    policy lists it, with the roles you may sign for.
+    """
+
+
+@key_group.command("create")
+@click.option("--kind", type=click.Choice(["ed25519", "ecdsa-p256", "ecdsa-p384"]),
+              default="ed25519", show_default=True, help="Key algorithm.")
+@json_option
+def key_create_cmd(kind: str, as_json: bool) -> None:
+    """Make your personal key (private 0600, in a 0700 directory) and its public half.
+
+    Exit codes: 0 made, 6 you already have one (`k3a key show`).
+    """
+    from k3artifacts.errors import Conflict
+    from k3artifacts.trust.keys import PERSONAL_PUBLIC, create_personal_key, personal_key_path
+
+    try:
+        signer = create_personal_key(kind)  # type: ignore[arg-type]
+    except FileExistsError:
+        raise Conflict(f"you already have a personal key: {personal_key_path()}",
+                       hint="`k3a key show` prints it; remove it yourself only if it is lost "
+                       "to you (the policy must then list your new key)") from None
+    view = {**_key_view(signer), "public_path": str(personal_key_path().with_name(
+        PERSONAL_PUBLIC))}
+
+    def human() -> None:
+        click.echo(f"Generated a {view['kind']} key.\n"
+                   f"Your identity key has been saved in {view['source']}\n"
+                   f"Your public key has been saved in {view['public_path']}\n"
+                   f"The key id is {view['key_id']}")
+
+    emit(as_json, view, human)
+
+
+@key_group.command("show")
+@json_option
+def key_show_cmd(as_json: bool) -> None:
+    """Which key this process signs with, its key id and public key, and how a policy names it.
+
+    Exit codes: 0 shown, 7 no personal key yet (`k3a key create`), 9 a key refused (readable
+    by others, not ed25519 or ECDSA P-256/P-384, a KMS key of another kind).
+    """
+    from k3artifacts.trust.keys import identity_signer
+
+    view = _key_view(identity_signer(create=False).signer)
+    emit(as_json, view, lambda: _print_key(view))
+
+
+def _root_view(root: Root) -> dict[str, Any]:
+    return {"version": root.version, "fingerprint": root.fingerprint,
+            "threshold": root.threshold, "previous": root.previous,
+            "identities": {name: [k.id for k in keys] for name, keys in root.identities.items()}}
+
+
+def _pin_view(pin: Pin, changed: bool) -> dict[str, Any]:
+    from k3artifacts.trust.pins import config_map_files, pin_path
+
+    return {"store": pin.store, "pin": str(pin_path(pin.store)), "how": pin.how,
+            "pinned_at": pin.pinned_at, "changed": changed, "root": _root_view(pin.root),
+            "config_map": config_map_files(pin)}
+
+
+def _print_pin(view: dict[str, Any], verb: str) -> None:
+    root = view["root"]
+    click.echo(f"{verb}: root v{root['version']} of {view['store']}\n"
+               f"fingerprint: {root['fingerprint']}\n"
+               f"threshold: {root['threshold']} of {len(root['identities'])} identities\n"
+               f"pinned in: {view['pin']} ({view['how']})")
+    for name, ids in root["identities"].items():
+        click.echo(f"  {name}: {', '.join(ids)}")
+    if len(root["identities"]) == 1:
+        click.echo("note: one root identity: every policy change needs only it. Add a second "
+                   "(`k3a trust rotate --add NAME=KEY.pub.pem`) to need two for any change "
+                   "that is not provably stricter.")
+
+
+def _named_keys(specs: tuple[str, ...]) -> dict[str, list[KeyEntry]]:
+    """``NAME=KEYFILE`` (or ``KEYFILE``, named after the file) -> identity keys."""
+    from k3artifacts.errors import UsageError
+    from k3artifacts.trust.identities import KeyEntry
+    from k3artifacts.trust.keys import read_public_key
+
+    named: dict[str, list[KeyEntry]] = {}
+    for spec in specs:
+        name, sep, path = spec.partition("=")
+        if not sep:
+            path, name = spec, Path(spec).name.split(".")[0]
+        if name in named:
+            raise UsageError(f"identity {name!r} is given twice",
+                             hint="name each key: --root NAME=KEYFILE")
+        named[name] = [KeyEntry.of(read_public_key(Path(path)))]
+    return named
+
+
+@click.group("trust")
+def trust_group() -> None:
+    """The root of trust this client pins for a store: the identities whose signatures make a
+    policy version the store's, and how many a change needs.
+
+    \b
+    It lives outside the store ($XDG_CONFIG_HOME/k3artifacts/trust/), once per machine or
+    image; the store cannot change it. A change that is not provably stricter needs two root
+    identities; the root itself changes only by a rotation signed under the old one.
+    First use: the client that seeds a store's first policy pins its own key as the root.
+    Everyone else pins it before acting: `init --fingerprint FP` (compare FP with a root
+    identity's `k3a trust show`), or a team pins its keys before first use:
+    `init --root alice=alice.pub.pem --root bob=bob.pub.pem`.
+    """
+
+
+@trust_group.command("init")
+@click.option("--root", "roots", multiple=True, metavar="[NAME=]KEYFILE",
+              help="A root identity's public key (PEM; repeat for each). NAME defaults to the "
+              "file's name up to its first dot.")
+@click.option("--threshold", type=click.IntRange(min=1), default=None,
+              help="Root identities a change that is not provably stricter needs "
+              "[default: 2, or 1 for a single identity].")
+@click.option("--fingerprint", default=None, metavar="FP",
+              help="Pin the root the store already has, if its fingerprint is FP (given to you "
+              "out of band by someone who pinned it).")
+@click.option("--name", default=None,
+              help="Your identity's name when you become the store's root (no --root, no "
+              "--fingerprint) [default: your account name].")
+@store_option
+@json_option
+def trust_init_cmd(roots: tuple[str, ...], threshold: int | None, fingerprint: str | None,
+                   name: str | None, store_url: str, as_json: bool) -> None:
+    """Pin the store's root of trust in this client's configuration.
+
+    \b
+    With --root: those keys are the root (a team, before or after first use; the root is
+    published in the store when your key is one of them and the store has none).
+    With --fingerprint: the root the store holds, if it has that fingerprint.
+    With neither: your own key becomes the root of a store that has none (first use).
+    Rotations the store holds after the pinned root are verified and followed.
+
+    Exit codes: 0 pinned (or already), 2 a bad threshold or key list, 4 the store's root is
+    another or a rotation does not verify, 7 no such store or no root in it, 9 this client
+    pins another root for the store, or a key or pin file refused.
+    """
+    from k3artifacts.errors import NotFound, UsageError
+    from k3artifacts.trust import enrol
+    from k3artifacts.trust.keys import identity_signer
+    from k3artifacts.trust.root import first_root
+
+    if roots and fingerprint:
+        raise UsageError("--root and --fingerprint pin two different ways: give one")
+    if threshold is not None and not roots:
+        raise UsageError("--threshold goes with --root (a pinned or first root keeps its own)")
+    # A team may pin its keys before the store exists; nothing is written to it then.
+    store = get_store(store_url, must_exist=not roots)
+    if fingerprint:
+        pin, changed = enrol.join(store, fingerprint)
+    elif roots:
+        root = first_root(_named_keys(roots), threshold)
+        signer = None
+        if store.exists():
+            try:
+                signer = identity_signer(create=False).signer
+            except NotFound:
+                pass  # no key of ours: we cannot be one of the root's identities
+        pin, changed = enrol.pin_keys(store, root, signer)
+    else:
+        from k3artifacts.policy.actor import os_account
+
+        key = identity_signer(create=True)
+        if key.created:
+            click.echo(f"made your personal key: {key.signer.source} (public half beside it)",
+                       err=True)
+        pin, changed = enrol.first_use(store, key.signer, name or os_account())
+    view = _pin_view(pin, changed)
+    emit(as_json, view, lambda: _print_pin(view, "pinned" if changed else "already pinned"))
+
+
+@trust_group.command("show")
+@store_option
+@json_option
+def trust_show_cmd(store_url: str, as_json: bool) -> None:
+    """The root this client pins for the store: version, fingerprint, threshold, identities.
+    Rotations the store holds after it are verified and followed first; --json adds the pin
+    as ConfigMap data for a verifier (mounted at $XDG_CONFIG_HOME/k3artifacts/trust).
+
+    Exit codes: 0 shown, 4 a rotation in the store does not verify or the store's root is
+    another, 9 no root pinned for the store, or the pin file refused.
+    """
+    from k3artifacts.trust.pins import follow, require_pin
+
+    store = get_store(store_url, must_exist=False)
+    pin, changed = follow(store, require_pin(store.url))
+    view = _pin_view(pin, changed)
+    emit(as_json, view, lambda: _print_pin(view, "followed to" if changed else "pinned"))
+
+
+@trust_group.command("rotate")
+@click.option("--add", "added", multiple=True, metavar="[NAME=]KEYFILE",
+              help="Make this public key a root identity (a NAME already there gets this key "
+              "instead of its own).")
+@click.option("--remove", "removed", multiple=True, metavar="NAME",
+              help="Stop trusting this root identity.")
+@click.option("--threshold", type=click.IntRange(min=1), default=None,
+              help="The new root's threshold [default: kept; 2 once there are two].")
+@click.option("--cosign", default=None, metavar="FP",
+              help="Add your signature to the proposed rotation whose fingerprint is FP "
+              "(printed by whoever proposed it).")
+@store_option
+@json_option
+def trust_rotate_cmd(added: tuple[str, ...], removed: tuple[str, ...], threshold: int | None,
+                     cosign: str | None, store_url: str, as_json: bool) -> None:
+    """Change the store's root: signed by you under the root in force, published (and pinned)
+    once its threshold of root identities signed; until then it waits in the store as a
+    proposal, and another root identity adds their signature with --cosign FP.
+
+    Exit codes: 0 published or proposed, 2 nothing to change or a bad threshold, 4 the
+    proposal is not the one FP names, or does not verify, 6 another rotation was published
+    first, 7 no proposal to cosign, 9 your key is not a root identity or no root is pinned.
+    """
+    from k3artifacts.errors import UsageError
+    from k3artifacts.trust import rotation
+    from k3artifacts.trust.keys import identity_signer
+    from k3artifacts.trust.pins import follow, require_pin
+
+    if cosign and (added or removed or threshold):
+        raise UsageError("--cosign signs a proposal as it is: it takes no changes")
+    if not cosign and not (added or removed or threshold):
+        raise UsageError("nothing to change", hint="--add NAME=KEYFILE, --remove NAME, "
+                         "--threshold N, or --cosign FP")
+    store = get_store(store_url)
+    pin, _ = follow(store, require_pin(store.url))
+    signer = identity_signer(create=False).signer
+    if cosign:
+        done = rotation.cosign(store, pin, signer, cosign)
+    else:
+        done = rotation.rotate(store, pin, signer, add=_named_keys(added), remove=list(removed),
+                               threshold=threshold)
+    view = {"store": store.url, "root": _root_view(done.root), "signed_by": sorted(done.signers),
+            "needs": done.needs, "published": done.published, "key": done.key}
+    fp, by = done.root.fingerprint, ", ".join(sorted(done.signers))
+
+    def human() -> None:
+        if done.published:
+            click.echo(f"published: root v{done.root.version} ({fp}), signed by {by}; this "
+                       "client pins it now")
+        else:
+            click.echo(f"proposed: root v{done.root.version} ({fp}), signed by {by}; "
+                       f"{done.needs} root identities must sign\nnext: another root identity "
+                       f"runs `k3a trust rotate --cosign {fp}`")
+
+    emit(as_json, view, human)

@@ -1,0 +1,63 @@
+"""This client's own trust files (its personal key, the roots it pins): made private, and
+refused when another account could have written them.
+
+A pinned root decides which keys this machine trusts for a store, and a personal key decides
+who this account is: if another account could write either, that account would decide. So, as
+ssh does for ``~/.ssh``, k3a creates them private (directory 0700, files 0600 whatever the
+umask) and refuses one that is owned by another account or writable by one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import stat
+from pathlib import Path
+
+
+def problem(path: Path, *, secret: bool) -> str | None:
+    """Why ``path`` (a file of ours) cannot be trusted, or None. It and the directory that
+    holds it must belong to this account (or root: a ConfigMap mounted in a pod) and be
+    writable by no one else; a ``secret`` file must not be readable by anyone else either."""
+    me = os.getuid()
+    real = path.resolve()
+    for item, is_file in ((real, True), (real.parent, False), (path.parent.resolve(), False)):
+        info = item.stat()
+        if info.st_uid not in (me, 0):
+            return f"{item} belongs to uid {info.st_uid}, not to this account (uid {me})"
+        if is_file and not stat.S_ISREG(info.st_mode):
+            return f"{item} is not a regular file"
+        others = 0o077 if (secret and is_file) else 0o022
+        if info.st_mode & others:
+            who = "read or written" if others == 0o077 else "written"
+            return (f"{item} has mode {stat.S_IMODE(info.st_mode):04o}: it can be {who} by "
+                    "other accounts")
+    return None
+
+
+def private_dir(path: Path) -> Path:
+    """``path`` as a directory only this account can use, made (with its parents) if absent."""
+    path.mkdir(parents=True, exist_ok=True, mode=0o700)
+    if path.stat().st_uid == os.getuid():
+        path.chmod(0o700)
+    return path
+
+
+def write_new(path: Path, data: bytes, *, mode: int) -> None:
+    """Create ``path`` holding ``data`` with exactly ``mode``; FileExistsError if it exists."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
+    try:
+        os.fchmod(fd, mode)  # the umask may have taken bits away; never adds any
+        os.write(fd, data)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_replacing(path: Path, data: bytes, *, mode: int) -> None:
+    """Replace ``path`` with ``data`` at once (a reader sees the old or the new file)."""
+    temp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with contextlib.suppress(FileNotFoundError):
+        temp.unlink()
+    write_new(temp, data, mode=mode)
+    os.replace(temp, path)

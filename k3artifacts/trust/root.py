@@ -1,0 +1,208 @@
+"""The root of trust: the identities whose signatures make a policy version the store's, and
+how many of them a change needs. Pinned by each client outside the store (:mod:`.pins`),
+changed only by a rotation signed under the root it replaces.
+
+A root is a small document::
+
+    {"schema_version": 1, "version": 2, "threshold": 2, "previous": "<fingerprint of v1>",
+     "identities": {"alice": [{"pem": "..."}], "bob": [{"pem": "...", "kms": "arn:..."}]}}
+
+Its **fingerprint** is the sha256 of its canonical JSON: what people compare out of band when
+a second machine pins the same root (``k3a trust init --fingerprint``).
+
+* A change that is provably stricter needs one root identity's signature; any other change
+  needs ``threshold`` distinct root identities (:meth:`Root.authorize`). A root of two or more
+  identities has a threshold of at least two. A root of one identity (a store's first use, by
+  one person) can only have a threshold of one: ``k3a trust show`` says so, and adding a
+  second identity is the way out.
+* Version N+1 is trusted only when it names version N's fingerprint as ``previous`` and is
+  signed by at least version N's threshold of version N's identities
+  (:func:`verify_root_rotation`). Rotations are stored create-once at
+  ``releases/trust/root/<version>.json`` so every client walks the same chain from its pin.
+"""
+
+from __future__ import annotations
+
+from functools import cached_property
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from k3artifacts.canonical import canonical_digest
+from k3artifacts.errors import UntrustedRecord, UsageError, plain_validation_errors
+from k3artifacts.trust.envelope import parse_record, sign_record, verify_record
+from k3artifacts.trust.identities import KeyEntry, Keyring, check_names, check_unique_keys
+from k3artifacts.trust.keys import RecordSigner
+from k3artifacts.trust.storage import RecordReader
+
+ROOT_PREFIX = "releases/trust/root/"
+PROPOSALS_PREFIX = "releases/trust/proposals/"
+KIND = "root"
+VERSION_WIDTH = 10
+
+
+def root_key(version: int) -> str:
+    return f"{ROOT_PREFIX}{version:0{VERSION_WIDTH}d}.json"
+
+
+def proposal_key(version: int) -> str:
+    """Where a rotation waits for more signatures than its proposer's (replaceable: nothing
+    trusts it until it is published at :func:`root_key`)."""
+    return f"{PROPOSALS_PREFIX}root-{version:0{VERSION_WIDTH}d}.json"
+
+
+class Root(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    schema_version: Literal[1] = 1
+    version: int = Field(ge=1)
+    threshold: int = Field(ge=1)
+    #: The fingerprint of the root this one replaced; None for a first root.
+    previous: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$")
+    identities: dict[str, list[KeyEntry]] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _sound(self) -> Root:
+        check_names(self.identities)
+        if any(not keys for keys in self.identities.values()):
+            raise ValueError("every root identity needs a key")
+        check_unique_keys((n, k) for n, keys in self.identities.items() for k in keys)
+        count = len(self.identities)
+        if self.threshold > count:
+            raise ValueError(f"a threshold of {self.threshold} with {count} root identities "
+                             "could never be met")
+        if self.threshold < min(2, count):
+            raise ValueError(f"{count} root identities need a threshold of at least 2: a change "
+                             "that is not provably stricter needs two identities")
+        if (self.version == 1) != (self.previous is None):
+            raise ValueError("a first root names no previous root, and only a first root")
+        return self
+
+    @cached_property
+    def fingerprint(self) -> str:
+        return canonical_digest(self)
+
+    def keyring(self) -> Keyring:
+        return Keyring.of((name, keys, frozenset()) for name, keys in self.identities.items())
+
+    def needs(self, *, stricter: bool) -> int:
+        return 1 if stricter else self.threshold
+
+    def authorize(self, signers: frozenset[str], *, stricter: bool, key: str) -> frozenset[str]:
+        """The root identities among ``signers``; UntrustedRecord ``threshold`` when fewer
+        than the change needs."""
+        counted = signers & set(self.identities)
+        need = self.needs(stricter=stricter)
+        if len(counted) < need:
+            what = ("a provably stricter change" if stricter
+                    else "a change that is not provably stricter")
+            raise UntrustedRecord(
+                key, "threshold",
+                f"{what} needs {need} root identit{'y' if need == 1 else 'ies'} of root "
+                f"v{self.version}; signed by {sorted(counted) or 'none'}",
+                hint="another root identity adds its signature (`k3a trust rotate --cosign` for "
+                "a root change)")
+        return counted
+
+
+def _made(**fields: object) -> Root:
+    try:
+        return Root.model_validate(fields)
+    except ValidationError as exc:
+        raise UsageError(f"not a sound root: {plain_validation_errors(exc)}",
+                         hint="a threshold is at least 2 (1 for a single identity) and at most "
+                         "the number of root identities") from None
+
+
+def first_root(identities: dict[str, list[KeyEntry]], threshold: int | None = None) -> Root:
+    """Version 1 of a root: ``threshold`` defaults to two where there are two identities."""
+    return _made(version=1, threshold=threshold or min(2, len(identities)),
+                 identities=identities)
+
+
+def next_root(old: Root, *, add: dict[str, list[KeyEntry]] | None = None,
+              remove: list[str] | None = None, threshold: int | None = None) -> Root:
+    """The rotation of ``old``: identities added (a name already there gets the keys given,
+    replacing its own), removed, and the threshold (default: kept, raised to two when the
+    root grows to two identities)."""
+    identities = {n: k for n, k in old.identities.items() if n not in set(remove or ())}
+    identities.update(add or {})
+    count = len(identities)
+    chosen = threshold or min(max(old.threshold, min(2, count)), count)
+    return _made(version=old.version + 1, threshold=chosen, previous=old.fingerprint,
+                 identities=identities)
+
+
+def sign_root(root: Root, signer: RecordSigner, identity: str) -> bytes:
+    """``root`` signed for its place in the root chain (a proposal waiting for signatures is
+    signed for that place too, wherever it waits)."""
+    return sign_record(key=root_key(root.version), kind=KIND, body=root, signer=signer,
+                       identity=identity)
+
+
+def _root_body(body: dict, key: str) -> Root:  # type: ignore[type-arg]
+    try:
+        return Root.model_validate(body)
+    except ValidationError as exc:
+        raise UntrustedRecord(key, "malformed", f"not a root: {exc.errors()[0]['msg']}") from None
+
+
+def stored_root(data: bytes, key: str) -> Root:
+    """The root a stored record claims to hold, before any signature is checked: only to be
+    compared with a fingerprint or a pin, never trusted by itself."""
+    return _root_body(parse_record(data, key=key).body, key)
+
+
+def verify_root_rotation(old: Root, data: bytes, *,
+                         complete: bool = True) -> tuple[Root, frozenset[str]]:
+    """The root ``data`` holds, trusted as the successor of ``old``, with the old root's
+    identities that signed it. ``complete``: it must carry old's threshold of them (a
+    proposal still collecting signatures is checked with ``complete=False``: one suffices)."""
+    key = root_key(old.version + 1)
+    verified = verify_record(data, key=key, kind=KIND, keyring=old.keyring(), roles=None)
+    new = _root_body(verified.body, key)
+    if new.version != old.version + 1 or new.previous != old.fingerprint:
+        raise UntrustedRecord(
+            key, "root-mismatch",
+            f"root v{new.version} follows {str(new.previous)[:16]}, not v{old.version} "
+            f"({old.fingerprint[:16]})")
+    if complete:
+        old.authorize(verified.signers, stricter=False, key=key)
+    return new, verified.signers & set(old.identities)
+
+
+def verify_first_root(data: bytes, fingerprint: str) -> Root:
+    """The store's root v1, trusted only if its fingerprint is the one given (compared out of
+    band with someone who pinned it), and signed by one of its own identities."""
+    key = root_key(1)
+    claimed = stored_root(data, key)
+    if claimed.fingerprint != fingerprint:
+        raise UntrustedRecord(key, "root-mismatch",
+                              f"the store's root v1 has fingerprint {claimed.fingerprint}, not "
+                              f"{fingerprint}",
+                              hint="check the fingerprint with whoever pinned the store's root "
+                              "(`k3a trust show`); never pin one you cannot compare")
+    verified = verify_record(data, key=key, kind=KIND, keyring=claimed.keyring(), roles=None)
+    return _root_body(verified.body, key)
+
+
+def walk_rotations(store: RecordReader, pinned: Root) -> list[Root]:
+    """Every root after ``pinned`` that the store holds, each verified under the one before:
+    the last is the root in force. Refuses a store whose root at the pinned version is another
+    one (``root-mismatch``)."""
+    found = store.read(root_key(pinned.version))
+    if found is not None:
+        stored = stored_root(found.data, root_key(pinned.version))
+        if stored.fingerprint != pinned.fingerprint:
+            raise UntrustedRecord(
+                root_key(pinned.version), "root-mismatch",
+                f"the store's root v{pinned.version} is {stored.fingerprint[:16]}, this client "
+                f"pins {pinned.fingerprint[:16]}",
+                hint="someone replaced the store's root, or this client pinned another store's: "
+                "compare `k3a trust show` with a colleague's before anything else")
+    chain: list[Root] = []
+    current = pinned
+    while (found := store.read(root_key(current.version + 1))) is not None:
+        current, _ = verify_root_rotation(current, found.data)
+        chain.append(current)
+    return chain
