@@ -92,7 +92,8 @@ def test_demo_and_the_readme_path_run_from_the_wheel(installed, elsewhere):
     commands = readme_commands((REPO_ROOT / "README.md").read_text())
     # The gates of the channel just promoted to, from the policy shipped in the package.
     commands.append('k3a gates "$TUPLE" staging')
-    tuple_id = run_in_one_shell(commands, cwd=workdir, env=env)
-    assert tuple_id.startswith("k3t-")
-    assert len(list((workdir / "deploy").glob("*.eks.yaml"))) == 1
-    assert sorted(p.name for p in workdir.iterdir()) == [".venv", "deploy"]
+    found = run_in_one_shell(commands, cwd=workdir, env={**env, "TMPDIR": str(workdir.parent)},
+                             report=("TUPLE", "DEPLOY"))
+    assert found["TUPLE"].startswith("k3t-")
+    assert len(list(Path(found["DEPLOY"]).glob("*.eks.yaml"))) == 1
+    assert sorted(p.name for p in workdir.iterdir()) == [".venv"]
