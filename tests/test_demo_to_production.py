@@ -25,6 +25,8 @@ import subprocess
 import sys
 import tempfile
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -129,47 +131,67 @@ def test_the_walk_parses_into_the_steps_it_names():
     assert any(c.startswith("cat > ") and c.endswith("\nYAML") for _, cs in blocks for c in cs)
 
 
-def test_demo_to_production_walk_runs_as_written(k3a_env):
+def require_two_accounts() -> None:
+    """Skip, with the reason, where the guide's step 0 cannot run as written."""
     if os.getuid() != 0:
         pytest.skip("the guide's step 0 makes two accounts and a group: it needs root")
     if shutil.which("runuser") is None:
         pytest.skip("the guide runs the second account's commands with util-linux's runuser")
-    python = Path(SYSTEM_PYTHON)
-    if not python.is_file():
+    if not Path(SYSTEM_PYTHON).is_file():
         pytest.skip(f"the guide makes the venv with {SYSTEM_PYTHON}, which is not here")
     found = subprocess.run([SYSTEM_PYTHON, "-c", "import sys; print(sys.version_info[:2])"],
                            capture_output=True, text=True, check=True).stdout.strip()
     if found != str(tuple(sys.version_info[:2])):
         pytest.skip(f"{SYSTEM_PYTHON} is Python {found}; the walk's venv borrows this "
                     f"environment's packages, built for {tuple(sys.version_info[:2])}")
-    # pytest's tmp directories are private (0700): the walk's scratch (the guide's `mktemp -d`
-    # and the venv) is under the system's, in a directory every account may pass through.
+
+
+@contextmanager
+def walk_shell(k3a_env: dict[str, str]) -> Iterator[tuple[Shell, Path, Path]]:
+    """A reader's shell at the checkout's root (no data directory set; this checkout's code
+    first, as the checkout's editable ``.venv`` imports it), a scratch directory every account
+    may pass through (pytest's are private) that its ``mktemp -d`` uses, and where the scratch
+    venv goes."""
     scratch = Path(tempfile.mkdtemp(prefix="k3a-walk-"))
     os.chmod(scratch, 0o755)
-    venv = scratch / "k3a-venv"
-    # A reader's shell: the checkout's code only through the venv, no data directory set.
-    env = {k: v for k, v in k3a_env.items() if k not in ("PYTHONPATH", "XDG_DATA_HOME")}
+    env = {k: v for k, v in k3a_env.items() if k != "XDG_DATA_HOME"}
     env["TMPDIR"] = str(scratch)
-    before = git_status()
     shell = Shell(REPO_ROOT, env)
     try:
-        for kind, commands in walk_blocks(GUIDE.read_text()):
-            if kind == "walk-venv":
-                wheel_venv(REPO_ROOT, scratch / "build", python=SYSTEM_PYTHON, at=venv)
-                ran = subprocess.run(["runuser", "-u", "k3a-second", "--", str(venv / "bin" / "k3a"),
-                                      "--version"], capture_output=True, text=True, env=env)
-                if ran.returncode != 0:
-                    pytest.skip("k3a-second cannot run the walk's venv (this environment's "
-                                f"packages are not readable by other accounts): {ran.stderr}")
-                continue
+        yield shell, scratch, scratch / "k3a-venv"
+    finally:
+        shell.close()
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def run_step_zero(shell: Shell, scratch: Path, venv: Path) -> None:
+    """The guide's step 0 as written, its venv filled offline (see the module's doc)."""
+    for kind, commands in walk_blocks(GUIDE.read_text()):
+        if kind == "walk-accounts":
             for command in commands:
-                shell.run(command.replace(VENV, str(venv)))
+                shell.run(command)
+        elif kind == "walk-venv":
+            wheel_venv(REPO_ROOT, scratch / "build", python=SYSTEM_PYTHON, at=venv)
+            ran = subprocess.run(["runuser", "-u", "k3a-second", "--",
+                                  str(venv / "bin" / "k3a"), "--version"],
+                                 capture_output=True, text=True)
+            if ran.returncode != 0:
+                pytest.skip("k3a-second cannot run the walk's venv (this environment's "
+                            f"packages are not readable by other accounts): {ran.stderr}")
+
+
+def test_demo_to_production_walk_runs_as_written(k3a_env):
+    require_two_accounts()
+    before = git_status()
+    with walk_shell(k3a_env) as (shell, scratch, venv):
+        run_step_zero(shell, scratch, venv)
+        for kind, commands in walk_blocks(GUIDE.read_text()):
+            if kind == "walk":
+                for command in commands:
+                    shell.run(command.replace(VENV, str(venv)))
         store_url = shell.run('echo "$K3A_STORE"').strip()
         tuple_id = shell.run('echo "$TUPLE"').strip()
         walk = Path(shell.run('echo "$WALK"').strip())
-    finally:
-        shell.close()
-    try:
         store = FileStore(Path(store_url.removeprefix("file://")))
         me = pwd.getpwuid(os.getuid()).pw_name
         entry = history(store, "production")[-1]
@@ -179,7 +201,5 @@ def test_demo_to_production_walk_runs_as_written(k3a_env):
         objects = [o for o in yaml.safe_load_all(rendered[0].read_text()) if o]
         deployment = next(o for o in objects if o["kind"] == "Deployment")
         assert deployment["metadata"]["labels"]["k3a.io/tuple-id"] == tuple_id
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
     # The walk leaves the checkout as it found it.
     assert git_status() == before
