@@ -172,3 +172,17 @@ def test_an_account_outside_the_store_gets_a_named_refusal(second_user, tmp_path
             assert "Traceback" not in ran.stderr and "PermissionError" not in ran.stderr
     finally:
         subprocess.run(["rm", "-rf", str(root)], check=False)
+
+
+def test_a_path_outside_the_store_this_account_may_not_write_is_refused_by_name(
+        second_user, shared_store, reachable, k3a_env, tmp_path):
+    """Not the store's: `k3a render --out` into a directory only root may write to. Exit 9
+    naming the path, never a traceback."""
+    import k3artifacts.cli.tuples  # noqa: F401 - the child cannot read the stdlib under /root
+    import k3artifacts.serving.render  # noqa: F401
+
+    release = Releases(shared_store, tmp_path / "scratch").release()
+    out = reachable / "deploy"
+    ran = k3a_as(second_user, shared_store, "render", release.id, "--target", "eks", "--out",
+                 str(out), env=k3a_env, expect=9)
+    assert f"may not use {out}" in ran.stderr and "Traceback" not in ran.stderr

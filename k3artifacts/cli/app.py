@@ -150,6 +150,13 @@ class K3AGroup(click.Group):
             rv = super().invoke(ctx)
         except K3AError as exc:
             _fail(ctx, str(exc), exc.exit_code, exc.hint, as_json=_wants_json(ctx, raw_args))
+        except PermissionError as exc:
+            # A path outside a store (an --out directory, a demo's files): the store's own are
+            # refused by name where they are met (stores/file_modes.py).
+            where = exc.filename or "a path"
+            _fail(ctx, f"this account may not use {where}: {exc.strerror or exc}", 9,
+                  f"see who may (`ls -ld {where}`), or choose a path this account owns",
+                  as_json=_wants_json(ctx, raw_args))
         except click.ClickException as exc:
             # A usage error, or a malformed variable met computing a default: only --json
             # changes how it looks; click prints it otherwise.
