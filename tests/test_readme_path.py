@@ -101,16 +101,18 @@ def run_in_one_shell(commands: list[str], *, cwd: Path, env: dict[str, str],
 
 @pytest.fixture(scope="module")
 def clone(tmp_path_factory) -> Path:
-    """A fresh clone of this checkout as it stands (edits to tracked files included: `git
-    stash create` makes a commit of them without touching the checkout), its .venv this test
-    environment."""
+    """A fresh clone of this checkout as it stands (edits to tracked files included: applied
+    and committed in the clone, so that it starts clean), its .venv this test environment."""
     where = tmp_path_factory.mktemp("clone") / "k3artifacts"
-    git = ["git", "-c", "advice.detachedHead=false"]
+    # A commit needs an author, which a CI machine may not have configured.
+    git = ["git", "-c", "user.name=k3a-tests", "-c", "user.email=k3a@localhost"]
     subprocess.run([*git, "clone", "-q", str(REPO_ROOT), str(where)], check=True)
-    edited = subprocess.run(["git", "-C", str(REPO_ROOT), "stash", "create"], check=True,
-                            capture_output=True, text=True).stdout.strip()
-    if edited:
-        subprocess.run([*git, "-C", str(where), "checkout", "-q", edited], check=True)
+    edits = subprocess.run(["git", "-C", str(REPO_ROOT), "diff", "--binary", "HEAD"],
+                           check=True, capture_output=True).stdout
+    if edits:
+        subprocess.run([*git, "-C", str(where), "apply", "--index"], input=edits, check=True)
+        subprocess.run([*git, "-C", str(where), "commit", "-q", "-m", "uncommitted edits"],
+                       check=True)
     (where / ".venv").symlink_to(Path(sys.executable).parent.parent)
     return where
 
