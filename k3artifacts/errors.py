@@ -11,8 +11,9 @@ Exit codes (documented in the README, stable for scripts):
   6  conflict: lost a race (channel pointer moved, tuple id taken by another body)
   7  not found: unknown revision, tuple, channel, or no store at the given path/bucket
   8  upstream or storage unavailable (network, 5xx after retries, unreachable endpoint)
-  9  bad configuration (malformed store URL, profile, policy file, image reference), or a
-     link or foreign entry planted in the node cache (:class:`UnsafeCacheEntry`)
+  9  bad configuration (malformed store URL, profile, policy file, image reference), a
+     link or foreign entry planted in the node cache (:class:`UnsafeCacheEntry`), or a file
+     store path this account may not read or write (``stores/file_modes.py``)
   130 interrupted (Ctrl-C; set by the CLI, not an error class): re-running resumes
 """
 

@@ -199,6 +199,10 @@ class Settings(BaseModel):
         "`--api-key` overrides it.")
 
     # ---- output and runs ---------------------------------------------------------------------
+    no_color: bool = var(
+        "NO_COLOR", "Output and runs",
+        "Any non-empty value: no colour in k3a's output (error lines, check results, the "
+        "progress bar), as [no-color.org](https://no-color.org) asks.", default=False)
     log_format: Literal["text", "json"] = var(
         "K3A_LOG_FORMAT", "Output and runs",
         "Progress and log lines on stderr as `text` or one JSON object per line. "
@@ -230,6 +234,11 @@ class Settings(BaseModel):
     fault_resume: Path | None = var(
         "K3A_FAULT_RESUME", "Fault points (tests)",
         "A file whose appearance ends a `K3A_FAULT_PAUSE` pause early.")
+
+    @field_validator("no_color", mode="before")
+    @classmethod
+    def _any_value(cls, value: object) -> bool:
+        return bool(value)  # "NO_COLOR=0" asks for no colour too: presence is what counts
 
     @field_validator("fault_pause")
     @classmethod
@@ -274,6 +283,15 @@ def load() -> Settings:
 
 
 # ---- values derived from the variables ----------------------------------------------------------
+
+
+def no_color() -> bool:
+    """Whether ``NO_COLOR`` asks for plain output. Answered even when another variable is
+    malformed, so that the report of that variable is plain too."""
+    try:
+        return load().no_color
+    except ConfigError:
+        return bool(os.environ.get("NO_COLOR"))
 
 
 def data_home() -> Path:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -269,3 +270,88 @@ def test_closed_stdout_and_stderr_still_finish_the_work(k3a_cmd, k3a_env, local_
     assert proc.returncode == 0
     listed = run(k3a_cmd, k3a_env, "revision", "list", REPO, "--store", store, "--json")
     assert [r["commit"] for r in json.loads(listed.stdout)] == [commit]
+
+
+# ---- a mistyped command ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("args,suggested", [
+    (["stag"], "'stage'"),
+    (["pro"], "'promote' or 'approve'"),
+    (["channel", "lsit"], "'list'"),
+    (["policy", "shwo"], "'show'"),
+    (["cache", "lst"], "'list'"),
+])
+def test_a_mistyped_command_is_answered_with_the_closest_names(args, suggested):
+    from click.testing import CliRunner
+
+    result = CliRunner().invoke(cli, args)
+    assert result.exit_code == 2
+    assert f"No such command {args[-1]!r}. Did you mean {suggested}?" in result.stderr
+
+
+def test_a_mistyped_command_under_json_is_one_document():
+    from click.testing import CliRunner
+
+    result = CliRunner().invoke(cli, ["stag", "--json"])
+    assert result.exit_code == 2
+    assert json.loads(result.stdout)["error"] == "No such command 'stag'. Did you mean 'stage'?"
+
+
+# ---- on a terminal -------------------------------------------------------------------------------
+
+
+def on_a_terminal(cmd, env, *args) -> tuple[int, str]:
+    """Run ``k3a ARGS`` with stdout and stderr on a pseudo-terminal of 100 columns; its exit
+    code and everything it wrote there, escape sequences included."""
+    import fcntl
+    import pty
+    import struct
+    import termios
+
+    leader, follower = pty.openpty()
+    fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 30, 100, 0, 0))
+    proc = subprocess.Popen([*cmd, *args], env={**env, "TERM": "xterm"}, stdin=subprocess.DEVNULL,
+                            stdout=follower, stderr=follower)
+    os.close(follower)
+    out = b""
+    while True:
+        try:
+            chunk = os.read(leader, 65536)
+        except OSError:  # EIO: every writer has closed the terminal
+            break
+        if not chunk:
+            break
+        out += chunk
+    os.close(leader)
+    return proc.wait(timeout=60), out.decode(errors="replace")
+
+
+def test_a_verify_that_fails_before_its_first_byte_leaves_no_empty_bar(k3a_cmd, k3a_env,
+                                                                       tmp_path):
+    (tmp_path / "store").mkdir()
+    code, screen = on_a_terminal(k3a_cmd, k3a_env, "verify", f"{REPO}@{'a' * 40}",
+                                 "--store", f"file://{tmp_path / 'store'}")
+    assert code == 7
+    drawn = screen.rindex("verifying")
+    # The bar was drawn, then its line erased (cursor up, erase line) before the error.
+    erased = screen.find("\x1b[1A\x1b[2K", drawn)
+    assert drawn < erased < screen.index("error: "), repr(screen)
+    # On a terminal the error is red...
+    assert "\x1b[31merror: " in screen
+
+
+def test_no_color_leaves_every_line_plain(k3a_cmd, k3a_env, tmp_path):
+    (tmp_path / "store").mkdir()
+    code, screen = on_a_terminal(k3a_cmd, {**k3a_env, "NO_COLOR": "1"}, "verify",
+                                 f"{REPO}@{'a' * 40}", "--store", f"file://{tmp_path / 'store'}")
+    assert code == 7 and "error: " in screen
+    colours = [m for m in re.findall(r"\x1b\[([0-9;]*)m", screen)
+               if any(p.startswith(("3", "4", "9")) and p not in ("39", "49")
+                      for p in m.split(";"))]
+    assert colours == [], repr(screen)
+    # ... and so is a failure met before any command runs (a malformed variable).
+    code, screen = on_a_terminal(k3a_cmd, {**k3a_env, "NO_COLOR": "1",
+                                           "K3A_S3_CONCURRENCY": "many"}, "revision", "list",
+                                 REPO)
+    assert code == 9 and "error: bad environment" in screen and "\x1b[31m" not in screen

@@ -1,22 +1,32 @@
-"""docs/guides/demo-to-production.md, run as written: every ``<!-- k3a:walk -->`` block, command
-by command, in one bash process (variables carry over, as in a reader's shell), from the
-checkout's root. What the guide runs as the second account (``as_second ...``) runs as the OS
-user ``k3a-second`` through tests/fixtures/identities.py (a forked child after ``os.setuid``:
-the interpreter under /root cannot be started by that user), with the arguments as the walk's
-shell expands them. Every command must exit 0; at the end production serves the tuple, judged
-by the policy the second account approved, promoted by this account."""
+"""docs/guides/demo-to-production.md, run as written: every marked block, command by command,
+in one bash process (variables carry over, as in a reader's shell), from the checkout's root,
+as root, which the guide's step 0 (making the accounts and the group) needs; without root the
+test is skipped. The second account's commands run as the guide runs them, through its own
+``as_second`` (``runuser``), against the store its own ``k3a bootstrap`` gave to the group:
+nothing is opened to anyone behind the guide's back.
+
+One block differs, and only in how its venv is filled: the venv every account can run
+(``<!-- k3a:walk-venv -->``) is made by the same system Python, but from this checkout's wheel
+and this environment's packages (``tests/support/wheel_venv.py``) where the guide runs ``pip
+install .`` (which would reach the network), and in a scratch directory instead of
+``/opt/k3a-venv`` (the path is replaced in every command). Every command must exit 0; at the
+end production serves the tuple, judged by the policy the second account approved, promoted
+by this account, and the checkout is as the walk found it.
+"""
 
 from __future__ import annotations
 
-import json
 import os
 import pwd
+import re
 import shutil
 import signal
 import subprocess
 import sys
 import tempfile
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -25,40 +35,44 @@ import yaml
 from k3artifacts.releases.channels import history
 from k3artifacts.stores.file import FileStore
 from tests.conftest import REPO_ROOT
-from tests.fixtures.identities import k3a_as
+from tests.support.wheel_venv import wheel_venv
 
 pytestmark = pytest.mark.slow
 
 GUIDE = REPO_ROOT / "docs" / "guides" / "demo-to-production.md"
-MARKER = "<!-- k3a:walk -->"
-SECOND = "as_second "
+#: ``<!-- k3a:walk -->``, ``<!-- k3a:walk-accounts -->``, ``<!-- k3a:walk-venv -->``.
+MARKER = re.compile(r"<!-- k3a:(walk[\w-]*) -->\n```bash\n(.*?)\n```", re.S)
+VENV = "/opt/k3a-venv"
+SYSTEM_PYTHON = "/usr/bin/python3"
 
 
-def walk_commands(text: str) -> list[str]:
-    """The commands of every marked block, in order: a line ending in a backslash continues,
-    and a here-document runs to its terminator."""
+def commands_of(block: str) -> list[str]:
+    """A block's commands: a line ending in a backslash continues, and a here-document runs
+    to its terminator."""
     commands: list[str] = []
-    for part in text.split(MARKER)[1:]:
-        start = part.index("```bash\n") + len("```bash\n")
-        lines = part[start:part.index("\n```", start)].splitlines()
-        current, heredoc = "", None
-        for line in lines:
-            if heredoc is not None:
-                current += "\n" + line
-                if line == heredoc:
-                    commands.append(current)
-                    current, heredoc = "", None
-                continue
-            if "<<'" in line:
-                heredoc = line.split("<<'", 1)[1].split("'", 1)[0]
-                current += line
-                continue
-            current += line[:-1] + " " if line.endswith("\\") else line
-            if not line.endswith("\\"):
-                if current.strip():
-                    commands.append(current.strip())
-                current = ""
+    current, heredoc = "", None
+    for line in block.splitlines():
+        if heredoc is not None:
+            current += "\n" + line
+            if line == heredoc:
+                commands.append(current)
+                current, heredoc = "", None
+            continue
+        if "<<'" in line:
+            heredoc = line.split("<<'", 1)[1].split("'", 1)[0]
+            current += line
+            continue
+        current += line[:-1] + " " if line.endswith("\\") else line
+        if not line.endswith("\\"):
+            if current.strip():
+                commands.append(current.strip())
+            current = ""
     return commands
+
+
+def walk_blocks(text: str) -> list[tuple[str, list[str]]]:
+    """Every marked block, in order: (its marker, its commands)."""
+    return [(kind, commands_of(block)) for kind, block in MARKER.findall(text)]
 
 
 class Shell:
@@ -95,43 +109,89 @@ class Shell:
         self.proc.wait()
 
 
+def git_status() -> str:
+    return subprocess.run(["git", "-C", str(REPO_ROOT), "status", "--porcelain"],
+                          capture_output=True, text=True, check=True).stdout
+
+
 def test_the_walk_parses_into_the_steps_it_names():
-    commands = walk_commands(GUIDE.read_text())
-    joined = "\n".join(commands)
-    for step in ("source .venv/bin/activate", "k3a demo --next-revision", "openssl ecparam",
-                 "k3a policy propose", "as_second approve", "k3a policy apply",
-                 "as_second review license", "k3a eval run", "k3a promote \"$TUPLE\" production"):
+    blocks = walk_blocks(GUIDE.read_text())
+    kinds = [kind for kind, _ in blocks]
+    assert kinds[:2] == ["walk-accounts", "walk-venv"] and set(kinds[2:]) == {"walk"}
+    joined = "\n".join(c for _, commands in blocks for c in commands)
+    for step in ("groupadd", "useradd", f"{SYSTEM_PYTHON} -m venv {VENV}",
+                 f"source {VENV}/bin/activate", "runuser -u k3a-second --",
+                 "k3a bootstrap \"$K3A_STORE\" --group k3a-team", "k3a demo --next-revision",
+                 "openssl ecparam", "k3a policy propose", "as_second approve",
+                 "k3a policy apply", "as_second review license", "k3a eval run",
+                 "k3a promote \"$TUPLE\" production"):
         assert step in joined, step
-    assert any(c.startswith("cat > ") and c.endswith("\nYAML") for c in commands)
+    # What a reader's shell would not do on its own is not in the guide either.
+    assert "chmod 777" not in joined and "umask 0000" not in joined and "sudo" not in joined
+    assert any(c.startswith("cat > ") and c.endswith("\nYAML") for _, cs in blocks for c in cs)
 
 
-def test_demo_to_production_walk_runs_as_written(second_user, k3a_env):
-    # pytest's tmp directories are private (0700); the walk's store must be reachable by the
-    # second account, so its scratch directory (the guide's `mktemp -d`) is under the system's.
+def require_two_accounts() -> None:
+    """Skip, with the reason, where the guide's step 0 cannot run as written."""
+    if os.getuid() != 0:
+        pytest.skip("the guide's step 0 makes two accounts and a group: it needs root")
+    if shutil.which("runuser") is None:
+        pytest.skip("the guide runs the second account's commands with util-linux's runuser")
+    if not Path(SYSTEM_PYTHON).is_file():
+        pytest.skip(f"the guide makes the venv with {SYSTEM_PYTHON}, which is not here")
+    found = subprocess.run([SYSTEM_PYTHON, "-c", "import sys; print(sys.version_info[:2])"],
+                           capture_output=True, text=True, check=True).stdout.strip()
+    if found != str(tuple(sys.version_info[:2])):
+        pytest.skip(f"{SYSTEM_PYTHON} is Python {found}; the walk's venv borrows this "
+                    f"environment's packages, built for {tuple(sys.version_info[:2])}")
+
+
+@contextmanager
+def walk_shell(k3a_env: dict[str, str]) -> Iterator[tuple[Shell, Path, Path]]:
+    """A reader's shell at the checkout's root (no data directory set; this checkout's code
+    first, as the checkout's editable ``.venv`` imports it), a scratch directory every account
+    may pass through (pytest's are private) that its ``mktemp -d`` uses, and where the scratch
+    venv goes."""
     scratch = Path(tempfile.mkdtemp(prefix="k3a-walk-"))
     os.chmod(scratch, 0o755)
-    env = {**k3a_env, "TMPDIR": str(scratch),
-           "PATH": f"{Path(sys.executable).parent}{os.pathsep}{k3a_env['PATH']}"}
-    env.pop("K3A_STORE", None)
+    env = {k: v for k, v in k3a_env.items() if k != "XDG_DATA_HOME"}
+    env["TMPDIR"] = str(scratch)
     shell = Shell(REPO_ROOT, env)
     try:
-        for command in walk_commands(GUIDE.read_text()):
-            if command.startswith(SECOND):
-                expanded = shell.run("python3 -c 'import json, sys; "
-                                     "print(json.dumps(sys.argv[1:]))' "
-                                     + command[len(SECOND):])
-                args = json.loads(expanded.strip().splitlines()[-1])
-                store_url = shell.run('echo "$K3A_STORE"').strip()
-                store = FileStore(Path(store_url.removeprefix("file://")))
-                k3a_as(second_user, store, *args, env=dict(env, K3A_STORE=store_url))
-            else:
+        yield shell, scratch, scratch / "k3a-venv"
+    finally:
+        shell.close()
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def run_step_zero(shell: Shell, scratch: Path, venv: Path) -> None:
+    """The guide's step 0 as written, its venv filled offline (see the module's doc)."""
+    for kind, commands in walk_blocks(GUIDE.read_text()):
+        if kind == "walk-accounts":
+            for command in commands:
                 shell.run(command)
+        elif kind == "walk-venv":
+            wheel_venv(REPO_ROOT, scratch / "build", python=SYSTEM_PYTHON, at=venv)
+            ran = subprocess.run(["runuser", "-u", "k3a-second", "--",
+                                  str(venv / "bin" / "k3a"), "--version"],
+                                 capture_output=True, text=True)
+            if ran.returncode != 0:
+                pytest.skip("k3a-second cannot run the walk's venv (this environment's "
+                            f"packages are not readable by other accounts): {ran.stderr}")
+
+
+def test_demo_to_production_walk_runs_as_written(k3a_env):
+    require_two_accounts()
+    before = git_status()
+    with walk_shell(k3a_env) as (shell, scratch, venv):
+        run_step_zero(shell, scratch, venv)
+        for kind, commands in walk_blocks(GUIDE.read_text()):
+            if kind == "walk":
+                for command in commands:
+                    shell.run(command.replace(VENV, str(venv)))
         store_url = shell.run('echo "$K3A_STORE"').strip()
         tuple_id = shell.run('echo "$TUPLE"').strip()
         walk = Path(shell.run('echo "$WALK"').strip())
-    finally:
-        shell.close()
-    try:
         store = FileStore(Path(store_url.removeprefix("file://")))
         me = pwd.getpwuid(os.getuid()).pw_name
         entry = history(store, "production")[-1]
@@ -141,7 +201,5 @@ def test_demo_to_production_walk_runs_as_written(second_user, k3a_env):
         objects = [o for o in yaml.safe_load_all(rendered[0].read_text()) if o]
         deployment = next(o for o in objects if o["kind"] == "Deployment")
         assert deployment["metadata"]["labels"]["k3a.io/tuple-id"] == tuple_id
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
-    # The walk leaves nothing in the checkout.
-    assert not (REPO_ROOT / "deploy").exists()
+    # The walk leaves the checkout as it found it.
+    assert git_status() == before

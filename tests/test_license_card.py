@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+
 import pytest
 
 from k3artifacts.errors import Refusal, ReleaseRefused
@@ -38,3 +40,48 @@ def test_a_license_field_that_is_not_a_string_refuses_the_release(tmp_path):
     [refusal] = err.value.refusals
     assert (refusal.path, refusal.rule) == ("README.md", "model-card")
     assert "license is a YAML dict" in refusal.detail
+
+
+def test_a_license_named_only_in_the_cards_metadata_is_the_card(tmp_path):
+    card = tmp_path / "README.md"
+    data = b"---\nlicense: other\nlicense_name: modified-mit\n---\n# K3\nModified MIT terms.\n"
+    card.write_bytes(data)
+    record = capture(None, None, card)
+    assert (record.path, record.card_license_name) == ("README.md", "modified-mit")
+    assert record.sha256 == hashlib.sha256(data).hexdigest()
+    assert record.text == data.decode()
+
+
+def test_a_license_file_wins_over_the_card_and_a_card_without_one_is_no_license(tmp_path):
+    card = tmp_path / "README.md"
+    card.write_bytes(b"---\nlicense: apache-2.0\n---\n# K3\n")
+    text = tmp_path / "LICENSE"
+    text.write_bytes(b"Apache License 2.0\n")
+    record = capture("LICENSE", text, card)
+    assert (record.path, record.card_license) == ("LICENSE", "apache-2.0")
+    assert record.sha256 == hashlib.sha256(b"Apache License 2.0\n").hexdigest()
+    card.write_bytes(b"---\ntags: [moe]\n---\n# K3\n")
+    assert (capture(None, None, card).path, capture(None, None, card).sha256) == (None, None)
+
+
+def test_a_revision_whose_card_alone_names_its_license_is_reviewed_and_passes(
+        local_hub, tmp_path):
+    """Staged from a hub whose repo has no LICENSE file: the card is the license a tuple binds,
+    `k3a review license --show` reads it from the store, and the license gate passes after."""
+    from k3artifacts.releases.reviews import license_text, review_license
+    from k3artifacts.stores.file import FileStore
+    from tests.fixtures.moves import check_gate
+    from tests.staging_helpers import CARD, REPO, run_stage, small_release
+    from tests.support.releases import Releases
+
+    files = small_release(tmp_path)
+    del files["LICENSE"]
+    local_hub.hub.add_commit(REPO, files)
+    store = FileStore(tmp_path / "store")
+    result = run_stage(local_hub.endpoint, store, tmp_path / "q")
+    assert result.license_sha256 == hashlib.sha256(CARD).hexdigest()
+    release = Releases(store, tmp_path / "scratch").tuple_for(
+        store.published_manifest(REPO, result.commit))
+    assert license_text(store, release.id) == CARD.decode()
+    review_license(store, release.id, by="rita", by_source="os-user")
+    assert check_gate(store, release, "staging", "license").passed

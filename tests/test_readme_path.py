@@ -1,31 +1,38 @@
-"""The README's no-network path, run as written: from `k3a demo` to a rendered manifest.
+"""The README, run as a new user runs it: in a fresh clone, every block in order, then the
+demo's printed next commands in a fresh shell.
 
-The commands are read from README.md itself (the ```bash block after the
-``<!-- k3a:no-network-path`` marker) and fed one at a time to one bash process, so variables
-set by one command are seen by the next, as in a reader's shell. Each command must exit 0.
+The commands are read from README.md itself and fed one at a time to one bash process, so
+variables set by one command are seen by the next, as in a reader's shell; each must exit 0.
+Two things differ from a reader's machine, both named here: the clone's ``.venv`` is this test
+environment (a link: installing it would need the network), so the README's install commands
+(``python3 -m venv .venv && .venv/bin/pip install ...``) are left out of the lines they start;
+and the suite's own command (``pytest``) and the block that stages the real model (the Hub and
+AWS) are not run. The clone runs its own code (``PYTHONPATH``), from a shell whose ``PATH`` has
+no ``k3a`` on it, as the README's first command leaves it.
 """
 
 from __future__ import annotations
 
-import os
-import shutil
+import re
 import subprocess
 import sys
 import uuid
 from pathlib import Path
 
+import pytest
 import yaml
 
 from tests.conftest import REPO_ROOT
 
 MARKER = "<!-- k3a:no-network-path"
+#: What the README's first screen installs with; the clone's .venv is already this environment.
+INSTALL = re.compile(r"^python3 -m venv \.venv && |^\.venv/bin/pip install [^&]*&& ")
+#: A shell as the README's first command leaves it: the venv not activated.
+CLEAN_PATH = "/usr/local/bin:/usr/bin:/bin"
 
 
-def readme_commands(text: str) -> list[str]:
-    """The commands of the marked block; a line ending in a backslash continues."""
-    after = text[text.index(MARKER):]
-    start = after.index("```bash\n") + len("```bash\n")
-    block = after[start:after.index("```", start)]
+def commands_of(block: str) -> list[str]:
+    """A block's commands; a line ending in a backslash continues."""
     commands, current = [], ""
     for line in block.splitlines():
         current += line[:-1] + " " if line.endswith("\\") else line
@@ -36,9 +43,33 @@ def readme_commands(text: str) -> list[str]:
     return commands
 
 
-def run_in_one_shell(commands: list[str], *, cwd: Path, env: dict[str, str]) -> str:
+def readme_commands(text: str) -> list[str]:
+    """The commands of the no-network block."""
+    after = text[text.index(MARKER):]
+    start = after.index("```bash\n") + len("```bash\n")
+    return commands_of(after[start:after.index("```", start)])
+
+
+def runnable_blocks(text: str) -> list[list[str]]:
+    """Every bash block a reader runs on this machine, in order, install commands left out;
+    not the suite's own command, nor the block that stages the real model."""
+    blocks = []
+    for block in re.findall(r"```bash\n(.*?)```", text, flags=re.S):
+        if "pytest" in block or "HF_TOKEN" in block:
+            continue
+        commands = []
+        for command in commands_of(block):
+            while INSTALL.match(command):
+                command = INSTALL.sub("", command, count=1)
+            commands.append(command)
+        blocks.append(commands)
+    return blocks
+
+
+def run_in_one_shell(commands: list[str], *, cwd: Path, env: dict[str, str],
+                     report: tuple[str, ...] = ("TUPLE",)) -> dict[str, str]:
     """Feed ``commands`` one at a time to one bash process, as a reader's shell runs them; each
-    must exit 0. Returns ``$TUPLE`` as the shell holds it at the end."""
+    must exit 0. Returns the shell's variables named in ``report``, as it holds them at the end."""
     shell = subprocess.Popen(["bash", "--noprofile", "--norc"], cwd=cwd, env=env,
                              stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                              stderr=subprocess.STDOUT, text=True)
@@ -57,47 +88,88 @@ def run_in_one_shell(commands: list[str], *, cwd: Path, env: dict[str, str]) -> 
             else:
                 raise AssertionError(f"bash ended during {command!r}:\n{''.join(output)}")
             assert status == 0, f"{command!r} exited {status}:\n{''.join(output)}"
-        shell.stdin.write("echo \"$TUPLE\"\n")
+        for name in report:
+            shell.stdin.write(f'echo "{name}=${name}"\n')
         shell.stdin.close()
-        tuple_id = shell.stdout.read().strip()
+        values = dict(line.rstrip("\n").split("=", 1) for line in shell.stdout if "=" in line)
     finally:
         if shell.poll() is None:
             shell.kill()
         shell.wait()
+    return values
 
-    return tuple_id
+
+@pytest.fixture(scope="module")
+def clone(tmp_path_factory) -> Path:
+    """A fresh clone of this checkout as it stands (edits to tracked files included: applied
+    and committed in the clone, so that it starts clean), its .venv this test environment."""
+    where = tmp_path_factory.mktemp("clone") / "k3artifacts"
+    # A commit needs an author, which a CI machine may not have configured.
+    git = ["git", "-c", "user.name=k3a-tests", "-c", "user.email=k3a@localhost"]
+    subprocess.run([*git, "clone", "-q", str(REPO_ROOT), str(where)], check=True)
+    edits = subprocess.run(["git", "-C", str(REPO_ROOT), "diff", "--binary", "HEAD"],
+                           check=True, capture_output=True).stdout
+    if edits:
+        subprocess.run([*git, "-C", str(where), "apply", "--index"], input=edits, check=True)
+        subprocess.run([*git, "-C", str(where), "commit", "-q", "-m", "uncommitted edits"],
+                       check=True)
+    (where / ".venv").symlink_to(Path(sys.executable).parent.parent)
+    return where
 
 
-def test_the_block_is_found_and_walks_the_whole_path():
-    commands = readme_commands((REPO_ROOT / "README.md").read_text())
-    joined = "\n".join(commands)
-    for step in ("source .venv/bin/activate", "k3a demo", "k3a tuple create", "--offline", "k3a review license",
-                 "k3a promote", "staging", "k3a render"):
+def reader_env(k3a_env: dict[str, str], tmp_path: Path, clone: Path) -> dict[str, str]:
+    """A reader's environment: their own home, the clone's code, no k3a on PATH."""
+    return {**k3a_env, "PYTHONPATH": str(clone), "PATH": CLEAN_PATH, "USER": "reader",
+            "TMPDIR": str(tmp_path)}
+
+
+def git_status(checkout: Path) -> str:
+    return subprocess.run(["git", "-C", str(checkout), "status", "--porcelain"], check=True,
+                          capture_output=True, text=True).stdout
+
+
+def test_the_blocks_are_found_and_walk_the_whole_path():
+    text = (REPO_ROOT / "README.md").read_text()
+    joined = "\n".join(readme_commands(text))
+    for step in ("source .venv/bin/activate", "k3a demo", "k3a tuple create", "--offline",
+                 "k3a review license", "k3a promote", "staging", "k3a render"):
         assert step in joined
+    blocks = runnable_blocks(text)
+    assert blocks[0] == [".venv/bin/k3a demo"]
+    assert any("--next-revision" in c for b in blocks for c in b)
 
 
-def test_readme_no_network_path_runs_command_by_command(k3a_env, tmp_path):
-    # The reader's checkout, as far as the path reads it: policies/ (copied to a scratch
-    # directory by the block itself); profiles come from the installed package's checkout.
-    workdir = tmp_path / "checkout"
-    workdir.mkdir()
-    shutil.copytree(REPO_ROOT / "policies", workdir / "policies")
-    # ... and its .venv (the block starts by activating it, as a reader's fresh shell must).
-    (workdir / ".venv").symlink_to(Path(sys.executable).parent.parent)
-    env = {**k3a_env, "USER": "reader",
-           "PATH": f"{Path(sys.executable).parent}{os.pathsep}{k3a_env['PATH']}"}
-    assert shutil.which("k3a", path=env["PATH"]), "k3a is not installed in this environment"
-    tuple_id = run_in_one_shell(readme_commands((REPO_ROOT / "README.md").read_text()),
-                                cwd=workdir, env=env)
+def test_the_readmes_blocks_in_a_fresh_clone_leave_it_clean(clone, k3a_env, tmp_path):
+    assert git_status(clone) == ""
+    commands = [c for b in runnable_blocks((clone / "README.md").read_text()) for c in b]
+    found = run_in_one_shell(commands, cwd=clone, env=reader_env(k3a_env, tmp_path, clone),
+                             report=("TUPLE", "DEPLOY"))
 
-    assert tuple_id.startswith("k3t-")
-    rendered = list((workdir / "deploy").glob("*.eks.yaml"))
-    assert len(rendered) == 1
+    assert found["TUPLE"].startswith("k3t-")
+    rendered = list(Path(found["DEPLOY"]).glob("*.eks.yaml"))
+    assert len(rendered) == 1 and not Path(found["DEPLOY"]).is_relative_to(clone)
     objects = [o for o in yaml.safe_load_all(rendered[0].read_text()) if o]
     deployment = next(o for o in objects if o["kind"] == "Deployment")
-    assert deployment["metadata"]["labels"]["k3a.io/tuple-id"] == tuple_id
-    # The store and the demo's files are where the README says: the default store, with
-    # the synthetic release beside it, nothing in the checkout but what the block made.
+    assert deployment["metadata"]["labels"]["k3a.io/tuple-id"] == found["TUPLE"]
+    # The store and the demo's files are where the README says (the default store, the
+    # synthetic release beside it), and the clone is as it was cloned.
     store = Path(k3a_env["XDG_DATA_HOME"]) / "k3artifacts" / "store"
     assert (store / ".k3a-demo").is_dir()
-    assert sorted(p.name for p in workdir.iterdir()) == [".venv", "deploy", "policies"]
+    assert git_status(clone) == ""
+
+
+def test_the_demos_next_lines_run_as_printed_in_a_fresh_shell(clone, k3a_env, tmp_path):
+    env = reader_env(k3a_env, tmp_path, clone)
+    first = runnable_blocks((clone / "README.md").read_text())[0]
+    demo = subprocess.run(["bash", "--noprofile", "--norc", "-c", " && ".join(first)],
+                          cwd=clone, env=env, capture_output=True, text=True, timeout=300)
+    assert demo.returncode == 0, demo.stderr
+    lines = demo.stdout.splitlines()
+    printed = [line.removeprefix("  ") for line in lines[lines.index(next(
+        line for line in lines if line.startswith("next: "))) + 2:]]
+    assert printed[0].startswith("TUPLE=$(") and len(printed) == 5
+    ran = subprocess.run(["bash", "--noprofile", "--norc", "-e", "-c", "\n".join(printed)],
+                         cwd=clone, env=env, capture_output=True, text=True, timeout=300)
+    assert ran.returncode == 0, ran.stdout + ran.stderr
+    assert re.search(r"/\.k3a-demo/deploy/\S+\.eks\.yaml \(\d+ objects, tuple k3t-", ran.stdout)
+    assert git_status(clone) == ""

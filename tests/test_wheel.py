@@ -2,10 +2,9 @@
 release engineer's laptop do) and run from a directory that is no checkout, it finds its
 profiles, schemas and policies as package data.
 
-The wheel is built offline from the checkout's files (``--no-build-isolation``, the test
-environment's setuptools) into a fresh virtual environment; the dependencies come from the test
-environment through a ``.pth`` line, so nothing is downloaded and the checkout itself is not
-importable there (asserted, or the test could pass on the editable install).
+The wheel is built offline into a fresh virtual environment (``tests/support/wheel_venv.py``):
+nothing is downloaded and the checkout itself is not importable there (asserted, or the test
+could pass on the editable install).
 """
 
 from __future__ import annotations
@@ -13,49 +12,21 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-import sys
-import sysconfig
-import venv
 from pathlib import Path
 
 import pytest
 
 from tests.conftest import REPO_ROOT
+from tests.support.wheel_venv import wheel_venv
 from tests.test_readme_path import readme_commands, run_in_one_shell
 
 pytestmark = pytest.mark.slow
-
-#: What a wheel is built from (the worker Dockerfile copies the same).
-SOURCES = ("pyproject.toml", "README.md", "k3artifacts", "manifests", "policies")
 
 
 @pytest.fixture(scope="module")
 def installed(tmp_path_factory) -> Path:
     """bin/ of a fresh venv holding only the wheel built from this checkout."""
-    base = tmp_path_factory.mktemp("wheel")
-    src = base / "src"
-    src.mkdir()
-    for name in SOURCES:
-        path = REPO_ROOT / name
-        if path.is_dir():
-            shutil.copytree(path, src / name, symlinks=True,
-                            ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
-        else:
-            shutil.copy2(path, src / name)
-    pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "--no-input"]
-    subprocess.run([*pip, "wheel", "--no-deps", "--no-build-isolation", "--no-index", "-q",
-                    "-w", str(base / "dist"), str(src)], check=True, capture_output=True)
-    wheel = next((base / "dist").glob("k3artifacts-*.whl"))
-    env_dir = base / "venv"
-    venv.create(env_dir, with_pip=False)
-    purelib = Path(sysconfig.get_paths(vars={"base": str(env_dir),
-                                             "platbase": str(env_dir)})["purelib"])
-    # The test environment's packages, after the venv's own (the wheel's k3artifacts first).
-    deps = {sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]}
-    (purelib / "_k3a_test_deps.pth").write_text("\n".join(sorted(deps)) + "\n")
-    subprocess.run([*pip, "--python", str(env_dir / "bin" / "python"), "install", "--no-deps",
-                    "--no-index", "-q", str(wheel)], check=True, capture_output=True)
-    return env_dir / "bin"
+    return wheel_venv(REPO_ROOT, tmp_path_factory.mktemp("wheel")) / "bin"
 
 
 @pytest.fixture
@@ -92,7 +63,8 @@ def test_demo_and_the_readme_path_run_from_the_wheel(installed, elsewhere):
     commands = readme_commands((REPO_ROOT / "README.md").read_text())
     # The gates of the channel just promoted to, from the policy shipped in the package.
     commands.append('k3a gates "$TUPLE" staging')
-    tuple_id = run_in_one_shell(commands, cwd=workdir, env=env)
-    assert tuple_id.startswith("k3t-")
-    assert len(list((workdir / "deploy").glob("*.eks.yaml"))) == 1
-    assert sorted(p.name for p in workdir.iterdir()) == [".venv", "deploy"]
+    found = run_in_one_shell(commands, cwd=workdir, env={**env, "TMPDIR": str(workdir.parent)},
+                             report=("TUPLE", "DEPLOY"))
+    assert found["TUPLE"].startswith("k3t-")
+    assert len(list(Path(found["DEPLOY"]).glob("*.eks.yaml"))) == 1
+    assert sorted(p.name for p in workdir.iterdir()) == [".venv"]

@@ -9,6 +9,7 @@ help is the command's own.
 
 from __future__ import annotations
 
+import difflib
 import importlib
 import json
 import sys
@@ -91,7 +92,8 @@ COMMANDS: dict[str, Entry] = {
     "revision": Entry("revisions:revision_group",
                       "Published revisions in the store: list, gc.", OPERATIONS),
     "cache": Entry("pull:cache_group", "The node cache: list, rm, gc, lease.", OPERATIONS),
-    "bootstrap": Entry("aws:bootstrap_cmd", "Apply the release bucket's settings (S3, IAM).",
+    "bootstrap": Entry("bootstrap:bootstrap_cmd",
+                       "Set up a store: an S3 bucket's settings, or a file store for a group.",
                        OPERATIONS),
     "fsx": Entry("aws:fsx_group", "FSx for Lustre file systems linked to the bucket.",
                  OPERATIONS),
@@ -124,6 +126,20 @@ class K3AGroup(click.Group):
         entry = COMMANDS.get(name)
         return entry.load() if entry else None
 
+    def resolve_command(self, ctx: click.Context, args: list[str]
+                        ) -> tuple[str | None, click.Command | None, list[str]]:
+        # Commands load lazily, so click's own suggestion (from ``self.commands``, which
+        # subgroups fill) has nothing to compare a mistyped name with here.
+        name = args[0] if args else ""
+        if (name and not name.startswith("-") and not ctx.resilient_parsing
+                and name not in COMMANDS):
+            close = difflib.get_close_matches(name, self.list_commands(ctx))
+            if close:
+                raise click.UsageError(
+                    f"No such command {name!r}. Did you mean "
+                    + " or ".join(repr(c) for c in close) + "?", ctx)
+        return super().resolve_command(ctx, args)
+
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         width = max(len(name) for name in self.list_commands(ctx))
         for section in (LIFECYCLE, RELEASES, OPERATIONS):
@@ -137,6 +153,13 @@ class K3AGroup(click.Group):
             rv = super().invoke(ctx)
         except K3AError as exc:
             _fail(ctx, str(exc), exc.exit_code, exc.hint, as_json=_wants_json(ctx, raw_args))
+        except PermissionError as exc:
+            # A path outside a store (an --out directory, a demo's files): the store's own are
+            # refused by name where they are met (stores/file_modes.py).
+            where = exc.filename or "a path"
+            _fail(ctx, f"this account may not use {where}: {exc.strerror or exc}", 9,
+                  f"see who may (`ls -ld {where}`), or choose a path this account owns",
+                  as_json=_wants_json(ctx, raw_args))
         except click.ClickException as exc:
             # A usage error, or a malformed variable met computing a default: only --json
             # changes how it looks; click prints it otherwise.
@@ -182,10 +205,17 @@ def _fail(ctx: click.Context, message: str, exit_code: int, hint: str | None, *,
             plain = to_plain(document)
             print_document({**plain, **error} if isinstance(plain, dict)
                            else {**error, "result": plain})
-    click.secho(f"error: {message}", fg="red", err=True)
+    print_failure(message, hint)
+    sys.exit(exit_code)
+
+
+def print_failure(message: str, hint: str | None) -> None:
+    """``error: MESSAGE`` (red on a terminal, unless NO_COLOR) and ``next: HINT`` on stderr."""
+    from k3artifacts.settings import no_color
+
+    click.secho(f"error: {message}", fg="red", err=True, color=False if no_color() else None)
     if hint:
         click.echo(f"next: {hint}", err=True)
-    sys.exit(exit_code)
 
 
 @click.group(
@@ -210,4 +240,8 @@ def cli() -> None:
     from k3artifacts.reporting.logs import configure_logging
     from k3artifacts.settings import load
 
-    configure_logging(load().log_format)
+    settings = load()
+    if settings.no_color:
+        # Every context below this one inherits it: click.secho then writes no colour.
+        click.get_current_context().color = False
+    configure_logging(settings.log_format)

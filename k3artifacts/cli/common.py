@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from k3artifacts.cli import RESUME_HINT, set_interrupt_hint
-from k3artifacts.cli.app import DOCUMENT_META, JSON_META, print_document
+from k3artifacts.cli.app import DOCUMENT_META, JSON_META, print_document, print_failure
 from k3artifacts.errors import ConfigError, K3AError, NotFound
 from k3artifacts.reporting.logs import LOG_FORMATS
 from k3artifacts.reporting.progress import DEFAULT_INTERVAL
@@ -59,9 +59,7 @@ class SettingsRefused(click.ClickException):
         self.hint = error.hint
 
     def show(self, file: Any = None) -> None:
-        click.secho(f"error: {self.message}", fg="red", err=True)
-        if self.hint:
-            click.echo(f"next: {self.hint}", err=True)
+        print_failure(self.message, self.hint)
 
 
 def from_settings(read: Callable[[], Any]) -> Callable[[], Any]:

@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import shlex
+import shutil
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -44,16 +48,33 @@ def default_workdir(store: Store) -> Path:
     return data_home() / "demo"
 
 
-def next_steps(commit: str, store_url: str) -> list[str]:
-    """The rest of the README's no-network path, from the revision the demo published."""
-    store = f" --store {store_url}"
+def running_k3a() -> str:
+    """The k3a that is running, as a shell line that starts it from any directory: ``k3a``
+    when that is what ``PATH`` finds, else this script's full path (the README's first
+    command runs ``.venv/bin/k3a`` from a shell that never activated the venv), else this
+    interpreter with ``-m``."""
+    script = Path(sys.argv[0])
+    if script.name != "k3a" or not script.is_file():
+        return f"{shlex.quote(sys.executable)} -m k3artifacts"
+    found = shutil.which("k3a")
+    if found is not None and os.path.samefile(found, script):
+        return "k3a"
+    return shlex.quote(str(script.absolute()))
+
+
+def next_steps(commit: str, store_url: str, workdir: Path) -> list[str]:
+    """The rest of the README's no-network path, from the revision the demo published, as
+    shell lines that run as printed, in order, in the shell that ran the demo."""
+    k3a = running_k3a()
+    store = f" --store {shlex.quote(store_url)}"
+    deploy = shlex.quote(str(workdir / "deploy"))
     return [
-        f"k3a tuple create {DEMO_REPO}@{commit} --offline --profile {DEMO_PROFILE} "
-        f"--image {DEMO_IMAGE} --verifier-image {DEMO_VERIFIER}{store}",
-        f"k3a review license <tuple-id>{store}",
-        f"k3a review code <tuple-id>{store}",
-        f"k3a promote <tuple-id> staging --why 'demo'{store}",
-        f"k3a render staging --target eks --out deploy/{store}",
+        f"TUPLE=$({k3a} tuple create {DEMO_REPO}@{commit} --offline --profile {DEMO_PROFILE} "
+        f"--image {DEMO_IMAGE} --verifier-image {DEMO_VERIFIER}{store} | head -1 | cut -d' ' -f1)",
+        f'{k3a} review license "$TUPLE"{store}',
+        f'{k3a} review code "$TUPLE"{store}',
+        f'{k3a} promote "$TUPLE" staging --why demo{store}',
+        f"{k3a} render staging --target eks --out {deploy}{store}",
     ]
 
 
@@ -151,7 +172,7 @@ def demo_cmd(store_url, size, shards, seed, workdir, next_revision, change, work
             progress_interval=progress_interval, log_format=log_format,
         )
     report = verify_revision(store=store, repo_id=DEMO_REPO, commit=result.commit)
-    steps = next_steps(result.commit, store.url)
+    steps = next_steps(result.commit, store.url, workdir)
     payload = dict(result.__dict__, verified=report.ok, hub_repo=DEMO_REPO, next=steps)
     if upstream is not None:
         payload["upstream_commit"] = {"commit": upstream, "changed": change}
@@ -164,8 +185,8 @@ def demo_cmd(store_url, size, shards, seed, workdir, next_revision, change, work
         outcome = "ok" if report.ok else "FAILED"
         click.echo(f"verify:          {outcome} ({report.algorithm}, {report.files} files)")
         click.echo("next: make a release tuple and render it, no registry or network needed")
-        click.echo("      (<tuple-id> is the k3t-... id `tuple create` prints; reviews are "
-                   "records in the store, judged by the store's policy; then to production: "
+        click.echo("      (paste these lines into this shell, in order; reviews are records in "
+                   "the store, judged by the store's policy; then to production: "
                    "docs/guides/demo-to-production.md):")
         for step in steps:
             click.echo(f"  {step}")

@@ -119,7 +119,7 @@ def pull_cmd(target, store_url, root, part_size, concurrency, connections, keep,
     warm = None
     if resolved.tuple_id is not None and not no_warm:
         warm = _pull_warm(store, target, resolved.tuple_id, root, gpu, channel)
-        if not quiet:  # after the weights: a miss is said, never this command's failure
+        if not quiet and warm.ok:  # a miss was logged where it was found: said once
             click.echo(f"k3a: {warm.line()}", err=True)
     if keep is not None:
         swept = gc(CacheLayout(root), keep, protect=frozenset({result.revision}))

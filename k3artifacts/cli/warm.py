@@ -148,7 +148,7 @@ def pull_cmd(target, gpu, tp, channel, store_url, root, as_json):
     trust = prewarm.policy_or_miss(store, _channel(target, channel), release.id, gpu)
     outcome = trust if isinstance(trust, prewarm.WarmOutcome) else \
         prewarm.fetch(store, release, root, gpu=gpu, trust=trust, tp=tp)
-    emit(as_json, outcome.as_dict(), lambda: click.echo(outcome.line()))
+    emit(as_json, outcome.as_dict(), lambda: outcome.ok and click.echo(outcome.line()))
 
 
 @warm_group.command("use")
@@ -193,7 +193,7 @@ def use_cmd(target, into, no_pull, gpu, tp, channel, store_url, root, as_json):
         else:
             outcome = prewarm.prepare(store, release, root, into, gpu=gpu, trust=trust, tp=tp,
                                       pull=not no_pull)
-    emit(as_json, outcome.as_dict(), lambda: click.echo(outcome.line()))
+    emit(as_json, outcome.as_dict(), lambda: outcome.ok and click.echo(outcome.line()))
 
 
 @warm_group.command("ls")

@@ -7,6 +7,8 @@ and the evaluation suites the channels name. The document carries exactly those 
 text, so its sha256 (of canonical JSON) names everything the gates read, and a loose file
 beside them can change nothing. The gates that read files (a suite's sha256, the trusted keys)
 read the document's copies, written out for the judgement (:meth:`PolicyDocument.written_to`).
+What a gate or an error says about those copies names the policy and the file in it ("policy
+v2 (1f3a...) signing/trusted-keys.yaml"), never the temporary directory (``policy/written.py``).
 """
 
 from __future__ import annotations
@@ -20,11 +22,12 @@ from pathlib import Path, PurePosixPath
 from typing import Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, PrivateAttr, ValidationError, model_validator
 
 from k3artifacts.canonical import canonical_json
-from k3artifacts.errors import ConfigError, plain_validation_errors
+from k3artifacts.errors import ConfigError, K3AError, plain_validation_errors
 from k3artifacts.policy.model import GATES_FILE, GatePolicy, load_gate_policy
+from k3artifacts.policy.written import named, naming
 from k3artifacts.signing.policy import SIGNING_DIR, TRUSTED_KEYS_FILE, SigningPolicy
 from k3artifacts.trust.identities import Identities
 
@@ -45,6 +48,19 @@ class PolicyDocument(BaseModel):
     schema_version: Literal[1] = 1
     #: Relative path -> text, for every file the gates read.
     files: dict[str, str]
+    #: How messages name this document (:meth:`shown_as`); not part of what it is.
+    _shown: str | None = PrivateAttr(default=None)
+
+    def __eq__(self, other: object) -> bool:
+        # The files are the document; how it is named where it is in force is not.
+        return isinstance(other, PolicyDocument) and self.digest == other.digest
+
+    def __hash__(self) -> int:
+        return hash(self.digest)
+
+    def shown_as(self, name: str) -> None:
+        """Name this document in messages about its files ("policy v2 (1f3a...)")."""
+        self._shown = name
 
     @model_validator(mode="after")
     def _parses(self) -> PolicyDocument:
@@ -120,11 +136,18 @@ class PolicyDocument(BaseModel):
 
     @contextmanager
     def written_to(self) -> Iterator[Path]:
-        """The document as a policy directory, for the length of one judgement."""
+        """The document as a policy directory, for the length of one judgement. A gate
+        result made (:class:`~.results.GateResult`) or an error raised meanwhile names the
+        policy's files (:func:`~.written.named`)."""
         with tempfile.TemporaryDirectory(prefix="k3a-policy-") as tmp:
             root = Path(tmp)
             for rel, text in self.files.items():
                 path = root / rel
                 path.parent.mkdir(parents=True, exist_ok=True)
                 path.write_text(text, encoding="utf-8")
-            yield root
+            with naming(str(root), self._shown or f"policy {self.digest[:12]}"):
+                try:
+                    yield root
+                except K3AError as exc:
+                    exc.args = (named(str(exc)), *exc.args[1:])
+                    raise

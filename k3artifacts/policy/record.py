@@ -97,6 +97,10 @@ class InForce:
     document: PolicyDocument
     token: str | None = None
 
+    def __post_init__(self) -> None:
+        self.document.shown_as(f"policy v{self.version} ({self.digest[:12]})" if self.version
+                               else f"the packaged policy ({self.digest[:12]})")
+
     def label(self) -> str:
         if self.version == 0:
             return f"packaged defaults {self.digest[:12]} (not yet recorded in the store)"

@@ -137,8 +137,10 @@ class BarReporter(ProgressReporter):
             TransferSpeedColumn,
         )
 
+        from k3artifacts.settings import no_color
+
         super().__init__(phase)
-        self.console = console or Console(stderr=True)
+        self.console = console or Console(stderr=True, no_color=no_color())
         self.progress = Progress(
             TextColumn("[bold]{task.description}"),
             BarColumn(),
@@ -170,6 +172,11 @@ class BarReporter(ProgressReporter):
         self.progress.start()
 
     def close(self, ok: bool = True) -> None:
+        if not ok and self.bytes_done == 0 and self.files_done == 0:
+            # Work that failed before its first byte (not published, no such store): an empty
+            # bar above the error says nothing, so it leaves the screen. A bar that moved
+            # stays: it shows how far the work got.
+            self.progress.live.transient = True
         self.progress.stop()
 
 

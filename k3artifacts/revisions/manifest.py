@@ -77,7 +77,8 @@ class FileRecord(Frozen):
 
 
 class LicenseRecord(Frozen):
-    #: Path of the license file in the revision, or None when the revision carries none.
+    #: Path of the license file in the revision (the model card, README.md, when only its
+    #: metadata names a license), or None when the revision carries none.
     path: str | None
     sha256: str | None
     text: str | None

@@ -84,18 +84,28 @@ def card_metadata(card: bytes, name: str = "README.md") -> dict:
 def capture(
     license_path: str | None, license_file: Path | None, card_file: Path | None
 ) -> LicenseRecord:
-    text = sha = None
-    if license_file is not None:
-        raw = license_file.read_bytes()
-        sha = hashlib.sha256(raw).hexdigest()
-        text = raw.decode("utf-8", errors="replace")
+    """The revision's license: its license file, else (a card whose metadata names a license:
+    ``license:``, ``license_name:`` or ``license_link:``) the model card itself. The card is
+    then the document a reviewer reads and the gate holds by sha256: its metadata alone is
+    what upstream wrote as the license, and its prose usually says what the terms are."""
     card_name = card_file.name if card_file is not None else "README.md"
+    card = card_file.read_bytes() if card_file is not None else b""
     try:
-        meta = card_metadata(card_file.read_bytes(), card_name) if card_file is not None else {}
+        meta = card_metadata(card, card_name) if card_file is not None else {}
         fields = {name: _field(meta, name, card_name)
                   for name in ("license", "license_name", "license_link")}
     except Refusal as exc:
         raise ReleaseRefused([exc]) from None
+    raw = None
+    if license_file is not None:
+        raw = license_file.read_bytes()
+    elif any(fields.values()):
+        # The card's path in the revision is its name: a model card is README.md at the root.
+        license_path, raw = card_name, card
+    text = sha = None
+    if raw is not None:
+        sha = hashlib.sha256(raw).hexdigest()
+        text = raw.decode("utf-8", errors="replace")
     return LicenseRecord(
         path=license_path,
         sha256=sha,

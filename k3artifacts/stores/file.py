@@ -42,6 +42,7 @@ from k3artifacts.stores.base import (
     Store,
     Versioned,
 )
+from k3artifacts.stores.file_modes import guarded, make_dirs, open_lock, record_mode
 
 READ_ONLY_FILE = stat.S_IRUSR | stat.S_IRGRP | stat.S_IROTH
 READ_ONLY_DIR = READ_ONLY_FILE | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH
@@ -161,6 +162,7 @@ class FileStore(Store):
         return Placement(store_url=store_url, revision_path=revision_path,
                          root_path=os.path.normpath(root))
 
+    @guarded("reach")
     def exists(self) -> bool:
         return self.root.is_dir()
 
@@ -173,6 +175,7 @@ class FileStore(Store):
     def local_path(self, key: str) -> Path:
         return self._path(key)
 
+    @guarded("read")
     def read(self, key: str) -> Versioned | None:
         try:
             data = self._path(key).read_bytes()
@@ -181,17 +184,18 @@ class FileStore(Store):
         return Versioned(data, _token(data))
 
     def _tmp_sibling(self, path: Path) -> Path:
-        path.parent.mkdir(parents=True, exist_ok=True)
+        make_dirs(self.root, path.parent)
         fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
         os.close(fd)
         return Path(name)
 
+    @guarded("write")
     def create(self, key: str, data: bytes) -> None:
         path = self._path(key)
         tmp = self._tmp_sibling(path)
         try:
             _write_durable(tmp, data)
-            os.chmod(tmp, READ_ONLY_FILE)
+            os.chmod(tmp, record_mode(self.root))
             try:
                 # link() fails if the name exists: exclusive create of a complete file.
                 os.link(tmp, path)
@@ -203,14 +207,15 @@ class FileStore(Store):
 
     @contextlib.contextmanager
     def _locked(self, path: Path) -> Iterator[None]:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with open(path.parent / f".{path.name}.lock", "a+b") as lock:
+        make_dirs(self.root, path.parent)
+        with open_lock(self.root, path.parent / f".{path.name}.lock") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
             try:
                 yield
             finally:
                 fcntl.flock(lock, fcntl.LOCK_UN)
 
+    @guarded("write")
     def replace(self, key: str, data: bytes, expected: str | None) -> str:
         path = self._path(key)
         with self._locked(path):
@@ -223,30 +228,34 @@ class FileStore(Store):
             tmp = self._tmp_sibling(path)
             try:
                 _write_durable(tmp, data)
+                os.chmod(tmp, record_mode(self.root))
                 os.replace(tmp, path)
                 _fsync_dir(path.parent)
             finally:
                 tmp.unlink(missing_ok=True)
         return _token(data)
 
+    @guarded("delete")
     def delete(self, key: str) -> None:
         path = self._path(key)
         path.unlink(missing_ok=True)
         if path.parent.exists():
             _fsync_dir(path.parent)
 
+    @guarded("read")
     def modified_at(self, key: str) -> datetime | None:
         try:
             return datetime.fromtimestamp(self._path(key).stat().st_mtime, UTC)
         except FileNotFoundError:
             return None
 
+    @guarded("list")
     def list_keys(self, prefix: str) -> list[str]:
         base = self.root / prefix if prefix else self.root
         if not base.is_dir():
             return []
         keys = []
-        for dirpath, dirnames, filenames in os.walk(base):
+        for dirpath, dirnames, filenames in os.walk(base, onerror=_unless_denied):
             # Hidden entries are in-progress revisions, temp files and locks, never content.
             dirnames[:] = [d for d in dirnames if not d.startswith(".") or d == META_DIR]
             rel = Path(dirpath).relative_to(self.root).as_posix()
@@ -255,18 +264,22 @@ class FileStore(Store):
                     keys.append(name if rel == "." else f"{rel}/{name}")
         return sorted(keys)
 
+    @guarded("read")
     def object_sizes(self, prefix: str) -> dict[str, int]:
         return {key: os.stat(self._path(key)).st_size for key in self.list_keys(prefix)}
 
+    @guarded("read")
     def open_read(self, key: str) -> BinaryIO:
         try:
             return open(self._path(key), "rb")
         except FileNotFoundError:
             raise NotFound(f"{key} is not in {self.url}") from None
 
+    @guarded("write")
     def begin_revision(self, repo_id: str, commit: str) -> RevisionWriter:
         return _FileRevisionWriter(self, repo_id, commit)
 
+    @guarded("write")
     def add_to_revision(self, repo_id: str, commit: str, rel: str, data: bytes) -> None:
         final = self._path(revision_prefix(repo_id, commit))
         if not (final / META_DIR / MANIFEST_NAME).exists():
@@ -277,7 +290,7 @@ class FileStore(Store):
         # Published directories are read-only; open the one directory for the time of one
         # exclusive create, under the revision's lock so that a concurrent adder does not
         # close it under us. Every other file and directory keeps its mode.
-        with open(final.with_name(f".{commit}.lock"), "a+b") as lock:
+        with open_lock(self.root, final.with_name(f".{commit}.lock")) as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
             os.chmod(parent, 0o755)
             try:
@@ -288,6 +301,7 @@ class FileStore(Store):
     def open_ranges(self, repo_id: str, commit: str, connections: int) -> RangeReader:
         return _FileRanges(self._path(revision_prefix(repo_id, commit)))
 
+    @guarded("delete")
     def delete_revision(self, repo_id: str, commit: str) -> int:
         target = self._path(revision_prefix(repo_id, commit))
         if not target.exists():
@@ -300,6 +314,7 @@ class FileStore(Store):
         shutil.rmtree(doomed)
         return freed
 
+    @guarded("write")
     def repair_file(self, repo_id: str, commit: str, record: FileRecord,
                     local_path: Path) -> None:
         final = self._path(revision_prefix(repo_id, commit))
@@ -310,7 +325,7 @@ class FileStore(Store):
         # A new inode replaces this revision's name only: a revision hard-linking the damaged
         # inode is damaged too and is repaired on its own. The directory opens for one rename,
         # under the revision's lock (as add_to_revision).
-        with open(final.with_name(f".{commit}.lock"), "a+b") as lock:
+        with open_lock(self.root, final.with_name(f".{commit}.lock")) as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
             dest.parent.mkdir(parents=True, exist_ok=True)
             mode = os.stat(dest.parent).st_mode
@@ -332,6 +347,13 @@ class FileStore(Store):
     def reclaimable_bytes(self, repo_id: str, commit: str) -> int:
         target = self._path(revision_prefix(repo_id, commit))
         return _unshared_bytes(target) if target.exists() else 0
+
+
+def _unless_denied(exc: OSError) -> None:
+    """os.walk's error handler: a directory this account may not list is refused by name (a
+    listing that skipped it would answer "nothing there"); one gone since is just gone."""
+    if isinstance(exc, PermissionError):
+        raise exc
 
 
 def _unshared_bytes(tree: Path) -> int:
@@ -407,7 +429,7 @@ class _FileRevisionWriter(RevisionWriter):
         self.work = self.final.with_name(f".staging-{commit}")
         self._lock_path = self.final.with_name(f".{commit}.lock")
         self._dirs: set[Path] = set()
-        self._lock_path.parent.mkdir(parents=True, exist_ok=True)
+        make_dirs(store.root, self._lock_path.parent)
         with self._locked(fcntl.LOCK_SH):
             if self.work.exists():
                 # A run killed inside commit() left it read-only, which only root could add to.
@@ -417,7 +439,7 @@ class _FileRevisionWriter(RevisionWriter):
     def _locked(self, mode: int) -> Iterator[None]:
         # A fresh open per use: flock belongs to the open file, so threads sharing one
         # descriptor would release each other's lock.
-        with open(self._lock_path, "a+b") as lock:
+        with open_lock(self.store.root, self._lock_path) as lock:
             fcntl.flock(lock, mode)
             yield  # closing the file releases the lock
 
