@@ -17,6 +17,7 @@ file store the account of the process's real uid (``policy/actor.py``).
 from __future__ import annotations
 
 import os
+import re
 import sys
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -285,6 +286,31 @@ def default_quarantine(store_local_root: Path | None) -> Path:
     return (settings.xdg_cache_home or Path.home() / ".cache") / "k3artifacts" / "quarantine"
 
 
+#: A variable whose name holds one of these holds a secret (AWS_SECRET_ACCESS_KEY,
+#: AWS_SESSION_TOKEN, HF_TOKEN, K3A_REGISTRY_PASSWORD, K3A_ENDPOINT_API_KEY, ...).
+_SECRET_NAME = re.compile(r"KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL", re.IGNORECASE)
+#: Shorter values are not treated as secrets: blanking every "true" or "1" in a model's answer
+#: would hide what it said and protect nothing.
+MIN_SECRET_LENGTH = 8
+
+
+def secret_values() -> frozenset[str]:
+    """Values this process holds that nothing it prints or stores may contain: every variable
+    whose name says key, token, secret, password or credential, and every value in the AWS
+    shared credentials file (``AWS_SHARED_CREDENTIALS_FILE``, else ``~/.aws/credentials``)."""
+    found = {value.strip() for name, value in os.environ.items() if _SECRET_NAME.search(name)}
+    path = os.environ.get("AWS_SHARED_CREDENTIALS_FILE") or Path.home() / ".aws" / "credentials"
+    try:
+        text = Path(path).read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        text = ""
+    for line in text.splitlines():
+        _, sep, value = line.partition("=")
+        if sep:
+            found.add(value.strip())
+    return frozenset(v for v in found if len(v) >= MIN_SECRET_LENGTH)
+
+
 def _by_variable(exc: ValidationError) -> str:
     # Name the variable the person set, not the field behind it.
     text = plain_validation_errors(exc)
@@ -316,6 +342,12 @@ def markdown() -> str:
         "`K3A_TUPLE_ID`, `K3A_WEIGHTS`, ... of the serving image (`docker/serving`) are "
         "written into the image by `k3a docker build-args`, for whoever inspects a pod; "
         "k3a does not read them.",
+        "",
+        "The value of every variable whose name contains `KEY`, `TOKEN`, `SECRET`, `PASSWORD` "
+        "or `CREDENTIAL` (8 characters or more), and every value in the AWS credentials file "
+        "(`AWS_SHARED_CREDENTIALS_FILE`, else `~/.aws/credentials`), is cut out of what an "
+        "endpoint or a model's code answered before `k3a smoke` / `k3a eval run` print or "
+        "record it.",
     ]
     group = None
     for field in Settings.model_fields.values():

@@ -104,7 +104,13 @@ def test_a_passing_run_lets_production_gate_pass(store, tmp_path, fast_policies,
     report = outcome.report
     assert report.passed and outcome.written, report.failed
     assert [c.name for c in report.checks] == [
-        "models", "chat", "stream", "structured_output", "tool_call", "long_context", "sweep"]
+        "models", "loaded", "chat", "stream", "structured_output", "tool_call", "long_context",
+        "sweep"]
+    loaded = next(c for c in report.checks if c.name == "loaded")
+    assert loaded.detail == ("loaded /opt/ml/model, the tuple's model path (where a render "
+                             "mounts its revision); max_model_len 8192 (the profile leaves "
+                             "vLLM's default)")
+    assert report.code_sandbox is not None and "uid 65534" in report.code_sandbox
     assert report.served_models == served_names(release) and report.pass_rate == 1.0
     assert report.sweep is not None and [p.concurrency for p in report.sweep.points] == [1, 2, 4]
     long_context = next(c for c in report.checks if c.name == "long_context")

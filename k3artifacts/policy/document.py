@@ -2,10 +2,11 @@
 
 A policy directory (the packaged ``policies/``, or one a release engineer edits to propose a
 change) holds ``promotion-gates.yaml``, ``signing/trusted-keys.yaml`` with the public keys it
-names, and the evaluation suites the channels name. The document carries exactly those files'
-text, so its sha256 (of canonical JSON) names everything the gates read, and a loose file
-beside them can change nothing. The gates that read files (a suite's sha256, the trusted keys)
-read the document's copies, written out for the judgement (:meth:`PolicyDocument.written_to`).
+names, and the evaluation suites (``eval-suites/*.yaml``, which the channels name). The
+document carries exactly those files' text, so its sha256 (of canonical JSON) names everything
+the gates read, and a loose file beside them can change nothing. The gates that read files (a
+suite's sha256, the trusted keys) read the document's copies, written out for the judgement
+(:meth:`PolicyDocument.written_to`).
 """
 
 from __future__ import annotations
@@ -27,6 +28,9 @@ from k3artifacts.policy.model import GATES_FILE, GatePolicy, load_gate_policy
 from k3artifacts.signing.policy import SIGNING_DIR, TRUSTED_KEYS_FILE, SigningPolicy
 
 SIGNING_FILE = f"{SIGNING_DIR}/{TRUSTED_KEYS_FILE}"
+#: Evaluation suites: every ``*.yaml`` here is part of the policy (``k3a eval run --suite
+#: NAME`` finds them by name).
+SUITES_DIR = "eval-suites"
 
 
 def _safe(rel: str) -> str:
@@ -69,13 +73,17 @@ class PolicyDocument(BaseModel):
 
     @classmethod
     def from_dir(cls, policies_dir: Path) -> PolicyDocument:
-        """The document of a policy directory: its gate policy, the suites it names and its
-        signing policy with the keys that names. Any other file there is not policy."""
+        """The document of a policy directory: its gate policy, its evaluation suites
+        (``eval-suites/*.yaml``, and any other suite a channel names) and its signing policy
+        with the keys that names. Any other file there is not policy."""
         root = Path(policies_dir)
         gates = load_gate_policy(root)
         wanted = [GATES_FILE]
-        wanted += sorted({c.evaluation.suite_file for c in gates.channels.values()
-                          if c.evaluation and c.evaluation.suite_file})
+        suites = {c.evaluation.suite_file for c in gates.channels.values()
+                  if c.evaluation and c.evaluation.suite_file}
+        suites |= {f"{SUITES_DIR}/{p.name}" for p in (root / SUITES_DIR).glob("*.yaml")
+                   if p.is_file()}
+        wanted += sorted(suites)
         if (root / SIGNING_FILE).is_file():
             wanted.append(SIGNING_FILE)
             try:
