@@ -220,3 +220,29 @@ def test_a_policy_that_allows_it_judges_the_cases_that_ran_until_it_no_longer_do
     (policies / "promotion-gates.yaml").write_text(yaml.safe_dump(gates, sort_keys=False))
     gate = _evaluation_gate(store, release, policies)
     assert not gate.passed and "2 code case(s) not run" in gate.reason, gate.reason
+
+
+@needs_bwrap
+@pytest.mark.skipif(os.geteuid() != 0 or not Path("/usr/bin/python3").is_file(),
+                    reason="runs the sandbox as another account: needs root and /usr/bin/python3")
+def test_the_sandbox_works_for_an_account_that_is_not_root():
+    """As any other account bwrap takes a user namespace instead of setpriv. code_run.py needs
+    only the standard library, so the system Python of an unprivileged account runs it."""
+    import tempfile
+
+    from k3artifacts.readiness import code_run
+
+    with tempfile.TemporaryDirectory(dir="/tmp") as where:
+        os.chmod(where, 0o755)
+        shutil.copy(code_run.__file__, Path(where) / "code_run.py")
+        script = ("import sys; sys.path.insert(0, sys.argv[1]); import code_run as c; "
+                  "box = c.sandbox(); print(box.description); "
+                  "print(c.run_cases(box, 'import os\\ndef f(x):\\n    return os.getuid()', "
+                  "'f', [([1], 65534)], 10))")
+        done = subprocess.run(
+            ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "env", "-i",
+             "PATH=/usr/bin:/bin", "/usr/bin/python3", "-c", script, where],
+            cwd="/", capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert "(user namespace): uid 65534" in done.stdout
+    assert "(True, 'f right on 1 input(s)')" in done.stdout
