@@ -35,7 +35,8 @@ SUITE = "eval-suites/k3-core.yaml"
 
 def _hostile(marker: str, port: int, secret: str, home: Path, outside: Path) -> str:
     """Code for both code cases of the suite, short enough (in space-separated words) not to
-    be cut at their max_tokens."""
+    be cut at their max_tokens. ``secret``: values of k3a's secrets the answer carries itself
+    (as a model that saw them would), to be cut out of everything k3a prints and records."""
     return "\n".join([
         "import os,socket,sys,builtins",
         "L=[]",
@@ -94,7 +95,8 @@ def test_hostile_code_is_contained_and_no_secret_reaches_the_record(tmp_path):
         listener.bind(("127.0.0.1", 0))
         listener.listen(8)
         port = listener.getsockname()[1]
-        code = _hostile(marker, port, secrets["AWS_SECRET_ACCESS_KEY"], home, outside)
+        code = _hostile(marker, port, secrets["AWS_SECRET_ACCESS_KEY"] + file_secret, home,
+                        outside)
         server = start(served_names(release), tmp_path / "hostile.log", answer=code)
         env = {**{k: v for k, v in os.environ.items() if k not in secrets}, **secrets,
                "HOME": str(home), "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
@@ -119,7 +121,8 @@ def test_hostile_code_is_contained_and_no_secret_reaches_the_record(tmp_path):
     for name in ("code-reverse-words", "code-is-prime"):
         assert not cases[name]["passed"] and cases[name]["skipped"] is None, cases[name]
         detail = cases[name]["detail"]
-        assert "[redacted]" in detail, detail  # the secret the answer carried, cut out
+        # The secrets the answer carried (an environment value, a credentials file value).
+        assert "[redacted][redacted]" in detail, detail
         # No credentials file inside, /usr read-only, the listener unreachable.
         for why in ("No such file or directory", "Read-only file system", "Connection refused"):
             assert why in detail, detail
