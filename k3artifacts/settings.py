@@ -294,20 +294,33 @@ _SECRET_NAME = re.compile(r"KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL", re.IGN
 MIN_SECRET_LENGTH = 8
 
 
+def _ini_values(path: Path, *, secret_names_only: bool) -> set[str]:
+    """The values of an AWS shared config or credentials file (``name = value`` lines)."""
+    try:
+        text = path.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return set()
+    found = set()
+    for line in text.splitlines():
+        name, sep, value = line.partition("=")
+        if sep and (not secret_names_only or _SECRET_NAME.search(name)):
+            found.add(value.strip())
+    return found
+
+
 def secret_values() -> frozenset[str]:
     """Values this process holds that nothing it prints or stores may contain: every variable
-    whose name says key, token, secret, password or credential, and every value in the AWS
-    shared credentials file (``AWS_SHARED_CREDENTIALS_FILE``, else ``~/.aws/credentials``)."""
+    whose name says key, token, secret, password or credential; every value in the AWS
+    credentials files (``~/.aws/credentials`` and ``AWS_SHARED_CREDENTIALS_FILE``: a variable
+    pointing elsewhere does not make the file in the home directory any less secret); and the
+    secret-named values of the AWS config files (``~/.aws/config``, ``AWS_CONFIG_FILE``)."""
     found = {value.strip() for name, value in os.environ.items() if _SECRET_NAME.search(name)}
-    path = os.environ.get("AWS_SHARED_CREDENTIALS_FILE") or Path.home() / ".aws" / "credentials"
-    try:
-        text = Path(path).read_text(encoding="utf-8", errors="replace")
-    except OSError:
-        text = ""
-    for line in text.splitlines():
-        _, sep, value = line.partition("=")
-        if sep:
-            found.add(value.strip())
+    aws = Path.home() / ".aws"
+    for path in {aws / "credentials", Path(os.environ.get("AWS_SHARED_CREDENTIALS_FILE") or
+                                           aws / "credentials")}:
+        found |= _ini_values(path, secret_names_only=False)
+    for path in {aws / "config", Path(os.environ.get("AWS_CONFIG_FILE") or aws / "config")}:
+        found |= _ini_values(path, secret_names_only=True)
     return frozenset(v for v in found if len(v) >= MIN_SECRET_LENGTH)
 
 
@@ -344,8 +357,9 @@ def markdown() -> str:
         "k3a does not read them.",
         "",
         "The value of every variable whose name contains `KEY`, `TOKEN`, `SECRET`, `PASSWORD` "
-        "or `CREDENTIAL` (8 characters or more), and every value in the AWS credentials file "
-        "(`AWS_SHARED_CREDENTIALS_FILE`, else `~/.aws/credentials`), is cut out of what an "
+        "or `CREDENTIAL` (8 characters or more), every value in the AWS credentials files "
+        "(`~/.aws/credentials` and `AWS_SHARED_CREDENTIALS_FILE`) and the secret-named ones "
+        "of the AWS config files (`~/.aws/config`, `AWS_CONFIG_FILE`) are cut out of what an "
         "endpoint or a model's code answered before `k3a smoke` / `k3a eval run` print or "
         "record it.",
     ]
