@@ -17,6 +17,7 @@ file store the account of the process's real uid (``policy/actor.py``).
 from __future__ import annotations
 
 import os
+import re
 import sys
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -331,6 +332,44 @@ def default_quarantine(store_local_root: Path | None) -> Path:
     return (settings.xdg_cache_home or Path.home() / ".cache") / "k3artifacts" / "quarantine"
 
 
+#: A variable whose name holds one of these holds a secret (AWS_SECRET_ACCESS_KEY,
+#: AWS_SESSION_TOKEN, HF_TOKEN, K3A_REGISTRY_PASSWORD, K3A_ENDPOINT_API_KEY, ...).
+_SECRET_NAME = re.compile(r"KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL", re.IGNORECASE)
+#: Shorter values are not treated as secrets: blanking every "true" or "1" in a model's answer
+#: would hide what it said and protect nothing.
+MIN_SECRET_LENGTH = 8
+
+
+def _ini_values(path: Path, *, secret_names_only: bool) -> set[str]:
+    """The values of an AWS shared config or credentials file (``name = value`` lines)."""
+    try:
+        text = path.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return set()
+    found = set()
+    for line in text.splitlines():
+        name, sep, value = line.partition("=")
+        if sep and (not secret_names_only or _SECRET_NAME.search(name)):
+            found.add(value.strip())
+    return found
+
+
+def secret_values() -> frozenset[str]:
+    """Values this process holds that nothing it prints or stores may contain: every variable
+    whose name says key, token, secret, password or credential; every value in the AWS
+    credentials files (``~/.aws/credentials`` and ``AWS_SHARED_CREDENTIALS_FILE``: a variable
+    pointing elsewhere does not make the file in the home directory any less secret); and the
+    secret-named values of the AWS config files (``~/.aws/config``, ``AWS_CONFIG_FILE``)."""
+    found = {value.strip() for name, value in os.environ.items() if _SECRET_NAME.search(name)}
+    aws = Path.home() / ".aws"
+    for path in {aws / "credentials", Path(os.environ.get("AWS_SHARED_CREDENTIALS_FILE") or
+                                           aws / "credentials")}:
+        found |= _ini_values(path, secret_names_only=False)
+    for path in {aws / "config", Path(os.environ.get("AWS_CONFIG_FILE") or aws / "config")}:
+        found |= _ini_values(path, secret_names_only=True)
+    return frozenset(v for v in found if len(v) >= MIN_SECRET_LENGTH)
+
+
 def _by_variable(exc: ValidationError) -> str:
     # Name the variable the person set, not the field behind it.
     text = plain_validation_errors(exc)
@@ -362,6 +401,13 @@ def markdown() -> str:
         "`K3A_TUPLE_ID`, `K3A_WEIGHTS`, ... of the serving image (`docker/serving`) are "
         "written into the image by `k3a docker build-args`, for whoever inspects a pod; "
         "k3a does not read them.",
+        "",
+        "The value of every variable whose name contains `KEY`, `TOKEN`, `SECRET`, `PASSWORD` "
+        "or `CREDENTIAL` (8 characters or more), every value in the AWS credentials files "
+        "(`~/.aws/credentials` and `AWS_SHARED_CREDENTIALS_FILE`) and the secret-named ones "
+        "of the AWS config files (`~/.aws/config`, `AWS_CONFIG_FILE`) are cut out of what an "
+        "endpoint or a model's code answered before `k3a smoke` / `k3a eval run` print or "
+        "record it.",
     ]
     group = None
     for field in Settings.model_fields.values():

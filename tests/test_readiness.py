@@ -104,7 +104,13 @@ def test_a_passing_run_lets_production_gate_pass(store, tmp_path, fast_policies,
     report = outcome.report
     assert report.passed and outcome.written, report.failed
     assert [c.name for c in report.checks] == [
-        "models", "chat", "stream", "structured_output", "tool_call", "long_context", "sweep"]
+        "models", "loaded", "chat", "stream", "structured_output", "tool_call", "long_context",
+        "sweep"]
+    loaded = next(c for c in report.checks if c.name == "loaded")
+    assert loaded.detail == ("loaded /opt/ml/model, the tuple's model path (where a render "
+                             "mounts its revision); max_model_len 8192 (the profile leaves "
+                             "vLLM's default)")
+    assert report.code_sandbox is not None and "uid 65534" in report.code_sandbox
     assert report.served_models == served_names(release) and report.pass_rate == 1.0
     assert report.sweep is not None and [p.concurrency for p in report.sweep.points] == [1, 2, 4]
     long_context = next(c for c in report.checks if c.name == "long_context")
@@ -272,6 +278,41 @@ def test_smoke_of_an_endpoint_started_from_another_tuple_fails_models(store, tmp
     assert json.loads(ok.stdout)["report"]["served_models"] == served_names(running)
 
 
+def test_a_server_loaded_with_another_revision_under_this_tuple_id_is_not_ready(
+        store, tmp_path, server):
+    """Started with revision 2's tuple id (so `models` passes) on revision 1's weights: vLLM's
+    /v1/models says which path it loaded, and the `loaded` check names the commits."""
+    from k3artifacts.readiness.run import run_readiness
+    from k3artifacts.readiness.suite import SmokeSettings, SweepSettings
+
+    releases = Releases(store, tmp_path / "scratch")
+    one, two = releases.release(), releases.release()
+    w1, w2 = one.binding.weights, two.binding.weights
+    settings = SmokeSettings(sweep=SweepSettings(max_concurrency=1, max_tokens=8))
+
+    def checks(**faults):
+        report = run_readiness(server(served_names(two), **faults).url, two, settings)
+        return report, {c.name: c for c in report.checks}
+
+    report, found = checks(model=f"/nvme/k3a/models/{w1.repo_id}/{w1.commit}")
+    assert found["models"].passed and not found["loaded"].passed and not report.passed
+    assert (f"loaded /nvme/k3a/models/{w1.repo_id}/{w1.commit}: commit {w1.commit[:12]}, but "
+            f"the tuple binds {w2.commit[:12]}") in found["loaded"].detail
+    _, found = checks(model=f"/nvme/k3a/models/{w2.repo_id}/{w2.commit}")
+    assert found["loaded"].passed, found["loaded"].detail
+    _, found = checks(model="moonshotai/Kimi-K3")
+    assert not found["loaded"].passed
+    assert "loaded moonshotai/Kimi-K3: neither the tuple's model path /opt/ml/model" in \
+        found["loaded"].detail
+    # The profile's context length is the tuple's serving argument too.
+    long = releases.tuple_for(store.read_manifest(w2.repo_id, w2.commit),
+                              profile="b200x8-2node-tp8-pp2")
+    report = run_readiness(server(served_names(long), max_model_len=8192).url, long, settings)
+    loaded = next(c for c in report.checks if c.name == "loaded")
+    assert not loaded.passed
+    assert "max_model_len 8192, but the profile's --max-model-len is 131072" in loaded.detail
+
+
 def test_long_context_is_sized_in_the_endpoints_own_tokens(store, tmp_path, server):
     """A small vocabulary (2 characters a token): a words-per-token guess would send about
     twice the server's limit; counted by the endpoint, the prompt fits and is answered."""
@@ -386,3 +427,20 @@ def test_eval_run_cli_names_the_failed_checks_and_exits_5(store, tmp_path, fast_
     assert "NOT READY" in result.stdout
     gates = CliRunner().invoke(cli, ["gates", release.id, "production"], env=env)
     assert gates.exit_code == 5 and "check structured_output failed" in gates.stdout
+
+
+def test_eval_run_names_an_unknown_suite_and_a_channel_without_one(store, tmp_path, k3a_env):
+    release = Releases(store, tmp_path / "scratch").release()
+    env = dict(k3a_env, K3A_STORE=store.url)
+    url = f"http://127.0.0.1:{free_ports(1)[0]}"
+    unknown = CliRunner().invoke(cli, ["eval", "run", url, "--tuple", release.id, "--suite",
+                                       "k3-kore"], env=env)
+    assert unknown.exit_code == 7, unknown.output
+    assert "no suite 'k3-kore': not a file, and policy packaged defaults" in unknown.stderr
+    assert "has no eval-suites/k3-kore.yaml" in unknown.stderr
+    assert "suites of the policy: k3-core" in unknown.stderr
+    none = CliRunner().invoke(cli, ["eval", "run", url, "--tuple", release.id, "--channel",
+                                    "staging"], env=env)
+    assert none.exit_code == 9, none.output
+    assert "channel 'staging' of policy packaged defaults" in none.stderr
+    assert "names no evaluation suite" in none.stderr

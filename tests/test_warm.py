@@ -21,7 +21,8 @@ from k3artifacts.releases.retention import plan, retire
 from k3artifacts.signing.keys import KeySigner
 from k3artifacts.stores.file import FileStore
 from k3artifacts.warm import prewarm
-from k3artifacts.warm.capture import AlreadyCaptured, capture, parse_roots
+from k3artifacts.warm.capture import capture, parse_roots
+from k3artifacts.warm.claim import AlreadyCaptured
 from k3artifacts.warm.model import (
     BLOB_PREFIX,
     WarmManifest,

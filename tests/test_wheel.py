@@ -9,6 +9,7 @@ could pass on the editable install).
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import subprocess
@@ -68,3 +69,30 @@ def test_demo_and_the_readme_path_run_from_the_wheel(installed, elsewhere):
     assert found["TUPLE"].startswith("k3t-")
     assert len(list(Path(found["DEPLOY"]).glob("*.eks.yaml"))) == 1
     assert sorted(p.name for p in workdir.iterdir()) == [".venv"]
+
+
+def test_the_packaged_suite_runs_by_name_from_the_wheel(installed, elsewhere, tmp_path):
+    """`k3a eval run ... --suite k3-core` (and the gate's own spelling of it) from a directory
+    that is no checkout: the name resolves in the policy in force, the packaged defaults."""
+    from k3artifacts.serving.render.common import served_names
+    from k3artifacts.stores.file import FileStore
+    from tests.support.openai_server import start
+    from tests.support.releases import Releases
+
+    workdir, env = elsewhere
+    store = FileStore(tmp_path / "store")
+    release = Releases(store, tmp_path / "scratch").release()
+    server = start(served_names(release), tmp_path / "openai.log")
+    packaged = (REPO_ROOT / "policies" / "eval-suites" / "k3-core.yaml").read_bytes()
+    try:
+        for spec in ("k3-core", "policies/eval-suites/k3-core.yaml"):
+            done = subprocess.run(
+                [installed / "k3a", "eval", "run", server.url, "--tuple", release.id,
+                 "--suite", spec, "--store", store.url], cwd=workdir, env=env,
+                capture_output=True, text=True, timeout=300)
+            assert done.returncode == 0, done.stderr
+            assert ("suite: k3-core (eval-suites/k3-core.yaml of policy packaged defaults"
+                    in done.stdout), done.stdout
+            assert hashlib.sha256(packaged).hexdigest()[:12] in done.stdout
+    finally:
+        server.stop()

@@ -193,7 +193,9 @@ def cache_ls(root, as_json):
     def human() -> None:
         for w in warm:
             click.echo(f"warm {w.tuple_id} {w.gpu} {w.layout}  {human_size(w.bytes):>10}  "
-                       f"{w.files:5d} files  (weights {w.revision})")
+                       f"{w.files:5d} files  "
+                       + ("partial (`k3a cache gc` frees it)" if w.partial
+                          else f"(weights {w.revision})"))
         for c in cached:
             click.echo(f"{c.revision}  {human_size(c.bytes):>10}  {c.files:5d} files"
                        f"{'  leased' if c.leased else ''}{'  partial' if c.partial else ''}")
@@ -222,12 +224,14 @@ def cache_rm(revision, root):
 @json_option
 def cache_gc(keep, root, as_json):
     """Evict least recently used revisions beyond --keep; leased ones are never evicted.
-    Unfinished pulls that no pull is running are deleted first."""
+    Unfinished pulls (of weights and of warm artifacts) that no pull is running are deleted."""
     from k3artifacts.nodecache.layout import CacheLayout
     from k3artifacts.nodecache.retention import gc
+    from k3artifacts.warm.node import drop_warm_partials
 
     result = gc(CacheLayout(root), keep)
     warm_dropped = _drop_orphan_warm(root)
+    warm_partials = drop_warm_partials(root)
 
     def human() -> None:
         for rev in result.partials:
@@ -238,8 +242,11 @@ def cache_gc(keep, root, as_json):
             click.echo(f"kept {rev}: in use")
         for path in warm_dropped:
             click.echo(f"removed warm artifact {path} (its weights are gone)")
+        for path in warm_partials:
+            click.echo(f"removed unfinished warm pull {path}")
 
-    emit(as_json, {**result.__dict__, "warm_removed": warm_dropped}, human)
+    emit(as_json, {**result.__dict__, "warm_removed": warm_dropped,
+                   "warm_partials_removed": warm_partials}, human)
 
 
 @cache_group.command("lease", context_settings={"ignore_unknown_options": True})

@@ -90,12 +90,20 @@ def _finish(outcome: Recorded, as_json: bool, what: str) -> None:
         if report.baseline:
             click.echo(f"against {report.baseline.tuple_id} ({report.baseline.channel}): "
                        + ("; ".join(report.regressions) or "no regression"))
+        if outcome.suite_source:
+            click.echo(f"suite: {report.suite} ({outcome.suite_source}, sha256 "
+                       f"{report.suite_sha256[:12]})")
+        if report.skipped:
+            click.echo(f"not run: {len(report.skipped)} code case(s): "
+                       f"{report.skipped[0].skipped}")
+        elif report.code_sandbox:
+            click.echo(f"code ran in: {report.code_sandbox}")
         verb = "recorded" if outcome.written else "already recorded"
         click.echo(f"{verb}: report {outcome.record.report_sha256[:12]} for {report.tuple_id}")
         click.echo("ready" if report.passed else "NOT READY")
 
     emit(as_json, {"written": outcome.written, "report_sha256": outcome.record.report_sha256,
-                   "passed": report.passed,
+                   "passed": report.passed, "suite_source": outcome.suite_source,
                    "report": report.model_dump(mode="json")}, human)
     if report.unreachable:
         raise Unavailable(
@@ -177,35 +185,44 @@ def eval_group() -> None:
 @eval_group.command("run")
 @click.argument("endpoint")
 @tuple_option
-@click.option("--suite", "suite_file", required=True,
-              type=click.Path(exists=True, dir_okay=False, path_type=Path),
-              help="Suite file, e.g. policies/eval-suites/k3-core.yaml (its sha256 is recorded).")
+@click.option("--suite", "suite", default=None, metavar="NAME|FILE",
+              help="A suite of the policy in force by name (k3-core: its "
+                   "eval-suites/k3-core.yaml), or a suite file  [default: the suite --channel's "
+                   "policy names].")
 @click.option("--channel", default="production", show_default=True,
-              help="Compare with the latest run of the same suite for the tuple on this channel.")
+              help="The channel the evaluation is for: its policy names the default suite and "
+                   "says whether code cases may go unrun without a sandbox; the run is compared "
+                   "with the latest run of the same suite for the tuple on it.")
 @api_key_option
 @actor_option
 @store_option
 @json_option
-def eval_run(endpoint: str, tuple_name: str, suite_file: Path, channel: str,
+def eval_run(endpoint: str, tuple_name: str, suite: str | None, channel: str,
              api_key: str | None, actor: str, store_url: str, as_json: bool) -> None:
     """Run the readiness checks and the suite's cases against ENDPOINT serving the tuple.
 
     The report records the tuple, the endpoint, the model name the server answered with, the
-    suite file's sha256, every check and case with its timing and the concurrency sweep; it is
-    written once, beside the tuple. The production gate accepts only such reports.
+    suite's sha256, every check and case with its timing and the concurrency sweep; it is
+    written once, beside the tuple. The production gate accepts only such reports, of the
+    suite its policy names. A suite name is looked up in the store's policy in force
+    (`k3a policy show`; the packaged defaults while the store has none), whatever the working
+    directory. A model's code (code cases) runs only in a bubblewrap sandbox; where none can
+    be had those cases are not run, and the run fails unless the channel's policy says
+    `allow_unsandboxed_code: true`.
 
     \b
-    Example:
+    Examples:
+      k3a eval run http://canary.inference:8000 --tuple k3t-0123456789abcdef01234567
       k3a eval run http://canary.inference:8000 --tuple k3t-0123456789abcdef01234567 \\
-          --suite policies/eval-suites/k3-core.yaml
+          --suite k3-core
 
-    Exit codes: 0 passed, 5 failed or regressed, 7 unknown tuple, 8 endpoint unreachable,
-    9 malformed suite.
+    Exit codes: 0 passed, 5 failed or regressed, 7 unknown tuple or suite, 8 endpoint
+    unreachable, 9 malformed suite or a channel whose policy names none.
     """
     from k3artifacts.readiness.record import evaluate
 
 
-    outcome = evaluate(get_store(store_url), endpoint, tuple_name, suite_file, channel=channel,
+    outcome = evaluate(get_store(store_url), endpoint, tuple_name, suite, channel=channel,
                        by=actor, observer=_observer(), api_key=api_key)
     _finish(outcome, as_json, "evaluation")
 

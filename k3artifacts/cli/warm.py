@@ -68,29 +68,40 @@ def warm_group():
 @click.argument("dirs", nargs=-1, required=True, metavar="NAME=DIR...")
 @gpu_option
 @tp_option
+@channel_option
 @store_option
 @signing_key_option
 @click.option("--if-absent", is_flag=True,
               help="An artifact already captured for this tuple, GPU and layout is success "
-              "(the capture Job's restarts).")
+              "(the capture Job's restarts), if the channel's rule would use it.")
 @json_option
-def capture_cmd(target, dirs, gpu, tp, store_url, signing_key, if_absent, as_json):
+def capture_cmd(target, dirs, gpu, tp, channel, store_url, signing_key, if_absent, as_json):
     """Store cache directories as the warm-start artifact of TARGET (a tuple or channel).
 
     Each NAME=DIR is one cache directory (NAME: vllm, triton, inductor, flashinfer,
     deepgemm). Files are stored once each under their sha256 (sha256 and xxh3-128 in the
     manifest); the manifest, keyed by the tuple, the GPU model and the parallel layout, is
-    created once and never replaced; with --signing-key it is signed as a tuple is. A link,
-    FIFO or device anywhere in a directory refuses the capture (exit 9): nothing is stored.
+    created once; with --signing-key it is signed as a tuple is. A link, FIFO or device
+    anywhere in a directory, or a path nested deeper than 32 or longer than a node cache path
+    may be, refuses the capture (exit 9): nothing is stored.
+
+    An artifact already at the key stands if the channel's rule (the store's policy: its
+    warm_start and signing requirements; no channel: signatures wherever any channel requires
+    them) would use it; --if-absent then exits 0. One it would not use (unsigned where
+    signatures are required, an untrusted signature) is replaced by a capture signed with a
+    key the channel trusts, and refused (exit 6) otherwise, --if-absent or not.
 
     Exit codes: 0 captured, 2 usage, 6 already captured (first one stands), 7 unknown
     tuple, 8 store unreachable, 9 unsafe cache entry or bad key.
     """
     from k3artifacts.policy.actor import store_identity
+    from k3artifacts.policy.record import in_force
     from k3artifacts.releases.lookup import resolve_tuple
     from k3artifacts.signing.keys import load_signer
-    from k3artifacts.warm.capture import AlreadyCaptured, capture, parse_roots
+    from k3artifacts.warm.capture import capture, parse_roots
+    from k3artifacts.warm.claim import AlreadyCaptured
     from k3artifacts.warm.model import detect_gpu, tuple_layout
+    from k3artifacts.warm.trust import warm_trust
 
     store = get_store(store_url)
     release = resolve_tuple(store, target)
@@ -100,15 +111,17 @@ def capture_cmd(target, dirs, gpu, tp, store_url, signing_key, if_absent, as_jso
         raise click.UsageError("no GPU found (nvidia-smi); pass --gpu MODEL")
     want_tp, pp = tuple_layout(release)
     signer = load_signer(signing_key) if signing_key else None
+    trust = warm_trust(in_force(store).document, _channel(target, channel))
     who, _ = store_identity(store)  # never a typed name: the store's answer or the OS user
     try:
         result = capture(store, release, gpu=gpu, tensor_parallel=tp or want_tp,
-                         pipeline_parallel=pp, roots=roots, captured_by=who, signer=signer)
+                         pipeline_parallel=pp, roots=roots, captured_by=who, signer=signer,
+                         trust=trust)
     except AlreadyCaptured as exc:
-        if not if_absent:
+        if not (if_absent and exc.usable):
             raise
         shown = str(exc)
-        emit(as_json, {"key": shown, "already_present": True},
+        emit(as_json, {"key": exc.key, "already_present": True},
              lambda: click.echo(f"already captured: {shown}"))
         return
 
@@ -118,6 +131,9 @@ def capture_cmd(target, dirs, gpu, tp, store_url, signing_key, if_absent, as_jso
                    f"{result.seconds:.1f}s")
         click.echo(f"  manifest digest {result.digest}"
                    + (f"; signed by key {result.signed_by[:16]}" if result.signed_by else ""))
+        if result.replaced:
+            click.echo(f"  replaced the artifact that held the key, which the channel would "
+                       f"not use ({result.replaced})")
 
     emit(as_json, result.__dict__, human)
 

@@ -3,12 +3,13 @@
 A policy directory (the packaged ``policies/``, or one a release engineer edits to propose a
 change) holds ``promotion-gates.yaml``, ``signing/trusted-keys.yaml`` with the public keys it
 names, ``identities.yaml`` (who may sign which records, :mod:`k3artifacts.trust.identities`)
-and the evaluation suites the channels name. The document carries exactly those files'
-text, so its sha256 (of canonical JSON) names everything the gates read, and a loose file
-beside them can change nothing. The gates that read files (a suite's sha256, the trusted keys)
-read the document's copies, written out for the judgement (:meth:`PolicyDocument.written_to`).
-What a gate or an error says about those copies names the policy and the file in it ("policy
-v2 (1f3a...) signing/trusted-keys.yaml"), never the temporary directory (``policy/written.py``).
+and the evaluation suites (``eval-suites/*.yaml``, which the channels name). The document
+carries exactly those files' text, so its sha256 (of canonical JSON) names everything the gates
+read, and a loose file beside them can change nothing. The gates that read files (a suite's
+sha256, the trusted keys) read the document's copies, written out for the judgement
+(:meth:`PolicyDocument.written_to`). What a gate or an error says about those copies names the
+policy and the file in it ("policy v2 (1f3a...) signing/trusted-keys.yaml"), never the
+temporary directory (``policy/written.py``).
 """
 
 from __future__ import annotations
@@ -33,6 +34,9 @@ from k3artifacts.trust.identities import Identities
 
 SIGNING_FILE = f"{SIGNING_DIR}/{TRUSTED_KEYS_FILE}"
 IDENTITIES_FILE = "identities.yaml"
+#: Evaluation suites: every ``*.yaml`` here is part of the policy (``k3a eval run --suite
+#: NAME`` finds them by name).
+SUITES_DIR = "eval-suites"
 
 
 def _safe(rel: str) -> str:
@@ -99,16 +103,19 @@ class PolicyDocument(BaseModel):
 
     @classmethod
     def from_dir(cls, policies_dir: Path) -> PolicyDocument:
-        """The document of a policy directory: its gate policy, its identities, the suites it
-        names and its signing policy with the keys that names. Any other file there is not
-        policy."""
+        """The document of a policy directory: its gate policy, its identities, its
+        evaluation suites (``eval-suites/*.yaml``, and any other suite a channel names) and its
+        signing policy with the keys that names. Any other file there is not policy."""
         root = Path(policies_dir)
         gates = load_gate_policy(root)
         wanted = [GATES_FILE]
         if (root / IDENTITIES_FILE).is_file():
             wanted.append(IDENTITIES_FILE)
-        wanted += sorted({c.evaluation.suite_file for c in gates.channels.values()
-                          if c.evaluation and c.evaluation.suite_file})
+        suites = {c.evaluation.suite_file for c in gates.channels.values()
+                  if c.evaluation and c.evaluation.suite_file}
+        suites |= {f"{SUITES_DIR}/{p.name}" for p in (root / SUITES_DIR).glob("*.yaml")
+                   if p.is_file()}
+        wanted += sorted(suites)
         if (root / SIGNING_FILE).is_file():
             wanted.append(SIGNING_FILE)
             try:

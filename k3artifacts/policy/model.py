@@ -47,6 +47,10 @@ class EvaluationPolicy(_Strict):
     #: No regression beyond this against the report of the tuple now on the channel: pass rate
     #: may drop by at most this much (absolute), the p99 grow by at most this fraction.
     max_regression: float | None = Field(default=None, ge=0.0)
+    #: A model's code runs only in a sandbox (bubblewrap); where none can be had, the suite's
+    #: code cases are not run and the report names why. false: such a report never passes;
+    #: true: it is judged on the cases that ran.
+    allow_unsandboxed_code: bool = False
 
 
 class OrderPolicy(_Strict):

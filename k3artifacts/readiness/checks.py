@@ -19,7 +19,8 @@ import jsonschema
 import openai
 
 from k3artifacts.readiness.client import describe
-from k3artifacts.readiness.code_run import run_cases
+from k3artifacts.readiness.code_run import NoSandbox, run_cases, sandbox
+from k3artifacts.readiness.redact import Redactor
 from k3artifacts.readiness.suite import Case, SmokeSettings
 from k3artifacts.releases.evaluations import CheckResult
 from k3artifacts.releases.tuples import TUPLE_ID
@@ -54,19 +55,45 @@ TOOL = Case(
 )
 
 
+#: Model names kept of what a server answered with (each bounded like any text from it).
+MAX_SEEN_MODELS = 16
+
+
 @dataclass
 class Probe:
     """One endpoint as the checks see it: a bounded client, the tuple id (a rendered server
     answers to it as a served model name, and every request asks for it), and every model name
-    the server answered with (collected for the report)."""
+    the server answered with (collected for the report). Every text the server sends goes
+    through ``redactor`` before a detail quotes it."""
 
     client: openai.OpenAI
     model: str
     settings: SmokeSettings
     seen_models: list[str] = field(default_factory=list)
+    redactor: Redactor = field(default_factory=Redactor.of_process)
+    #: Prompt size of long-context cases, in tokens (None: from the server's max_model_len).
+    long_context_tokens: int | None = None
+    _cards: list[Any] | None = None
+
+    def cards(self) -> list[Any]:
+        """``/v1/models``' entries, listed once (a failure is raised, and asked again)."""
+        if self._cards is None:
+            self._cards = list(self.client.models.list())
+        return self._cards
+
+    def card(self) -> dict[str, Any] | None:
+        """What the server says of the model it serves as the tuple id (vLLM: ``root``, the
+        path it loaded, and ``max_model_len``); None when it does not serve it."""
+        for m in self.cards():
+            if m.id == self.model:
+                return dict(m.model_extra or {})
+        return None
 
     def saw(self, name: str | None) -> None:
-        if name and name not in self.seen_models:
+        if not name or len(self.seen_models) >= MAX_SEEN_MODELS:
+            return
+        name = self.redactor(name)
+        if name not in self.seen_models:
             self.seen_models.append(name)
 
 
@@ -89,7 +116,7 @@ def models_check(probe: Probe) -> tuple[CheckResult, bool]:
     def run() -> tuple[bool, str]:
         nonlocal reachable
         try:
-            listed = [m.id for m in probe.client.models.list()]
+            listed = [m.id for m in probe.cards()]
         except openai.APIConnectionError:
             reachable = False
             raise
@@ -157,8 +184,12 @@ def stream_check(probe: Probe) -> CheckResult:
 
 def judge_case(probe: Probe, case: Case, *, tool_choice: Any = "auto",
                kind: str | None = None) -> CheckResult:
-    messages = ([{"role": "system", "content": case.system}] if case.system else []) + [
-        *(case.context or []), {"role": "user", "content": case_content(case)}]
+    if case.check == "code":
+        try:
+            sandbox()
+        except NoSandbox as exc:  # never run a model's code uncontained: not asked at all
+            return CheckResult(name=case.name, passed=False, kind=kind, skipped=str(exc),
+                               detail=f"not run: no sandbox for the model's code: {exc}")
     extra: dict[str, Any] = {}
     if case.check == "json_schema":
         extra["response_format"] = {"type": "json_schema", "json_schema": {
@@ -169,6 +200,12 @@ def judge_case(probe: Probe, case: Case, *, tool_choice: Any = "auto",
         extra["tool_choice"] = tool_choice
 
     def run() -> tuple[bool, str]:
+        if case.long_context:
+            tokens = probe.long_context_tokens or server_context_tokens(probe)
+            repeats, _, _ = fit_filler(probe, tokens, lambda n: case_messages(case, n))
+            messages = case_messages(case, repeats)
+        else:
+            messages = case_messages(case)
         resp = probe.client.chat.completions.create(
             model=probe.model, messages=messages, max_tokens=case.max_tokens, temperature=0,
             **extra)
@@ -176,9 +213,14 @@ def judge_case(probe: Probe, case: Case, *, tool_choice: Any = "auto",
         if not resp.choices:
             return False, "the completion has no choices"
         message = resp.choices[0].message
+        scrub = probe.redactor.scrub
         if case.check == "tool_name":
-            return _judge_tool(case, message)
-        text = (message.content or "").strip()
+            return _judge_tool(case, message, scrub)
+        text = scrub(message.content or "").strip()
+        finish = resp.choices[0].finish_reason
+        if finish == "length" and case.check in ("exact", "not_regex", "json_schema"):
+            return False, (f"answer cut at max_tokens ({case.max_tokens}): "
+                           f"{_clip(text)!r}; what followed is unknown")
         if case.check == "exact":
             return (text == case.expect,
                     f"answered {_clip(text)!r}" + ("" if text == case.expect
@@ -189,23 +231,34 @@ def judge_case(probe: Probe, case: Case, *, tool_choice: Any = "auto",
                                                           else f", no match for {case.expect!r}")
         if case.check == "not_regex":
             found = re.search(case.expect or "", text) is not None
-            return (not found and not message.tool_calls,
+            done = case.require is None or re.search(case.require, text) is not None
+            return (not found and done and not message.tool_calls,
                     f"answered {_clip(text)!r}" + (f", which matches {case.expect!r}" if found
                                                    else "")
+                    + ("" if done else f", no match for {case.require!r}")
                     + (", and called a tool" if message.tool_calls else ""))
         if case.check == "code":
             assert case.code is not None
-            return run_cases(text, case.code.entry,
-                             [(i.args, i.expect) for i in case.code.inputs], case.code.timeout_s)
+            return run_cases(sandbox(), text, case.code.entry,
+                             [(i.args, i.expect) for i in case.code.inputs], case.code.timeout_s,
+                             scrub=scrub)
         return _judge_json(text, case.schema_ or {})
 
     return timed(case.name, run, kind=kind, retries=probe.settings.max_retries)
 
 
-def case_content(case: Case) -> str | list[dict[str, Any]]:
+def case_messages(case: Case, repeats: int = 0) -> list[dict[str, Any]]:
+    """The case's conversation; ``repeats``: filler before a long-context case's prompt."""
+    return ([{"role": "system", "content": case.system}] if case.system else []) + [
+        *(case.context or []), {"role": "user", "content": case_content(case, repeats)}]
+
+
+def case_content(case: Case, repeats: int = 0) -> str | list[dict[str, Any]]:
     """The user turn: the prompt after any filler, with the case's image as a data: URL."""
     text = case.prompt
-    if case.filler_words:
+    if repeats:
+        text = f"{FILLER * repeats}\n\n{text}"
+    elif case.filler_words:
         filler = " ".join(("alpha", "bravo", "charlie", "delta")[i % 4]
                           for i in range(case.filler_words))
         text = f"{filler}\n\n{text}"
@@ -233,20 +286,20 @@ def _judge_json(text: str, schema: dict[str, Any]) -> tuple[bool, str]:
     return True, f"valid JSON under the schema: {_clip(text)}"
 
 
-def _judge_tool(case: Case, message: Any) -> tuple[bool, str]:
+def _judge_tool(case: Case, message: Any, scrub: Callable[[str], str]) -> tuple[bool, str]:
     calls = message.tool_calls or []
     if not calls:
-        return False, f"no tool call; answered {_clip(message.content or '')!r}"
+        return False, f"no tool call; answered {_clip(scrub(message.content or ''))!r}"
     call = calls[0]
-    name = call.function.name
+    name, arguments = scrub(call.function.name or ""), scrub(call.function.arguments or "")
     if name != case.expect:
-        return False, f"called {name!r}, expected {case.expect!r}"
+        return False, f"called {_clip(name)!r}, expected {case.expect!r}"
     params = next((t["function"].get("parameters") or {} for t in case.tools or []
                    if t["function"]["name"] == name), {})
-    ok, detail = _judge_json(call.function.arguments or "", params)
+    ok, detail = _judge_json(arguments, params)
     if not ok:
         return False, f"{name} arguments: {detail}"
-    return True, f"called {name}({_clip(call.function.arguments)})"
+    return True, f"called {name}({_clip(arguments)})"
 
 
 FILLER = "alpha bravo charlie delta "
@@ -255,7 +308,7 @@ FILLER = "alpha bravo charlie delta "
 SAMPLE_REPEATS = 32
 
 
-def _long_messages(repeats: int) -> list[dict[str, str]]:
+def _long_messages(repeats: int) -> list[dict[str, Any]]:
     return [{"role": "user", "content": FILLER * repeats + "\n\nReply with exactly: DONE"}]
 
 
@@ -267,7 +320,7 @@ class TokenCounter:
         self.probe = probe
         self.how = "/tokenize"
 
-    def __call__(self, messages: list[dict[str, str]]) -> int:
+    def __call__(self, messages: list[dict[str, Any]]) -> int:
         if self.how == "/tokenize":
             try:
                 found = self.probe.client.post(
@@ -287,22 +340,59 @@ class TokenCounter:
         return resp.usage.prompt_tokens
 
 
+#: Room left for the answer when a long prompt is sized from the max model length.
+ANSWER_ROOM = 512
+
+
+def context_tokens(settings: SmokeSettings, max_len: int | None) -> int:
+    """Long-context prompt size: the configured one, else ``max_len`` (the tuple's, else the
+    server's) less room for the answer, capped: a 128k-token prompt on every promotion costs
+    minutes of GPU prefill."""
+    if settings.long_context_tokens:
+        return settings.long_context_tokens
+    limit = max_len or settings.long_context_cap
+    return max(1, min(limit - ANSWER_ROOM, settings.long_context_cap))
+
+
+def listed_max_len(probe: Probe) -> int | None:
+    """The server's own ``max_model_len`` (vLLM lists it in /v1/models; others may not)."""
+    try:
+        card = probe.card()
+    except Exception:  # the models check has already reported any failure to list
+        return None
+    value = (card or {}).get("max_model_len")
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 \
+        else None
+
+
+def server_context_tokens(probe: Probe) -> int:
+    return context_tokens(probe.settings, listed_max_len(probe))
+
+
+def fit_filler(probe: Probe, tokens: int,
+               make: Callable[[int], list[dict[str, Any]]]) -> tuple[int, int, str]:
+    """(filler repeats, tokens, how counted): the most repeats of :data:`FILLER` for which
+    ``make``'s messages are at most ``tokens`` tokens as the endpoint's tokenizer counts them
+    (no words-per-token guess: vocabularies differ by a factor of several)."""
+    count = TokenCounter(probe)
+    small = count(make(SAMPLE_REPEATS))
+    per = (count(make(2 * SAMPLE_REPEATS)) - small) / SAMPLE_REPEATS
+    if per <= 0:
+        raise ValueError(f"the endpoint counts no tokens for more text ({count.how})")
+    fixed = small - per * SAMPLE_REPEATS
+    repeats = max(1, int((tokens - fixed) / per))
+    measured = count(make(repeats))
+    while measured > tokens and repeats > 1:  # a tokenizer merging across repeats
+        repeats = max(1, repeats - max(1, math.ceil((measured - tokens) / per)))
+        measured = count(make(repeats))
+    return repeats, measured, count.how
+
+
 def long_context_check(probe: Probe, tokens: int) -> CheckResult:
-    """A prompt of ``tokens`` tokens as the endpoint's tokenizer counts them (no words-per-token
-    guess: vocabularies differ by a factor of several), answered in full."""
+    """A prompt of ``tokens`` tokens as the endpoint counts them, answered in full."""
 
     def run() -> tuple[bool, str]:
-        count = TokenCounter(probe)
-        small = count(_long_messages(SAMPLE_REPEATS))
-        per = (count(_long_messages(2 * SAMPLE_REPEATS)) - small) / SAMPLE_REPEATS
-        if per <= 0:
-            return False, f"the endpoint counts no tokens for more text ({count.how})"
-        fixed = small - per * SAMPLE_REPEATS
-        repeats = max(1, int((tokens - fixed) / per))
-        measured = count(_long_messages(repeats))
-        while measured > tokens and repeats > 1:  # a tokenizer merging across repeats
-            repeats = max(1, repeats - max(1, math.ceil((measured - tokens) / per)))
-            measured = count(_long_messages(repeats))
+        repeats, measured, how = fit_filler(probe, tokens, _long_messages)
         resp = probe.client.chat.completions.create(
             model=probe.model, max_tokens=16, temperature=0, messages=_long_messages(repeats))
         probe.saw(resp.model)
@@ -312,8 +402,8 @@ def long_context_check(probe: Probe, tokens: int) -> CheckResult:
         seen = resp.usage.prompt_tokens if resp.usage else None
         if seen is not None and seen < measured:
             return False, (f"server counted {seen} prompt tokens for a prompt of {measured} "
-                           f"({count.how}): truncated?")
+                           f"({how}): truncated?")
         return True, (f"{seen if seen is not None else measured} prompt tokens accepted "
-                      f"(target {tokens}, measured with {count.how})")
+                      f"(target {tokens}, measured with {how})")
 
     return timed("long_context", run, retries=probe.settings.max_retries)

@@ -14,6 +14,9 @@ from datetime import UTC, datetime
 from k3artifacts.readiness import checks
 from k3artifacts.readiness.checks import Probe
 from k3artifacts.readiness.client import base_url, make_client
+from k3artifacts.readiness.code_run import NoSandbox, sandbox
+from k3artifacts.readiness.loaded import loaded_check, tuple_max_len
+from k3artifacts.readiness.redact import Redactor
 from k3artifacts.readiness.suite import SmokeSettings, Suite
 from k3artifacts.readiness.sweep import sweep
 from k3artifacts.releases.evaluations import (
@@ -28,10 +31,8 @@ from k3artifacts.releases.tuples import ReleaseTuple
 
 SMOKE_SUITE = "smoke"
 #: Checks a run always makes, in order (the suite's cases come after, then ``sweep``).
-CHECK_NAMES = ("models", "chat", "stream", "structured_output", "tool_call", "long_context",
-               "sweep")
-#: Room left for the answer when the long-context prompt is sized from the max model length.
-ANSWER_ROOM = 512
+CHECK_NAMES = ("models", "loaded", "chat", "stream", "structured_output", "tool_call",
+               "long_context", "sweep")
 
 
 @dataclass
@@ -42,36 +43,10 @@ class Observer:
     on_point: Callable[[SweepPoint], None] = lambda _p: None
 
 
-def max_model_len(release: ReleaseTuple) -> int | None:
-    args = release.binding.serving.args
-    for i, arg in enumerate(args):
-        if arg.startswith("--max-model-len="):
-            return int(arg.split("=", 1)[1])
-        if arg == "--max-model-len" and i + 1 < len(args):
-            return int(args[i + 1])
-    return None
-
-
 def long_context_tokens(release: ReleaseTuple, settings: SmokeSettings,
                         listed: int | None) -> int:
-    """The configured size, else the profile's (or the server's) max length less room for the
-    answer, capped: a 128k-token prompt on every promotion costs minutes of GPU prefill."""
-    if settings.long_context_tokens:
-        return settings.long_context_tokens
-    limit = max_model_len(release) or listed or settings.long_context_cap
-    return max(1, min(limit - ANSWER_ROOM, settings.long_context_cap))
-
-
-def _listed_max_len(probe: Probe) -> int | None:
-    """vLLM's /v1/models carries ``max_model_len``; other servers may not."""
-    try:
-        for m in probe.client.models.list():
-            if m.id == probe.model:
-                value = (m.model_extra or {}).get("max_model_len")
-                return int(value) if value else None
-    except Exception:  # the models check has already reported any failure to list
-        return None
-    return None
+    """The run's long-context size: from the tuple's --max-model-len, else the server's."""
+    return checks.context_tokens(settings, tuple_max_len(release) or listed)
 
 
 def run_readiness(
@@ -84,15 +59,21 @@ def run_readiness(
     baseline: Baseline | None = None,
     observer: Observer | None = None,
     api_key: str | None = None,
+    allow_unsandboxed_code: bool = False,
 ) -> ReadinessReport:
-    """Smoke (``suite`` None) or eval run of ``endpoint`` for ``release``."""
+    """Smoke (``suite`` None) or eval run of ``endpoint`` for ``release``.
+    ``allow_unsandboxed_code``: what the channel's policy says, recorded for the run's own
+    verdict (code cases are never run without a sandbox either way)."""
     obs = observer or Observer()
     started, t0 = datetime.now(UTC), time.monotonic()
     model = release.id
-    probe = Probe(make_client(endpoint, settings, api_key=api_key), model, settings)
+    redactor = Redactor.of_process()
+    probe = Probe(make_client(endpoint, settings, api_key=api_key), model, settings,
+                  redactor=redactor)
     results: list[CheckResult] = []
 
     def record(result: CheckResult) -> CheckResult:
+        result = result.model_copy(update={"detail": redactor(result.detail)})
         obs.on_check(result)
         return result
 
@@ -108,17 +89,20 @@ def run_readiness(
             cases.append(record(CheckResult(name=case.name, passed=False, kind=case.check,
                                             detail="not run: the endpoint is unreachable")))
     else:
+        results.append(record(loaded_check(probe, release)))
         results.append(record(checks.chat_check(probe)))
         results.append(record(checks.stream_check(probe)))
         results.append(record(checks.judge_case(probe, checks.STRUCTURED)))
         named = {"type": "function", "function": {"name": checks.TOOL.expect}}
         results.append(record(checks.judge_case(probe, checks.TOOL, tool_choice=named)))
-        tokens = long_context_tokens(release, settings, _listed_max_len(probe))
+        tokens = long_context_tokens(release, settings, checks.listed_max_len(probe))
+        probe.long_context_tokens = tokens  # the suite's long-context cases are sized alike
         results.append(record(checks.long_context_check(probe, tokens)))
         for case in suite.cases if suite else []:
             cases.append(record(checks.judge_case(probe, case, kind=case.check)))
         sweep_result, run_sweep = _sweep_check(endpoint, probe, settings, obs, api_key)
         results.append(record(sweep_result))
+    box = _code_sandbox(cases)
     report = ReadinessReport(
         kind="eval" if suite else "smoke",
         tuple_id=release.id,
@@ -135,6 +119,8 @@ def run_readiness(
         sweep=run_sweep,
         baseline=baseline,
         unreachable=not reachable,
+        code_sandbox=box,
+        allow_unsandboxed_code=allow_unsandboxed_code,
     )
     if baseline is not None:
         found = regressions(report, baseline, margin=baseline.margin,
@@ -143,11 +129,30 @@ def run_readiness(
     return report
 
 
+def _code_sandbox(cases: list[CheckResult]) -> str | None:
+    """What isolated the code cases that ran, for the report."""
+    if not any(c.kind == "code" and c.skipped is None for c in cases):
+        return None
+    try:
+        return sandbox().description
+    except NoSandbox:
+        return None
+
+
 def _sweep_check(endpoint: str, probe: Probe, settings: SmokeSettings, obs: Observer,
                  api_key: str | None) -> tuple[CheckResult, Sweep]:
     client = make_client(endpoint, settings, retries=0, api_key=api_key)
     start = time.monotonic()
-    result = sweep(client, probe.model, settings.sweep, settings.slo, obs.on_point)
+
+    def redacted(point: SweepPoint) -> SweepPoint:
+        # What a failed request said is the server's text: bounded and scrubbed like a detail.
+        return point.model_copy(update={
+            name: probe.redactor(text) for name in ("first_error", "breach")
+            if (text := getattr(point, name)) is not None})
+
+    result = sweep(client, probe.model, settings.sweep, settings.slo,
+                   lambda p: obs.on_point(redacted(p)))
+    result = result.model_copy(update={"points": [redacted(p) for p in result.points]})
     last = result.points[-1]
     if result.knee is None:
         detail = f"concurrency 1 breaks the SLO: {last.breach}"

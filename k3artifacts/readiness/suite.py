@@ -73,7 +73,12 @@ class CodeCheck(_Strict):
 
 
 class Case(_Strict):
-    """One prompt of a suite and how its answer is judged."""
+    """One prompt of a suite and how its answer is judged.
+
+    No case may pass on an empty answer unless it says that is what it asks for
+    (``empty_answer_passes``): a suite file where one would is refused. A text answer cut at
+    ``max_tokens`` fails an ``exact``, ``not_regex`` or ``json_schema`` case (what it would
+    have said next is unknown); a ``regex`` case is judged on what arrived."""
 
     name: str = Field(pattern=r"^[a-z0-9][a-z0-9_.-]*$")
     prompt: str = Field(min_length=1)
@@ -83,6 +88,11 @@ class Case(_Strict):
     #: exact: the stripped answer equals this; regex: re.search matches it; not_regex: it
     #: must not (an injected instruction not followed); tool_name: the function to call.
     expect: str | None = None
+    #: not_regex: a regex the answer must match all the same (the task was done), so that an
+    #: empty or refused answer does not pass for one that resisted the injection.
+    require: str | None = None
+    #: The case asks for an empty answer (or accepts one): the only way one may pass.
+    empty_answer_passes: bool = False
     #: json_schema: the schema sent as ``response_format`` and validated against.
     schema_: dict[str, Any] | None = Field(default=None, alias="schema")
     #: tool_name: the tools offered (OpenAI ``tools`` entries).
@@ -95,6 +105,10 @@ class Case(_Strict):
     image_png_b64: str | None = None
     #: Long context: this many filler words before the prompt.
     filler_words: int | None = Field(default=None, gt=0)
+    #: Long context sized to the endpoint: filler before the prompt up to the run's
+    #: long-context size (the tuple's --max-model-len, else the server's, less room for the
+    #: answer, at most ``smoke.long_context_cap``), counted in the endpoint's own tokens.
+    long_context: bool = False
 
     @model_validator(mode="after")
     def _fields_for_check(self) -> Case:
@@ -111,7 +125,31 @@ class Case(_Strict):
             raise ValueError("a json_schema check needs `schema`")
         if self.check == "tool_name" and not self.tools:
             raise ValueError("a tool_name check needs `tools`")
+        if self.require is not None:
+            if self.check != "not_regex":
+                raise ValueError("`require` belongs to not_regex checks")
+            try:
+                re.compile(self.require)
+            except re.error as exc:
+                raise ValueError(f"require is not a valid regex: {exc}") from None
+        if self.long_context and self.filler_words:
+            raise ValueError("`long_context` sizes the filler itself: drop `filler_words`")
+        if self.passes_empty() and not self.empty_answer_passes:
+            raise ValueError(
+                f"this {self.check} check passes on an empty answer: ask for something the "
+                "answer must hold (a not_regex check: `require`), or say "
+                "`empty_answer_passes: true` if that is what the case asks for")
         return self
+
+    def passes_empty(self) -> bool:
+        """Whether an empty answer meets the check (json_schema, tool_name and code never)."""
+        if self.check == "exact":
+            return self.expect == ""
+        if self.check == "regex":
+            return re.search(self.expect or "", "") is not None
+        if self.check == "not_regex":
+            return self.require is None or re.search(self.require, "") is not None
+        return False
 
 
 class Suite(_Strict):
@@ -146,15 +184,20 @@ def load_suite(path: Path) -> tuple[Suite, str]:
     except OSError as exc:
         raise ConfigError(
             f"suite file {path} cannot be read: {exc.strerror}",
-            hint="suites live in the checkout's policies/eval-suites/",
+            hint="name a suite of the policy in force (`--suite k3-core`) or a suite file",
         ) from None
+    return parse_suite(data, f"suite file {path}")
+
+
+def parse_suite(data: bytes, where: str) -> tuple[Suite, str]:
+    """The suite in ``data`` (``where`` names it in errors) and the sha256 of those bytes."""
     try:
         suite = Suite.model_validate(yaml.safe_load(data))
     except yaml.YAMLError as exc:
-        raise ConfigError(f"suite file {path} is not valid YAML: {exc}") from None
+        raise ConfigError(f"{where} is not valid YAML: {exc}") from None
     except ValidationError as exc:
         problems = "; ".join(
             f"{'.'.join(str(p) for p in e['loc']) or '<top>'}: {e['msg']}" for e in exc.errors()
         )
-        raise ConfigError(f"suite file {path} is malformed: {problems}") from None
+        raise ConfigError(f"{where} is malformed: {problems}") from None
     return suite, hashlib.sha256(data).hexdigest()

@@ -57,6 +57,9 @@ class CheckResult(BaseModel):
     seconds: float = 0.0
     #: For suite cases: the kind of check (exact, regex, json_schema, tool_name).
     kind: str | None = None
+    #: Why the case was not run (a code case where no sandbox could be had); it counts in no
+    #: pass rate, and fails the run unless the policy allows it (``allow_unsandboxed_code``).
+    skipped: str | None = None
 
 
 class SweepPoint(BaseModel):
@@ -143,11 +146,20 @@ class ReadinessReport(BaseModel):
     regressions: list[str] = Field(default_factory=list)
     #: The endpoint could not be reached at all (connection refused, DNS, timeout on connect).
     unreachable: bool = False
+    #: What isolated the model's code in the code cases (None: no sandbox, or none ran).
+    code_sandbox: str | None = None
+    #: The channel's policy, when the run was made, let it pass without the code cases where
+    #: no sandbox could be had (``evaluation.allow_unsandboxed_code``).
+    allow_unsandboxed_code: bool = False
 
     @property
     def judged(self) -> list[CheckResult]:
-        """What the pass rate counts: the suite's cases, or the checks of a smoke run."""
-        return self.cases or self.checks
+        """What the pass rate counts: the suite's cases that ran, or a smoke run's checks."""
+        return [c for c in self.cases if c.skipped is None] if self.cases else self.checks
+
+    @property
+    def skipped(self) -> list[CheckResult]:
+        return [c for c in self.cases if c.skipped is not None]
 
     @property
     def passed_count(self) -> int:
@@ -315,15 +327,24 @@ def baseline_of(record: EvaluationRecord, channel: str, concurrency: int,
 
 
 def judge(report: ReadinessReport, *, min_pass_rate: float, baseline: Baseline | None,
-          latency: tuple[int, float] | None = None) -> list[str]:
+          latency: tuple[int, float] | None = None,
+          allow_unsandboxed_code: bool | None = None) -> list[str]:
     """The one judgement of a readiness run, for ``k3a eval run`` / ``k3a smoke`` (the run's
     own criteria) and for the evaluation gate (the run's own, then the channel policy's):
-    every check passed, the pass rate, the end-to-end p99 at ``latency`` = (concurrency,
-    limit in seconds), and no regression against ``baseline`` beyond its margin. Returns the
-    problems, each one line; empty: ready."""
+    every check passed, no case skipped (code cases without a sandbox) unless
+    ``allow_unsandboxed_code`` (None: as the run recorded its policy), the pass rate, the
+    end-to-end p99 at ``latency`` = (concurrency, limit in seconds), and no regression against
+    ``baseline`` beyond its margin. Returns the problems, each one line; empty: ready."""
     problems = []
     if not report.checks:
         problems.append("no readiness check ran")
+    allowed = report.allow_unsandboxed_code if allow_unsandboxed_code is None \
+        else allow_unsandboxed_code
+    if report.skipped and not allowed:
+        problems.append(
+            f"{len(report.skipped)} code case(s) not run ({report.skipped[0].skipped}); the "
+            "policy does not accept an evaluation without them (evaluation."
+            "allow_unsandboxed_code)")
     failed = [c for c in report.checks if not c.passed]
     problems.extend(f"check {c.name} failed: {c.detail}" for c in failed[:4])
     if len(failed) > 4:

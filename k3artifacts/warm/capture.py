@@ -2,15 +2,17 @@
 
 Each captured tree is hostile input (a hostPath other pods write to): it is walked through
 directory descriptors with ``O_NOFOLLOW`` (:mod:`k3artifacts.nodecache.safefs`), and a link,
-a FIFO or device, or a tree nested deeper than the walk allows refuses the whole capture,
-named (exit 9): nothing is stored, since a cache we cannot read faithfully is not a cache to
+a FIFO or device, a tree nested deeper than the walk allows, or a path deeper or longer than a
+node can hold (:func:`~.model.check_relative`) refuses the whole capture, named (exit 9):
+nothing is stored, since a cache we cannot read faithfully is not a cache to
 hand to other nodes.
 
 Cost: one listing of the blob prefix says which contents the store already holds; every file
 is then read once (hashed as read: sha256 and xxh3-128) by a thread pool and, when new, put
 under its sha256 with an exclusive create. Bytes in flight are capped (:data:`IN_FLIGHT`), so
-memory stays flat whatever the number of files. The manifest is created last, once: a reader
-never sees an artifact whose blobs are not all there.
+memory stays flat whatever the number of files. The manifest is created last, once (unless
+the one already at its key is one the channel would not use: :mod:`.claim`): a reader never
+sees an artifact whose blobs are not all there.
 """
 
 from __future__ import annotations
@@ -30,14 +32,18 @@ from k3artifacts.revisions.hashing import MultiHasher
 from k3artifacts.signing.attestation import statement
 from k3artifacts.signing.keys import Signer
 from k3artifacts.stores.base import Store
+from k3artifacts.warm.claim import publish
 from k3artifacts.warm.model import (
     BLOB_PREFIX,
     CACHE_ROOTS,
+    PREDICATE_TYPE,
     WarmFile,
     WarmManifest,
     blob_key,
-    signature_key,
+    check_relative,
+    predicate,
 )
+from k3artifacts.warm.trust import WarmTrust
 
 #: Bytes read but not yet stored, across the pool: what bounds memory.
 IN_FLIGHT = 256 << 20
@@ -45,16 +51,6 @@ IN_FLIGHT = 256 << 20
 #: it; a file that large is not what we think it is).
 MAX_FILE = 1 << 30
 WORKERS = 16
-PREDICATE_TYPE = "urn:k3artifacts:warm-start:v1"
-
-
-class AlreadyCaptured(AlreadyExists):
-    """The tuple already has a warm artifact for this GPU and layout (the first one stands)."""
-
-    def __init__(self, key: str):
-        super().__init__(key)
-        self.hint = ("a warm artifact is created once; this one stands (re-run with "
-                     "--if-absent to treat that as done)")
 
 
 @dataclass(frozen=True)
@@ -93,6 +89,8 @@ class CaptureResult:
     bytes_new: int
     signed_by: str | None
     seconds: float
+    #: Why the artifact that held the key before was replaced (the channel would not use it).
+    replaced: str | None = None
 
 
 class _Budget:
@@ -131,6 +129,10 @@ def _list(root: CaptureRoot) -> list[_Job]:
     with top:
         jobs = []
         for _, _, rel, st in safefs.walk_files(top):
+            try:
+                check_relative(rel)
+            except ValueError as exc:  # no node could hold it: refused before anything is stored
+                raise ConfigError(f"{root.path}: {exc}; not captured") from None
             if st.st_size > MAX_FILE:
                 raise ConfigError(f"{root.path / rel}: {st.st_size:,} bytes; a cache file "
                                   f"above {MAX_FILE:,} is not captured")
@@ -156,7 +158,11 @@ def _read(job: _Job) -> tuple[bytes, bool]:
 def capture(store: Store, release: ReleaseTuple, *, gpu: str, tensor_parallel: int,
             pipeline_parallel: int, roots: list[CaptureRoot], captured_by: str,
             signer: Signer | None = None, workers: int = WORKERS,
-            on_file: Callable[[int], None] | None = None) -> CaptureResult:
+            on_file: Callable[[int], None] | None = None,
+            trust: WarmTrust | None = None) -> CaptureResult:
+    """Store the cache directories as the tuple's artifact for ``gpu`` and the layout.
+    ``trust``: the channel's rule, which says whether an artifact already at the key stands
+    (:mod:`.claim`); None: whatever is there stands."""
     started = datetime.now(UTC)
     jobs = [job for root in roots for job in _list(root)]
     have = {key.rsplit("/", 1)[-1] for key in store.list_keys(BLOB_PREFIX)}
@@ -206,22 +212,9 @@ def capture(store: Store, release: ReleaseTuple, *, gpu: str, tensor_parallel: i
         files=sorted(files, key=lambda f: (f.root, f.path)),
         total_bytes=sum(f.size for f in files), captured_at=started, captured_by=captured_by,
     )
-    try:
-        store.create(manifest.key, manifest.to_bytes())
-    except AlreadyExists:
-        raise AlreadyCaptured(manifest.key) from None
-    signed_by = None
-    if signer is not None:
-        store.create(signature_key(manifest.key), signer.sign(
-            statement(manifest.key, manifest.digest(), PREDICATE_TYPE, predicate(manifest))))
-        signed_by = signer.key_hint
+    signature = None if signer is None else signer.sign(
+        statement(manifest.key, manifest.digest(), PREDICATE_TYPE, predicate(manifest)))
+    replaced = publish(store, release, manifest, signature, signer, trust)
     return CaptureResult(manifest.key, manifest.digest(), len(files), manifest.total_bytes,
-                         new["blobs"], new["bytes"], signed_by,
-                         round((datetime.now(UTC) - started).total_seconds(), 3))
-
-
-def predicate(manifest: WarmManifest) -> dict[str, object]:
-    """What the signature says, in the terms a reviewer reads."""
-    return {"tuple_id": manifest.tuple_id, "gpu": manifest.gpu, "layout": manifest.layout,
-            "image_digest": manifest.image_digest, "files": len(manifest.files),
-            "total_bytes": manifest.total_bytes}
+                         new["blobs"], new["bytes"], signer.key_hint if signer else None,
+                         round((datetime.now(UTC) - started).total_seconds(), 3), replaced)

@@ -7,8 +7,10 @@ Store layout (relative to the store root, beside ``releases/``)::
     warm/artifacts/<tuple-id>/<gpu-slug>/<layout>.json    the manifest, create-once
     warm/artifacts/<tuple-id>/<gpu-slug>/<layout>.sig     its signature (as a tuple's), create-once
 
-A manifest never changes once written; a new capture for the same key is refused (the first
-one stands) and a different one needs a new tuple, GPU or layout.
+A manifest is written once; a new capture for the same key is refused (the first one stands)
+and a different one needs a new tuple, GPU or layout. The one exception: a standing artifact
+the channel would not use (unsigned where signatures are required, say) is replaced by a
+capture signed by a key the channel trusts (:mod:`.claim`), so it cannot squat the key.
 """
 
 from __future__ import annotations
@@ -39,6 +41,8 @@ CACHE_ROOTS: dict[str, str] = {
     "flashinfer": "FLASHINFER_WORKSPACE_BASE",
     "deepgemm": "DG_JIT_CACHE_DIR",
 }
+#: The in-toto predicate type of a warm manifest's signature.
+PREDICATE_TYPE = "urn:k3artifacts:warm-start:v1"
 ROOT_NAME = re.compile(r"^[a-z][a-z0-9_-]{0,31}$")
 SHA256 = re.compile(r"^[0-9a-f]{64}$")
 
@@ -107,12 +111,36 @@ class WarmManifest(_Frozen):
         return artifact_key(self.tuple_id, self.gpu, self.layout)
 
 
+#: A cached file's path nests at most this deep (real caches: 2 to 8 parts). The node cache
+#: walks, and removes, at most 64 levels (``nodecache/safefs.py``); a deeper path would leave
+#: a directory behind that nothing removes, so it is refused before anything is made.
+MAX_PATH_PARTS = 32
+#: ... with parts of at most NAME_MAX bytes, and all of it well within PATH_MAX once under the
+#: node cache root.
+MAX_PART_BYTES = 255
+MAX_PATH_BYTES = 1024
+
+
+def predicate(manifest: WarmManifest) -> dict[str, object]:
+    """What the signature says, in the terms a reviewer reads."""
+    return {"tuple_id": manifest.tuple_id, "gpu": manifest.gpu, "layout": manifest.layout,
+            "image_digest": manifest.image_digest, "files": len(manifest.files),
+            "total_bytes": manifest.total_bytes}
+
+
 def check_relative(rel: str) -> list[str]:
-    """The parts of a safe relative path; :class:`ValueError` for anything escaping a root."""
+    """The parts of a safe relative path; :class:`ValueError`, naming it, for anything escaping
+    a root or nesting deeper or longer than a node can hold."""
     parts = rel.split("/")
+    shown = rel if len(rel) <= 160 else f"{rel[:160]}... ({len(rel)} characters)"
     if not rel or rel.startswith("/") or any(p in ("", ".", "..") for p in parts) \
             or "\0" in rel or "\\" in rel:
-        raise ValueError(f"{rel!r} is not a safe relative path")
+        raise ValueError(f"{shown!r} is not a safe relative path")
+    if len(parts) > MAX_PATH_PARTS:
+        raise ValueError(f"{shown!r} nests {len(parts)} deep, more than {MAX_PATH_PARTS}")
+    if len(rel.encode()) > MAX_PATH_BYTES or any(len(p.encode()) > MAX_PART_BYTES for p in parts):
+        raise ValueError(f"{shown!r} is longer than a node cache path may be "
+                         f"({MAX_PATH_BYTES} bytes, {MAX_PART_BYTES} per name)")
     return parts
 
 

@@ -9,7 +9,10 @@ ROOT/warm/<tuple-id>/<gpu-slug>/.<layout>.k3a-partial/      a pull in progress
 ```
 
 Everything under ROOT is reached through :mod:`k3artifacts.nodecache.safefs` (directory
-descriptors, ``O_NOFOLLOW``; a planted link is refused, never followed). A pull assembles the
+descriptors, ``O_NOFOLLOW``; a planted link is refused, never followed). A directory k3a
+removes here goes however deep it nests (:func:`remove_any_depth`): a partial pull left by an
+older k3a, or planted by another pod, never blocks a later pull, and ``k3a cache ls`` lists and
+``k3a cache gc`` removes every partial pull no running pull holds. A pull assembles the
 artifact in its partial directory, each file's sha256 and xxh3-128 checked as its bytes
 arrive, and renames it into place only when complete. A use re-reads every file of that copy
 while writing it into the server's cache directory (xxh3-128, one read): a file changed on
@@ -23,6 +26,7 @@ from __future__ import annotations
 import os
 import stat
 import threading
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -68,6 +72,44 @@ class WarmMarker(BaseModel):
 
 def _parts(release_id: str, gpu: str) -> list[str]:
     return [WARM_DIR, release_id, gpu_slug(gpu)]
+
+
+def remove_any_depth(parent: Dir, name: str) -> None:
+    """Delete ``name`` under ``parent`` (a file, or a whole directory, whose links are removed
+    as links; a link at ``name`` itself is refused, as :mod:`~k3artifacts.nodecache.safefs`
+    refuses one), however deep it nests. :func:`~k3artifacts.nodecache.safefs.remove_tree` stops at
+    ``MAX_DEPTH`` so that a planted tree cannot exhaust the stack or the descriptors; here a
+    deeper tree is flattened instead: each directory two levels down is moved up beside its
+    grandparent (a rename inside the tree, no link followed) until the top holds only files
+    and empty directories, two descriptors open at a time."""
+    st = parent.lstat(name)
+    if st is None:
+        return
+    if not stat.S_ISDIR(st.st_mode):
+        parent.unlink(name)
+        return
+    with parent.sub(name) as top:
+        os.fchmod(top.fd, 0o755)
+        hoisted = 0
+        while children := list(top.entries()):
+            for child, cst in children:
+                if not stat.S_ISDIR(cst.st_mode):
+                    os.unlink(child, dir_fd=top.fd)
+                    continue
+                with top.sub(child) as sub:
+                    os.fchmod(sub.fd, 0o755)
+                    for grand, gst in list(sub.entries()):
+                        if not stat.S_ISDIR(gst.st_mode):
+                            os.unlink(grand, dir_fd=sub.fd)
+                            continue
+                        with sub.sub(grand) as moving:  # a moved directory rewrites its ".."
+                            os.fchmod(moving.fd, 0o755)
+                        while top.lstat(f".k3a-flat-{hoisted}") is not None:
+                            hoisted += 1
+                        sub.replace(grand, top, f".k3a-flat-{hoisted}")
+                        hoisted += 1
+                os.rmdir(child, dir_fd=top.fd)
+    os.rmdir(name, dir_fd=parent.fd)
 
 
 def artifact_dir(root: Path, tuple_id: str, gpu: str, layout: str) -> Path:
@@ -146,10 +188,9 @@ def pull_warm(store: Store, release: ReleaseTuple, trusted: Trusted, root: Path,
             return result
         with safefs.open_root(Path(root)) as top, top.walk(_parts(m.tuple_id, m.gpu),
                                                            create=True) as parent:
-            if parent.lstat(m.layout) is not None:
-                safefs.remove_tree(parent, m.layout)  # another (or an unverified) copy
+            remove_any_depth(parent, m.layout)  # another (or an unverified) copy
             partial = f".{m.layout}{PARTIAL_SUFFIX}"
-            safefs.remove_tree(parent, partial)  # an interrupted pull: its files are unproven
+            remove_any_depth(parent, partial)  # an interrupted pull: its files are unproven
             with parent.sub(partial, create=True) as work:
                 try:
                     _fetch_all(store, m, work, workers)
@@ -165,7 +206,7 @@ def pull_warm(store: Store, release: ReleaseTuple, trusted: Trusted, root: Path,
                             signed_by=trusted.signed_by).model_dump_json(indent=2).encode())
                     safefs.set_read_only(work)
                 except BaseException:
-                    safefs.remove_tree(parent, partial)
+                    remove_any_depth(parent, partial)
                     raise
             parent.replace(partial, parent, m.layout)
             parent.fsync()
@@ -226,7 +267,7 @@ def _fresh(dest: Dir, name: str) -> None:
     if st is not None and not stat.S_ISDIR(st.st_mode):
         os.unlink(name, dir_fd=dest.fd)
     else:
-        safefs.remove_tree(dest, name)
+        remove_any_depth(dest, name)
     dest.sub(name, create=True).close()
 
 
@@ -308,18 +349,33 @@ class CachedWarm:
     revision: str
     files: int
     bytes: int
+    #: A pull that did not finish (killed, or refused midway): nothing uses it, ``k3a cache
+    #: gc`` removes it; ``revision`` is unknown and ``files``/``bytes`` count what is there.
+    partial: bool = False
 
 
-def list_warm(root: Path) -> list[CachedWarm]:
-    """Every pulled warm artifact under ``root`` (a link anywhere on the way is refused)."""
-    out: list[CachedWarm] = []
+def _partial_size(gdir: Dir, name: str) -> tuple[int, int]:
+    """Files and bytes of a partial pull, as far as a bounded walk reaches (a tree deeper than
+    the walk allows is still listed, and removed by gc)."""
+    files = size = 0
+    try:
+        with gdir.sub(name) as top:
+            for _, _, _, st in safefs.walk_files(top):
+                files, size = files + 1, size + st.st_blocks * 512
+    except (UnsafeCacheEntry, OSError):
+        pass
+    return files, size
+
+
+def _layouts(root: Path) -> Iterator[tuple[str, str, Dir]]:
+    """(tuple id, gpu slug, its directory) under ROOT/warm (a link on the way is refused)."""
     try:
         top = safefs.open_root(Path(root), create=False)
     except FileNotFoundError:
-        return out
+        return
     with top:
         if top.lstat(WARM_DIR) is None:
-            return out
+            return
         with top.sub(WARM_DIR) as warm:
             for tuple_id, st in sorted(warm.entries()):
                 if not stat.S_ISDIR(st.st_mode):
@@ -329,17 +385,29 @@ def list_warm(root: Path) -> list[CachedWarm]:
                         if not stat.S_ISDIR(gst.st_mode):
                             raise tdir.refuse(gpu)
                         with tdir.sub(gpu) as gdir:
-                            for lay, lst in sorted(gdir.entries()):
-                                if lay.startswith(".") or not stat.S_ISDIR(lst.st_mode):
-                                    continue
-                                marker = read_marker(root, tuple_id, gpu, lay)
-                                if marker is not None:
-                                    out.append(CachedWarm(
-                                        tuple_id, marker.gpu, lay,
-                                        str(artifact_dir(root, tuple_id, gpu, lay)),
-                                        f"{marker.repo_id}@{marker.commit}", marker.files,
-                                        marker.bytes))
-    return out
+                            yield tuple_id, gpu, gdir
+
+
+def list_warm(root: Path) -> list[CachedWarm]:
+    """Every pulled warm artifact under ``root``, then every partial pull."""
+    out: list[CachedWarm] = []
+    partials: list[CachedWarm] = []
+    for tuple_id, gpu, gdir in _layouts(root):
+        for lay, lst in sorted(gdir.entries()):
+            if lay.startswith(".") and lay.endswith(PARTIAL_SUFFIX):
+                layout = lay[1:-len(PARTIAL_SUFFIX)]
+                files, size = _partial_size(gdir, lay)
+                partials.append(CachedWarm(tuple_id, gpu, layout, str(gdir.path / lay), "",
+                                           files, size, partial=True))
+                continue
+            if lay.startswith(".") or not stat.S_ISDIR(lst.st_mode):
+                continue
+            marker = read_marker(root, tuple_id, gpu, lay)
+            if marker is not None:
+                out.append(CachedWarm(
+                    tuple_id, marker.gpu, lay, str(artifact_dir(root, tuple_id, gpu, lay)),
+                    f"{marker.repo_id}@{marker.commit}", marker.files, marker.bytes))
+    return out + partials
 
 
 def drop_warm(root: Path, keep_revisions: set[str]) -> list[str]:
@@ -348,10 +416,31 @@ def drop_warm(root: Path, keep_revisions: set[str]) -> list[str]:
     the node. Returns the paths removed."""
     removed = []
     for cached in list_warm(root):
-        if cached.revision in keep_revisions:
+        if cached.partial or cached.revision in keep_revisions:
             continue
         with safefs.open_root(Path(root), create=False) as top, \
                 top.walk(_parts(cached.tuple_id, cached.gpu)) as parent:
-            safefs.remove_tree(parent, cached.layout)
+            remove_any_depth(parent, cached.layout)
+        removed.append(cached.path)
+    return removed
+
+
+def drop_warm_partials(root: Path) -> list[str]:
+    """Remove every partial warm pull that no running pull holds; returns the paths removed."""
+    layout = CacheLayout(root)
+    removed = []
+    for cached in list_warm(root):
+        if not cached.partial:
+            continue
+        held = locks.try_exclusive(layout, "locks",
+                                   _lock_rev(cached.tuple_id, cached.gpu, cached.layout))
+        if held is None:
+            continue  # a pull is filling it right now
+        try:
+            with safefs.open_root(Path(root), create=False) as top, \
+                    top.walk([WARM_DIR, cached.tuple_id, cached.gpu]) as parent:
+                remove_any_depth(parent, f".{cached.layout}{PARTIAL_SUFFIX}")
+        finally:
+            os.close(held)
         removed.append(cached.path)
     return removed

@@ -24,6 +24,7 @@ import hashlib
 from dataclasses import dataclass, field
 
 from cryptography.hazmat.primitives.asymmetric import ec
+from pydantic import ValidationError
 
 from k3artifacts.errors import ConfigError
 from k3artifacts.policy.document import PolicyDocument
@@ -32,13 +33,14 @@ from k3artifacts.signing.attestation import verify_statement
 from k3artifacts.signing.dsse import BundleError
 from k3artifacts.signing.policy import load_trusted_keys
 from k3artifacts.stores.base import Store
-from k3artifacts.warm.capture import PREDICATE_TYPE, predicate
 from k3artifacts.warm.model import (
+    PREDICATE_TYPE,
     WarmManifest,
     artifact_key,
     artifact_prefix,
     gpu_slug,
     layout_name,
+    predicate,
     signature_key,
 )
 
@@ -141,8 +143,10 @@ def check_manifest(store: Store, release: ReleaseTuple, *, gpu: str | None, tp: 
     raw = found.data
     try:
         manifest = WarmManifest.model_validate_json(raw)
-    except ValueError as exc:
-        raise WarmMiss("malformed", f"{key}: {str(exc).splitlines()[0]}") from None
+    except ValidationError as exc:  # refused by name before anything is made on the node
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"]) or "(top)"
+        raise WarmMiss("malformed", f"{key}: {where}: {first['msg']}") from None
     if manifest.to_bytes() != raw:
         raise WarmMiss("malformed", f"{key}: not in canonical form")
     b = release.binding

@@ -18,7 +18,8 @@ and answers deterministically:
 * a prompt containing ``Reply with exactly: X``: the text ``X``; otherwise a short echo.
 
 Like vLLM it answers to every name given to ``--served-model-name`` (each listed in
-``/v1/models``, echoed in ``model``), counts prompts with a tokenizer and a chat template,
+``/v1/models`` with ``root``, the ``--model`` path it "loaded", and ``max_model_len``; each
+echoed in ``model``), counts prompts with a tokenizer and a chat template,
 reports them in ``usage`` and at ``POST /tokenize`` (vLLM's body and answer: ``count``,
 ``max_model_len``, ``tokens``), and refuses a prompt over ``--max-model-len`` with vLLM's 400.
 The tokenizer splits words into pieces of ``--chars-per-token`` characters (0: a word is a
@@ -32,7 +33,10 @@ another tuple);
 ``--error-rate F`` (fraction of completions answered 500, spread evenly: a degrading canary);
 ``--text-only`` (image parts refused with vLLM's 400, as by a model without vision);
 ``--follow-injections`` (obeys "reply only with the word X" found in a tool result);
-``--chatty`` (text answers start with a pleasantry, so exact answers and code break).
+``--chatty`` (text answers start with a pleasantry, so exact answers and code break);
+``--answer TEXT`` (every completion answers TEXT: no tool call, no schema; an empty, refused,
+hostile or over-long answer); ``--model PATH`` (the ``root`` it reports; default
+``/opt/ml/model``, where a render of the packaged profiles mounts the weights).
 Image parts must be ``data:image/png;base64`` URLs of a real PNG (400 otherwise).
 ``/metrics``: vLLM's Prometheus metrics of the requests served (:mod:`.vllm_metrics`).
 Connection refused is a port nobody listens on.
@@ -85,6 +89,10 @@ class Config:
     follow_injections: bool = False
     chatty: bool = False
     chars_per_token: int = 0
+    #: vLLM's --model: reported as each model's ``root``.
+    model: str = "/opt/ml/model"
+    #: Answer every completion with this text (None: answer as described above).
+    answer: str | None = None
 
 
 @dataclass
@@ -230,7 +238,7 @@ class Handler(BaseHTTPRequestHandler):
         if self.path.rstrip("/") == "/v1/models":
             self._send_json(200, {"object": "list", "data": [{
                 "id": name, "object": "model", "created": int(time.time()),
-                "owned_by": "k3a-fixture", "root": cfg.served_names[0],
+                "owned_by": "k3a-fixture", "root": cfg.model,
                 "max_model_len": cfg.max_model_len} for name in cfg.served_names]})
         elif self.path == "/health":
             self._send_json(200, {})
@@ -357,6 +365,8 @@ class Handler(BaseHTTPRequestHandler):
     ) -> tuple[str | None, str]:
         """(tool name or None, text): the tool call's arguments or the reply's content."""
         cfg = self.server.cfg
+        if cfg.answer is not None:
+            return None, cfg.answer
         tools = req.get("tools") or []
         choice = req.get("tool_choice")
         if tools and choice != "none":
@@ -470,12 +480,14 @@ def _parse(argv: list[str]) -> tuple[int, Config]:
     p.add_argument("--follow-injections", action="store_true")
     p.add_argument("--chatty", action="store_true")
     p.add_argument("--chars-per-token", type=int, default=0)
+    p.add_argument("--model", default=Config.model)
+    p.add_argument("--answer", default=None)
     a = p.parse_args(argv)
     return a.port, Config(a.served_names, a.max_model_len, a.token_delay, a.slow_first_token,
                           a.rate_limit, a.max_inflight, a.malformed_json, a.capacity,
                           error_rate=a.error_rate, text_only=a.text_only,
                           follow_injections=a.follow_injections, chatty=a.chatty,
-                          chars_per_token=a.chars_per_token)
+                          chars_per_token=a.chars_per_token, model=a.model, answer=a.answer)
 
 
 @dataclass

@@ -120,6 +120,7 @@ def evaluation_gate(
         baseline=_channel_baseline(store, release, channel=channel, policy=policy,
                                    suite_sha=suite_sha, concurrency=concurrency),
         latency=(concurrency, policy.latency.max_e2e_p99_s) if policy.latency else None,
+        allow_unsandboxed_code=policy.allow_unsandboxed_code,
     ):
         if problem not in own:
             problems.append(problem)
