@@ -116,6 +116,15 @@ class Unavailable(K3AError):
     exit_code = 8
 
 
+class BadAnswer(Unavailable):
+    """A peer (the Hub, a registry, Prometheus, the Kubernetes API, an endpoint) answered
+    something malformed, out of bounds or meaningless: refused with the peer named, never
+    used, never a pass."""
+
+    hint = ("the peer named is misbehaving, or is not what its URL was meant to reach: check "
+            "the URL, then ask its operator")
+
+
 class ConfigError(K3AError):
     exit_code = 9
 
