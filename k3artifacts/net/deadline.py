@@ -48,42 +48,59 @@ def expired() -> bool:
     return bool(getattr(_local, "expired", False))
 
 
-def bound(timeout: float | None) -> float | None:
+def bound(timeout: float | None) -> tuple[float | None, bool]:
     """``timeout`` for the next read of this thread, shortened to the time left before the
-    deadline; raise :class:`DeadlinePassed` when none is left."""
+    deadline, and whether the deadline is what bounds it; raise :class:`DeadlinePassed` when
+    no time is left."""
     deadline = getattr(_local, "deadline", None)
     if deadline is None:
-        return timeout
+        return timeout, False
     left = deadline - time.monotonic()
     if left <= 0:
         _local.expired = True
         raise DeadlinePassed("the answer did not arrive within its deadline")
     if timeout is None or left < timeout:
-        # The read that times out now is the deadline's doing.
+        return left, True
+    return timeout, False
+
+
+def timed_out(by_deadline: bool) -> None:
+    """Note that a read bounded as :func:`bound` said has just timed out."""
+    if by_deadline:
         _local.expired = True
-        return left
-    return timeout
 
 
 class _BoundedSocketReader(io.RawIOBase):
     """The raw reader under ``http.client``'s buffered file: one ``recv_into`` per read, each
-    bounded by :func:`bound`. Closing it leaves the socket to its connection, as
-    ``socket.makefile`` does."""
+    bounded by :func:`bound`.
 
-    def __init__(self, sock: socket.socket):
+    ``holder`` is the file ``http.client`` opened on the socket: while it is open the
+    socket's descriptor is too, even after the connection closes the socket (urllib3 does
+    that at once for an answer read until the peer closes), so it is closed with this reader,
+    never before."""
+
+    def __init__(self, sock: socket.socket, holder: io.IOBase):
         super().__init__()
         self._sock = sock
+        self._holder = holder
         #: What urllib3 set for this answer (the read timeout) just before reading it.
         self._timeout = sock.gettimeout()
+
+    def close(self) -> None:
+        super().close()
+        self._holder.close()
 
     def readable(self) -> bool:
         return True
 
     def readinto(self, buffer) -> int:  # type: ignore[no-untyped-def,override]
-        self._sock.settimeout(bound(self._timeout))
-        received = self._sock.recv_into(buffer)
-        _local.expired = False  # this read was in time
-        return received
+        timeout, by_deadline = bound(self._timeout)
+        self._sock.settimeout(timeout)
+        try:
+            return self._sock.recv_into(buffer)
+        except TimeoutError:
+            timed_out(by_deadline)
+            raise
 
 
 class BoundedResponse(http.client.HTTPResponse):
@@ -91,5 +108,5 @@ class BoundedResponse(http.client.HTTPResponse):
 
     def __init__(self, sock: socket.socket, *args, **kwargs):  # type: ignore[no-untyped-def]
         super().__init__(sock, *args, **kwargs)
-        self.fp.close()  # the plain file http.client opened: nothing was read from it yet
-        self.fp = io.BufferedReader(_BoundedSocketReader(sock))
+        # Nothing was read from the file http.client opened yet: read through ours instead.
+        self.fp = io.BufferedReader(_BoundedSocketReader(sock, self.fp))
