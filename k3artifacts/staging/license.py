@@ -5,6 +5,11 @@ size and nesting, and refused when it uses anchors or aliases. ``yaml.safe_load`
 aliases, so a 334-byte card of nested aliases becomes hundreds of MB (a "billion laughs");
 no real card needs them. A refused card is a :class:`~k3artifacts.errors.ReleaseRefused`
 (exit 3) naming the file and the rule ``model-card``.
+
+The license text is not copied into the manifest: it is a file of the revision, named by the
+record's ``path`` and bound by its ``sha256`` (and the file's own record), and read from the
+store when someone reviews it (``releases/reviews.py:license_text``). A 100 MB LICENSE makes
+no 100 MB manifest.
 """
 
 from __future__ import annotations
@@ -84,11 +89,10 @@ def card_metadata(card: bytes, name: str = "README.md") -> dict:
 def capture(
     license_path: str | None, license_file: Path | None, card_file: Path | None
 ) -> LicenseRecord:
-    text = sha = None
+    sha = None
     if license_file is not None:
-        raw = license_file.read_bytes()
-        sha = hashlib.sha256(raw).hexdigest()
-        text = raw.decode("utf-8", errors="replace")
+        with open(license_file, "rb") as fh:
+            sha = hashlib.file_digest(fh, "sha256").hexdigest()
     card_name = card_file.name if card_file is not None else "README.md"
     try:
         meta = card_metadata(card_file.read_bytes(), card_name) if card_file is not None else {}
@@ -99,7 +103,6 @@ def capture(
     return LicenseRecord(
         path=license_path,
         sha256=sha,
-        text=text,
         card_license=fields["license"],
         card_license_name=fields["license_name"],
         card_license_link=fields["license_link"],

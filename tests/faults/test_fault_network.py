@@ -10,7 +10,7 @@ import time
 import pytest
 
 from k3artifacts.errors import ReleaseRefused, Unavailable
-from k3artifacts.staging.download import RetryPolicy
+from k3artifacts.net.policy import RetryPolicy
 from k3artifacts.staging.engine import StageObserver, StageOptions, stage
 from k3artifacts.staging.hub import HubSource
 from k3artifacts.stores.verify import verify_revision
@@ -319,9 +319,14 @@ def _edit_entry(path, **fields):
         ({"lfs": {"oid": "a" * 64, "size": 5}}, "lfs size '5' differs"),
         ({"lfs": "yes"}, "not an object"),
         ({"oid": None}, "40-hex git blob id"),
+        # Sizes nothing may be sized from: refused at the listing, before any range plan,
+        # preallocation or file offset is made from them.
+        ({"size": 2**63}, f"size {2**63} is beyond any file the Hub serves"),
+        ({"size": 10**30}, f"size {10**30} is beyond any file the Hub serves"),
+        ({"size": 2**50}, f"size {2**50} is beyond any file the Hub serves"),
     ],
     ids=["size-null", "size-string", "size-negative", "size-bool", "lfs-oid", "lfs-size",
-         "lfs-type", "oid-null"],
+         "lfs-type", "oid-null", "size-2^63", "size-10^30", "size-2^50"],
 )
 def test_malformed_listing_field_is_refused_with_the_file_named(local_hub, file_store,
                                                                 quarantine, release, fields,
