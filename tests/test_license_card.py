@@ -38,3 +38,23 @@ def test_a_license_field_that_is_not_a_string_refuses_the_release(tmp_path):
     [refusal] = err.value.refusals
     assert (refusal.path, refusal.rule) == ("README.md", "model-card")
     assert "license is a YAML dict" in refusal.detail
+
+
+def test_a_manifest_published_with_its_license_inline_keeps_its_digest():
+    """Manifests written before the license was kept as a file hold its text: they still
+    parse, and their digest is still the sha256 of their stored bytes."""
+    import hashlib
+    import json
+
+    from k3artifacts.revisions.manifest import ShardManifest
+
+    stored = json.dumps({
+        "commit": "a" * 40, "files": [], "remote_code": [], "repo_id": "moonshotai/Kimi-K3",
+        "schema_version": 1, "total_bytes": 0,
+        "license": {"card_license": None, "card_license_link": None, "card_license_name": None,
+                    "path": "LICENSE", "sha256": "b" * 64, "text": "MIT License\n"},
+    }, sort_keys=True, separators=(",", ":")).encode()
+    manifest = ShardManifest.parse(stored)
+    assert manifest.license.text == "MIT License\n"
+    assert manifest.canonical() == stored
+    assert manifest.digest() == hashlib.sha256(stored).hexdigest()

@@ -62,13 +62,15 @@ class Answer:
 def call(method: str, url: str, peer: Peer, *, headers: Mapping[str, str] | None = None,
          body: bytes | None = None, policy: RetryPolicy | None = None,
          pool: urllib3.PoolManager | None = None, auth_origin: str | None = None,
-         limit: int = MAX_ANSWER) -> Answer:
+         limit: int = MAX_ANSWER, idempotent: bool | None = None) -> Answer:
     """``method url`` until it answers with a status no retry would change; that answer.
 
+    Only idempotent calls are retried: those of an idempotent method, or those the caller
+    vouches for (``idempotent=True``: a Kubernetes apply patch gives the same object twice).
     Raises :class:`Unavailable` when the peer cannot be reached or keeps failing, and
     :class:`BadAnswer` for an answer no retry changes (too large, a redirect loop)."""
     policy = policy or RetryPolicy()
-    retryable = method.upper() in IDEMPOTENT
+    retryable = method.upper() in IDEMPOTENT if idempotent is None else idempotent
     attempt = first_tries = 0
     while True:
         try:

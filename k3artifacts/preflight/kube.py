@@ -45,8 +45,11 @@ class KubeAPI:
             headers["Authorization"] = authorization
         if content_type:
             headers["Content-Type"] = content_type
+        # Every call k3a makes is idempotent, its patches too (a server-side apply or a merge
+        # patch of the same body leaves the same object): each may be retried.
         answer = call(method, f"{self.server}{path}", self._peer, headers=headers, body=body,
-                      pool=self._pool, auth_origin=self.server, limit=MAX_ANSWER)
+                      pool=self._pool, auth_origin=self.server, limit=MAX_ANSWER,
+                      idempotent=True)
         if answer.status == 401:
             raise Unavailable(
                 f"Kubernetes API {self.shown} refused the credential of {self.target.source} "
