@@ -9,7 +9,8 @@ Exit codes (documented in the README, stable for scripts):
   5  gate failed: promotion refused by a policy gate
   6  conflict: lost a race (channel pointer moved, tuple id taken by another body)
   7  not found: unknown revision, tuple, channel, or no store at the given path/bucket
-  8  upstream or storage unavailable (network, 5xx after retries, unreachable endpoint)
+  8  upstream or storage unavailable (network, 5xx after retries, unreachable endpoint, a
+     peer past its deadlines), or a peer's answer malformed or meaningless (:class:`BadAnswer`)
   9  bad configuration (malformed store URL, profile, policy file, image reference), or a
      link or foreign entry planted in the node cache (:class:`UnsafeCacheEntry`)
   130 interrupted (Ctrl-C; set by the CLI, not an error class): re-running resumes
