@@ -9,13 +9,9 @@ from __future__ import annotations
 import datetime as dt
 import ipaddress
 import json
-import ssl
 import sys
-import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 
 import pytest
@@ -28,6 +24,7 @@ from k3artifacts.errors import BadAnswer, ConfigError, Unavailable
 from k3artifacts.preflight import checks
 from k3artifacts.preflight.kube import KubeAPI, list_nodes
 from k3artifacts.serving.profiles import load_profile
+from tests.faults.faultkit import send_slowly, serving
 
 EXEC_API = "client.authentication.k8s.io/v1beta1"
 NODE = {"metadata": {"name": "gpu-a",
@@ -46,8 +43,7 @@ class Api:
         self.seen: list[str | None] = []
 
 
-@contextmanager
-def api_server(api: Api, tls: tuple[Path, Path] | None = None) -> Iterator[str]:
+def api_server(api: Api, tls: tuple[Path, Path] | None = None):
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
 
@@ -67,28 +63,12 @@ def api_server(api: Api, tls: tuple[Path, Path] | None = None) -> Iterator[str]:
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()
-            if not api.trickle:
+            if api.trickle:
+                send_slowly(self.wfile, body)
+            else:
                 self.wfile.write(body)
-                return
-            for i in range(len(body)):  # a byte every 0.1 s: never a read timeout
-                self.wfile.write(body[i:i + 1])
-                time.sleep(0.1)
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    scheme = "http"
-    if tls is not None:
-        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-        context.load_cert_chain(*tls)
-        server.socket = context.wrap_socket(server.socket, server_side=True)
-        scheme = "https"
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"{scheme}://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(timeout=5)
+    return serving(Handler, tls)
 
 
 def kubeconfig(path: Path, server: str, user: dict, namespace: str | None = None) -> Path:

@@ -14,7 +14,7 @@ from k3artifacts.errors import Unavailable
 from k3artifacts.net.calls import Peer, call
 from k3artifacts.net.endpoint import endpoint_client
 from k3artifacts.net.policy import RetryPolicy, rate_limit_wait, server_wait
-from tests.faults.faultkit import serving
+from tests.faults.faultkit import send_slowly, serving
 
 PEER = Peer("test peer", hint="none")
 
@@ -97,12 +97,7 @@ def _trickled_headers():
         def do_GET(self):  # noqa: N802 - the base class's name
             head = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n" \
                    b"Connection: close\r\nContent-Length: 2\r\n\r\n{}"
-            for i in range(len(head)):  # a byte every 0.1 s: never a read timeout
-                try:
-                    self.wfile.write(head[i:i + 1])
-                except OSError:
-                    return
-                time.sleep(0.1)
+            send_slowly(self.wfile, head)  # a byte every 0.1 s: never a read timeout
 
     return Handler
 

@@ -22,7 +22,7 @@ from k3artifacts.releases.analyses import MetricResult, TrafficAnalysis, record_
 from k3artifacts.stores.file import FileStore
 from k3artifacts.traffic.analysis import analyze_step
 from k3artifacts.traffic.prometheus import Prometheus
-from tests.faults.faultkit import serving
+from tests.faults.faultkit import send_slowly, serving
 from tests.fixtures.moves import check_gate, use_policy
 from tests.support.releases import Releases
 
@@ -76,12 +76,10 @@ def prometheus():
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()
-            if not answers.trickle:
+            if answers.trickle:
+                send_slowly(self.wfile, body)
+            else:
                 self.wfile.write(body)
-                return
-            for i in range(len(body)):  # one byte every 0.1 s: never a read timeout
-                self.wfile.write(body[i:i + 1])
-                time.sleep(0.1)
 
     with serving(Handler) as url:
         yield url, answers
@@ -161,16 +159,22 @@ def test_a_password_in_the_prometheus_url_is_never_shown_or_recorded(prometheus)
     assert "s3cret" not in analysis.model_dump_json()
 
 
-def test_the_traffic_gate_never_passes_a_stored_value_outside_its_meaning(tmp_path, policies):
-    """An analysis recorded before such values were refused (negative latency marked passed):
-    judged again on every read, it fails the gate with the reason."""
+@pytest.fixture
+def released(tmp_path, policies):
+    """A store whose production channel has the traffic policy above, and a tuple in it."""
     gate_file = policies / "promotion-gates.yaml"
     doc = yaml.safe_load(gate_file.read_text())
     doc["channels"]["production"]["traffic"] = TRAFFIC
     gate_file.write_text(yaml.safe_dump(doc))
     store = FileStore(tmp_path / "store")
     use_policy(store, policies)
-    release = Releases(store, tmp_path / "scratch").release()
+    return store, Releases(store, tmp_path / "scratch").release()
+
+
+def test_the_traffic_gate_never_passes_a_stored_value_outside_its_meaning(released):
+    """An analysis recorded before such values were refused (negative latency marked passed):
+    judged again on every read, it fails the gate with the reason."""
+    store, release = released
     policy = TrafficPolicy.model_validate(TRAFFIC)
     values = {"requests": 40.0, "e2e_latency": -1.0, "time_to_first_token": 0.05,
               "error_rate": 0.0}
@@ -187,15 +191,9 @@ def test_the_traffic_gate_never_passes_a_stored_value_outside_its_meaning(tmp_pa
 
 
 def test_traffic_analyze_exits_8_naming_prometheus_and_records_nothing(
-        prometheus, tmp_path, policies, k3a_cmd, k3a_env):
+        prometheus, released, tmp_path, k3a_cmd, k3a_env):
     url, answers = prometheus
-    gate_file = policies / "promotion-gates.yaml"
-    doc = yaml.safe_load(gate_file.read_text())
-    doc["channels"]["production"]["traffic"] = TRAFFIC
-    gate_file.write_text(yaml.safe_dump(doc))
-    store = FileStore(tmp_path / "store")
-    use_policy(store, policies)
-    release = Releases(store, tmp_path / "scratch").release()
+    store, release = released
     answers.by_metric["time_to_first_token"] = "-3"
     run = subprocess.run(
         [*k3a_cmd, "traffic", "analyze", release.id, "--prometheus", url, "--channel",
