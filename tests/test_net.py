@@ -123,3 +123,37 @@ def test_a_small_call_with_trickled_headers_hits_the_deadline(monkeypatch):
             call("GET", f"{url}/x", PEER, policy=RetryPolicy(attempts=1))
     assert time.monotonic() - started < 4
     assert "no complete headers within 1s" in str(err.value)
+
+
+def _metrics_page(page: bytes):
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, *args):
+            pass
+
+        def do_GET(self):  # noqa: N802 - the base class's name
+            self.send_response(200)
+            self.send_header("Content-Type", "text/plain; version=0.0.4")
+            self.send_header("Content-Length", str(len(page)))
+            self.end_headers()
+            self.wfile.write(page)
+
+    return Handler
+
+
+def test_running_requests_reads_the_gauge_by_name_and_refuses_what_is_not_a_count():
+    """The drain of a single-node rollback reads vLLM's /metrics through the network layer."""
+    from k3artifacts.errors import BadAnswer
+    from k3artifacts.promotion.single_node import running_requests
+
+    page = (b'# TYPE vllm:num_requests_running gauge\n'
+            b'vllm:num_requests_running{model_name="k3t-a",engine="0"} 2.0 1733480000000\n'
+            b'vllm:num_requests_running{model_name="k3t-a",engine="1"} 1.0\n'
+            b'vllm:num_requests_running_total 99\n')
+    with serving(_metrics_page(page)) as url:
+        assert running_requests(f"{url}/metrics") == 3.0
+    for value in (b"abc", b"-1", b"+Inf", b"NaN"):
+        with serving(_metrics_page(b"vllm:num_requests_running " + value + b"\n")) as url:
+            with pytest.raises(BadAnswer, match="not a count of requests"):
+                running_requests(f"{url.replace('http://', 'http://u:pw@')}/metrics")
