@@ -10,7 +10,8 @@ Exit codes (documented in the README, stable for scripts):
   5  gate failed: promotion refused by a policy gate
   6  conflict: lost a race (channel pointer moved, tuple id taken by another body)
   7  not found: unknown revision, tuple, channel, or no store at the given path/bucket
-  8  upstream or storage unavailable (network, 5xx after retries, unreachable endpoint)
+  8  upstream or storage unavailable (network, 5xx after retries, unreachable endpoint, a
+     peer past its deadlines), or a peer's answer malformed or meaningless (:class:`BadAnswer`)
   9  bad configuration (malformed store URL, profile, policy file, image reference), a
      link or foreign entry planted in the node cache (:class:`UnsafeCacheEntry`), or a file
      store path this account may not read or write (``stores/file_modes.py``)
@@ -163,6 +164,15 @@ class NotFound(K3AError):
 
 class Unavailable(K3AError):
     exit_code = 8
+
+
+class BadAnswer(Unavailable):
+    """A peer (the Hub, a registry, Prometheus, the Kubernetes API, an endpoint) answered
+    something malformed, out of bounds or meaningless: refused with the peer named, never
+    used, never a pass."""
+
+    hint = ("the peer named is misbehaving, or is not what its URL was meant to reach: check "
+            "the URL, then ask its operator")
 
 
 class ConfigError(K3AError):

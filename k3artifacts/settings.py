@@ -166,6 +166,68 @@ class Settings(BaseModel):
     aws_max_attempts: str | None = var(
         "AWS_MAX_ATTEMPTS", "S3 and AWS", "boto3's attempts per request; see `AWS_RETRY_MODE`.")
 
+    # ---- network: every HTTP peer k3a's own clients reach (k3artifacts/net/) ----------------
+    http_connect_timeout: float = var(
+        "K3A_HTTP_CONNECT_TIMEOUT", "Network",
+        "Seconds to open a connection to any HTTP peer (the Hub and its CDN, a registry, "
+        "Prometheus, the Kubernetes API, a vLLM `/metrics` page). Also how long a host that "
+        "has not yet answered this process may take to send its first headers; it gets two "
+        "tries, so a silent host fails in about twice this. `k3a stage --connect-timeout` "
+        "overrides it.", default=10.0, gt=0)
+    http_read_timeout: float = var(
+        "K3A_HTTP_READ_TIMEOUT", "Network",
+        "Seconds without a byte (headers or body) before a call or transfer is cut; a "
+        "transfer is then resumed from the byte it reached. `k3a stage --read-timeout` "
+        "overrides it.", default=60.0, gt=0)
+    http_deadline: float = var(
+        "K3A_HTTP_DEADLINE", "Network",
+        "Seconds for a whole answer's headers, and for the whole of a small answer (a Hub API "
+        "call, Prometheus, the Kubernetes API, a registry, a `/metrics` page): a peer that "
+        "trickles bytes just fast enough to beat the read timeout is cut here.",
+        default=60.0, gt=0)
+    http_attempts: int = var(
+        "K3A_HTTP_ATTEMPTS", "Network",
+        "Attempts of one call (idempotent methods only) or one transfer that bring no new "
+        "byte, before giving up (exit 8). `k3a stage --retries` overrides it.",
+        default=8, ge=1)
+    http_backoff: float = var(
+        "K3A_HTTP_BACKOFF", "Network",
+        "Seconds before the first retry; each later retry waits twice as long (at most 60 s), "
+        "with jitter.", default=1.0, ge=0)
+    http_max_wait: float = var(
+        "K3A_HTTP_MAX_WAIT", "Network",
+        "The longest wait a server may ask for (`Retry-After`, or the Hub's `RateLimit` "
+        "header's `t`); a longer one is waited this long, then the call is retried.",
+        default=300.0, ge=0)
+    http_min_rate: Size = var(
+        "K3A_HTTP_MIN_RATE", "Network",
+        "Rate floor of a transfer in bytes/s (e.g. `64KiB`), over `K3A_HTTP_RATE_WINDOW` "
+        "seconds, counting every byte across reconnects: a slower transfer is cut and "
+        "resumed, and 3 slow windows in a row fail it (exit 8). `k3a stage --min-rate` "
+        "overrides it.", default=64 * 1024, shown="`64KiB`", ge=0)
+    http_rate_window: float = var(
+        "K3A_HTTP_RATE_WINDOW", "Network",
+        "Seconds over which `K3A_HTTP_MIN_RATE` is measured. `k3a stage --rate-window` "
+        "overrides it.", default=60.0, gt=0)
+    ca_bundle: Path | None = var(
+        "K3A_CA_BUNDLE", "Network",
+        "PEM file of the certificate authorities every TLS peer of k3a's own HTTP clients is "
+        "checked against (the Hub, registries, Prometheus, an endpoint; the Kubernetes API "
+        "uses its kubeconfig's CA). OpenSSL's `SSL_CERT_FILE` works too.",
+        shown="the system's trust store")
+    kube_service_account_dir: Path = var(
+        "K3A_KUBE_SERVICE_ACCOUNT_DIR", "Network",
+        "In a pod, with no `--kubeconfig`: the service account directory (`token`, `ca.crt`, "
+        "`namespace`) k3a reaches the Kubernetes API with.",
+        default=Path("/var/run/secrets/kubernetes.io/serviceaccount"))
+    kubernetes_service_host: str | None = var(
+        "KUBERNETES_SERVICE_HOST", "Network",
+        "Set by Kubernetes in every pod: the API server's address, for the in-cluster "
+        "configuration (with `KUBERNETES_SERVICE_PORT`).")
+    kubernetes_service_port: str | None = var(
+        "KUBERNETES_SERVICE_PORT", "Network",
+        "Set by Kubernetes in every pod: the API server's port.")
+
     # ---- signing, registries, endpoints ----------------------------------------------------
     signing_key: str | None = var(
         "K3A_SIGNING_KEY", "Credentials",

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 from safetensors.numpy import save_file
 
-from k3artifacts.staging.download import RetryPolicy
+from k3artifacts.net.policy import RetryPolicy
 from k3artifacts.staging.engine import StageOptions, StageResult, stage
 from k3artifacts.staging.hub import HubSource
 from k3artifacts.stores.base import Store

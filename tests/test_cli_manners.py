@@ -19,8 +19,9 @@ from tests.staging_helpers import REPO, small_release
 from tests.support.ports import free_ports
 
 #: What `k3a --help` and any command's --help must not pay for: the Hub client, the AWS SDK,
-#: the OpenAI client (2.3 s of imports alone on the 2-core machine) and Prefect.
-HEAVY = ("openai", "boto3", "botocore", "huggingface_hub", "prefect")
+#: the OpenAI client (2.3 s of imports alone on the 2-core machine), Prefect, and the
+#: Kubernetes client (its config loaders: only `preflight` and `rollback --single-node` run).
+HEAVY = ("openai", "boto3", "botocore", "huggingface_hub", "prefect", "kubernetes")
 
 
 def run(cmd, env, *args, **kwargs):

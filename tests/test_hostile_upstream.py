@@ -84,3 +84,50 @@ def test_a_header_nested_as_deep_as_the_format_passes_the_bound(tmp_path):
     path = tmp_path / "ok.safetensors"
     path.write_bytes(struct.pack("<Q", len(header)) + header + b"\0" * 4)
     assert check_header(path.name, path, path.stat().st_size).summary.tensor_count == 1
+
+
+def test_a_header_of_escaped_quotes_is_checked_in_linear_time(tmp_path):
+    """``{"`` then 200,000 ``\\"``: 400 KB that a backtracking string pattern rescanned from
+    every quote (60 KB took 27 s of CPU; 400 KB did not end in 600 s)."""
+    import time
+
+    from k3artifacts.errors import Refusal
+    from k3artifacts.staging.safetensors_header import check_header
+
+    header = b'{"' + b'\\"' * 200_000
+    path = tmp_path / "quotes.safetensors"
+    path.write_bytes(struct.pack("<Q", len(header)) + header)
+    started = time.process_time()
+    with pytest.raises(Refusal, match="brackets do not balance"):
+        check_header(path.name, path, path.stat().st_size)
+    assert time.process_time() - started < 0.5
+
+
+def test_a_shape_beyond_any_float_is_refused_in_integers(tmp_path):
+    from k3artifacts.errors import Refusal
+    from k3artifacts.staging.safetensors_header import check_header
+
+    header = json.dumps({"t": {"dtype": "F32", "shape": [10**200, 10**200],
+                               "data_offsets": [0, 4]}}).encode()
+    path = tmp_path / "huge.safetensors"
+    path.write_bytes(struct.pack("<Q", len(header)) + header + b"\0" * 4)
+    with pytest.raises(Refusal, match=r"needs 4000000000000\d* bytes, data_offsets span 4"):
+        check_header(path.name, path, path.stat().st_size)
+
+
+def test_a_large_license_stays_a_file_of_the_revision(local_hub, file_store, tmp_path):
+    """A LICENSE of 8 MB (the audit's was 100 MB, copied into a 105 MB manifest)."""
+    import hashlib
+
+    from tests.staging_helpers import run_stage
+
+    files = small_release(tmp_path)
+    files["LICENSE"] = b"Terms.\n" * ((8 << 20) // 7)
+    commit = local_hub.hub.add_commit(REPO, files)
+    run_stage(local_hub.endpoint, file_store, tmp_path / "q")
+    manifest_file = next(file_store.root.rglob(f"{commit}/.k3a/manifest.json"))
+    assert manifest_file.stat().st_size < 16 << 10
+    manifest = file_store.read_manifest(REPO, commit)
+    assert manifest.license.text is None
+    assert manifest.license.sha256 == hashlib.sha256(files["LICENSE"]).hexdigest()
+    assert manifest.file("LICENSE").size == len(files["LICENSE"])

@@ -49,7 +49,7 @@ def test_a_license_named_only_in_the_cards_metadata_is_the_card(tmp_path):
     record = capture(None, None, card)
     assert (record.path, record.card_license_name) == ("README.md", "modified-mit")
     assert record.sha256 == hashlib.sha256(data).hexdigest()
-    assert record.text == data.decode()
+    assert record.text is None  # read from the revision's file by its sha256
 
 
 def test_a_license_file_wins_over_the_card_and_a_card_without_one_is_no_license(tmp_path):
@@ -85,3 +85,22 @@ def test_a_revision_whose_card_alone_names_its_license_is_reviewed_and_passes(
     assert license_text(store, release.id) == CARD.decode()
     review_license(store, release.id, by="rita", by_source="os-user")
     assert check_gate(store, release, "staging", "license").passed
+
+
+def test_a_manifest_published_with_its_license_inline_keeps_its_digest():
+    """Manifests written before the license was kept as a file hold its text: they still
+    parse, and their digest is still the sha256 of their stored bytes."""
+    import json
+
+    from k3artifacts.revisions.manifest import ShardManifest
+
+    stored = json.dumps({
+        "commit": "a" * 40, "files": [], "remote_code": [], "repo_id": "moonshotai/Kimi-K3",
+        "schema_version": 1, "total_bytes": 0,
+        "license": {"card_license": None, "card_license_link": None, "card_license_name": None,
+                    "path": "LICENSE", "sha256": "b" * 64, "text": "MIT License\n"},
+    }, sort_keys=True, separators=(",", ":")).encode()
+    manifest = ShardManifest.parse(stored)
+    assert manifest.license.text == "MIT License\n"
+    assert manifest.canonical() == stored
+    assert manifest.digest() == hashlib.sha256(stored).hexdigest()

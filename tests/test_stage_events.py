@@ -7,7 +7,7 @@ import threading
 import pytest
 
 from k3artifacts.errors import Unavailable
-from k3artifacts.staging.download import RetryPolicy
+from k3artifacts.net.policy import RetryPolicy
 from k3artifacts.staging.engine import StageOptions, stage
 from k3artifacts.staging.events import StageObserver
 from k3artifacts.staging.hub import HubSource

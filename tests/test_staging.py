@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 import subprocess
 
 import pytest
 
 from k3artifacts.errors import NotFound, ReleaseRefused, Unavailable
-from k3artifacts.staging.download import RetryPolicy
+from k3artifacts.net.policy import RetryPolicy
 from k3artifacts.stores.verify import verify_revision
 from tests.staging_helpers import (
     LICENSE,
@@ -49,7 +50,10 @@ def test_happy_path_publishes_verified_revision(local_hub, file_store, quarantin
     shard = manifest.file(SHARD)
     assert shard.sha256 == shard.upstream_sha256
     assert shard.safetensors.tensor_count == 2
-    assert manifest.license.text.encode() == LICENSE
+    # The license is the revision's file, bound by its sha256, not a copy in the manifest.
+    assert manifest.license.path == "LICENSE" and manifest.license.text is None
+    assert manifest.license.sha256 == hashlib.sha256(LICENSE).hexdigest()
+    assert manifest.license.sha256 == manifest.file("LICENSE").sha256
     assert manifest.license.card_license_name == "modified-mit"
     assert [c.path for c in manifest.remote_code] == ["modeling_kimi_k3.py"]
     assert verify_revision(store=file_store, repo_id=REPO, commit=commit, full=True).ok

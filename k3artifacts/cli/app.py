@@ -193,7 +193,10 @@ def _fail(ctx: click.Context, message: str, exit_code: int, hint: str | None, *,
           as_json: bool) -> None:
     """One failure report: under --json one document on stdout (the command's own, if it made
     one, with the error's keys added), always the message and the next step on stderr; then
-    the exit code."""
+    the exit code. A URL's credentials (a password, a signature) are never shown."""
+    from k3artifacts.net.redact import redact_text
+
+    message, hint = redact_text(message), None if hint is None else redact_text(hint)
     if as_json:
         error = {"error": message, "exit_code": exit_code, "next": hint}
         document = ctx.meta.pop(DOCUMENT_META, _NONE)

@@ -23,7 +23,9 @@ from k3artifacts.errors import ConfigError, GateFailed
               "where (region, subnets, role, window, load target).")
 @click.option("--kubeconfig", type=click.Path(dir_okay=False, exists=True, path_type=Path),
               envvar="KUBECONFIG", default=None, show_envvar=True,
-              help="The cluster's kubeconfig, for node health (current context).")
+              help="The cluster's kubeconfig, for node health (current context; exec "
+              "credential plugins such as `aws eks get-token` are run). Without one, in a pod: "
+              "its service account.")
 @click.option("--aws-profile", default=None, help="AWS profile to read the account with.")
 @click.option("--by", default=None,
               help="Who is acting, typed (only where the gate policy allows a claimed name).")
@@ -69,9 +71,6 @@ def preflight_cmd(tuple_or_channel: str, channel: str, kubeconfig: Path | None,
     ec2 = client("ec2", profile=aws_profile, region=infra.region)
 
     def nodes() -> list[dict]:
-        if kubeconfig is None:
-            raise ConfigError("no kubeconfig: node health was not checked",
-                              hint="pass --kubeconfig PATH (or set KUBECONFIG)")
         return list_nodes(kubeconfig)
 
     report = run_preflight(

@@ -142,19 +142,26 @@ def print_plan(plan: StagePlan) -> None:
 @click.option("--keep-quarantine", is_flag=True, help="Keep the local copy after publishing.")
 @click.option("--window-bytes", type=ByteSize(), default=None,
               help="Bound local quarantine disk (e.g. 500GiB): shards leave it once stored.")
-@click.option("--retries", default=8, show_default=True,
-              help="Attempts per file (per range, for a file fetched as ranges) that make no "
-              "progress before giving up.")
-@click.option("--connect-timeout", type=click.FloatRange(min=0.1), default=10.0,
-              show_default=True, help="Seconds to connect to the hub or its CDN.")
-@click.option("--read-timeout", type=click.FloatRange(min=0.1), default=60.0,
-              show_default=True, help="Seconds without a byte before a call or transfer is cut "
-              "(a transfer is then resumed).")
-@click.option("--min-rate", type=ByteSize(), default="64KiB", show_default=True,
-              help="Per-file rate floor in bytes/s over --rate-window: a slower transfer is cut "
-              "and resumed; 3 in a row fail the run (exit 8).")
-@click.option("--rate-window", type=click.FloatRange(min=0.1), default=60.0,
-              show_default=True, help="Seconds over which --min-rate is measured.")
+@click.option("--retries", type=click.IntRange(min=1), default=None,
+              show_default="$K3A_HTTP_ATTEMPTS or 8",
+              help="Attempts per file (per range, for a file fetched as ranges) that bring no "
+              "new byte before giving up.")
+@click.option("--connect-timeout", type=click.FloatRange(min=0.1), default=None,
+              show_default="$K3A_HTTP_CONNECT_TIMEOUT or 10",
+              help="Seconds to connect to the hub or its CDN (and, for a host that never "
+              "answered, to get its first headers).")
+@click.option("--read-timeout", type=click.FloatRange(min=0.1), default=None,
+              show_default="$K3A_HTTP_READ_TIMEOUT or 60",
+              help="Seconds without a byte before a call or transfer is cut (a transfer is then "
+              "resumed).")
+@click.option("--min-rate", type=ByteSize(), default=None,
+              show_default="$K3A_HTTP_MIN_RATE or 64KiB",
+              help="Per-file rate floor in bytes/s over --rate-window, counted across "
+              "reconnects: a slower transfer is cut and resumed; 3 slow windows in a row fail "
+              "the run (exit 8).")
+@click.option("--rate-window", type=click.FloatRange(min=0.1), default=None,
+              show_default="$K3A_HTTP_RATE_WINDOW or 60",
+              help="Seconds over which --min-rate is measured.")
 @signing_key_option
 @click.option("--reverify-reused", is_flag=True,
               help="Re-hash (xxh3-128) each file reused from a published revision after the "
@@ -207,10 +214,12 @@ def stage_cmd(repo_id, revision, store_url, quarantine, endpoint, workers, strea
     malformed repo id, 3 refused (nothing published), 4 --repair could not make the revision
     match its manifest, 6 another run holds this revision, 7 repo/revision not found (or not
     published, for --repair), 8 hub or store unreachable (within seconds if it never
-    answered), silent past --read-timeout or slower than --min-rate, 130 Ctrl-C.
+    answered), silent past --read-timeout, answering past K3A_HTTP_DEADLINE, or slower than
+    --min-rate, 130 Ctrl-C.
     """
+    from k3artifacts.net.policy import RetryPolicy
     from k3artifacts.revisions.refs import check_repo_id
-    from k3artifacts.staging.download import Ranges, RetryPolicy
+    from k3artifacts.staging.download import Ranges
     from k3artifacts.staging.engine import StageOptions, plan_stage
     from k3artifacts.staging.hub import HubSource
     from k3artifacts.staging.quarantine import quarantine_root_for
@@ -224,8 +233,11 @@ def stage_cmd(repo_id, revision, store_url, quarantine, endpoint, workers, strea
         ranges=Ranges() if streams is None else Ranges(streams=streams),
         keep_quarantine=keep_quarantine,
         window_bytes=window_bytes,
-        retry=RetryPolicy(attempts=retries, connect_timeout=connect_timeout,
-                          read_timeout=read_timeout, min_rate=min_rate, rate_window=rate_window),
+        # What is not given on the command line comes from the settings (K3A_HTTP_*).
+        retry=RetryPolicy(**{name: value for name, value in (
+            ("attempts", retries), ("connect_timeout", connect_timeout),
+            ("read_timeout", read_timeout), ("min_rate", min_rate),
+            ("rate_window", rate_window)) if value is not None}),
         signing_key=signing_key,
         reverify_reused=reverify_reused,
     )

@@ -65,6 +65,7 @@ class BodyPlan:
     short_by: int = 0  # close after body length minus this
     transforms: list[Callable[[int, bytearray], None]] = field(default_factory=list)
     whole: bool = False  # ignore Range and answer 200 with the whole body, as some proxies do
+    header_trickle: float = 0.0  # send the status line and headers one byte every this long
 
 
 @dataclass(frozen=True)
@@ -151,6 +152,18 @@ class _Handler(BaseHTTPRequestHandler):
     def send_response(self, code: int, message: str | None = None) -> None:
         self._status = code
         super().send_response(code, message)
+
+    def flush_headers(self) -> None:
+        interval = self._plan.header_trickle
+        if not interval:
+            super().flush_headers()
+            return
+        data = b"".join(getattr(self, "_headers_buffer", []))
+        self._headers_buffer = []
+        for i in range(len(data)):
+            if self.server.stopping.wait(interval):
+                return
+            self.wfile.write(data[i:i + 1])
 
     def do_GET(self) -> None:
         self._dispatch(head=False)
@@ -255,6 +268,7 @@ class _Handler(BaseHTTPRequestHandler):
         plan = self.server.state.plan_answer(
             method=self.command, repo_id=self._repo_id, target=target, stage=stage
         )
+        self._plan = plan  # how this request's headers go out too (flush_headers)
         if plan.stall_before:
             self.server.stopping.wait(plan.stall_before)
         if plan.status is not None:

@@ -4,6 +4,7 @@ to, naming the call, and the other checks still run."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Any
@@ -12,7 +13,7 @@ from urllib.parse import urlparse
 from botocore.exceptions import BotoCoreError, ClientError
 from botocore.parsers import ResponseParserError
 
-from k3artifacts.errors import K3AError
+from k3artifacts.errors import BadAnswer, K3AError
 from k3artifacts.policy.rollout import InfrastructurePolicy
 from k3artifacts.preflight.iam_eval import allowed
 from k3artifacts.preflight.model import CheckOutcome
@@ -199,21 +200,56 @@ def private_networking(ec2: Any, vpcs: set[str], region: str) -> CheckOutcome:
                         f"{', '.join(sorted(vpcs))}")
 
 
-def node_health(nodes: list[dict[str, Any]], res: ServingResources) -> CheckOutcome:
+#: More GPUs than any node has: an allocatable count above this is not a count.
+MAX_GPUS_PER_NODE = 1024
+_COUNT = re.compile(r"^[0-9]{1,4}$")
+
+
+def _object(value: Any, what: str) -> dict[str, Any]:
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise BadAnswer(f"Kubernetes API: {what} is {str(value)[:60]!r}, not an object")
+    return value
+
+
+def _node_entry(item: Any, index: int, want: str) -> dict[str, Any] | None:
+    """One NodeList item, each field checked, or None when it is not of the instance type
+    ``want``: an answer that is not a node is refused naming it, never half-read."""
+    node = _object(item, f"node {index}")
+    meta, status = _object(node.get("metadata"), f"node {index}'s metadata"), \
+        _object(node.get("status"), f"node {index}'s status")
+    name = meta.get("name")
+    if not isinstance(name, str):
+        raise BadAnswer(f"Kubernetes API: node {index} has no name")
+    if _object(meta.get("labels"), f"node {name}'s labels").get(INSTANCE_TYPE_LABEL) != want:
+        return None
+    conditions = status.get("conditions") or []
+    if not isinstance(conditions, list) or not all(isinstance(c, dict) for c in conditions):
+        raise BadAnswer(f"Kubernetes API: node {name}'s conditions are not a list of objects")
+    ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
+    raw = _object(status.get("allocatable"), f"node {name}'s allocatable").get(GPU, "0")
+    # Kubernetes writes an extended resource as a whole-number quantity ("8"); "8.5k", "1e3"
+    # or a count beyond any node is not a number of GPUs.
+    text = str(raw) if isinstance(raw, str | int) and not isinstance(raw, bool) else ""
+    if not _COUNT.match(text) or int(text) > MAX_GPUS_PER_NODE:
+        raise BadAnswer(f"Kubernetes API: node {name}'s allocatable {GPU} is "
+                        f"{str(raw)[:40]!r}, not a whole number of GPUs")
+    spec = _object(node.get("spec"), f"node {name}'s spec")
+    return {"name": name, "ready": ready, "gpus": int(text),
+            "unschedulable": spec.get("unschedulable") is True}
+
+
+def node_health(nodes: list[Any], res: ServingResources) -> CheckOutcome:
     want = res.node_instance_type
     need = res.nodes * res.replicas
     fit, unfit = [], []
-    for node in nodes:
-        meta, status = node.get("metadata", {}), node.get("status", {})
-        if meta.get("labels", {}).get(INSTANCE_TYPE_LABEL) != want:
+    for index, item in enumerate(nodes):
+        entry = _node_entry(item, index, want)
+        if entry is None:
             continue
-        ready = any(c.get("type") == "Ready" and c.get("status") == "True"
-                    for c in status.get("conditions", []))
-        gpus = int(status.get("allocatable", {}).get(GPU, "0") or 0)
-        unschedulable = bool(node.get("spec", {}).get("unschedulable"))
-        entry = {"name": meta.get("name"), "ready": ready, "gpus": gpus,
-                 "unschedulable": unschedulable}
-        (fit if ready and gpus >= res.gpus_per_node and not unschedulable else unfit).append(entry)
+        ok = entry["ready"] and entry["gpus"] >= res.gpus_per_node and not entry["unschedulable"]
+        (fit if ok else unfit).append(entry)
     evidence = {"instance_type": want, "needed": need, "gpus_per_node": res.gpus_per_node,
                 "fit": fit, "unfit": unfit}
     if len(fit) < need:

@@ -1,89 +1,78 @@
-"""The Kubernetes API as a kubeconfig reaches it: the current context's server, CA and bearer
-token (or client certificate). Only ``GET /api/v1/nodes`` is asked."""
+"""The Kubernetes API as a kubeconfig (or a pod's service account) reaches it: the few calls
+k3a makes (list nodes; read and patch workloads), sent through the network layer with the
+target's CA, client certificate and bearer token (:mod:`.kubeconfig`). Every answer is read
+within the settings' deadline and bounded in size; one that is not a JSON object is refused
+(:class:`BadAnswer`, exit 8)."""
 
 from __future__ import annotations
 
-import base64
 import json
-import tempfile
 from pathlib import Path
 from typing import Any
 
-import urllib3
-import yaml
+from k3artifacts.errors import BadAnswer, Unavailable
+from k3artifacts.net.calls import Peer, call
+from k3artifacts.net.pool import make_pool
+from k3artifacts.net.redact import redact_url
+from k3artifacts.preflight.kubeconfig import load_target
 
-from k3artifacts.errors import ConfigError, Unavailable
-
-
-def _named(items: list[dict[str, Any]], name: str, what: str, path: Path) -> dict[str, Any]:
-    for item in items or []:
-        if item.get("name") == name:
-            return item.get(what) or {}
-    raise ConfigError(f"kubeconfig {path} has no {what} named {name!r}")
+#: A NodeList of 5,000 nodes is a few tens of MB.
+MAX_ANSWER = 256 << 20
 
 
 class KubeAPI:
-    """The API server of a kubeconfig's current context (server, CA, bearer token or client
-    certificate), for the few calls k3a makes: list nodes, read and patch workloads."""
+    """The API server of a kubeconfig's current context (or ``context``), or with no
+    kubeconfig the in-cluster service account's."""
 
-    def __init__(self, kubeconfig: Path):
-        try:
-            config = yaml.safe_load(kubeconfig.read_text())
-        except (OSError, yaml.YAMLError) as exc:
-            raise ConfigError(f"cannot read kubeconfig {kubeconfig}: {exc}") from None
-        if not isinstance(config, dict) or not config.get("current-context"):
-            raise ConfigError(f"kubeconfig {kubeconfig} names no current-context",
-                              hint="kubectl config use-context CONTEXT")
-        ctx = _named(config.get("contexts"), config["current-context"], "context", kubeconfig)
-        cluster = _named(config.get("clusters"), ctx.get("cluster", ""), "cluster", kubeconfig)
-        user = _named(config.get("users"), ctx.get("user", ""), "user", kubeconfig)
-        self.server = str(cluster.get("server", "")).rstrip("/")
-        if not self.server.startswith(("https://", "http://")):
-            raise ConfigError(f"kubeconfig {kubeconfig}: cluster server {self.server!r} is not "
-                              "a URL")
-        self.headers = {"Accept": "application/json"}
-        if user.get("token"):
-            self.headers["Authorization"] = f"Bearer {user['token']}"
-        # Certificates live as files for the life of this client (urllib3 reads paths).
-        self._scratch = tempfile.TemporaryDirectory(prefix="k3a-kube-")
-        pool_args: dict[str, Any] = {"timeout": urllib3.Timeout(connect=5, read=30),
-                                     "retries": urllib3.Retry(total=2, backoff_factor=0.5,
-                                                              allowed_methods=None)}
-        if cluster.get("certificate-authority-data"):
-            ca = Path(self._scratch.name, "ca.crt")
-            ca.write_bytes(base64.b64decode(cluster["certificate-authority-data"]))
-            pool_args.update(cert_reqs="CERT_REQUIRED", ca_certs=str(ca))
-        elif cluster.get("certificate-authority"):
-            pool_args.update(cert_reqs="CERT_REQUIRED", ca_certs=cluster["certificate-authority"])
-        for key, field in (("client-certificate-data", "cert_file"),
-                           ("client-key-data", "key_file")):
-            if user.get(key):
-                Path(self._scratch.name, key).write_bytes(base64.b64decode(user[key]))
-                pool_args[field] = str(Path(self._scratch.name, key))
-        self._http = urllib3.PoolManager(**pool_args)
+    def __init__(self, kubeconfig: Path | None = None, *, context: str | None = None):
+        self.target = load_target(kubeconfig, context)
+        self.server = self.target.server
+        #: The context's namespace (the service account's, in a pod).
+        self.namespace = self.target.namespace
+        self.shown = redact_url(self.server)
+        self._pool = make_pool(ca_certs=self.target.ca_file, cert_file=self.target.cert_file,
+                               key_file=self.target.key_file, verify=self.target.verify,
+                               server_hostname=self.target.tls_server_name)
+        self._peer = Peer(f"Kubernetes API {self.shown}",
+                          hint=f"check the API server of {self.target.source} and the route "
+                          "to it")
 
     def call(self, method: str, path: str, body: bytes | None = None,
              content_type: str | None = None) -> dict[str, Any]:
-        headers = dict(self.headers)
+        headers = {"Accept": "application/json"}
+        authorization = self.target.authorization()
+        if authorization:
+            headers["Authorization"] = authorization
         if content_type:
             headers["Content-Type"] = content_type
-        try:
-            resp = self._http.request(method, f"{self.server}{path}", body=body, headers=headers)
-        except urllib3.exceptions.HTTPError as exc:
-            raise Unavailable(f"Kubernetes API {self.server} cannot be reached: {exc}") from None
-        if resp.status >= 300:
-            raise Unavailable(f"Kubernetes API {self.server} answered HTTP {resp.status} to "
-                              f"{method} {path}: {resp.data[:300]!r}",
+        # Every call k3a makes is idempotent, its patches too (a server-side apply or a merge
+        # patch of the same body leaves the same object): each may be retried.
+        answer = call(method, f"{self.server}{path}", self._peer, headers=headers, body=body,
+                      pool=self._pool, auth_origin=self.server, limit=MAX_ANSWER,
+                      idempotent=True)
+        if answer.status == 401:
+            raise Unavailable(
+                f"Kubernetes API {self.shown} refused the credential of {self.target.source} "
+                f"(HTTP 401 to {method} {path})",
+                hint="check the kubeconfig user (an exec plugin's token, a token file, a "
+                "client certificate) with `kubectl auth whoami`")
+        if answer.status >= 300:
+            raise Unavailable(f"Kubernetes API {self.shown} answered HTTP {answer.status} to "
+                              f"{method} {path}: {answer.body[:300]!r}",
                               hint="check the kubeconfig user's RBAC for this call")
         try:
-            return dict(json.loads(resp.data))
-        except (ValueError, TypeError):
-            raise Unavailable(f"Kubernetes API {self.server}: {method} {path} answered no "
-                              "JSON object") from None
+            document = json.loads(answer.body)
+        except (ValueError, RecursionError):
+            document = None
+        if not isinstance(document, dict):
+            raise BadAnswer(f"Kubernetes API {self.shown}: {method} {path} answered no JSON "
+                            "object")
+        return document
 
 
-def list_nodes(kubeconfig: Path) -> list[dict[str, Any]]:
-    try:
-        return list(KubeAPI(kubeconfig).call("GET", "/api/v1/nodes")["items"])
-    except (KeyError, TypeError):
-        raise Unavailable("Kubernetes API: /api/v1/nodes is not a NodeList") from None
+def list_nodes(kubeconfig: Path | None) -> list[Any]:
+    """The items of ``GET /api/v1/nodes`` (each checked by its reader, not here)."""
+    items = KubeAPI(kubeconfig).call("GET", "/api/v1/nodes").get("items")
+    if not isinstance(items, list):
+        raise BadAnswer("Kubernetes API: /api/v1/nodes is not a NodeList (no list of items)")
+    return items

@@ -16,16 +16,19 @@ out nothing was changed, so admission is reopened on the tuple that was serving.
 from __future__ import annotations
 
 import json
+import math
+import re
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any, Literal
 
-import urllib3
 from pydantic import BaseModel, ConfigDict
 
 from k3artifacts.canonical import canonical_digest, canonical_json
-from k3artifacts.errors import ConfigError, K3AError, NotFound
+from k3artifacts.errors import BadAnswer, ConfigError, K3AError, NotFound
+from k3artifacts.net.calls import Peer, call
+from k3artifacts.net.redact import redact_url
 from k3artifacts.policy.actor import Actor
 from k3artifacts.preflight.kube import KubeAPI
 from k3artifacts.promotion.moves import rollback
@@ -78,15 +81,37 @@ class SingleNodeRollback(BaseModel):
         return len(self.steps) == 7 and all(s.passed for s in self.steps)
 
 
+#: One sample of the gauge in Prometheus's text format: the name, its labels (quoted values
+#: may hold any character), the value; a timestamp may follow.
+_RUNNING = re.compile(r'^vllm:num_requests_running(?:\{(?:[^"}]|"(?:[^"\\]|\\.)*")*\})?[ \t]+(\S+)')
+#: A vLLM /metrics page is tens of KB.
+_MAX_METRICS_PAGE = 16 << 20
+
+
 def running_requests(metrics_url: str) -> float:
-    """Sum of ``vllm:num_requests_running`` on a vLLM ``/metrics`` page."""
-    resp = urllib3.request("GET", metrics_url, timeout=10, retries=False)
-    if resp.status != 200:
-        raise ConfigError(f"{metrics_url} answered HTTP {resp.status}")
-    values = [float(line.rsplit(" ", 1)[1]) for line in resp.data.decode().splitlines()
-              if line.startswith("vllm:num_requests_running")]
+    """Sum of ``vllm:num_requests_running`` on a vLLM ``/metrics`` page (through the network
+    layer: the whole page within the deadline; a value that is not a finite count refused)."""
+    shown = redact_url(metrics_url)
+    answer = call("GET", metrics_url, Peer(f"vLLM metrics at {shown}",
+                                           hint="point --metrics at the vLLM pod's /metrics"),
+                  limit=_MAX_METRICS_PAGE)
+    if answer.status != 200:
+        raise ConfigError(f"{shown} answered HTTP {answer.status}")
+    values = []
+    for line in answer.body.decode("utf-8", errors="replace").splitlines():
+        sample = _RUNNING.match(line)
+        if sample is None:
+            continue
+        try:
+            value = float(sample.group(1))
+        except ValueError:
+            value = math.nan
+        if not math.isfinite(value) or value < 0:
+            raise BadAnswer(f"{shown}: vllm:num_requests_running is "
+                            f"{sample.group(1)[:40]!r}, not a count of requests")
+        values.append(value)
     if not values:
-        raise ConfigError(f"{metrics_url} exports no vllm:num_requests_running",
+        raise ConfigError(f"{shown} exports no vllm:num_requests_running",
                           hint="point --metrics at the vLLM pod's /metrics")
     return sum(values)
 

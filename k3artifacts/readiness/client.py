@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import openai
 
+from k3artifacts.net.endpoint import endpoint_client
 from k3artifacts.readiness.suite import SmokeSettings
 
 
@@ -17,11 +18,16 @@ def base_url(endpoint: str) -> str:
 def make_client(endpoint: str, settings: SmokeSettings, *, retries: int | None = None,
                 api_key: str | None = None) -> openai.OpenAI:
     # vLLM ignores the key unless started with --api-key; the client refuses to start without.
+    # The network layer's httpx client: the answer's headers within the request timeout in
+    # all, however the endpoint trickles them.
     return openai.OpenAI(
         base_url=base_url(endpoint),
         api_key=api_key or "unused",
         max_retries=settings.max_retries if retries is None else retries,
         timeout=openai.Timeout(settings.request_timeout_s, connect=settings.connect_timeout_s),
+        http_client=endpoint_client(connect=settings.connect_timeout_s,
+                                    read=settings.request_timeout_s,
+                                    headers_deadline=settings.request_timeout_s),
     )
 
 

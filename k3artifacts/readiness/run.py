@@ -11,6 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
+from k3artifacts.net.redact import redact_url
 from k3artifacts.readiness import checks
 from k3artifacts.readiness.checks import Probe
 from k3artifacts.readiness.client import base_url, make_client
@@ -84,7 +85,8 @@ def run_readiness(
     if not reachable:
         for name in CHECK_NAMES[1:]:
             results.append(record(CheckResult(
-                name=name, passed=False, detail=f"not run: {base_url(endpoint)} is unreachable")))
+                name=name, passed=False,
+                detail=f"not run: {redact_url(base_url(endpoint))} is unreachable")))
         for case in suite.cases if suite else []:
             cases.append(record(CheckResult(name=case.name, passed=False, kind=case.check,
                                             detail="not run: the endpoint is unreachable")))
@@ -106,7 +108,7 @@ def run_readiness(
     report = ReadinessReport(
         kind="eval" if suite else "smoke",
         tuple_id=release.id,
-        endpoint=base_url(endpoint),
+        endpoint=redact_url(base_url(endpoint)),
         expected_model=model,
         served_models=probe.seen_models,
         suite=suite.name if suite else SMOKE_SUITE,

@@ -8,6 +8,7 @@ edit; the gate takes the newest measurement of each step.
 
 from __future__ import annotations
 
+import math
 from datetime import UTC, datetime
 from typing import Literal
 
@@ -15,13 +16,38 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from k3artifacts.canonical import canonical_digest
 from k3artifacts.errors import ConfigError
-from k3artifacts.policy.rollout import TrafficThresholds
+from k3artifacts.policy.rollout import TrafficThresholds, duration_seconds
 from k3artifacts.releases.channels import check_channel
 from k3artifacts.releases.records import create_once, read_records
 from k3artifacts.releases.tuples import TupleStore, check_tuple_id
 from k3artifacts.stores.base import Store
 
 TRAFFIC_PREFIX = "releases/traffic/"
+#: More finished requests a second than one tuple is believed to serve: a count above this
+#: over a window is not a measurement.
+MAX_REQUEST_RATE = 1e6
+#: What each metric is, for the refusal of a value it cannot take.
+_MEANING = {"requests": "a count", "e2e_latency": "a latency", "time_to_first_token": "a latency",
+            "error_rate": "a share of requests"}
+
+
+def implausible(name: str, value: float | None, window: str | None = None) -> str | None:
+    """Why ``value`` cannot be what the metric ``name`` measures (over ``window``), or None.
+    No value at all is not implausible: it is no data, which no bound passes."""
+    if value is None:
+        return None
+    meaning = _MEANING.get(name, "a measurement")
+    if not math.isfinite(value):
+        return f"{value!r} is not a finite number; {meaning} is"
+    if value < 0:
+        return f"{value:g} is negative; {meaning} cannot be"
+    if name == "error_rate" and value > 1:
+        return f"{value:g} is above 1; {meaning} cannot be"
+    if name == "requests" and window is not None and (
+            value > MAX_REQUEST_RATE * duration_seconds(window)):
+        return (f"{value:g} is more than {MAX_REQUEST_RATE:g} requests a second over the "
+                f"{window} window")
+    return None
 
 
 class MetricResult(BaseModel):
@@ -53,11 +79,14 @@ class TrafficAnalysis(BaseModel):
 
     @property
     def passed(self) -> bool:
-        return bool(self.metrics) and all(m.passed for m in self.metrics)
+        return bool(self.metrics) and not self.failed
 
     @property
     def failed(self) -> list[MetricResult]:
-        return [m for m in self.metrics if not m.passed]
+        """Metrics that missed their bound, or that hold a value the metric cannot take (a
+        record written before such values were refused is judged again on every read)."""
+        return [m for m in self.metrics
+                if not m.passed or implausible(m.name, m.value, self.window) is not None]
 
 
 class AnalysisRecord(BaseModel):

@@ -12,6 +12,8 @@ import logging
 import sys
 from datetime import UTC, datetime
 
+from k3artifacts.net.redact import redact_text
+
 LOG_FORMATS = ("text", "json")
 _HANDLER_NAME = "k3a-stderr"
 
@@ -38,11 +40,16 @@ class TextFormatter(logging.Formatter):
 
 
 class _StderrHandler(logging.StreamHandler):
-    """Writes to whatever ``sys.stderr`` is at the time (click's test runner swaps it)."""
+    """Writes to whatever ``sys.stderr`` is at the time (click's test runner swaps it), with
+    the credentials of any URL in a line removed (an S3 endpoint's password, a presigned
+    CDN link's signature)."""
 
     def __init__(self) -> None:
         super().__init__()
         self.set_name(_HANDLER_NAME)
+
+    def format(self, record: logging.LogRecord) -> str:
+        return redact_text(super().format(record))
 
     @property  # type: ignore[override]
     def stream(self):

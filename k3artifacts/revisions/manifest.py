@@ -10,6 +10,12 @@ Manifests published before that split carry provenance inside (``source: reused`
 parse; :meth:`ShardManifest.digest` is their canonical digest, and
 :meth:`ShardManifest.legacy_digest` the sha256 of the bytes as stored, which tuples bound then
 cite: :meth:`ShardManifest.answers_to` accepts either.
+
+Large texts are files of the revision, never copied in: the license record names the license
+file and its sha256 (``LicenseRecord.text`` is null in manifests written now). Manifests
+published when the text was inline keep it, unread, and keep their digest: nothing is
+rewritten. A commit staged again now gets a manifest without the text, so its digest differs
+from a copy published before; tuples bind the digest of the copy they were made from.
 """
 
 from __future__ import annotations
@@ -81,7 +87,10 @@ class LicenseRecord(Frozen):
     #: metadata names a license), or None when the revision carries none.
     path: str | None
     sha256: str | None
-    text: str | None
+    #: The license text inline, as manifests published before it was kept as a file hold it
+    #: (kept so their bytes, and digest, stay what they were); None in every manifest written
+    #: now. Never read: the text is the file at ``path``, checked against ``sha256``.
+    text: str | None = None
     #: From the model card's YAML front matter (README.md): license, license_name, license_link.
     card_license: str | None = None
     card_license_name: str | None = None

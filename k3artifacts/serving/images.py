@@ -23,12 +23,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlencode
 
-import urllib3
-
-from k3artifacts.errors import ConfigError, NotFound, Unavailable
+from k3artifacts.errors import BadAnswer, ConfigError, NotFound, Unavailable
+from k3artifacts.net.calls import Answer, Peer, call
+from k3artifacts.net.redact import redact_url
 from k3artifacts.releases.tuples import DIGEST, ImageRef
 from k3artifacts.settings import load
 
+#: A manifest (or an index of them) is a few KB; a token answer less.
+MAX_REGISTRY_ANSWER = 4 << 20
 #: Everything a registry may hold under a tag: multi-arch indexes first, then single manifests.
 MANIFEST_MEDIA_TYPES = (
     "application/vnd.oci.image.index.v1+json",
@@ -199,7 +201,6 @@ class RegistryClient:
         registry: str,
         *,
         insecure: bool = False,
-        timeout: float = 30.0,
         credentials: tuple[str, str] | None = None,
     ):
         self.registry = registry
@@ -207,10 +208,11 @@ class RegistryClient:
         # Plain http only where nobody else can be on the wire, or where the operator said so.
         scheme = "http" if insecure or _is_loopback(registry) else "https"
         self.base = f"{scheme}://{host}"
-        self.http = urllib3.PoolManager(
-            timeout=urllib3.Timeout(connect=min(timeout, 10.0), read=timeout),
-            retries=urllib3.Retry(total=3, connect=3, read=2, status=0, backoff_factor=0.5),
-        )
+        self.peer = Peer(
+            f"registry {registry}",
+            hint="check the registry host and network; for a plain-http registry pass "
+            "--insecure-registry HOST:PORT; with no registry at hand, give the image as "
+            "REPO@sha256:<digest> and pass --offline (nothing is contacted)")
         self.credentials = credentials
         self._token: str | None = None
 
@@ -220,30 +222,29 @@ class RegistryClient:
         raw = ":".join(self.credentials).encode()
         return {"Authorization": "Basic " + base64.b64encode(raw).decode()}
 
-    def _request(
-        self, method: str, url: str, headers: Mapping[str, str]
-    ) -> urllib3.BaseHTTPResponse:
-        try:
-            return self.http.request(method, url, headers=dict(headers), redirect=True)
-        except urllib3.exceptions.HTTPError as exc:
-            raise Unavailable(
-                f"registry {self.registry} unreachable: {exc}",
-                hint="check the registry host and network; for a plain-http registry pass "
-                "--insecure-registry HOST:PORT; with no registry at hand, give the image as "
-                "REPO@sha256:<digest> and pass --offline (nothing is contacted)",
-            ) from None
+    def _request(self, method: str, url: str, headers: Mapping[str, str], *,
+                 auth_origin: str | None = None) -> Answer:
+        """Through the network layer: redirects followed with the credential kept on
+        ``auth_origin`` (the registry), retries and deadlines by the settings' policy."""
+        return call(method, url, self.peer, headers=headers, auth_origin=auth_origin or self.base,
+                    limit=MAX_REGISTRY_ANSWER)
 
     def _fetch_token(self, params: dict[str, str], name: str) -> str:
         realm = params.get("realm")
         if not realm:
-            raise Unavailable(f"registry {self.registry}: Bearer challenge without a realm")
+            raise BadAnswer(f"registry {self.registry}: Bearer challenge without a realm")
         fields = {
             "service": params.get("service", ""),
             "scope": params.get("scope") or f"repository:{name}:pull",
         }
         query = urlencode({k: v for k, v in fields.items() if v})
         url = f"{realm}{'&' if '?' in realm else '?'}{query}"
-        resp = self._request("GET", url, self._basic())
+        realm = redact_url(realm)
+        if not realm.startswith(("https://", "http://")):
+            raise BadAnswer(f"registry {self.registry}: Bearer challenge with a realm that is "
+                            f"not an http(s) URL: {realm[:200]!r}")
+        # The credentials are for the token service the registry named.
+        resp = self._request("GET", url, self._basic(), auth_origin=url)
         if resp.status in (401, 403):
             raise ConfigError(
                 f"registry {self.registry}: token service {realm} refused the credentials "
@@ -256,16 +257,15 @@ class RegistryClient:
                 f"registry {self.registry}: token service {realm} answered HTTP {resp.status}"
             )
         try:
-            body = json.loads(resp.data)
-            return body.get("token") or body["access_token"]
-        except (ValueError, KeyError):
-            raise Unavailable(
-                f"registry {self.registry}: token service {realm} sent no token"
-            ) from None
+            body = json.loads(resp.body)
+            token = body.get("token") or body["access_token"]
+        except (ValueError, KeyError, AttributeError, RecursionError):
+            token = None
+        if not isinstance(token, str) or not token or not token.isprintable():
+            raise BadAnswer(f"registry {self.registry}: token service {realm} sent no token")
+        return token
 
-    def _authorized(
-        self, method: str, name: str, url: str, headers: dict[str, str]
-    ) -> urllib3.BaseHTTPResponse:
+    def _authorized(self, method: str, name: str, url: str, headers: dict[str, str]) -> Answer:
         bearer = {"Authorization": f"Bearer {self._token}"} if self._token else {}
         resp = self._request(method, url, {**headers, **bearer})
         if resp.status != 401:
@@ -289,7 +289,7 @@ class RegistryClient:
             # exact bytes GET returns (which is what a runtime pulling by digest checks).
             resp = self._authorized("GET", name, url, headers)
             if resp.status == 200:
-                digest = "sha256:" + hashlib.sha256(resp.data).hexdigest()
+                digest = "sha256:" + hashlib.sha256(resp.body).hexdigest()
         if resp.status == 200 and digest and DIGEST.match(digest):
             return digest
         where = (
@@ -309,7 +309,8 @@ class RegistryClient:
                 "registry",
             )
         if resp.status == 200:
-            raise Unavailable(f"registry answered {where} with an unusable digest {digest!r}")
+            raise BadAnswer(f"registry answered {where} with an unusable digest "
+                            f"{str(digest)[:100]!r}")
         raise Unavailable(f"registry answered HTTP {resp.status} for {where}")
 
 
@@ -368,7 +369,6 @@ def resolve_image(
     *,
     insecure_registries: Iterable[str] = (),
     offline: bool = False,
-    timeout: float = 30.0,
 ) -> ImageRef:
     """Pin ``reference`` to a digest, asking its registry once.
 
@@ -387,7 +387,6 @@ def resolve_image(
         client = RegistryClient(
             parsed.registry,
             insecure=parsed.registry in set(insecure_registries),
-            timeout=timeout,
             credentials=registry_credentials(parsed.registry),
         )
         found = client.manifest_digest(parsed.name, parsed.digest or parsed.tag or "")

@@ -1,67 +1,60 @@
 """Stream one file from the Hub into a partial file, hashing bytes as they arrive.
 
 What it follows, as the official ``huggingface_hub`` client does (``file_download.py``,
-``utils/_http.py``):
+``utils/_http.py``), through the network layer (:mod:`k3artifacts.net`):
 
-- **Redirects**, at most :attr:`RetryPolicy.max_redirects` of them (301, 302, 303, 307, 308;
-  http and https only). huggingface.co answers ``/resolve/`` for every LFS file with a 302 to
-  its CDN on another origin. The ``X-Repo-Commit``, ``X-Linked-Etag`` and ``X-Linked-Size`` of
-  the Hub's own (first, pre-redirect) answer are checked against what the caller expects.
-- **Authorization stays with the Hub's origin** (scheme, host, port): it is dropped on every
-  hop to another origin, as a presigned CDN URL refuses it.
+- **Redirects**, each hop's headers chosen for its origin (``net.attempt.open_following``):
+  huggingface.co answers ``/resolve/`` for every LFS file with a 302 to its CDN on another
+  origin, and ``Authorization`` never goes there. The ``X-Repo-Commit``, ``X-Linked-Etag`` and
+  ``X-Linked-Size`` of the Hub's own (first, pre-redirect) answer are checked against what the
+  caller expects.
 - **Resume against the final URL**: after a dropped connection the next attempt asks the CDN
   URL it was redirected to for ``Range: bytes=<received>-``; if that URL no longer answers
-  (an expired signature: 403/410), it goes back to the Hub once for a fresh one. Across
+  (an expired signature: 401/403/410), it goes back to the Hub once for a fresh one. Across
   processes the partial file on disk is re-hashed once, then the rest is fetched.
-- **429 and 5xx** are retried after ``Retry-After`` (capped at ``max_retry_after``) or an
-  exponential backoff; only attempts that moved no byte count towards giving up.
+- **429 and 5xx** are retried after what the server asked (``Retry-After``, the Hub's
+  ``RateLimit``), capped, or a backoff; only attempts that reach a byte no attempt reached
+  before count as progress (``net.transfer.Attempts``): a CDN that ignores ``Range`` and drops
+  every connection at the same byte runs out of attempts instead of restarting for ever.
 - **Several streams per file**: a file larger than one range (:class:`Ranges`) is fetched
   as ranges on several connections at once, the first from the Hub (headers checked, CDN
   URL learned) and the rest from the CDN directly; each range follows every rule here on its
   own. A partial file written so keeps a :class:`PartialRecord` of its whole prefix.
-- **Timeouts**: every request has a connect and a read timeout; a transfer that delivers no
-  byte for ``read_timeout`` is cut and resumed. A transfer slower than ``min_rate`` bytes/s
-  over ``rate_window`` seconds is cut too, and ``slow_attempts`` such cuts in a row end with
-  :class:`Unavailable` (exit 8) naming the server that trickled.
+- **Time**: every request has a connect and a read timeout, and its headers a total
+  deadline; a transfer that delivers no byte for ``read_timeout`` is cut and resumed. The
+  rate floor (``min_rate`` bytes/s over ``rate_window`` seconds) counts bytes across
+  reconnects; ``slow_attempts`` slow windows in a row end with :class:`Unavailable` (exit 8)
+  naming the server that trickled.
 
 Memory is one network chunk per stream in flight, whatever the file's size.
 """
 
 from __future__ import annotations
 
-import collections
-import email.utils
-import itertools
-import logging
 import os
-import random
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from urllib.parse import urljoin, urlsplit
 
-import urllib3
 from pydantic import BaseModel, ConfigDict
-from urllib3.exceptions import (
-    ConnectTimeoutError,
-    NameResolutionError,
-    NewConnectionError,
-    ProxyError,
-    ReadTimeoutError,
-    SSLError,
-)
 from urllib3.exceptions import HTTPError as Urllib3Error
 
-from k3artifacts.errors import ConfigError, Unavailable
+from k3artifacts.errors import ConfigError
+from k3artifacts.net.attempt import (
+    Opened,
+    PermanentError,
+    TransientError,
+    host_of,
+    open_following,
+)
+from k3artifacts.net.policy import RETRY_STATUS, RetryPolicy, server_wait
+from k3artifacts.net.redact import redact_url
+from k3artifacts.net.transfer import Attempts, Stopped
 from k3artifacts.revisions.hashing import MultiHasher, feed_file, feed_range
 
-log = logging.getLogger(__name__)
-
 NET_CHUNK = 1 << 20
-RETRY_STATUS = {408, 425, 429, 500, 502, 503, 504}
-REDIRECT_STATUS = {301, 302, 303, 307, 308}
 #: A presigned URL that expired between attempts: ask the Hub for a fresh one.
 EXPIRED_STATUS = {401, 403, 410}
 #: Hub headers on the ``/resolve/`` answer (huggingface_hub.constants spells them the same).
@@ -69,197 +62,21 @@ HEADER_COMMIT = "X-Repo-Commit"
 HEADER_LINKED_ETAG = "X-Linked-Etag"
 HEADER_LINKED_SIZE = "X-Linked-Size"
 
-
-@dataclass(frozen=True)
-class RetryPolicy:
-    """How hard to try, and how long to wait, for one Hub call or transfer.
-
-    The defaults suit huggingface.co: its API answers in well under a second and its CDN
-    delivers megabytes a second, so 60 s without a byte or under 64 KiB/s for a minute means
-    a stuck connection, worth cutting and resuming rather than waiting on."""
-
-    attempts: int = 8
-    backoff: float = 1.0
-    max_backoff: float = 60.0
-    #: The longest ``Retry-After`` obeyed; a longer one is waited this long, then retried.
-    max_retry_after: float = 300.0
-    connect_timeout: float = 10.0
-    #: No byte for this long cuts the request (headers or body): a stall.
-    read_timeout: float = 60.0
-    max_redirects: int = 5
-    #: A transfer slower than this many bytes/s over ``rate_window`` seconds is a trickle.
-    min_rate: float = 64 * 1024
-    rate_window: float = 60.0
-    #: Trickles in a row before giving up (each one is cut and resumed from its last byte).
-    slow_attempts: int = 3
-
-    def delay(self, attempt: int, retry_after: float | None) -> float:
-        if retry_after is not None:
-            return min(retry_after, self.max_retry_after)
-        return min(self.backoff * 2**attempt, self.max_backoff) * (0.5 + random.random() / 2)
-
-    def timeout(self) -> urllib3.Timeout:
-        return urllib3.Timeout(connect=self.connect_timeout, read=self.read_timeout)
-
-
-class TransientError(Exception):
-    """One attempt failed in a way that a retry may fix.
-
-    ``first_contact``: no connection could be made (DNS, refused, TLS) to a host that never
-    answered this process: retried once, quickly, not by the policy. ``slow``: the server
-    answered but trickled below the rate floor. ``stale_url``: the redirect target refused
-    (an expired presigned URL); the next attempt starts at the Hub again."""
-
-    def __init__(self, message: str, retry_after: float | None = None, *,
-                 first_contact: bool = False, slow: bool = False, stale_url: bool = False,
-                 host: str = ""):
-        super().__init__(message)
-        self.retry_after = retry_after
-        self.first_contact = first_contact
-        self.slow = slow
-        self.stale_url = stale_url
-        self.host = host
-
-
-#: Before a host ever answered, a failure to connect is retried once, this soon.
-FIRST_CONTACT_RETRY_S = 0.5
-#: host:port of every server that answered a download in this process.
-_answered: set[str] = set()
-_answered_lock = threading.Lock()
-
-
-def origin(url: str) -> tuple[str, str, int]:
-    """(scheme, host, port) with the scheme's default port: what Authorization is scoped to."""
-    parts = urlsplit(url)
-    scheme = parts.scheme.lower()
-    return scheme, (parts.hostname or "").lower(), parts.port or (443 if scheme == "https" else 80)
-
-
-def host_of(url: str) -> str:
-    _, host, port = origin(url)
-    return f"{host}:{port}"
-
-
-def headers_for(url: str, headers: Mapping[str, str], hub_url: str) -> dict[str, str]:
-    """``headers`` for a request to ``url``, without Authorization unless ``url`` is on the
-    Hub's own origin (that of ``hub_url``)."""
-    if origin(url) == origin(hub_url):
-        return dict(headers)
-    return {k: v for k, v in headers.items() if k.lower() != "authorization"}
-
-
-class PermanentError(Exception):
-    """An answer that no retry will change (404, 403...)."""
+RETRY_HINT = "the partial file is kept; re-run the same command to resume"
+SLOW_HINT = ("the partial file is kept; re-run later or from a better connected host, or "
+             "lower the floor with --min-rate (K3A_HTTP_MIN_RATE)")
+UNREACHABLE_HINT = ("check the endpoint (--endpoint / HF_ENDPOINT) and the route, DNS and "
+                    "proxy to it; partial files are kept for the re-run")
 
 
 class RangeIgnored(Exception):
     """The server answered a Range request with the whole body."""
 
 
-_pool: urllib3.PoolManager | None = None
-
-
-def pool() -> urllib3.PoolManager:
-    global _pool
-    if _pool is None:
-        # Redirects are followed by :func:`open_following` (never by urllib3), so each hop's
-        # headers are chosen for its origin and the Hub's own answer is seen. Up to 8 files
-        # at once, each over several streams, to one CDN host: a pool smaller than that opens
-        # and throws away a connection per range.
-        _pool = urllib3.PoolManager(num_pools=8, maxsize=64, retries=False)
-    return _pool
-
-
-def retry_after(value: str | None) -> float | None:
-    if not value:
-        return None
-    try:
-        return max(0.0, float(value))
-    except ValueError:
-        try:
-            parsed = email.utils.parsedate_to_datetime(value)
-        except (TypeError, ValueError):
-            return None
-        return max(0.0, parsed.timestamp() - time.time()) if parsed else None
-
-
-def request(method: str, url: str, headers: Mapping[str, str], policy: RetryPolicy,
-            **kw) -> urllib3.BaseHTTPResponse:
-    """One request, no redirect followed, connect and read timeouts from ``policy``.
-
-    Raises :class:`TransientError` when no answer came (refused, reset, timed out)."""
-    try:
-        resp = pool().request(method, url, headers=dict(headers), redirect=False, retries=False,
-                              timeout=policy.timeout(), **kw)
-    except Urllib3Error as exc:
-        with _answered_lock:
-            known = host_of(url) in _answered
-        unreachable = isinstance(exc, (NewConnectionError, SSLError, ProxyError))
-        raise TransientError(
-            f"{host_of(url)}: {_reason(exc)}",
-            first_contact=unreachable and not known, host=host_of(url),
-        ) from None
-    with _answered_lock:
-        _answered.add(host_of(url))
-    return resp
-
-
-def _reason(exc: BaseException) -> str:
-    """What went wrong, in the words an operator searches for."""
-    while isinstance(exc, Urllib3Error) and getattr(exc, "reason", None) is not None:
-        exc = exc.reason  # MaxRetryError and ProxyError wrap the cause
-    if isinstance(exc, NameResolutionError):
-        return f"the host name does not resolve ({exc})"
-    if isinstance(exc, NewConnectionError) and "refused" in str(exc).lower():
-        return f"connection refused ({exc})"
-    if isinstance(exc, ConnectTimeoutError):  # NewConnectionError's base class, so after it
-        return f"connect timed out ({exc})"
-    if isinstance(exc, ReadTimeoutError):
-        return f"no answer, read timed out ({exc})"
-    if isinstance(exc, SSLError):
-        return f"TLS handshake failed ({exc})"
-    return f"connection failed: {exc}"
-
-
-@dataclass
-class Opened:
-    """An answer with a body to read, after the redirects that led to it."""
-
-    response: urllib3.BaseHTTPResponse
-    url: str
-    #: Headers of the first answer (the Hub's own, before any redirect).
-    first_headers: Mapping[str, str]
-
-
-def open_following(url: str, headers: Mapping[str, str], policy: RetryPolicy, *,
-                   hub_url: str, method: str = "GET") -> Opened:
-    """``method url``, following up to ``policy.max_redirects`` redirects; Authorization only
-    ever goes to ``hub_url``'s origin."""
-    current = url
-    first: Mapping[str, str] | None = None
-    for _ in range(policy.max_redirects + 1):
-        resp = request(method, current, headers_for(current, headers, hub_url), policy,
-                       preload_content=False)
-        if first is None:
-            first = resp.headers
-        location = resp.headers.get("Location")
-        if resp.status not in REDIRECT_STATUS or not location:
-            return Opened(resp, current, first)
-        _discard(resp)
-        target = urljoin(current, location)
-        if urlsplit(target).scheme.lower() not in ("http", "https"):
-            raise PermanentError(f"{host_of(current)} redirected to a non-HTTP URL: {target!r}")
-        current = target
-    raise PermanentError(
-        f"more than {policy.max_redirects} redirects from {host_of(url)} (last: {host_of(current)})"
-    )
-
-
-def _discard(resp: urllib3.BaseHTTPResponse) -> None:
-    try:
-        resp.drain_conn()
-    finally:
-        resp.release_conn()
+def attempts(policy: RetryPolicy, name: str, url: str, start: int = 0,
+             stop: threading.Event | None = None) -> Attempts:
+    return Attempts(policy, name, host_of(url), start, stop, retry_hint=RETRY_HINT,
+                    slow_hint=SLOW_HINT, unreachable_hint=UNREACHABLE_HINT)
 
 
 @dataclass(frozen=True)
@@ -302,11 +119,15 @@ class Ranges:
             raise ConfigError(f"{self.streams} streams of {self.size}-byte ranges: a file needs "
                               "at least one stream and ranges of at least one byte")
 
-    def split(self, start: int, end: int) -> list[tuple[int, int]]:
+    def split(self, start: int, end: int) -> Iterator[tuple[int, int]]:
         """``[start, end)`` as ``(first, stop)`` ranges on multiples of ``size``: the same
-        boundaries whatever byte a resumed run starts from."""
-        cuts = [start, *range(start - start % self.size + self.size, end, self.size), end]
-        return list(itertools.pairwise(cuts))
+        boundaries whatever byte a resumed run starts from. Made one at a time: a file's
+        listed size is upstream's word, and no list of its ranges is built from it."""
+        first = start
+        while first < end:
+            stop = min(first - first % self.size + self.size, end)
+            yield first, stop
+            first = stop
 
     def applies(self, start: int, end: int) -> bool:
         return self.streams > 1 and end - start > self.size
@@ -356,67 +177,6 @@ def _kept(part: Path, size: int, expected: Expected) -> int:
     return kept or 0
 
 
-class _Stopped(Exception):
-    """Another range of the same file failed: this one stops where it is."""
-
-
-class _Tries:
-    """When one stream of bytes (a whole file or one range of it) gives up.
-
-    Only attempts that moved no byte count: a flaky link that still delivers is not a dead
-    one. A host that never answered gets one quick second chance; trickles in a row end it."""
-
-    def __init__(self, policy: RetryPolicy, name: str, url: str,
-                 stop: threading.Event | None = None):
-        self.policy = policy
-        self.name = name
-        self.url = url
-        self.stop = stop
-        self.attempt = 0
-        self.slow = 0
-
-    def failed(self, exc: TransientError, progressed: bool, position: int) -> None:
-        """Wait before the next attempt, or raise :class:`Unavailable`."""
-        policy, name = self.policy, self.name
-        if exc.first_contact:
-            self.attempt += 1
-            if self.attempt >= 2:
-                raise Unavailable(
-                    f"{name}: cannot reach {exc.host or host_of(self.url)} (it never "
-                    f"answered): {exc}",
-                    hint="check the endpoint (--endpoint / HF_ENDPOINT) and the route, "
-                    "DNS and proxy to it; partial files are kept for the re-run",
-                ) from None
-            self._sleep(FIRST_CONTACT_RETRY_S)
-            return
-        if exc.slow:
-            self.slow += 1
-            if self.slow >= policy.slow_attempts:
-                raise Unavailable(
-                    f"{name}: {exc.host} too slow, {self.slow} transfers in a row: {exc}",
-                    hint="the partial file is kept; re-run later or from a better "
-                    "connected host, or lower the floor with --min-rate",
-                ) from None
-        else:
-            self.slow = 0
-        self.attempt = 1 if progressed else self.attempt + 1
-        if self.attempt >= policy.attempts:
-            raise Unavailable(
-                f"{name}: gave up after {self.attempt} attempts: {exc}",
-                hint="the partial file is kept; re-run the same command to resume",
-            ) from None
-        delay = policy.delay(self.attempt - 1, exc.retry_after)
-        log.warning("%s: %s; attempt %d of %d without progress, retrying in %.1fs from byte %d",
-                    name, exc, self.attempt, policy.attempts, delay, position)
-        self._sleep(delay)
-
-    def _sleep(self, seconds: float) -> None:
-        if self.stop is None:
-            time.sleep(seconds)
-        elif self.stop.wait(seconds):
-            raise _Stopped()
-
-
 def _content_range_start(value: str | None, size: int, host: str) -> int | None:
     """The first byte of a 206's ``Content-Range: bytes a-b/total``; refuses a total that
     contradicts the listed size."""
@@ -454,18 +214,18 @@ class _Transfer:
         elif first:
             req["Range"] = f"bytes={first}-"
         start = self.resume_url or self.hub_url
-        opened = open_following(start, req, self.policy, hub_url=self.hub_url)
+        opened = open_following(start, req, self.policy, auth_origin=self.hub_url)
         resp, host = opened.response, host_of(opened.url)
         try:
             if start == self.hub_url:
                 check_hub_headers(opened.first_headers, self.size, self.expected)
             if resp.status in RETRY_STATUS:
                 raise TransientError(f"HTTP {resp.status} from {host}",
-                                     retry_after(resp.headers.get("Retry-After")), host=host)
+                                     server_wait(resp.headers), answered=True, host=host)
             if self.resume_url is not None and resp.status in EXPIRED_STATUS:
                 self.resume_url = None
                 raise TransientError(f"HTTP {resp.status} from {host} on resume", 0.0,
-                                     stale_url=True, host=host)
+                                     stale_url=True, answered=True, host=host)
             if "Range" in req and resp.status == 200:
                 # The server ignored Range: start over rather than append a second copy.
                 raise RangeIgnored()
@@ -488,43 +248,33 @@ class _Transfer:
         return opened
 
     def body(self, opened: Opened, first: int, stop: int, sink: Callable[[bytes], None],
-             halt: threading.Event | None = None) -> None:
+             tries: Attempts, halt: threading.Event | None = None) -> None:
         """Pass the answer's bytes ``[first, stop)`` to ``sink`` in order; always releases
-        the answer. A stall or trickle is a :class:`TransientError` from the byte reached."""
-        resp, policy, url = opened.response, self.policy, opened.url
+        the answer. A stall or trickle (``tries``' rate meter, which spans attempts) is a
+        :class:`TransientError` from the byte reached."""
+        resp, host = opened.response, host_of(opened.url)
         position = first
-        window_start, window_bytes = time.monotonic(), 0
         try:
             while position < stop:
                 if halt is not None and halt.is_set():
-                    raise _Stopped()
+                    raise Stopped()
                 try:
                     # read1 returns what has arrived instead of waiting for a full chunk, so a
                     # dropped connection loses no byte already received: resume starts there.
                     data = resp.read1(min(NET_CHUNK, stop - position))
                 except Urllib3Error as exc:
-                    raise TransientError(
-                        f"connection to {host_of(url)} lost at byte {position}: {exc}",
-                        host=host_of(url),
-                    ) from None
+                    raise TransientError(f"connection to {host} lost at byte {position}: {exc}",
+                                         host=host) from None
                 if not data:
-                    raise TransientError(f"body from {host_of(url)} ended at byte {position} "
-                                         f"of {self.size}", host=host_of(url))
+                    raise TransientError(f"body from {host} ended at byte {position} of "
+                                         f"{self.size}", host=host)
                 sink(data)
                 position += len(data)
-                window_bytes += len(data)
-                elapsed = time.monotonic() - window_start
-                if elapsed >= policy.rate_window and position < stop:
-                    rate = window_bytes / elapsed
-                    if rate < policy.min_rate:
-                        raise TransientError(
-                            f"{host_of(url)} sent {rate:.0f} B/s over {elapsed:.1f}s, below "
-                            f"the floor of {policy.min_rate:.0f} B/s", slow=True,
-                            host=host_of(url),
-                        )
-                    window_start, window_bytes = time.monotonic(), 0
+                tries.meter.add(len(data))
+                if position < stop and (verdict := tries.meter.judge(host)) is not None:
+                    raise TransientError(verdict, slow=True, host=host)
             if stop == self.size and resp.read(1):
-                raise PermanentError(f"{host_of(url)} sent more than the listed {self.size} bytes")
+                raise PermanentError(f"{host} sent more than the listed {self.size} bytes")
         except BaseException:
             resp.close()
             raise
@@ -554,7 +304,8 @@ class _RangedFetch:
         self.fd = fd
         self.hasher = hasher
         self.streams = ranges.streams
-        self.pending = collections.deque(ranges.split(hasher.size, transfer.size))
+        self.ranges = ranges
+        self.pending = ranges.split(hasher.size, transfer.size)
         self.part = part
         self.name = name
         self.durable = durable
@@ -570,18 +321,19 @@ class _RangedFetch:
 
     def run(self) -> None:
         self._record()  # before any byte lands past the prefix
-        first, stop = self.pending.popleft()
-        tries = self._tries()
+        first, stop = next(self.pending)
+        tries = self._tries(first)
         opened = None
         try:
             while opened is None:
                 try:
                     opened = self.transfer.open(first, stop)
                 except TransientError as exc:
-                    tries.failed(exc, False, first)
+                    tries.failed(exc, first)
+            left = -(-(self.transfer.size - stop) // self.ranges.size)
             helpers = [threading.Thread(target=self._guarded, args=(self._work,),
                                         name="k3a-range", daemon=True)
-                       for _ in range(min(self.streams - 1, len(self.pending)))]
+                       for _ in range(min(self.streams - 1, left))]
             for thread in helpers:
                 thread.start()
             self._guarded(self._range, first, stop, opened, tries)
@@ -597,25 +349,25 @@ class _RangedFetch:
     def _guarded(self, work: Callable[..., None], *args: object) -> None:
         try:
             work(*args)
-        except _Stopped:
+        except Stopped:
             pass
         except BaseException as exc:  # noqa: BLE001 - run() raises it on the caller's thread
             with self.lock:
                 self.errors.append(exc)
             self.halt.set()
 
-    def _tries(self) -> _Tries:
-        return _Tries(self.transfer.policy, self.name, self.transfer.hub_url, self.halt)
+    def _tries(self, first: int) -> Attempts:
+        return attempts(self.transfer.policy, self.name, self.transfer.hub_url, first, self.halt)
 
     def _work(self) -> None:
         while not self.halt.is_set():
             with self.lock:
-                if not self.pending:
-                    return
-                first, stop = self.pending.popleft()
-            self._range(first, stop, None, self._tries())
+                span = next(self.pending, None)
+            if span is None:
+                return
+            self._range(*span, None, self._tries(span[0]))
 
-    def _range(self, first: int, stop: int, opened: Opened | None, tries: _Tries) -> None:
+    def _range(self, first: int, stop: int, opened: Opened | None, tries: Attempts) -> None:
         position = first
 
         def sink(data: bytes) -> None:
@@ -628,13 +380,12 @@ class _RangedFetch:
                 self.on_bytes(done)
 
         while position < stop:
-            before = position
             try:
                 if opened is None:
                     opened = self.transfer.open(position, stop)
-                self.transfer.body(opened, position, stop, sink, self.halt)
+                self.transfer.body(opened, position, stop, sink, tries, self.halt)
             except TransientError as exc:
-                tries.failed(exc, position > before, position)
+                tries.failed(exc, position)
             finally:
                 opened = None
         self._landed(first, stop)
@@ -686,7 +437,7 @@ def fetch(
     size: int,
     hasher_factory: Callable[[], MultiHasher],
     *,
-    policy: RetryPolicy = RetryPolicy(),
+    policy: RetryPolicy | None = None,
     ranges: Ranges = Ranges(),
     on_bytes: Callable[[int], None] | None = None,
     on_prefix: Callable[[int], None] | None = None,
@@ -702,8 +453,9 @@ def fetch(
     partial file left by an earlier process. A file of more than one range is fetched over
     ``ranges.streams`` connections. Raises :class:`Unavailable` when attempts that make no
     progress (or trickles) are exhausted and :class:`PermanentError` when the server's answer
-    cannot become right by retrying. ``durable=False`` skips the fsync (the caller makes the
-    bytes durable some other way, or re-checks them after a crash).
+    cannot become right by retrying. ``policy`` defaults to the settings' (``K3A_HTTP_*``).
+    ``durable=False`` skips the fsync (the caller makes the bytes durable some other way, or
+    re-checks them after a crash).
     """
     hasher = hasher_factory()
     kept = _kept(part, size, expected)
@@ -711,8 +463,8 @@ def fetch(
         # Cross-process resume: the old process's hash state is gone; rebuild it from the
         # bytes already on disk (read once), then fetch only the rest.
         feed_file(hasher, part, limit=kept, on_bytes=on_resumed)
-    transfer = _Transfer(url, headers, size, expected, policy)
-    name = label or url
+    transfer = _Transfer(url, headers, size, expected, policy or RetryPolicy())
+    name = label or redact_url(url)
     # Readable too: the hash cursor maps what the streams wrote.
     with open(part, "r+b" if part.exists() else "w+b") as fh:
         if ranges.applies(hasher.size, size):
@@ -735,7 +487,7 @@ def _single(transfer: _Transfer, fh, hasher: MultiHasher,
             on_bytes: Callable[[int], None] | None,
             on_prefix: Callable[[int], None] | None) -> MultiHasher:
     """The rest of the file over one stream, front to back (a no-op once it is whole)."""
-    tries = _Tries(transfer.policy, name, transfer.hub_url)
+    tries = attempts(transfer.policy, name, transfer.hub_url, hasher.size)
 
     def sink(data: bytes) -> None:
         fh.write(data)
@@ -750,9 +502,10 @@ def _single(transfer: _Transfer, fh, hasher: MultiHasher,
         fh.truncate()
         before = hasher.size
         try:
-            transfer.body(transfer.open(before, transfer.size), before, transfer.size, sink)
+            transfer.body(transfer.open(before, transfer.size), before, transfer.size, sink,
+                          tries)
         except RangeIgnored:
             hasher = hasher_factory()  # the sink hashes into the new one from byte 0
         except TransientError as exc:
-            tries.failed(exc, hasher.size > before, hasher.size)
+            tries.failed(exc, hasher.size)
     return hasher

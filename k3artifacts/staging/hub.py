@@ -1,9 +1,10 @@
 """The upstream: a Hugging Face Hub (or anything speaking its API).
 
-Metadata (commit resolution, the recursive tree listing with LFS sha256) is fetched here with
-the same HTTP client as the file bytes (:mod:`k3artifacts.staging.download`), so every Hub call
-has a connect and a read timeout, 429/5xx are retried after ``Retry-After``, and the token
-never leaves the Hub's origin: a tree listing whose ``Link: next`` points at another host is
+Metadata (commit resolution, the recursive tree listing with LFS sha256) is fetched here
+through the network layer (:mod:`k3artifacts.net`), as the file bytes are, so every Hub call
+has a connect and a read timeout and a deadline over the whole answer, 429/5xx are retried
+after ``Retry-After`` or the Hub's ``RateLimit`` header, and the token never leaves the Hub's
+origin: a tree listing whose ``Link: next`` points at another host is
 followed without ``Authorization`` (``huggingface_hub``'s ``paginate`` would send it). The
 endpoint and token are found as ``huggingface_hub`` finds them (``HF_ENDPOINT``, ``HF_TOKEN``,
 the user's login). Every listing field is checked at this edge: a malformed one is refused
@@ -15,33 +16,30 @@ from __future__ import annotations
 import json
 import logging
 import re
-import time
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote, urlencode, urljoin, urlparse
 
 from huggingface_hub import constants, hf_hub_url
 from huggingface_hub.utils import build_hf_headers
-from urllib3.exceptions import HTTPError as Urllib3Error
 
-from k3artifacts.errors import ConfigError, NotFound, Refusal, ReleaseRefused, Unavailable
-from k3artifacts.revisions.refs import COMMIT
-from k3artifacts.staging.download import (
-    RETRY_STATUS,
-    Expected,
-    PermanentError,
-    RetryPolicy,
-    TransientError,
-    host_of,
-    open_following,
-    origin,
-    retry_after,
+from k3artifacts.errors import (
+    BadAnswer,
+    ConfigError,
+    NotFound,
+    Refusal,
+    ReleaseRefused,
+    Unavailable,
 )
+from k3artifacts.net.attempt import host_of, origin
+from k3artifacts.net.calls import Peer, call
+from k3artifacts.net.policy import RetryPolicy
+from k3artifacts.net.redact import redact_url
+from k3artifacts.revisions.refs import COMMIT
+from k3artifacts.staging.download import Expected
 
 log = logging.getLogger(__name__)
 
-#: Before the hub ever answered, a failure to connect is retried once, this soon.
-FIRST_CONTACT_RETRY_S = 0.5
 #: Largest metadata answer read (a tree page of 1000 entries is ~300 KB).
 MAX_METADATA_BYTES = 32 << 20
 #: Most listing entries accepted for one revision (Kimi K3 has a few hundred files).
@@ -51,6 +49,17 @@ SHA256 = re.compile(r"^[0-9a-f]{64}$")
 GIT_OID = re.compile(r"^[0-9a-f]{40}$")
 #: The longest listed path worth looking at; rules.path_refusal decides what is acceptable.
 MAX_LISTED_PATH = 4096
+#: The largest file size believed (1 TiB; the Hub's LFS files are at most 50 GB). A listed
+#: size is upstream's word, checked before anything (a range plan, a preallocation, a file
+#: offset) is sized from it.
+MAX_LISTED_SIZE = 1 << 40
+
+UNAVAILABLE_HINT = ("check network access to the endpoint, then re-run (work done is kept); "
+                    "--connect-timeout / --read-timeout (K3A_HTTP_*) tune how long a silent "
+                    "hub is waited on")
+UNREACHABLE_HINT = ("check the endpoint (set by --endpoint or HF_ENDPOINT; default "
+                    "https://huggingface.co), DNS, the route and proxy (HTTPS_PROXY) to it, "
+                    "then re-run")
 
 
 @dataclass(frozen=True)
@@ -76,7 +85,8 @@ def check_endpoint(endpoint: str) -> str:
         parsed = parsed._replace(netloc="")
     if parsed.scheme not in ("http", "https") or not parsed.hostname:
         raise ConfigError(
-            f"hub endpoint {endpoint!r} is not a valid http(s) URL (scheme://host[:port])",
+            f"hub endpoint {redact_url(endpoint)!r} is not a valid http(s) URL "
+            "(scheme://host[:port])",
             hint="set --endpoint (or HF_ENDPOINT) to e.g. https://huggingface.co",
         )
     return endpoint
@@ -95,100 +105,46 @@ class HubSource:
         retry: RetryPolicy | None = None,
     ):
         self.endpoint = check_endpoint(endpoint or constants.ENDPOINT).rstrip("/")
+        #: The endpoint as messages show it (a password in it is not).
+        self.shown = redact_url(self.endpoint)
         self.token = token
         self.retry = retry or RetryPolicy()
-        #: Whether the hub has answered once. Before that, "cannot connect" means a wrong
-        #: endpoint, no route or no DNS, which retrying for a minute will not change.
-        self.contacted = False
 
     # ----- calls -----------------------------------------------------------------------------
 
     def _call(self, what: str, url: str) -> tuple[Any, dict[str, str]]:
-        """GET ``url`` as JSON, retrying what a retry may fix."""
-        attempt = 0
-        while True:
-            try:
-                result = self._get_json(what, url)
-                self.contacted = True
-                return result
-            except _Transient as exc:
-                attempt += 1
-                if exc.unreachable and not self.contacted:
-                    if attempt >= 2:
-                        raise self._unreachable(exc.detail) from None
-                    time.sleep(FIRST_CONTACT_RETRY_S)
-                    continue
-                if exc.answered:
-                    self.contacted = True
-                if attempt >= self.retry.attempts:
-                    raise exc.error from None
-                delay = self.retry.delay(attempt - 1, exc.retry_after)
-                log.warning("%s; attempt %d of %d, retrying in %.1fs",
-                            exc.error, attempt, self.retry.attempts, delay)
-                time.sleep(delay)
-
-    def _unreachable(self, detail: str) -> Unavailable:
-        return Unavailable(
-            f"hub at {self.endpoint} unavailable (first contact): {detail}",
-            hint="check the endpoint (set by --endpoint or HF_ENDPOINT; default "
-            "https://huggingface.co), DNS, the route and proxy (HTTPS_PROXY) to it, then re-run",
-        )
-
-    def _get_json(self, what: str, url: str) -> tuple[Any, dict[str, str]]:
-        def unavailable(detail: str) -> Unavailable:
-            return Unavailable(
-                f"{what}: hub at {self.endpoint} unavailable: {detail}",
-                hint="check network access to the endpoint, then re-run (work done is kept); "
-                "--connect-timeout / --read-timeout tune how long a silent hub is waited on",
-            )
-
+        """GET ``url`` as JSON through the network layer: the token only to the hub's origin
+        (same-origin redirects, a renamed repo, are followed as the official client does),
+        retries by the policy, the whole answer within its deadline."""
+        peer = Peer(f"{what}: hub at {self.shown}", UNAVAILABLE_HINT, UNREACHABLE_HINT)
+        answer = call("GET", url, peer, headers=self.headers(), policy=self.retry,
+                      auth_origin=self.endpoint, limit=MAX_METADATA_BYTES)
+        headers = {k.lower(): v for k, v in answer.headers.items()}
+        if answer.status != 200:
+            self._raise_for(what, answer.status, headers, answer.url)
         try:
-            # Same-origin redirects (a renamed repo) are followed as the official client does;
-            # the token goes to the hub's origin only.
-            opened = open_following(url, self.headers(), self.retry, hub_url=self.endpoint)
-        except TransientError as exc:
-            raise _Transient(unavailable(str(exc)), None, unreachable=exc.first_contact,
-                             detail=str(exc)) from None
-        except PermanentError as exc:
-            raise unavailable(str(exc)) from None
-        resp, url = opened.response, opened.url
-        try:
-            body = _read_bounded(resp, self.retry, host_of(url))
-        except TransientError as exc:
-            resp.close()  # a half-read answer must not go back to the pool
-            raise _Transient(unavailable(str(exc)), None, answered=True) from None
-        finally:
-            resp.release_conn()
-        headers = {k.lower(): v for k, v in resp.headers.items()}
-        status = resp.status
-        if status != 200:
-            self._raise_for(what, status, headers, url, unavailable)
-        try:
-            return json.loads(body), headers
-        except ValueError:
-            raise _Transient(unavailable(f"answer from {host_of(url)} is not JSON"), None,
-                             answered=True) from None
+            return json.loads(answer.body), headers
+        except (ValueError, RecursionError):
+            raise BadAnswer(f"{what}: the answer of the hub at {self.shown} "
+                            f"({host_of(answer.url)}) is not JSON") from None
 
-    def _raise_for(self, what: str, status: int, headers: dict[str, str], url: str,
-                   unavailable) -> None:
+    def _raise_for(self, what: str, status: int, headers: dict[str, str], url: str) -> None:
         code = headers.get("x-error-code", "")
-        message = headers.get("x-error-message", "")
+        message = headers.get("x-error-message", "")[:300]
         if code == "GatedRepo":
             raise NotFound(f"{what}: gated repository, access not granted ({message})",
                            hint="accept the model's terms on the Hub and set HF_TOKEN")
         if code == "RepoNotFound" or (status == 401 and "invalid credentials" not in
                                       message.lower()):
-            raise NotFound(f"{what}: repository not found at {self.endpoint}",
+            raise NotFound(f"{what}: repository not found at {self.shown}",
                            hint="check the repo id, HF_ENDPOINT and HF_TOKEN")
         if code == "RevisionNotFound":
             raise NotFound(f"{what}: revision not found", hint="check the branch, tag or commit")
         if code == "EntryNotFound" or status == 404:
-            raise NotFound(f"{what}: not found at {self.endpoint} ({message or status})")
-        error = unavailable(f"HTTP {status} from {host_of(url)}"
-                            + (f" ({message})" if message else ""))
-        if status in RETRY_STATUS:
-            raise _Transient(error, retry_after(headers.get("retry-after")), answered=True)
-        raise error
+            raise NotFound(f"{what}: not found at {self.shown} ({message or status})")
+        raise Unavailable(f"{what}: hub at {self.shown} unavailable: HTTP {status} from "
+                          f"{host_of(url)}" + (f" ({message})" if message else ""),
+                          hint=UNAVAILABLE_HINT)
 
     # ----- what the engine asks --------------------------------------------------------------
 
@@ -201,12 +157,12 @@ class HubSource:
         info, _ = self._call(what, url)
         sha = info.get("sha") if isinstance(info, dict) else None
         if not isinstance(sha, str) or not COMMIT.match(sha):
-            raise Unavailable(f"{what}: hub at {self.endpoint} returned no commit sha "
-                              f"({str(sha)[:80]!r})")
+            raise BadAnswer(f"{what}: hub at {self.shown} returned no commit sha "
+                            f"({str(sha)[:80]!r})")
         if COMMIT.match(revision) and sha != revision:
             raise PinContradicted([Refusal(
                 what, "pinned-commit",
-                f"pinned commit {revision} but the hub at {self.endpoint} answered commit {sha}",
+                f"pinned commit {revision} but the hub at {self.shown} answered commit {sha}",
             )])
         return sha
 
@@ -244,8 +200,8 @@ class HubSource:
             return None
         target = urljoin(current, target)
         if urlparse(target).scheme not in ("http", "https"):
-            raise ReleaseRefused([Refusal(what, "listing",
-                                          f"next page is not an http(s) URL: {target[:200]!r}")])
+            raise ReleaseRefused([Refusal(
+                what, "listing", f"next page is not an http(s) URL: {redact_url(target)[:200]!r}")])
         if origin(target) != origin(self.endpoint):
             log.warning("%s: the listing continues on %s; the token is not sent there",
                         what, host_of(target))
@@ -278,6 +234,9 @@ def parse_entry(raw: Any, index: int) -> RemoteFile | Refusal | None:
     size = raw.get("size")
     if type(size) is not int or size < 0:
         return bad(f"size is {str(size)[:40]!r}, not a non-negative integer")
+    if size > MAX_LISTED_SIZE:
+        return bad(f"size {str(size)[:40]} is beyond any file the Hub serves (at most "
+                   f"{MAX_LISTED_SIZE} bytes are believed)")
     oid = raw.get("oid")
     if not isinstance(oid, str) or not GIT_OID.match(oid):
         return bad(f"oid {str(oid)[:80]!r} is not a 40-hex git blob id")
@@ -307,42 +266,3 @@ def _next_link(link: str | None) -> str | None:
         ):
             return target[1:-1]
     return None
-
-
-def _read_bounded(resp, policy: RetryPolicy, host: str) -> bytes:
-    """The whole body, at most :data:`MAX_METADATA_BYTES`, within ``policy.read_timeout``
-    in all: a metadata answer that trickles is as stuck as one that stalls."""
-    deadline = time.monotonic() + policy.read_timeout
-    chunks: list[bytes] = []
-    total = 0
-    while True:
-        try:
-            data = resp.read1(1 << 16)
-        except Urllib3Error as exc:
-            raise TransientError(f"{host}: reading the answer failed: {exc}", host=host) from None
-        if not data:
-            return b"".join(chunks)
-        total += len(data)
-        if total > MAX_METADATA_BYTES:
-            raise TransientError(f"{host}: answer larger than {MAX_METADATA_BYTES} bytes",
-                                 host=host)
-        chunks.append(data)
-        if time.monotonic() > deadline:
-            raise TransientError(f"{host}: answer not complete after {policy.read_timeout:g}s",
-                                 host=host, slow=True)
-
-
-class _Transient(Exception):
-    """A metadata call failed in a way a retry may fix; ``error`` is what to raise if not.
-
-    ``answered``: the hub did answer (an HTTP status). ``unreachable``: no connection could be
-    made at all (DNS, refused, TLS handshake)."""
-
-    def __init__(self, error: Unavailable, retry_after: float | None, *,
-                 answered: bool = False, unreachable: bool = False, detail: str = ""):
-        super().__init__(str(error))
-        self.detail = detail
-        self.error = error
-        self.retry_after = retry_after
-        self.answered = answered
-        self.unreachable = unreachable

@@ -5,6 +5,11 @@ size and nesting, and refused when it uses anchors or aliases. ``yaml.safe_load`
 aliases, so a 334-byte card of nested aliases becomes hundreds of MB (a "billion laughs");
 no real card needs them. A refused card is a :class:`~k3artifacts.errors.ReleaseRefused`
 (exit 3) naming the file and the rule ``model-card``.
+
+The license text is not copied into the manifest: it is a file of the revision, named by the
+record's ``path`` and bound by its ``sha256`` (and the file's own record), and read from the
+store when someone reviews it (``releases/reviews.py:license_text``). A 100 MB LICENSE makes
+no 100 MB manifest.
 """
 
 from __future__ import annotations
@@ -87,7 +92,8 @@ def capture(
     """The revision's license: its license file, else (a card whose metadata names a license:
     ``license:``, ``license_name:`` or ``license_link:``) the model card itself. The card is
     then the document a reviewer reads and the gate holds by sha256: its metadata alone is
-    what upstream wrote as the license, and its prose usually says what the terms are."""
+    what upstream wrote as the license, and its prose usually says what the terms are. The
+    text stays in the revision's file, read by its sha256; the record holds only the digest."""
     card_name = card_file.name if card_file is not None else "README.md"
     card = card_file.read_bytes() if card_file is not None else b""
     try:
@@ -96,20 +102,16 @@ def capture(
                   for name in ("license", "license_name", "license_link")}
     except Refusal as exc:
         raise ReleaseRefused([exc]) from None
-    raw = None
+    sha = None
     if license_file is not None:
-        raw = license_file.read_bytes()
+        with open(license_file, "rb") as fh:
+            sha = hashlib.file_digest(fh, "sha256").hexdigest()
     elif any(fields.values()):
         # The card's path in the revision is its name: a model card is README.md at the root.
-        license_path, raw = card_name, card
-    text = sha = None
-    if raw is not None:
-        sha = hashlib.sha256(raw).hexdigest()
-        text = raw.decode("utf-8", errors="replace")
+        license_path, sha = card_name, hashlib.sha256(card).hexdigest()
     return LicenseRecord(
         path=license_path,
         sha256=sha,
-        text=text,
         card_license=fields["license"],
         card_license_name=fields["license_name"],
         card_license_link=fields["license_link"],

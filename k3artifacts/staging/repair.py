@@ -15,8 +15,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from k3artifacts.errors import VerifyMismatch
+from k3artifacts.net.attempt import PermanentError
 from k3artifacts.revisions.hashing import MultiHasher
-from k3artifacts.staging.download import Expected, PermanentError, fetch
+from k3artifacts.staging.download import Expected, fetch
 from k3artifacts.staging.hub import HubSource
 from k3artifacts.stores.base import Store
 from k3artifacts.stores.verify import verify_revision

@@ -29,7 +29,9 @@ MAX_HEADER = 100_000_000
 #: so nesting is bounded before it runs (a header of 100k brackets is a RecursionError).
 MAX_DEPTH = 8
 
-_JSON_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"')
+#: A JSON string, or what is left of an unterminated one: possessive, so no text is scanned
+#: twice (a header of ``{"`` and 400 KB of ``\"`` made the plain pattern retry every quote).
+_JSON_STRING = re.compile(rb'"(?:[^"\\]++|\\.)*+(?:"|\\?\Z)', re.DOTALL)
 _NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
 _INNERMOST = re.compile(rb"\[\]|\{\}")
 
@@ -75,6 +77,11 @@ def _read_exactly(fh: BinaryIO, n: int) -> bytes:
         chunks.append(chunk)
         got += len(chunk)
     return b"".join(chunks)
+
+
+def _shown_shape(shape: list[int]) -> str:
+    text = str(shape)
+    return text if len(text) <= 80 else text[:77] + "...]"
 
 
 def _refuse(path: str, detail: str) -> Refusal:
@@ -161,9 +168,11 @@ def check_header_stream(path: str, fh: BinaryIO, file_size: int) -> HeaderInfo:
             )
         bits = math.prod(shape) * DTYPE_BITS[dtype]
         if bits % 8 or bits // 8 != end - begin:
+            # Integer arithmetic only: a shape's product can be far beyond any float.
+            needs = f"{bits // 8}" + (f" and {bits % 8}/8" if bits % 8 else "")
             raise _refuse(
                 path,
-                f"tensor {name!r}: {dtype}{shape} needs {bits / 8:g} bytes, "
+                f"tensor {name!r}: {dtype}{_shown_shape(shape)} needs {needs[:60]} bytes, "
                 f"data_offsets span {end - begin}",
             )
         spans.append((begin, end, name))

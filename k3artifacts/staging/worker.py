@@ -22,16 +22,12 @@ from pathlib import Path
 
 from k3artifacts import faultpoints
 from k3artifacts.errors import Refusal, Unavailable
+from k3artifacts.net.attempt import PermanentError
+from k3artifacts.net.policy import RetryPolicy
 from k3artifacts.revisions.hashing import MultiHasher
 from k3artifacts.revisions.manifest import FileRecord
 from k3artifacts.settings import default_quarantine, default_workers
-from k3artifacts.staging.download import (
-    PermanentError,
-    Ranges,
-    RetryPolicy,
-    fetch,
-    kept_prefix,
-)
+from k3artifacts.staging.download import Ranges, fetch, kept_prefix
 from k3artifacts.staging.events import StageObserver
 from k3artifacts.staging.hub import HubSource, RemoteFile
 from k3artifacts.staging.plan import matches_listing
@@ -52,7 +48,8 @@ from k3artifacts.stores.registry import open_store
 class StageOptions:
     allow_pickle: bool = False
     workers: int = field(default_factory=default_workers)
-    retry: RetryPolicy = RetryPolicy()
+    #: Read from the settings (``K3A_HTTP_*``) when the options are made, not at import.
+    retry: RetryPolicy = field(default_factory=RetryPolicy)
     #: Streams per large file, and the size of the ranges they fetch.
     ranges: Ranges = Ranges()
     #: Keep the quarantine copy after publishing (default: remove it, it is in the store now).

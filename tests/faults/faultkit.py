@@ -7,6 +7,7 @@ import contextlib
 import http.server
 import os
 import signal
+import ssl
 import subprocess
 import threading
 import time
@@ -26,18 +27,37 @@ WAIT = 30.0
 
 
 @contextlib.contextmanager
-def serving(handler: type[http.server.BaseHTTPRequestHandler]) -> Iterator[str]:
+def serving(handler: type[http.server.BaseHTTPRequestHandler],
+            tls: tuple[Path, Path] | None = None) -> Iterator[str]:
     """A one-off misbehaving HTTP server on 127.0.0.1 (a thread of this process), for answers
-    the local hub has no fault for; yields its base URL and is shut down on exit."""
+    the local hub has no fault for; yields its base URL and is shut down on exit. ``tls``: a
+    certificate and key file to serve HTTPS with."""
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    scheme = "http"
+    if tls is not None:
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        context.load_cert_chain(*tls)
+        server.socket = context.wrap_socket(server.socket, server_side=True)
+        scheme = "https"
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
+        yield f"{scheme}://127.0.0.1:{server.server_address[1]}"
     finally:
         server.shutdown()
         server.server_close()
         thread.join(timeout=5)
+
+
+def send_slowly(wfile, data: bytes, seconds: float = 0.1) -> None:
+    """Write ``data`` a byte every ``seconds``: a peer always just fast enough to beat a read
+    timeout. Stops when the client hangs up."""
+    for i in range(len(data)):
+        try:
+            wfile.write(data[i:i + 1])
+        except OSError:
+            return
+        time.sleep(seconds)
 
 
 def wait_for(predicate: Callable[[], object], what: str, timeout: float = WAIT,

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from k3artifacts.cli.stage import print_stage_result, run_stage
-from k3artifacts.staging.download import RetryPolicy
+from k3artifacts.net.policy import RetryPolicy
 from k3artifacts.staging.engine import StageOptions
 from k3artifacts.stores.s3 import MiB, S3Store, TransferTuning
 from tests.staging_helpers import REPO

@@ -92,7 +92,7 @@ def test_hostile_listing_is_refused_before_any_download(local_hub, file_store, t
         (raw_safetensors({"a": U8, "b": {**U8, "data_offsets": [4, 12]}}, b"\0" * 12), "overlap"),
         (raw_safetensors({"a": {**U8, "data_offsets": [0, 4096]}}, b"\0" * 8), "out of bounds"),
         (raw_safetensors({"a": {**U8, "data_offsets": [-8, 0]}}, b"\0" * 8), "out of bounds"),
-        (raw_safetensors({"a": {**U8, "shape": [1 << 40]}}, b"\0" * 8), "needs 1.09951e+12 bytes"),
+        (raw_safetensors({"a": {**U8, "shape": [1 << 40]}}, b"\0" * 8), "needs 1099511627776 bytes"),
         (raw_safetensors({"a": {**U8, "dtype": "PICKLE"}}, b"\0" * 8), "unknown dtype"),
         (raw_safetensors({"a": U8}, b"\0" * 8 + b"\0" * 100), "truncated or padded"),
         (b"\x10\0\0\0\0\0\0\0" + b"\xff\xfe{\"a\": 1}\xc3\x28\0\0\0\0" + b"\0" * 8, "not UTF-8"),

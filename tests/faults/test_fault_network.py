@@ -10,7 +10,7 @@ import time
 import pytest
 
 from k3artifacts.errors import ReleaseRefused, Unavailable
-from k3artifacts.staging.download import RetryPolicy
+from k3artifacts.net.policy import RetryPolicy
 from k3artifacts.staging.engine import StageObserver, StageOptions, stage
 from k3artifacts.staging.hub import HubSource
 from k3artifacts.stores.verify import verify_revision
@@ -110,7 +110,7 @@ def test_retries_exhausted_keeps_partial_and_says_rerun(local_hub, file_store, q
     with pytest.raises(Unavailable) as err:
         stage(HubSource(local_hub.endpoint, token=False, retry=retry), file_store, REPO, "main",
               quarantine, StageOptions(retry=retry), HubDiesAfterFirstBytes())
-    assert f"{SHARD1}: gave up after 3 attempts: HTTP 503" in str(err.value)
+    assert f"{SHARD1}: gave up after 3 attempts without a new byte: HTTP 503" in str(err.value)
     assert "re-run the same command to resume" in err.value.hint
     assert [g.status for g in file_gets(hub, path=SHARD1)] == [200, 503, 503]
     assert_nothing_published(file_store)
@@ -258,7 +258,7 @@ def test_trickle_is_cut_resumed_then_fails_exit_8_naming_the_server(local_hub, f
                    rate_window=0.4, min_rate=64 * 1024, slow_attempts=2)
     cdn = local_hub.hub.cdn_endpoint.removeprefix("http://")
     assert err.value.exit_code == 8
-    assert f"{SHARD1}: {cdn} too slow, 2 transfers in a row" in str(err.value)
+    assert f"{SHARD1}: {cdn} too slow, 2 windows of 0.4s in a row" in str(err.value)
     assert "below the floor of 65536 B/s" in str(err.value)
     # The trickle was cut and resumed from its last byte, against the CDN URL.
     gets = file_gets(local_hub.hub, path=SHARD1)
@@ -319,9 +319,14 @@ def _edit_entry(path, **fields):
         ({"lfs": {"oid": "a" * 64, "size": 5}}, "lfs size '5' differs"),
         ({"lfs": "yes"}, "not an object"),
         ({"oid": None}, "40-hex git blob id"),
+        # Sizes nothing may be sized from: refused at the listing, before any range plan,
+        # preallocation or file offset is made from them.
+        ({"size": 2**63}, f"size {2**63} is beyond any file the Hub serves"),
+        ({"size": 10**30}, f"size {10**30} is beyond any file the Hub serves"),
+        ({"size": 2**50}, f"size {2**50} is beyond any file the Hub serves"),
     ],
     ids=["size-null", "size-string", "size-negative", "size-bool", "lfs-oid", "lfs-size",
-         "lfs-type", "oid-null"],
+         "lfs-type", "oid-null", "size-2^63", "size-10^30", "size-2^50"],
 )
 def test_malformed_listing_field_is_refused_with_the_file_named(local_hub, file_store,
                                                                 quarantine, release, fields,
@@ -393,7 +398,7 @@ def test_hostile_hub_cases_through_the_cli(k3a_cmd, k3a_env, local_hub, tmp_path
     trickle = k3a("--rate-window", "0.3")
     cdn = hub.cdn_endpoint.removeprefix("http://")
     assert trickle.returncode == 8, trickle.stderr
-    assert f"{SHARD1}: {cdn} too slow, 3 transfers in a row" in trickle.stderr
+    assert f"{SHARD1}: {cdn} too slow, 3 windows of 0.3s in a row" in trickle.stderr
     assert "--min-rate" in trickle.stderr
 
     hub.faults.clear()
@@ -432,7 +437,7 @@ def test_redirects_are_bounded_and_never_leave_http():
     """A server that redirects for ever (or to another scheme) is an answer, not a hang."""
     import http.server
 
-    from k3artifacts.staging.download import PermanentError, open_following
+    from k3artifacts.net.attempt import PermanentError, open_following
 
     hits = []
 
@@ -450,7 +455,7 @@ def test_redirects_are_bounded_and_never_leave_http():
 
     with serving(Loop) as url:
         with pytest.raises(PermanentError, match="more than 2 redirects"):
-            open_following(f"{url}/start", {}, RetryPolicy(max_redirects=2), hub_url=url)
+            open_following(f"{url}/start", {}, RetryPolicy(max_redirects=2), auth_origin=url)
         assert hits == ["/start", "/hop1", "/hop2"]
         with pytest.raises(PermanentError, match="non-HTTP URL"):
-            open_following(f"{url}/scheme", {}, RetryPolicy(), hub_url=url)
+            open_following(f"{url}/scheme", {}, RetryPolicy(), auth_origin=url)

@@ -12,7 +12,8 @@ from itertools import pairwise
 import pytest
 
 from k3artifacts.errors import Unavailable
-from k3artifacts.staging.download import PartialRecord, Ranges, RetryPolicy, record_path
+from k3artifacts.net.policy import RetryPolicy
+from k3artifacts.staging.download import PartialRecord, Ranges, record_path
 from k3artifacts.staging.engine import StageObserver, StageOptions, stage
 from k3artifacts.staging.hub import HubSource
 from k3artifacts.stores.verify import verify_revision

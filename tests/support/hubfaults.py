@@ -22,6 +22,7 @@ requests (``times``; ``None`` = every one). Each kind reproduces one way a real 
 ``json``    pass a JSON answer of the API (200 only) through ``edit`` (a malformed listing)
 ``next``    point a tree listing's ``Link: next`` at ``origin`` (another host)
 ``whole``   ignore ``Range`` and answer 200 with the whole body (a proxy that strips it)
+``slow_headers`` send the status line and headers one byte every ``seconds``
 ``mutate``  change the bytes between attempts: with ``good_first`` attempt 1 serves the listed
             bytes and later attempts other bytes of the same size; without, the reverse
 ========== ==================================================================================
@@ -42,7 +43,8 @@ from k3artifacts.localhub import LocalHub
 from k3artifacts.localhub.server import BodyPlan, RequestRecord
 
 FaultKind = Literal[
-    "drop", "status", "stall", "trickle", "short", "corrupt", "mutate", "json", "next", "whole"
+    "drop", "status", "stall", "trickle", "short", "corrupt", "mutate", "json", "next", "whole",
+    "slow_headers",
 ]
 
 #: XOR mask of the "other bytes" a mutate fault serves: every byte differs from the listed one.
@@ -73,7 +75,7 @@ class Fault:
 
     def __post_init__(self) -> None:
         if self.kind not in ("drop", "status", "stall", "trickle", "short", "corrupt", "mutate",
-                             "json", "next", "whole"):
+                             "json", "next", "whole", "slow_headers"):
             raise ValueError(f"unknown fault kind {self.kind!r}")
         if self.times is not None and self.times < 1:
             raise ValueError("Fault.times must be >= 1 or None (every matching request)")
@@ -120,6 +122,10 @@ class Fault:
     @classmethod
     def whole(cls, *, times: int | None = None, **kw) -> Fault:
         return cls("whole", times=times, **kw)
+
+    @classmethod
+    def slow_headers(cls, seconds: float, *, times: int | None = None, **kw) -> Fault:
+        return cls("slow_headers", times=times, seconds=seconds, **kw)
 
     @classmethod
     def mutate(cls, *, good_first: bool = True, times: int | None = None, **kw) -> Fault:
@@ -200,6 +206,8 @@ class FaultSet:
             plan.transforms.append(_flip_at(f.offset))
         elif f.kind == "whole":
             plan.whole = True
+        elif f.kind == "slow_headers":
+            plan.header_trickle = f.seconds
         elif f.kind == "mutate":
             first = a.attempts == 1
             if first != f.good_first:

@@ -1,0 +1,92 @@
+"""A credential in a URL (an endpoint typed with its password, a presigned link's signature)
+is never printed, logged, put in ``--json`` output or stored: stage's ``--endpoint``,
+``K3A_S3_ENDPOINT_URL``, and the endpoint an evaluation record names."""
+
+from __future__ import annotations
+
+import json
+import logging
+import subprocess
+
+import pytest
+
+from k3artifacts.net.redact import redact_text, redact_url
+from k3artifacts.reporting.logs import configure_logging
+from k3artifacts.serving.render.common import served_names
+from k3artifacts.stores.file import FileStore
+from tests.support.openai_server import start
+from tests.support.ports import free_ports
+from tests.support.releases import Releases
+
+SECRET = "S3CRET-pw"
+
+
+@pytest.mark.parametrize("url,shown", [
+    (f"http://admin:{SECRET}@host:8000/v1", "http://admin:***@host:8000/v1"),
+    ("https://host/x?token=abc&page=2", "https://host/x?token=***&page=2"),
+    ("https://cdn/f?X-Amz-Signature=ab12&X-Amz-Credential=AKIA%2F1&X-Amz-Expires=60",
+     "https://cdn/f?X-Amz-Signature=***&X-Amz-Credential=***&X-Amz-Expires=60"),
+    ("https://blob/f?sv=2024&sig=Zm9v&se=2026", "https://blob/f?sv=2024&sig=***&se=2026"),
+    ("https://token@host/x", "https://token@host/x"),
+    ("https://host/plain", "https://host/plain"),
+])
+def test_redact_url(url, shown):
+    assert redact_url(url) == shown
+
+
+def test_redact_text_finds_every_url():
+    text = (f"hub at http://u:{SECRET}@h:1 unavailable: "
+            f"redirected to 'https://cdn/x?Signature={SECRET}&a=1'")
+    assert SECRET not in redact_text(text)
+    assert "http://u:***@h:1" in redact_text(text) and "Signature=***&a=1" in redact_text(text)
+
+
+def test_log_lines_are_redacted(capsys):
+    configure_logging("text")
+    logging.getLogger("k3artifacts.test").warning("retrying http://u:%s@h/x", SECRET)
+    err = capsys.readouterr().err
+    assert "http://u:***@h/x" in err and SECRET not in err
+
+
+def _closed_port() -> int:
+    (port,) = free_ports(1)
+    return port
+
+
+def test_stage_endpoint_password_is_not_printed(k3a_cmd, k3a_env, tmp_path):
+    endpoint = f"http://ops:{SECRET}@127.0.0.1:{_closed_port()}"
+    run = subprocess.run([*k3a_cmd, "stage", "org/name", "--endpoint", endpoint, "--json",
+                          "--store", f"file://{tmp_path / 'store'}", "-q"],
+                         env=k3a_env, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 8, run.stderr
+    assert SECRET not in run.stdout + run.stderr
+    assert "hub at http://ops:***@127.0.0.1" in json.loads(run.stdout)["error"]
+
+
+def test_s3_endpoint_password_is_not_printed(k3a_cmd, k3a_env):
+    env = {**k3a_env, "K3A_S3_ENDPOINT_URL": f"http://ops:{SECRET}@127.0.0.1:{_closed_port()}",
+           "AWS_ACCESS_KEY_ID": "k3a", "AWS_SECRET_ACCESS_KEY": "k3a", "AWS_REGION": "us-east-1"}
+    run = subprocess.run([*k3a_cmd, "revision", "list", "org/name", "--store", "s3://bucket/k3",
+                          "--json"], env=env, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 8, run.stderr
+    assert SECRET not in run.stdout + run.stderr
+    assert "http://ops:***@127.0.0.1" in json.loads(run.stdout)["error"]
+
+
+def test_evaluation_records_name_the_endpoint_without_its_password(tmp_path, k3a_cmd, k3a_env):
+    store = FileStore(tmp_path / "store")
+    release = Releases(store, tmp_path / "scratch").release()
+    server = start(served_names(release), tmp_path / "openai.log")
+    try:
+        url = server.url.replace("http://", f"http://ops:{SECRET}@")
+        run = subprocess.run([*k3a_cmd, "smoke", url, "--tuple", release.id,
+                              "--max-concurrency", "1", "--json", "--store", store.url],
+                             env=k3a_env, capture_output=True, text=True, timeout=300)
+    finally:
+        server.stop()
+    assert run.returncode == 0, run.stderr
+    assert SECRET not in run.stdout + run.stderr
+    report = json.loads(run.stdout)["report"]
+    assert report["endpoint"] == server.url.replace("http://", "http://ops:***@")
+    stored = [p.read_text() for p in (tmp_path / "store").rglob("*.json")]
+    assert stored and not [text for text in stored if SECRET in text]
