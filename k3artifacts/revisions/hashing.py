@@ -1,7 +1,8 @@
 """Streaming digests: sha256 (equality with upstream) and xxh3-128 (fast re-verification).
 
 One pass feeds every engine, so each byte is read once whatever the number of digests.
-hashlib releases the GIL on large buffers, so hashing in worker threads uses both cores.
+hashlib and xxhash release the GIL on large buffers, so hashing in worker threads uses several
+cores (how many files at once, and in threads or processes: :mod:`.parallel`).
 
 >>> h = MultiHasher(); h.update(b"abc"); h.hexdigests().sha256[:16]
 'ba7816bf8f01cfea'
@@ -152,6 +153,32 @@ def feed_range(hasher: MultiHasher, fd: int, start: int, end: int) -> None:
                 memoryview(mapped) as view, view[offset - base:] as window:
             hasher.update(window)
         offset = stop
+
+
+#: One algorithm by the name manifests and reports use: what :func:`hash_fd` computes.
+ALGORITHMS: dict[str, Callable[[], object]] = {"xxh3-128": xxhash.xxh3_128,
+                                               "sha256": hashlib.sha256}
+
+
+def hash_fd(fd: int, algorithm: str, on_bytes: Callable[[int], None] | None = None
+            ) -> tuple[int, str]:
+    """(size, hex digest) of the open file ``fd`` from byte 0 to its end, read straight from
+    the page cache a window at a time (mapped pages count in the RSS, so memory stays one
+    window whatever the file's size). A file that shrinks while mapped raises SIGBUS in the
+    process reading it: :mod:`.parallel` reads in separate processes where that matters."""
+    hasher = ALGORITHMS[algorithm]()
+    size = os.fstat(fd).st_size
+    offset = 0
+    while offset < size:
+        stop = min(size, offset + MAP_STEP)
+        with mmap.mmap(fd, stop - offset, access=mmap.ACCESS_READ, offset=offset) as mapped, \
+                memoryview(mapped) as view:
+            mapped.madvise(mmap.MADV_SEQUENTIAL)
+            hasher.update(view)
+        if on_bytes is not None:
+            on_bytes(stop - offset)
+        offset = stop
+    return size, hasher.hexdigest()
 
 
 def _read_file(fh, hasher: MultiHasher, on_bytes, limit: int | None) -> MultiHasher:
