@@ -5,15 +5,17 @@ so the last file to finish is a small one. Each worker reads its file straight f
 cache a window at a time (:func:`~.hashing.hash_fd`): memory is one window per worker,
 whatever the files' sizes, and no byte is read twice.
 
-Where a worker hashes depends on the algorithm, as measured on the 16-core machine
-(bench/RESULTS.md, "threads or processes"): xxhash releases the GIL and 16 threads of one
-process hashed xxh3-128 at 92-101 GB/s against 82-90 for 16 processes, so xxh3-128 runs in
-threads (no process to start). hashlib's sha256 releases it too, yet 16 threads reached only
-15 GB/s against 20 for 16 processes, so sha256 runs in hashing processes
+Where a worker hashes depends on the algorithm and the number of workers, as measured on the
+16-core machine (bench/RESULTS.md, "threads or processes"): xxhash releases the GIL and 16
+threads of one process hashed xxh3-128 at 92-101 GB/s against 82-90 for 16 processes, so
+xxh3-128 runs in threads (no process to start). hashlib's sha256 releases it too, and 8 threads
+kept up with 8 processes (10.7 GB/s each way), yet 16 threads reached only 15 GB/s against 20
+for 16 processes: beyond :data:`THREADS_ENOUGH` workers sha256 runs in hashing processes
 (:mod:`.hashworker`), each fed one open descriptor at a time over a socket: the caller opens
 every file (link-safe where it must be), a process never resolves a path. A process that dies
-reading a file (SIGBUS: the file shrank while mapped) costs that file an error, not the run.
-Below :data:`PROCESS_MIN_BYTES` processes are not worth their start (about 30 ms).
+reading a file (SIGBUS: the file shrank while mapped) costs that file an error, not the run;
+in a thread the same SIGBUS ends the whole process (a failure, never a pass). Below
+:data:`PROCESS_MIN_BYTES` processes are not worth their start.
 """
 
 from __future__ import annotations
@@ -34,6 +36,8 @@ from k3artifacts.revisions.hashing import ALGORITHMS, hash_fd
 #: Total bytes from which sha256 goes to hashing processes: below, their start is a larger
 #: share than what threads lose to each other.
 PROCESS_MIN_BYTES = 256 << 20
+#: Workers up to which sha256 threads keep up with processes (8 did, 16 did not).
+THREADS_ENOUGH = 8
 
 
 def usable_cores() -> int:
@@ -76,7 +80,7 @@ def hash_files(files: Iterable[FileToHash], algorithm: str, *, workers: int | No
         return {}
     workers = max(1, min(workers or usable_cores(), len(queue)))
     if processes is None:
-        processes = (algorithm == "sha256" and workers > 1
+        processes = (algorithm == "sha256" and workers > THREADS_ENOUGH
                      and sum(f.size for f in queue) >= PROCESS_MIN_BYTES)
     run = _Run(queue, algorithm, on_bytes, on_hashed)
     drivers = [threading.Thread(target=run.drive, args=(processes,), daemon=True,
