@@ -56,8 +56,8 @@ def test_the_largest_files_go_first(tmp_path):
 
 
 def test_a_file_that_shrinks_while_a_process_hashes_it_is_its_own_error(tmp_path):
-    """The hashing process dies of SIGBUS reading a mapped page past the new end; the file is
-    reported, the other files still hash (in a new process)."""
+    """The file is reported (the hashing process died of SIGBUS reading a mapped page past the
+    new end, or found the next window past it); the other files still hash."""
     paths = files_in(tmp_path)
     victim = tmp_path / "victim"
     with open(victim, "wb") as fh:
@@ -71,8 +71,8 @@ def test_a_file_that_shrinks_while_a_process_hashes_it_is_its_own_error(tmp_path
 
     results = hash_files(files, "sha256", workers=1, processes=True, on_bytes=shrink)
     assert results["victim"].digest is None
-    assert "the hashing process died (signal 7, the file shrank while it was read)" \
-        in results["victim"].error
+    # Past the end mid-window: SIGBUS kills the process; at a window's start: mmap refuses.
+    assert "the file shrank while it was read" in results["victim"].error
     data = paths["large"].read_bytes()
     assert results["large"].digest == hashlib.sha256(data).hexdigest()
 

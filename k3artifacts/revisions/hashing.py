@@ -155,32 +155,6 @@ def feed_range(hasher: MultiHasher, fd: int, start: int, end: int) -> None:
         offset = stop
 
 
-#: One algorithm by the name manifests and reports use: what :func:`hash_fd` computes.
-ALGORITHMS: dict[str, Callable[[], object]] = {"xxh3-128": xxhash.xxh3_128,
-                                               "sha256": hashlib.sha256}
-
-
-def hash_fd(fd: int, algorithm: str, on_bytes: Callable[[int], None] | None = None
-            ) -> tuple[int, str]:
-    """(size, hex digest) of the open file ``fd`` from byte 0 to its end, read straight from
-    the page cache a window at a time (mapped pages count in the RSS, so memory stays one
-    window whatever the file's size). A file that shrinks while mapped raises SIGBUS in the
-    process reading it: :mod:`.parallel` reads in separate processes where that matters."""
-    hasher = ALGORITHMS[algorithm]()
-    size = os.fstat(fd).st_size
-    offset = 0
-    while offset < size:
-        stop = min(size, offset + MAP_STEP)
-        with mmap.mmap(fd, stop - offset, access=mmap.ACCESS_READ, offset=offset) as mapped, \
-                memoryview(mapped) as view:
-            mapped.madvise(mmap.MADV_SEQUENTIAL)
-            hasher.update(view)
-        if on_bytes is not None:
-            on_bytes(stop - offset)
-        offset = stop
-    return size, hasher.hexdigest()
-
-
 def _read_file(fh, hasher: MultiHasher, on_bytes, limit: int | None) -> MultiHasher:
     try:
         os.posix_fadvise(fh.fileno(), 0, 0, os.POSIX_FADV_SEQUENTIAL)

@@ -2,7 +2,7 @@
 
 Files are handed out largest first to ``workers`` drivers (one per usable core by default),
 so the last file to finish is a small one. Each worker reads its file straight from the page
-cache a window at a time (:func:`~.hashing.hash_fd`): memory is one window per worker,
+cache a window at a time (:func:`~.hashworker.hash_fd`): memory is one window per worker,
 whatever the files' sizes, and no byte is read twice.
 
 Where a worker hashes depends on the algorithm and the number of workers, as measured on the
@@ -31,7 +31,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from k3artifacts.revisions.hashing import ALGORITHMS, hash_fd
+from k3artifacts.revisions.hashworker import ALGORITHMS, hash_fd
 
 #: Total bytes from which sha256 goes to hashing processes: below, their start is a larger
 #: share than what threads lose to each other.
