@@ -74,6 +74,24 @@ def served_as_the_store_has_it(store, release, root: Path, out: dict) -> None:
     assert (final / "big.bin").read_bytes() == BIG
 
 
+def log_naming_big_bin(store, release, partial: Path) -> None:
+    """A ``verified.jsonl`` line (what an older k3a kept a file by) naming big.bin as it is."""
+    record = record_of(store, release, "big.bin")
+    (partial / ".k3a").mkdir(exist_ok=True)
+    (partial / ".k3a" / "verified.jsonl").write_text(json.dumps(
+        {"path": "big.bin", "size": record.size, "xxh3_128": record.xxh3_128,
+         "stat": stat_of(partial / "big.bin")}) + "\n")
+
+
+def partial_of(file_releases, tmp_path):
+    """A release and the partial directory of a pull of it that never finished."""
+    release = file_releases.release(extra={"big.bin": BIG})
+    root = tmp_path / "cache"
+    partial = CacheLayout(root).partial_dir(rev_of(release))
+    partial.mkdir(parents=True)
+    return release, root, partial
+
+
 def complete_copy(file_releases, tmp_path):
     release = file_releases.release(extra={"big.bin": BIG})
     root = tmp_path / "cache"
@@ -109,10 +127,7 @@ def test_re_pull_an_edited_file_with_its_mtime_restored_is_fetched_again(
 
 def test_first_pull_an_edited_file_left_by_an_interrupted_pull_is_fetched_again(
         file_releases, tmp_path):
-    release = file_releases.release(extra={"big.bin": BIG})
-    root = tmp_path / "cache"
-    partial = CacheLayout(root).partial_dir(rev_of(release))
-    partial.mkdir(parents=True)
+    release, root, partial = partial_of(file_releases, tmp_path)
     (partial / "big.bin").write_bytes(BIG)
     edit_in_place(partial / "big.bin")
     out = pull_json(file_releases.store.url, release.id, root)
@@ -141,16 +156,10 @@ def test_re_pull_a_swapped_file_with_its_stats_rewritten_in_verified_json_is_fet
 
 def test_first_pull_a_swapped_file_with_a_stat_naming_it_is_fetched_again(
         file_releases, tmp_path):
-    release = file_releases.release(extra={"big.bin": BIG})
-    root = tmp_path / "cache"
-    partial = CacheLayout(root).partial_dir(rev_of(release))
-    (partial / ".k3a").mkdir(parents=True)
+    release, root, partial = partial_of(file_releases, tmp_path)
     (partial / "big.bin").write_bytes(BIG)
     swap(partial / "big.bin")
-    record = record_of(file_releases.store, release, "big.bin")
-    (partial / ".k3a" / "verified.jsonl").write_text(json.dumps(
-        {"path": "big.bin", "size": record.size, "xxh3_128": record.xxh3_128,
-         "stat": stat_of(partial / "big.bin")}) + "\n")
+    log_naming_big_bin(file_releases.store, release, partial)
     out = pull_json(file_releases.store.url, release.id, root)
     served_as_the_store_has_it(file_releases.store, release, root, out)
 
@@ -159,12 +168,9 @@ def test_first_pull_a_swapped_file_with_a_stat_naming_it_is_fetched_again(
 
 def plant_partial(store, release, root: Path) -> Path:
     partial = CacheLayout(root).partial_dir(rev_of(release))
-    (partial / ".k3a").mkdir(parents=True)
+    partial.mkdir(parents=True)
     (partial / "big.bin").write_bytes(FORGED)
-    record = record_of(store, release, "big.bin")
-    (partial / ".k3a" / "verified.jsonl").write_text(json.dumps(
-        {"path": "big.bin", "size": record.size, "xxh3_128": record.xxh3_128,
-         "stat": stat_of(partial / "big.bin")}) + "\n")
+    log_naming_big_bin(store, release, partial)
     return partial
 
 
@@ -178,16 +184,6 @@ def test_first_pull_a_planted_partial_with_a_forged_file_and_its_log_line_is_not
     final = CacheLayout(root).final_dir(rev_of(release))
     assert sorted(p.name for p in (final / ".k3a").iterdir()) == ["manifest.json",
                                                                    "verified.json"]
-
-
-def test_re_pull_a_planted_partial_beside_a_damaged_copy_is_never_used(
-        file_releases, tmp_path):
-    release, root, final = complete_copy(file_releases, tmp_path)
-    writable(final)
-    (final / "big.bin").unlink()
-    plant_partial(file_releases.store, release, root)
-    out = pull_json(file_releases.store.url, release.id, root)
-    served_as_the_store_has_it(file_releases.store, release, root, out)
 
 
 # --- a planted decoy revision of another repo holding a forged file -----------------------
@@ -226,34 +222,23 @@ def test_first_pull_a_decoy_revision_holding_a_forged_file_is_not_linked_in(
     assert (final / "big.bin").stat().st_ino != (decoy / "big.bin").stat().st_ino
 
 
-def test_re_pull_a_decoy_revision_is_not_linked_in_for_a_missing_file(
-        file_releases, tmp_path):
+@pytest.mark.parametrize("plant", ["partial", "decoy"])
+def test_re_pull_of_a_copy_missing_a_file_uses_no_planted_partial_or_decoy(
+        file_releases, tmp_path, plant):
     release, root, final = complete_copy(file_releases, tmp_path)
     writable(final)
     (final / "big.bin").unlink()
-    plant_decoy(file_releases.store, release, root)
+    {"partial": plant_partial, "decoy": plant_decoy}[plant](file_releases.store, release, root)
     out = pull_json(file_releases.store.url, release.id, root)
     assert out["files_linked"] == 0
     served_as_the_store_has_it(file_releases.store, release, root, out)
-
-
-def test_a_file_of_another_revision_is_linked_in_only_after_it_hashes(file_releases, tmp_path):
-    first = file_releases.release(extra={"big.bin": BIG})
-    second = file_releases.release(extra={"big.bin": BIG})
-    root = tmp_path / "cache"
-    pull_json(file_releases.store.url, first.id, root)
-    out = pull_json(file_releases.store.url, second.id, root)
-    assert out["files_linked"] >= 1 and out["bytes_rehashed"] >= len(BIG)
 
 
 # --- parts of a file left on disk: a record is a saved transfer, never a hash --------------
 
 def test_forged_parts_with_a_record_claiming_them_fetch_the_whole_file_again(
         file_releases, tmp_path):
-    release = file_releases.release(extra={"big.bin": BIG})
-    root = tmp_path / "cache"
-    partial = CacheLayout(root).partial_dir(rev_of(release))
-    partial.mkdir(parents=True)
+    release, root, partial = partial_of(file_releases, tmp_path)
     (partial / ".big.bin.part").write_bytes(FORGED)
     record = record_of(file_releases.store, release, "big.bin")
     parts = -(-len(BIG) // MiB)
@@ -272,10 +257,7 @@ def test_forged_parts_with_a_record_claiming_them_fetch_the_whole_file_again(
 @pytest.mark.parametrize("record", [{"part_size": 0, "done": [0]},
                                     {"part_size": MiB, "done": [-1, 999]}])
 def test_a_record_whose_parts_cannot_cut_the_file_is_ignored(file_releases, tmp_path, record):
-    release = file_releases.release(extra={"big.bin": BIG})
-    root = tmp_path / "cache"
-    partial = CacheLayout(root).partial_dir(rev_of(release))
-    partial.mkdir(parents=True)
+    release, root, partial = partial_of(file_releases, tmp_path)
     (partial / ".big.bin.part").write_bytes(FORGED)
     want = record_of(file_releases.store, release, "big.bin")
     (partial / ".big.bin.part.json").write_text(json.dumps(
@@ -313,7 +295,7 @@ def test_a_forged_copy_under_a_running_server_is_exit_4_and_left_for_the_operato
                                pull_json(file_releases.store.url, release.id, root))
 
 
-def test_a_copy_without_its_marker_or_with_extra_metadata_is_sealed_again(
+def test_a_copy_with_extra_metadata_is_sealed_again_without_fetching(
         file_releases, tmp_path):
     release, root, final = complete_copy(file_releases, tmp_path)
     writable(final, final / ".k3a")

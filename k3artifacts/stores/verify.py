@@ -162,19 +162,22 @@ def verify_revision(
     :data:`REMOTE_STREAMS` from a remote store). ``on_bytes`` sees bytes as they are hashed,
     ``on_file`` each file once checked (for progress), ``on_manifest`` the manifest before any
     file is read."""
+    raw = None
     if directory is not None:
         reader = _Reader(directory=Path(directory))
         target = str(directory)
     else:
         local = store.local_path(revision_prefix(repo_id, commit))
         if local is not None:
-            # Said first in the store's terms: the operator named a revision, not a path.
-            store.published_manifest_bytes(repo_id, commit, hint=NOT_PUBLISHED_HINT)
+            # Read through the store: "not published" is then said in the store's terms (the
+            # operator named a revision, not a path).
+            raw = store.published_manifest_bytes(repo_id, commit, hint=NOT_PUBLISHED_HINT)
             reader = _Reader(directory=local)
         else:
             reader = _Reader(store=store, revision=(repo_id, commit))
         target = f"{repo_id}@{commit} in {store.url}"
-    raw = reader.manifest_bytes()
+    if raw is None:
+        raw = reader.manifest_bytes()
     manifest = ShardManifest.parse(raw)
     digest = manifest.digest()
     algorithm = "sha256" if full else "xxh3-128"
