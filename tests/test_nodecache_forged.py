@@ -178,9 +178,12 @@ def test_first_pull_a_planted_partial_with_a_forged_file_and_its_log_line_is_not
         file_releases, tmp_path):
     release = file_releases.release(extra={"big.bin": BIG})
     root = tmp_path / "cache"
-    plant_partial(file_releases.store, release, root)
-    out = pull_json(file_releases.store.url, release.id, root)
-    served_as_the_store_has_it(file_releases.store, release, root, out)
+    partial = plant_partial(file_releases.store, release, root)
+    code, out, err = k3a("pull", release.id, "--store", file_releases.store.url, "--to",
+                         str(root), "--json")
+    assert code == 0, err
+    assert f"{partial / 'big.bin'}: xxh3-128 differs from the manifest; fetching it again" in err
+    served_as_the_store_has_it(file_releases.store, release, root, json.loads(out))
     final = CacheLayout(root).final_dir(rev_of(release))
     assert sorted(p.name for p in (final / ".k3a").iterdir()) == ["manifest.json",
                                                                    "verified.json"]

@@ -397,7 +397,8 @@ def _fill(target: PullTarget, layout: CacheLayout, repo: Dir, partial: Dir,
     try:
         unchanged, on_disk = _sort_on_disk(dirs, manifest, hashed)
         kept = hash_on_disk(dirs, on_disk, on_bytes=observer.advance)
-        for rel in kept.bad:
+        for rel, why in sorted(kept.bad.items()):
+            observer.note(f"{partial.path / rel}: {why}; fetching it again")
             parent, name = dirs.parent_of(rel)
             parent.unlink(name)  # there, but not the manifest's bytes
         kept_paths = {r.path for r in unchanged} | set(kept.good)
