@@ -460,8 +460,8 @@ def _link_others(layout: CacheLayout, rev: Revision, dirs: Dirs, missing: list[F
     checked = hash_on_disk(dirs, [r for r, _ in linked], on_bytes=observer.advance)
     for record, source in linked:
         if record.path in checked.bad:
-            observer.note(f"{record.path} in cached revision {source} does not match its "
-                          f"manifest ({checked.bad[record.path]}); not reused, fetching it")
+            observer.note(f"{record.path} in cached revision {source}: its bytes do not "
+                          f"match ({checked.bad[record.path]}); not reused, fetching it")
             parent, name = dirs.parent_of(record.path)
             parent.unlink(name)
     return [r for r, _ in linked if r.path in checked.good]
