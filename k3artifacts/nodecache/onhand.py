@@ -79,7 +79,7 @@ class Dirs:
 
 
 @dataclass
-class Hashed:
+class OnDisk:
     """Files whose bytes matched, with their identity when hashed; those that did not."""
 
     good: dict[str, Identity] = field(default_factory=dict)
@@ -88,7 +88,7 @@ class Hashed:
 
 
 def hash_on_disk(dirs: Dirs, records: list[FileRecord], *,
-                 on_bytes: Callable[[int], None] | None = None) -> Hashed:
+                 on_bytes: Callable[[int], None] | None = None) -> OnDisk:
     """xxh3-128 of each record's file as it lies under ``dirs`` now, against the record.
     A link or special file at a record's path is refused (exit 9) before anything is read."""
     by_path = {r.path: r for r in records}
@@ -110,7 +110,7 @@ def hash_on_disk(dirs: Dirs, records: list[FileRecord], *,
             dirs.parent_of(rel)
     results = hash_files([FileToHash(r.path, r.size, opener(r.path)) for r in records],
                          "xxh3-128", on_bytes=on_bytes)
-    out = Hashed()
+    out = OnDisk()
     for rel, result in results.items():
         record = by_path[rel]
         if result.error is not None:

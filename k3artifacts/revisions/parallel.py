@@ -6,16 +6,17 @@ cache a window at a time (:func:`~.hashworker.hash_fd`): memory is one window pe
 whatever the files' sizes, and no byte is read twice.
 
 Where a worker hashes depends on the algorithm and the number of workers, as measured on the
-16-core machine (bench/RESULTS.md, "threads or processes"): xxhash releases the GIL and 16
-threads of one process hashed xxh3-128 at 92-101 GB/s against 82-90 for 16 processes, so
-xxh3-128 runs in threads (no process to start). hashlib's sha256 releases it too, and 8 threads
-kept up with 8 processes (10.7 GB/s each way), yet 16 threads reached only 15 GB/s against 20
-for 16 processes: beyond :data:`THREADS_ENOUGH` workers sha256 runs in hashing processes
-(:mod:`.hashworker`), each fed one open descriptor at a time over a socket: the caller opens
-every file (link-safe where it must be), a process never resolves a path. A process that dies
-reading a file (SIGBUS: the file shrank while mapped) costs that file an error, not the run;
-in a thread the same SIGBUS ends the whole process (a failure, never a pass). Below
-:data:`PROCESS_MIN_BYTES` processes are not worth their start.
+16-core machine (bench/RESULTS.md, issues 35 and 36). xxhash releases the GIL, and threads of
+one process hashed xxh3-128 as fast as one process per core or faster (92-101 against 82-90
+GB/s on one host, 45.8 against 45.6 on another), with no process to start: xxh3-128 runs in
+threads. hashlib's sha256 releases it too; 8 threads kept up with 8 processes (10.7 GB/s each
+way), but at 16 one host gave processes a third more (20 against 15 GB/s) and another gave
+threads 7-10% more. Beyond :data:`THREADS_ENOUGH` workers sha256 runs in hashing processes
+(:mod:`.hashworker`), the side once far ahead, each fed one open descriptor at a time over a
+socket: the caller opens every file (link-safe where it must be), a process never resolves a
+path. A process that dies reading a file (SIGBUS: the file shrank while mapped) costs that file
+an error, not the run; in a thread the same SIGBUS ends the whole process (a failure, never a
+pass). Below :data:`PROCESS_MIN_BYTES` processes are not worth their start.
 """
 
 from __future__ import annotations
