@@ -123,55 +123,6 @@ def handwritten(bench: Bench, endpoint: str, commit: str, blobs: list[Path], sta
     )
 
 
-# ----- 4: verify against cat and sha256sum ------------------------------------------------------
-
-_VERIFY_CHILD = """
-import json, sys, time
-from pathlib import Path
-from k3artifacts.stores.registry import open_store
-from k3artifacts.stores.verify import verify_revision
-store = open_store(sys.argv[1])
-t = time.perf_counter()
-report = verify_revision(store=store, repo_id=sys.argv[2], commit=sys.argv[3],
-                         full=sys.argv[4] == "full")
-seconds = time.perf_counter() - t
-print(json.dumps({"ok": report.ok, "bytes": report.bytes, "seconds": seconds}))
-"""
-
-
-def verify(bench: Bench, opts: Options, shared: dict) -> list[Row]:
-    if "file_store" not in shared:
-        with bench.hub() as endpoint:
-            _, commit, blobs = published_release(bench, opts)
-            store = bench.fresh("store-file")
-            bench.settle(blobs)
-            result, _ = stage_child(bench, endpoint, f"file://{store}", workers=opts.workers)
-            shared["file_store"] = (store, commit, result)
-    store, commit, _ = shared["file_store"]
-    revision_dir = store / "models" / REPO / commit
-    paths = sorted(str(p) for p in revision_dir.rglob("*") if p.is_file() and ".k3a" not in p.parts)
-    total = sum(os.path.getsize(p) for p in paths)
-    rows = []
-    for mode, tool, target in (("fast", "cat", 0.9), ("full", "sha256sum", 1.0)):
-        base_s, ours_s = [], []
-        for _ in range(3):  # best of 3, sides interleaved: the machine is shared
-            bench.settle([Path(p) for p in paths])
-            base_s.append(bench.run(["sh", "-c", f'{tool} "$@" > /dev/null', "sh", *paths]).seconds)
-            bench.settle([Path(p) for p in paths])
-            ours = bench.python(_VERIFY_CHILD, f"file://{store}", REPO, commit, mode).json()
-            assert ours["ok"], "the published release does not verify"
-            ours_s.append(ours["seconds"])
-        rate, base_rate = _rate(total, min(ours_s)), _rate(total, min(base_s))
-        name = "4 k3a verify (xxh3-128)" if mode == "fast" else "4 k3a verify --full (sha256)"
-        rows.append(Row(
-            name, rate, "MB/s", f"{tool} FILES > /dev/null", base_rate, rate / base_rate,
-            f">= {target}", rate / base_rate >= target,
-            note=f"{total / 2**30:.2f} GiB; best of 3 each; library call timed after imports "
-                 f"(4 threads); {cache_note(bench)}",
-        ))
-    return rows
-
-
 # ----- 6: peak RSS ------------------------------------------------------------------------------
 
 
@@ -385,6 +336,12 @@ def _incremental(bench: Bench, opts: Options, shared: dict) -> list[Row]:
     return incremental(bench, opts, shared)
 
 
+def _verify(bench: Bench, opts: Options, shared: dict) -> list[Row]:
+    from .verify import verify
+
+    return verify(bench, opts, shared)
+
+
 def _headline(bench: Bench, opts: Options, shared: dict) -> list[Row]:
     from .headline import headline
 
@@ -400,7 +357,7 @@ def _streams(bench: Bench, opts: Options, shared: dict) -> list[Row]:
 FIGURES = {
     "staging": staging,  # 1 and 2
     "s3": s3,  # 3
-    "verify": verify,  # 4
+    "verify": _verify,  # 4
     "channels": channels,  # 5
     "rss": rss,  # 6
     "perfile": per_file,  # 7

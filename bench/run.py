@@ -89,6 +89,8 @@ def main(argv: list[str] | None = None) -> int:
                    "default: all), to show a smaller machine's figures on a larger one")
     p.add_argument("--start-runs", type=int, default=9,
                    help="fresh processes timed per command in the cli-start figure (median)")
+    p.add_argument("--verify-runs", type=int, default=5,
+                   help="alternating rounds of the verify figure (best and median of each)")
     p.add_argument("--workers", type=int, default=default_workers(),
                    help="concurrent files (default: k3a stage's, one per core from 2 to 8)")
     p.add_argument("--streams", type=int, default=None,
@@ -118,7 +120,8 @@ def main(argv: list[str] | None = None) -> int:
                    workers=args.workers, real_s3_size=args.real_s3_size,
                    incr_size=args.incr_size, pull_size=args.pull_size,
                    nodes=args.nodes, stream_size=args.stream_size,
-                   stream_rate=args.stream_rate, start_runs=args.start_runs, device=args.device)
+                   stream_rate=args.stream_rate, start_runs=args.start_runs, device=args.device,
+                   verify_runs=args.verify_runs)
     names = args.only or list(FIGURES)
     rows: list[Row] = []
     shared: dict = {}

@@ -32,6 +32,8 @@ class Options:
     stream_rate: int = 32 * 2**20
     #: Where the warm-start figure compiles: cuda (inductor + Triton) or cpu (C++ codegen).
     device: str = "cuda"
+    #: Alternating rounds of the verify figure (best and median of each side).
+    verify_runs: int = 5
 
 
 def stage_child(bench: Bench, endpoint: str, store_url: str, repo_id: str = REPO,

@@ -142,6 +142,7 @@ def test_a_revision_sharing_files_hard_links_them_and_fetches_the_rest(file_rele
     held = {r.sha256 for r in a.files}
     assert out["bytes_fetched"] == sum(r.size for r in b.files if r.sha256 not in held)
     assert out["bytes_reused"] == sum(r.size for r in b.files if r.sha256 in held) >= len(BIG)
+    assert out["bytes_rehashed"] == out["bytes_reused"]  # linked, then hashed in this run
     final = check_copy(root, store, second)
     assert (final / "big.bin").stat().st_nlink == 2
 

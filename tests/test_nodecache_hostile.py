@@ -1,4 +1,4 @@
-"""The node cache as an attacker (or a full disk) leaves it: planted links, swapped files, no
+"""The node cache as an attacker (or a full disk) leaves it: planted links, no
 space. Each case is refused with a named error and an exit code, and changes nothing outside
 the cache root."""
 
@@ -134,50 +134,6 @@ def test_a_finished_revision_is_read_only_whatever_the_umask(file_releases, tmp_
     assert not final.exists()
 
 
-def test_a_swapped_file_is_noticed_and_fetched_again(file_releases, tmp_path):
-    release = file_releases.release(extra={"big.bin": BIG})
-    root = tmp_path / "cache"
-    pull_json(file_releases.store.url, release.id, root)
-    final = CacheLayout(root).final_dir(rev_of(release))
-    # A forger replaces the file with same-size bytes and copies the old mtime: the inode
-    # gives it away, however verified.json reads.
-    before = (final / "big.bin").stat()
-    final.chmod(0o755)
-    swapped = final / ".swap"
-    swapped.write_bytes(bytes(len(BIG)))
-    os.utime(swapped, ns=(before.st_atime_ns, before.st_mtime_ns))
-    os.replace(swapped, final / "big.bin")
-    final.chmod(0o555)
-    out = pull_json(file_releases.store.url, release.id, root)
-    assert not out["already_present"]
-    assert out["files_fetched"] == 1 and out["bytes_fetched"] == len(BIG)
-    assert out["files_kept"] == out["files"] - 1
-    check_copy(root, file_releases.store, release)
-    assert pull_json(file_releases.store.url, release.id, root)["already_present"]
-
-
-def test_verify_re_reads_a_file_edited_in_place_with_its_mtime_restored(
-        file_releases, tmp_path):
-    release = file_releases.release(extra={"big.bin": BIG})
-    root = tmp_path / "cache"
-    pull_json(file_releases.store.url, release.id, root)
-    big = CacheLayout(root).final_dir(rev_of(release)) / "big.bin"
-    before = big.stat()
-    big.chmod(0o644)
-    with open(big, "r+b") as fh:
-        fh.seek(MiB + 3)
-        byte = fh.read(1)[0]
-        fh.seek(MiB + 3)
-        fh.write(bytes([byte ^ 0xFF]))
-    big.chmod(0o444)
-    os.utime(big, ns=(before.st_atime_ns, before.st_mtime_ns))
-    # Size, mtime and inode all still match: only a re-read tells.
-    assert pull_json(file_releases.store.url, release.id, root)["already_present"]
-    out = pull_json(file_releases.store.url, release.id, root, "--verify")
-    assert not out["already_present"] and out["bytes_fetched"] == len(BIG)
-    check_copy(root, file_releases.store, release)
-
-
 # --- a full disk: a small tmpfs mounted by the test --------------------------------------
 
 @contextlib.contextmanager
@@ -285,36 +241,6 @@ def test_a_hard_link_at_a_part_file_with_a_forged_record_leaves_its_other_file_a
     assert stat.S_IMODE(victim.stat().st_mode) == 0o640
     assert secret.read_bytes() == SECRET
     check_copy(layout.root, file_releases.store, release)
-
-
-def test_a_swapped_file_under_a_running_server_is_exit_4_and_left_for_the_operator(
-        file_releases, tmp_path, k3a_cmd, k3a_env):
-    from k3artifacts.nodecache import locks
-
-    release = file_releases.release(extra={"big.bin": BIG})
-    rev = rev_of(release)
-    root = tmp_path / "cache"
-    layout = CacheLayout(root)
-    pull_json(file_releases.store.url, release.id, root)
-    final = layout.final_dir(rev)
-    final.chmod(0o755)
-    (final / ".swap").write_bytes(bytes(len(BIG)))
-    os.replace(final / ".swap", final / "big.bin")
-    server = subprocess.Popen(
-        [*k3a_cmd, "cache", "lease", str(rev), "--root", str(root), "--", "sleep", "60"],
-        env=k3a_env)
-    try:
-        _wait_for(lambda: locks.is_leased(layout, rev), "the lease")
-        code, _, err = pull(file_releases.store, release, root)
-        assert code == 4, err
-        assert "big.bin: changed since it was verified" in err and "stop the server" in err
-        assert (final / "big.bin").read_bytes() == bytes(len(BIG))  # not pulled from under it
-    finally:
-        server.kill()
-        server.wait(10)
-    out = pull_json(file_releases.store.url, release.id, root)
-    assert out["files_fetched"] == 1
-    check_copy(root, file_releases.store, release)
 
 
 def test_a_planted_tree_too_deep_to_walk_is_refused_not_a_recursion_error(

@@ -60,9 +60,6 @@ root_option = click.option(
 @click.option("--keep", type=click.IntRange(min=1), default=None,
               help="After the pull, keep only the N most recently used revisions (leased "
               "ones are never evicted).")
-@click.option("--verify", is_flag=True,
-              help="Re-read every file of a copy already here (xxh3-128) instead of holding "
-              "each to the size, mtime and inode recorded when it was verified.")
 @click.option("--gpu", default=None,
               help="Also bring the tuple's warm-start artifact for this GPU model (as "
               "nvidia-smi names it)  [default: detected with nvidia-smi; none: no warm start]")
@@ -74,22 +71,24 @@ root_option = click.option(
 @progress_options
 @json_option
 @resumable
-def pull_cmd(target, store_url, root, part_size, concurrency, connections, keep, verify, gpu,
-             no_warm, channel, quiet, progress_interval, log_format, as_json):
+def pull_cmd(target, store_url, root, part_size, concurrency, connections, keep, gpu, no_warm,
+             channel, quiet, progress_interval, log_format, as_json):
     """Put a release's weights on this node's disk, verified as the bytes arrive.
 
     TARGET is a tuple id, a channel (its current tuple) or org/name@<commit>. The manifest
     must have the digest the tuple binds; each file's xxh3-128 (and the store's CRC64NVME)
     is checked before it is renamed into place, and the revision directory appears only when
-    complete, read-only. A killed pull re-run continues; files another cached revision holds
-    (same sha256) are hard-linked, not fetched. Pulling a revision already here checks each
-    file against the size, mtime and inode recorded when it was verified (--verify: re-reads
-    it) and fetches a changed one again. Nothing under the root is reached through a link.
+    complete, read-only. Nothing on the node's disk is taken on trust: a copy already here, a
+    killed pull's files and parts, and files of other cached revisions (same sha256, then
+    hard-linked) are kept only when their bytes hash to the manifest in this run, one file
+    per core; any other file is fetched again. Nothing under the root is reached through a
+    link.
     For a tuple or channel, the tuple's warm-start artifact for this node's GPU follows
     (verified, held to the channel's policy; any reason not to is a named miss on stderr,
     never a failure: `k3a warm --help`).
 
-    Exit codes: 0 done, 4 a file (named) does not match the manifest, 7 unknown tuple or
+    Exit codes: 0 done, 4 a file (named) read from the store does not match the manifest,
+    or the copy here does not and a server leases it (left as it is), 7 unknown tuple or
     revision, 8 store unreachable, or not enough space / the disk filled (re-run: parts on
     disk are kept), 9 a link planted in the cache (named; nothing was written through it).
     """
@@ -115,7 +114,7 @@ def pull_cmd(target, store_url, root, part_size, concurrency, connections, keep,
                 click.echo(f"k3a: {text}", err=True)
 
         observer = PullObserver(planned=planned, advance=bar, note=note)
-        result = pull(resolved, root, tuning=tuning, observer=observer, verify=verify)
+        result = pull(resolved, root, tuning=tuning, observer=observer)
     warm = None
     if resolved.tuple_id is not None and not no_warm:
         warm = _pull_warm(store, target, resolved.tuple_id, root, gpu, channel)
@@ -129,12 +128,16 @@ def pull_cmd(target, store_url, root, part_size, concurrency, connections, keep,
     def human() -> None:
         if result.already_present:
             click.echo(f"already here: {result.path}")
+            click.echo(f"  verified: re-hashed {result.files} files, {result.bytes:,} bytes in "
+                       f"{result.seconds:.2f} s (xxh3-128); manifest digest "
+                       f"{result.manifest_digest}")
         else:
             rate = result.bytes_fetched / max(result.seconds, 1e-9)
             click.echo(f"pulled {result.revision} to {result.path}")
             click.echo(f"  {result.files} files, {result.bytes:,} bytes: fetched "
                        f"{result.bytes_fetched:,} ({rate / 1e6:.0f} MB/s), reused "
-                       f"{result.bytes_reused:,}, resumed {result.bytes_resumed:,}")
+                       f"{result.bytes_reused:,}, resumed {result.bytes_resumed:,} (re-hashed "
+                       f"{result.bytes_rehashed:,})")
             click.echo(f"  verified: {', '.join(result.algorithms)}; manifest digest "
                        f"{result.manifest_digest}")
         for evicted in result.evicted:

@@ -55,7 +55,9 @@ def parse_target(target: str, *, tuples: bool = False) -> tuple[str, str] | Path
 @click.option("--channel", default=None,
               help="With --signature: trust only the keys this channel's signing policy lists.")
 @policies_option
-@click.option("--workers", default=4, show_default=True, help="Files hashed at once.")
+@click.option("--workers", type=click.IntRange(min=1), default=None,
+              help="Files hashed at once  [default: one per usable core; at least 4 from a "
+              "remote store]")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar or progress lines.")
 @progress_options
 @json_option

@@ -12,10 +12,12 @@ by at most ``concurrency`` parts. Every byte crosses the network once, is writte
 read back from memory once; parts a previous run left on disk are hashed the same way.
 
 A flusher thread records which parts are on disk in a sidecar (``.<name>.part.json``) once a
-second, each time after an ``fdatasync``, so a killed pull resumes from the last record and
-never trusts bytes that were not synced; workers never wait for it. A file is renamed to its
-final name only when its xxh3-128 (and the store's CRC64NVME, when recorded) match; a
-mismatch deletes it.
+second, each time after an ``fdatasync``, so a killed pull resumes from the last record
+without fetching those parts again; workers never wait for it. The record saves a transfer,
+never a hash: a file is renamed to its final name only when all of its bytes, resumed parts
+included, hash in this run to its xxh3-128 (and the store's CRC64NVME, when recorded). A
+mismatch in a file with resumed parts (planted, or torn on disk) fetches the whole file
+again; a mismatch in bytes all fetched by this run deletes it and names the store's copy.
 """
 
 from __future__ import annotations
@@ -107,8 +109,24 @@ class FileJob:
         #: Held while the part file's fd or sidecar changes (record, finish, close).
         self.file_lock = threading.Lock()
         self.recorded = len(done)
-        #: The verified file as it lies at its final name (set by _finish).
-        self.stat: os.stat_result | None = None
+
+    def restart(self) -> None:
+        """Drop the parts on disk and start the file over: every part fetched again (only
+        when no worker holds a part of it: all were on disk and hashed)."""
+        with self.file_lock:
+            if self.fd >= 0:
+                os.close(self.fd)
+                self.fd = -1
+            with self.lock:
+                self.on_disk = set()
+                self.missing = list(range(self.nparts))
+                self.resumed_bytes = 0
+                self.recorded = 0
+                self.cursor = 0
+                self.finished = False
+                self.hasher = MultiHasher(sha256=False, xxh3=True,
+                                          crc64nvme=self.want_crc is not None)
+            self._fresh()
 
     def _resume(self, part_size: int) -> list[int]:
         """Parts a previous run recorded, if its part file is still the same file."""
@@ -117,8 +135,10 @@ class FileJob:
             rec = None if raw is None else PartsRecord.model_validate_json(raw)
         except ValueError:
             rec = None
+        # The record is as hostile as the rest of the disk: its parts must cut this file.
         if rec is not None and rec.size == self.record.size \
-                and rec.xxh3_128 == self.record.xxh3_128:
+                and rec.xxh3_128 == self.record.xxh3_128 \
+                and rec.part_size >= MiB and rec.part_size % MiB == 0:
             try:
                 fd = self.parent.open_regular(self.part, os.O_RDWR)
             except FileNotFoundError:
@@ -130,8 +150,14 @@ class FileJob:
                 if st.st_size == rec.size and st.st_nlink == 1:
                     self.part_size = rec.part_size  # the parts on disk are cut that way
                     self.fd = fd
-                    return sorted(set(rec.done))
+                    nparts = -(-self.record.size // self.part_size)
+                    return sorted({i for i in rec.done if 0 <= i < nparts})
                 os.close(fd)
+        self._fresh()
+        return []
+
+    def _fresh(self) -> None:
+        """An empty part file in place of whatever is there, and no record of parts."""
         self.parent.unlink(self.sidecar)
         self.fd = self.parent.create_new(self.part)
         if self.record.size:
@@ -144,7 +170,6 @@ class FileJob:
                 self.fd = -1
                 raise OSError(exc.errno, f"{exc.strerror} (preallocating {self.record.size:,} "
                               "bytes)", str(self.parent.path / self.part)) from None
-        return []
 
     def length(self, idx: int) -> int:
         return min(self.part_size, self.record.size - idx * self.part_size)
@@ -207,6 +232,8 @@ class FileJob:
         crc = self.hasher.extra_checksums().get("crc64nvme")
         if self.want_crc is not None and crc != self.want_crc:
             problems.append(f"CRC64NVME {crc}, the store recorded {self.want_crc}")
+        if problems and self.resumed_bytes:
+            raise _StaleParts("; ".join(problems))
         if problems:
             self.discard()
             raise VerifyMismatch(
@@ -218,7 +245,6 @@ class FileJob:
         with self.file_lock:
             os.fchmod(self.fd, FILE_MODE)
             os.fsync(self.fd)
-            self.stat = os.fstat(self.fd)
             os.close(self.fd)
             self.fd = -1
             self.parent.replace(self.part, self.parent, self.name)
@@ -241,6 +267,10 @@ class FileJob:
                 self.fd = -1
 
 
+class _StaleParts(Exception):
+    """A file whose parts from an earlier run are in the mismatch: fetch it again whole."""
+
+
 @dataclass
 class FetchTotals:
     bytes_fetched: int = 0
@@ -253,11 +283,11 @@ class Fetcher:
 
     def __init__(self, source: Source, tuning: Tuning, *,
                  on_bytes: Callable[[int], None] | None = None,
-                 on_verified: Callable[[FileJob], None] | None = None):
+                 on_note: Callable[[str], None] | None = None):
         self.source = source
         self.tuning = tuning
         self.on_bytes = on_bytes
-        self.on_verified = on_verified
+        self.on_note = on_note
         self.totals = FetchTotals()
         self._stop = threading.Event()
         self._errors: list[BaseException] = []
@@ -314,15 +344,28 @@ class Fetcher:
                     self._fetch_part(job, idx, buf)
                     job.written(idx)
                     faultpoints.pause("pull-part", f"{job.record.path}#{idx}")
-                if job.advance():
+                try:
+                    verified = job.advance()
+                except _StaleParts as exc:
+                    self._start_over(job, str(exc), tasks)
+                    continue
+                if verified:
                     with self._lock:
                         self.totals.files += 1
-                    if self.on_verified is not None:
-                        self.on_verified(job)
         except BaseException as exc:  # noqa: BLE001 - handed to run(), which raises it
             with self._lock:
                 self._errors.append(exc)
             self._stop.set()
+
+    def _start_over(self, job: FileJob, why: str,
+                    tasks: collections.deque[tuple[FileJob, int | None]]) -> None:
+        with self._lock:
+            self.totals.bytes_resumed -= job.resumed_bytes
+        if self.on_note is not None:
+            self.on_note(f"{job.record.path}: the parts an earlier run left on disk do not "
+                         f"verify ({why}); fetching the whole file again")
+        job.restart()
+        tasks.extend((job, i) for i in (job.missing or [None]))
 
     def _fetch_part(self, job: FileJob, idx: int, buf: memoryview) -> None:
         length = job.length(idx)

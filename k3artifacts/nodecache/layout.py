@@ -7,7 +7,6 @@ ROOT/models/<org>/<name>/<commit>/.k3a/verified.json  what was verified, and how
 ROOT/models/<org>/<name>/.<commit>.k3a-partial/       a pull in progress (hidden sibling):
     <path>                                            files verified so far
     .<basename>.part  .<basename>.part.json           a file being fetched, its done parts
-    .k3a/verified.jsonl                               one line per file verified so far
 ROOT/.k3a-cache/locks/<org>+<name>+<commit>.lock     per-revision flock (pull, evict)
 ROOT/.k3a-cache/leases/<org>+<name>+<commit>.lease   shared flocks of running servers
 ROOT/.k3a-cache/used/<org>+<name>+<commit>           mtime = last pull or lease (LRU)
@@ -17,6 +16,12 @@ The partial directory is renamed onto the final path only once every file in it 
 so a revision directory without ``verified.json`` never exists. A finished revision is
 read-only (files 0444, directories 0555). Nothing under ROOT is reached through a link
 (:mod:`.safefs`).
+
+Everything here is written by k3a and readable by the operator, but none of it is evidence for
+k3a: the root is a hostPath other pods can write. ``verified.json`` says what a pull checked
+(for ``k3a cache list`` and for people); a pull never trusts a file because a marker, a part
+record or a file's size, mtime or inode says so, only because it hashed the bytes in that run
+(:mod:`.onhand`).
 """
 
 from __future__ import annotations
@@ -38,7 +43,6 @@ from k3artifacts.settings import default_node_cache
 
 STATE_DIR = ".k3a-cache"
 VERIFIED_NAME = "verified.json"
-VERIFIED_LOG = "verified.jsonl"
 PARTIAL_SUFFIX = ".k3a-partial"
 
 
@@ -51,22 +55,13 @@ class _Record(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
 
-class FileStat(_Record):
-    """What a verified file looked like on disk when it was checked: a re-pull compares
-    these (an ``lstat``, no read) before trusting the file again; a swapped file has another
-    inode, an edited one another mtime or size."""
+class VerifiedMarker(BaseModel):
+    """``.k3a/verified.json``: the revision was checked byte for byte by the pull that sealed
+    it. What it tells an operator; a later pull hashes the files again all the same."""
 
-    size: int
-    mtime_ns: int
-    ino: int
-
-    @classmethod
-    def of(cls, st: os.stat_result) -> FileStat:
-        return cls(size=st.st_size, mtime_ns=st.st_mtime_ns, ino=st.st_ino)
-
-
-class VerifiedMarker(_Record):
-    """``.k3a/verified.json``: the revision was checked byte for byte when it was pulled."""
+    # Markers of older k3a also recorded each file's size, mtime and inode (then trusted on
+    # a re-pull): read and ignored.
+    model_config = ConfigDict(frozen=True, extra="ignore")
 
     repo_id: str
     commit: str
@@ -75,19 +70,6 @@ class VerifiedMarker(_Record):
     algorithms: list[str]
     files: int
     bytes: int
-    #: Each file's size, mtime and inode once verified (empty: written by an older k3a, so a
-    #: re-pull re-reads every file).
-    stats: dict[str, FileStat] = {}
-
-
-class VerifiedFile(_Record):
-    """One line of a partial revision's ``verified.jsonl``: a file checked and renamed in."""
-
-    path: str
-    size: int
-    xxh3_128: str
-    #: The file as it was on disk once verified (None: an older k3a's line; re-checked).
-    stat: FileStat | None = None
 
 
 class PartsRecord(_Record):

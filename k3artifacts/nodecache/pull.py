@@ -5,17 +5,22 @@ node: the second waits, then finds the first's complete copy):
 
 1. the manifest is read from the weights' store and its digest held to the one the tuple
    binds: every later check trusts this manifest and nothing else;
-2. files are planned: kept when an earlier, interrupted run verified them (its
-   ``verified.jsonl``), hard-linked when another cached revision holds the same sha256, else
-   fetched (:mod:`.fetch`: ranged reads, hashed as they arrive, resumed part by part);
-3. the partial directory gets the manifest and a verified marker (with each file's size,
-   mtime and inode), is made read-only and is renamed onto ``models/<org>/<name>/<commit>``:
-   the revision appears complete or not at all.
+2. a complete copy already here is hashed against it, every file, in this run (xxh3-128, one
+   file per core: :mod:`.onhand`): if every file matches and nothing else is there, it is
+   "already here"; otherwise it is moved back to its partial name, the files that matched
+   kept;
+3. files are planned: kept when a file at its final name in the partial directory hashes to
+   the manifest in this run, hard-linked when another cached revision holds the same sha256
+   and the linked bytes hash to the manifest in this run, else fetched (:mod:`.fetch`: ranged
+   reads, hashed as they arrive, resumed part by part, a file whose resumed parts do not
+   verify fetched again whole);
+4. the partial directory gets the manifest and a verified marker, is made read-only and is
+   renamed onto ``models/<org>/<name>/<commit>``: the revision appears complete or not at all.
 
-A re-pull of a complete revision holds each file to that record (``--verify``: re-reads
-it); a changed or swapped file is fetched again. Nothing under the root is reached through
-a link (:mod:`.safefs`); free space is checked before the first byte is fetched, and a disk
-that fills anyway is an exit-8 refusal that keeps the partial revision for the re-run.
+Nothing on the disk is evidence (the root is a hostPath other pods can write): markers, part
+records and file stats are never trusted in place of a hash. Nothing under the root is reached
+through a link (:mod:`.safefs`); free space is checked before the first byte is fetched, and a
+disk that fills anyway is an exit-8 refusal that keeps the partial revision for the re-run.
 """
 
 from __future__ import annotations
@@ -24,7 +29,6 @@ import contextlib
 import errno
 import os
 import stat
-import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -33,26 +37,27 @@ from pathlib import Path
 from k3artifacts import faultpoints
 from k3artifacts.errors import (
     ConfigError,
-    Conflict,
     Unavailable,
     UnsafeCacheEntry,
     VerifyMismatch,
 )
 from k3artifacts.nodecache import locks, safefs
-from k3artifacts.nodecache.fetch import CHUNK, Fetcher, FileJob, Tuning, part_name
+from k3artifacts.nodecache.fetch import Fetcher, FileJob, Tuning, part_name
 from k3artifacts.nodecache.layout import (
-    VERIFIED_LOG,
     VERIFIED_NAME,
     CacheLayout,
-    FileStat,
     Revision,
-    VerifiedFile,
     VerifiedMarker,
     partial_name,
 )
-from k3artifacts.nodecache.retention import evict
+from k3artifacts.nodecache.onhand import (
+    Dirs,
+    Identity,
+    hash_on_disk,
+    split_path,
+    still_as_hashed,
+)
 from k3artifacts.nodecache.safefs import Dir
-from k3artifacts.revisions.hashing import MultiHasher
 from k3artifacts.revisions.manifest import (
     MANIFEST_NAME,
     META_DIR,
@@ -105,10 +110,14 @@ class PullResult:
     bytes: int
     #: Bytes read from the store by this run.
     bytes_fetched: int = 0
-    #: Bytes hard-linked from other cached revisions (same sha256).
+    #: Bytes hard-linked from other cached revisions (same sha256, hashed in this run).
     bytes_reused: int = 0
-    #: Bytes an interrupted run left verified or recorded on disk.
+    #: Bytes found in this revision's copy or partial pull (whole files, and parts of files
+    #: an interrupted run left), hashed in this run.
     bytes_resumed: int = 0
+    #: Bytes already on this node hashed in this run before being kept or linked: for a
+    #: revision already here, all of them.
+    bytes_rehashed: int = 0
     files_fetched: int = 0
     files_linked: int = 0
     files_kept: int = 0
@@ -121,91 +130,34 @@ class PullResult:
 @dataclass
 class PullObserver:
     """Hooks for displays: ``planned(total, already)`` once, ``advance(nbytes)`` as bytes
-    land, ``note(text)`` for events worth a line."""
+    are hashed (files already on disk) or land (fetched), ``note(text)`` for events worth a
+    line."""
 
     planned: Callable[[int, int], None] = lambda total, already: None
     advance: Callable[[int], None] = lambda nbytes: None
     note: Callable[[str], None] = lambda text: None
 
 
-def _split(rel: str) -> list[str]:
-    parts = rel.split("/")
-    if rel.startswith("/") or any(p in ("", ".", "..") for p in parts) or parts[0] == META_DIR:
-        raise VerifyMismatch(f"{rel}: not a safe relative path; refusing to write it")
-    return parts
-
-
-class _Dirs:
-    """The partial revision's directories, each opened once (link-safe) and kept open while
-    the pull's jobs write into them."""
-
-    def __init__(self, top: Dir):
-        self.top = top
-        self.opened: dict[tuple[str, ...], Dir] = {(): top}
-
-    def parent_of(self, rel: str) -> tuple[Dir, str]:
-        parts = _split(rel)
-        key = tuple(parts[:-1])
-        if key not in self.opened:
-            self.opened[key] = self.top.walk(parts[:-1], create=True)
-        return self.opened[key], parts[-1]
-
-    def close(self) -> None:
-        """Close what this opened (not ``top``: its caller's)."""
-        for key, d in self.opened.items():
-            if key:
-                d.close()
-
-
-def _read_verified_log(meta: Dir) -> dict[str, VerifiedFile]:
-    found: dict[str, VerifiedFile] = {}
-    raw = meta.read_bytes(VERIFIED_LOG)
-    for line in (raw or b"").splitlines():
-        try:
-            entry = VerifiedFile.model_validate_json(line)
-        except ValueError:
-            continue  # a line torn by a crash: that file is simply checked again
-        found[entry.path] = entry
-    return found
-
-
-def _matches(st: os.stat_result | None, want: FileStat | None) -> bool:
-    """The file is still the one that was verified: same inode, size and mtime."""
-    return (st is not None and want is not None and stat.S_ISREG(st.st_mode)
-            and FileStat.of(st) == want)
-
-
-def _hash_file(parent: Dir, name: str) -> str:
-    """xxh3-128 of a file read through a no-follow descriptor, a chunk at a time."""
-    hasher = MultiHasher(sha256=False, xxh3=True)
-    buf = bytearray(CHUNK)
-    fd = parent.open_regular(name, os.O_RDONLY)
-    try:
-        with os.fdopen(fd, "rb", buffering=0, closefd=False) as fh:
-            while n := fh.readinto(buf):
-                hasher.update(memoryview(buf)[:n])
-    finally:
-        os.close(fd)
-    return hasher.hexdigests().xxh3_128 or ""
-
-
 @dataclass
 class _Check:
-    """A complete revision held to its manifest: files still as verified, and what is not."""
+    """A complete copy held to the manifest: the files that hashed to it in this run, and
+    everything that is wrong."""
 
-    good: dict[str, FileStat] = field(default_factory=dict)
+    good: dict[str, Identity] = field(default_factory=dict)
     problems: list[str] = field(default_factory=list)
+    bytes: int = 0
 
 
-def check_revision(layout: CacheLayout, rev: Revision, manifest: ShardManifest,
-                   marker: VerifiedMarker, *, full: bool) -> _Check:
-    """Each file an ``lstat`` against the size, mtime and inode recorded when it was verified
-    (``full``, or no record: its xxh3-128 re-read); links anywhere are refused."""
+def _check_copy(layout: CacheLayout, rev: Revision, manifest: ShardManifest, raw: bytes,
+                observer: PullObserver) -> _Check:
+    """Every file of the complete copy hashed against ``manifest`` (links anywhere refused);
+    its ``.k3a`` must hold exactly this manifest's bytes and a marker naming its digest."""
     check = _Check()
     records = {r.path: r for r in manifest.files}
     seen: set[str] = set()
+    to_hash: list[FileRecord] = []
     with layout.repo_dir(rev) as repo, repo.sub(rev.commit) as top:
-        for parent, name, rel, st in safefs.walk_files(top):
+        for _, _, rel, st in safefs.walk_files(top):
             if rel.startswith(META_DIR + "/"):
                 continue
             record = records.get(rel)
@@ -213,78 +165,77 @@ def check_revision(layout: CacheLayout, rev: Revision, manifest: ShardManifest,
                 check.problems.append(f"{rel}: not in the manifest")
                 continue
             seen.add(rel)
-            recorded = marker.stats.get(rel)
             if st.st_size != record.size:
                 check.problems.append(f"{rel}: {st.st_size} bytes, manifest says {record.size}")
-            elif recorded is not None and not _matches(st, recorded):
-                check.problems.append(f"{rel}: changed since it was verified (inode, size or "
-                                      "mtime differ)")
-            elif (full or recorded is None) and _hash_file(parent, name) != record.xxh3_128:
-                check.problems.append(f"{rel}: xxh3-128 differs from the manifest")
             else:
-                check.good[rel] = FileStat.of(st)
-    check.problems += [f"{path}: missing" for path in sorted(set(records) - seen)]
+                to_hash.append(record)
+        check.problems += [f"{path}: missing" for path in sorted(set(records) - seen)]
+        check.problems += _meta_problems(top, manifest, raw)
+        dirs = Dirs(top, create=False)
+        try:
+            hashed = hash_on_disk(dirs, to_hash, on_bytes=observer.advance)
+        finally:
+            dirs.close()
+    check.good, check.bytes = hashed.good, hashed.bytes
+    check.problems += [f"{rel}: {why}" for rel, why in sorted(hashed.bad.items())]
     return check
 
 
-def sha256_index(layout: CacheLayout, exclude: Revision
-                 ) -> dict[str, tuple[Revision, FileRecord, FileStat]]:
-    """sha256 -> (revision, record, verified stat) over every complete cached revision but
-    ``exclude`` whose marker recorded the file's stat."""
-    index: dict[str, tuple[Revision, FileRecord, FileStat]] = {}
-    for rev in layout.revisions():
-        if rev == exclude:
-            continue
-        manifest, marker = layout.manifest(rev), layout.marker(rev)
-        if manifest is None or marker is None:
-            continue
-        for record in manifest.files:
-            recorded = marker.stats.get(record.path)
-            if recorded is not None:
-                index.setdefault(record.sha256, (rev, record, recorded))
-    return index
+def _meta_problems(top: Dir, manifest: ShardManifest, raw: bytes) -> list[str]:
+    where = f"{META_DIR}/"
+    try:
+        meta = top.sub(META_DIR)
+    except FileNotFoundError:
+        return [f"{where}: missing"]
+    with meta:
+        problems = [f"{where}{name}: not written by k3a pull" for name, _ in meta.entries()
+                    if name not in (MANIFEST_NAME, VERIFIED_NAME)]
+        if meta.read_bytes(MANIFEST_NAME) != raw:
+            problems.append(f"{where}{MANIFEST_NAME}: not the manifest the store holds")
+        try:
+            marker = VerifiedMarker.model_validate_json(meta.read_bytes(VERIFIED_NAME) or b"")
+        except ValueError:
+            marker = None
+        if marker is None or not manifest.answers_to(marker.manifest_digest):
+            problems.append(f"{where}{VERIFIED_NAME}: missing or names another manifest")
+    return problems
 
 
-def _link_from(layout: CacheLayout, held: tuple[Revision, FileRecord, FileStat],
-               parent: Dir, name: str) -> bool:
-    """Hard-link another revision's copy in, if it is still the file verified there."""
-    rev, record, recorded = held
-    parts = _split(record.path)
+def _link_from(layout: CacheLayout, held: tuple[Revision, FileRecord], parent: Dir,
+               name: str) -> bool:
+    """Hard-link another revision's copy in (its bytes are hashed next, like any file found
+    on disk)."""
+    rev, record = held
+    parts = split_path(record.path)
     try:
         with layout.repo_dir(rev) as repo, repo.walk([rev.commit, *parts[:-1]]) as src:
-            if not _matches(src.lstat(parts[-1]), recorded):
+            st = src.lstat(parts[-1])
+            if st is None or not stat.S_ISREG(st.st_mode) or st.st_size != record.size:
                 return False
             parent.link(src, parts[-1], name)
-    except (FileNotFoundError, UnsafeCacheEntry):
-        return False  # gone meanwhile, or not safe to reach: fetch it
+    except (FileNotFoundError, UnsafeCacheEntry, VerifyMismatch):
+        return False  # gone meanwhile, not safe to reach, or a planted path: fetch it
     except OSError as exc:
         if exc.errno in (errno.EXDEV, errno.EMLINK, errno.EPERM):
             return False  # another file system, or links refused there: fetch it
         raise
-    if _matches(parent.lstat(name), recorded):
-        return True
-    parent.unlink(name)  # replaced between the check and the link
-    return False
+    return True
 
 
-class _VerifiedLog:
-    """Appends one line per verified file, synced: what a re-run keeps without re-reading."""
-
-    def __init__(self, meta: Dir):
-        self.fh = os.fdopen(meta.open(VERIFIED_LOG, os.O_WRONLY | os.O_APPEND | os.O_CREAT),
-                            "ab")
-        self.lock = threading.Lock()
-
-    def add(self, record: FileRecord, st: os.stat_result) -> None:
-        line = VerifiedFile(path=record.path, size=record.size, xxh3_128=record.xxh3_128,
-                            stat=FileStat.of(st))
-        with self.lock:
-            self.fh.write(line.model_dump_json().encode() + b"\n")
-            self.fh.flush()
-            os.fsync(self.fh.fileno())
-
-    def close(self) -> None:
-        self.fh.close()
+def sha256_index(layout: CacheLayout, exclude: Revision) -> dict[str, tuple[Revision,
+                                                                            FileRecord]]:
+    """sha256 -> (revision, record) over every complete cached revision but ``exclude``: where
+    a file's bytes may already be on this node. Only a hint: what is linked is hashed."""
+    index: dict[str, tuple[Revision, FileRecord]] = {}
+    for rev in layout.revisions():
+        if rev == exclude:
+            continue
+        manifest = layout.manifest(rev)
+        if manifest is None:
+            continue
+        for record in manifest.files:
+            index.setdefault(record.sha256, (rev, record))
+    return index
 
 
 def device_of(path: Path) -> str:
@@ -332,20 +283,18 @@ def _disk_errors(layout: CacheLayout, rev: Revision) -> Iterator[None]:
                 f"the node cache's disk is full ({device_of(layout.root)}) while pulling "
                 f"{rev}: {where}{exc.strerror}",
                 hint="free space (`k3a cache gc --keep N`, or other files on that disk) and "
-                "re-run `k3a pull`: verified files and recorded parts are kept and resumed; "
+                "re-run `k3a pull`: files on disk and recorded parts are hashed and kept; "
                 "`k3a cache list` lists the unfinished pull",
             ) from None
         raise Unavailable(
             f"pulling {rev} into {layout.root}: {where}{exc.strerror or exc}",
             hint="check the node cache's disk and permissions (and the store's, for a file "
-            "store), then re-run `k3a pull`: verified files are kept",
+            "store), then re-run `k3a pull`: files on disk are hashed and kept",
         ) from None
 
 
 def pull(target: PullTarget, root: Path, *, tuning: Tuning | None = None,
-         observer: PullObserver | None = None, verify: bool = False) -> PullResult:
-    """``verify``: re-read every file of an already complete copy (xxh3-128) rather than
-    holding each to the size, mtime and inode recorded when it was verified."""
+         observer: PullObserver | None = None) -> PullResult:
     tuning = tuning or Tuning()
     observer = observer or PullObserver()
     layout = CacheLayout(root)
@@ -354,7 +303,7 @@ def pull(target: PullTarget, root: Path, *, tuning: Tuning | None = None,
     with _disk_errors(layout, rev):
         with locks.exclusive(layout, rev, on_wait=lambda: observer.note(
                 f"waiting for another pull of {rev}")):
-            result = _pull_locked(target, layout, tuning, observer, verify)
+            result = _pull_locked(target, layout, tuning, observer)
         # The lease file exists before any server starts: `flock -s FILE` on a read-only
         # mount can then open it.
         os.close(layout.open_state("leases", rev, os.O_RDWR | os.O_CREAT))
@@ -379,80 +328,53 @@ def _read_manifest(target: PullTarget) -> tuple[bytes, ShardManifest]:
     return raw, manifest
 
 
-def _present(target: PullTarget, layout: CacheLayout, observer: PullObserver,
-             verify: bool) -> PullResult | None:
-    """The complete copy, if it is still what was verified; else it is turned back into a
-    partial revision holding only its good files (the rest are fetched again)."""
+def _present(target: PullTarget, layout: CacheLayout, repo: Dir, manifest: ShardManifest,
+             raw: bytes, observer: PullObserver) -> PullResult | dict[str, Identity]:
+    """The complete copy, if every byte of it hashes to ``manifest`` in this run; else it is
+    moved back to its partial name and the files that did are returned (kept, not re-read)."""
     rev = target.revision
-    marker = layout.marker(rev)
-    if marker is None or target.manifest_digest not in (None, marker.manifest_digest):
-        return None
-    manifest = layout.manifest(rev)
-    if manifest is None or manifest.digest() != marker.manifest_digest:
-        check = _Check(problems=[f"{META_DIR}/{MANIFEST_NAME}: missing or not the verified "
-                                 "manifest"])
-    else:
-        check = check_revision(layout, rev, manifest, marker, full=verify)
+    st = repo.lstat(rev.commit)
+    if st is None:
+        return {}
+    if not stat.S_ISDIR(st.st_mode):
+        raise repo.refuse(rev.commit)
+    check = _check_copy(layout, rev, manifest, raw, observer)
     if not check.problems:
-        observer.planned(marker.bytes, marker.bytes)
-        return PullResult(str(rev), target.tuple_id, marker.manifest_digest,
-                          str(layout.final_dir(rev)), marker.files, marker.bytes,
-                          already_present=True, algorithms=marker.algorithms)
+        return PullResult(str(rev), target.tuple_id, manifest.digest(),
+                          str(layout.final_dir(rev)), len(manifest.files),
+                          manifest.total_bytes, bytes_rehashed=check.bytes,
+                          files_kept=len(check.good), already_present=True,
+                          algorithms=["xxh3-128"])
     shown = "; ".join(check.problems[:5]) + (
         f" (and {len(check.problems) - 5} more)" if len(check.problems) > 5 else "")
     if locks.is_leased(layout, rev):
         raise VerifyMismatch(
-            f"{layout.final_dir(rev)} no longer matches what was verified: {shown}",
+            f"{layout.final_dir(rev)} does not match the manifest: {shown}",
             hint="a server leases it: stop the server, then re-run `k3a pull` (it fetches "
-            "the changed files again); do not serve this copy meanwhile")
-    observer.note(f"{layout.final_dir(rev)} no longer matches what was verified: {shown}; "
+            "those files again); do not serve this copy meanwhile")
+    observer.note(f"{layout.final_dir(rev)} does not match the manifest: {shown}; "
                   "fetching those files again")
-    _reopen(layout, rev, check.good, manifest)
-    return None
-
-
-def _reopen(layout: CacheLayout, rev: Revision, good: dict[str, FileStat],
-            manifest: ShardManifest | None) -> None:
-    """Move a complete revision back to its partial name, its good files logged as kept."""
-    records = {r.path: r for r in manifest.files} if manifest is not None else {}
-    with layout.repo_dir(rev) as repo:
-        safefs.remove_tree(repo, partial_name(rev.commit))
-        with repo.sub(rev.commit) as top:
-            safefs.make_writable(top)
-            with top.sub(META_DIR, create=True) as meta:
-                lines = [VerifiedFile(path=p, size=st.size, xxh3_128=records[p].xxh3_128,
-                                      stat=st).model_dump_json()
-                         for p, st in sorted(good.items()) if p in records]
-                meta.write_file(VERIFIED_LOG, "".join(f"{x}\n" for x in lines).encode(),
-                                mode=0o644)
-                meta.unlink(VERIFIED_NAME)
-                meta.unlink(MANIFEST_NAME)
-        repo.replace(rev.commit, repo, partial_name(rev.commit))
-        repo.fsync()
+    safefs.remove_tree(repo, partial_name(rev.commit))
+    with repo.sub(rev.commit) as top:
+        safefs.make_writable(top)
+    repo.replace(rev.commit, repo, partial_name(rev.commit))
+    repo.fsync()
+    return check.good
 
 
 def _pull_locked(target: PullTarget, layout: CacheLayout, tuning: Tuning,
-                 observer: PullObserver, verify: bool) -> PullResult:
+                 observer: PullObserver) -> PullResult:
     rev = target.revision
-    final = layout.final_dir(rev)
-    present = _present(target, layout, observer, verify)
-    if present is not None:
-        return present
     raw, manifest = _read_manifest(target)
+    observer.planned(manifest.total_bytes, 0)
     with layout.repo_dir(rev, create=True) as repo:
-        st = repo.lstat(rev.commit)
-        if st is not None:
-            if not stat.S_ISDIR(st.st_mode):
-                raise repo.refuse(rev.commit)
-            # The same commit with another manifest (or no marker): not what the tuple binds.
-            observer.note(f"{final} holds another copy of {rev}; replacing it")
-            if not evict(layout, rev, locked=True):
-                raise Conflict(f"{final} holds a different copy of {rev} and a server leases "
-                               "it", hint="stop the server using it, then pull again")
+        present = _present(target, layout, repo, manifest, raw, observer)
+        if isinstance(present, PullResult):
+            return present
         with repo.sub(partial_name(rev.commit), create=True) as partial:
             # A run killed after sealing (read-only) and before the rename left it so.
             safefs.make_writable(partial)
-            result = _fill(target, layout, repo, partial, manifest, tuning, observer)
+            result = _fill(target, layout, repo, partial, manifest, tuning, observer, present)
             _seal(rev, partial, manifest, raw, result)
         st = repo.lstat(rev.commit)
         if st is not None:  # planted while we pulled
@@ -463,80 +385,124 @@ def _pull_locked(target: PullTarget, layout: CacheLayout, tuning: Tuning,
 
 
 def _fill(target: PullTarget, layout: CacheLayout, repo: Dir, partial: Dir,
-          manifest: ShardManifest, tuning: Tuning, observer: PullObserver) -> PullResult:
-    """Every manifest file verified into ``partial``: kept, hard-linked or fetched."""
+          manifest: ShardManifest, tuning: Tuning, observer: PullObserver,
+          hashed: dict[str, Identity]) -> PullResult:
+    """Every manifest file verified into ``partial``: kept, hard-linked or fetched; each
+    kept or linked file hashed in this run (``hashed``: files this run already hashed, by
+    the identity they had then)."""
     rev = target.revision
     result = PullResult(str(rev), target.tuple_id, manifest.digest(),
                         str(layout.final_dir(rev)), len(manifest.files), manifest.total_bytes)
-    dirs = _Dirs(partial)
-    meta = partial.sub(META_DIR, create=True)
-    dirs.opened[(META_DIR,)] = meta
+    dirs = Dirs(partial, create=True)
     try:
-        verified = _read_verified_log(meta)
-        vlog = _VerifiedLog(meta)
-        source = target.store.open_ranges(rev.repo_id, rev.commit, tuning.pool_connections)
-        try:
-            index: dict[str, tuple[Revision, FileRecord, FileStat]] | None = None
-            to_fetch: list[tuple[FileRecord, Dir, str]] = []
-            for record in manifest.files:
-                parent, name = dirs.parent_of(record.path)
-                done = verified.get(record.path)
-                if (done is not None and done.size == record.size
-                        and done.xxh3_128 == record.xxh3_128
-                        and _matches(parent.lstat(name), done.stat)):
-                    result.files_kept += 1
-                    result.bytes_resumed += record.size
-                    continue
-                parent.unlink(name)  # there but never verified: not trusted
-                if index is None:
-                    index = sha256_index(layout, rev)
-                held = index.get(record.sha256)
-                if held is not None and held[1].size == record.size \
-                        and held[1].xxh3_128 == record.xxh3_128 \
-                        and _link_from(layout, held, parent, name):
-                    vlog.add(record, parent.lstat(name))
-                    result.files_linked += 1
-                    result.bytes_reused += record.size
-                    continue
-                to_fetch.append((record, parent, name))
-            _check_space(layout, repo, _still_needed(to_fetch))
-            faultpoints.pause("pull-planned", str(rev))
-            fetcher = Fetcher(source, tuning, on_bytes=observer.advance,
-                              on_verified=lambda job: vlog.add(job.record, job.stat))
-            jobs: list[FileJob] = []
-            try:
-                for record, parent, name in to_fetch:
-                    jobs.append(fetcher.job(record, parent, name,
-                                            source.checksums.get(record.path, {})
-                                            .get("crc64nvme")))
-            except BaseException:
-                for job in jobs:
-                    job.close()
-                raise
-            resumed = sum(j.resumed_bytes for j in jobs)
-            observer.planned(manifest.total_bytes,
-                             result.bytes_resumed + result.bytes_reused + resumed)
-            if result.files_linked:
-                observer.note(f"reused {result.files_linked} file(s), {result.bytes_reused:,} "
-                              "bytes, from other cached revisions (hard links)")
-            totals = fetcher.run(jobs)
-        finally:
-            vlog.close()
-            source.close()
+        unchanged, on_disk = _sort_on_disk(dirs, manifest, hashed)
+        kept = hash_on_disk(dirs, on_disk, on_bytes=observer.advance)
+        for rel, why in sorted(kept.bad.items()):
+            observer.note(f"{partial.path / rel}: {why}; fetching it again")
+            parent, name = dirs.parent_of(rel)
+            parent.unlink(name)  # there, but not the manifest's bytes
+        kept_paths = {r.path for r in unchanged} | set(kept.good)
+        result.files_kept = len(kept_paths)
+        result.bytes_resumed = sum(r.size for r in unchanged) + kept.bytes
+        missing = [r for r in manifest.files if r.path not in kept_paths]
+        linked = _link_others(layout, rev, dirs, missing, observer)
+        result.files_linked = len(linked)
+        result.bytes_reused = sum(r.size for r in linked)
+        result.bytes_rehashed = result.bytes_resumed + result.bytes_reused
+        if linked:
+            observer.note(f"reused {len(linked)} file(s), {result.bytes_reused:,} bytes, from "
+                          "other cached revisions (hard links, hashed in this run)")
+        linked_paths = {r.path for r in linked}
+        to_fetch = [r for r in missing if r.path not in linked_paths]
+        _fetch(target, layout, repo, dirs, to_fetch, tuning, observer, result)
     finally:
         dirs.close()
-    result.files_fetched = totals.files
-    result.bytes_fetched = totals.bytes_fetched
-    result.bytes_resumed += totals.bytes_resumed
-    result.algorithms = ["xxh3-128"] + (["crc64nvme"] if source.checksums else [])
     return result
 
 
-def _still_needed(to_fetch: list[tuple[FileRecord, Dir, str]]) -> int:
+def _sort_on_disk(dirs: Dirs, manifest: ShardManifest, hashed: dict[str, Identity]
+                  ) -> tuple[list[FileRecord], list[FileRecord]]:
+    """(files this run already hashed and still as they were then, other files at their final
+    name: to hash); absent files are in neither."""
+    unchanged, on_disk = [], []
+    for record in manifest.files:
+        parent, name = dirs.parent_of(record.path)
+        st = parent.lstat(name)
+        if st is None:
+            continue
+        if not stat.S_ISREG(st.st_mode):
+            raise parent.refuse(name)
+        if still_as_hashed(st, hashed.get(record.path)):
+            unchanged.append(record)
+        else:
+            on_disk.append(record)
+    return unchanged, on_disk
+
+
+def _link_others(layout: CacheLayout, rev: Revision, dirs: Dirs, missing: list[FileRecord],
+                 observer: PullObserver) -> list[FileRecord]:
+    """Files another cached revision holds (same sha256 and size), hard-linked in and hashed
+    in this run; those whose bytes do not match are unlinked again (and fetched)."""
+    if not missing:
+        return []
+    index = sha256_index(layout, rev)
+    linked = []
+    for record in missing:
+        held = index.get(record.sha256)
+        if held is None or held[1].size != record.size:
+            continue
+        parent, name = dirs.parent_of(record.path)
+        parent.unlink(name)
+        if _link_from(layout, held, parent, name):
+            linked.append((record, held[0]))
+    if not linked:
+        return []
+    checked = hash_on_disk(dirs, [r for r, _ in linked], on_bytes=observer.advance)
+    for record, source in linked:
+        if record.path in checked.bad:
+            observer.note(f"{record.path} in cached revision {source}: its bytes do not "
+                          f"match ({checked.bad[record.path]}); not reused, fetching it")
+            parent, name = dirs.parent_of(record.path)
+            parent.unlink(name)
+    return [r for r, _ in linked if r.path in checked.good]
+
+
+def _fetch(target: PullTarget, layout: CacheLayout, repo: Dir, dirs: Dirs,
+           to_fetch: list[FileRecord], tuning: Tuning, observer: PullObserver,
+           result: PullResult) -> None:
+    rev = target.revision
+    places = [(record, *dirs.parent_of(record.path)) for record in to_fetch]
+    _check_space(layout, repo, _still_needed(places))
+    faultpoints.pause("pull-planned", str(rev))
+    source = target.store.open_ranges(rev.repo_id, rev.commit, tuning.pool_connections)
+    try:
+        fetcher = Fetcher(source, tuning, on_bytes=observer.advance, on_note=observer.note)
+        jobs: list[FileJob] = []
+        try:
+            for record, parent, name in places:
+                jobs.append(fetcher.job(record, parent, name,
+                                        source.checksums.get(record.path, {}).get("crc64nvme")))
+        except BaseException:
+            for job in jobs:
+                job.close()
+            raise
+        # Parts an earlier run left are hashed with their file, not reported as they are.
+        observer.advance(sum(j.resumed_bytes for j in jobs))
+        totals = fetcher.run(jobs)
+    finally:
+        source.close()
+    result.files_fetched = totals.files
+    result.bytes_fetched = totals.bytes_fetched
+    result.bytes_resumed += totals.bytes_resumed
+    result.bytes_rehashed += totals.bytes_resumed
+    result.algorithms = ["xxh3-128"] + (["crc64nvme"] if source.checksums else [])
+
+
+def _still_needed(places: list[tuple[FileRecord, Dir, str]]) -> int:
     """Bytes the files to fetch will newly take (a part file kept from an earlier run
     already holds its space: it was preallocated)."""
     need = 0
-    for record, parent, name in to_fetch:
+    for record, parent, name in places:
         st = parent.lstat(part_name(name))
         held = st.st_blocks * 512 if st is not None and stat.S_ISREG(st.st_mode) else 0
         need += max(0, record.size - held)
@@ -545,29 +511,28 @@ def _still_needed(to_fetch: list[tuple[FileRecord, Dir, str]]) -> int:
 
 def _seal(rev: Revision, partial: Dir, manifest: ShardManifest, raw: bytes,
           result: PullResult) -> None:
-    """Exactly the manifest's files, their stats recorded, the manifest and the marker
-    written, everything read-only: ready to be renamed into view."""
+    """Exactly the manifest's files, the manifest and the marker written (and nothing else
+    in ``.k3a``), everything read-only: ready to be renamed into view."""
     listed = {r.path for r in manifest.files}
-    stats: dict[str, FileStat] = {}
-    for parent, name, rel, st in safefs.walk_files(partial):
-        if rel.startswith(META_DIR + "/"):
-            continue
-        if rel in listed:
-            stats[rel] = FileStat.of(st)
-        else:
-            # A part file an earlier run left for a file this run hard-linked instead: the
-            # revision directory must hold exactly the manifest's files, or `k3a verify`
-            # refuses it.
+    with partial.sub(META_DIR, create=True) as meta:
+        for name, st in list(meta.entries()):
+            if stat.S_ISDIR(st.st_mode):
+                safefs.remove_tree(meta, name)
+            else:
+                meta.unlink(name)  # nothing but what is written next (a link there: refused)
+    for parent, name, rel, _ in safefs.walk_files(partial):
+        if rel not in listed and not rel.startswith(META_DIR + "/"):
+            # A part file an earlier run left for a file this run hard-linked instead, a file
+            # planted in the partial directory: the revision directory holds exactly the
+            # manifest's files, or `k3a verify` refuses it.
             parent.unlink(name)
     with partial.sub(META_DIR) as meta:
         meta.write_file(MANIFEST_NAME, raw)
         marker = VerifiedMarker(repo_id=rev.repo_id, commit=rev.commit,
                                 manifest_digest=result.manifest_digest,
                                 algorithms=result.algorithms, files=result.files,
-                                bytes=result.bytes, stats=stats)
+                                bytes=result.bytes)
         meta.write_file(VERIFIED_NAME, marker.model_dump_json(indent=2).encode())
-        # Last: a disk that fills before this leaves the log a re-run keeps files by.
-        meta.unlink(VERIFIED_LOG)
         meta.fsync()
     safefs.set_read_only(partial)
     partial.fsync()

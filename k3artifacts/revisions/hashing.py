@@ -1,7 +1,8 @@
 """Streaming digests: sha256 (equality with upstream) and xxh3-128 (fast re-verification).
 
 One pass feeds every engine, so each byte is read once whatever the number of digests.
-hashlib releases the GIL on large buffers, so hashing in worker threads uses both cores.
+hashlib and xxhash release the GIL on large buffers, so hashing in worker threads uses several
+cores (how many files at once, and in threads or processes: :mod:`.parallel`).
 
 >>> h = MultiHasher(); h.update(b"abc"); h.hexdigests().sha256[:16]
 'ba7816bf8f01cfea'

@@ -2,19 +2,22 @@
 
 What a node runs before an endpoint starts: xxh3-128 by default (~10x faster than sha256, so
 the check costs about one read of the weights), sha256 with ``full=True``. Works on a store
-key prefix (file tree or S3) or directly on a revision directory (an FSx mount).
+key prefix (file tree or S3) or directly on a revision directory (an FSx mount, a node cache).
+Files on a local disk are hashed at the machine's limit (:mod:`k3artifacts.revisions.parallel`:
+one file per core, each byte read once); a remote store's files are streamed, several at once.
 """
 
 from __future__ import annotations
 
 import os
+import stat
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from k3artifacts.errors import NotFound, VerifyMismatch
-from k3artifacts.revisions.hashing import MultiHasher, feed_file, hash_stream
+from k3artifacts.revisions.hashing import MultiHasher, hash_stream
 from k3artifacts.revisions.manifest import (
     MANIFEST_NAME,
     META_DIR,
@@ -22,6 +25,7 @@ from k3artifacts.revisions.manifest import (
     ShardManifest,
     revision_prefix,
 )
+from k3artifacts.revisions.parallel import FileToHash, Hashed, hash_files, usable_cores
 from k3artifacts.stores.base import Store
 
 
@@ -68,6 +72,9 @@ class VerifyReport:
         raise VerifyMismatch(f"{self.target}: {', '.join(parts)}:\n{lines}")
 
 
+#: Files streamed at once from a remote store by default, whatever the core count.
+REMOTE_STREAMS = 4
+
 NOT_PUBLISHED_HINT = "stage it first with `k3a stage`, or check the commit"
 
 
@@ -94,10 +101,20 @@ class _Reader:
                 ) from None
         return self.store.published_manifest_bytes(*self.revision, hint=NOT_PUBLISHED_HINT)
 
+    def local_file(self, record: FileRecord) -> FileToHash:
+        path = self.directory.joinpath(*record.path.split("/"))
+
+        def open_file() -> int:
+            # Non-blocking: a FIFO planted at the path must not hang the check.
+            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                os.close(fd)
+                raise OSError(f"{path} is not a regular file")
+            return fd
+
+        return FileToHash(record.path, record.size, open_file)
+
     def digest(self, record: FileRecord, hasher: MultiHasher, on_bytes) -> MultiHasher:
-        if self.directory is not None:
-            path = self.directory.joinpath(*record.path.split("/"))
-            return feed_file(hasher, path, on_bytes=on_bytes)
         with self.store.open_file(*self.revision, record.path, self.records) as fh:
             read_into = getattr(fh, "readinto", None) or _readinto_from_read(fh)
             return hash_stream(read_into, hasher, on_bytes)
@@ -134,28 +151,33 @@ def verify_revision(
     directory: Path | None = None,
     full: bool = False,
     expect_digest: str | None = None,
-    workers: int = 4,
+    workers: int | None = None,
     on_bytes: Callable[[int], None] | None = None,
     on_manifest: Callable[[ShardManifest], None] | None = None,
     on_file: Callable[[FileRecord], None] | None = None,
 ) -> VerifyReport:
     """Hash every file of a published revision and compare with its manifest.
 
-    ``on_bytes`` sees bytes as they are hashed, ``on_file`` each file once checked (for
-    progress), ``on_manifest`` the manifest before any file is read."""
+    ``workers``: files hashed at once (default: one per usable core on a local disk, at least
+    :data:`REMOTE_STREAMS` from a remote store). ``on_bytes`` sees bytes as they are hashed,
+    ``on_file`` each file once checked (for progress), ``on_manifest`` the manifest before any
+    file is read."""
+    raw = None
     if directory is not None:
         reader = _Reader(directory=Path(directory))
         target = str(directory)
     else:
         local = store.local_path(revision_prefix(repo_id, commit))
         if local is not None:
-            # Said first in the store's terms: the operator named a revision, not a path.
-            store.published_manifest_bytes(repo_id, commit, hint=NOT_PUBLISHED_HINT)
+            # Read through the store: "not published" is then said in the store's terms (the
+            # operator named a revision, not a path).
+            raw = store.published_manifest_bytes(repo_id, commit, hint=NOT_PUBLISHED_HINT)
             reader = _Reader(directory=local)
         else:
             reader = _Reader(store=store, revision=(repo_id, commit))
         target = f"{repo_id}@{commit} in {store.url}"
-    raw = reader.manifest_bytes()
+    if raw is None:
+        raw = reader.manifest_bytes()
     manifest = ShardManifest.parse(raw)
     digest = manifest.digest()
     algorithm = "sha256" if full else "xxh3-128"
@@ -172,32 +194,66 @@ def verify_revision(
     if on_manifest is not None:
         on_manifest(manifest)
 
-    def check(record: FileRecord) -> Problem | None:
-        problem = _check(record)
-        if on_file is not None:
-            on_file(record)
-        return problem
-
-    def _check(record: FileRecord) -> Problem | None:
-        hasher = MultiHasher(sha256=full, xxh3=not full)
-        try:
-            digests = reader.digest(record, hasher, on_bytes).hexdigests()
-        except (FileNotFoundError, NotFound):
-            return Problem(record.path, "missing")
-        except OSError as exc:
-            return Problem(record.path, f"unreadable: {exc}")
-        if digests.size != record.size:
-            return Problem(record.path, f"size {digests.size}, manifest says {record.size}")
-        got, want = (digests.sha256, record.sha256) if full else (digests.xxh3_128, record.xxh3_128)
-        if got != want:
-            return Problem(record.path, f"{algorithm} {got}, manifest says {want}")
-        return None
-
-    with ThreadPoolExecutor(max(1, workers), thread_name_prefix="k3a-verify") as pool:
-        for problem in pool.map(check, manifest.files):
-            if problem is not None:
-                report.problems.append(problem)
+    check = _check_local if reader.directory is not None else _check_remote
+    report.problems += check(reader, manifest, full, workers, on_bytes, on_file)
     for extra in reader.extra_files(manifest):
         report.problems.append(Problem(extra, "not in the manifest", kind="extra"))
     report.problems.sort(key=lambda p: p.path)
     return report
+
+
+def _compare(record: FileRecord, full: bool, size: int, got: str | None) -> Problem | None:
+    if size != record.size:
+        return Problem(record.path, f"size {size}, manifest says {record.size}")
+    want = record.sha256 if full else record.xxh3_128
+    if got != want:
+        return Problem(record.path, f"{'sha256' if full else 'xxh3-128'} {got}, manifest says "
+                       f"{want}")
+    return None
+
+
+def _check_local(reader: _Reader, manifest: ShardManifest, full: bool, workers: int | None,
+                 on_bytes, on_file) -> list[Problem]:
+    """Files on a local disk: at the machine's hashing limit."""
+    records = {r.path: r for r in manifest.files}
+
+    def hashed(result: Hashed) -> None:
+        if on_file is not None:
+            on_file(records[result.key])
+
+    results = hash_files([reader.local_file(r) for r in manifest.files],
+                         "sha256" if full else "xxh3-128", workers=workers, on_bytes=on_bytes,
+                         on_hashed=hashed)
+    problems = []
+    for record in manifest.files:
+        result = results[record.path]
+        problem = Problem(record.path, result.error) if result.error is not None else \
+            _compare(record, full, result.size, result.digest)
+        if problem is not None:
+            problems.append(problem)
+    return problems
+
+
+def _check_remote(reader: _Reader, manifest: ShardManifest, full: bool, workers: int | None,
+                  on_bytes, on_file) -> list[Problem]:
+    """Files read through a remote store, several streams at once."""
+
+    def check(record: FileRecord) -> Problem | None:
+        hasher = MultiHasher(sha256=full, xxh3=not full)
+        try:
+            digests = reader.digest(record, hasher, on_bytes).hexdigests()
+        except (FileNotFoundError, NotFound):
+            problem = Problem(record.path, "missing")
+        except OSError as exc:
+            problem = Problem(record.path, f"unreadable: {exc}")
+        else:
+            problem = _compare(record, full, digests.size,
+                               digests.sha256 if full else digests.xxh3_128)
+        if on_file is not None:
+            on_file(record)
+        return problem
+
+    # A stream waits on the network more than on a core: at least REMOTE_STREAMS of them.
+    streams = workers or max(REMOTE_STREAMS, usable_cores())
+    with ThreadPoolExecutor(streams, thread_name_prefix="k3a-verify") as pool:
+        return [p for p in pool.map(check, manifest.files) if p is not None]

@@ -1,0 +1,224 @@
+"""Hash many files at once, at the machine's limit: one file per core, each byte read once.
+
+Files are handed out largest first to ``workers`` drivers (one per usable core by default),
+so the last file to finish is a small one. Each worker reads its file straight from the page
+cache a window at a time (:func:`~.hashworker.hash_fd`): memory is one window per worker,
+whatever the files' sizes, and no byte is read twice.
+
+Where a worker hashes depends on the algorithm and the number of workers, as measured on the
+16-core machine (bench/RESULTS.md, issues 35 and 36). xxhash releases the GIL, and threads of
+one process hashed xxh3-128 as fast as one process per core or faster (92-101 against 82-90
+GB/s on one host, 45.8 against 45.6 on another), with no process to start: xxh3-128 runs in
+threads. hashlib's sha256 releases it too; 8 threads kept up with 8 processes (10.7 GB/s each
+way), but at 16 one host gave processes a third more (20 against 15 GB/s) and another gave
+threads 7-10% more. Beyond :data:`THREADS_ENOUGH` workers sha256 runs in hashing processes
+(:mod:`.hashworker`), the side once far ahead, each fed one open descriptor at a time over a
+socket: the caller opens every file (link-safe where it must be), a process never resolves a
+path. A process that dies reading a file (SIGBUS: the file shrank while mapped) costs that file
+an error, not the run; in a thread the same SIGBUS ends the whole process (a failure, never a
+pass). Below :data:`PROCESS_MIN_BYTES` processes are not worth their start.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+from k3artifacts.revisions.hashworker import ALGORITHMS, hash_fd
+
+#: Total bytes from which sha256 goes to hashing processes: below, their start is a larger
+#: share than what threads lose to each other.
+PROCESS_MIN_BYTES = 256 << 20
+#: Workers up to which sha256 threads keep up with processes (8 did, 16 did not).
+THREADS_ENOUGH = 8
+
+
+def usable_cores() -> int:
+    """Cores this process may run on (its CPU affinity, e.g. a container's cpuset)."""
+    return len(os.sched_getaffinity(0))
+
+
+@dataclass(frozen=True)
+class FileToHash:
+    #: The caller's name for the file (a manifest path): results are keyed by it.
+    key: str
+    #: Bytes expected: the larger files are started first.
+    size: int
+    #: Opens the file read-only and returns the descriptor; may raise ``FileNotFoundError``
+    #: or ``OSError`` (reported per file) or a refusal (raised to the caller).
+    open: Callable[[], int]
+
+
+@dataclass(frozen=True)
+class Hashed:
+    key: str
+    #: Bytes read (the file's size when it was opened).
+    size: int = 0
+    digest: str | None = None
+    #: ``missing``, or why the file could not be read; None when ``digest`` is set.
+    error: str | None = None
+
+
+def hash_files(files: Iterable[FileToHash], algorithm: str, *, workers: int | None = None,
+               processes: bool | None = None, on_bytes: Callable[[int], None] | None = None,
+               on_hashed: Callable[[Hashed], None] | None = None) -> dict[str, Hashed]:
+    """Every file's digest, ``workers`` at a time (default: one per usable core).
+    ``processes``: hash in separate processes (default: for sha256 over enough bytes, see
+    the module's docstring). ``on_bytes`` sees bytes as they are hashed and ``on_hashed``
+    each file once done, from the driving threads."""
+    if algorithm not in ALGORITHMS:
+        raise ValueError(f"unknown algorithm {algorithm!r}")
+    queue = collections.deque(sorted(files, key=lambda f: f.size, reverse=True))
+    if not queue:
+        return {}
+    workers = max(1, min(workers or usable_cores(), len(queue)))
+    if processes is None:
+        processes = (algorithm == "sha256" and workers > THREADS_ENOUGH
+                     and sum(f.size for f in queue) >= PROCESS_MIN_BYTES)
+    run = _Run(queue, algorithm, on_bytes, on_hashed)
+    drivers = [threading.Thread(target=run.drive, args=(processes,), daemon=True,
+                                name=f"k3a-hash-{n}") for n in range(workers)]
+    for thread in drivers:
+        thread.start()
+    for thread in drivers:
+        thread.join()
+    if run.failure is not None:
+        raise run.failure
+    return run.results
+
+
+class _Run:
+    def __init__(self, queue: collections.deque[FileToHash], algorithm: str,
+                 on_bytes: Callable[[int], None] | None,
+                 on_hashed: Callable[[Hashed], None] | None):
+        self.queue = queue
+        self.algorithm = algorithm
+        self.on_bytes = on_bytes
+        self.on_hashed = on_hashed
+        self.lock = threading.Lock()
+        self.results: dict[str, Hashed] = {}
+        self.failure: BaseException | None = None
+
+    def _next(self) -> FileToHash | None:
+        with self.lock:
+            if self.failure is not None or not self.queue:
+                return None
+            return self.queue.popleft()
+
+    def drive(self, processes: bool) -> None:
+        worker: _Process | None = None
+        try:
+            while (item := self._next()) is not None:
+                try:
+                    fd = item.open()
+                except FileNotFoundError:
+                    self._done(Hashed(item.key, error="missing"))
+                    continue
+                except OSError as exc:
+                    self._done(Hashed(item.key, error=f"unreadable: {exc}"))
+                    continue
+                try:
+                    if processes:
+                        if worker is None:
+                            worker = _Process()
+                        result = worker.hash(item.key, fd, self.algorithm, self.on_bytes)
+                        if result.error is not None and not worker.alive():
+                            worker = None  # a new one for the next file
+                    else:
+                        result = self._in_thread(item.key, fd)
+                finally:
+                    os.close(fd)
+                self._done(result)
+        except BaseException as exc:  # noqa: BLE001 - raised by hash_files in the caller
+            with self.lock:
+                self.failure = self.failure or exc
+        finally:
+            if worker is not None:
+                worker.close()
+
+    def _in_thread(self, key: str, fd: int) -> Hashed:
+        try:
+            size, digest = hash_fd(fd, self.algorithm, self.on_bytes)
+        except OSError as exc:
+            return Hashed(key, error=f"unreadable: {exc}")
+        return Hashed(key, size, digest)
+
+    def _done(self, result: Hashed) -> None:
+        with self.lock:
+            self.results[result.key] = result
+        if self.on_hashed is not None:
+            self.on_hashed(result)
+
+
+#: Bytes a hashing process reports progress in (a message per this many bytes).
+PROGRESS_STEP = 64 << 20
+
+
+class _Process:
+    """One hashing process (:mod:`.hashworker`) and the socket that feeds it descriptors."""
+
+    def __init__(self) -> None:
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        # Its own interpreter, isolated from the environment (-I) and without site (-S):
+        # it finds our package and xxhash where this process found them.
+        paths = [str(Path(__file__).resolve().parents[2]), *filter(None, sys.path)]
+        code = (f"import sys; sys.path[:] = {paths!r}; from k3artifacts.revisions.hashworker "
+                f"import serve; serve({theirs.fileno()}, {PROGRESS_STEP})")
+        self.stderr = tempfile.TemporaryFile()
+        try:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-I", "-S", "-c", code], pass_fds=(theirs.fileno(),),
+                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=self.stderr)
+        finally:
+            theirs.close()
+        self.sock = ours
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def hash(self, key: str, fd: int, algorithm: str,
+             on_bytes: Callable[[int], None] | None) -> Hashed:
+        try:
+            socket.send_fds(self.sock, [algorithm.encode()], [fd])
+        except OSError:
+            return Hashed(key, error=self._death())
+        while True:
+            msg = self.sock.recv(512)
+            if not msg:
+                return Hashed(key, error=self._death())
+            kind, body = msg[:1], msg[1:].decode()
+            if kind == b"P":
+                if on_bytes is not None:
+                    on_bytes(int(body))
+            elif kind == b"D":
+                size, digest = body.split(" ")
+                return Hashed(key, int(size), digest)
+            else:
+                return Hashed(key, error=f"unreadable: {body}")
+
+    def _death(self) -> str:
+        code = self.proc.wait()
+        self.stderr.seek(0)
+        said = self.stderr.read().decode(errors="replace").strip().splitlines()
+        why = f"signal {-code}" if code < 0 else f"exit {code}"
+        if code == -7:  # SIGBUS: a mapped page beyond the end of the file
+            why += ", the file shrank while it was read"
+        return "unreadable: the hashing process died (" + why + \
+            (f": {said[-1]}" if said else "") + ")"
+
+    def close(self) -> None:
+        self.sock.close()  # the process reads EOF and exits
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self.stderr.close()
