@@ -42,10 +42,10 @@ from k3artifacts.stores.base import (
     SMALL_FILE,
     PutReceipt,
     RevisionWriter,
-    Store,
     StreamedPut,
 )
 from k3artifacts.stores.registry import open_store
+from k3artifacts.stores.revisions import RevisionStore
 
 
 @dataclass(frozen=True)
@@ -134,7 +134,7 @@ class RunContext:
         self,
         spec: RunSpec,
         source: HubSource,
-        store: Store,
+        store: RevisionStore,
         writer: RevisionWriter,
         quarantine: Quarantine,
         observer: StageObserver,
