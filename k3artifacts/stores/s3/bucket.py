@@ -97,7 +97,7 @@ class S3Bucket(Store):
             raise ConfigError(f"invalid store key {key!r}")
         return f"{self.prefix}/{key}" if self.prefix else key
 
-    def _unkey(self, s3_key: str) -> str:
+    def unkey(self, s3_key: str) -> str:
         return s3_key[len(self.prefix) + 1 :] if self.prefix else s3_key
 
     def s3_url(self, key: str) -> str:
@@ -154,7 +154,7 @@ class S3Bucket(Store):
                 PaginationConfig={"PageSize": self.list_page_size},
             )
             for page in pages:
-                sizes.update((self._unkey(o["Key"]), o["Size"]) for o in page.get("Contents", []))
+                sizes.update((self.unkey(o["Key"]), o["Size"]) for o in page.get("Contents", []))
         return sizes
 
     def companion_client(self, connections: int, *, sign_payload: bool | None = None) -> Any:
@@ -167,7 +167,7 @@ class S3Bucket(Store):
                                  region=self.client.meta.region_name,
                                  max_pool_connections=connections, sign_payload=sign_payload)
 
-    def _delete_keys(self, keys: list[str]) -> list[str]:
+    def delete_keys(self, keys: list[str]) -> list[str]:
         """Delete store keys in batches; returns those S3 refused (e.g. by bucket policy)."""
         refused: list[str] = []
         for start in range(0, len(keys), 1000):
@@ -177,7 +177,7 @@ class S3Bucket(Store):
                     Bucket=self.bucket,
                     Delete={"Objects": [{"Key": self.key(k)} for k in batch], "Quiet": True},
                 )
-            refused.extend(self._unkey(err["Key"]) for err in resp.get("Errors", []))
+            refused.extend(self.unkey(err["Key"]) for err in resp.get("Errors", []))
         return refused
 
     def abort_multipart_uploads(self, prefix: str) -> int:

@@ -21,9 +21,9 @@ CHECKSUM_ALGORITHM = "CRC64NVME"
 READ_BLOCK = 8 * MiB
 
 #: What S3 answers when a copy source (or the version pinned) does not exist.
-_GONE = {"NoSuchKey", "NoSuchVersion", "404", "InvalidArgument"}
+GONE = {"NoSuchKey", "NoSuchVersion", "404", "InvalidArgument"}
 #: What S3 answers when the bytes it received do not match the checksum sent with them.
-_DIGEST_ERRORS = {"BadDigest", "InvalidDigest", "XAmzContentChecksumMismatch"}
+DIGEST_ERRORS = {"BadDigest", "InvalidDigest", "XAmzContentChecksumMismatch"}
 
 
 @dataclass(frozen=True)
@@ -59,5 +59,5 @@ def crc64nvme_and_sha256(path: Path) -> tuple[str, str, int]:
     return base64.b64encode(crc.to_bytes(8, "big")).decode("ascii"), sha.hexdigest(), size
 
 
-def _etag(resp: dict[str, Any]) -> str:
+def etag(resp: dict[str, Any]) -> str:
     return str(resp["ETag"])

@@ -16,7 +16,7 @@ from k3artifacts.stores.base import ObjectRecord, RangeReader, ShortRead, Sink
 from k3artifacts.stores.s3.bucket import S3Bucket
 
 
-class _S3Ranges(RangeReader):
+class S3Ranges(RangeReader):
     """Ranged ``GetObject`` on a client whose pool has a connection per worker, each response
     read straight into the caller's buffer. Each object is read at the version its revision
     recorded, so an overwrite in the middle of a pull cannot mix two objects' bytes; the

@@ -13,7 +13,7 @@ from k3artifacts.stores.awsclients import aws_errors, error_code, http_status
 from k3artifacts.stores.base import Versioned
 from k3artifacts.stores.capabilities import ensure_conditional_writes
 from k3artifacts.stores.s3.bucket import S3Bucket
-from k3artifacts.stores.s3.objects import CHECKSUM_ALGORITHM, _etag
+from k3artifacts.stores.s3.objects import CHECKSUM_ALGORITHM, etag
 
 
 class S3Records(S3Bucket):
@@ -32,7 +32,7 @@ class S3Records(S3Bucket):
                     return None
                 raise
             with resp["Body"] as body:
-                return Versioned(body.read(), _etag(resp))
+                return Versioned(body.read(), etag(resp))
 
     def _put_small(self, key: str, data: bytes, **conditions: str) -> dict[str, Any]:
         if key.startswith("releases/"):
@@ -68,7 +68,7 @@ class S3Records(S3Bucket):
         condition = {"IfNoneMatch": "*"} if expected is None else {"IfMatch": expected}
         with aws_errors(f"replacing {self.s3_url(key)}"):
             try:
-                return _etag(self._put_small(key, data, **condition))
+                return etag(self._put_small(key, data, **condition))
             except bex.ClientError as exc:
                 # 412: the ETag moved (or the key appeared); 409: a racing conditional write;
                 # 404 on If-Match: the key we expected is gone.

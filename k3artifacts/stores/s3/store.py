@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -23,7 +24,8 @@ from k3artifacts.stores.base import (
     Placement,
     RangeReader,
 )
-from k3artifacts.stores.s3.ranges import _S3Ranges
+from k3artifacts.stores.s3.objects import ObjectReceipt
+from k3artifacts.stores.s3.ranges import S3Ranges
 from k3artifacts.stores.s3.records import S3Records
 from k3artifacts.stores.s3.writer import S3RevisionWriter
 
@@ -83,7 +85,7 @@ class S3Store(S3Records):
             full = obj.get("checksum_type") in (None, "FULL_OBJECT")
             records[obj["path"]] = ObjectRecord(
                 path=obj["path"],
-                key=self._unkey(obj["key"]),
+                key=self.unkey(obj["key"]),
                 size=int(obj["size"]),
                 version_id=version if version and version != "null" else None,
                 crc64nvme=crc if crc and full else None,
@@ -101,7 +103,7 @@ class S3Store(S3Records):
         return sizes
 
     def open_ranges(self, repo_id: str, commit: str, connections: int) -> RangeReader:
-        return _S3Ranges(self, revision_prefix(repo_id, commit),
+        return S3Ranges(self, revision_prefix(repo_id, commit),
                          self.object_records(repo_id, commit), connections)
 
     def delete_revision(self, repo_id: str, commit: str) -> int:
@@ -115,7 +117,7 @@ class S3Store(S3Records):
         with aws_errors(f"deleting {self.s3_url(mkey)}"):
             self.client.delete_object(Bucket=self.bucket, Key=self.key(mkey))
         doomed = self._unreferenced(repo_id, commit)
-        refused = set(self._delete_keys(sorted(doomed)))
+        refused = set(self.delete_keys(sorted(doomed)))
         return sum(size for key, size in doomed.items() if key not in refused)
 
     def repair_file(self, repo_id: str, commit: str, record: FileRecord,
@@ -127,16 +129,26 @@ class S3Store(S3Records):
         prefix = revision_prefix(repo_id, commit)
         writer = S3RevisionWriter(self, repo_id, commit)
         receipt = writer._upload(record, f"{prefix}/{record.path}", local_path, None)
-        records_key = f"{prefix}/{OBJECT_RECORDS_REL}"
-        found = self.read(records_key)
+        # A revision without records reads its prefix, which now holds the file.
+        self._point_records_at(repo_id, commit, {record.path: receipt})
+
+    def _point_records_at(self, repo_id: str, commit: str,
+                          receipts: Mapping[str, ObjectReceipt]) -> bool:
+        """Make the revision's object records name, for each path in ``receipts``, the object
+        its receipt describes (compare-and-swap: :class:`Conflict` when the records moved
+        meanwhile). False when the revision keeps no records."""
+        key = f"{revision_prefix(repo_id, commit)}/{OBJECT_RECORDS_REL}"
+        found = self.read(key)
         if found is None:
-            return  # a revision without records reads its prefix, which now holds the file
+            return False
         body = json.loads(found.data)
         for obj in body["objects"]:
-            if obj["path"] == record.path:
+            receipt = receipts.get(obj["path"])
+            if receipt is not None:
                 obj.clear()
                 obj.update(dataclasses.asdict(receipt))
-        self.replace(records_key, canonical_json(body), found.token)
+        self.replace(key, canonical_json(body), found.token)
+        return True
 
     def reclaimable_bytes(self, repo_id: str, commit: str) -> int:
         return sum(self._unreferenced(repo_id, commit).values())
@@ -175,15 +187,8 @@ class S3Store(S3Records):
         writer = S3RevisionWriter(self, repo_id, commit)
         with ThreadPoolExecutor(max(1, workers), thread_name_prefix="k3a-materialize") as pool:
             list(pool.map(lambda r: writer.copy_in(manifest.file(r.path), r), outside))
-        records_key = f"{prefix}/{OBJECT_RECORDS_REL}"
-        found = self.read(records_key)
-        assert found is not None  # object_records found it above
-        body = json.loads(found.data)
-        for obj in body["objects"]:
-            if obj["path"] in writer.receipts:
-                obj.update(dataclasses.asdict(writer.receipts[obj["path"]]))
         try:
-            self.replace(records_key, canonical_json(body), found.token)
+            self._point_records_at(repo_id, commit, writer.receipts)
         except Conflict:
             pass  # another materialize recorded its copies first: the same objects
         return sum(r.size for r in outside)

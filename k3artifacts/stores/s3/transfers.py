@@ -18,7 +18,7 @@ if TYPE_CHECKING:
 
 MiB = 1024 * 1024
 GiB = 1024 * MiB
-#: Bytes gathered before a transfer's progress is handed on (see _Progress).
+#: Bytes gathered before a transfer's progress is handed on (see Progress).
 PROGRESS_STEP = 8 * MiB
 #: S3's limit on parts per multipart upload.
 MAX_PARTS = 10_000
@@ -124,7 +124,7 @@ class TransferCounters:
             return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.repr}
 
 
-class _Progress:
+class Progress:
     """Counts one transfer's bytes for the counters and the progress callback (an s3transfer
     subscriber: s3transfer calls the ``on_*`` methods a subscriber has).
 

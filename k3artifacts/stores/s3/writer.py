@@ -49,17 +49,17 @@ from k3artifacts.stores.base import (
     StreamedPut,
 )
 from k3artifacts.stores.s3.objects import (
-    _DIGEST_ERRORS,
-    _GONE,
     CHECKSUM_ALGORITHM,
+    DIGEST_ERRORS,
+    GONE,
     META_SHA256,
     META_XXH3,
     ObjectReceipt,
-    _etag,
     crc64nvme_and_sha256,
+    etag,
 )
 from k3artifacts.stores.s3.records import S3Records
-from k3artifacts.stores.s3.transfers import MiB, TransferCounters, _Progress
+from k3artifacts.stores.s3.transfers import MiB, Progress, TransferCounters
 
 if TYPE_CHECKING:
     from s3transfer.manager import TransferManager
@@ -231,7 +231,7 @@ class _PartUpload(StreamedPut):
                                                    for n in sorted(self._parts)]},
                     )
                 except bex.ClientError as exc:
-                    if error_code(exc) not in _DIGEST_ERRORS:
+                    if error_code(exc) not in DIGEST_ERRORS:
                         raise
                     raise VerifyMismatch(
                         f"s3://{self.store.bucket}/{self.s3_key}: S3 refused the upload: the "
@@ -322,7 +322,7 @@ class S3RevisionWriter(RevisionWriter):
             key=self.store.key(f"{self.prefix}/{record.path}"),
             size=int(head["ContentLength"]),
             action=action,
-            etag=_etag(head),
+            etag=etag(head),
             version_id=head.get("VersionId"),
             checksum_crc64nvme=head.get("ChecksumCRC64NVME"),
             checksum_type=head.get("ChecksumType"),
@@ -355,7 +355,7 @@ class S3RevisionWriter(RevisionWriter):
         if receipt is not None and receipt.referenced_from:
             version = receipt.version_id if receipt.version_id != "null" else None
             return self.store.open_object(ObjectRecord(
-                path, self.store._unkey(receipt.key), receipt.size, version))
+                path, self.store.unkey(receipt.key), receipt.size, version))
         return self.store.open_read(f"{self.prefix}/{path}")
 
     def put_file(
@@ -376,8 +376,8 @@ class S3RevisionWriter(RevisionWriter):
         self.counters.add(**amounts)
         self.store.counters.add(**amounts)
 
-    def _subscriber(self, record: FileRecord, field_name: str) -> _Progress:
-        return _Progress(record.path, [self.counters, self.store.counters], field_name,
+    def _subscriber(self, record: FileRecord, field_name: str) -> Progress:
+        return Progress(record.path, [self.counters, self.store.counters], field_name,
                          self.progress)
 
     def _upload(
@@ -424,7 +424,7 @@ class S3RevisionWriter(RevisionWriter):
                         subscribers=[self._subscriber(record, "bytes_uploaded")],
                     ).result()
             except bex.ClientError as exc:
-                if error_code(exc) not in _DIGEST_ERRORS:
+                if error_code(exc) not in DIGEST_ERRORS:
                     raise
                 raise VerifyMismatch(
                     f"s3://{self.store.bucket}/{s3_key}: S3 refused the upload of {local_path}:"
@@ -516,7 +516,7 @@ class S3RevisionWriter(RevisionWriter):
         prefix gets its own copy only when a server needs one (:meth:`S3Store.materialize`);
         :meth:`commit` makes sure ``source_commit`` was not retired meanwhile."""
         pinned = self._source_receipt(source_commit, source_path)
-        source = (self.store._unkey(pinned["key"]) if pinned
+        source = (self.store.unkey(pinned["key"]) if pinned
                   else f"{revision_prefix(self.repo_id, source_commit)}/{source_path}")
         where = f"{record.path} from {self.store.s3_url(source)}"
         expected = pinned.get("checksum_crc64nvme") if pinned else None
@@ -536,7 +536,7 @@ class S3RevisionWriter(RevisionWriter):
             f"?versionId={found}" if found and found != "null" else "")
         receipt = ObjectReceipt(
             path=record.path, key=self.store.key(source), size=int(head["ContentLength"]),
-            action="referenced", etag=_etag(head), version_id=found,
+            action="referenced", etag=etag(head), version_id=found,
             checksum_crc64nvme=head.get("ChecksumCRC64NVME"),
             checksum_type=head.get("ChecksumType"), copied_from=origin,
             referenced_from=source_commit,
@@ -577,15 +577,11 @@ class S3RevisionWriter(RevisionWriter):
                         subscribers=[self._subscriber(record, "bytes_copied")],
                     ).result()
             except bex.ClientError as exc:
-                if http_status(exc) in (400, 403, 404) or error_code(exc) in _GONE:
+                if http_status(exc) in (400, 403, 404) or error_code(exc) in GONE:
                     log.info("%s: %s", what, exc)
                     return False
                 raise
         return True
-
-    def _delete_target(self, key: str) -> None:
-        with aws_errors(f"deleting {self.store.s3_url(key)}"):
-            self.store.client.delete_object(Bucket=self.store.bucket, Key=self.store.key(key))
 
     def _checked_head(self, key: str, record: FileRecord, crc: str | None) -> dict[str, Any]:
         """Read back what S3 stored and hold it to what we sent."""
@@ -706,7 +702,7 @@ class S3RevisionWriter(RevisionWriter):
             written = sorted(self._written)
             self._written.clear()
         try:
-            self.abort_leftovers = self.store._delete_keys(written)
+            self.abort_leftovers = self.store.delete_keys(written)
         except K3AError as exc:
             log.warning("abort could not delete objects of %s: %s", self.prefix, exc)
             self.abort_leftovers = written
