@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
-from k3artifacts.errors import NotFound
+from k3artifacts.errors import NotFound, VerifyMismatch
 from k3artifacts.revisions.manifest import (
     META_DIR,
     FileRecord,
@@ -71,6 +71,9 @@ class ObjectRecord:
     version_id: str | None = None
     #: The store's own whole-object CRC64NVME (base64), where it computed one.
     crc64nvme: str | None = None
+    #: The object's ETag as recorded: what tells a replaced object on a store that keeps no
+    #: versions.
+    etag: str | None = None
 
 
 class RangeReader(ABC):
@@ -370,8 +373,30 @@ class RevisionStore(ABC):
     def materialize(self, repo_id: str, commit: str) -> int:
         """Make the revision's prefix hold every file it reads, for a server that reads the
         prefix itself (HyperPod's ``s3Storage``, an FSx import). Returns the bytes copied;
-        a store whose revisions always hold their files copies none."""
+        a store whose revisions always hold their files copies none. Raises
+        :class:`VerifyMismatch` when the prefix then does not serve the revision as recorded
+        (:meth:`check_served`)."""
+        self.refuse_unserved(repo_id, commit)
         return 0
+
+    @abstractmethod
+    def check_served(self, repo_id: str, commit: str,
+                     manifest: ShardManifest) -> dict[str, str]:
+        """What a server reading the revision's place by itself (HyperPod's ``s3Storage``, a
+        mount, an FSx import) would get that is not the revision as published: path -> why,
+        for each file whose bytes there are not provably the recorded ones; empty when the
+        place serves exactly the revision. Cheap enough for a promotion gate: each store says
+        what it checks and what it leaves to ``k3a verify``."""
+
+    def refuse_unserved(self, repo_id: str, commit: str) -> None:
+        """Raise :class:`VerifyMismatch` naming what :meth:`check_served` finds."""
+        problems = self.check_served(repo_id, commit, self.published_manifest(repo_id, commit))
+        if problems:
+            listed = "; ".join(f"{path}: {why}" for path, why in sorted(problems.items())[:5])
+            more = f" (and {len(problems) - 5} more)" if len(problems) > 5 else ""
+            raise VerifyMismatch(
+                f"{self.location(repo_id, commit)} does not serve {repo_id}@{commit} as "
+                f"published: {listed}{more}")
 
     def placement(self, repo_id: str, commit: str) -> Placement:
         """Where a server reads this revision from."""

@@ -17,6 +17,19 @@ from k3artifacts.stores.s3.transfers import TransferCounters, TransferTuning
 
 _BUCKET_RE = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
 
+#: The calls by which S3 makes an object from a copy or from uploaded parts. s3transfer's copies
+#: go through them without a conditional header (its allowed arguments predate conditional
+#: writes), and a bucket set up by `k3a bootstrap` refuses any object made without one.
+CREATING_OPERATIONS = ("CopyObject", "CompleteMultipartUpload")
+
+
+def _create_only(params: dict[str, Any], **_: Any) -> None:
+    """Make a copy or a multipart completion that names no condition create-once: nothing
+    this store makes that way may replace an object (docs/guides/s3-and-fsx.md, "A bucket
+    nobody overwrites")."""
+    if "IfMatch" not in params and "IfNoneMatch" not in params:
+        params["IfNoneMatch"] = "*"
+
 
 class S3Bucket(Store):
     """One bucket and key prefix through botocore: store keys to S3 keys, HEAD and GET of
@@ -51,6 +64,9 @@ class S3Bucket(Store):
         self.url = f"s3://{bucket}/{self.prefix}" if self.prefix else f"s3://{bucket}"
         self.client = client or awsclients.s3_client(endpoint_url, profile, region)
         awsclients.fail_fast_until_connected(self.client)
+        for operation in CREATING_OPERATIONS:
+            self.client.meta.events.register(f"before-parameter-build.s3.{operation}",
+                                             _create_only)
         self.tuning = tuning or TransferTuning.from_env()
         self.progress = progress
         self.counters = TransferCounters()

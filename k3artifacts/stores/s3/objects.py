@@ -22,6 +22,9 @@ READ_BLOCK = 8 * MiB
 
 #: What S3 answers when a copy source (or the version pinned) does not exist.
 GONE = {"NoSuchKey", "NoSuchVersion", "404", "InvalidArgument"}
+#: What S3 answers a create-once write (``If-None-Match: *``) whose key holds an object (412),
+#: or that races another conditional write of the key (409).
+TAKEN = (409, 412)
 #: What S3 answers when the bytes it received do not match the checksum sent with them.
 DIGEST_ERRORS = {"BadDigest", "InvalidDigest", "XAmzContentChecksumMismatch"}
 

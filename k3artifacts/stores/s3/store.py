@@ -15,7 +15,7 @@ from urllib.parse import urlparse
 
 from k3artifacts.canonical import canonical_json
 from k3artifacts.errors import ConfigError, Conflict
-from k3artifacts.revisions.manifest import FileRecord, manifest_key, revision_prefix
+from k3artifacts.revisions.manifest import FileRecord, ShardManifest, manifest_key, revision_prefix
 from k3artifacts.stores.awsclients import aws_errors
 from k3artifacts.stores.base import (
     OBJECT_RECORDS_REL,
@@ -24,7 +24,7 @@ from k3artifacts.stores.base import (
     Placement,
     RangeReader,
 )
-from k3artifacts.stores.s3.objects import ObjectReceipt
+from k3artifacts.stores.s3.objects import ObjectReceipt, etag
 from k3artifacts.stores.s3.ranges import S3Ranges
 from k3artifacts.stores.s3.records import S3Records
 from k3artifacts.stores.s3.writer import S3RevisionWriter
@@ -89,6 +89,7 @@ class S3Store(S3Records):
                 size=int(obj["size"]),
                 version_id=version if version and version != "null" else None,
                 crc64nvme=crc if crc and full else None,
+                etag=obj.get("etag"),
             )
         return records
 
@@ -124,11 +125,24 @@ class S3Store(S3Records):
                     local_path: Path) -> None:
         """Upload the file under the revision's own prefix (a new version) and record that
         version as the object it reads, where its record named a damaged object (its own, or
-        another revision's by reference)."""
+        another revision's by reference).
+
+        Objects under a revision are create-once (a bootstrapped bucket refuses any other
+        write), so whatever is at the key is deleted first: an admin action, as the bucket
+        lets only the admin delete under ``models/``; the deleted version stays, noncurrent,
+        until the lifecycle rule expires it."""
         self.published_manifest(repo_id, commit)
         prefix = revision_prefix(repo_id, commit)
+        key = f"{prefix}/{record.path}"
+        if self.head(key) is not None and self.delete_keys([key]):
+            raise ConfigError(
+                f"{self.s3_url(key)}: the bucket refused to delete the damaged object, which "
+                "a repair replaces",
+                hint="run `k3a stage --repair` with the admin role's credentials: only the "
+                "admin may delete under models/",
+            )
         writer = S3RevisionWriter(self, repo_id, commit)
-        receipt = writer._upload(record, f"{prefix}/{record.path}", local_path, None)
+        receipt = writer._upload(record, key, local_path, None)
         # A revision without records reads its prefix, which now holds the file.
         self._point_records_at(repo_id, commit, {record.path: receipt})
 
@@ -182,6 +196,7 @@ class S3Store(S3Records):
         prefix = revision_prefix(repo_id, commit)
         outside = [r for r in records.values() if r.key != f"{prefix}/{r.path}"]
         if not outside:
+            self.refuse_unserved(repo_id, commit)
             return 0
         manifest = self.published_manifest(repo_id, commit)
         writer = S3RevisionWriter(self, repo_id, commit)
@@ -191,4 +206,47 @@ class S3Store(S3Records):
             self._point_records_at(repo_id, commit, writer.receipts)
         except Conflict:
             pass  # another materialize recorded its copies first: the same objects
+        self.refuse_unserved(repo_id, commit)
         return sum(r.size for r in outside)
+
+    def check_served(self, repo_id: str, commit: str, manifest: ShardManifest, *,
+                     workers: int = 16) -> dict[str, str]:
+        """HyperPod's ``s3Storage`` (a Mountpoint volume, an FSx import) reads whatever is
+        current under the revision's prefix, where every reader through the object records
+        reads the versions recorded at publication. So each file's current object under the
+        prefix must be the object its record names: that key, the recorded version (on a
+        bucket without versions, the recorded ETag), the manifest's size and the recorded
+        CRC64NVME. One HEAD per file, many at once; no byte read."""
+        records = self.object_records(repo_id, commit)
+        prefix = revision_prefix(repo_id, commit)
+
+        def served(file: FileRecord) -> str | None:
+            record = records.get(file.path)
+            key = f"{prefix}/{file.path}"
+            if record is None:
+                return "no object record names it"
+            if record.key != key:
+                return (f"the prefix does not hold it (read from {record.key} by reference); "
+                        "materialize the revision (k3a tuple create does)")
+            head = self.head(key)
+            if head is None:
+                return "no current object under the prefix"
+            current = head.get("VersionId")
+            if record.version_id is not None and current != record.version_id:
+                return (f"the current object is version {current}, not {record.version_id} as "
+                        "recorded: it was replaced after publication")
+            if record.version_id is None and record.etag and etag(head) != record.etag:
+                return (f"the current object has ETag {etag(head)}, not {record.etag} as "
+                        "recorded: it was replaced after publication")
+            if int(head["ContentLength"]) != file.size:
+                return f"the current object is {head['ContentLength']} bytes, not {file.size}"
+            stored = head.get("ChecksumCRC64NVME")
+            if record.crc64nvme is not None and stored != record.crc64nvme:
+                return (f"the current object has CRC64NVME {stored}, not {record.crc64nvme} as "
+                        "recorded")
+            return None
+
+        with ThreadPoolExecutor(max(1, min(workers, len(manifest.files))),
+                                thread_name_prefix="k3a-served") as pool:
+            found = zip(manifest.files, pool.map(served, manifest.files), strict=True)
+            return {file.path: why for file, why in found if why is not None}

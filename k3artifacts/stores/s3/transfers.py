@@ -34,8 +34,8 @@ class TransferTuning:
     whole), and at most ``max_concurrency`` parts are in flight per file.
     """
 
-    #: s3transfer's threshold: files it moves (in-bucket copies) at least this big go
-    #: multipart (parallel parts, per-part retries). Our own uploads follow :meth:`in_parts`.
+    #: Files at least this big move in parts (parallel, retried one by one): in-bucket copies
+    #: (s3transfer's) and verified files put whole (ours, :meth:`put_in_parts`).
     multipart_threshold: int = 64 * MiB
     #: Smallest part; grown per file so that no file needs more than MAX_PARTS parts.
     min_part_size: int = 64 * MiB
@@ -72,10 +72,15 @@ class TransferTuning:
 
     def in_parts(self, size: int) -> bool:
         """A file of at least one stream part is sent as our own parts (streamed while it
-        downloads, or from the verified file); only smaller ones go through s3transfer as one
-        PUT, which over plain HTTP signs the payload: a second sha256 of the file, read by
-        the signer under the GIL."""
+        downloads, or from the verified file); smaller ones go as one PUT, which over plain
+        HTTP signs the payload: a second sha256 of the file, read by the signer under the
+        GIL."""
         return size >= self.stream_part_size
+
+    def put_in_parts(self, size: int) -> bool:
+        """Whether a verified file put whole goes as our own parts: from one stream part, as
+        :meth:`in_parts`, or from the multipart threshold where that is lower."""
+        return self.in_parts(size) or size >= self.multipart_threshold
 
     def upload_part_size(self, size: int) -> int:
         """Part size of a streamed upload of ``size`` bytes, grown like :meth:`part_size`."""

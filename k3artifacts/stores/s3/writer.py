@@ -15,7 +15,7 @@ import time
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, BinaryIO
+from typing import TYPE_CHECKING, Any, BinaryIO, Literal
 
 import botocore.exceptions as bex
 from awscrt import checksums as crt_checksums
@@ -54,6 +54,7 @@ from k3artifacts.stores.s3.objects import (
     GONE,
     META_SHA256,
     META_XXH3,
+    TAKEN,
     ObjectReceipt,
     crc64nvme_and_sha256,
     etag,
@@ -206,6 +207,7 @@ class _PartUpload(StreamedPut):
             self.cancel()
             return None
         what = f"uploading {self.local_path} to s3://{self.store.bucket}/{self.s3_key}"
+        taken = False
         try:
             with aws_errors(what):
                 if self._next < self.size:
@@ -229,18 +231,26 @@ class _PartUpload(StreamedPut):
                         ChecksumCRC64NVME=crc, ChecksumType="FULL_OBJECT",
                         MultipartUpload={"Parts": [self._parts[n][0]
                                                    for n in sorted(self._parts)]},
+                        IfNoneMatch="*",
                     )
                 except bex.ClientError as exc:
-                    if error_code(exc) not in DIGEST_ERRORS:
+                    if http_status(exc) in TAKEN:
+                        taken = True
+                    elif error_code(exc) not in DIGEST_ERRORS:
                         raise
-                    raise VerifyMismatch(
-                        f"s3://{self.store.bucket}/{self.s3_key}: S3 refused the upload: the "
-                        f"bytes it received do not match CRC64NVME {crc} ({error_code(exc)})",
-                        hint="corrupted in transit; nothing was published, re-run",
-                    ) from None
+                    else:
+                        raise VerifyMismatch(
+                            f"s3://{self.store.bucket}/{self.s3_key}: S3 refused the upload: "
+                            f"the bytes it received do not match CRC64NVME {crc} "
+                            f"({error_code(exc)})",
+                            hint="corrupted in transit; nothing was published, re-run",
+                        ) from None
         except BaseException:
             self.cancel()
             raise
+        if taken:
+            self.cancel()
+            return self.writer.taken(record, self.key, crc)
         self._close()
         return self.writer.finish_upload(record, self.key, crc)
 
@@ -398,7 +408,7 @@ class S3RevisionWriter(RevisionWriter):
                 hint="nothing was uploaded for this file; re-download it into quarantine",
             )
         metadata = {META_SHA256: record.sha256, META_XXH3: record.xxh3_128}
-        if self.store.tuning.in_parts(size):
+        if self.store.tuning.put_in_parts(size):
             # Our own parts (one pread and one buffer each), whose CRCs must combine to ``crc``.
             upload = _PartUpload(self, record.path, size, local_path, metadata)
             receipt = upload.finish(record, {"crc64nvme": crc}, local_path)
@@ -409,21 +419,21 @@ class S3RevisionWriter(RevisionWriter):
                     hint="nothing was published; re-run: the file is downloaded again",
                 )
             return receipt
-        extra = {
-            "ChecksumAlgorithm": CHECKSUM_ALGORITHM,
-            "ChecksumCRC64NVME": crc,
-            "Metadata": metadata,
-        }
         self.note_written(key)
         s3_key = self.store.key(key)
         with aws_errors(f"uploading {local_path} to s3://{self.store.bucket}/{s3_key}"):
             try:
-                with self._manager(size) as manager:
-                    manager.upload(
-                        str(local_path), self.store.bucket, s3_key, extra_args=extra,
-                        subscribers=[self._subscriber(record, "bytes_uploaded")],
-                    ).result()
+                # One PUT (a file below one part), create-once: the store never replaces an
+                # object under a revision, and a bootstrapped bucket refuses a PUT that would.
+                with open(local_path, "rb") as body:
+                    self.store.client.put_object(
+                        Bucket=self.store.bucket, Key=s3_key, Body=body, Metadata=metadata,
+                        ChecksumAlgorithm=CHECKSUM_ALGORITHM, ChecksumCRC64NVME=crc,
+                        IfNoneMatch="*",
+                    )
             except bex.ClientError as exc:
+                if http_status(exc) in TAKEN:
+                    return self.taken(record, key, crc)
                 if error_code(exc) not in DIGEST_ERRORS:
                     raise
                 raise VerifyMismatch(
@@ -432,7 +442,31 @@ class S3RevisionWriter(RevisionWriter):
                     hint="the file changed during the upload or was corrupted in transit; "
                     "nothing was published, re-run",
                 ) from None
+        self.sent(record.path, size)
         return self.finish_upload(record, key, crc)
+
+    def taken(self, record: FileRecord, key: str, crc: str | None) -> ObjectReceipt:
+        """A create-once put of ``key`` was refused because an object is there: another writer
+        of this revision put the same file first (then it is kept, as a re-run keeps it), or
+        the key holds other bytes, which the store never replaces."""
+        with self._lock:
+            self._written.discard(key)  # not ours: an abort must leave it
+        head = self.store.head(key)
+        if head is None:
+            raise Conflict(
+                f"{self.store.s3_url(key)}: another writer is putting {record.path} right now",
+                hint="another run is staging the same revision; re-run once it has finished",
+            )
+        problems = self._problems(head, record, crc)
+        if problems:
+            raise Conflict(
+                f"{self.store.s3_url(key)} already holds an object that is not "
+                f"{record.path}: " + "; ".join(problems),
+                hint="objects under models/ are never replaced: an admin deletes that one "
+                "(the bucket keeps its versions), then re-run",
+            )
+        self._count(objects_skipped=1)
+        return self._receipt(record, "kept", head)
 
     # ----- what _PartUpload asks of its writer ----------------------------------------------------
 
@@ -550,7 +584,10 @@ class S3RevisionWriter(RevisionWriter):
         and hold the copy to the recorded CRC64NVME (:meth:`S3Store.materialize`)."""
         key = f"{self.prefix}/{record.path}"
         where = f"{record.path} from {self.store.s3_url(source.key)}"
-        if not self._try_copy(record, key, source.key, source.version_id):
+        copied = self._try_copy(record, key, source.key, source.version_id)
+        if copied == "taken":
+            return self.taken(record, key, source.crc64nvme)  # an earlier materialize's copy
+        if copied == "gone":
             raise NotFound(f"{where}: S3 could not copy it (the object is gone)",
                            hint="the revision is damaged: run `k3a verify` on it")
         head = self._checked_head(key, record, source.crc64nvme)
@@ -559,9 +596,11 @@ class S3RevisionWriter(RevisionWriter):
             f"?versionId={source.version_id}" if source.version_id else "")
         return self._receipt(record, "copied", head, copied_from=origin)
 
-    def _try_copy(self, record: FileRecord, key: str, source: str, version: str | None) -> bool:
-        """Server-side copy of ``source`` (at ``version``) to ``key``; False when S3 says the
-        source (version) does not exist or cannot be read."""
+    def _try_copy(self, record: FileRecord, key: str, source: str,
+                  version: str | None) -> Literal["copied", "gone", "taken"]:
+        """Server-side copy of ``source`` (at ``version``) to ``key``, create-once (the bucket's
+        client adds ``If-None-Match``): "gone" when S3 says the source (version) does not exist
+        or cannot be read, "taken" when an object is at ``key`` already."""
         with self._lock:
             self._written.add(key)
         copy_source = {"Bucket": self.store.bucket, "Key": self.store.key(source)}
@@ -577,11 +616,13 @@ class S3RevisionWriter(RevisionWriter):
                         subscribers=[self._subscriber(record, "bytes_copied")],
                     ).result()
             except bex.ClientError as exc:
+                if http_status(exc) in TAKEN:
+                    return "taken"
                 if http_status(exc) in (400, 403, 404) or error_code(exc) in GONE:
                     log.info("%s: %s", what, exc)
-                    return False
+                    return "gone"
                 raise
-        return True
+        return "copied"
 
     def _checked_head(self, key: str, record: FileRecord, crc: str | None) -> dict[str, Any]:
         """Read back what S3 stored and hold it to what we sent."""
@@ -642,17 +683,15 @@ class S3RevisionWriter(RevisionWriter):
             return
         self._check_complete(manifest)
         receipts = [dataclasses.asdict(self.receipts[r.path]) for r in manifest.files]
-        with aws_errors(f"writing {self.store.s3_url(self.prefix)}/{OBJECT_RECORDS_REL}"):
-            self.store._put_small(
-                f"{self.prefix}/{OBJECT_RECORDS_REL}",
-                canonical_json({"manifest_sha256": manifest.digest(), "objects": receipts}),
-            )
+        self.store.rewrite(
+            f"{self.prefix}/{OBJECT_RECORDS_REL}",
+            canonical_json({"manifest_sha256": manifest.digest(), "objects": receipts}),
+        )
         self._check_references_live()
         faultpoints.pause("references-checked", self.commit_sha)
         # Beside the manifest, before it: where this store's bytes came from (not digested).
-        pkey = provenance_key(self.repo_id, self.commit_sha)
-        with aws_errors(f"writing {self.store.s3_url(pkey)}"):
-            self.store._put_small(pkey, manifest.provenance().canonical())
+        self.store.rewrite(provenance_key(self.repo_id, self.commit_sha),
+                           manifest.provenance().canonical())
         try:
             self.store.create(manifest_key(self.repo_id, self.commit_sha), manifest.canonical())
         except AlreadyExists:
