@@ -21,6 +21,7 @@ from k3artifacts.stores.bucket_policies import (
     render,
     rendered,
 )
+from tests.support.bucket_policy import BucketPolicy, Request
 
 ACCOUNT = "123456789012"
 ADMIN = f"arn:aws:iam::{ACCOUNT}:role/k3a-admin"
@@ -67,7 +68,8 @@ POLICY_SCHEMA = {
             "type": "array", "minItems": 1,
             "items": {
                 "type": "object",
-                "required": ["Sid", "Effect", "Action", "Resource"],
+                "required": ["Sid", "Effect", "Action"],
+                "oneOf": [{"required": ["Resource"]}, {"required": ["NotResource"]}],
                 "additionalProperties": False,
                 "properties": {
                     "Sid": {"type": "string", "pattern": "^[A-Za-z0-9]+$"},
@@ -77,6 +79,8 @@ POLICY_SCHEMA = {
                                                    "minItems": 1, "uniqueItems": True}]},
                     "Resource": {"oneOf": [_ARN_OR_STAR, {"type": "array", "items": _ARN_OR_STAR,
                                                           "minItems": 1, "uniqueItems": True}]},
+                    "NotResource": {"type": "array", "items": _ARN_OR_STAR, "minItems": 1,
+                                    "uniqueItems": True},
                     "Condition": {"type": "object", "additionalProperties": {
                         "type": "object", "minProperties": 1}},
                 },
@@ -190,6 +194,52 @@ def test_bucket_policy_guards(inputs) -> None:
                   and "server-side-encryption" in json.dumps(s.get("Condition"))]
     assert len(encryption) == 3  # wrong algorithm, wrong key, customer-provided key
     assert "s3:PutBucketVersioning" in by_sid["DenyGuardrailChangesExceptAdmin"]["Action"]
+
+
+def test_the_store_cannot_be_overwritten_under_the_bucket_policy(inputs) -> None:
+    """Every object write under the store's prefixes carries a condition; a create-once key
+    (weights, manifests, records, history, warm artifacts) takes only If-None-Match; the
+    compare-and-swap keys take If-Match too; the parts of a multipart upload carry no header
+    and are let through, its completion is judged."""
+    doc = rendered("s3/bucket-policy.json", inputs)
+    by_sid = {s["Sid"]: s for s in doc["Statement"]}
+    unconditional = by_sid["DenyUnconditionalWritesToTheStore"]
+    assert unconditional["Condition"] == {
+        "Null": {"s3:if-none-match": "true", "s3:if-match": "true"},
+        "Bool": {"s3:ObjectCreationOperation": "true"}}
+    policy = BucketPolicy(doc)
+    assert {s["Sid"] for s in policy.statements} == {
+        "DenyUnconditionalWritesToTheStore", "DenyReplacingCreateOnceObjects",
+        "DenyReplacingChannelHistory"}
+    root = "k3a/"
+    create_once = [
+        "models/org/name/abc/model-00001-of-00064.safetensors",
+        "models/org/name/abc/.k3a/manifest.json", "models/org/name/abc/.k3a/model.sig",
+        "releases/tuples/k3t-1.json", "releases/channels/production/history/0000000007.json",
+        "releases/policy/documents/ab.json", "releases/approvals/r/decision.json",
+        "releases/reviews/license/ab.json", "releases/retirement/pins/org/name/abc/1.json",
+        "warm/blobs/ab/abcd", "warm/artifacts/k3t-1/h100/tp8.json",
+    ]
+    swapped = ["releases/channels/production.json", "releases/policy/current.json",
+               "releases/probes/123", "models/org/name/abc/.k3a/s3-objects.json",
+               "models/org/name/abc/.k3a/provenance.json"]
+
+    def denied(op: str, key: str, **conditions: str) -> str | None:
+        return policy.denies(Request(op, "k3a-releases", root + key, **conditions))
+
+    for key in create_once + swapped:
+        for op in ("PutObject", "CopyObject", "CompleteMultipartUpload"):
+            assert denied(op, key) == "DenyUnconditionalWritesToTheStore", (op, key)
+            assert denied(op, key, if_none_match="*") is None, (op, key)
+        for op in ("CreateMultipartUpload", "UploadPart", "UploadPartCopy"):
+            assert denied(op, key) is None, (op, key)
+    for key in create_once:
+        assert denied("PutObject", key, if_match='"e"') is not None, key
+        assert denied("CopyObject", key, if_match='"e"') is not None, key
+    for key in swapped:
+        assert denied("PutObject", key, if_match='"e"') is None, key
+    # Outside the store's prefix the bucket keeps its ordinary rules for unconditional writes.
+    assert policy.denies(Request("PutObject", "k3a-releases", "elsewhere/x")) is None
 
 
 def test_reads_are_inference_and_admin_only_when_no_pipeline_roles_given() -> None:

@@ -21,7 +21,7 @@ from k3artifacts.errors import ConfigError
 from k3artifacts.policy.model import IdentityPolicy
 from k3artifacts.settings import load
 from k3artifacts.stores.awsclients import aws_errors, sts_client
-from k3artifacts.stores.base import Store
+from k3artifacts.stores.records import RecordStore
 
 #: The credentials in the environment key the cache of STS's answer (boto3 reads them).
 _CREDENTIAL_ENV = ("AWS_ACCESS_KEY_ID", "AWS_SESSION_TOKEN", "AWS_PROFILE")
@@ -59,7 +59,7 @@ def _sts_identity(endpoint: str | None, credentials: tuple[str | None, ...]) -> 
         return str(sts_client().get_caller_identity()["Arn"])
 
 
-def store_identity(store: Store) -> tuple[str, str]:
+def store_identity(store: RecordStore) -> tuple[str, str]:
     """``(name, source)`` of whoever this process is on ``store``, as the store's identity
     source answers: never a variable anyone can set."""
     if store.identity_source == "sts":
@@ -68,7 +68,7 @@ def store_identity(store: Store) -> tuple[str, str]:
     return os_account(), "os-user"
 
 
-def resolve_actor(store: Store, *, typed: str | None, identity: IdentityPolicy) -> Actor:
+def resolve_actor(store: RecordStore, *, typed: str | None, identity: IdentityPolicy) -> Actor:
     """Who is acting on ``store``. ``typed`` is a ``--by`` given on the command line: refused
     (exit 9) where it cannot stand for the identity, rather than silently ignored."""
     name, source = store_identity(store)

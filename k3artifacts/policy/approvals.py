@@ -21,7 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from k3artifacts.canonical import canonical_digest, canonical_json
 from k3artifacts.errors import AlreadyExists, ConfigError, Conflict, GateFailed, NotFound
 from k3artifacts.policy.actor import Actor
-from k3artifacts.stores.base import Store
+from k3artifacts.stores.records import RecordStore
 
 PREFIX = "releases/approvals/"
 REQUEST_ID = r"^k3r-[0-9a-f]{24}$"
@@ -81,7 +81,7 @@ def decision_key(request_id: str) -> str:
     return f"{PREFIX}{request_id}/decision.json"
 
 
-def request_approval(store: Store, *, action: Action, by: Actor, channel: str | None = None,
+def request_approval(store: RecordStore, *, action: Action, by: Actor, channel: str | None = None,
                      tuple_id: str | None = None, policy_digest: str | None = None,
                      base_digest: str | None = None, requested_for: str | None = None,
                      why: str | None = None, needs: list[str] | None = None,
@@ -97,7 +97,7 @@ def request_approval(store: Store, *, action: Action, by: Actor, channel: str | 
     return request
 
 
-def _read(store: Store, key: str, model: type[BaseModel]):  # type: ignore[no-untyped-def]
+def _read(store: RecordStore, key: str, model: type[BaseModel]):  # type: ignore[no-untyped-def]
     found = store.read(key)
     if found is None:
         return None
@@ -108,7 +108,7 @@ def _read(store: Store, key: str, model: type[BaseModel]):  # type: ignore[no-un
                           hint="approval records are written only by k3a") from None
 
 
-def get_request(store: Store, request_id: str) -> ApprovalRequest:
+def get_request(store: RecordStore, request_id: str) -> ApprovalRequest:
     if not isinstance(request_id, str) or not request_id.startswith("k3r-"):
         raise ConfigError(f"{request_id!r} is not an approval request id (k3r-<24 hex>)")
     request = _read(store, request_key(request_id), ApprovalRequest)
@@ -118,15 +118,15 @@ def get_request(store: Store, request_id: str) -> ApprovalRequest:
     return request
 
 
-def get_decision(store: Store, request_id: str) -> Decision | None:
+def get_decision(store: RecordStore, request_id: str) -> Decision | None:
     decision = _read(store, decision_key(request_id), Decision)
     if decision is not None and decision.request_id != request_id:
         raise ConfigError(f"{decision_key(request_id)} answers {decision.request_id}")
     return decision
 
 
-def decide(store: Store, request_id: str, *, by: Actor, approve: bool, reason: str | None = None,
-           now: datetime | None = None) -> Decision:
+def decide(store: RecordStore, request_id: str, *, by: Actor, approve: bool,
+           reason: str | None = None, now: datetime | None = None) -> Decision:
     """Answer a request once, as ``by``. The requester cannot approve their own request."""
     request = get_request(store, request_id)
     if approve and by.identities() & request.requested_by.identities():
@@ -147,7 +147,7 @@ def decide(store: Store, request_id: str, *, by: Actor, approve: bool, reason: s
     return decision
 
 
-def approved(store: Store, request_id: str, *, action: Action, channel: str | None = None,
+def approved(store: RecordStore, request_id: str, *, action: Action, channel: str | None = None,
              tuple_id: str | None = None, policy_digest: str | None = None
              ) -> tuple[ApprovalRequest, Decision]:
     """The request and its approving decision, checked against the subject at hand; raises
@@ -172,7 +172,7 @@ def approved(store: Store, request_id: str, *, action: Action, channel: str | No
     return request, decision
 
 
-def wait_for_decision(store: Store, request_id: str, *, timeout: float,
+def wait_for_decision(store: RecordStore, request_id: str, *, timeout: float,
                       poll_interval: float) -> Decision | None:
     """Poll the store for the answer; None when ``timeout`` seconds pass without one."""
     deadline = time.monotonic() + timeout

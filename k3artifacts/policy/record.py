@@ -36,7 +36,7 @@ from k3artifacts.policy.approvals import (
     request_approval,
 )
 from k3artifacts.policy.document import SIGNING_FILE, PolicyDocument
-from k3artifacts.stores.base import Store
+from k3artifacts.stores.records import RecordStore
 
 PREFIX = "releases/policy/"
 POINTER_KEY = f"{PREFIX}current.json"
@@ -107,7 +107,7 @@ class InForce:
         return f"version {self.version} ({self.digest[:12]})"
 
 
-def _pointer(store: Store) -> tuple[PolicyPointer | None, str | None]:
+def _pointer(store: RecordStore) -> tuple[PolicyPointer | None, str | None]:
     found = store.read(POINTER_KEY)
     if found is None:
         return None, None
@@ -119,7 +119,7 @@ def _pointer(store: Store) -> tuple[PolicyPointer | None, str | None]:
     return pointer, found.token
 
 
-def read_document(store: Store, digest: str) -> PolicyDocument:
+def read_document(store: RecordStore, digest: str) -> PolicyDocument:
     key = document_key(digest)
     found = store.read(key)
     if found is None:
@@ -137,7 +137,7 @@ def packaged_document() -> PolicyDocument:
     return PolicyDocument.from_dir(POLICIES)
 
 
-def in_force(store: Store) -> InForce:
+def in_force(store: RecordStore) -> InForce:
     """The store's policy in force; the packaged defaults (version 0) while it has none."""
     pointer, token = _pointer(store)
     if pointer is None:
@@ -146,14 +146,14 @@ def in_force(store: Store) -> InForce:
     return InForce(pointer.version, pointer.digest, read_document(store, pointer.digest), token)
 
 
-def _store_document(store: Store, document: PolicyDocument) -> None:
+def _store_document(store: RecordStore, document: PolicyDocument) -> None:
     try:
         store.create(document_key(document.digest), canonical_json(document))
     except AlreadyExists:
         read_document(store, document.digest)  # same digest: same content, unless tampered
 
 
-def _commit(store: Store, current: InForce, change: PolicyChange) -> InForce:
+def _commit(store: RecordStore, current: InForce, change: PolicyChange) -> InForce:
     pointer = PolicyPointer(version=change.version, digest=change.digest, change=change)
     expected = None if current.version == 0 else current.token
     try:
@@ -171,7 +171,7 @@ def _commit(store: Store, current: InForce, change: PolicyChange) -> InForce:
     return in_force(store)
 
 
-def seed(store: Store, document: PolicyDocument, *, by: Actor, why: str | None = None,
+def seed(store: RecordStore, document: PolicyDocument, *, by: Actor, why: str | None = None,
          now: datetime | None = None) -> InForce:
     """Record ``document`` as the store's first policy version; only while it has none."""
     current = in_force(store)
@@ -185,7 +185,7 @@ def seed(store: Store, document: PolicyDocument, *, by: Actor, why: str | None =
     return _commit(store, current, change)
 
 
-def ensure_seeded(store: Store, *, by: Actor) -> InForce:
+def ensure_seeded(store: RecordStore, *, by: Actor) -> InForce:
     """The policy in force, seeding the packaged defaults first if the store has none: a move
     is always judged by, and records, a version the store holds."""
     current = in_force(store)
@@ -238,7 +238,7 @@ def loosening(old: PolicyDocument, new: PolicyDocument) -> list[str]:
     return found
 
 
-def propose(store: Store, document: PolicyDocument, *, by: Actor, why: str | None = None,
+def propose(store: RecordStore, document: PolicyDocument, *, by: Actor, why: str | None = None,
             now: datetime | None = None) -> tuple[ApprovalRequest, InForce]:
     """Store ``document`` (create-once, by digest) and ask for it to replace the policy in
     force: an approval request whose ``needs`` say what it loosens."""
@@ -253,7 +253,8 @@ def propose(store: Store, document: PolicyDocument, *, by: Actor, why: str | Non
     return request, current
 
 
-def apply(store: Store, request_id: str, *, by: Actor, now: datetime | None = None) -> InForce:
+def apply(store: RecordStore, request_id: str, *, by: Actor,
+          now: datetime | None = None) -> InForce:
     """Make the proposal ``request_id`` the policy in force, judged by the one it replaces."""
     request = get_request(store, request_id)
     if request.action != "policy" or request.policy_digest is None:
@@ -281,7 +282,7 @@ def apply(store: Store, request_id: str, *, by: Actor, now: datetime | None = No
     return _commit(store, current, change)
 
 
-def changes(store: Store) -> list[PolicyChange]:
+def changes(store: RecordStore) -> list[PolicyChange]:
     """Every recorded version of the store's policy, oldest first (the one in force last,
     even if its mover died before writing its change record)."""
     pointer, _ = _pointer(store)

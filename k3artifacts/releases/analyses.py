@@ -20,7 +20,7 @@ from k3artifacts.policy.rollout import TrafficThresholds, duration_seconds
 from k3artifacts.releases.channels import check_channel
 from k3artifacts.releases.records import create_once, read_records
 from k3artifacts.releases.tuples import TupleStore, check_tuple_id
-from k3artifacts.stores.base import Store
+from k3artifacts.stores.records import RecordStore
 
 TRAFFIC_PREFIX = "releases/traffic/"
 #: More finished requests a second than one tuple is believed to serve: a count above this
@@ -104,7 +104,7 @@ def _prefix(tuple_id: str, channel: str, step: int | None = None) -> str:
 
 
 def record_analysis(
-    store: Store, analysis: TrafficAnalysis, *, by: str, now: datetime | None = None
+    store: RecordStore, analysis: TrafficAnalysis, *, by: str, now: datetime | None = None
 ) -> tuple[AnalysisRecord, bool]:
     """Store ``analysis`` beside its tuple; returns (record, written)."""
     TupleStore(store).get(analysis.tuple_id)  # the tuple must exist and be intact
@@ -115,7 +115,7 @@ def record_analysis(
     return create_once(store, key, record)
 
 
-def list_analyses(store: Store, tuple_id: str, channel: str) -> list[AnalysisRecord]:
+def list_analyses(store: RecordStore, tuple_id: str, channel: str) -> list[AnalysisRecord]:
     """Every recorded analysis of ``tuple_id`` on ``channel``, oldest window first."""
     records = []
     for key, record in read_records(store, _prefix(tuple_id, channel), AnalysisRecord):

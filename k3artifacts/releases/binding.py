@@ -22,6 +22,7 @@ from k3artifacts.releases.tuples import (
 )
 from k3artifacts.revisions.manifest import ShardManifest
 from k3artifacts.stores.base import Store
+from k3artifacts.stores.revisions import RevisionStore
 
 
 @dataclass(frozen=True)
@@ -31,7 +32,7 @@ class Created:
     new: bool
 
 
-def published_manifest(store: Store, repo_id: str, commit: str) -> ShardManifest:
+def published_manifest(store: RevisionStore, repo_id: str, commit: str) -> ShardManifest:
     return store.published_manifest(
         repo_id, commit,
         hint="stage it first (`k3a stage`); a tuple binds only a verified, published revision",
@@ -39,7 +40,7 @@ def published_manifest(store: Store, repo_id: str, commit: str) -> ShardManifest
 
 
 def bind(
-    store: Store, repo_id: str, commit: str, image: ImageRef, serving: ServingSpec
+    store: RevisionStore, repo_id: str, commit: str, image: ImageRef, serving: ServingSpec
 ) -> TupleBinding:
     manifest = published_manifest(store, repo_id, commit)
     # A tuple's location is a prefix a server may read by itself (HyperPod's s3Storage, a

@@ -43,7 +43,7 @@ from k3artifacts.errors import AlreadyExists, ConfigError, Conflict, K3AError, N
 from k3artifacts.policy.model import CHANNEL_NAME
 from k3artifacts.policy.results import GateResult, Override
 from k3artifacts.releases.tuples import TUPLE_ID
-from k3artifacts.stores.base import Store
+from k3artifacts.stores.records import RecordStore
 
 CHANNEL_SCHEMA = 1
 CHANNELS_PREFIX = "releases/channels/"
@@ -195,7 +195,7 @@ class ChannelState:
         return 1 if self.pointer is None else self.pointer.seq + 1
 
 
-def read_state(store: Store, channel: str) -> ChannelState:
+def read_state(store: RecordStore, channel: str) -> ChannelState:
     """The pointer as every reader and mover sees it: checked against the history's latest
     entry first (:func:`check_against_history`)."""
     key = pointer_key(channel)
@@ -209,7 +209,7 @@ def read_state(store: Store, channel: str) -> ChannelState:
     return ChannelState(channel, pointer, found.token)
 
 
-def check_against_history(store: Store, pointer: ChannelPointer) -> None:
+def check_against_history(store: RecordStore, pointer: ChannelPointer) -> None:
     """Raise :class:`PointerMismatch` unless ``pointer`` is the move its history records: the
     latest logged entry is the pointer's own (same seq, same content), or, when its mover died
     before logging it, the one before, whose tuple the pointer's entry says it replaced. One
@@ -237,7 +237,7 @@ def check_against_history(store: Store, pointer: ChannelPointer) -> None:
         f"#{latest}: the pointer does not follow its history", channel)
 
 
-def channel_names(store: Store) -> list[str]:
+def channel_names(store: RecordStore) -> list[str]:
     """Channels that have a pointer in ``store``."""
     names = []
     for key in store.list_keys(CHANNELS_PREFIX):
@@ -248,7 +248,7 @@ def channel_names(store: Store) -> list[str]:
 
 
 def unknown_channel(
-    store: Store, channel: str, policy_channels: Collection[str] | None = None
+    store: RecordStore, channel: str, policy_channels: Collection[str] | None = None
 ) -> NotFound:
     """NotFound for a channel with no pointer. ``policy_channels``: the channels the gate
     policy allows, when known; promoting is suggested only onto one of those."""
@@ -265,7 +265,7 @@ def unknown_channel(
     return NotFound(message, hint=f"promote a tuple first: `k3a promote <tuple-id> {channel}`")
 
 
-def current(store: Store, channel: str) -> ChannelPointer:
+def current(store: RecordStore, channel: str) -> ChannelPointer:
     """The channel's pointer; NotFound (with the known channels) if it was never moved."""
     state = read_state(store, channel)
     if state.pointer is None:
@@ -273,11 +273,11 @@ def current(store: Store, channel: str) -> ChannelPointer:
     return state.pointer
 
 
-def list_channels(store: Store) -> list[ChannelPointer]:
+def list_channels(store: RecordStore) -> list[ChannelPointer]:
     return [p for p in (read_state(store, n).pointer for n in channel_names(store)) if p]
 
 
-def _logged_seqs(store: Store, channel: str) -> list[int]:
+def _logged_seqs(store: RecordStore, channel: str) -> list[int]:
     prefix = history_prefix(channel)
     seqs = []
     for key in store.list_keys(prefix):
@@ -287,7 +287,7 @@ def _logged_seqs(store: Store, channel: str) -> list[int]:
     return sorted(seqs)
 
 
-def _read_entry(store: Store, channel: str, seq: int) -> HistoryEntry:
+def _read_entry(store: RecordStore, channel: str, seq: int) -> HistoryEntry:
     key = history_key(channel, seq)
     found = store.read(key)
     if found is None:
@@ -299,7 +299,7 @@ def _read_entry(store: Store, channel: str, seq: int) -> HistoryEntry:
 
 
 def iter_history_reversed(
-    store: Store,
+    store: RecordStore,
     channel: str,
     pointer: ChannelPointer | None = None,
     policy_channels: Collection[str] | None = None,
@@ -319,14 +319,14 @@ def iter_history_reversed(
 
 
 def history(
-    store: Store, channel: str, policy_channels: Collection[str] | None = None
+    store: RecordStore, channel: str, policy_channels: Collection[str] | None = None
 ) -> list[HistoryEntry]:
     """Every move of ``channel``, oldest first, seq 1..N without gaps. ``policy_channels``
     shapes the advice when the channel is unknown (see :func:`unknown_channel`)."""
     return list(reversed(list(iter_history_reversed(store, channel, None, policy_channels))))
 
 
-def _ensure_logged(store: Store, pointer: ChannelPointer) -> None:
+def _ensure_logged(store: RecordStore, pointer: ChannelPointer) -> None:
     """Write the pointer's entry to the log if its mover died before doing so."""
     key = history_key(pointer.channel, pointer.seq)
     found = store.read(key)
@@ -342,7 +342,7 @@ def _ensure_logged(store: Store, pointer: ChannelPointer) -> None:
         raise CorruptRecord(f"{key} differs from the entry its channel pointer committed")
 
 
-def commit_move(store: Store, state: ChannelState, entry: HistoryEntry) -> ChannelPointer:
+def commit_move(store: RecordStore, state: ChannelState, entry: HistoryEntry) -> ChannelPointer:
     """Move the pointer from ``state`` to ``entry`` (compare-and-swap), then log the entry.
 
     Raises :class:`ChannelMoved` naming the winner if the pointer changed since ``state`` was
@@ -365,7 +365,7 @@ def commit_move(store: Store, state: ChannelState, entry: HistoryEntry) -> Chann
     return pointer
 
 
-def _lost_race(store: Store, state: ChannelState, entry: HistoryEntry) -> ChannelMoved:
+def _lost_race(store: RecordStore, state: ChannelState, entry: HistoryEntry) -> ChannelMoved:
     winner = read_state(store, state.channel).pointer
     wanted = f"{entry.action} of {state.channel} to {entry.tuple_id}"
     if winner is None:

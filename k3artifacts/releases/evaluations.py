@@ -25,7 +25,7 @@ from k3artifacts.canonical import canonical_digest
 from k3artifacts.errors import ConfigError, plain_validation_errors
 from k3artifacts.releases.records import create_once, read_records
 from k3artifacts.releases.tuples import TupleStore, check_tuple_id
-from k3artifacts.stores.base import Store
+from k3artifacts.stores.records import RecordStore
 
 EVALUATIONS_PREFIX = "releases/evaluations/"
 
@@ -231,7 +231,7 @@ def parse_report(data: bytes, source: str) -> dict[str, Any]:
 
 
 def attach_evaluation(
-    store: Store,
+    store: RecordStore,
     tuple_id: str,
     report: dict[str, Any],
     *,
@@ -245,7 +245,7 @@ def attach_evaluation(
 
 
 def record_run(
-    store: Store, report: ReadinessReport, *, by: str, now: datetime | None = None
+    store: RecordStore, report: ReadinessReport, *, by: str, now: datetime | None = None
 ) -> tuple[EvaluationRecord, bool]:
     """Store what a readiness run observed, beside its tuple; returns (record, written)."""
     body = report.model_dump(mode="json")
@@ -253,7 +253,7 @@ def record_run(
 
 
 def _create(
-    store: Store,
+    store: RecordStore,
     tuple_id: str,
     report: dict[str, Any],
     *,
@@ -275,7 +275,7 @@ def _create(
     return create_once(store, key, record)
 
 
-def list_evaluations(store: Store, tuple_id: str) -> list[EvaluationRecord]:
+def list_evaluations(store: RecordStore, tuple_id: str) -> list[EvaluationRecord]:
     """Reports attached to ``tuple_id``, oldest first."""
     records = []
     for key, record in read_records(store, evaluations_prefix(tuple_id), EvaluationRecord):
@@ -298,7 +298,7 @@ def list_evaluations(store: Store, tuple_id: str) -> list[EvaluationRecord]:
 
 
 def latest_run(
-    store: Store, tuple_id: str, *, kind: str = "eval", suite_sha256: str | None = None
+    store: RecordStore, tuple_id: str, *, kind: str = "eval", suite_sha256: str | None = None
 ) -> EvaluationRecord | None:
     """The newest report a readiness run wrote for ``tuple_id`` (of that suite file, if given)."""
     runs = [

@@ -5,16 +5,16 @@ from __future__ import annotations
 from k3artifacts.errors import ConfigError, NotFound
 from k3artifacts.releases.channels import CHANNEL_NAME, HistoryEntry, read_state
 from k3artifacts.releases.tuples import TUPLE_ID, ReleaseTuple, TupleStore
-from k3artifacts.stores.base import Store
+from k3artifacts.stores.records import RecordStore
 
 
-def resolve_tuple(store: Store, name: str) -> ReleaseTuple:
+def resolve_tuple(store: RecordStore, name: str) -> ReleaseTuple:
     """``name`` is a tuple id, or a channel whose pointer (read and checked as every channel
     reader does) names one. The tuple is re-derived from its body: a tampered one is refused."""
     return resolve_with_move(store, name)[0]
 
 
-def resolve_with_move(store: Store, name: str) -> tuple[ReleaseTuple, HistoryEntry | None]:
+def resolve_with_move(store: RecordStore, name: str) -> tuple[ReleaseTuple, HistoryEntry | None]:
     """:func:`resolve_tuple`, with the channel move that made the tuple current when ``name``
     is a channel (who moved it, and the policy version that judged it), else None."""
     move = None

@@ -14,7 +14,7 @@ from k3artifacts.errors import ConfigError
 from k3artifacts.releases.channels import check_channel
 from k3artifacts.releases.records import create_once, read_records
 from k3artifacts.releases.tuples import TupleStore, check_tuple_id
-from k3artifacts.stores.base import Store
+from k3artifacts.stores.records import RecordStore
 
 PREFLIGHT_PREFIX = "releases/preflight/"
 
@@ -35,7 +35,7 @@ def _prefix(tuple_id: str, channel: str) -> str:
     return f"{PREFLIGHT_PREFIX}{check_tuple_id(tuple_id)}/{check_channel(channel)}/"
 
 
-def record_preflight(store: Store, tuple_id: str, channel: str, report: dict[str, Any], *,
+def record_preflight(store: RecordStore, tuple_id: str, channel: str, report: dict[str, Any], *,
                      by: str, now: datetime | None = None) -> tuple[PreflightRecord, bool]:
     TupleStore(store).get(tuple_id)
     sha = canonical_digest(report)
@@ -45,7 +45,7 @@ def record_preflight(store: Store, tuple_id: str, channel: str, report: dict[str
     return create_once(store, key, record)
 
 
-def list_preflights(store: Store, tuple_id: str, channel: str) -> list[PreflightRecord]:
+def list_preflights(store: RecordStore, tuple_id: str, channel: str) -> list[PreflightRecord]:
     """Recorded preflights of ``tuple_id`` for ``channel``, oldest first."""
     records = []
     for key, record in read_records(store, _prefix(tuple_id, channel), PreflightRecord):

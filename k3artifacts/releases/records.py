@@ -11,12 +11,12 @@ from pydantic import BaseModel, ValidationError
 
 from k3artifacts.canonical import canonical_json
 from k3artifacts.errors import AlreadyExists, ConfigError
-from k3artifacts.stores.base import Store
+from k3artifacts.stores.records import RecordStore
 
 Record = TypeVar("Record", bound=BaseModel)
 
 
-def create_once(store: Store, key: str, record: Record) -> tuple[Record, bool]:
+def create_once(store: RecordStore, key: str, record: Record) -> tuple[Record, bool]:
     """Write ``record`` at ``key`` unless one is there already: returns (the record the store
     holds, whether this call wrote it). A lost race returns the winner's record."""
     try:
@@ -29,7 +29,8 @@ def create_once(store: Store, key: str, record: Record) -> tuple[Record, bool]:
     return record, True
 
 
-def read_records(store: Store, prefix: str, model: type[Record]) -> Iterator[tuple[str, Record]]:
+def read_records(store: RecordStore, prefix: str,
+                 model: type[Record]) -> Iterator[tuple[str, Record]]:
     """Every record under ``prefix`` with its key; a record that does not parse is refused."""
     for key in store.list_keys(prefix):
         found = store.read(key)

@@ -36,6 +36,8 @@ from k3artifacts.releases.retirement import (
 from k3artifacts.releases.tuples import TupleStore
 from k3artifacts.revisions.manifest import META_DIR, manifest_key, revision_prefix
 from k3artifacts.stores.base import Store
+from k3artifacts.stores.records import RecordStore
+from k3artifacts.stores.revisions import RevisionStore
 
 Revision = tuple[str, str]  # (repo_id, commit)
 
@@ -56,7 +58,7 @@ class RevisionVerdict(BaseModel):
     reason: str
 
 
-def reachable(store: Store, policy: GatePolicy) -> dict[Revision, list[str]]:
+def reachable(store: RecordStore, policy: GatePolicy) -> dict[Revision, list[str]]:
     """Revisions a channel can reach -> how (``production current``, ``staging #7``)."""
     tuples = TupleStore(store)
     weights: dict[str, Revision] = {}
@@ -82,7 +84,7 @@ def reachable(store: Store, policy: GatePolicy) -> dict[Revision, list[str]]:
     return found
 
 
-def _published(store: Store) -> list[tuple[str, str, datetime]]:
+def _published(store: RecordStore) -> list[tuple[str, str, datetime]]:
     suffix = f"/{META_DIR}/manifest.json"
     out = []
     for key in store.list_keys("models/"):
@@ -98,7 +100,7 @@ def _published(store: Store) -> list[tuple[str, str, datetime]]:
     return out
 
 
-def _size(store: Store, repo_id: str, commit: str) -> int:
+def _size(store: RevisionStore, repo_id: str, commit: str) -> int:
     return sum(store.object_sizes(revision_prefix(repo_id, commit) + "/").values())
 
 
@@ -136,7 +138,7 @@ def plan(
     return verdicts
 
 
-def _take_tombstone(store: Store, repo_id: str, commit: str, who: str, now: datetime) -> str:
+def _take_tombstone(store: RecordStore, repo_id: str, commit: str, who: str, now: datetime) -> str:
     """Create the tombstone; '' when ours, else why not (another gc holds a fresh one)."""
     marker = Marker(repo_id=repo_id, commit=commit, who=who, why="k3a gc", at=now)
     try:

@@ -38,7 +38,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from k3artifacts.canonical import canonical_json
 from k3artifacts.errors import Conflict
 from k3artifacts.faultpoints import pause
-from k3artifacts.stores.base import Store
+from k3artifacts.stores.records import RecordStore
 
 RETIREMENT_PREFIX = "releases/retirement/"
 #: Older pins and tombstones are leftovers of a crashed process.
@@ -80,12 +80,12 @@ def _parse(data: bytes | None) -> Marker | None:
         return Marker(repo_id="?", commit="?", who="?", why="unreadable", at=datetime.now(UTC))
 
 
-def read_tombstone(store: Store, repo_id: str, commit: str) -> Marker | None:
+def read_tombstone(store: RecordStore, repo_id: str, commit: str) -> Marker | None:
     found = store.read(tombstone_key(repo_id, commit))
     return _parse(None if found is None else found.data)
 
 
-def live_pins(store: Store, repo_id: str, commit: str, now: datetime) -> list[Marker]:
+def live_pins(store: RecordStore, repo_id: str, commit: str, now: datetime) -> list[Marker]:
     pins = []
     for key in store.list_keys(pins_prefix(repo_id, commit)):
         found = store.read(key)
@@ -96,7 +96,7 @@ def live_pins(store: Store, repo_id: str, commit: str, now: datetime) -> list[Ma
 
 
 @contextlib.contextmanager
-def pinned(store: Store, repo_id: str, commit: str, *, who: str, why: str) -> Iterator[None]:
+def pinned(store: RecordStore, repo_id: str, commit: str, *, who: str, why: str) -> Iterator[None]:
     """Hold a pin on a revision while a move onto it runs; refuse if gc is retiring it."""
     key = f"{pins_prefix(repo_id, commit)}{uuid.uuid4().hex}.json"
     store.create(key, canonical_json(

@@ -26,6 +26,7 @@ from k3artifacts.errors import AlreadyExists, K3AError, NotFound, VerifyMismatch
 from k3artifacts.releases.tuples import TUPLE_ID, ReleaseTuple, TupleStore, tuple_manifest
 from k3artifacts.revisions.manifest import ShardManifest
 from k3artifacts.stores.base import Store
+from k3artifacts.stores.records import RecordStore
 
 REVIEWS_PREFIX = "releases/reviews/"
 SHA256_HEX = r"^[0-9a-f]{64}$"
@@ -79,7 +80,7 @@ def review_key(kind: ReviewKind, sha256: str) -> str:
     return f"{REVIEWS_PREFIX}{kind}/{sha256}.json"
 
 
-def read_review(store: Store, kind: ReviewKind, sha256: str) -> Review | None:
+def read_review(store: RecordStore, kind: ReviewKind, sha256: str) -> Review | None:
     """The review of ``sha256``, or None. A record that does not parse, or that is filed under
     another sha256 or kind than it says, is refused naming its key (someone edited the store)."""
     key = review_key(kind, sha256)
@@ -97,7 +98,7 @@ def read_review(store: Store, kind: ReviewKind, sha256: str) -> Review | None:
     return review
 
 
-def list_reviews(store: Store, kind: ReviewKind) -> list[Review]:
+def list_reviews(store: RecordStore, kind: ReviewKind) -> list[Review]:
     """Every review of ``kind``, oldest first."""
     prefix = f"{REVIEWS_PREFIX}{kind}/"
     found = []
@@ -109,7 +110,7 @@ def list_reviews(store: Store, kind: ReviewKind) -> list[Review]:
     return sorted(found, key=lambda r: r.reviewed_at)
 
 
-def _create(store: Store, review: Review) -> tuple[Review, bool]:
+def _create(store: RecordStore, review: Review) -> tuple[Review, bool]:
     try:
         store.create(review_key(review.kind, review.sha256), canonical_json(review))
     except AlreadyExists:
@@ -220,7 +221,7 @@ def review_code(
 
 
 def reviewers_of(
-    store: Store, release: ReleaseTuple, manifest: ShardManifest | None
+    store: RecordStore, release: ReleaseTuple, manifest: ShardManifest | None
 ) -> dict[str, set[str]]:
     """Who reviewed what ``release`` carries: ``{"license": {...}, "code": {...}}``."""
     found: dict[str, set[str]] = {"license": set(), "code": set()}

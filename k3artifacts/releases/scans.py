@@ -20,7 +20,7 @@ from k3artifacts.errors import ConfigError, NotFound
 from k3artifacts.releases.records import create_once, read_records
 from k3artifacts.releases.tuples import ReleaseTuple, TupleStore, check_tuple_id
 from k3artifacts.stores.awsclients import aws_errors, error_code
-from k3artifacts.stores.base import Store
+from k3artifacts.stores.records import RecordStore
 
 SCANS_PREFIX = "releases/scans/"
 SEVERITIES = ("CRITICAL", "HIGH", "MEDIUM", "LOW", "UNKNOWN")
@@ -130,7 +130,7 @@ def ecr_findings(ecr: Any, release: ReleaseTuple, repository: str) -> ImageScan:
     return _summary(release, "ecr", None, findings)
 
 
-def record_scan(store: Store, scan: ImageScan, *, by: str,
+def record_scan(store: RecordStore, scan: ImageScan, *, by: str,
                 now: datetime | None = None) -> tuple[ScanRecord, bool]:
     TupleStore(store).get(scan.tuple_id)
     sha = canonical_digest(scan.model_dump(mode="json"))
@@ -140,7 +140,7 @@ def record_scan(store: Store, scan: ImageScan, *, by: str,
     return create_once(store, key, record)
 
 
-def list_scans(store: Store, tuple_id: str) -> list[ScanRecord]:
+def list_scans(store: RecordStore, tuple_id: str) -> list[ScanRecord]:
     records = []
     prefix = f"{SCANS_PREFIX}{check_tuple_id(tuple_id)}/"
     for key, record in read_records(store, prefix, ScanRecord):

@@ -20,7 +20,7 @@ from k3artifacts.releases.tuples import TUPLE_PREFIX, ReleaseTuple, TupleStore, 
 from k3artifacts.signing.attestation import statement, verify_statement
 from k3artifacts.signing.dsse import BundleError
 from k3artifacts.signing.keys import Signer
-from k3artifacts.stores.base import Store
+from k3artifacts.stores.records import RecordStore
 
 PREDICATE_TYPE = "urn:k3artifacts:release-tuple:v1"
 
@@ -44,7 +44,7 @@ def tuple_predicate(release: ReleaseTuple) -> dict[str, Any]:
     }
 
 
-def _subject(store: Store, tuple_id: str) -> tuple[ReleaseTuple, str]:
+def _subject(store: RecordStore, tuple_id: str) -> tuple[ReleaseTuple, str]:
     release = TupleStore(store).get(tuple_id)  # refuses a body that no longer derives its id
     found = store.read(tuple_key(tuple_id))
     assert found is not None  # get() just read it
@@ -58,7 +58,7 @@ class TupleSignature:
     new: bool
 
 
-def sign_tuple(store: Store, tuple_id: str, signer: Signer) -> TupleSignature:
+def sign_tuple(store: RecordStore, tuple_id: str, signer: Signer) -> TupleSignature:
     release, digest = _subject(store, tuple_id)
     predicate = tuple_predicate(release)
     key = signature_key(tuple_id)
@@ -79,7 +79,7 @@ class TupleSignatureRefused(K3AError):
 
 
 def check_tuple_signature(
-    store: Store, tuple_id: str, trusted: dict[str, ec.EllipticCurvePublicKey]
+    store: RecordStore, tuple_id: str, trusted: dict[str, ec.EllipticCurvePublicKey]
 ) -> str:
     """Name of the trusted key that signed ``tuple_id``; :class:`TupleSignatureRefused`
     (naming the record and the reason) if the signature is missing, untrusted or over other

@@ -23,7 +23,8 @@ from k3artifacts.errors import (
     UsageError,
 )
 from k3artifacts.revisions.manifest import ShardManifest, manifest_key
-from k3artifacts.stores.base import Store
+from k3artifacts.stores.records import RecordStore
+from k3artifacts.stores.revisions import RevisionStore
 
 TUPLE_SCHEMA = 1
 TUPLE_PREFIX = "releases/tuples/"
@@ -108,7 +109,7 @@ class ReleaseTuple(_Frozen):
         )
 
 
-def tuple_manifest(store: Store, release: ReleaseTuple) -> ShardManifest:
+def tuple_manifest(store: RevisionStore, release: ReleaseTuple) -> ShardManifest:
     """The published manifest of the revision ``release`` binds (the one reader every caller
     uses); NotFound, saying to stage it, when the revision is not in ``store``."""
     w = release.binding.weights
@@ -138,7 +139,7 @@ def check_tuple_id(tuple_id: str) -> str:
 class TupleStore:
     """Tuples in a store: written once, re-derived on every read."""
 
-    def __init__(self, store: Store):
+    def __init__(self, store: RecordStore):
         self.store = store
 
     def put(self, release: ReleaseTuple) -> bool:

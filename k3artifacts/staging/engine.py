@@ -58,6 +58,7 @@ from k3artifacts.staging.worker import (
     unregister,
 )
 from k3artifacts.stores.base import PutReceipt, ReuseFailed, Store, receipt_stats
+from k3artifacts.stores.revisions import RevisionStore
 
 __all__ = ["StageOptions", "StageResult", "plan_stage", "stage"]
 
@@ -99,7 +100,7 @@ class StageResult:
 
     @classmethod
     def of(
-        cls, manifest: ShardManifest, store: Store, started: float, *, already: bool
+        cls, manifest: ShardManifest, store: RevisionStore, started: float, *, already: bool
     ) -> StageResult:
         """The result of staging ``manifest`` into ``store``, timed from ``started``."""
         return cls(
@@ -215,7 +216,7 @@ def _sign(
 
 def plan_stage(
     source: HubSource,
-    store: Store,
+    store: RevisionStore,
     repo_id: str,
     revision: str,
     quarantine_root: Path,
@@ -258,7 +259,7 @@ class _Run:
     def __init__(
         self,
         source: HubSource,
-        store: Store,
+        store: RevisionStore,
         repo_id: str,
         commit: str,
         quarantine: Quarantine,

@@ -25,7 +25,7 @@ from k3artifacts.revisions.manifest import FileRecord, ShardManifest
 from k3artifacts.staging.hub import RemoteFile
 from k3artifacts.staging.quarantine import VerifiedEntry
 from k3artifacts.staging.rules import file_kind
-from k3artifacts.stores.base import Store
+from k3artifacts.stores.revisions import RevisionStore
 
 Action = Literal["download", "reuse", "present"]
 ACTIONS: tuple[Action, ...] = ("download", "reuse", "present")
@@ -92,7 +92,7 @@ class ContentIndex:
         self._by_git_oid: dict[tuple[str, int], tuple[str, FileRecord]] = {}
 
     @classmethod
-    def of_store(cls, store: Store, repo_id: str, exclude_commit: str) -> ContentIndex:
+    def of_store(cls, store: RevisionStore, repo_id: str, exclude_commit: str) -> ContentIndex:
         index = cls()
         # Newest commits are not known by name; any published copy of the bytes will do, and
         # a source that vanishes before it is copied only turns that file into a download.

@@ -29,10 +29,10 @@ from k3artifacts.errors import Conflict
 from k3artifacts.revisions.hashing import hash_file
 from k3artifacts.revisions.manifest import FileRecord
 from k3artifacts.settings import default_quarantine
-from k3artifacts.stores.base import Store
+from k3artifacts.stores.revisions import RevisionStore
 
 
-def quarantine_root_for(store: Store, explicit: str | Path | None) -> Path:
+def quarantine_root_for(store: RevisionStore, explicit: str | Path | None) -> Path:
     """``explicit``, else beside a file store (publication is then a hard link), else
     ``$K3A_QUARANTINE`` or the user cache."""
     if explicit:

@@ -38,10 +38,10 @@ from k3artifacts.stores.base import (
     SMALL_FILE,
     PutReceipt,
     RevisionWriter,
-    Store,
     StreamedPut,
 )
 from k3artifacts.stores.registry import open_store
+from k3artifacts.stores.revisions import RevisionStore
 
 
 @dataclass(frozen=True)
@@ -131,7 +131,7 @@ class RunContext:
         self,
         spec: RunSpec,
         source: HubSource,
-        store: Store,
+        store: RevisionStore,
         writer: RevisionWriter,
         quarantine: Quarantine,
         observer: StageObserver,

@@ -348,6 +348,57 @@ class FileStore(Store):
         target = self._path(revision_prefix(repo_id, commit))
         return _unshared_bytes(target) if target.exists() else 0
 
+    def check_served(self, repo_id: str, commit: str,
+                     manifest: ShardManifest) -> dict[str, str]:
+        """A server mounting the tree (FSx, a hostPath) reads the revision's directory as it
+        is now, and anyone with write access to the tree can change a file in place. Checked
+        against the manifest: every file is a regular file of its listed size; a file below
+        SMALL_FILE (config, tokenizer, code, index) is hashed whole with xxh3-128; a
+        safetensors shard has its header read back and hashed with sha256, the digest the
+        manifest's summary holds (a few MB in all).
+
+        Not read: the tensor bytes of the large shards, 1.5 TB, minutes to hours per
+        judgement. A size, mtime or inode recorded at staging would not catch a same-size
+        edit either (the mtime can be set back), so none is kept: a same-size change inside
+        a shard's tensors is caught by the signature gate with ``verify_bytes``, by
+        ``k3a verify --full``, and on EKS by the verifier that hashes every byte before
+        vLLM starts."""
+        root = self._path(revision_prefix(repo_id, commit))
+        problems = {}
+        for file in manifest.files:
+            why = _served_problem(root.joinpath(*file.path.split("/")), file)
+            if why is not None:
+                problems[file.path] = why
+        return problems
+
+
+def _served_problem(path: Path, file: FileRecord) -> str | None:
+    """Why the file at ``path`` is not ``file`` as :meth:`FileStore.check_served` checks it."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return "missing"
+    if not stat.S_ISREG(st.st_mode):
+        return "not a regular file (a link or a directory)"
+    if st.st_size != file.size:
+        return f"{st.st_size} bytes, the manifest says {file.size}"
+    if file.size < SMALL_FILE:
+        xxh = hash_file(path, sha256=False).hexdigests().xxh3_128
+        if xxh != file.xxh3_128:
+            return f"xxh3-128 {xxh}, the manifest says {file.xxh3_128}"
+    elif file.safetensors is not None:
+        summary = file.safetensors
+        with open(path, "rb") as fh:
+            length = int.from_bytes(fh.read(8), "little")
+            header = fh.read(summary.header_len) if length == summary.header_len else b""
+        if length != summary.header_len:
+            return f"safetensors header of {length} bytes, the manifest says {summary.header_len}"
+        digest = hashlib.sha256(header).hexdigest()
+        if digest != summary.header_sha256:
+            return (f"safetensors header sha256 {digest}, the manifest says "
+                    f"{summary.header_sha256}")
+    return None
+
 
 def _unless_denied(exc: OSError) -> None:
     """os.walk's error handler: a directory this account may not list is refused by name (a

@@ -31,7 +31,7 @@ from k3artifacts.releases.evaluations import (
     list_evaluations,
 )
 from k3artifacts.releases.tuples import ReleaseTuple
-from k3artifacts.stores.base import Store
+from k3artifacts.stores.records import RecordStore
 
 NAME = "evaluation"
 
@@ -82,7 +82,7 @@ def check(ctx: GateContext) -> GateResult:
 
 
 def evaluation_gate(
-    store: Store,
+    store: RecordStore,
     release: ReleaseTuple,
     policy: EvaluationPolicy,
     *,
@@ -131,7 +131,7 @@ def evaluation_gate(
                              f"{release.id!r} ({which})")
 
 
-def _channel_baseline(store: Store, release: ReleaseTuple, *, channel: str,
+def _channel_baseline(store: RecordStore, release: ReleaseTuple, *, channel: str,
                       policy: EvaluationPolicy, suite_sha: str | None,
                       concurrency: int) -> Baseline | None:
     """The latest run of the tuple now on ``channel``, with the policy's margin."""

@@ -1,0 +1,65 @@
+"""The record store: small records written once or moved by compare-and-swap.
+
+What ``policy/``, ``releases/`` and the record-only gates need of a store, and all they may
+use: tuples, reviews, approvals, history entries and every other create-once record
+(:meth:`RecordStore.create`), the pointers that move (:meth:`RecordStore.replace` on a version
+token), reads, listings, a record's age, and removal of the few records that live only while
+an operation runs. Revisions (manifests, files, ranges) are the :mod:`.revisions` interface;
+:class:`~k3artifacts.stores.base.Store`, what ``open_store`` returns, is both.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Literal
+
+
+@dataclass(frozen=True)
+class Versioned:
+    data: bytes
+    #: Opaque version of ``data``: pass it back to :meth:`RecordStore.replace` to
+    #: compare-and-swap.
+    token: str
+
+
+class RecordStore(ABC):
+    url: str
+    #: Where who acts on this store comes from: the cloud's answer (STS) or the OS user.
+    identity_source: Literal["sts", "os-user"] = "os-user"
+
+    @abstractmethod
+    def exists(self) -> bool:
+        """Whether the store is there at all (a directory, a bucket holding the prefix).
+
+        Read commands refuse a store that is not: a mistyped path would otherwise look like
+        an empty store. Raises :class:`~k3artifacts.errors.Unavailable` when it cannot tell
+        (an S3 endpoint that does not answer)."""
+
+    @abstractmethod
+    def read(self, key: str) -> Versioned | None: ...
+
+    @abstractmethod
+    def create(self, key: str, data: bytes) -> None:
+        """Write ``key`` only if absent; raise :class:`AlreadyExists` otherwise."""
+
+    @abstractmethod
+    def replace(self, key: str, data: bytes, expected: str | None) -> str:
+        """Compare-and-swap: write ``key`` only if its token is ``expected`` (None: absent).
+
+        Returns the new token; raises :class:`Conflict` when another writer got there first.
+        """
+
+    @abstractmethod
+    def delete(self, key: str) -> None:
+        """Remove the small record ``key``; absent is not an error. Only for records that live
+        while an operation runs (retention's pins and tombstones), never tuples or history."""
+
+    @abstractmethod
+    def modified_at(self, key: str) -> datetime | None:
+        """When ``key`` was last written, or None when absent (one metadata request)."""
+
+    @abstractmethod
+    def list_keys(self, prefix: str) -> list[str]:
+        """Every key under ``prefix`` (a folder-like prefix ending in ``/``), sorted."""
