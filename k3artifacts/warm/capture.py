@@ -1,4 +1,5 @@
-"""``k3a warm capture``: a server's cache directories -> a warm-start artifact of its tuple.
+"""``k3a warm capture``: a server's cache directories -> a warm-start artifact of its tuple,
+planned (every file listed and checked, the key free), then stored.
 
 Each captured tree is hostile input (a hostPath other pods write to): it is walked through
 directory descriptors with ``O_NOFOLLOW`` (:mod:`k3artifacts.nodecache.safefs`), and a link,
@@ -25,18 +26,24 @@ from pathlib import Path
 
 from k3artifacts.errors import AlreadyExists, ConfigError, UsageError
 from k3artifacts.nodecache import safefs
+from k3artifacts.policy.actor import store_identity
+from k3artifacts.releases.lookup import resolve_tuple
 from k3artifacts.releases.tuples import ReleaseTuple
 from k3artifacts.revisions.hashing import MultiHasher
 from k3artifacts.signing.attestation import statement
-from k3artifacts.signing.keys import Signer
+from k3artifacts.signing.keys import Signer, load_signer
 from k3artifacts.stores.base import Store
 from k3artifacts.warm.model import (
     BLOB_PREFIX,
     CACHE_ROOTS,
     WarmFile,
     WarmManifest,
+    artifact_key,
     blob_key,
+    detect_gpu,
+    layout_name,
     signature_key,
+    tuple_layout,
 )
 
 #: Bytes read but not yet stored, across the pool: what bounds memory.
@@ -153,12 +160,42 @@ def _read(job: _Job) -> tuple[bytes, bool]:
     return b"".join(chunks), bool(st.st_mode & 0o100)
 
 
-def capture(store: Store, release: ReleaseTuple, *, gpu: str, tensor_parallel: int,
-            pipeline_parallel: int, roots: list[CaptureRoot], captured_by: str,
-            signer: Signer | None = None, workers: int = WORKERS,
-            on_file: Callable[[int], None] | None = None) -> CaptureResult:
+@dataclass(frozen=True)
+class CapturePlan:
+    """A capture whose every file was listed and checked; nothing stored yet."""
+
+    release: ReleaseTuple
+    gpu: str
+    tensor_parallel: int
+    pipeline_parallel: int
+    roots: tuple[CaptureRoot, ...]
+    jobs: tuple[_Job, ...]
+    captured_by: str
+    signer: Signer | None
+    #: The manifest's key: the tuple, the GPU model and the layout.
+    key: str
+
+
+def plan_capture(store: Store, release: ReleaseTuple, *, gpu: str, tensor_parallel: int,
+                 pipeline_parallel: int, roots: list[CaptureRoot], captured_by: str,
+                 signer: Signer | None = None) -> CapturePlan:
+    """List and check every file under ``roots`` (a link, FIFO or device refuses the capture,
+    ConfigError exit 9); AlreadyCaptured (exit 6) when the tuple has an artifact for this GPU
+    and layout."""
+    jobs = tuple(job for root in roots for job in _list(root))
+    key = artifact_key(release.id, gpu.strip(), layout_name(tensor_parallel, pipeline_parallel))
+    if store.read(key) is not None:
+        raise AlreadyCaptured(key)
+    return CapturePlan(release, gpu.strip(), tensor_parallel, pipeline_parallel, tuple(roots),
+                       jobs, captured_by, signer, key)
+
+
+def act_capture(store: Store, plan: CapturePlan, *, workers: int = WORKERS,
+                on_file: Callable[[int], None] | None = None) -> CaptureResult:
+    """Store each file once under its sha256, then the manifest (create-once: a capture that
+    got there first stands, AlreadyCaptured), then its signature."""
     started = datetime.now(UTC)
-    jobs = [job for root in roots for job in _list(root)]
+    jobs = plan.jobs
     have = {key.rsplit("/", 1)[-1] for key in store.list_keys(BLOB_PREFIX)}
     records: list[WarmFile | None] = [None] * len(jobs)
     new = {"blobs": 0, "bytes": 0}
@@ -198,26 +235,57 @@ def capture(store: Store, release: ReleaseTuple, *, gpu: str, tensor_parallel: i
         for future in futures:
             future.result()  # the first failure (a link planted meanwhile) ends the capture
     files = [r for r in records if r is not None]
+    release = plan.release
     manifest = WarmManifest(
         tuple_id=release.id, image_digest=release.binding.image.digest,
-        serving_args=list(release.binding.serving.args), gpu=gpu.strip(),
-        tensor_parallel=tensor_parallel, pipeline_parallel=pipeline_parallel,
-        roots=sorted(r.name for r in roots),
+        serving_args=list(release.binding.serving.args), gpu=plan.gpu,
+        tensor_parallel=plan.tensor_parallel, pipeline_parallel=plan.pipeline_parallel,
+        roots=sorted(r.name for r in plan.roots),
         files=sorted(files, key=lambda f: (f.root, f.path)),
-        total_bytes=sum(f.size for f in files), captured_at=started, captured_by=captured_by,
+        total_bytes=sum(f.size for f in files), captured_at=started,
+        captured_by=plan.captured_by,
     )
     try:
         store.create(manifest.key, manifest.to_bytes())
     except AlreadyExists:
         raise AlreadyCaptured(manifest.key) from None
     signed_by = None
-    if signer is not None:
-        store.create(signature_key(manifest.key), signer.sign(
+    if plan.signer is not None:
+        store.create(signature_key(manifest.key), plan.signer.sign(
             statement(manifest.key, manifest.digest(), PREDICATE_TYPE, predicate(manifest))))
-        signed_by = signer.key_hint
+        signed_by = plan.signer.key_hint
     return CaptureResult(manifest.key, manifest.digest(), len(files), manifest.total_bytes,
                          new["blobs"], new["bytes"], signed_by,
                          round((datetime.now(UTC) - started).total_seconds(), 3))
+
+
+def capture(store: Store, release: ReleaseTuple, *, gpu: str, tensor_parallel: int,
+            pipeline_parallel: int, roots: list[CaptureRoot], captured_by: str,
+            signer: Signer | None = None, workers: int = WORKERS,
+            on_file: Callable[[int], None] | None = None) -> CaptureResult:
+    """:func:`plan_capture`, then :func:`act_capture`."""
+    plan = plan_capture(store, release, gpu=gpu, tensor_parallel=tensor_parallel,
+                        pipeline_parallel=pipeline_parallel, roots=roots,
+                        captured_by=captured_by, signer=signer)
+    return act_capture(store, plan, workers=workers, on_file=on_file)
+
+
+def capture_target(store: Store, target: str, dirs: list[str], *, gpu: str | None = None,
+                   tp: int | None = None, signing_key: str | None = None) -> CaptureResult:
+    """The warm-capture move as ``k3a warm capture`` names it: ``target`` a tuple or a
+    channel, ``dirs`` ``NAME=DIR`` specs, the GPU detected with nvidia-smi unless given, the
+    layout the tuple's unless ``tp`` overrides it, the capturer the store's identity (never a
+    typed name)."""
+    release = resolve_tuple(store, target)
+    roots = parse_roots(dirs)
+    gpu = gpu or detect_gpu()
+    if not gpu:
+        raise UsageError("no GPU found (nvidia-smi)", hint="pass --gpu MODEL")
+    want_tp, pp = tuple_layout(release)
+    signer = load_signer(signing_key) if signing_key else None
+    who, _ = store_identity(store)
+    return capture(store, release, gpu=gpu, tensor_parallel=tp or want_tp, pipeline_parallel=pp,
+                   roots=roots, captured_by=who, signer=signer)
 
 
 def predicate(manifest: WarmManifest) -> dict[str, object]:

@@ -54,18 +54,6 @@ CHECKS: dict[str, Callable[[GateContext], GateResult]] = {
 assert set(CHECKS) == set(GATE_RULES), "every registered gate has exactly one check"
 
 
-GATE_TABLE_HEADER = ["gate", "result", "reason"]
-
-
-def gate_rows(results: list[GateResult]) -> list[list[str]]:
-    """The gate results table every front end shows (terminal, flow artifact): one wording."""
-    return [
-        [r.name, "pass" if r.passed else ("FAIL (overridden)" if r.overridden else "FAIL"),
-         r.reason]
-        for r in results
-    ]
-
-
 def channel_policy(policy: InForce, channel: str) -> ChannelPolicy:
     """``channel``'s section of the policy in force, its targets checked against this code."""
     check_channel(channel)
