@@ -376,13 +376,15 @@ def gates_cmd(
     as_json: bool,
 ) -> None:
     """Dry run: the gates the store's policy requires of CHANNEL, run on TUPLE_ID, with you as
-    the promoter. Writes nothing; says which policy version judged.
+    the promoter: the plan of `k3a promote`, without its act. Writes nothing; says which policy
+    version judged.
 
     Exit codes: 0 every gate passes, 4 the pointer does not match its history, 5 at least one
-    fails, 7 unknown tuple or channel, 9 a local --policies.
+    fails, 6 gc is retiring the tuple's weights, 7 unknown tuple or channel, or weights gone,
+    9 a local --policies.
     """
     from k3artifacts.errors import GatesRefused
-    from k3artifacts.policy.change import policy_in_force
+    from k3artifacts.policy.results import policy_label
     from k3artifacts.promotion.moves import plan_promote
     store = get_store(store_url)
     _refuse_local_policies(local_policies, store)
@@ -391,7 +393,8 @@ def gates_cmd(
     def show(report: GateReport) -> None:
         def human() -> None:
             _gate_table(report.results)
-            click.echo(f"policy: {policy_in_force(store).label()}")
+            click.echo("policy: " + policy_label(report.policy_version or 0,
+                                                 report.policy_digest or ""))
 
         emit(as_json, report, human)
 
