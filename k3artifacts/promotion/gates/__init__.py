@@ -11,7 +11,6 @@ from k3artifacts.promotion.gates.context import GateContext
 from k3artifacts.promotion.gates.registry import (
     CHECKS,
     channel_policy,
-    check_gates,
     judging,
     run_gates,
 )
@@ -20,7 +19,6 @@ __all__ = [
     "CHECKS",
     "GateContext",
     "channel_policy",
-    "check_gates",
     "judging",
     "run_gates",
 ]
