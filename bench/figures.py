@@ -264,8 +264,9 @@ sys.path.insert(0, ".")
 from tests.support.releases import Releases
 from k3artifacts.stores.registry import open_store
 from k3artifacts.policy.actor import Actor
-from k3artifacts.promotion.moves import promote, rollback
-from k3artifacts.releases.reviews import review_code, review_license
+from k3artifacts.promotion.moves import promote
+from k3artifacts.promotion.rollback import rollback
+from k3artifacts.releases.reviewing import review_code, review_license
 url, scratch, nfiles, rounds = sys.argv[1], Path(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
 store = open_store(url)
 bench = Actor(name="bench", source="os-user")

@@ -1,13 +1,14 @@
 """A release engineer's decision, asked for as an approval request in the store.
 
-The flow records a request (``policy/approvals.py``: what would move, the policy in force, the
-flow's own identity as requester, a typed ``requested_by`` shown as typed) and shows it as an
-artifact: what the channel serves now, what would replace it (weights commit, manifest, image,
-profile, license sha256), the gates, and the command that answers it, ``k3a approve REQUEST``
-(``--reject`` to refuse), which the approver runs under their own identity (STS on S3, their
-uid's account on a file store). The flow waits for that answer in the store; a name typed in a
-form or a parameter is never an approver, and separation of duties judges the approver. The
-timeout fails the run and moves nothing.
+The flow records a request through the library's one request builder
+(``promotion/requests.py``, the one ``k3a promote|rollback --request-approval`` uses: what would
+move, the policy in force, the flow's own identity as requester, a typed ``requested_by`` shown
+as typed) and shows it as an artifact: what the channel serves now, what would replace it
+(weights commit, manifest, image, profile, license sha256), the gates, and the command that
+answers it, ``k3a approve REQUEST`` (``--reject`` to refuse), which the approver runs under
+their own identity (STS on S3, their uid's account on a file store). The flow waits for that
+answer in the store; a name typed in a form or a parameter is never an approver, and separation
+of duties judges the approver. The timeout fails the run and moves nothing.
 """
 
 from __future__ import annotations
@@ -15,16 +16,16 @@ from __future__ import annotations
 from prefect.artifacts import create_markdown_artifact
 from prefect.states import Cancelled, Failed, State
 
-from k3artifacts.policy.actor import Actor, resolve_actor
-from k3artifacts.policy.approvals import (
-    Action,
+from k3artifacts.policy.acting import acting
+from k3artifacts.policy.actor import Actor
+from k3artifacts.policy.results import GateResult
+from k3artifacts.promotion.requests import (
     ApprovalRequest,
     Decision,
-    request_approval,
-    wait_for_decision,
+    MoveRequestPlan,
+    act_move_request,
+    wait_for_answer,
 )
-from k3artifacts.policy.record import in_force
-from k3artifacts.policy.results import GateResult
 from k3artifacts.stores.base import Store
 
 from .artifacts import sha256
@@ -34,7 +35,7 @@ from .move_records import TupleFacts, verdict
 def flow_actor(store: Store) -> Actor:
     """Who the flow acts as: the identity its process has on the store (a worker's role), never
     a parameter."""
-    return resolve_actor(store, typed=None, identity=in_force(store).document.gates.identity)
+    return acting(store)
 
 
 def _license(store: Store, facts: TupleFacts) -> str:
@@ -75,13 +76,10 @@ def form_text(headline: str, store: Store, *, now: TupleFacts | None, now_id: st
     ])
 
 
-def ask_for_approval(store: Store, description: str, *, action: Action, channel: str,
-                     tuple_id: str | None, requested_by: str | None, reason: str | None,
+def ask_for_approval(store: Store, plan: MoveRequestPlan, description: str, *,
                      key: str) -> ApprovalRequest:
-    """Record the approval request and show it, with the command that answers it."""
-    request = request_approval(
-        store, action=action, by=flow_actor(store), channel=channel, tuple_id=tuple_id,
-        policy_digest=in_force(store).digest, requested_for=requested_by, why=reason)
+    """Record the planned approval request and show it, with the command that answers it."""
+    request = act_move_request(store, plan)
     create_markdown_artifact(
         f"{description}\n\n**Approval request:** `{request.id}`\n\n"
         f"Approve under your own identity: `k3a approve {request.id} --store {store.url}` "
@@ -93,7 +91,7 @@ def ask_for_approval(store: Store, description: str, *, action: Action, channel:
 def wait_for_approval(store: Store, request: ApprovalRequest, *, timeout: int,
                       poll_interval: int) -> Decision | State:
     """The answer recorded in the store, or the run's final state when nobody answers."""
-    decision = wait_for_decision(store, request.id, timeout=timeout, poll_interval=poll_interval)
+    decision = wait_for_answer(store, request.id, timeout=timeout, poll_interval=poll_interval)
     if decision is None:
         return Failed(name="Approval timed out",
                       message=f"nobody answered {request.id} ({request.subject()}) within "

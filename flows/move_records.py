@@ -10,8 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from k3artifacts.errors import K3AError
-from k3artifacts.policy.results import GateResult
-from k3artifacts.promotion.gates import GATE_TABLE_HEADER, gate_rows
+from k3artifacts.policy.results import GATE_TABLE_HEADER, GateResult, gate_rows
 from k3artifacts.promotion.moves import MoveResult
 from k3artifacts.releases.channels import Approval
 from k3artifacts.releases.tuples import TupleStore

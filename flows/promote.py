@@ -1,17 +1,19 @@
 """Flow ``promote``: gates, then a release engineer's approval record, then the pointer.
 
-    check gates (nothing written; the store's policy) -> fail now if a gate fails and is not
-    overridden -> smoke the ``endpoint`` serving the tuple, when given (report stored, artifact
-    shown; not ready: the run ends "Blocked by gate", nothing moves) -> record an approval
-    request and wait for its answer in the store (``k3a approve REQUEST``, under the approver's
-    own identity) -> promote(): gates again with the approver as the promoter, then a
-    compare-and-swap of the pointer; the approval is recorded in the channel history entry
+    plan the approval request (the library's one builder, ``promotion/requests.py``: the
+    promotion's gates by the store's policy, nothing written) -> fail now if a gate fails and
+    is not overridden -> smoke the ``endpoint`` serving the tuple, when given (report stored,
+    artifact shown; not ready: the run ends "Blocked by gate", nothing moves) -> record the
+    request and wait for its answer in the store (``k3a approve REQUEST``, under the
+    approver's own identity) -> promote(): planned again with the approver as the promoter,
+    then a compare-and-swap of the pointer; the approval is recorded in the history entry
 
 Rejection writes nothing and ends the run Cancelled, named "Rejected". A failing gate ends it
 Failed, named "Blocked by gate", and a move beaten by another one "Lost race": decisions, logged
 in one line without a traceback (:mod:`flows.decisions`). The gates run again after approval
 because the wait can be long: a review withdrawn meanwhile still blocks.
-The same move without Prefect: ``k3a promote TUPLE CHANNEL``.
+The same move without Prefect: ``k3a promote TUPLE CHANNEL --request-approval``, then
+``k3a promote TUPLE CHANNEL --approval REQUEST``.
 """
 
 from __future__ import annotations
@@ -21,13 +23,10 @@ from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
 from prefect.states import State
 
-from k3artifacts.errors import GateFailed
-from k3artifacts.policy.gates import apply_overrides
-from k3artifacts.policy.record import in_force
-from k3artifacts.policy.results import GateReport
-from k3artifacts.promotion.gates import channel_policy, check_gates
+from k3artifacts.errors import GatesRefused
+from k3artifacts.policy.results import GateResult, policy_label
 from k3artifacts.promotion.moves import MoveResult, promote
-from k3artifacts.releases.channels import read_state
+from k3artifacts.promotion.requests import MoveRequestPlan, plan_move_request
 from k3artifacts.reporting import events
 from k3artifacts.stores.base import Store
 
@@ -44,14 +43,25 @@ __all__ = ["gate_table", "promote_release"]
 
 
 @task(name="check-gates", cache_policy=NO_CACHE, persist_result=False)
-def gate_check(store: Store, tuple_id: str, channel: str) -> GateReport:
-    # No promoter yet: separation of duties is judged on the approver, by the move.
-    return check_gates(store, tuple_id, channel)
+def plan_request(store: Store, tuple_id: str, channel: str, *, overrides: dict[str, str],
+                 requested_by: str | None,
+                 reason: str | None) -> MoveRequestPlan | tuple[Refused, list[GateResult]]:
+    """The approval request's plan: the gates, judged for nobody yet (separation of duties
+    is judged on the approver, by the move). A gate refusal comes back as values, with the
+    whole table: a raising task would log its traceback."""
+    try:
+        return plan_move_request(store, "promote", channel, tuple_id=tuple_id,
+                                 overrides=overrides, requested_by=flow_actor(store),
+                                 requested_for=requested_by, why=reason)
+    except GatesRefused as exc:
+        return Refused.of(exc), exc.report.results
+    except DECISIONS as exc:
+        return Refused.of(exc), []
 
 
 @task(name="move-pointer", cache_policy=NO_CACHE, persist_result=False)
 def move_pointer(store: Store, tuple_id: str, channel: str, *, reason: str | None,
-                 overrides: dict[str, str], approval: str) -> MoveResult | Refused:
+                 overrides: dict[str, str], approval: str | None) -> MoveResult | Refused:
     try:
         return promote(store, tuple_id, channel, actor=flow_actor(store), reason=reason,
                        overrides=overrides, approval=approval)
@@ -87,18 +97,19 @@ def promote_release(
     after = tuple_facts(store, tuple_id)
     label_run(tags(repo=after and after.repo_id, commit=after and after.commit,
                    tuple_id=tuple_id, channel=channel))
-    report = gate_check(store, tuple_id, channel)
-    table = gate_table(report.results) + f"\n\npolicy: {in_force(store).label()}"
     key = slug("k3a-promote", channel)
-    try:
-        # The library's one override rule, before anyone is asked to approve.
-        apply_overrides(channel_policy(in_force(store), channel).gates, report, overrides)
-    except GateFailed as exc:
-        refused = Refused.of(exc)
-        notify(events.promotion_blocked(tuple_id, channel, failed_gates(report.results),
-                                        requested_by=requested_by))
-        _refusal_artifact(refused, f"{tuple_id} -> {channel}", table, requested_by, reason, key)
+    planned = plan_request(store, tuple_id, channel, overrides=overrides,
+                           requested_by=requested_by, reason=reason)
+    if isinstance(planned, tuple):
+        refused, results = planned
+        if refused.state_name == BLOCKED:
+            notify(events.promotion_blocked(tuple_id, channel, failed_gates(results),
+                                            requested_by=requested_by))
+        _refusal_artifact(refused, f"{tuple_id} -> {channel}", gate_table(results),
+                          requested_by, reason, key)
         return end_refused(refused)
+    table = (gate_table(planned.gates)
+             + f"\n\npolicy: {policy_label(planned.policy_version, planned.policy_digest)}")
     if endpoint:
         smoked = smoke_endpoint(store, endpoint, tuple_id, by=requested_by or "prefect:promote",
                                 channel=channel)
@@ -111,29 +122,32 @@ def promote_release(
             return end_refused(refused)
         knee = smoked.sweep.knee if smoked.sweep else None
         table += f"\n\nsmoke of {endpoint}: ready (throughput knee at concurrency {knee})"
-    before_id = read_state(store, channel).tuple_id
+    before_id = planned.serving
     before = tuple_facts(store, before_id)
-    request = ask_for_approval(
-        store,
-        form_text(f"Promote {tuple_id} to {channel}", store, now=before, now_id=before_id,
-                  then=after, then_id=tuple_id, gates=report.results,
-                  requested_by=requested_by, reason=reason),
-        action="promote", channel=channel, tuple_id=tuple_id, requested_by=requested_by,
-        reason=reason, key=key)
-    logger.info("gates pass for %s -> %s; waiting for `k3a approve %s`", tuple_id, channel,
-                request.id)
-    decision = wait_for_approval(store, request, timeout=approval_timeout,
-                                 poll_interval=poll_interval)
-    if isinstance(decision, State):
-        return decision
-    if decision.decision == "rejected":
-        final = rejected(decision, f"promotion of {tuple_id} to {channel}")
-        create_markdown_artifact(f"# {tuple_id} -> {channel}: rejected\n\n{final.message}\n\n"
-                                 f"{channel} was not changed.\n\n{table}", key=f"{key}-refused",
-                                 description=f"promotion of {tuple_id} to {channel}: rejected")
-        return final
+    # A channel already on the tuple: the move changes nothing, so nobody is asked.
+    approval = None
+    if not planned.unchanged:
+        request = ask_for_approval(
+            store, planned,
+            form_text(f"Promote {tuple_id} to {channel}", store, now=before, now_id=before_id,
+                      then=after, then_id=tuple_id, gates=planned.gates,
+                      requested_by=requested_by, reason=reason),
+            key=key)
+        logger.info("gates pass for %s -> %s; waiting for `k3a approve %s`", tuple_id, channel,
+                    request.id)
+        decision = wait_for_approval(store, request, timeout=approval_timeout,
+                                     poll_interval=poll_interval)
+        if isinstance(decision, State):
+            return decision
+        if decision.decision == "rejected":
+            final = rejected(decision, f"promotion of {tuple_id} to {channel}")
+            create_markdown_artifact(f"# {tuple_id} -> {channel}: rejected\n\n{final.message}\n\n"
+                                     f"{channel} was not changed.\n\n{table}", key=f"{key}-refused",
+                                     description=f"promotion of {tuple_id} to {channel}: rejected")
+            return final
+        approval = request.id
     result = move_pointer(store, tuple_id, channel, reason=reason, overrides=overrides,
-                          approval=request.id)
+                          approval=approval)
     if isinstance(result, Refused):
         if result.state_name == BLOCKED:
             notify(events.promotion_blocked(tuple_id, channel, {"gates": result.message},

@@ -2,14 +2,16 @@
 
 Approval is the store's policy (``rollback_approval``), which the library enforces for every
 caller; ``require_approval`` can ask for one where the policy does not: a rollback is usually an
-incident response, so by default it does not wait. When it does, the flow records an approval
-request and waits for its answer in the store (``k3a approve REQUEST``, under the approver's
+incident response, so by default it does not wait. The flow plans the approval request first
+(the library's one builder, ``promotion/requests.py``: the target decided once, its weights
+checked); when an approval is wanted it records the request and waits for its answer in the
+store (``k3a approve REQUEST``, under the approver's
 own identity); the decision is recorded in the history entry like a promotion's, and a
 rejection writes nothing and ends the run Cancelled, named "Rejected". A
 rollback beaten by a concurrent move ends Failed, named "Lost race" (:mod:`flows.decisions`).
 With ``endpoint`` (the URL serving the channel once its render is re-applied), the smoke suite
 runs after the move; the run fails when the endpoint is not ready: do not reopen traffic.
-The same move without Prefect: ``k3a rollback CHANNEL [--to TUPLE]``.
+The same move without Prefect: ``k3a rollback CHANNEL [--to TUPLE] [--request-approval]``.
 """
 
 from __future__ import annotations
@@ -20,9 +22,9 @@ from prefect.cache_policies import NO_CACHE
 from prefect.states import State
 
 from k3artifacts.errors import GateFailed
-from k3artifacts.policy.record import in_force
-from k3artifacts.promotion.moves import MoveResult, rollback
-from k3artifacts.releases.channels import iter_history_reversed, read_state
+from k3artifacts.promotion.moves import MoveResult
+from k3artifacts.promotion.requests import MoveRequestPlan, plan_move_request
+from k3artifacts.promotion.rollback import rollback
 from k3artifacts.reporting import events
 from k3artifacts.stores.base import Store
 
@@ -46,13 +48,17 @@ def move_back(store: Store, channel: str, *, to: str | None, reason: str | None,
         return Refused.of(exc)
 
 
-def _default_target(store: Store, channel: str) -> str | None:
-    """The tuple a rollback without ``to`` would pick (for the form; the move decides again)."""
-    state = read_state(store, channel)
-    if state.pointer is None:
-        return None
-    return next((e.tuple_id for e in iter_history_reversed(store, channel, state.pointer)
-                 if e.tuple_id != state.pointer.tuple_id), None)
+@task(name="plan-rollback", cache_policy=NO_CACHE, persist_result=False)
+def plan_request(store: Store, channel: str, *, to: str | None, requested_by: str | None,
+                 reason: str | None) -> MoveRequestPlan | Refused:
+    """The rollback's approval request as planned (its target fixed now, so an approval
+    answers exactly this move), whether or not one is then asked for."""
+    try:
+        return plan_move_request(store, "rollback", channel, tuple_id=to,
+                                 requested_by=flow_actor(store), requested_for=requested_by,
+                                 why=reason)
+    except DECISIONS as exc:
+        return Refused.of(exc)
 
 
 @flow(name="rollback", flow_run_name=rollback_name, persist_result=False)
@@ -72,22 +78,20 @@ def rollback_channel(
     logger = get_run_logger()
     store = store_from(store_url)
     label_run(tags(channel=channel, tuple_id=to))
-    chan = in_force(store).document.gates.channels.get(channel)
-    require_approval = bool(require_approval or (chan and chan.rollback_approval))
-    request_id = None
     key = slug("k3a-rollback", channel)
-    now_id = read_state(store, channel).tuple_id
+    planned = plan_request(store, channel, to=to, requested_by=requested_by, reason=reason)
+    if isinstance(planned, Refused):
+        return _refused(planned, channel, key)
+    to, now_id = planned.tuple_id, planned.serving
     before = tuple_facts(store, now_id)
-    if require_approval:
-        # The target is fixed now, so the approval answers exactly this move.
-        to = to or _default_target(store, channel)
+    request_id = None
+    if (require_approval or planned.required) and not planned.unchanged:
         request = ask_for_approval(
-            store,
+            store, planned,
             form_text(f"Roll {channel} back", store, now=before, now_id=now_id,
-                      then=tuple_facts(store, to), then_id=to, gates=[],
+                      then=tuple_facts(store, to), then_id=to, gates=planned.gates,
                       requested_by=requested_by, reason=reason),
-            action="rollback", channel=channel, tuple_id=to, requested_by=requested_by,
-            reason=reason, key=key)
+            key=key)
         decision = wait_for_approval(store, request, timeout=approval_timeout,
                                      poll_interval=poll_interval)
         if isinstance(decision, State):
@@ -101,11 +105,7 @@ def rollback_channel(
         request_id = request.id
     result = move_back(store, channel, to=to, reason=reason, approval=request_id)
     if isinstance(result, Refused):
-        create_markdown_artifact(
-            f"# {channel}: rollback {result.state_name.lower()}\n\n{result.message}\n\n"
-            f"**Next:** {result.hint or 'see the run log'}\n\nNothing was written.",
-            key=f"{key}-refused", description=f"rollback of {channel}: {result.state_name}")
-        return end_refused(result)
+        return _refused(result, channel, key)
     after = tuple_facts(store, result.tuple_id)
     label_run(tags(repo=after and after.repo_id, commit=after and after.commit,
                    tuple_id=result.tuple_id))
@@ -132,3 +132,11 @@ def rollback_channel(
                              + not_ready(smoked),
                              hint="keep traffic closed; fix the endpoint and smoke it again")
     return result.model_dump(mode="json")
+
+
+def _refused(refused: Refused, channel: str, key: str) -> State:
+    create_markdown_artifact(
+        f"# {channel}: rollback {refused.state_name.lower()}\n\n{refused.message}\n\n"
+        f"**Next:** {refused.hint or 'see the run log'}\n\nNothing was written.",
+        key=f"{key}-refused", description=f"rollback of {channel}: {refused.state_name}")
+    return end_refused(refused)

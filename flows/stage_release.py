@@ -68,11 +68,9 @@ from prefect.futures import as_completed
 from prefect.tasks import exponential_backoff
 
 from k3artifacts.errors import K3AError, ReleaseRefused, Unavailable
-from k3artifacts.releases.binding import create_tuple
 from k3artifacts.reporting import events
 from k3artifacts.revisions.refs import check_repo_id
-from k3artifacts.serving.images import resolve_image
-from k3artifacts.serving.profiles import load_profile, serving_spec
+from k3artifacts.serving.tuple_create import create_release_tuple
 from k3artifacts.staging.download import Ranges, RetryPolicy
 from k3artifacts.staging.engine import StageOptions, StageResult, stage
 from k3artifacts.staging.hub import HubSource
@@ -256,9 +254,8 @@ def make_tuple(store: Store, repo_id: str, commit: str, image: str, profile: str
     """Bind the published revision, the image (a tag is pinned to its digest now, once) and
     the serving profile (a name in manifests/profiles/ or a site profile file carrying the
     FSx/region facts) into a release tuple; the same inputs give the same id."""
-    spec = serving_spec(load_profile(profile))
-    created = create_tuple(store, repo_id, commit, resolve_image(image), spec,
-                           created_by="prefect:stage-release")
+    created = create_release_tuple(store, f"{repo_id}@{commit}", image, profile,
+                                   created_by="prefect:stage-release")
     get_run_logger().info("release tuple %s (%s)", created.release.id,
                           "created" if created.new else "already existed")
     return created.release.id

@@ -148,6 +148,16 @@ class GateFailed(K3AError):
     exit_code = 5
 
 
+class GatesRefused(GateFailed):
+    """A move its gates refuse. ``report`` is every gate's result, the passes too (a
+    ``policy.results.GateReport``, a layer above this module): a dry run shows the whole
+    table beside the refusal."""
+
+    def __init__(self, message: str, *, report: Any, hint: str | None = None):
+        super().__init__(message, hint=hint)
+        self.report = report
+
+
 class Conflict(K3AError):
     exit_code = 6
 

@@ -21,7 +21,8 @@ def answer_when_requested(store_url: str, run_input: dict, timeout: float = 120.
     import time
 
     from k3artifacts.policy.actor import Actor
-    from k3artifacts.policy.approvals import PREFIX, decide, get_request
+    from k3artifacts.policy.approvals import PREFIX, get_request
+    from k3artifacts.policy.decide import decide
     from k3artifacts.stores.registry import open_store
 
     store = open_store(store_url)

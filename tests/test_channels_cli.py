@@ -84,7 +84,8 @@ def test_staged_revision_to_production_and_back(k3a, releases, store, tmp_path, 
     assert re.search(r"license\s+FAIL\s+license sha256", dry.stdout)
     assert re.search(r"remote_code\s+FAIL\s+not reviewed: modeling_kimi.py", dry.stdout)
     assert re.search(r"artifact\s+pass", dry.stdout)
-    assert "license, remote_code failed" in dry.stderr
+    # The dry run is the promotion's plan: the same refusal the move gives.
+    assert "2 gate(s) failed" in dry.stderr and "\n  remote_code: " in dry.stderr
 
     blocked = k3a("promote", old.id, "staging", expect=5)
     assert "2 gate(s) failed" in blocked.stderr and "--override-gate" in blocked.stderr

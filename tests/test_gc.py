@@ -151,7 +151,7 @@ def test_a_promotion_during_gc_is_refused_or_keeps_the_revision(
 ):
     store = (FileStore(tmp_path / "store") if backend == "file"
              else request.getfixturevalue("seaweed_store"))
-    from k3artifacts.releases.reviews import review_code, review_license
+    from k3artifacts.releases.reviewing import review_code, review_license
 
     def reviewed(r):
         review_license(store, r.id, by="rita", by_source="os-user")
@@ -210,7 +210,7 @@ def test_gc_racing_promotions_never_leaves_a_channel_on_deleted_weights(
 ):
     store = (FileStore(tmp_path / "store") if backend == "file"
              else request.getfixturevalue("seaweed_store"))
-    from k3artifacts.releases.reviews import review_code, review_license
+    from k3artifacts.releases.reviewing import review_code, review_license
 
     releases = Releases(store, tmp_path / "scratch")
     candidates = [releases.release() for _ in range(8)]

@@ -22,7 +22,7 @@ from k3artifacts.errors import GateFailed
 from k3artifacts.policy.document import PolicyDocument
 from k3artifacts.policy.record import changes, in_force
 from k3artifacts.releases.channels import ChannelPointer, current, history, pointer_key
-from k3artifacts.releases.reviews import review_code, review_license
+from k3artifacts.releases.reviewing import review_code, review_license
 from k3artifacts.stores.file import FileStore
 from tests.fixtures.identities import k3a_as
 from tests.fixtures.moves import promote, use_policy
@@ -209,7 +209,7 @@ def test_a_hand_edited_pointer_is_refused_by_every_reader(
 ):
     store = file_store
     releases = Releases(store, tmp_path / "scratch")
-    from k3artifacts.releases.reviews import review_code, review_license
+    from k3artifacts.releases.reviewing import review_code, review_license
     from tests.fixtures.releases import REVIEWER
 
     def reviewed(r):

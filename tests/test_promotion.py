@@ -18,7 +18,7 @@ from k3artifacts.releases.channels import (
     pointer_key,
 )
 from k3artifacts.releases.evaluations import attach_evaluation
-from k3artifacts.releases.reviews import review_code, review_license
+from k3artifacts.releases.reviewing import review_code, review_license
 from tests.fixtures.moves import check_gates, promote, rollback
 from tests.fixtures.releases import ATOMIC_STORES, require_atomic_cas, staged_for
 

@@ -7,7 +7,7 @@ import pytest
 
 from k3artifacts.errors import GateFailed, NotFound
 from k3artifacts.releases.channels import history
-from k3artifacts.releases.reviews import review_code, review_license
+from k3artifacts.releases.reviewing import review_code, review_license
 from tests.fixtures.moves import check_gates, promote, rollback
 from tests.staging_helpers import REPO, run_stage, small_release
 

@@ -12,7 +12,8 @@ from click.testing import CliRunner
 from k3artifacts.cli import cli
 from k3artifacts.errors import ConfigError, GateFailed
 from k3artifacts.releases.channels import current, history
-from k3artifacts.releases.reviews import CorruptReview, review_key, review_license
+from k3artifacts.releases.reviewing import review_license
+from k3artifacts.releases.reviews import CorruptReview, review_key
 from tests.fixtures.moves import check_gates, promote
 from tests.fixtures.releases import passing_run, staged_for
 from tests.support.releases import Releases

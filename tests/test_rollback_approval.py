@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 
 from k3artifacts.errors import GateFailed
-from k3artifacts.policy.approvals import decide, request_approval
+from k3artifacts.policy.approvals import request_approval
+from k3artifacts.policy.decide import decide
 from k3artifacts.policy.model import load_gate_policy
 from k3artifacts.policy.record import in_force
 from k3artifacts.promotion.moves import ApprovalNeeded

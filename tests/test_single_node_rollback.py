@@ -1,7 +1,9 @@
 """`k3a rollback --single-node`: stop admitting, drain (vLLM's num_requests_running reaching 0),
 apply the previous tuple, smoke it, reopen, move the pointer; each step recorded, in order.
 The node is the OpenAI-compatible test server with requests in flight; the cluster is a
-Kubernetes API on loopback that records what it is sent."""
+Kubernetes API on loopback that records every request it is sent. A rollback the pointer move
+refuses (a target the channel never served, an approval missing or for another move) is refused
+before the cluster, the node or the store is touched."""
 
 from __future__ import annotations
 
@@ -9,73 +11,48 @@ import json
 import subprocess
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 import urllib3
 
+from k3artifacts.canonical import canonical_json
+from k3artifacts.policy.approvals import request_approval
+from k3artifacts.policy.decide import decide
 from k3artifacts.preflight.kube import KubeAPI
-from k3artifacts.promotion.single_node import (
-    record_single_node,
-    rollback_single_node,
-    running_requests,
-)
+from k3artifacts.promotion.single_node import rollback_single_node, running_requests
 from k3artifacts.readiness.suite import SmokeSettings, SweepSettings
 from k3artifacts.releases.channels import read_state
-from k3artifacts.releases.reviews import review_code, review_license
+from k3artifacts.releases.reviewing import review_code, review_license
 from k3artifacts.serving.render.common import served_name, served_names
 from k3artifacts.stores.file import FileStore
-from tests.fixtures.moves import as_actor, promote
+from tests.fixtures.moves import as_actor, promote, use_policy
 from tests.support.openai_server import start
 from tests.support.releases import Releases
+from tests.support.witness import RecordingServer, tree_snapshot
 
 QUICK = SmokeSettings(long_context_tokens=64,
                       sweep=SweepSettings(max_concurrency=2, requests_per_worker=1, max_tokens=4))
 
 
+def _kube_api(method: str, path: str, body):
+    """A Kubernetes API that echoes what it is patched with and reports the Deployment
+    rolled out."""
+    if method == "PATCH":
+        return 200, body
+    if method == "GET" and "/deployments/" in path:
+        return 200, {"kind": "Deployment", "metadata": {"generation": 2},
+                     "spec": {"replicas": 1},
+                     "status": {"observedGeneration": 2, "updatedReplicas": 1,
+                                "availableReplicas": 1}}
+    return 404, {"kind": "Status", "code": 404}
+
+
 @pytest.fixture
 def cluster(tmp_path):
-    """A Kubernetes API that records every call and reports the Deployment rolled out."""
-    calls: list[tuple[float, str, str, dict]] = []
-
-    class Handler(BaseHTTPRequestHandler):
-        def log_message(self, *args):
-            pass
-
-        def _answer(self, body: dict):
-            data = json.dumps(body).encode()
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
-
-        def do_PATCH(self):  # noqa: N802
-            length = int(self.headers.get("Content-Length") or 0)
-            body = json.loads(self.rfile.read(length))
-            calls.append((time.monotonic(), "PATCH " + self.headers["Content-Type"], self.path,
-                          body))
-            self._answer(body)
-
-        def do_GET(self):  # noqa: N802
-            calls.append((time.monotonic(), "GET", self.path, {}))
-            self._answer({"kind": "Deployment", "metadata": {"generation": 2},
-                          "spec": {"replicas": 1},
-                          "status": {"observedGeneration": 2, "updatedReplicas": 1,
-                                     "availableReplicas": 1}})
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    config = tmp_path / "kubeconfig"
-    config.write_text(json.dumps({
-        "apiVersion": "v1", "kind": "Config", "current-context": "k3",
-        "clusters": [{"name": "k3", "cluster": {
-            "server": f"http://127.0.0.1:{server.server_address[1]}"}}],
-        "users": [{"name": "k3", "user": {"token": "t"}}],
-        "contexts": [{"name": "k3", "context": {"cluster": "k3", "user": "k3"}}]}))
-    yield config, calls
-    server.shutdown()
-    server.server_close()
+    """The cluster's API on loopback: every request it is sent, whatever the method, is kept
+    (``calls``)."""
+    with RecordingServer(_kube_api) as api:
+        yield api.kubeconfig(tmp_path / "kubeconfig"), api.calls
 
 
 @pytest.fixture
@@ -123,22 +100,23 @@ def test_steps_in_order_after_the_node_drained(tmp_path, cluster, channel):
         metrics = f"http://127.0.0.1:{node.port}/metrics"
         finished = _in_flight(node.url, served_name(a), 3)
         _wait_running(metrics, 3)
-        report = rollback_single_node(
+        done = rollback_single_node(
             store, "staging", kube=KubeAPI(config), name="kimi", namespace="serving",
             endpoint=node.url, metrics_url=metrics, actor=as_actor("oncall"), settings=QUICK,
             poll_s=0.1, drain_timeout_s=30, ready_timeout_s=30)
     finally:
         node.stop()
+    report = done.report
     assert [s.name for s in report.steps] == [
         "stop_admitting", "drain", "apply", "ready", "smoke", "reopen", "pointer"]
     assert report.completed, [s.detail for s in report.steps if not s.passed]
     assert (report.from_tuple, report.to_tuple) == (b.id, a.id)
     assert "in flight: 3 at most, 0 after" in report.steps[1].detail
     # nothing was applied before the last in-flight request had finished
-    applies = [t for t, method, path, _ in calls
-               if "apply-patch" in method and "/deployments/" in path]
+    applies = [c.at for c in calls
+               if "apply-patch" in (c.content_type or "") and "/deployments/" in c.path]
     assert len(finished) == 3 and applies and min(applies) > max(finished)
-    patches = [(path, body) for _, method, path, body in calls if method.startswith("PATCH")]
+    patches = [(c.path, c.body) for c in calls if c.method == "PATCH"]
     assert patches[0] == ("/api/v1/namespaces/serving/services/kimi",
                           {"spec": {"selector": {"k3a.io/admitting": "closed"}}})
     deployment = next(body for path, body in patches if "/deployments/kimi" in path)
@@ -146,8 +124,8 @@ def test_steps_in_order_after_the_node_drained(tmp_path, cluster, channel):
     assert ("/api/v1/namespaces/serving/services/kimi",
             {"spec": {"selector": {"k3a.io/admitting": None}}}) in patches
     assert read_state(store, "staging").tuple_id == a.id
-    key = record_single_node(store, report)
-    assert key.startswith("releases/single-node/staging/")
+    assert done.key.startswith("releases/single-node/staging/")
+    assert store.read(done.key).data == canonical_json(report)
 
 
 def test_a_drain_that_times_out_changes_nothing_and_reopens(tmp_path, cluster, channel):
@@ -161,7 +139,7 @@ def test_a_drain_that_times_out_changes_nothing_and_reopens(tmp_path, cluster, c
         report = rollback_single_node(
             store, "staging", kube=KubeAPI(config), name="kimi", namespace="serving",
             endpoint=node.url, metrics_url=metrics, actor=as_actor("oncall"), settings=QUICK,
-            poll_s=0.1, drain_timeout_s=0.5)
+            poll_s=0.1, drain_timeout_s=0.5).report
         deadline = time.monotonic() + 20  # the slow request ends on its own, answered
         while not finished:
             assert time.monotonic() < deadline, "the in-flight request never finished"
@@ -171,7 +149,7 @@ def test_a_drain_that_times_out_changes_nothing_and_reopens(tmp_path, cluster, c
     assert [(s.name, s.passed) for s in report.steps] == [
         ("stop_admitting", True), ("drain", False), ("reopen", True)]
     assert "not reached within 0.5 s (1 request(s) running)" in report.steps[1].detail
-    assert not any("apply-patch" in method for _, method, _, _ in calls)
+    assert not any("apply-patch" in (c.content_type or "") for c in calls)
     assert read_state(store, "staging").tuple_id == b.id
 
 
@@ -181,3 +159,55 @@ def test_cli_needs_the_node_to_act_on(channel, k3a_cmd, k3a_env):
                          env=k3a_env, capture_output=True, text=True, timeout=120)
     assert run.returncode == 9
     assert "--single-node needs --kubeconfig, --endpoint, --metrics" in run.stderr
+
+
+def _refused_on_the_node(store, config, k3a_cmd, k3a_env, *args):
+    """`k3a rollback staging --single-node ...` against a node and a cluster that record every
+    request; returns the run, what the node was sent, and whether the store changed."""
+    with RecordingServer() as node:
+        before = tree_snapshot(store.root)
+        run = subprocess.run(
+            [*k3a_cmd, "rollback", "staging", "--single-node", "--kubeconfig", str(config),
+             "--endpoint", f"{node.url}/v1", "--metrics", f"{node.url}/metrics",
+             "--namespace", "serving", "--store", store.url, *args],
+            env=k3a_env, capture_output=True, text=True, timeout=120)
+        return run, list(node.calls), tree_snapshot(store.root) != before
+
+
+def test_a_target_the_channel_never_served_touches_no_node(tmp_path, cluster, channel,
+                                                           k3a_cmd, k3a_env):
+    config, calls = cluster
+    store, _, b = channel
+    third = Releases(store, tmp_path / "scratch-c")
+    third.count = 2  # the channel fixture published revisions 1 and 2
+    never = third.release()
+    run, node_calls, changed = _refused_on_the_node(store, config, k3a_cmd, k3a_env,
+                                                    "--to", never.id)
+    assert run.returncode == 7, run.stderr
+    assert f"{never.id} has never been on channel staging" in run.stderr
+    assert calls == [] and node_calls == [] and not changed
+    assert read_state(store, "staging").tuple_id == b.id
+
+
+@pytest.mark.parametrize("approval", ["none", "of another move"])
+def test_a_rollback_without_the_approval_the_policy_requires_touches_no_node(
+        tmp_path, cluster, channel, policies, k3a_cmd, k3a_env, approval):
+    config, calls = cluster
+    store, a, b = channel
+    gates = policies / "promotion-gates.yaml"
+    gates.write_text(gates.read_text().replace(
+        "    gates: [artifact, license, remote_code]\n",
+        "    gates: [artifact, license, remote_code]\n    rollback_approval: true\n", 1))
+    use_policy(store, policies)
+    args = []
+    if approval == "of another move":
+        other = request_approval(store, action="rollback", by=as_actor("oncall"),
+                                 channel="staging", tuple_id=b.id)
+        decide(store, other.id, by=as_actor("bob"), approve=True)
+        args = ["--approval", other.id]
+    run, node_calls, changed = _refused_on_the_node(store, config, k3a_cmd, k3a_env, *args)
+    assert run.returncode == 5, run.stderr
+    reason = "requires an approval" if approval == "none" else "not this rollback"
+    assert reason in run.stderr and a.id in run.stderr
+    assert calls == [] and node_calls == [] and not changed
+    assert read_state(store, "staging").tuple_id == b.id

@@ -9,8 +9,8 @@ from datetime import UTC, datetime
 import pytest
 
 from k3artifacts.errors import NotFound, ReleaseRefused, UsageError
-from k3artifacts.releases.binding import create_tuple, diff_bindings
-from k3artifacts.releases.tuples import ImageRef, TupleStore, tuple_key
+from k3artifacts.releases.binding import create_tuple
+from k3artifacts.releases.tuples import ImageRef, TupleStore, diff_bindings, tuple_key
 from k3artifacts.revisions.refs import parse_revision_ref
 from k3artifacts.serving.profiles import load_profile, serving_spec
 

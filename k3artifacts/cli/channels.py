@@ -1,7 +1,8 @@
 """``k3a promote | rollback | approve | history | channels | gates | review``: moving channels.
 
-Who acts is resolved once (``policy/actor.py``); what judges is the store's policy
-(``policy/record.py``), never a local directory: ``--policies`` here is refused with the way to
+Each command resolves who acts (``policy/acting.py``), calls one library move (``promotion/``,
+``policy/decide.py``, ``releases/reviewing.py``) and shows its result; what judges is the
+store's policy, never a local directory: ``--policies`` here is refused with the way to
 propose a change instead."""
 
 from __future__ import annotations
@@ -18,12 +19,13 @@ from k3artifacts.cli.common import (
     store_option,
 )
 from k3artifacts.cli.single_node import run_single_node, single_node_options
-from k3artifacts.errors import ConfigError, GateFailed
+from k3artifacts.errors import ConfigError
 
 if TYPE_CHECKING:
     from k3artifacts.policy.actor import Actor
-    from k3artifacts.policy.results import GateResult
+    from k3artifacts.policy.results import GateReport, GateResult
     from k3artifacts.promotion.moves import MoveResult
+    from k3artifacts.promotion.requests import ApprovalRequest
     from k3artifacts.releases.channels import HistoryEntry
     from k3artifacts.stores.base import Store
 
@@ -44,16 +46,14 @@ local_policies_option = click.option(
 
 
 def _actor(store: Store, by: str | None) -> Actor:
-    from k3artifacts.policy.actor import resolve_actor
-    from k3artifacts.policy.record import in_force
-    identity = in_force(store).document.gates.identity
-    return resolve_actor(store, typed=by, identity=identity)
+    from k3artifacts.policy.acting import acting
+    return acting(store, by)
 
 
 def _refuse_local_policies(local: Path | None, store: Store) -> None:
-    from k3artifacts.policy.record import in_force
+    from k3artifacts.policy.change import policy_in_force
     if local is not None:
-        policy = in_force(store)
+        policy = policy_in_force(store)
         raise ConfigError(
             f"--policies {local}: moves are judged by the store's policy ({policy.label()}), "
             "not a local directory",
@@ -70,7 +70,7 @@ def _table(rows: list[list[str]], header: list[str]) -> None:
 
 
 def _gate_table(results: list[GateResult]) -> None:
-    from k3artifacts.promotion.gates import GATE_TABLE_HEADER, gate_rows
+    from k3artifacts.policy.results import GATE_TABLE_HEADER, gate_rows
     if results:
         _table(gate_rows(results), GATE_TABLE_HEADER)
     else:
@@ -95,6 +95,13 @@ def _move_summary(result: MoveResult) -> None:
     )
 
 
+def _requested(request: ApprovalRequest, then: str, as_json: bool) -> None:
+    emit(as_json, request, lambda: click.echo(
+        f"requested: {request.subject()} as {request.id}\n"
+        f"next: another release engineer runs `k3a approve {request.id}`; then `{then} "
+        f"--approval {request.id}`"))
+
+
 @click.command("promote")
 @click.argument("tuple_id")
 @click.argument("channel")
@@ -115,6 +122,9 @@ def _move_summary(result: MoveResult) -> None:
 @click.option("--approval", "approval", metavar="REQUEST", default=None,
               help="An approved request (`k3a approve REQUEST`) for this move: the approver is "
               "then the promoter separation of duties judges.")
+@click.option("--request-approval", "request_approval_", is_flag=True,
+              help="Run the gates, record a request for approval of this promotion (the one "
+              "the promote flow records) and print its id; moves nothing.")
 @by_option
 @local_policies_option
 @store_option
@@ -126,6 +136,7 @@ def promote_cmd(
     override_reasons: tuple[str, ...],
     why: str | None,
     approval: str | None,
+    request_approval_: bool,
     by: str | None,
     local_policies: Path | None,
     store_url: str,
@@ -140,25 +151,34 @@ def promote_cmd(
     or rollback moved the channel meanwhile, this one writes nothing and names the winner.
     Promoting the tuple the channel already points at succeeds and writes nothing.
 
+    `--request-approval` runs the gates and records a request for approval of this move;
+    another release engineer runs `k3a approve REQUEST`, then `--approval REQUEST` moves the
+    channel with the approver as the promoter.
+
     \b
     Example:
       k3a promote k3t-0123456789abcdef01234567 production --why "eval passed" \\
           --override-gate evaluation --reason "suite flaky, manual check by bob"
 
-    Exit codes: 0 moved (or already there), 4 the channel pointer does not match its history,
-    5 a gate failed, 6 lost a race (another move won; nothing written), 7 unknown tuple or
-    channel not in the policy, 9 bad override, or a local --policies.
+    Exit codes: 0 moved (or already there, or a request recorded), 4 the channel pointer does
+    not match its history, 5 a gate failed, 6 lost a race (another move won; nothing written),
+    7 unknown tuple or channel not in the policy, 9 bad override, or a local --policies.
     """
-    from k3artifacts.promotion.moves import promote
     if len(override_gates) != len(override_reasons):
         raise click.UsageError("give exactly one --reason for each --override-gate")
     overrides = dict(zip(override_gates, override_reasons, strict=True))
     store = get_store(store_url)
     _refuse_local_policies(local_policies, store)
-    result = promote(
-        store, tuple_id, channel, actor=_actor(store, by), reason=why, overrides=overrides,
-        approval=approval,
-    )
+    actor = _actor(store, by)
+    if request_approval_:
+        from k3artifacts.promotion.requests import request_move
+        _, request = request_move(store, "promote", channel, tuple_id=tuple_id,
+                                  overrides=overrides, requested_by=actor, why=why)
+        _requested(request, f"k3a promote {tuple_id} {channel}", as_json)
+        return
+    from k3artifacts.promotion.moves import promote
+    result = promote(store, tuple_id, channel, actor=actor, reason=why, overrides=overrides,
+                     approval=approval)
 
     def human() -> None:
         _gate_table(result.gates)
@@ -182,8 +202,8 @@ def promote_cmd(
               help="An approved request for this rollback (`k3a approve REQUEST`), where the "
               "store's policy sets rollback_approval for the channel.")
 @click.option("--request-approval", "request_approval_", is_flag=True,
-              help="Record a request for approval of this rollback and print its id; moves "
-              "nothing.")
+              help="Record a request for approval of this rollback (the one the rollback flow "
+              "records) and print its id; moves nothing.")
 @by_option
 @local_policies_option
 @store_option
@@ -213,11 +233,9 @@ def rollback_cmd(
     Exit codes: 0 moved (or already there, or a request recorded), 4 target's manifest changed
     or the pointer does not match its history, 5 approval needed, rejected or for another move
     (with --single-node: the procedure stopped at a failed step, recorded), 6 lost a race,
-    7 unknown channel, target never on it, or target's weights gone.
+    7 unknown channel, target never on it, or target's weights gone, 9 (--single-node) the
+    node's options are missing.
     """
-    from k3artifacts.policy.approvals import request_approval
-    from k3artifacts.promotion.moves import rollback
-    from k3artifacts.releases.channels import history, read_state
     store = get_store(store_url)
     _refuse_local_policies(local_policies, store)
     actor = _actor(store, by)
@@ -226,17 +244,12 @@ def rollback_cmd(
                         as_json=as_json, **node)
         return
     if request_approval_:
-        state = read_state(store, channel)
-        if to is None and state.pointer is not None:
-            to = next((e.tuple_id for e in reversed(history(store, channel))
-                       if e.tuple_id != state.pointer.tuple_id), None)
-        request = request_approval(store, action="rollback", by=actor, channel=channel,
-                                   tuple_id=to, why=why, needs=["rollback_approval"])
-        emit(as_json, request, lambda: click.echo(
-            f"requested: {request.subject()} as {request.id}\n"
-            f"next: another release engineer runs `k3a approve {request.id}`; then "
-            f"`k3a rollback {channel} --to {to} --approval {request.id}`"))
+        from k3artifacts.promotion.requests import request_move
+        plan, request = request_move(store, "rollback", channel, tuple_id=to,
+                                     requested_by=actor, why=why)
+        _requested(request, f"k3a rollback {channel} --to {plan.tuple_id}", as_json)
         return
+    from k3artifacts.promotion.rollback import rollback
     result = rollback(store, channel, to=to, actor=actor, reason=why, approval=approval)
     emit(as_json, result, lambda: _move_summary(result))
 
@@ -258,9 +271,9 @@ def approve_cmd(request_id: str, reject: bool, reason: str | None, show: bool, b
     Exit codes: 0 recorded (or shown), 5 you asked for it yourself, 6 already answered,
     7 no such request.
     """
-    from k3artifacts.policy.approvals import decide, get_request
+    from k3artifacts.policy.decide import decide, show_request
     store = get_store(store_url)
-    request = get_request(store, request_id)
+    request = show_request(store, request_id)
     if show:
         emit(as_json, request, lambda: click.echo(
             f"{request.id}: {request.subject()}\nrequested by {request.requested_by.label()} "
@@ -307,10 +320,10 @@ def history_cmd(channel: str, store_url: str, as_json: bool) -> None:
 
     Exit codes: 0 ok, 4 the pointer does not match its history, 7 unknown channel.
     """
-    from k3artifacts.policy.record import in_force
+    from k3artifacts.policy.change import policy_in_force
     from k3artifacts.releases.channels import history
     store = get_store(store_url)
-    entries = history(store, channel, in_force(store).document.gates.channels)
+    entries = history(store, channel, policy_in_force(store).document.gates.channels)
     emit(
         as_json,
         [e.model_dump(mode="json") for e in entries],
@@ -363,27 +376,34 @@ def gates_cmd(
     as_json: bool,
 ) -> None:
     """Dry run: the gates the store's policy requires of CHANNEL, run on TUPLE_ID, with you as
-    the promoter. Writes nothing; says which policy version judged.
+    the promoter: the plan of `k3a promote`, without its act. Writes nothing; says which policy
+    version judged.
 
     Exit codes: 0 every gate passes, 4 the pointer does not match its history, 5 at least one
-    fails, 7 unknown tuple or channel, 9 a local --policies.
+    fails, 6 gc is retiring the tuple's weights, 7 unknown tuple or channel, or weights gone,
+    9 a local --policies.
     """
-    from k3artifacts.policy.record import in_force
-    from k3artifacts.promotion.gates import check_gates
+    from k3artifacts.errors import GatesRefused
+    from k3artifacts.policy.results import policy_label
+    from k3artifacts.promotion.moves import plan_promote
     store = get_store(store_url)
     _refuse_local_policies(local_policies, store)
     actor = _actor(store, by)
-    report = check_gates(store, tuple_id, channel, actor=actor)
 
-    def human() -> None:
-        _gate_table(report.results)
-        click.echo(f"policy: {in_force(store).label()}")
+    def show(report: GateReport) -> None:
+        def human() -> None:
+            _gate_table(report.results)
+            click.echo("policy: " + policy_label(report.policy_version or 0,
+                                                 report.policy_digest or ""))
 
-    emit(as_json, report, human)
-    if report.failed:
-        names = ", ".join(r.name for r in report.failed)
-        raise GateFailed(f"{tuple_id} would not move onto {channel}: {names} failed",
-                         hint="the table says what each failed gate needs")
+        emit(as_json, report, human)
+
+    try:
+        plan = plan_promote(store, tuple_id, channel, actor=actor)
+    except GatesRefused as refused:
+        show(refused.report)
+        raise
+    show(plan.report)
 
 
 @click.group("review")
@@ -416,7 +436,7 @@ def review_license_cmd(
     Exit codes: 0 ok, 4 stored text does not match the tuple, 7 unknown tuple or no license,
     9 a typed --by the policy does not allow, or a corrupt review record.
     """
-    from k3artifacts.releases.reviews import license_text, review_license
+    from k3artifacts.releases.reviewing import license_text, review_license
     store = get_store(store_url)
     if show:
         click.echo(license_text(store, tuple_id), nl=False)
@@ -453,7 +473,7 @@ def review_code_cmd(
     are skipped. Exit codes: 0 ok, 7 unknown tuple or revision not staged, 9 a typed --by the
     policy does not allow, or a corrupt review record.
     """
-    from k3artifacts.releases.reviews import review_code
+    from k3artifacts.releases.reviewing import review_code
     store = get_store(store_url)
     actor = _actor(store, by)
     outcome = review_code(store, tuple_id, by=actor.name, by_source=actor.source, note=note)

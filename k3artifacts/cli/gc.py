@@ -1,4 +1,5 @@
-"""``k3a revision gc``: retire published revisions no channel can reach (dry run unless --apply)."""
+"""``k3a revision gc``: retire published revisions no channel can reach (dry run unless --apply:
+the plan, ``releases/retention.py``; the act, ``warm/retention.py``)."""
 
 from __future__ import annotations
 
@@ -7,10 +8,6 @@ from typing import TYPE_CHECKING
 import click
 
 from k3artifacts.cli.common import emit, get_store, json_option, store_option
-
-if TYPE_CHECKING:
-    from k3artifacts.releases.retention import RevisionVerdict
-
 
 if TYPE_CHECKING:
     from k3artifacts.releases.retention import RevisionVerdict
@@ -39,45 +36,32 @@ def gc_cmd(apply_: bool, keep: int | None, keep_days: float | None, store_url: s
     \b
     Exit codes: 0 done (or plan shown), 8 store unreachable, 9 bad policy.
     """
-    from k3artifacts.policy.actor import resolve_actor
-    from k3artifacts.policy.record import in_force
-    from k3artifacts.releases.retention import plan, retire
-    from k3artifacts.warm.retention import retire_warm
+    from k3artifacts.policy.acting import acting
+    from k3artifacts.releases.retention import plan_gc
+    from k3artifacts.warm.retention import gc
     store = get_store(store_url)
-    policy = in_force(store).document.gates
-    verdicts = plan(
-        store,
-        policy,
-        keep=keep or policy.retention.keep,
-        keep_days=policy.retention.keep_days if keep_days is None else keep_days,
-    )
-    if apply_:
-        who = resolve_actor(store, typed=None, identity=policy.identity).name
-        verdicts = [
-            retire(store, v, policy, who=who, also=retire_warm) if v.action == "retire" else v
-            for v in verdicts
-        ]
+    plan = plan_gc(store, keep=keep, keep_days=keep_days)
+    verdicts = gc(store, plan, by=acting(store)) if apply_ else plan.verdicts
     emit(as_json, [v.model_dump(mode="json") for v in verdicts],
          lambda: _print(verdicts, apply_))
 
 
 def _print(verdicts: list[RevisionVerdict], applied: bool) -> None:
-
-    from k3artifacts.promotion.gates.context import human_bytes
+    from k3artifacts.reporting.progress import human_size
     if not verdicts:
         click.echo("no published revisions")
         return
     freed = 0
     for v in verdicts:
-        size = human_bytes(v.bytes)
+        size = human_size(v.bytes)
         line = f"{v.action:7} {v.repo_id}@{v.commit[:12]}  {size:>10}  {v.published_at:%Y-%m-%d}"
         if v.action in ("retire", "retired"):
             freed += v.freed
             verb = "frees" if v.action == "retired" else "would free"
-            shared = f" ({human_bytes(v.bytes - v.freed)} shared with kept revisions stays)" \
+            shared = f" ({human_size(v.bytes - v.freed)} shared with kept revisions stays)" \
                 if v.freed < v.bytes else ""
-            click.echo(f"{line}  {verb} {human_bytes(v.freed)}{shared}")
+            click.echo(f"{line}  {verb} {human_size(v.freed)}{shared}")
         else:
             click.echo(f"{line}  {v.reason}")
-    total = human_bytes(freed)
+    total = human_size(freed)
     click.echo(f"freed {total}" if applied else f"dry run: would free {total}; --apply to act")

@@ -1,4 +1,5 @@
-"""``k3a policy show | init | propose | apply | history``: the store's policy and its changes."""
+"""``k3a policy show | init | propose | apply | history``: the store's policy and its changes
+(the moves: ``policy/change.py``)."""
 
 from __future__ import annotations
 
@@ -18,9 +19,8 @@ policy_dir_arg = click.argument(
 
 def _me(store: Store):  # type: ignore[no-untyped-def]
     # Policy moves are never asserted: a typed name cannot change what judges promotions.
-    from k3artifacts.policy.actor import resolve_actor
-    from k3artifacts.policy.record import in_force
-    return resolve_actor(store, typed=None, identity=in_force(store).document.gates.identity)
+    from k3artifacts.policy.acting import acting
+    return acting(store)
 
 
 @click.group("policy")
@@ -39,8 +39,8 @@ def policy_group() -> None:
 @json_option
 def show_cmd(store_url: str, as_json: bool) -> None:
     """The policy in force: version, digest, and its gate policy text."""
-    from k3artifacts.policy.record import in_force
-    policy = in_force(get_store(store_url))
+    from k3artifacts.policy.change import policy_in_force
+    policy = policy_in_force(get_store(store_url))
     out = {"version": policy.version, "digest": policy.digest,
            "files": sorted(policy.document.files), "policy": policy.document.gates}
     emit(as_json, out, lambda: click.echo(
@@ -61,11 +61,11 @@ def init_cmd(from_dir: Path | None, why: str | None, store_url: str, as_json: bo
     Exit codes: 0 recorded, 6 the store already has a policy (propose a change instead),
     9 a malformed policy directory.
     """
+    from k3artifacts.policy.change import init_policy
     from k3artifacts.policy.document import PolicyDocument
-    from k3artifacts.policy.record import packaged_document, seed
     store = get_store(store_url)
-    document = PolicyDocument.from_dir(from_dir) if from_dir else packaged_document()
-    policy = seed(store, document, by=_me(store), why=why)
+    document = PolicyDocument.from_dir(from_dir) if from_dir else None
+    policy = init_policy(store, document, by=_me(store), why=why)
     emit(as_json, {"version": policy.version, "digest": policy.digest},
          lambda: click.echo(f"recorded: policy {policy.label()} in {store.url}"))
 
@@ -81,8 +81,8 @@ def propose_cmd(policies_dir: Path, why: str | None, store_url: str, as_json: bo
 
     Exit codes: 0 proposed, 9 a malformed policy directory or no change.
     """
+    from k3artifacts.policy.change import propose
     from k3artifacts.policy.document import PolicyDocument
-    from k3artifacts.policy.record import propose
     store = get_store(store_url)
     request, current = propose(store, PolicyDocument.from_dir(policies_dir), by=_me(store),
                                why=why)
@@ -111,7 +111,7 @@ def apply_cmd(request_id: str, store_url: str, as_json: bool) -> None:
     Exit codes: 0 applied, 5 approval missing, rejected or by the proposer, 6 the policy
     changed since the proposal, 7 no such request.
     """
-    from k3artifacts.policy.record import apply
+    from k3artifacts.policy.change import apply
     store = get_store(store_url)
     policy = apply(store, request_id, by=_me(store))
     emit(as_json, {"version": policy.version, "digest": policy.digest},
@@ -124,8 +124,8 @@ def apply_cmd(request_id: str, store_url: str, as_json: bool) -> None:
 def history_cmd(store_url: str, as_json: bool) -> None:
     """Every version of the store's policy: who seeded or changed it, who approved, what it
     loosened."""
-    from k3artifacts.policy.record import changes
-    recorded = changes(get_store(store_url))
+    from k3artifacts.policy.change import policy_history
+    recorded = policy_history(get_store(store_url))
 
     def human() -> None:
         for c in recorded:

@@ -1,8 +1,8 @@
-"""``k3a preflight``: the infrastructure gate's evidence, read from AWS and the cluster."""
+"""``k3a preflight``: the infrastructure gate's evidence, read from AWS and the cluster
+(the move: ``preflight/run.py``)."""
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
 from pathlib import Path
 
 import click
@@ -13,7 +13,7 @@ from k3artifacts.cli.common import (
     json_option,
     store_option,
 )
-from k3artifacts.errors import ConfigError, GateFailed
+from k3artifacts.errors import GateFailed
 
 
 @click.command("preflight")
@@ -48,46 +48,19 @@ def preflight_cmd(tuple_or_channel: str, channel: str, kubeconfig: Path | None,
     Exit codes: 0 every check passed (recorded), 5 a check failed (recorded), 7 tuple not
     found, 9 no infrastructure policy for the channel.
     """
-    from k3artifacts.policy.actor import resolve_actor
-    from k3artifacts.policy.record import in_force
-    from k3artifacts.preflight.kube import list_nodes
-    from k3artifacts.preflight.run import AwsClients, run_preflight
-    from k3artifacts.releases.lookup import resolve_tuple
-    from k3artifacts.releases.preflights import record_preflight
-    from k3artifacts.releases.tuples import tuple_manifest
-    from k3artifacts.stores.awsclients import client
+    from k3artifacts.policy.acting import acting
+    from k3artifacts.preflight.run import preflight
     store = get_store(store_url)
-    policy = in_force(store).document.gates
-    chan = policy.channels.get(channel)
-    if chan is None or chan.infrastructure is None:
-        raise ConfigError(f"channel {channel!r} has no infrastructure policy in "
-                          f"the store's policy ({in_force(store).label()})",
-                          hint="propose one under the channel "
-                          "(`infrastructure: {region: ..., subnet_ids: [...], ...}`) "
-                          "with `k3a policy propose DIR`")
-    infra = chan.infrastructure
-    release = resolve_tuple(store, tuple_or_channel)
-    actor = resolve_actor(store, typed=by, identity=policy.identity)
-    ec2 = client("ec2", profile=aws_profile, region=infra.region)
-
-    def nodes() -> list[dict]:
-        return list_nodes(kubeconfig)
-
-    report = run_preflight(
-        release, channel, infra,
-        AwsClients(ec2=ec2, capacity=ec2,
-                   fsx=client("fsx", profile=aws_profile, region=infra.region),
-                   iam=client("iam", profile=aws_profile, region=infra.region)),
-        nodes=nodes, total_bytes=tuple_manifest(store, release).total_bytes,
-        now=datetime.now(UTC))
-    record, written = record_preflight(store, release.id, channel,
-                                       report.model_dump(mode="json"), by=actor.name)
+    done = preflight(store, tuple_or_channel, channel, kubeconfig=kubeconfig,
+                     aws_profile=aws_profile, by=acting(store, by).name)
+    report, record, written = done.report, done.record, done.written
+    release_id = report.tuple_id
 
     def human() -> None:
         for c in report.checks:
             click.echo(f"  {'ok  ' if c.passed else 'FAIL'} {c.name}: {c.reason}")
         verb = "recorded" if written else "already recorded"
-        click.echo(f"{verb}: preflight {record.report_sha256[:12]} of {release.id} for {channel}")
+        click.echo(f"{verb}: preflight {record.report_sha256[:12]} of {release_id} for {channel}")
         click.echo("infrastructure ready" if report.passed else "INFRASTRUCTURE NOT READY")
 
     emit(as_json, {"passed": report.passed, "written": written,
@@ -96,6 +69,6 @@ def preflight_cmd(tuple_or_channel: str, channel: str, kubeconfig: Path | None,
     if not report.passed:
         # Raised, not exited: the group prints the document with the error merged in.
         failed = ", ".join(c.name for c in report.checks if not c.passed)
-        raise GateFailed(f"infrastructure not ready for {release.id} on {channel}: {failed}",
+        raise GateFailed(f"infrastructure not ready for {release_id} on {channel}: {failed}",
                          hint="fix what each check names and run `k3a preflight` again "
                          "(the infrastructure gate reads the newest record)")

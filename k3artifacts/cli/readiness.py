@@ -166,7 +166,6 @@ def smoke_cmd(endpoint: str, tuple_name: str, long_context_tokens: int | None,
     from k3artifacts.readiness.record import smoke
     from k3artifacts.readiness.suite import Slo, SmokeSettings, SweepSettings
 
-
     settings = SmokeSettings(
         request_timeout_s=timeout, max_retries=retries, long_context_tokens=long_context_tokens,
         slo=Slo(ttft_p99_s=ttft_slo, e2e_p99_s=e2e_slo, max_error_rate=max_error_rate),
@@ -221,7 +220,6 @@ def eval_run(endpoint: str, tuple_name: str, suite: str | None, channel: str,
     """
     from k3artifacts.readiness.record import evaluate
 
-
     outcome = evaluate(get_store(store_url), endpoint, tuple_name, suite, channel=channel,
                        by=actor, observer=_observer(), api_key=api_key)
     _finish(outcome, as_json, "evaluation")
@@ -241,11 +239,10 @@ def eval_attach(tuple_id: str, report: Path, actor: str, store_url: str, as_json
     Attaching the same report again writes nothing. Exit codes: 0 ok, 7 unknown tuple,
     9 invalid report.
     """
-    from k3artifacts.releases.evaluations import attach_evaluation, parse_report
+    from k3artifacts.readiness.record import attach
 
-
-    raw = parse_report(report.read_bytes(), str(report))
-    record, written = attach_evaluation(get_store(store_url), tuple_id, raw, by=actor)
+    record, written = attach(get_store(store_url), tuple_id, report.read_bytes(), str(report),
+                             by=actor)
     parsed = record.parsed()
 
     def human() -> None:
@@ -266,7 +263,6 @@ def eval_attach(tuple_id: str, report: Path, actor: str, store_url: str, as_json
 def eval_list(tuple_id: str, store_url: str, as_json: bool) -> None:
     """Evaluation reports of TUPLE_ID (runs and attached overrides), oldest first."""
     from k3artifacts.releases.evaluations import list_evaluations
-
 
     records = list_evaluations(get_store(store_url), tuple_id)
 

@@ -1,4 +1,5 @@
-"""``k3a scan attach | ecr``: record the serving image's vulnerability scan with the tuple."""
+"""``k3a scan attach | ecr``: record the serving image's vulnerability scan with the tuple
+(the moves: ``releases/scanning.py``)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from k3artifacts.cli.common import (
 )
 
 if TYPE_CHECKING:
-    from k3artifacts.releases.scans import ImageScan
+    from k3artifacts.releases.scanning import Scanned
 
 by_option = click.option("--by", default=None,
                          help="Who is acting, typed (only where the gate policy allows it).")
@@ -27,25 +28,18 @@ def scan_group() -> None:
     critical findings fail it unless overridden with a reason)."""
 
 
-def _record(store_url: str, by: str | None, scan: ImageScan,
-            as_json: bool) -> None:
-    from k3artifacts.policy.actor import resolve_actor
-    from k3artifacts.policy.record import in_force
-    from k3artifacts.releases.scans import record_scan
-    store = get_store(store_url)
-    policy = in_force(store).document.gates
-    actor = resolve_actor(store, typed=by, identity=policy.identity)
-    record, written = record_scan(store, scan, by=actor.name)
+def _show(done: Scanned, as_json: bool) -> None:
+    scan, record = done.scan, done.record
 
     def human() -> None:
         counts = ", ".join(f"{n} {s.lower()}" for s, n in scan.counts.items() if n)
         click.echo(f"{scan.scanner} scan of {scan.image_digest}: {counts or 'no findings'}")
         if scan.critical:
             click.echo("critical: " + ", ".join(scan.critical))
-        click.echo(f"{'recorded' if written else 'already recorded'}: scan "
+        click.echo(f"{'recorded' if done.written else 'already recorded'}: scan "
                    f"{record.scan_sha256[:12]} for {scan.tuple_id}")
 
-    emit(as_json, {"written": written, "scan_sha256": record.scan_sha256,
+    emit(as_json, {"written": done.written, "scan_sha256": record.scan_sha256,
                    "scan": scan.model_dump(mode="json")}, human)
 
 
@@ -64,11 +58,11 @@ def attach_cmd(tuple_or_channel: str, report_path: Path, by: str | None,
 
     Exit codes: 0 recorded, 7 tuple not found, 9 not a Trivy/Grype report, or a report of
     another image."""
-    from k3artifacts.releases.lookup import resolve_tuple
-    from k3artifacts.releases.scans import parse_report
-    release = resolve_tuple(get_store(store_url), tuple_or_channel)
-    scan = parse_report(release, report_path.read_bytes(), str(report_path))
-    _record(store_url, by, scan, as_json)
+    from k3artifacts.policy.acting import acting
+    from k3artifacts.releases.scanning import scan_attach
+    store = get_store(store_url)
+    _show(scan_attach(store, tuple_or_channel, report_path.read_bytes(), str(report_path),
+                      by=acting(store, by).name), as_json)
 
 
 @scan_group.command("ecr")
@@ -84,13 +78,8 @@ def ecr_cmd(tuple_or_channel: str, repository: str | None, region: str | None, b
     """Record ECR's scan findings (basic or enhanced) for the tuple's image digest.
 
     Exit codes: 0 recorded, 7 tuple not found, 8 ECR unavailable, 9 scan not complete."""
-    from k3artifacts.releases.lookup import resolve_tuple
-    from k3artifacts.releases.scans import ecr_findings
-    from k3artifacts.stores.awsclients import client
-    release = resolve_tuple(get_store(store_url), tuple_or_channel)
-    image = release.binding.image
-    host, _, path = image.repository.partition("/")
-    if region is None and ".ecr." in host:
-        region = host.split(".ecr.")[1].split(".")[0]
-    scan = ecr_findings(client("ecr", region=region), release, repository or path)
-    _record(store_url, by, scan, as_json)
+    from k3artifacts.policy.acting import acting
+    from k3artifacts.releases.scanning import scan_ecr
+    store = get_store(store_url)
+    _show(scan_ecr(store, tuple_or_channel, repository=repository, region=region,
+                   by=acting(store, by).name), as_json)

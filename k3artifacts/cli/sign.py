@@ -1,4 +1,5 @@
-"""k3a sign: sign a published revision or a release tuple after the fact."""
+"""k3a sign: sign a published revision or a release tuple after the fact (the move:
+``releases/signing.py``)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,6 @@ from k3artifacts.cli.common import (
     signing_key_option,
     store_option,
 )
-from k3artifacts.errors import ConfigError
 
 
 @click.command("sign")
@@ -31,32 +31,13 @@ def sign_cmd(target, signing_key, store_url, as_json):
     A tuple's signature goes to releases/tuples/<id>.sig. Both are created once: signing
     again with the same key is a no-op, with another key a conflict (exit 6).
     """
-    from k3artifacts.revisions.refs import match_revision_ref
-    from k3artifacts.signing.keys import load_signer
-    from k3artifacts.signing.revision import sign_revision
+    from k3artifacts.releases.signing import sign
 
-    if not signing_key:
-        raise ConfigError("no signing key",
-                          hint="pass --signing-key PATH or set K3A_SIGNING_KEY")
-    signer = load_signer(signing_key)
-    store = get_store(store_url)
-    ref = match_revision_ref(target)
-    if ref is not None:
-        result = sign_revision(store, ref.repo_id, ref.commit, signer)
-        payload = {"target": str(ref), "signature": result.key, "key_hint": result.key_hint,
-                   "files": result.files, "new": result.new}
-    else:
-        # Only here: the tuple models are imports a revision's signing does not need.
-        from k3artifacts.releases.signatures import sign_tuple
-        from k3artifacts.releases.tuples import TUPLE_ID
-
-        if not TUPLE_ID.match(target):
-            raise ConfigError(
-                f"{target!r} is neither org/name@<40-hex commit> nor a tuple id",
-                hint="e.g. k3a sign moonshotai/Kimi-K3@<commit> --signing-key KEY.pem")
-        tuple_result = sign_tuple(store, target, signer)
-        payload = {"target": target, "signature": tuple_result.key,
-                   "key_hint": tuple_result.key_hint, "new": tuple_result.new}
+    done = sign(get_store(store_url), target, signing_key)
+    payload = {"target": done.target, "signature": done.signature, "key_hint": done.key_hint,
+               "new": done.new}
+    if done.files is not None:
+        payload["files"] = done.files
 
     def human() -> None:
         state = "signed" if payload["new"] else "already signed by this key"

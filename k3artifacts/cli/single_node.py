@@ -59,29 +59,19 @@ def run_single_node(store: Store, channel: str, *, to: str | None, why: str | No
     assert kubeconfig is not None and endpoint is not None and metrics_url is not None
     # Imported here: a plain `k3a rollback` (or promote) need not load the readiness client.
     from k3artifacts.preflight.kube import KubeAPI
-    from k3artifacts.promotion.single_node import (
-        Step,
-        previous_tuple,
-        record_single_node,
-        rollback_single_node,
-    )
-    from k3artifacts.releases.tuples import TupleStore
-    from k3artifacts.serving.render.common import default_name
-
-    _, target = previous_tuple(store, channel, to)
-    name = node_name or default_name(TupleStore(store).get(target))
+    from k3artifacts.promotion.single_node import Step, rollback_single_node
 
     def say(step: Step) -> None:
         if not as_json:
             click.echo(f"  {'ok  ' if step.passed else 'FAIL'} {step.name} "
                        f"({step.seconds:.1f} s): {step.detail}", err=True)
 
-    report = rollback_single_node(
-        store, channel, kube=KubeAPI(kubeconfig), name=name, namespace=namespace,
+    result = rollback_single_node(
+        store, channel, kube=KubeAPI(kubeconfig), name=node_name, namespace=namespace,
         endpoint=endpoint, metrics_url=metrics_url, actor=actor, approval=approval,
-        reason=why, to=target, drain_timeout_s=drain_timeout, ready_timeout_s=ready_timeout,
+        reason=why, to=to, drain_timeout_s=drain_timeout, ready_timeout_s=ready_timeout,
         on_step=say)
-    key = record_single_node(store, report)
+    report, key = result.report, result.key
 
     def human() -> None:
         click.echo(f"recorded: {key}")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import datetime
 
 import click
 
@@ -54,34 +54,18 @@ def analyze_cmd(tuple_or_channel: str, prometheus_url: str, channel: str, step: 
     Exit codes: 0 step passed (recorded), 5 step failed (recorded), 7 tuple not found,
     8 Prometheus unreachable, 9 bad policy, step or query.
     """
-    from k3artifacts.policy.actor import resolve_actor
-    from k3artifacts.policy.record import in_force
-    from k3artifacts.releases.analyses import record_analysis
-    from k3artifacts.releases.lookup import resolve_tuple
-    from k3artifacts.traffic.analysis import analyze_step, describe
-    from k3artifacts.traffic.prometheus import Prometheus
-    store = get_store(store_url)
-    policy = in_force(store).document.gates
-    chan = policy.channels.get(channel)
-    if chan is None or chan.traffic is None:
-        raise ConfigError(f"channel {channel!r} has no traffic policy in "
-                          f"the store's policy ({in_force(store).label()})",
-                          hint="propose one under the channel "
-                          "(`traffic: {steps: [...], prometheus: URL, thresholds: ...}`) "
-                          "with `k3a policy propose DIR`")
-    at = datetime.now(UTC)
+    from k3artifacts.policy.acting import acting
+    from k3artifacts.traffic.analysis import analyze, describe
+    at = None
     if at_text is not None:
         try:
             at = datetime.fromisoformat(at_text)
         except ValueError:
             raise ConfigError(f"--at {at_text!r} is not an ISO-8601 time") from None
-        if at.tzinfo is None:
-            raise ConfigError(f"--at {at_text!r} has no time zone", hint="end it in Z or +00:00")
-    release = resolve_tuple(store, tuple_or_channel)
-    actor = resolve_actor(store, typed=by, identity=policy.identity)
-    analysis = analyze_step(Prometheus(prometheus_url), release.id, channel, chan.traffic,
-                            step, at.astimezone(UTC))
-    record, written = record_analysis(store, analysis, by=actor.name)
+    store = get_store(store_url)
+    done = analyze(store, tuple_or_channel, channel, step, prometheus_url=prometheus_url,
+                   by=acting(store, by).name, at=at)
+    analysis, record, written = done.analysis, done.record, done.written
     payload = {"passed": analysis.passed, "written": written,
                "analysis_sha256": record.analysis_sha256,
                "analysis": analysis.model_dump(mode="json")}
@@ -91,7 +75,7 @@ def analyze_cmd(tuple_or_channel: str, prometheus_url: str, channel: str, step: 
             mark = "ok  " if m.passed else "FAIL"
             click.echo(f"  {mark} {describe(m)}")
         verb = "recorded" if written else "already recorded"
-        click.echo(f"{verb}: analysis {record.analysis_sha256[:12]} of {release.id}, step "
+        click.echo(f"{verb}: analysis {record.analysis_sha256[:12]} of {analysis.tuple_id}, step "
                    f"{step} ({analysis.weight}%) on {channel}, window {analysis.window} ending "
                    f"{analysis.at:%Y-%m-%dT%H:%M:%SZ}")
         click.echo("step passed" if analysis.passed else "STEP FAILED: abort the rollout "
@@ -101,6 +85,6 @@ def analyze_cmd(tuple_or_channel: str, prometheus_url: str, channel: str, step: 
     if not analysis.passed:
         # Raised, not exited: the group prints the document with the error merged in.
         failed = ", ".join(m.name for m in analysis.metrics if not m.passed)
-        raise GateFailed(f"step {step} of {release.id} on {channel} failed: {failed}",
+        raise GateFailed(f"step {step} of {analysis.tuple_id} on {channel} failed: {failed}",
                          hint="abort the rollout (kubectl argo rollouts abort NAME) and keep "
                          "the stable tuple")

@@ -19,37 +19,6 @@ from k3artifacts.errors import ConfigError, ReleaseRefused
 
 if TYPE_CHECKING:
     from k3artifacts.releases.tuples import ReleaseTuple
-    from k3artifacts.serving.profiles import StorageTarget
-    from k3artifacts.stores.base import Store
-
-
-def _storage(
-    store: Store,
-    s3_region: str | None,
-    fsx: tuple[str | None, str | None, str | None, str | None],
-) -> StorageTarget | None:
-    from k3artifacts.serving.profiles import FsxTarget, StorageTarget
-
-    if any(fsx):
-        if not all(fsx):
-            raise ConfigError(
-                "FSx details are all-or-nothing",
-                hint="pass --fsx-id, --fsx-dns-name, --fsx-mount-name and --fsx-mounted-at",
-            )
-        fs_id, dns, mount, at = fsx
-        try:
-            target = FsxTarget(file_system_id=fs_id, dns_name=dns, mount_name=mount, mounted_at=at)
-        except ValueError as exc:
-            raise ConfigError(f"FSx details: {exc}") from None
-        return StorageTarget(fsx=target)
-    if store.regional:
-        region = s3_region or store.region()
-        if not region:
-            raise ConfigError(
-                f"the region of {store.url} is unknown", hint="pass --s3-region REGION"
-            )
-        return StorageTarget(s3_region=region)
-    return None
 
 
 def _summary(release: ReleaseTuple) -> dict:
@@ -134,42 +103,26 @@ def tuple_create(
     Exit codes: 0 created or already present, 7 revision/image/profile not found,
     8 registry unreachable, 9 bad reference/profile/options.
     """
-    from k3artifacts.releases.binding import create_tuple, published_manifest
-    from k3artifacts.releases.signatures import sign_tuple
-    from k3artifacts.revisions.refs import parse_revision_ref
-    from k3artifacts.serving.images import resolve_image
-    from k3artifacts.serving.profiles import load_profile, serving_spec
-    from k3artifacts.signing.keys import load_signer
+    from k3artifacts.serving.tuple_create import create_release_tuple
 
-    repo_id, commit = parse_revision_ref(revision)
-    signer = load_signer(signing_key) if signing_key else None
-    store = get_store(store_url)
-    profile = load_profile(profile_name)
-    # Check the revision before asking any registry: no network for a typo'd commit.
-    published_manifest(store, repo_id, commit)
-    pinned = resolve_image(image, insecure_registries=insecure_registry, offline=offline)
-    verifier = None
-    if verifier_image:
-        verifier = resolve_image(
-            verifier_image, insecure_registries=insecure_registry, offline=offline
-        ).reference
-    storage = _storage(store, s3_region, (fsx_id, fsx_dns_name, fsx_mount_name, fsx_mounted_at))
-    spec = serving_spec(profile, storage=storage, verifier_image=verifier)
-    created = create_tuple(store, repo_id, commit, pinned, spec)
+    created = create_release_tuple(
+        get_store(store_url), revision, image, profile_name, verifier_image=verifier_image,
+        insecure_registries=insecure_registry, offline=offline, s3_region=s3_region,
+        fsx=(fsx_id, fsx_dns_name, fsx_mount_name, fsx_mounted_at), signing_key=signing_key)
     release = created.release
-    signed = None if signer is None else sign_tuple(store, release.id, signer)
+    w = release.binding.weights
     payload = {"created": created.new, "tuple": release.model_dump(mode="json"),
-               "signature": None if signed is None else signed.key}
+               "signature": created.signature}
 
     def human() -> None:
         state = "created" if created.new else "already exists"
         click.echo(f"{release.id} ({state})")
-        click.echo(f"  revision  {repo_id}@{commit}")
+        click.echo(f"  revision  {w.repo_id}@{w.commit}")
         click.echo(f"  image     {release.binding.image.reference}")
-        click.echo(f"  profile   {profile.name}")
-        click.echo(f"  weights   {release.binding.weights.location}")
-        if signed is not None:
-            click.echo(f"  signature {signed.key}")
+        click.echo(f"  profile   {release.binding.serving.profile}")
+        click.echo(f"  weights   {w.location}")
+        if created.signature is not None:
+            click.echo(f"  signature {created.signature}")
 
     emit(as_json, payload, human)
 
@@ -242,8 +195,7 @@ def tuples_show(tuple_id: str, store_url: str, as_json: bool) -> None:
 @json_option
 def tuples_diff(a: str, b: str, store_url: str, as_json: bool) -> None:
     """What differs between the bindings of tuples A and B (exit 0 either way)."""
-    from k3artifacts.releases.binding import diff_bindings
-    from k3artifacts.releases.tuples import TupleStore, check_tuple_id
+    from k3artifacts.releases.tuples import TupleStore, check_tuple_id, diff_bindings
 
     tuples = TupleStore(get_store(store_url))
     left, right = tuples.get(check_tuple_id(a)), tuples.get(check_tuple_id(b))
@@ -346,9 +298,9 @@ def render_cmd(
     Exit codes: 0 rendered, 3 tuple body tampered, 7 tuple or channel not found,
     9 the tuple cannot be served on this target (reason and fix printed).
     """
-    from k3artifacts.policy.record import in_force
     from k3artifacts.releases.lookup import resolve_with_move
     from k3artifacts.serving.render import render
+    from k3artifacts.traffic.analysis import channel_traffic
 
     if weights == "node-cache":
         if target not in ("eks", "eks-node-cache"):
@@ -358,18 +310,7 @@ def render_cmd(
             )
         target = "eks-node-cache"
     store = get_store(store_url)
-    traffic = None
-    if rollout_channel is not None:
-        policy = in_force(store)
-        chan = policy.document.gates.channels.get(rollout_channel)
-        if chan is None or chan.traffic is None:
-            raise ConfigError(
-                f"channel {rollout_channel!r} has no traffic policy in the store's policy "
-                f"({policy.label()})",
-                hint="propose one with `traffic: {steps: [...], prometheus: URL, thresholds: "
-                "{...}}` under the channel (`k3a policy propose DIR`)",
-            )
-        traffic = chan.traffic
+    traffic = None if rollout_channel is None else channel_traffic(store, rollout_channel)
     release, move = resolve_with_move(store, tuple_or_channel)
     rendered = render(release, target, name=name, namespace=namespace,
                       signing_policy=policies_dir if verify_signature else None,

@@ -94,29 +94,13 @@ def capture_cmd(target, dirs, gpu, tp, channel, store_url, signing_key, if_absen
     Exit codes: 0 captured, 2 usage, 6 already captured (first one stands), 7 unknown
     tuple, 8 store unreachable, 9 unsafe cache entry or bad key.
     """
-    from k3artifacts.policy.actor import store_identity
-    from k3artifacts.policy.record import in_force
-    from k3artifacts.releases.lookup import resolve_tuple
-    from k3artifacts.signing.keys import load_signer
-    from k3artifacts.warm.capture import capture, parse_roots
+    from k3artifacts.warm.capture import capture_target
     from k3artifacts.warm.claim import AlreadyCaptured
-    from k3artifacts.warm.model import detect_gpu, tuple_layout
-    from k3artifacts.warm.trust import warm_trust
 
     store = get_store(store_url)
-    release = resolve_tuple(store, target)
-    roots = parse_roots(list(dirs))
-    gpu = gpu or detect_gpu()
-    if not gpu:
-        raise click.UsageError("no GPU found (nvidia-smi); pass --gpu MODEL")
-    want_tp, pp = tuple_layout(release)
-    signer = load_signer(signing_key) if signing_key else None
-    trust = warm_trust(in_force(store).document, _channel(target, channel))
-    who, _ = store_identity(store)  # never a typed name: the store's answer or the OS user
     try:
-        result = capture(store, release, gpu=gpu, tensor_parallel=tp or want_tp,
-                         pipeline_parallel=pp, roots=roots, captured_by=who, signer=signer,
-                         trust=trust)
+        result = capture_target(store, target, list(dirs), gpu=gpu, tp=tp,
+                                signing_key=signing_key, channel=_channel(target, channel))
     except AlreadyCaptured as exc:
         if not (if_absent and exc.usable):
             raise

@@ -2,8 +2,9 @@
 
 A move or policy change that needs someone's approval creates a **request** in the store
 (what would change, who asks, the policy digest in force); the approver answers it with
-``k3a approve REQUEST`` (or ``--reject``), under their own identity (``policy/actor.py``), and
-the answer is created once beside it: the first answer is the answer. A form field, a flow
+``k3a approve REQUEST`` (or ``--reject``; the move is :mod:`.decide`), under their own identity
+(``policy/actor.py``), and the answer is created once beside it: the first answer is the
+answer. A form field, a flow
 parameter or any other typed name is never an approver. Keys::
 
     releases/approvals/<request-id>/request.json     create-once
@@ -12,7 +13,6 @@ parameter or any other typed name is never an approver. Keys::
 
 from __future__ import annotations
 
-import time
 from datetime import UTC, datetime
 from typing import Literal
 
@@ -125,25 +125,21 @@ def get_decision(store: RecordStore, request_id: str) -> Decision | None:
     return decision
 
 
-def decide(store: RecordStore, request_id: str, *, by: Actor, approve: bool,
-           reason: str | None = None, now: datetime | None = None) -> Decision:
-    """Answer a request once, as ``by``. The requester cannot approve their own request."""
-    request = get_request(store, request_id)
-    if approve and by.identities() & request.requested_by.identities():
-        raise InvalidApproval(
-            f"{by.label()} asked for {request.subject()} ({request_id}) and cannot approve it",
-            hint="approval needs a second identity: another release engineer runs "
-            f"`k3a approve {request_id}`")
-    decision = Decision(request_id=request_id, decision="approved" if approve else "rejected",
-                        by=by, at=now or datetime.now(UTC), reason=reason)
+def already_answered(store: RecordStore, request_id: str) -> Conflict:
+    first = get_decision(store, request_id)
+    return Conflict(
+        f"{request_id} was already {first.decision if first else 'answered'}"
+        + (f" by {first.by.label()} at {first.at:%Y-%m-%d %H:%M}" if first else ""),
+        hint="a request is answered once; ask for a new one to decide again")
+
+
+def record_decision(store: RecordStore, decision: Decision) -> Decision:
+    """Create the answer to its request, once: the first answer is the answer (Conflict,
+    exit 6, naming it, for any later one)."""
     try:
-        store.create(decision_key(request_id), canonical_json(decision))
+        store.create(decision_key(decision.request_id), canonical_json(decision))
     except AlreadyExists:
-        first = get_decision(store, request_id)
-        raise Conflict(
-            f"{request_id} was already {first.decision if first else 'answered'}"
-            + (f" by {first.by.label()} at {first.at:%Y-%m-%d %H:%M}" if first else ""),
-            hint="a request is answered once; ask for a new one to decide again") from None
+        raise already_answered(store, decision.request_id) from None
     return decision
 
 
@@ -170,14 +166,3 @@ def approved(store: RecordStore, request_id: str, *, action: Action, channel: st
             + (f": {decision.reason}" if decision.reason else ""),
             hint="nothing was written; address the rejection and request approval again")
     return request, decision
-
-
-def wait_for_decision(store: RecordStore, request_id: str, *, timeout: float,
-                      poll_interval: float) -> Decision | None:
-    """Poll the store for the answer; None when ``timeout`` seconds pass without one."""
-    deadline = time.monotonic() + timeout
-    while True:
-        decision = get_decision(store, request_id)
-        if decision is not None or time.monotonic() >= deadline:
-            return decision
-        time.sleep(min(poll_interval, max(0.0, deadline - time.monotonic())))

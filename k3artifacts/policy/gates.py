@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 
-from k3artifacts.errors import ConfigError, GateFailed
+from k3artifacts.errors import ConfigError, GatesRefused
 from k3artifacts.policy.results import GateReport, GateResult, Override
 
 
@@ -73,8 +73,8 @@ def apply_overrides(
     gates: Collection[str], report: GateReport, overrides: Mapping[str, str]
 ) -> Verdict:
     """The one override rule: every failed gate must be overridden (with a reason, and only
-    where the gate allows it), or the move is refused (GateFailed, exit 5) listing them all,
-    and the hint offers an override only for the gates that have one."""
+    where the gate allows it), or the move is refused (GatesRefused, exit 5) listing them all,
+    with the whole report; the hint offers an override only for the gates that have one."""
     check_overrides(gates, report.channel, overrides)
     blocking = [r for r in report.failed if r.name not in overrides]
     if blocking:
@@ -88,9 +88,10 @@ def apply_overrides(
                    '`--override-gate NAME --reason "why"` (recorded in the channel history)')
             if fixed:
                 how += f"; {', '.join(fixed)} cannot be overridden"
-        raise GateFailed(
+        raise GatesRefused(
             f"{report.tuple_id} cannot move onto {report.channel}: {len(blocking)} gate(s) "
             f"failed:\n{lines}",
+            report=report,
             hint=how,
         )
     failed = {r.name for r in report.failed}

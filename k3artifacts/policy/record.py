@@ -9,7 +9,8 @@ Keys (same under every store)::
 The first version is seeded from the packaged defaults (or, on a store with no policy yet,
 ``k3a policy init --from DIR``), recorded with who seeded it. After that a version changes only
 by ``k3a policy propose DIR`` (an approval request carrying the proposed document's digest and
-the digest it would replace) and ``k3a policy apply REQUEST``, judged by the policy in force: a
+the digest it would replace) and ``k3a policy apply REQUEST`` (the moves: :mod:`.change`),
+judged by the policy in force: a
 change that loosens any channel (a gate, a channel or a signing requirement removed, a gate's
 settings changed, typed names allowed) needs the approval of an identity other than the
 proposer's (``k3a approve REQUEST``). A local policy directory never judges anything itself.
@@ -19,23 +20,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Literal
+from typing import Any, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from k3artifacts.bundled import POLICIES
 from k3artifacts.canonical import canonical_json
 from k3artifacts.errors import AlreadyExists, ConfigError, Conflict, K3AError, NotFound
 from k3artifacts.policy.actor import Actor
-from k3artifacts.policy.approvals import (
-    ApprovalRequest,
-    InvalidApproval,
-    approved,
-    get_request,
-    request_approval,
-)
-from k3artifacts.policy.document import SIGNING_FILE, PolicyDocument
+from k3artifacts.policy.document import PolicyDocument
+from k3artifacts.policy.results import policy_label
 from k3artifacts.stores.records import RecordStore
 
 PREFIX = "releases/policy/"
@@ -102,9 +96,7 @@ class InForce:
                                else f"the packaged policy ({self.digest[:12]})")
 
     def label(self) -> str:
-        if self.version == 0:
-            return f"packaged defaults {self.digest[:12]} (not yet recorded in the store)"
-        return f"version {self.version} ({self.digest[:12]})"
+        return policy_label(self.version, self.digest)
 
 
 def _pointer(store: RecordStore) -> tuple[PolicyPointer | None, str | None]:
@@ -117,6 +109,20 @@ def _pointer(store: RecordStore) -> tuple[PolicyPointer | None, str | None]:
         raise CorruptPolicy(f"{POINTER_KEY} in {store.url} is malformed: "
                             f"{exc.errors()[0]['msg']}") from None
     return pointer, found.token
+
+
+def channel_section(store: RecordStore, channel: str, section: str, example: str) -> Any:
+    """``section`` (``traffic``, ``infrastructure``) of ``channel`` in the store's policy in
+    force; ConfigError (exit 9), saying how to propose one, when the channel has none."""
+    policy = in_force(store)
+    chan = policy.document.gates.channels.get(channel)
+    found = None if chan is None else getattr(chan, section)
+    if found is None:
+        raise ConfigError(f"channel {channel!r} has no {section} policy in the store's policy "
+                          f"({policy.label()})",
+                          hint=f"propose one under the channel (`{section}: {example}`) with "
+                          "`k3a policy propose DIR`")
+    return found
 
 
 def read_document(store: RecordStore, digest: str) -> PolicyDocument:
@@ -146,14 +152,14 @@ def in_force(store: RecordStore) -> InForce:
     return InForce(pointer.version, pointer.digest, read_document(store, pointer.digest), token)
 
 
-def _store_document(store: RecordStore, document: PolicyDocument) -> None:
+def store_document(store: RecordStore, document: PolicyDocument) -> None:
     try:
         store.create(document_key(document.digest), canonical_json(document))
     except AlreadyExists:
         read_document(store, document.digest)  # same digest: same content, unless tampered
 
 
-def _commit(store: RecordStore, current: InForce, change: PolicyChange) -> InForce:
+def commit_change(store: RecordStore, current: InForce, change: PolicyChange) -> InForce:
     pointer = PolicyPointer(version=change.version, digest=change.digest, change=change)
     expected = None if current.version == 0 else current.token
     try:
@@ -179,10 +185,10 @@ def seed(store: RecordStore, document: PolicyDocument, *, by: Actor, why: str | 
         raise Conflict(
             f"{store.url} already has a policy ({current.label()}); a change is proposed and "
             "applied, never seeded over", hint="`k3a policy propose DIR`")
-    _store_document(store, document)
+    store_document(store, document)
     change = PolicyChange(version=1, digest=document.digest, action="seed", by=by,
                           at=now or datetime.now(UTC), why=why or "first policy of this store")
-    return _commit(store, current, change)
+    return commit_change(store, current, change)
 
 
 def ensure_seeded(store: RecordStore, *, by: Actor) -> InForce:
@@ -195,91 +201,6 @@ def ensure_seeded(store: RecordStore, *, by: Actor) -> InForce:
         return seed(store, current.document, by=by, why="seeded from the packaged defaults")
     except Conflict:
         return in_force(store)  # another mover seeded it first
-
-
-def _signing(document: PolicyDocument) -> dict:  # type: ignore[type-arg]
-    text = document.files.get(SIGNING_FILE)
-    return (yaml.safe_load(text) or {}) if text else {}
-
-
-def loosening(old: PolicyDocument, new: PolicyDocument) -> list[str]:
-    """What ``new`` relaxes against ``old``, in words; empty when it only tightens or keeps."""
-    found = []
-    before, after = old.gates, new.gates
-    if after.identity.claimed_actor_on_file_stores and not (
-            before.identity.claimed_actor_on_file_stores):
-        found.append("lets typed names stand for who acts on file stores")
-    for name, chan in before.channels.items():
-        if name not in after.channels:
-            found.append(f"removes channel {name}")
-            continue
-        new_chan = after.channels[name]
-        removed = [g for g in chan.gates if g not in new_chan.gates]
-        if removed:
-            found.append(f"removes gate(s) {', '.join(removed)} from {name}")
-        for setting in ("evaluation", "targets", "order", "duties"):
-            if getattr(chan, setting) != getattr(new_chan, setting):
-                found.append(f"changes the {setting} settings of {name}")
-        if chan.rollback_approval and not new_chan.rollback_approval:
-            found.append(f"lets {name} roll back without approval")
-        suite = chan.evaluation and chan.evaluation.suite_file
-        if suite and old.files.get(suite) != new.files.get(suite):
-            found.append(f"changes the evaluation suite {suite} of {name}")
-    old_sign, new_sign = _signing(old).get("channels") or {}, _signing(new).get("channels") or {}
-    for name, rule in old_sign.items():
-        if new_sign.get(name) != rule:
-            found.append(f"changes the signing requirement of {name}")
-    old_keys, new_keys = _signing(old).get("keys") or {}, _signing(new).get("keys") or {}
-    for name in sorted(set(new_keys) - set(old_keys)):
-        found.append(f"trusts a new signing key {name}")
-    for name in sorted(set(old_keys) & set(new_keys)):
-        if old.files.get(f"signing/{old_keys[name]}") != new.files.get(f"signing/{new_keys[name]}"):
-            found.append(f"replaces signing key {name}")
-    return found
-
-
-def propose(store: RecordStore, document: PolicyDocument, *, by: Actor, why: str | None = None,
-            now: datetime | None = None) -> tuple[ApprovalRequest, InForce]:
-    """Store ``document`` (create-once, by digest) and ask for it to replace the policy in
-    force: an approval request whose ``needs`` say what it loosens."""
-    current = ensure_seeded(store, by=by)
-    if document.digest == current.digest:
-        raise ConfigError(f"the proposed policy is the one in force ({current.label()})",
-                          hint="nothing to change")
-    _store_document(store, document)
-    request = request_approval(
-        store, action="policy", by=by, policy_digest=document.digest, base_digest=current.digest,
-        why=why, needs=loosening(current.document, document), now=now)
-    return request, current
-
-
-def apply(store: RecordStore, request_id: str, *, by: Actor,
-          now: datetime | None = None) -> InForce:
-    """Make the proposal ``request_id`` the policy in force, judged by the one it replaces."""
-    request = get_request(store, request_id)
-    if request.action != "policy" or request.policy_digest is None:
-        raise InvalidApproval(f"{request_id} is a request for {request.subject()}, "
-                              "not a policy change")
-    current = ensure_seeded(store, by=by)
-    if request.base_digest != current.digest:
-        raise Conflict(
-            f"{request_id} was proposed against policy {str(request.base_digest)[:12]}, but "
-            f"{current.label()} is in force now; nothing was written",
-            hint="propose the change again against the policy in force")
-    document = read_document(store, request.policy_digest)
-    loosens = loosening(current.document, document)
-    approver = None
-    if loosens:
-        # decide() refuses the proposer's own approval: this is the second identity.
-        _, decision = approved(store, request_id, action="policy",
-                               policy_digest=request.policy_digest)
-        approver = decision.by
-    change = PolicyChange(
-        version=current.version + 1, digest=document.digest, previous_digest=current.digest,
-        action="change", by=by, at=now or datetime.now(UTC), why=request.why,
-        request_id=request_id, proposed_by=request.requested_by, approved_by=approver,
-        loosens=loosens)
-    return _commit(store, current, change)
 
 
 def changes(store: RecordStore) -> list[PolicyChange]:

@@ -30,6 +30,14 @@ class Override(_Frozen):
     reason: str = Field(min_length=1)
 
 
+def policy_label(version: int, digest: str) -> str:
+    """The policy that judged, in words: a version of the store's, or the packaged defaults
+    (version 0) a store without one is judged by."""
+    if version == 0:
+        return f"packaged defaults {digest[:12]} (not yet recorded in the store)"
+    return f"version {version} ({digest[:12]})"
+
+
 class GateReport(BaseModel):
     model_config = ConfigDict(frozen=True)
 
@@ -48,3 +56,15 @@ class GateReport(BaseModel):
     @property
     def failed(self) -> list[GateResult]:
         return [r for r in self.results if not r.passed]
+
+
+GATE_TABLE_HEADER = ["gate", "result", "reason"]
+
+
+def gate_rows(results: list[GateResult]) -> list[list[str]]:
+    """The gate results table every front end shows (terminal, flow artifact): one wording."""
+    return [
+        [r.name, "pass" if r.passed else ("FAIL (overridden)" if r.overridden else "FAIL"),
+         r.reason]
+        for r in results
+    ]

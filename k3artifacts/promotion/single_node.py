@@ -1,4 +1,10 @@
-"""Rolling one serving node back to the channel's previous tuple, each step recorded:
+"""Rolling one serving node back to the channel's previous tuple, planned, then acted.
+
+The plan is the pointer move's own (:func:`k3artifacts.promotion.rollback.plan_rollback`: the
+target served the channel, the approval the store's policy requires is present and valid, the
+target's weights are in the store with the manifest digest the tuple binds) and the target's
+render for one Deployment pod; a refusal there touches neither the cluster nor the store. The
+act then takes each step, recorded:
 
 1. ``stop_admitting``: the Service selects no pod (a selector key no pod carries), so the load
    balancer stops sending new requests while the running ones continue;
@@ -10,7 +16,8 @@
 7. ``pointer``: the channel moved back (history records who and why).
 
 A step that fails stops the procedure and says what state the node is in. If draining times
-out nothing was changed, so admission is reopened on the tuple that was serving.
+out nothing was changed, so admission is reopened on the tuple that was serving. The steps are
+recorded create-once under ``releases/single-node/<channel>/``, completed or not.
 """
 
 from __future__ import annotations
@@ -20,23 +27,23 @@ import math
 import re
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
 from k3artifacts.canonical import canonical_digest, canonical_json
-from k3artifacts.errors import BadAnswer, ConfigError, K3AError, NotFound
+from k3artifacts.errors import BadAnswer, ConfigError, K3AError
 from k3artifacts.net.calls import Peer, call
 from k3artifacts.net.redact import redact_url
 from k3artifacts.policy.actor import Actor
 from k3artifacts.preflight.kube import KubeAPI
-from k3artifacts.promotion.moves import rollback
+from k3artifacts.promotion.rollback import RollbackPlan, act_rollback, plan_rollback
 from k3artifacts.readiness.record import smoke
 from k3artifacts.readiness.suite import SmokeSettings
-from k3artifacts.releases.channels import history, read_state
-from k3artifacts.releases.tuples import TupleStore
 from k3artifacts.serving.render import render
+from k3artifacts.serving.render.common import default_name
 from k3artifacts.stores.base import Store
 
 CLOSED_KEY = "k3a.io/admitting"
@@ -148,25 +155,47 @@ def _wait(check: Callable[[], tuple[bool, str]], timeout_s: float, what: str,
         time.sleep(interval)
 
 
-def previous_tuple(store: Store, channel: str, to: str | None) -> tuple[str, str]:
-    current = read_state(store, channel).tuple_id
-    if current is None:
-        raise NotFound(f"channel {channel} points at nothing")
-    if to is not None:
-        return current, to
-    for entry in reversed(history(store, channel)):
-        if entry.tuple_id != current:
-            return current, entry.tuple_id
-    raise NotFound(f"channel {channel} has only ever pointed at {current}: nothing to roll "
-                   "back to", hint=f"see `k3a channel history {channel}`")
+@dataclass(frozen=True)
+class SingleNodePlan:
+    """The pointer move planned and the node's objects rendered; nothing touched yet."""
+
+    rollback: RollbackPlan
+    name: str
+    namespace: str
+    #: The target's ``eks`` render for this node.
+    documents: tuple[dict[str, Any], ...]
+    endpoint: str
+    metrics_url: str
+    settings: SmokeSettings
+    drain_timeout_s: float
+    ready_timeout_s: float
+    poll_s: float
+
+    @property
+    def from_tuple(self) -> str:
+        assert self.rollback.state.tuple_id is not None
+        return self.rollback.state.tuple_id
+
+    @property
+    def to_tuple(self) -> str:
+        return self.rollback.tuple_id
+
+    def document(self, kind: str) -> dict[str, Any]:
+        return next(d for d in self.documents if d["kind"] == kind)
 
 
-def rollback_single_node(
+@dataclass(frozen=True)
+class SingleNodeResult:
+    report: SingleNodeRollback
+    #: Where the steps are recorded in the store.
+    key: str
+
+
+def plan_single_node(
     store: Store,
     channel: str,
     *,
-    kube: KubeAPI,
-    name: str,
+    name: str | None,
     namespace: str,
     endpoint: str,
     metrics_url: str,
@@ -178,16 +207,37 @@ def rollback_single_node(
     drain_timeout_s: float = 600,
     ready_timeout_s: float = 5400,
     poll_s: float = 1.0,
-    on_step: Callable[[Step], None] | None = None,
-) -> SingleNodeRollback:
-    current, target = previous_tuple(store, channel, to)
-    release = TupleStore(store).get(target)
-    docs = render(release, "eks", name=name, namespace=namespace).documents
+) -> SingleNodePlan:
+    """Plan the pointer move first, then the node's objects; raises whatever refuses the
+    rollback (NotFound, ApprovalNeeded, InvalidApproval, VerifyMismatch, RevisionRetiring)
+    before anything is asked of the cluster. ``name``: the rendered objects' name (default:
+    as ``k3a render`` names the target)."""
+    rollback = plan_rollback(store, channel, to=to, actor=actor, approval=approval,
+                             reason=reason or "single-node rollback")
+    if rollback.release is None:
+        raise ConfigError(f"{channel} already points at {rollback.tuple_id}; a node rollback "
+                          "puts another tuple the channel served on the node",
+                          hint=f"see `k3a channel history {channel}`; pass --to TUPLE")
+    release = rollback.release
+    docs = render(release, "eks", name=name or default_name(release),
+                  namespace=namespace).documents
     if any(d["kind"] not in KINDS for d in docs):
-        raise ConfigError(f"{target} renders a multi-node group; the single-node path drains "
-                          "one Deployment pod", hint="use `k3a rollback` and apply the render")
-    service = next(d for d in docs if d["kind"] == "Service")
-    deployment = next(d for d in docs if d["kind"] == "Deployment")
+        raise ConfigError(f"{release.id} renders a multi-node group; the single-node path "
+                          "drains one Deployment pod",
+                          hint="use `k3a rollback` and apply the render")
+    return SingleNodePlan(rollback=rollback, name=name or default_name(release),
+                          namespace=namespace, documents=tuple(docs), endpoint=endpoint,
+                          metrics_url=metrics_url, settings=settings or SmokeSettings(),
+                          drain_timeout_s=drain_timeout_s, ready_timeout_s=ready_timeout_s,
+                          poll_s=poll_s)
+
+
+def act_single_node(store: Store, plan: SingleNodePlan, *, kube: KubeAPI,
+                    on_step: Callable[[Step], None] | None = None) -> SingleNodeResult:
+    """Take the steps of ``plan`` on the node, stopping at the first that fails, and record
+    them."""
+    name, namespace, target = plan.name, plan.namespace, plan.to_tuple
+    actor = plan.rollback.actor
     steps: list[Step] = []
 
     def run(step: StepName, fn: Callable[[], str]) -> bool:
@@ -211,20 +261,20 @@ def rollback_single_node(
 
     def drain() -> str:
         def idle() -> tuple[bool, str]:
-            seen.append(running_requests(metrics_url))
+            seen.append(running_requests(plan.metrics_url))
             return seen[-1] == 0, f"{seen[-1]:g} request(s) running"
-        _wait(idle, drain_timeout_s, "vllm:num_requests_running == 0", poll_s)
+        _wait(idle, plan.drain_timeout_s, "vllm:num_requests_running == 0", plan.poll_s)
         return f"in flight: {max(seen):g} at most, 0 after {len(seen)} reading(s)"
 
     def apply() -> str:
-        applied = [d for d in docs if d["kind"] != "Service"]
+        applied = [d for d in plan.documents if d["kind"] != "Service"]
         for doc in applied:
             _apply(kube, doc, namespace)
         return f"{target} applied: " + ", ".join(f"{d['kind']}/{d['metadata']['name']}"
                                                  for d in applied)
 
     def ready() -> str:
-        path = _path(deployment, namespace)
+        path = _path(plan.document("Deployment"), namespace)
 
         def rolled_out() -> tuple[bool, str]:
             d = kube.call("GET", path)
@@ -234,10 +284,11 @@ def rollback_single_node(
                   and st.get("updatedReplicas") == want and st.get("availableReplicas") == want)
             return ok, f"{st.get('availableReplicas', 0)}/{want} available, " \
                        f"{st.get('updatedReplicas', 0)} updated"
-        return _wait(rolled_out, ready_timeout_s, f"Deployment {name} rolled out", poll_s)
+        return _wait(rolled_out, plan.ready_timeout_s, f"Deployment {name} rolled out",
+                     plan.poll_s)
 
     def smoke_step() -> str:
-        outcome = smoke(store, endpoint, target, settings or SmokeSettings(), by=actor.name)
+        outcome = smoke(store, plan.endpoint, target, plan.settings, by=actor.name)
         failed = [c.name for c in outcome.report.failed]
         if not outcome.report.passed:
             raise ConfigError(f"smoke of {target} failed: {', '.join(failed)}")
@@ -245,24 +296,34 @@ def rollback_single_node(
 
     def reopen() -> str:
         _selector_patch(kube, name, namespace, None)
-        _apply(kube, service, namespace)
+        _apply(kube, plan.document("Service"), namespace)
         return f"Service {namespace}/{name} selects {target}'s pod again"
 
     def pointer() -> str:
-        moved = rollback(store, channel, to=target, actor=actor, approval=approval,
-                         reason=reason or "single-node rollback")
-        return f"{channel} -> {moved.tuple_id} (history #{moved.entry.seq})"
+        moved = act_rollback(store, plan.rollback)
+        return f"{plan.rollback.channel} -> {moved.tuple_id} (history #{moved.entry.seq})"
 
     if run("stop_admitting", stop_admitting):
         if not run("drain", drain):
             # Nothing changed on the node: let the serving tuple take traffic again.
             run("reopen", lambda: (_selector_patch(kube, name, namespace, None),
-                                   f"drain timed out; {current} admitted again")[1])
+                                   f"drain timed out; {plan.from_tuple} admitted again")[1])
         elif run("apply", apply) and run("ready", ready) and run("smoke", smoke_step) \
                 and run("reopen", reopen):
             run("pointer", pointer)
-    return SingleNodeRollback(channel=channel, from_tuple=current, to_tuple=target, name=name,
-                              namespace=namespace, steps=steps, by=actor.name)
+    report = SingleNodeRollback(channel=plan.rollback.channel, from_tuple=plan.from_tuple,
+                                to_tuple=target, name=name, namespace=namespace, steps=steps,
+                                by=actor.name)
+    return SingleNodeResult(report, record_single_node(store, report))
+
+
+def rollback_single_node(store: Store, channel: str, *, kube: KubeAPI,
+                         on_step: Callable[[Step], None] | None = None,
+                         **planned: Any) -> SingleNodeResult:
+    """The single-node rollback move: :func:`plan_single_node` (``planned`` are its
+    arguments), then :func:`act_single_node`."""
+    return act_single_node(store, plan_single_node(store, channel, **planned), kube=kube,
+                           on_step=on_step)
 
 
 def record_single_node(store: Store, report: SingleNodeRollback) -> str:

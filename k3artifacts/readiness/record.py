@@ -1,24 +1,36 @@
-"""Run and record: what ``k3a smoke``, ``k3a eval run`` and the flows share. A report is
-written create-once beside its tuple whatever its verdict: a failed run is evidence too."""
+"""Run and record, planned first: what ``k3a smoke``, ``k3a eval run``, ``k3a eval attach`` and
+the flows share. A report is written create-once beside its tuple whatever its verdict: a
+failed run is evidence too.
+
+The plan resolves the tuple, reads the suite file and the baseline run it is compared with;
+a refusal there (unknown tuple, malformed suite) sends no request to the endpoint. The act runs
+the checks against the endpoint (:func:`k3artifacts.readiness.run.run_readiness`) and records
+the report.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from k3artifacts.policy.record import in_force
 from k3artifacts.readiness.run import Observer, run_readiness
-from k3artifacts.readiness.suite import SmokeSettings
+from k3artifacts.readiness.suite import SmokeSettings, Suite
 from k3artifacts.readiness.suite_lookup import FoundSuite, channel_suite, find_suite
 from k3artifacts.releases.channels import read_state
 from k3artifacts.releases.evaluations import (
+    Baseline,
     EvaluationRecord,
     ReadinessReport,
+    attach_evaluation,
     baseline_of,
     latest_run,
+    parse_report,
     record_run,
 )
 from k3artifacts.releases.lookup import resolve_tuple
+from k3artifacts.releases.tuples import ReleaseTuple, TupleStore, check_tuple_id
 from k3artifacts.stores.base import Store
 
 #: The regression margin of an eval run's own comparison (the gate uses the policy's).
@@ -34,20 +46,33 @@ class Recorded:
     suite_source: str | None = None
 
 
-def smoke(store: Store, endpoint: str, name: str, settings: SmokeSettings, *, by: str,
-          observer: Observer | None = None, api_key: str | None = None) -> Recorded:
-    """Smoke-test ``endpoint`` for the tuple ``name`` (an id or a channel) and record it."""
-    release = resolve_tuple(store, name)
-    report = run_readiness(endpoint, release, settings, observer=observer, api_key=api_key)
-    record, written = record_run(store, report, by=by)
-    return Recorded(report, record, written)
+@dataclass(frozen=True)
+class ReadinessPlan:
+    """A smoke (``suite`` None) or eval run to make of ``endpoint``; nothing sent yet."""
+
+    release: ReleaseTuple
+    endpoint: str
+    settings: SmokeSettings
+    suite: Suite | None
+    suite_sha256: str | None
+    baseline: Baseline | None
+    by: str
+    #: The channel's policy lets code cases go unrun where no sandbox can be had.
+    allow_unsandboxed_code: bool = False
+    #: Where an eval run's suite came from (the policy version and file, or a path).
+    suite_source: str | None = None
 
 
-def evaluate(store: Store, endpoint: str, name: str, suite: str | Path | None, *, channel: str,
-             by: str, observer: Observer | None = None, api_key: str | None = None,
-             margin: float = DEFAULT_MARGIN) -> Recorded:
-    """Run a suite against ``endpoint`` for tuple ``name`` and record it; compare with the
-    latest run of the same suite for the tuple now on ``channel`` (when another is there).
+def plan_smoke(store: Store, endpoint: str, name: str, settings: SmokeSettings, *,
+               by: str) -> ReadinessPlan:
+    """Smoke ``endpoint`` for the tuple ``name`` (an id or a channel)."""
+    return ReadinessPlan(resolve_tuple(store, name), endpoint, settings, None, None, None, by)
+
+
+def plan_evaluation(store: Store, endpoint: str, name: str, suite: str | Path | None, *,
+                    channel: str, by: str, margin: float = DEFAULT_MARGIN) -> ReadinessPlan:
+    """Run a suite against ``endpoint`` for tuple ``name``, compared with the latest run of the
+    same suite for the tuple now on ``channel`` (when another is there).
 
     ``suite``: a file, or a suite of the store's policy in force by name (``k3-core``); None:
     the suite ``channel``'s policy names. The channel's policy also says whether the run may
@@ -63,8 +88,58 @@ def evaluate(store: Store, endpoint: str, name: str, suite: str | Path | None, *
     if current is not None and current != release.id:
         latest = latest_run(store, current, kind="eval", suite_sha256=found.sha256)
         base = baseline_of(latest, channel, 1, margin) if latest else None
-    report = run_readiness(endpoint, release, found.suite.smoke, suite=found.suite,
-                           suite_sha256=found.sha256, baseline=base, observer=observer,
-                           api_key=api_key, allow_unsandboxed_code=allow)
-    record, written = record_run(store, report, by=by)
-    return Recorded(report, record, written, found.source)
+    return ReadinessPlan(release, endpoint, found.suite.smoke, found.suite, found.sha256, base,
+                         by, allow_unsandboxed_code=allow, suite_source=found.source)
+
+
+def act_readiness(store: Store, plan: ReadinessPlan, *, observer: Observer | None = None,
+                  api_key: str | None = None) -> Recorded:
+    report = run_readiness(plan.endpoint, plan.release, plan.settings, suite=plan.suite,
+                           suite_sha256=plan.suite_sha256, baseline=plan.baseline,
+                           observer=observer, api_key=api_key,
+                           allow_unsandboxed_code=plan.allow_unsandboxed_code)
+    record, written = record_run(store, report, by=plan.by)
+    return Recorded(report, record, written, plan.suite_source)
+
+
+def smoke(store: Store, endpoint: str, name: str, settings: SmokeSettings, *, by: str,
+          observer: Observer | None = None, api_key: str | None = None) -> Recorded:
+    """The smoke move: :func:`plan_smoke`, then :func:`act_readiness`."""
+    return act_readiness(store, plan_smoke(store, endpoint, name, settings, by=by),
+                         observer=observer, api_key=api_key)
+
+
+def evaluate(store: Store, endpoint: str, name: str, suite: str | Path | None, *, channel: str,
+             by: str, observer: Observer | None = None, api_key: str | None = None,
+             margin: float = DEFAULT_MARGIN) -> Recorded:
+    """The evaluation-run move: :func:`plan_evaluation`, then :func:`act_readiness`."""
+    plan = plan_evaluation(store, endpoint, name, suite, channel=channel, by=by, margin=margin)
+    return act_readiness(store, plan, observer=observer, api_key=api_key)
+
+
+@dataclass(frozen=True)
+class AttachPlan:
+    """A report handed in by hand, checked; not recorded yet."""
+
+    release: ReleaseTuple
+    report: dict[str, Any]
+    by: str
+
+
+def plan_attach(store: Store, tuple_id: str, data: bytes, source: str, *,
+                by: str) -> AttachPlan:
+    """Check ``data`` is an evaluation report (JSON with suite, passed, total) and the tuple
+    exists: ConfigError (exit 9), NotFound (exit 7)."""
+    report = parse_report(data, source)
+    return AttachPlan(TupleStore(store).get(check_tuple_id(tuple_id)), report, by)
+
+
+def act_attach(store: Store, plan: AttachPlan) -> tuple[EvaluationRecord, bool]:
+    return attach_evaluation(store, plan.release.id, plan.report, by=plan.by)
+
+
+def attach(store: Store, tuple_id: str, data: bytes, source: str, *,
+           by: str) -> tuple[EvaluationRecord, bool]:
+    """The attach move (an override's evidence; the evaluation gate does not accept it):
+    :func:`plan_attach`, then :func:`act_attach`. Same report again: not written."""
+    return act_attach(store, plan_attach(store, tuple_id, data, source, by=by))

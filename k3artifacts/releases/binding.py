@@ -75,23 +75,3 @@ def create_tuple(
     if tuples.put(release):
         return Created(release, new=True)
     return Created(tuples.get(release.id), new=False)
-
-
-def diff_bindings(a: TupleBinding, b: TupleBinding) -> list[tuple[str, object, object]]:
-    """Fields that differ, as (dotted path, value in a, value in b), sorted by path."""
-
-    def flatten(value: object, prefix: str, out: dict[str, object]) -> dict[str, object]:
-        if isinstance(value, dict) and value:
-            for key, sub in value.items():
-                flatten(sub, f"{prefix}.{key}" if prefix else key, out)
-        else:
-            out[prefix] = value
-        return out
-
-    left = flatten(a.model_dump(mode="json"), "", {})
-    right = flatten(b.model_dump(mode="json"), "", {})
-    return [
-        (key, left.get(key), right.get(key))
-        for key in sorted(left.keys() | right.keys())
-        if left.get(key) != right.get(key)
-    ]

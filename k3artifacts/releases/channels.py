@@ -48,6 +48,8 @@ from k3artifacts.stores.records import RecordStore
 CHANNEL_SCHEMA = 1
 CHANNELS_PREFIX = "releases/channels/"
 SEQ_WIDTH = 10  # zero-padded so that keys sort in move order
+#: Reads of a pointer that moves while its history is read, before a mismatch is believed.
+_REREADS = 5
 
 
 class _Frozen(BaseModel):
@@ -199,14 +201,25 @@ def read_state(store: RecordStore, channel: str) -> ChannelState:
     """The pointer as every reader and mover sees it: checked against the history's latest
     entry first (:func:`check_against_history`)."""
     key = pointer_key(channel)
-    found = store.read(key)
-    if found is None:
-        return ChannelState(channel, None, None)
-    pointer = _parse(ChannelPointer, key, found.data)
-    if pointer.channel != channel:
-        raise CorruptRecord(f"{key} names channel {pointer.channel!r}")
-    check_against_history(store, pointer)
-    return ChannelState(channel, pointer, found.token)
+    for attempt in range(_REREADS):
+        found = store.read(key)
+        if found is None:
+            return ChannelState(channel, None, None)
+        pointer = _parse(ChannelPointer, key, found.data)
+        if pointer.channel != channel:
+            raise CorruptRecord(f"{key} names channel {pointer.channel!r}")
+        try:
+            check_against_history(store, pointer)
+        except PointerMismatch:
+            # The pointer and the history are two reads: a mover that swapped the pointer and
+            # logged its entry between them makes the history look ahead. Only a pointer that
+            # stays put while its history disagrees was set by hand.
+            again = store.read(key)
+            if attempt + 1 < _REREADS and (again is None or again.data != found.data):
+                continue
+            raise
+        return ChannelState(channel, pointer, found.token)
+    raise AssertionError("unreachable")
 
 
 def check_against_history(store: RecordStore, pointer: ChannelPointer) -> None:

@@ -12,6 +12,10 @@ Deleting runs the retirement protocol of :mod:`k3artifacts.releases.retirement` 
 is refused or keeps the revision; no channel is left pointing at deleted weights. On S3 the
 delete removes current versions; noncurrent ones expire by the bucket's lifecycle rule
 (``k3a bootstrap --noncurrent-days``).
+
+The move is :func:`plan_gc` (every verdict, by the store's policy; writes nothing: what ``k3a
+revision gc`` prints without ``--apply``), then :func:`act_gc` (each retirement by the protocol;
+the warm artifacts that live as long as a revision go with it, ``warm/retention.py``).
 """
 
 from __future__ import annotations
@@ -25,7 +29,9 @@ from pydantic import BaseModel, ConfigDict
 from k3artifacts.canonical import canonical_json
 from k3artifacts.errors import AlreadyExists
 from k3artifacts.faultpoints import pause
+from k3artifacts.policy.actor import Actor
 from k3artifacts.policy.model import GatePolicy
+from k3artifacts.policy.record import in_force
 from k3artifacts.releases.channels import channel_names, iter_history_reversed, read_state
 from k3artifacts.releases.retirement import (
     Marker,
@@ -192,3 +198,31 @@ def retire(
         also(store, repo_id, commit)
     store.delete(stone)
     return verdict.model_copy(update={"action": "retired", "reason": "", "freed": freed})
+
+
+class GcPlan(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    policy: GatePolicy
+    keep: int
+    keep_days: float
+    verdicts: list[RevisionVerdict]
+
+
+def plan_gc(store: Store, *, keep: int | None = None, keep_days: float | None = None,
+            now: datetime | None = None) -> GcPlan:
+    """Every published revision's verdict by the retention section of the store's policy
+    (``keep`` and ``keep_days`` override it). Writes nothing."""
+    policy = in_force(store).document.gates
+    keep = keep or policy.retention.keep
+    keep_days = policy.retention.keep_days if keep_days is None else keep_days
+    return GcPlan(policy=policy, keep=keep, keep_days=keep_days,
+                  verdicts=plan(store, policy, keep=keep, keep_days=keep_days, now=now))
+
+
+def act_gc(store: Store, gc_plan: GcPlan, *, by: Actor,
+           also: Callable[[Store, str, str], object] | None = None) -> list[RevisionVerdict]:
+    """Retire every revision the plan marks, each by the retirement protocol (it checks pins
+    and channels afresh); ``also`` as in :func:`retire`."""
+    return [retire(store, v, gc_plan.policy, who=by.name, also=also)
+            if v.action == "retire" else v for v in gc_plan.verdicts]

@@ -7,12 +7,12 @@ points at nothing. The two sides each write their own marker first and then read
 (the store is strongly consistent, so at least one of them sees the other)::
 
     gc                                        promote / rollback onto a tuple of R
-    1. create tombstone  T(R)                 1. create pin  P(R)
-    2. read pins of R    -> any: give up      2. read T(R)  -> present: refuse (nothing moved)
-    3. read channels     -> R reachable:      3. check the manifest is there, run the gates
-       give up                                4. compare-and-swap the pointer
-    4. delete R (manifest first)              5. delete P(R)
-    5. delete T(R)
+    1. create tombstone  T(R)                 0. plan: gates, checks (nothing written)
+    2. read pins of R    -> any: give up      1. create pin  P(R)
+    3. read channels     -> R reachable:      2. read T(R)  -> present: refuse (nothing moved)
+       give up                                3. check the manifest is there
+    4. delete R (manifest first)              4. compare-and-swap the pointer
+    5. delete T(R)                            5. delete P(R)
 
 If promote's step 2 saw no tombstone, gc's step 1 came after it, so gc's step 2 (after its
 step 1) sees the pin or, once the pin is gone, gc's step 3 (after its step 2) sees the pointer
@@ -95,6 +95,21 @@ def live_pins(store: RecordStore, repo_id: str, commit: str, now: datetime) -> l
     return pins
 
 
+def check_not_retiring(store: RecordStore, repo_id: str, commit: str) -> None:
+    """Refuse (RevisionRetiring) a move onto a revision gc is retiring. A move's plan asks
+    before it writes anything; only the ask under its pin (step 2) is the protocol's."""
+    stone = read_tombstone(store, repo_id, commit)
+    if stone is not None:
+        raise RevisionRetiring(
+            f"{repo_id}@{commit} is being retired by {stone.who} ({stone.why}, since "
+            f"{stone.at:%Y-%m-%d %H:%M} UTC); no channel may move onto it",
+            hint="promote another tuple; if the gc that wrote it crashed, "
+            "`k3a revision gc --apply` takes over a tombstone older than "
+            f"{STALE_AFTER.total_seconds() / 3600:.0f} h "
+            f"({tombstone_key(repo_id, commit)}) and finishes or withdraws it",
+        )
+
+
 @contextlib.contextmanager
 def pinned(store: RecordStore, repo_id: str, commit: str, *, who: str, why: str) -> Iterator[None]:
     """Hold a pin on a revision while a move onto it runs; refuse if gc is retiring it."""
@@ -102,16 +117,7 @@ def pinned(store: RecordStore, repo_id: str, commit: str, *, who: str, why: str)
     store.create(key, canonical_json(
         Marker(repo_id=repo_id, commit=commit, who=who, why=why, at=datetime.now(UTC))))
     try:
-        stone = read_tombstone(store, repo_id, commit)
-        if stone is not None:
-            raise RevisionRetiring(
-                f"{repo_id}@{commit} is being retired by {stone.who} ({stone.why}, since "
-                f"{stone.at:%Y-%m-%d %H:%M} UTC); no channel may move onto it",
-                hint="promote another tuple; if the gc that wrote it crashed, "
-                "`k3a revision gc --apply` takes over a tombstone older than "
-                f"{STALE_AFTER.total_seconds() / 3600:.0f} h "
-                f"({tombstone_key(repo_id, commit)}) and finishes or withdraws it",
-            )
+        check_not_retiring(store, repo_id, commit)
         pause("move-pinned", commit)
         yield
     finally:

@@ -9,23 +9,22 @@ It binds a sha256, not a repo or a version: a license text that changes by one b
 new review, and the same text reviewed once passes for every later revision that carries it.
 It records who reviewed, as the same identity source that records who promotes (STS on S3,
 the account of the real uid on file stores; ``policy/actor.py``), so a gate can tell the two
-apart. Only ``k3a review`` writes them; a file under ``policies/`` counts for nothing. Recording is
-idempotent: content already reviewed is not recorded again (the first review stands).
+apart. Only ``k3a review`` writes them (the moves: :mod:`.reviewing`); a file under
+``policies/`` counts for nothing. Recording is idempotent: content already reviewed is not
+recorded again (the first review stands).
 """
 
 from __future__ import annotations
 
-import hashlib
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from k3artifacts.canonical import canonical_json
-from k3artifacts.errors import AlreadyExists, K3AError, NotFound, VerifyMismatch
-from k3artifacts.releases.tuples import TUPLE_ID, ReleaseTuple, TupleStore, tuple_manifest
+from k3artifacts.errors import AlreadyExists, K3AError
+from k3artifacts.releases.tuples import TUPLE_ID, ReleaseTuple
 from k3artifacts.revisions.manifest import ShardManifest
-from k3artifacts.stores.base import Store
 from k3artifacts.stores.records import RecordStore
 
 REVIEWS_PREFIX = "releases/reviews/"
@@ -110,7 +109,9 @@ def list_reviews(store: RecordStore, kind: ReviewKind) -> list[Review]:
     return sorted(found, key=lambda r: r.reviewed_at)
 
 
-def _create(store: RecordStore, review: Review) -> tuple[Review, bool]:
+def create_review(store: RecordStore, review: Review) -> tuple[Review, bool]:
+    """Record ``review`` unless its sha256 is reviewed already: (the review that stands,
+    whether this call wrote it)."""
     try:
         store.create(review_key(review.kind, review.sha256), canonical_json(review))
     except AlreadyExists:
@@ -119,105 +120,6 @@ def _create(store: RecordStore, review: Review) -> tuple[Review, bool]:
             raise
         return earlier, False
     return review, True
-
-
-def license_text(store: Store, tuple_id: str) -> str:
-    """The license file of ``tuple_id``'s revision, read from the store and checked against
-    the tuple's license sha256: the bytes a review is about, decoded for reading."""
-    release = TupleStore(store).get(tuple_id)
-    path = tuple_manifest(store, release).license.path
-    sha = release.binding.license_sha256
-    if path is None or sha is None:
-        raise NotFound(f"tuple {tuple_id} binds no license text (its revision has no LICENSE)")
-    w = release.binding.weights
-    records = store.object_records(w.repo_id, w.commit)  # the object the revision reads
-    with store.open_file(w.repo_id, w.commit, path, records) as fh:
-        raw = fh.read()
-    if hashlib.sha256(raw).hexdigest() != sha:
-        raise VerifyMismatch(
-            f"{path} of {w.repo_id}@{w.commit} in {store.url} does not hash to the license "
-            f"sha256 {sha} that {tuple_id} binds; do not review it"
-        )
-    return raw.decode("utf-8", errors="replace")
-
-
-def review_license(
-    store: Store,
-    tuple_id: str,
-    *,
-    by: str,
-    by_source: str,
-    note: str | None = None,
-    now: datetime | None = None,
-) -> LicenseReviewOutcome:
-    release = TupleStore(store).get(tuple_id)
-    sha = release.binding.license_sha256
-    if sha is None:
-        raise NotFound(
-            f"tuple {tuple_id} binds no license text (its revision has no LICENSE file)",
-            hint="a release without a license cannot pass the license gate; ask upstream",
-        )
-    w = release.binding.weights
-    try:
-        card = tuple_manifest(store, release).license
-    except NotFound:  # the license sha256 in the tuple is what is reviewed; the path is a note
-        card = None
-    review, written = _create(
-        store,
-        Review(
-            kind="license",
-            sha256=sha,
-            path=None if card is None else card.path,
-            reviewed_by=by,
-            reviewer_source=by_source,
-            reviewed_at=now or datetime.now(UTC),
-            tuple_id=release.id,
-            repo_id=w.repo_id,
-            commit=w.commit,
-            license=None if card is None else (card.card_license_name or card.card_license),
-            note=note,
-        ),
-    )
-    return LicenseReviewOutcome(
-        tuple_id=tuple_id, review=review, key=review_key("license", sha), written=written
-    )
-
-
-def review_code(
-    store: Store,
-    tuple_id: str,
-    *,
-    by: str,
-    by_source: str,
-    note: str | None = None,
-    now: datetime | None = None,
-) -> CodeReviewOutcome:
-    """Record every remote-code file of the tuple's revision that no review covers yet."""
-    release = TupleStore(store).get(tuple_id)
-    manifest = tuple_manifest(store, release)
-    w = release.binding.weights
-    recorded: list[Review] = []
-    already: list[Review] = []
-    for entry in manifest.remote_code:
-        if any(r.sha256 == entry.sha256 for r in recorded + already):
-            continue
-        review, written = _create(
-            store,
-            Review(
-                kind="code",
-                sha256=entry.sha256,
-                path=entry.path,
-                reviewed_by=by,
-                reviewer_source=by_source,
-                reviewed_at=now or datetime.now(UTC),
-                tuple_id=release.id,
-                repo_id=w.repo_id,
-                commit=w.commit,
-                note=note,
-            ),
-        )
-        (recorded if written else already).append(review)
-    return CodeReviewOutcome(tuple_id=tuple_id, recorded=recorded, already_reviewed=already)
 
 
 def reviewers_of(

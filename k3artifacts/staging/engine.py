@@ -60,7 +60,7 @@ from k3artifacts.staging.worker import (
 from k3artifacts.stores.base import PutReceipt, ReuseFailed, Store, receipt_stats
 from k3artifacts.stores.revisions import RevisionStore
 
-__all__ = ["StageOptions", "StageResult", "plan_stage", "stage"]
+__all__ = ["StageOptions", "StageResult", "act_stage", "plan_stage", "stage"]
 
 _COPY_BLOCK = 1 << 20
 #: Reuses in flight. A reuse is a few small requests to the store (a server-side reference
@@ -170,18 +170,36 @@ def stage(
     observer: StageObserver | None = None,
     runner: Runner | None = None,
 ) -> StageResult:
-    """Stage ``repo_id@revision`` into ``store``; see the module docstring. ``runner`` runs
-    the per-file jobs (default: a thread pool of ``options.workers``)."""
+    """The staging move: :func:`plan_stage`, then :func:`act_stage`; see the module docstring.
+    ``runner`` runs the per-file jobs (default: a thread pool of ``options.workers``)."""
     started = time.monotonic()
+    plan = plan_stage(source, store, repo_id, revision, quarantine_root, options)
+    if plan.commit != revision and observer is not None:
+        observer.note(f"resolved {repo_id}@{revision} to commit {plan.commit}")
+    return act_stage(source, store, plan, quarantine_root, options, observer, runner,
+                     started=started)
+
+
+def act_stage(
+    source: HubSource,
+    store: Store,
+    plan: StagePlan,
+    quarantine_root: Path,
+    options: StageOptions | None = None,
+    observer: StageObserver | None = None,
+    runner: Runner | None = None,
+    *,
+    started: float | None = None,
+) -> StageResult:
+    """Carry out ``plan`` (from :func:`plan_stage`): under the revision's quarantine lock,
+    present files are checked again (the store-side ones still stored), the planned reuses and
+    downloads run, and the revision is published. ``started``: the ``time.monotonic()`` the
+    result is timed from (default: now)."""
+    started = time.monotonic() if started is None else started
     options = options or StageOptions()
     observer = observer or StageObserver()
-    check_repo_id(repo_id)
-    # A bad key is refused before a byte is downloaded, not after 1.56 TB.
+    repo_id, commit = plan.repo_id, plan.commit
     signer = load_signer(options.signing_key) if options.signing_key else None
-    commit = source.resolve(repo_id, revision)
-    if commit != revision:
-        observer.note(f"resolved {repo_id}@{revision} to commit {commit}")
-
     with Quarantine(quarantine_root, repo_id, commit) as quarantine:
         existing = store.read_manifest(repo_id, commit)
         if existing is not None:
@@ -191,7 +209,7 @@ def stage(
                 result.signature = _sign(store, repo_id, commit, signer, observer)
             return result
         result = _Run(source, store, repo_id, commit, quarantine, options, observer).execute(
-            runner or ThreadRunner(options.workers), started
+            runner or ThreadRunner(options.workers), started, plan
         )
     if signer is not None:
         result.signature = _sign(store, repo_id, commit, signer, observer)
@@ -223,10 +241,15 @@ def plan_stage(
     options: StageOptions | None = None,
 ) -> StagePlan:
     """What :func:`stage` would move for ``repo_id@revision``, changing nothing: no lock, no
-    writer, no download. Files an earlier run handed to the store count as present; the run
-    checks they still are."""
+    writer, no download. The signing key is loaded (a bad key is refused before a byte is
+    downloaded, not after 1.56 TB), the revision resolved to a commit and its listing checked
+    against the listing rules (a refused file refuses the revision, ReleaseRefused exit 3).
+    Files an earlier run handed to the store count as present; the run checks they still
+    are. ``k3a stage --plan`` is this plan."""
     options = options or StageOptions()
     check_repo_id(repo_id)
+    if options.signing_key:
+        load_signer(options.signing_key)
     commit = source.resolve(repo_id, revision)
     published = store.read_manifest(repo_id, commit)
     if published is not None:
@@ -291,15 +314,15 @@ class _Run:
             drop_when_stored=False,
         )
 
-    def execute(self, runner: Runner, started: float) -> StageResult:
+    def execute(self, runner: Runner, started: float, planned: StagePlan) -> StageResult:
         # Debris of crashed runs (S3 multipart uploads) goes first, while this process holds
         # the revision and before any job of this run starts an upload of its own.
         self.store.clean_incomplete(self.repo_id, self.commit)
         register(self.ctx)
         try:
-            files = _listing(self.ctx.source, self.repo_id, self.commit, self.options)
+            files = planned.listing
             verified = self.quarantine.verified()
-            plan, receipts = self._plan(files, verified)
+            plan, receipts = self._plan(planned, verified)
             by_path = {f.path: f for f in files}
             entries = [self._present(verified[p.path], receipts) for p in plan.of("present")]
             todo = sorted((by_path[p.path] for p in plan.of("download")), key=lambda f: -f.size)
@@ -331,10 +354,12 @@ class _Run:
         return result
 
     def _plan(
-        self, files: list[RemoteFile], verified: dict[str, VerifiedEntry]
+        self, planned: StagePlan, verified: dict[str, VerifiedEntry]
     ) -> tuple[StagePlan, list[PutReceipt | None]]:
-        """Find what needs no download: verified in quarantine, or held by a published
-        revision of the repo (see :mod:`.plan`)."""
+        """The plan again under the lock, from ``planned``'s listing: verified in quarantine
+        (and, if handed to the store, still stored there), or held by a published revision of
+        the repo (see :mod:`.plan`)."""
+        files = planned.listing
         receipts: list[PutReceipt | None] = []
 
         def still_stored(record: FileRecord) -> bool:

@@ -59,6 +59,9 @@ class StagePlan(BaseModel):
     #: The revision is published already: a run does nothing.
     already_published: bool = False
     files: list[PlannedFile]
+    #: The Hub's listing the plan was made from, rules checked: what the run fetches from
+    #: (not shown in a plan).
+    listing: list[RemoteFile] = Field(default_factory=list, exclude=True)
 
     def of(self, action: Action) -> list[PlannedFile]:
         return [f for f in self.files if f.action == action]
@@ -141,8 +144,9 @@ def plan_files(
     """Plan each listed file. ``still_stored`` confirms that a file an earlier run handed to the
     store-side revision (and dropped locally) is still there; without it (a dry plan, which
     opens no writer) such a file counts as present and the run re-checks it."""
+    listing = list(files)
     planned = []
-    for f in files:
+    for f in listing:
         entry = verified.get(f.path)
         if entry is not None and matches_listing(entry.record, f) and (
             not entry.stored or still_stored is None or still_stored(entry.record)
@@ -158,7 +162,7 @@ def plan_files(
             ))
             continue
         planned.append(PlannedFile(path=f.path, size=f.size, action="download"))
-    return StagePlan(repo_id=repo_id, commit=commit, files=planned)
+    return StagePlan(repo_id=repo_id, commit=commit, files=planned, listing=listing)
 
 
 def reused_record(remote: RemoteFile, planned: PlannedFile) -> FileRecord:

@@ -1,15 +1,78 @@
-"""One canary step's analysis: the step's queries (:mod:`.queries`, the AnalysisTemplate's own)
-asked of Prometheus at the end of the window, each judged against the channel's bound."""
+"""One canary step's analysis (``k3a traffic analyze``), planned, then measured and recorded.
+
+The plan reads the channel's ``traffic:`` policy from the store's policy, the tuple and the
+step, and checks the window's end; a refusal there asks Prometheus nothing. The act asks the
+step's queries (:mod:`.queries`, the AnalysisTemplate's own) of Prometheus at the end of the
+window, judges each against the channel's bound and records the analysis create-once beside
+the tuple (``releases/analyses.py``), pass or fail: the ``traffic`` gate reads these.
+"""
 
 from __future__ import annotations
 
-from datetime import datetime
+from dataclasses import dataclass
+from datetime import UTC, datetime
 
 from k3artifacts.errors import BadAnswer, ConfigError
+from k3artifacts.policy.record import channel_section
 from k3artifacts.policy.rollout import TrafficPolicy
-from k3artifacts.releases.analyses import MetricResult, TrafficAnalysis, implausible
+from k3artifacts.releases.analyses import (
+    AnalysisRecord,
+    MetricResult,
+    TrafficAnalysis,
+    implausible,
+    record_analysis,
+)
+from k3artifacts.releases.lookup import resolve_tuple
+from k3artifacts.releases.tuples import ReleaseTuple
+from k3artifacts.stores.base import Store
 from k3artifacts.traffic.prometheus import Prometheus
 from k3artifacts.traffic.queries import step_queries
+
+
+@dataclass(frozen=True)
+class AnalysisPlan:
+    release: ReleaseTuple
+    channel: str
+    traffic: TrafficPolicy
+    step: int
+    #: The end of the window, UTC.
+    at: datetime
+    prometheus_url: str
+    by: str
+
+
+@dataclass(frozen=True)
+class Analyzed:
+    analysis: TrafficAnalysis
+    record: AnalysisRecord
+    written: bool
+
+
+def channel_traffic(store: Store, channel: str) -> TrafficPolicy:
+    """The ``traffic:`` section of ``channel`` in the store's policy; ConfigError (exit 9)
+    when it has none."""
+    section: TrafficPolicy = channel_section(
+        store, channel, "traffic", "{steps: [...], prometheus: URL, thresholds: ...}")
+    return section
+
+
+def plan_analysis(store: Store, tuple_or_channel: str, channel: str, step: int, *,
+                  prometheus_url: str, by: str, at: datetime | None = None) -> AnalysisPlan:
+    """ConfigError (exit 9) for a channel without traffic policy, a step it does not have or
+    a window end without a time zone; NotFound (exit 7) for an unknown tuple."""
+    traffic = channel_traffic(store, channel)
+    if not 0 <= step < len(traffic.steps):
+        raise ConfigError(
+            f"channel {channel} has {len(traffic.steps)} traffic steps; there is no step {step}",
+            hint=f"steps: {', '.join(f'{i} ({s.weight}%)' for i, s in enumerate(traffic.steps))}",
+        )
+    if at is not None and at.tzinfo is None:
+        raise ConfigError(f"the window's end {at.isoformat()} has no time zone",
+                          hint="end it in Z or +00:00")
+    release = resolve_tuple(store, tuple_or_channel)
+    return AnalysisPlan(release=release, channel=channel, traffic=traffic, step=step,
+                        at=(at or datetime.now(UTC)).astimezone(UTC),
+                        prometheus_url=prometheus_url, by=by)
 
 
 def analyze_step(
@@ -20,11 +83,8 @@ def analyze_step(
     step: int,
     at: datetime,
 ) -> TrafficAnalysis:
-    if not 0 <= step < len(traffic.steps):
-        raise ConfigError(
-            f"channel {channel} has {len(traffic.steps)} traffic steps; there is no step {step}",
-            hint=f"steps: {', '.join(f'{i} ({s.weight}%)' for i, s in enumerate(traffic.steps))}",
-        )
+    """The step's queries asked of ``prometheus`` at ``at``, each judged against its bound
+    (no data is a failure, never a pass)."""
     metrics = []
     for q in step_queries(tuple_id, traffic.window, traffic.thresholds):
         value = prometheus.value(q.promql, at)
@@ -42,6 +102,20 @@ def analyze_step(
         window=traffic.window, thresholds=traffic.thresholds, at=at,
         prometheus=prometheus.shown, metrics=metrics,
     )
+
+
+def act_analysis(store: Store, plan: AnalysisPlan) -> Analyzed:
+    analysis = analyze_step(Prometheus(plan.prometheus_url), plan.release.id, plan.channel,
+                            plan.traffic, plan.step, plan.at)
+    record, written = record_analysis(store, analysis, by=plan.by)
+    return Analyzed(analysis, record, written)
+
+
+def analyze(store: Store, tuple_or_channel: str, channel: str, step: int, *,
+            prometheus_url: str, by: str, at: datetime | None = None) -> Analyzed:
+    """The traffic-analysis move: :func:`plan_analysis`, then :func:`act_analysis`."""
+    return act_analysis(store, plan_analysis(store, tuple_or_channel, channel, step,
+                                             prometheus_url=prometheus_url, by=by, at=at))
 
 
 def describe(m: MetricResult) -> str:

@@ -1,4 +1,5 @@
-"""``k3a warm capture``: a server's cache directories -> a warm-start artifact of its tuple.
+"""``k3a warm capture``: a server's cache directories -> a warm-start artifact of its tuple,
+planned (every file listed and checked, the key free), then stored.
 
 Each captured tree is hostile input (a hostPath other pods write to): it is walked through
 directory descriptors with ``O_NOFOLLOW`` (:mod:`k3artifacts.nodecache.safefs`), and a link,
@@ -27,23 +28,30 @@ from pathlib import Path
 
 from k3artifacts.errors import AlreadyExists, ConfigError, UsageError
 from k3artifacts.nodecache import safefs
+from k3artifacts.policy.actor import store_identity
+from k3artifacts.policy.record import in_force
+from k3artifacts.releases.lookup import resolve_tuple
 from k3artifacts.releases.tuples import ReleaseTuple
 from k3artifacts.revisions.hashing import MultiHasher
 from k3artifacts.signing.attestation import statement
-from k3artifacts.signing.keys import Signer
+from k3artifacts.signing.keys import Signer, load_signer
 from k3artifacts.stores.base import Store
-from k3artifacts.warm.claim import publish
+from k3artifacts.warm.claim import check_claim, publish
 from k3artifacts.warm.model import (
     BLOB_PREFIX,
     CACHE_ROOTS,
     PREDICATE_TYPE,
     WarmFile,
     WarmManifest,
+    artifact_key,
     blob_key,
     check_relative,
+    detect_gpu,
+    layout_name,
     predicate,
+    tuple_layout,
 )
-from k3artifacts.warm.trust import WarmTrust
+from k3artifacts.warm.trust import WarmTrust, warm_trust
 
 #: Bytes read but not yet stored, across the pool: what bounds memory.
 IN_FLIGHT = 256 << 20
@@ -155,16 +163,45 @@ def _read(job: _Job) -> tuple[bytes, bool]:
     return b"".join(chunks), bool(st.st_mode & 0o100)
 
 
-def capture(store: Store, release: ReleaseTuple, *, gpu: str, tensor_parallel: int,
-            pipeline_parallel: int, roots: list[CaptureRoot], captured_by: str,
-            signer: Signer | None = None, workers: int = WORKERS,
-            on_file: Callable[[int], None] | None = None,
-            trust: WarmTrust | None = None) -> CaptureResult:
-    """Store the cache directories as the tuple's artifact for ``gpu`` and the layout.
-    ``trust``: the channel's rule, which says whether an artifact already at the key stands
-    (:mod:`.claim`); None: whatever is there stands."""
+@dataclass(frozen=True)
+class CapturePlan:
+    """A capture whose every file was listed and checked; nothing stored yet."""
+
+    release: ReleaseTuple
+    gpu: str
+    tensor_parallel: int
+    pipeline_parallel: int
+    roots: tuple[CaptureRoot, ...]
+    jobs: tuple[_Job, ...]
+    captured_by: str
+    signer: Signer | None
+    #: The channel's rule for what stands at the key (:mod:`.claim`); None: whatever is there.
+    trust: WarmTrust | None
+    #: The manifest's key: the tuple, the GPU model and the layout.
+    key: str
+
+
+def plan_capture(store: Store, release: ReleaseTuple, *, gpu: str, tensor_parallel: int,
+                 pipeline_parallel: int, roots: list[CaptureRoot], captured_by: str,
+                 signer: Signer | None = None, trust: WarmTrust | None = None) -> CapturePlan:
+    """List and check every file under ``roots`` (a link, FIFO or device refuses the capture,
+    ConfigError exit 9); AlreadyCaptured (exit 6) when the tuple has an artifact for this GPU
+    and layout that stands: one the channel would use, or one this capture may not replace
+    (:func:`~.claim.check_claim`)."""
+    jobs = tuple(job for root in roots for job in _list(root))
+    key = artifact_key(release.id, gpu.strip(), layout_name(tensor_parallel, pipeline_parallel))
+    check_claim(store, release, key, gpu=gpu.strip(), tp=tensor_parallel, pp=pipeline_parallel,
+                signer=signer, trust=trust)
+    return CapturePlan(release, gpu.strip(), tensor_parallel, pipeline_parallel, tuple(roots),
+                       jobs, captured_by, signer, trust, key)
+
+
+def act_capture(store: Store, plan: CapturePlan, *, workers: int = WORKERS,
+                on_file: Callable[[int], None] | None = None) -> CaptureResult:
+    """Store each file once under its sha256, then the manifest (create-once: a capture that
+    got there first stands, AlreadyCaptured), then its signature."""
     started = datetime.now(UTC)
-    jobs = [job for root in roots for job in _list(root)]
+    jobs = plan.jobs
     have = {key.rsplit("/", 1)[-1] for key in store.list_keys(BLOB_PREFIX)}
     records: list[WarmFile | None] = [None] * len(jobs)
     new = {"blobs": 0, "bytes": 0}
@@ -204,17 +241,56 @@ def capture(store: Store, release: ReleaseTuple, *, gpu: str, tensor_parallel: i
         for future in futures:
             future.result()  # the first failure (a link planted meanwhile) ends the capture
     files = [r for r in records if r is not None]
+    release = plan.release
     manifest = WarmManifest(
         tuple_id=release.id, image_digest=release.binding.image.digest,
-        serving_args=list(release.binding.serving.args), gpu=gpu.strip(),
-        tensor_parallel=tensor_parallel, pipeline_parallel=pipeline_parallel,
-        roots=sorted(r.name for r in roots),
+        serving_args=list(release.binding.serving.args), gpu=plan.gpu,
+        tensor_parallel=plan.tensor_parallel, pipeline_parallel=plan.pipeline_parallel,
+        roots=sorted(r.name for r in plan.roots),
         files=sorted(files, key=lambda f: (f.root, f.path)),
-        total_bytes=sum(f.size for f in files), captured_at=started, captured_by=captured_by,
+        total_bytes=sum(f.size for f in files), captured_at=started,
+        captured_by=plan.captured_by,
     )
+    signer = plan.signer
     signature = None if signer is None else signer.sign(
         statement(manifest.key, manifest.digest(), PREDICATE_TYPE, predicate(manifest)))
-    replaced = publish(store, release, manifest, signature, signer, trust)
+    replaced = publish(store, release, manifest, signature, signer, plan.trust)
     return CaptureResult(manifest.key, manifest.digest(), len(files), manifest.total_bytes,
                          new["blobs"], new["bytes"], signer.key_hint if signer else None,
                          round((datetime.now(UTC) - started).total_seconds(), 3), replaced)
+
+
+def capture(store: Store, release: ReleaseTuple, *, gpu: str, tensor_parallel: int,
+            pipeline_parallel: int, roots: list[CaptureRoot], captured_by: str,
+            signer: Signer | None = None, workers: int = WORKERS,
+            on_file: Callable[[int], None] | None = None,
+            trust: WarmTrust | None = None) -> CaptureResult:
+    """:func:`plan_capture`, then :func:`act_capture`. ``trust``: the channel's rule, which
+    says whether an artifact already at the key stands (:mod:`.claim`); None: whatever is
+    there stands."""
+    plan = plan_capture(store, release, gpu=gpu, tensor_parallel=tensor_parallel,
+                        pipeline_parallel=pipeline_parallel, roots=roots,
+                        captured_by=captured_by, signer=signer, trust=trust)
+    return act_capture(store, plan, workers=workers, on_file=on_file)
+
+
+def capture_target(store: Store, target: str, dirs: list[str], *, gpu: str | None = None,
+                   tp: int | None = None, signing_key: str | None = None,
+                   channel: str | None = None) -> CaptureResult:
+    """The warm-capture move as ``k3a warm capture`` names it: ``target`` a tuple or a
+    channel, ``dirs`` ``NAME=DIR`` specs, the GPU detected with nvidia-smi unless given, the
+    layout the tuple's unless ``tp`` overrides it, the capturer the store's identity (never a
+    typed name), judged by ``channel``'s warm-start rule (None: the tuple's own trust rule of
+    no channel)."""
+    release = resolve_tuple(store, target)
+    roots = parse_roots(dirs)
+    gpu = gpu or detect_gpu()
+    if not gpu:
+        raise UsageError("no GPU found (nvidia-smi)", hint="pass --gpu MODEL")
+    want_tp, pp = tuple_layout(release)
+    signer = load_signer(signing_key) if signing_key else None
+    trust = warm_trust(in_force(store).document, channel)
+    who, _ = store_identity(store)
+    return capture(store, release, gpu=gpu, tensor_parallel=tp or want_tp, pipeline_parallel=pp,
+                   roots=roots, captured_by=who, signer=signer, trust=trust)
+

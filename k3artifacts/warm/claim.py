@@ -40,15 +40,36 @@ class AlreadyCaptured(AlreadyExists):
             self.hint = "capture again with --signing-key KEY of a key the channel trusts"
 
 
-def _unusable(store: Store, release: ReleaseTuple, manifest: WarmManifest,
+def _unusable(store: Store, release: ReleaseTuple, *, gpu: str, tp: int, pp: int,
               trust: WarmTrust) -> str | None:
-    """Why the standing artifact at ``manifest``'s key would not be used; None: it would."""
+    """Why the standing artifact for ``gpu`` and the layout would not be used; None: it
+    would."""
     try:
-        check_manifest(store, release, gpu=manifest.gpu, tp=manifest.tensor_parallel,
-                       pp=manifest.pipeline_parallel, trust=replace(trust, enabled=True))
+        check_manifest(store, release, gpu=gpu, tp=tp, pp=pp,
+                       trust=replace(trust, enabled=True))
     except WarmMiss as miss:
         return f"{miss.reason}: {miss.detail}"
     return None
+
+
+def _may_replace(signer: Signer | None, trust: WarmTrust | None) -> bool:
+    trusted = {key_hint(k) for k in trust.trusted.values()} if trust else set()
+    return signer is not None and signer.key_hint in trusted
+
+
+def check_claim(store: Store, release: ReleaseTuple, key: str, *, gpu: str, tp: int, pp: int,
+                signer: Signer | None, trust: WarmTrust | None) -> None:
+    """Before anything is read or stored: AlreadyCaptured when an artifact stands at ``key``
+    that the channel would use, or that this capture may not replace. :func:`publish` decides
+    again at the write, for a capture that got there meanwhile."""
+    if store.read(key) is None:
+        return
+    why = None if trust is None else _unusable(store, release, gpu=gpu, tp=tp, pp=pp,
+                                               trust=trust)
+    if why is None:
+        raise AlreadyCaptured(key, usable=True)
+    if not _may_replace(signer, trust):
+        raise AlreadyCaptured(key, usable=False, why=why)
 
 
 def publish(store: Store, release: ReleaseTuple, manifest: WarmManifest,
@@ -63,11 +84,11 @@ def publish(store: Store, release: ReleaseTuple, manifest: WarmManifest,
     except AlreadyExists:
         standing = store.read(key)
         why = None if trust is None or standing is None else \
-            _unusable(store, release, manifest, trust)
+            _unusable(store, release, gpu=manifest.gpu, tp=manifest.tensor_parallel,
+                      pp=manifest.pipeline_parallel, trust=trust)
         if why is None:
             raise AlreadyCaptured(key, usable=True) from None
-        trusted = {key_hint(k) for k in trust.trusted.values()} if trust else set()
-        if signer is None or signer.key_hint not in trusted:
+        if not _may_replace(signer, trust):
             raise AlreadyCaptured(key, usable=False, why=why) from None
         assert standing is not None
         store.replace(key, manifest.to_bytes(), standing.token)  # Conflict: another got there

@@ -7,12 +7,17 @@ revision, and then every blob no remaining warm manifest names. A blob younger t
 not yet written. (A capture that found a blob already stored and saw it deleted before its
 manifest landed yields an artifact with a missing blob: a named ``corrupt`` miss at pull,
 never a wrong use.)
+
+:func:`gc` is the act of ``k3a revision gc --apply``: the revisions' retirement
+(``releases/retention.py``, below this package) with each retired revision's warm artifacts.
 """
 
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
+from k3artifacts.policy.actor import Actor
+from k3artifacts.releases.retention import GcPlan, RevisionVerdict, act_gc
 from k3artifacts.releases.tuples import TupleStore
 from k3artifacts.stores.base import Store
 from k3artifacts.warm.model import (
@@ -71,3 +76,9 @@ def sweep_blobs(store: Store, *, now: datetime | None = None) -> int:
         store.delete(key)
         deleted += 1
     return deleted
+
+
+def gc(store: Store, plan: GcPlan, *, by: Actor) -> list[RevisionVerdict]:
+    """Carry out a gc plan (``releases.retention.plan_gc``): retire its revisions and, with
+    each, the warm artifacts of its tuples."""
+    return act_gc(store, plan, by=by, also=retire_warm)

@@ -14,7 +14,7 @@ import pytest
 
 from k3artifacts.errors import GateFailed, ReleaseRefused
 from k3artifacts.releases.channels import current, history
-from k3artifacts.releases.reviews import review_code, review_license
+from k3artifacts.releases.reviewing import review_code, review_license
 from tests.faults.faultkit import SHARD1, assert_nothing_published, run_k3a, stage_args
 from tests.fixtures.moves import check_gates, promote
 from tests.staging_helpers import LICENSE, REPO, raw_safetensors, run_stage, small_release

@@ -16,7 +16,7 @@ import pytest
 
 from k3artifacts.releases.binding import create_tuple
 from k3artifacts.releases.channels import current, history, history_key
-from k3artifacts.releases.reviews import review_code, review_license
+from k3artifacts.releases.reviewing import review_code, review_license
 from k3artifacts.releases.tuples import ImageRef, TupleStore, tuple_key
 from k3artifacts.serving.profiles import load_profile, serving_spec
 from k3artifacts.stores.s3 import S3Store

@@ -15,7 +15,7 @@ from flows.promote import promote_release
 from flows.rollback import rollback_channel
 from k3artifacts.policy.approvals import PREFIX, get_request
 from k3artifacts.releases.channels import current, history, read_state
-from k3artifacts.releases.reviews import review_code, review_license
+from k3artifacts.releases.reviewing import review_code, review_license
 from k3artifacts.stores.file import FileStore
 from tests.fixtures.identities import k3a_as
 from tests.fixtures.moves import promote, use_policy

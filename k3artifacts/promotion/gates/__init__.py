@@ -10,21 +10,15 @@ promoter, the time, the manifest read lazily once) and returns a ``GateResult``.
 from k3artifacts.promotion.gates.context import GateContext
 from k3artifacts.promotion.gates.registry import (
     CHECKS,
-    GATE_TABLE_HEADER,
     channel_policy,
-    check_gates,
-    gate_rows,
     judging,
     run_gates,
 )
 
 __all__ = [
     "CHECKS",
-    "GATE_TABLE_HEADER",
     "GateContext",
     "channel_policy",
-    "check_gates",
-    "gate_rows",
     "judging",
     "run_gates",
 ]

@@ -17,7 +17,7 @@ from k3artifacts.errors import ConfigError, NotFound
 from k3artifacts.policy.actor import Actor
 from k3artifacts.policy.gates import GATE_RULES
 from k3artifacts.policy.model import ChannelPolicy
-from k3artifacts.policy.record import InForce, in_force
+from k3artifacts.policy.record import InForce
 from k3artifacts.policy.results import GateReport, GateResult
 from k3artifacts.promotion.gates import (
     artifact,
@@ -33,8 +33,8 @@ from k3artifacts.promotion.gates import (
     traffic,
 )
 from k3artifacts.promotion.gates.context import GateContext
-from k3artifacts.releases.channels import check_channel, read_state
-from k3artifacts.releases.tuples import ReleaseTuple, TupleStore
+from k3artifacts.releases.channels import check_channel
+from k3artifacts.releases.tuples import ReleaseTuple
 from k3artifacts.serving.render import TARGETS
 from k3artifacts.stores.base import Store
 
@@ -52,18 +52,6 @@ CHECKS: dict[str, Callable[[GateContext], GateResult]] = {
     image_scan.NAME: image_scan.check,
 }
 assert set(CHECKS) == set(GATE_RULES), "every registered gate has exactly one check"
-
-
-GATE_TABLE_HEADER = ["gate", "result", "reason"]
-
-
-def gate_rows(results: list[GateResult]) -> list[list[str]]:
-    """The gate results table every front end shows (terminal, flow artifact): one wording."""
-    return [
-        [r.name, "pass" if r.passed else ("FAIL (overridden)" if r.overridden else "FAIL"),
-         r.reason]
-        for r in results
-    ]
 
 
 def channel_policy(policy: InForce, channel: str) -> ChannelPolicy:
@@ -105,22 +93,3 @@ def run_gates(ctx: GateContext, policy: InForce) -> GateReport:
     results = [CHECKS[name](ctx) for name in ctx.policy.gates]
     return GateReport(tuple_id=ctx.release.id, channel=ctx.channel, results=results,
                       policy_digest=policy.digest, policy_version=policy.version)
-
-
-def check_gates(
-    store: Store,
-    tuple_id: str,
-    channel: str,
-    *,
-    actor: Actor | None = None,
-    now: datetime | None = None,
-) -> GateReport:
-    """Run the gates the store's policy requires of ``channel`` on ``tuple_id``. Nothing is
-    written (a store with no policy yet is judged by the packaged defaults)."""
-    policy = in_force(store)
-    channel_policy(policy, channel)
-    # The channel judged must be the one its history explains, as the move would require.
-    read_state(store, channel)
-    release = TupleStore(store).get(tuple_id)
-    with judging(store, release, channel, policy, actor, now) as ctx:
-        return run_gates(ctx, policy)
