@@ -26,7 +26,7 @@ import safetensors.numpy
 import xxhash
 
 from k3artifacts.errors import K3AError, VerifyMismatch
-from k3artifacts.releases.reviews import review_code, review_license
+from k3artifacts.releases.reviewing import review_code, review_license
 from k3artifacts.revisions.manifest import FileRecord, SafetensorsSummary
 from k3artifacts.stores.bucket_policies import BucketPolicyInputs, rendered
 from k3artifacts.stores.s3 import MiB, S3Store, TransferTuning
