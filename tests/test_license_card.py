@@ -68,7 +68,7 @@ def test_a_revision_whose_card_alone_names_its_license_is_reviewed_and_passes(
         local_hub, tmp_path):
     """Staged from a hub whose repo has no LICENSE file: the card is the license a tuple binds,
     `k3a review license --show` reads it from the store, and the license gate passes after."""
-    from k3artifacts.releases.reviews import license_text, review_license
+    from k3artifacts.releases.reviewing import license_text, review_license
     from k3artifacts.stores.file import FileStore
     from tests.fixtures.moves import check_gate
     from tests.staging_helpers import CARD, REPO, run_stage, small_release

@@ -158,6 +158,8 @@ class Releases:
         """A tuple of ``manifest`` with a real profile's serving spec. ``site``: bind where the
         cluster sees the store (:meth:`site_storage`); without it a file-store tuple renders
         for EKS only (a host path), as a tuple made without ``--fsx-*`` does."""
+        # As binding a tuple does (releases/binding.py): its location must hold every file.
+        self.store.materialize(manifest.repo_id, manifest.commit)
         serving = serving_spec(
             load_profile(profile),
             storage=self.site_storage() if site else None,
