@@ -14,7 +14,7 @@ import uuid
 from pathlib import Path
 
 import pytest
-from test_nodecache import BIG, MiB, _wait_for, check_copy, k3a, pull_json
+from test_nodecache import BIG, MiB, _wait_for, check_copy, k3a, paused_pull, pull_json
 
 from k3artifacts.nodecache.layout import CacheLayout, Revision
 from k3artifacts.stores.file import FileStore
@@ -265,15 +265,8 @@ def test_a_part_file_truncated_before_the_pull_hashes_it_is_exit_4_named(
     resume = tmp_path / "resume"
     env = dict(k3a_env, K3A_FAULT_PAUSE="pull-part@big.bin#0:120", K3A_FAULT_RESUME=str(resume))
     err_path = tmp_path / "stderr"
-    with open(err_path, "wb") as err:
-        proc = subprocess.Popen(
-            [*k3a_cmd, "pull", release.id, "--store", file_releases.store.url, "--to", str(root),
-             "--part-size", "1MiB", "--concurrency", "1", "-q"],
-            env=env, stderr=err, stdout=subprocess.DEVNULL)
+    proc = paused_pull(k3a_cmd, env, file_releases.store.url, release.id, root, err_path)
     try:
-        _wait_for(lambda: b"paused at pull-part" in err_path.read_bytes()
-                  or proc.poll() is not None, "the pause")
-        assert proc.poll() is None, err_path.read_text()
         part = CacheLayout(root).partial_dir(rev_of(release)) / ".big.bin.part"
         os.truncate(part, 0)
         resume.touch()
