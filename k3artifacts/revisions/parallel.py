@@ -1,9 +1,9 @@
 """Hash many files at once, at the machine's limit: one file per core, each byte read once.
 
 Files are handed out largest first to ``workers`` drivers (one per usable core by default),
-so the last file to finish is a small one. Each worker reads its file straight from the page
-cache a window at a time (:func:`~.hashworker.hash_fd`): memory is one window per worker,
-whatever the files' sizes, and no byte is read twice.
+so the last file to finish is a small one. Each worker reads its file from the page cache a
+buffer (a thread) or a mapped window (a hashing process) at a time (:mod:`.hashworker`):
+memory is one of those per worker, whatever the files' sizes, and no byte is read twice.
 
 Where a worker hashes depends on the algorithm and the number of workers, as measured on the
 16-core machine (bench/RESULTS.md, issues 35 and 36). xxhash releases the GIL, and threads of
