@@ -168,11 +168,10 @@ def verify(bench: Bench, opts: Options, shared: dict) -> list[Row]:
 
 def _rows(times: dict[str, list[float]], total: int, files: int, cores: int,
           bench: Bench) -> list[Row]:
-    from k3artifacts.revisions.parallel import PROCESS_MIN_BYTES, THREADS_ENOUGH
+    from k3artifacts.revisions.parallel import in_processes
 
     def chosen(algorithm: str) -> bool:
-        return (algorithm == "sha256" and min(files, cores) > THREADS_ENOUGH
-                and total >= PROCESS_MIN_BYTES)
+        return in_processes(algorithm, min(files, cores), total)
 
     def rate(name: str) -> tuple[float, float]:
         best, median = _stats(times[name])

@@ -215,6 +215,11 @@ class Settings(BaseModel):
         "checked against (the Hub, registries, Prometheus, an endpoint; the Kubernetes API "
         "uses its kubeconfig's CA). OpenSSL's `SSL_CERT_FILE` works too.",
         shown="the system's trust store")
+    kube_exec_timeout: float = var(
+        "K3A_KUBE_EXEC_TIMEOUT", "Network",
+        "Seconds a kubeconfig's exec credential plugin (`aws eks get-token`) may take to print "
+        "its credential; past it the plugin is killed with every process it started and the "
+        "command fails (exit 9).", default=60.0, gt=0)
     kube_service_account_dir: Path = var(
         "K3A_KUBE_SERVICE_ACCOUNT_DIR", "Network",
         "In a pod, with no `--kubeconfig`: the service account directory (`token`, `ca.crt`, "

@@ -134,9 +134,53 @@ def test_a_failing_exec_plugin_is_a_named_refusal(tmp_path):
     user = {"exec": {"apiVersion": EXEC_API, "command": sys.executable,
                      "args": ["-c", "import sys; sys.exit('no SSO session')"]}}
     config = kubeconfig(tmp_path / "eks", "http://127.0.0.1:9", user)
-    with pytest.raises(ConfigError, match="exec credential plugin .* gave no credential") as err:
+    with pytest.raises(ConfigError, match="exec credential plugin .* exited with status 1: no SSO session") as err:
         KubeAPI(config)
     assert "aws eks get-token" in err.value.hint
+
+
+@pytest.mark.timeout(30)  # before the plugin had a deadline, this test hung here
+def test_a_plugin_that_never_answers_is_killed_with_its_children_at_the_deadline(
+        tmp_path, monkeypatch):
+    """``aws eks get-token`` stuck (an SSO login waiting, a hung STS call): the plugin and what
+    it started are killed at K3A_KUBE_EXEC_TIMEOUT and the command fails by name (exit 9)."""
+    monkeypatch.setenv("K3A_KUBE_EXEC_TIMEOUT", "1")
+    pids = tmp_path / "pids"
+    script = tmp_path / "get-token.sh"
+    script.write_text(f"sleep 3600 &\necho $$ $! > {pids}.tmp\nmv {pids}.tmp {pids}\nwait\n")
+    user = {"exec": {"apiVersion": EXEC_API, "command": "/bin/sh",
+                     "args": [str(script), "eks", "get-token"]}}
+    config = kubeconfig(tmp_path / "eks", "http://127.0.0.1:9", user)
+    started = time.monotonic()
+    with pytest.raises(ConfigError) as err:
+        KubeAPI(config)
+    assert time.monotonic() - started < 10
+    assert err.value.exit_code == 9
+    assert "exec credential plugin" in str(err.value)
+    assert "did not answer within 1 s; it was stopped" in str(err.value)
+    assert f"{script} eks get-token" in err.value.hint
+    assert "K3A_KUBE_EXEC_TIMEOUT" in err.value.hint
+    plugin, child = (int(p) for p in pids.read_text().split())
+    deadline = time.monotonic() + 10
+    while any(_alive(p) for p in (plugin, child)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _alive(plugin) and not _alive(child)
+
+
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie waiting for its reaper does not)."""
+    try:
+        return "\nState:\tZ" not in Path(f"/proc/{pid}/status").read_text()
+    except FileNotFoundError:
+        return False
+
+
+def test_a_plugin_answer_that_is_no_credential_is_refused_by_name(tmp_path):
+    user = {"exec": {"apiVersion": EXEC_API, "command": sys.executable,
+                     "args": ["-c", "print('{\"kind\": \"ExecCredential\"}')"]}}
+    config = kubeconfig(tmp_path / "eks", "http://127.0.0.1:9", user)
+    with pytest.raises(ConfigError, match="exec credential plugin .* answered apiVersion"):
+        KubeAPI(config)
 
 
 def _self_signed(tmp_path: Path) -> tuple[Path, Path]:

@@ -159,21 +159,35 @@ def _wait_for(predicate, what: str, timeout: float = 60.0) -> None:
         time.sleep(0.05)
 
 
-def test_kill_9_mid_pull_then_rerun_fetches_only_what_was_missing(
-        file_releases, tmp_path, k3a_cmd, k3a_env):
-    release = file_releases.release(extra={"big.bin": BIG})
-    root = tmp_path / "cache"
-    err_path = tmp_path / "stderr"
-    env = dict(k3a_env, K3A_FAULT_PAUSE="pull-part@big.bin#2:120")
+def paused_pull(k3a_cmd: list[str], env: dict[str, str], store_url: str, target: str,
+                root: Path, err_path: Path) -> subprocess.Popen:
+    """`k3a pull` of ``target`` (1 MiB parts, one at a time), started and paused at the
+    ``pull-part`` fault point ``env`` names; its stderr goes to ``err_path``."""
     with open(err_path, "wb") as err:
         proc = subprocess.Popen(
-            [*k3a_cmd, "pull", release.id, "--store", file_releases.store.url, "--to", str(root),
+            [*k3a_cmd, "pull", target, "--store", store_url, "--to", str(root),
              "--part-size", "1MiB", "--concurrency", "1", "-q"],
             env=env, stderr=err, stdout=subprocess.DEVNULL)
     try:
         _wait_for(lambda: b"paused at pull-part" in err_path.read_bytes()
                   or proc.poll() is not None, "the pause")
         assert proc.poll() is None, err_path.read_text()
+    except BaseException:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+        raise
+    return proc
+
+
+def test_kill_9_mid_pull_then_rerun_fetches_only_what_was_missing(
+        file_releases, tmp_path, k3a_cmd, k3a_env):
+    release = file_releases.release(extra={"big.bin": BIG})
+    root = tmp_path / "cache"
+    env = dict(k3a_env, K3A_FAULT_PAUSE="pull-part@big.bin#2:120")
+    proc = paused_pull(k3a_cmd, env, file_releases.store.url, release.id, root,
+                       tmp_path / "stderr")
+    try:
         # The flusher records parts 0-2 within a second of their arrival.
         sidecar = CacheLayout(root).partial_dir(Revision(
             release.binding.weights.repo_id, release.binding.weights.commit)) / ".big.bin.part.json"

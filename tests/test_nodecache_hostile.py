@@ -14,7 +14,7 @@ import uuid
 from pathlib import Path
 
 import pytest
-from test_nodecache import BIG, MiB, _wait_for, check_copy, k3a, pull_json
+from test_nodecache import BIG, MiB, _wait_for, check_copy, k3a, paused_pull, pull_json
 
 from k3artifacts.nodecache.layout import CacheLayout, Revision
 from k3artifacts.stores.file import FileStore
@@ -253,3 +253,31 @@ def test_a_planted_tree_too_deep_to_walk_is_refused_not_a_recursion_error(
     code, _, err = pull(file_releases.store, release, layout.root)
     assert code == 9, err
     assert "nests deeper than 64 directories" in err and "Traceback" not in err
+
+
+def test_a_part_file_truncated_before_the_pull_hashes_it_is_exit_4_named(
+        file_releases, tmp_path, k3a_cmd, k3a_env):
+    """A pod sharing the cache's hostPath cuts a part file the pull wrote but has not hashed
+    yet: the pull names the file as changed while it was read (exit 4), no traceback, no
+    SIGBUS, and nothing reaches the final path."""
+    release = file_releases.release(extra={"big.bin": BIG})
+    root = tmp_path / "cache"
+    resume = tmp_path / "resume"
+    env = dict(k3a_env, K3A_FAULT_PAUSE="pull-part@big.bin#0:120", K3A_FAULT_RESUME=str(resume))
+    err_path = tmp_path / "stderr"
+    proc = paused_pull(k3a_cmd, env, file_releases.store.url, release.id, root, err_path)
+    try:
+        part = CacheLayout(root).partial_dir(rev_of(release)) / ".big.bin.part"
+        os.truncate(part, 0)
+        resume.touch()
+        proc.wait(120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+    said = err_path.read_text()
+    assert proc.returncode == 4, said
+    assert ("big.bin: the partial copy changed while it was read: it ended at byte 0, where "
+            f"it had reached byte {MiB:,}") in said
+    assert "find and stop it, then re-run `k3a pull`" in said and "Traceback" not in said
+    assert not CacheLayout(root).final_dir(rev_of(release)).exists()

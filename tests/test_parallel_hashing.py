@@ -7,12 +7,22 @@ from __future__ import annotations
 
 import hashlib
 import os
+import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import xxhash
 
-from k3artifacts.revisions.parallel import PROGRESS_STEP, FileToHash, hash_files
+from k3artifacts.revisions.parallel import (
+    MAPPED_MIN_BYTES,
+    PROCESS_MIN_BYTES,
+    PROGRESS_STEP,
+    FileToHash,
+    hash_files,
+    in_processes,
+)
 
 SIZES = {"empty": 0, "small": 1, "odd": 3 * (1 << 20) + 17, "large": 9 * (1 << 20) + 5}
 
@@ -55,9 +65,11 @@ def test_the_largest_files_go_first(tmp_path):
     assert order == sorted(SIZES, key=SIZES.get, reverse=True)
 
 
-def test_a_file_that_shrinks_while_a_process_hashes_it_is_its_own_error(tmp_path):
-    """The file is reported (the hashing process died of SIGBUS reading a mapped page past the
-    new end, or found the next window past it); the other files still hash."""
+@pytest.mark.parametrize("processes", [False, True])
+def test_a_file_that_shrinks_while_it_is_hashed_is_its_own_error(tmp_path, processes):
+    """The file is reported as changed while it was read (a thread reads a short count; a
+    hashing process dies of SIGBUS reading a mapped page past the new end, or finds the next
+    window past it); the other files still hash."""
     paths = files_in(tmp_path)
     victim = tmp_path / "victim"
     with open(victim, "wb") as fh:
@@ -69,12 +81,20 @@ def test_a_file_that_shrinks_while_a_process_hashes_it_is_its_own_error(tmp_path
         if victim.stat().st_size:
             os.truncate(victim, 0)
 
-    results = hash_files(files, "sha256", workers=1, processes=True, on_bytes=shrink)
+    results = hash_files(files, "sha256", workers=1, processes=processes, on_bytes=shrink)
     assert results["victim"].digest is None
-    # Past the end mid-window: SIGBUS kills the process; at a window's start: mmap refuses.
-    assert "the file shrank while it was read" in results["victim"].error
+    assert results["victim"].error.startswith("changed while it was read: ")
+    assert "find what can write there and stop it" in results["victim"].error
     data = paths["large"].read_bytes()
     assert results["large"].digest == hashlib.sha256(data).hexdigest()
+
+
+def test_sha256_maps_in_processes_where_each_worker_has_enough_to_hash():
+    assert not in_processes("xxh3-128", 16, 1 << 40)
+    assert not in_processes("sha256", 2, 2 * MAPPED_MIN_BYTES - 1)
+    assert in_processes("sha256", 2, 2 * MAPPED_MIN_BYTES)
+    assert not in_processes("sha256", 16, PROCESS_MIN_BYTES - 1)
+    assert in_processes("sha256", 16, PROCESS_MIN_BYTES)
 
 
 def test_a_fifo_planted_in_a_revision_directory_is_named_not_waited_on(tmp_path):
@@ -94,3 +114,97 @@ def test_a_fifo_planted_in_a_revision_directory_is_named_not_waited_on(tmp_path)
     result = CliRunner().invoke(cli, ["verify", str(revision), "--full"])
     assert result.exit_code == 4, result.output
     assert "big.bin: unreadable" in result.stderr and "is not a regular file" in result.stderr
+
+
+#: Large enough that a truncation seen as soon as the file is open lands before its last byte
+#: is hashed; sparse, so it costs no disk.
+VICTIM_SIZE = 512 << 20
+
+
+@pytest.fixture(scope="module")
+def sparse_digests() -> tuple[str, str]:
+    sha, xxh = hashlib.sha256(), xxhash.xxh3_128()
+    zeros = bytes(8 << 20)
+    for _ in range(VICTIM_SIZE // len(zeros)):
+        sha.update(zeros)
+        xxh.update(zeros)
+    return sha.hexdigest(), xxh.hexdigest()
+
+
+def _revision_with_victim(tmp_path: Path, digests: tuple[str, str]) -> Path:
+    """A published revision directory whose manifest lists ``big.bin``, VICTIM_SIZE zeros."""
+    from k3artifacts.revisions.manifest import FileRecord, ShardManifest
+    from k3artifacts.stores.file import FileStore
+    from tests.support.releases import Releases
+
+    store = FileStore(tmp_path / "store")
+    manifest = Releases(store, tmp_path / "scratch").publish(shards=0, extra={"big.bin": b"\0"})
+    revision = store.root / "models" / manifest.repo_id / manifest.commit
+    files = [r for r in manifest.files if r.path != "big.bin"]
+    files.append(FileRecord(path="big.bin", size=VICTIM_SIZE, kind="other", sha256=digests[0],
+                            xxh3_128=digests[1]))
+    grown = manifest.model_copy(update={"files": files, "total_bytes": manifest.total_bytes
+                                        - 1 + VICTIM_SIZE})
+    for path in (revision, revision / ".k3a", revision / ".k3a" / "manifest.json",
+                 revision / "big.bin"):
+        path.chmod(0o755)  # writable: whoever truncates the file can write there
+    (revision / ".k3a" / "manifest.json").write_bytes(ShardManifest.canonical(grown))
+    return revision
+
+
+def _cpu_ticks(pid: int) -> int:
+    """User and system CPU time of ``pid`` so far, in clock ticks (``/proc/PID/stat``)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return int(fields[11]) + int(fields[12])
+
+
+def _truncate_mid_read(proc: subprocess.Popen, victim: Path) -> bool:
+    """Truncate ``victim`` to nothing once ``proc`` holds it open and has spent two clock
+    ticks of CPU since (hashing, however it reads: a mapping or a read); False if ``proc``
+    ended first."""
+    fds = Path(f"/proc/{proc.pid}/fd")
+    opened_at = None
+    while proc.poll() is None:
+        try:
+            if opened_at is None:
+                if str(victim) in [os.readlink(fd) for fd in fds.iterdir()]:
+                    opened_at = _cpu_ticks(proc.pid)
+            elif _cpu_ticks(proc.pid) - opened_at >= 2:
+                os.truncate(victim, 0)
+                return True
+        except (FileNotFoundError, ProcessLookupError):
+            continue  # a descriptor closed under the listing, or the process just ended
+        os.sched_yield()
+    return False
+
+
+@pytest.mark.parametrize("full", [False, True], ids=["xxh3-128", "sha256"])
+def test_a_file_truncated_while_k3a_verify_hashes_it_is_a_named_refusal(
+        tmp_path, k3a_env, sparse_digests, full):
+    """Whoever can write where a revision lies (a pod sharing the node cache's hostPath) cuts
+    a file while `k3a verify` reads it: the file is named as changed while it was read (exit
+    4), never a SIGBUS that kills the check. Retried until the cut lands mid-hash (after the
+    file's first bytes were read, before its last)."""
+    revision = _revision_with_victim(tmp_path, sparse_digests)
+    victim = revision / "big.bin"
+    command = [sys.executable, "-m", "k3artifacts", "verify", str(revision), "-q",
+               *(["--full"] if full else [])]
+    for _ in range(20):
+        os.truncate(victim, VICTIM_SIZE)  # zeros again: the manifest's bytes
+        proc = subprocess.Popen(command, env=k3a_env, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+        cut = _truncate_mid_read(proc, victim)
+        _, stderr = proc.communicate(timeout=120)
+        assert proc.returncode != -signal.SIGBUS, "k3a verify was killed by SIGBUS"
+        if cut and "changed while it was read: it ended at byte " in stderr:
+            break
+    else:
+        pytest.fail("the truncation never landed while the file was hashed")
+    assert proc.returncode == 4, stderr
+    assert "1 of 3 file(s) do not match the manifest" in stderr
+    ended = int(stderr.split("it ended at byte ")[1].split()[0].replace(",", ""))
+    assert 0 < ended < VICTIM_SIZE  # mid-hash: neither before the first byte nor after the last
+    assert f"big.bin: changed while it was read: it ended at byte {ended:,}, where it had " \
+           f"reached byte {VICTIM_SIZE:,}" in stderr
+    assert "find what can write there and stop it, then run again" in stderr
+    assert "Traceback" not in stderr

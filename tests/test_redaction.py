@@ -10,7 +10,7 @@ import subprocess
 
 import pytest
 
-from k3artifacts.net.redact import redact_text, redact_url
+from k3artifacts.net.redact import redact_text, redact_url, url_secrets
 from k3artifacts.reporting.logs import configure_logging
 from k3artifacts.serving.render.common import served_names
 from k3artifacts.stores.file import FileStore
@@ -32,6 +32,12 @@ SECRET = "S3CRET-pw"
 ])
 def test_redact_url(url, shown):
     assert redact_url(url) == shown
+
+
+def test_url_secrets_are_the_password_and_credential_values_as_written_and_decoded():
+    assert url_secrets("http://ops:p%40ss-word@h:1/v1?token=t0k&page=2") == {
+        "p%40ss-word", "p@ss-word", "t0k"}
+    assert url_secrets("https://token@host/x?page=2") == frozenset()
 
 
 def test_redact_text_finds_every_url():
@@ -90,3 +96,56 @@ def test_evaluation_records_name_the_endpoint_without_its_password(tmp_path, k3a
     assert report["endpoint"] == server.url.replace("http://", "http://ops:***@")
     stored = [p.read_text() for p in (tmp_path / "store").rglob("*.json")]
     assert stored and not [text for text in stored if SECRET in text]
+
+
+def _stored_texts(store_root) -> list[str]:
+    return [p.read_text(errors="replace") for p in store_root.rglob("*") if p.is_file()]
+
+
+@pytest.mark.parametrize("as_json", [True, False], ids=["json", "text"])
+def test_a_dead_endpoint_with_a_password_is_not_printed_or_stored(tmp_path, k3a_cmd, k3a_env,
+                                                                  as_json):
+    """The connection error names the endpoint: its password is in no detail, message or
+    record."""
+    store = FileStore(tmp_path / "store")
+    release = Releases(store, tmp_path / "scratch").release()
+    url = f"http://user:SECRETPASS@127.0.0.1:{_closed_port()}/v1"
+    run = subprocess.run([*k3a_cmd, "smoke", url, "--tuple", release.id, "--retries", "0",
+                          "--max-concurrency", "1", "--store", store.url,
+                          *(["--json"] if as_json else [])],
+                         env=k3a_env, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 8, run.stderr
+    assert "SECRETPASS" not in run.stdout + run.stderr
+    assert "user:***@127.0.0.1" in run.stdout + run.stderr
+    stored = _stored_texts(tmp_path / "store")
+    assert any("user:***@127.0.0.1" in text for text in stored)
+    assert not [text for text in stored if "SECRETPASS" in text]
+
+
+def test_an_error_body_echoing_the_url_with_its_password_is_not_printed_or_stored(
+        tmp_path, k3a_cmd, k3a_env):
+    """Every completion answers 500 with a body quoting the URL it was sent to, userinfo
+    included: each check's detail, the sweep's first error and the messages keep the rest of
+    the text, never the password (nor the API key, which came in as a command-line option)."""
+    store = FileStore(tmp_path / "store")
+    release = Releases(store, tmp_path / "scratch").release()
+    server = start(served_names(release), tmp_path / "openai.log", echo_url=True)
+    try:
+        url = server.url.replace("http://", "http://user:SECRETPASS@")
+        run = subprocess.run([*k3a_cmd, "smoke", url, "--tuple", release.id, "--retries", "0",
+                              "--max-concurrency", "1", "--api-key", "APIKEY-0123456789",
+                              "--json", "--store", store.url],
+                             env=k3a_env, capture_output=True, text=True, timeout=300)
+    finally:
+        server.stop()
+    assert run.returncode == 5, run.stderr
+    said = run.stdout + run.stderr
+    report = json.loads(run.stdout)["report"]
+    chat = next(c for c in report["checks"] if c["name"] == "chat")
+    assert chat["detail"].startswith("HTTP 500: upstream failed for http://")
+    assert "upstream failed" in report["sweep"]["points"][0]["first_error"]
+    stored = _stored_texts(tmp_path / "store")
+    assert any("upstream failed for http://" in text for text in stored)
+    for secret in ("SECRETPASS", "APIKEY-0123456789"):
+        assert secret not in said
+        assert not [text for text in stored if secret in text]

@@ -9,6 +9,7 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -379,6 +380,37 @@ def test_sign_and_verify_on_every_store(store, keys, policies, tmp_path):
     with pytest.raises(AlreadyExists):
         sign_revision(store, manifest.repo_id, manifest.commit,
                       load_signer(str(keys["release384"])))
+
+
+def test_signed_verification_hashes_with_verify_s_per_core_default(releases, keys, policies):
+    """`k3a verify --signature`, the signature gate and the rendered verifier hash as many
+    files at once as a plain verify: one per usable core (here, one core), not a fixed
+    number."""
+    from k3artifacts.stores.verify import verify_revision
+
+    files = {f"part-{i:02d}.bin": bytes([i]) * (4 << 20) for i in range(16)}
+    manifest = releases.publish(extra=files)
+    sign_revision(releases.store, manifest.repo_id, manifest.commit,
+                  load_signer(str(keys["release"])))
+    directory = _revision_dir(releases.store, manifest)
+    trusted = load_trusted_keys(policies).for_channel("production")
+
+    def hashing_threads(check) -> set[str]:
+        seen: set[str] = set()
+        check(lambda nbytes: seen.add(threading.current_thread().name))
+        return seen
+
+    cores = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, {min(cores)})  # this thread, and the hashing threads it starts
+    try:
+        signed = hashing_threads(lambda on_bytes: verify_signed_revision(
+            trusted, directory=directory, on_bytes=on_bytes).raise_for_problems())
+        plain = hashing_threads(lambda on_bytes: verify_revision(
+            directory=directory, on_bytes=on_bytes).raise_for_problems())
+    finally:
+        os.sched_setaffinity(0, cores)
+    assert plain == {"k3a-hash-0"}
+    assert signed == plain
 
 
 def test_k3a_stage_signs_at_publication(local_hub, tmp_path, keys, policies, k3a_cmd, k3a_env):

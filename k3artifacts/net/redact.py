@@ -9,7 +9,7 @@ everything else is kept as written, so the URL still says which peer was meant.
 from __future__ import annotations
 
 import re
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import unquote, urlsplit, urlunsplit
 
 HIDDEN = "***"
 #: Query parameters whose value is a credential, lower case: AWS SigV4 presigned URLs, Azure
@@ -42,6 +42,25 @@ def redact_url(url: str) -> str:
         netloc = f"{user}:{HIDDEN}@{hostport}" if colon else netloc
     query = "&".join(_redact_param(p) for p in parts.query.split("&")) if parts.query else ""
     return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
+
+
+def url_secrets(url: str) -> frozenset[str]:
+    """The credentials ``url`` carries, as written and decoded: its userinfo's password and
+    the values of its credential parameters. A peer may quote them outside any URL (a server
+    echoing the Basic credential the client derived from the userinfo)."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return frozenset()
+    found = set()
+    userinfo = parts.netloc.rpartition("@")[0] if "@" in parts.netloc else ""
+    if ":" in userinfo:
+        found.add(userinfo.partition(":")[2])
+    for param in parts.query.split("&") if parts.query else ():
+        name, eq, value = param.partition("=")
+        if eq and value and _secret(name):
+            found.add(value)
+    return frozenset(v for raw in found for v in (raw, unquote(raw)) if v)
 
 
 def _redact_param(param: str) -> str:

@@ -6,10 +6,12 @@ directory's descriptor, never through a link) and cut into parts;
 source through their own small chunk buffer into the file with ``pwrite``: memory is
 ``concurrency * CHUNK`` whatever the shard or part size. Parts finish out of order, so each
 file keeps a hash cursor: whichever thread completes the part at the cursor hashes it, and
-any later parts already complete, straight from the page cache (``mmap``, no copy) while those
-bytes are still hot there. Parts are handed out in order, so the cursor trails the newest part
-by at most ``concurrency`` parts. Every byte crosses the network once, is written once and is
-read back from memory once; parts a previous run left on disk are hashed the same way.
+any later parts already complete, from the page cache while those bytes are still hot there
+(read into a small buffer, never mapped: a part file truncated by something else sharing the
+cache's directory is a named refusal, not a SIGBUS). Parts are handed out in order, so the
+cursor trails the newest part by at most ``concurrency`` parts. Every byte crosses the network
+once, is written once and is read back from memory once; parts a previous run left on disk are
+hashed the same way.
 
 A flusher thread records which parts are on disk in a sidecar (``.<name>.part.json``) once a
 second, each time after an ``fdatasync``, so a killed pull resumes from the last record
@@ -35,6 +37,7 @@ from k3artifacts.errors import ConfigError, NotFound, Unavailable, VerifyMismatc
 from k3artifacts.nodecache.layout import PartsRecord
 from k3artifacts.nodecache.safefs import FILE_MODE, Dir
 from k3artifacts.revisions.hashing import MultiHasher, feed_range
+from k3artifacts.revisions.hashworker import ChangedWhileRead
 from k3artifacts.revisions.manifest import FileRecord
 from k3artifacts.stores.base import RangeReader as Source
 from k3artifacts.stores.base import ShortRead
@@ -220,7 +223,14 @@ class FileJob:
 
     def _hash_part(self, idx: int) -> None:
         start = idx * self.part_size
-        feed_range(self.hasher, self.fd, start, start + self.length(idx))
+        try:
+            feed_range(self.hasher, self.fd, start, start + self.length(idx))
+        except ChangedWhileRead as exc:
+            raise VerifyMismatch(
+                f"{self.record.path}: the partial copy {exc}",
+                hint="something other than k3a truncated it in the node cache (whoever can "
+                "write the cache's directory, e.g. a pod sharing its hostPath): find and stop "
+                "it, then re-run `k3a pull`; nothing was put at the final path") from None
 
     def _finish(self) -> None:
         got = self.hasher.hexdigests()

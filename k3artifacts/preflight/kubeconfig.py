@@ -4,7 +4,8 @@ Read with the official ``kubernetes`` client's config loaders, not a parser of o
 are what the Kubernetes project keeps in step with kubectl, and they cover every way a user
 authenticates: exec credential plugins (``aws eks get-token`` writes
 ``users[].user.exec``: its ExecCredential's ``status.token`` is the bearer token, run again
-once its ``expirationTimestamp`` is near), token and token files, client certificates (files
+once its ``expirationTimestamp`` is near; the plugin is read by the client but run by
+:mod:`.exec_credential`, with a deadline), token and token files, client certificates (files
 or ``-data``), auth providers, the current context and its namespace, and a pod's in-cluster
 service account (re-read as it rotates). ``lightkube`` and ``kr8s`` read kubeconfigs too, but
 their authentication is bound to their own httpx transports; the official loaders hand back
@@ -21,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from k3artifacts.errors import ConfigError
+from k3artifacts.preflight.exec_credential import ExecPlugin
 from k3artifacts.settings import load
 
 KUBECONFIG_HINT = ("check the kubeconfig (`kubectl --kubeconfig PATH config view`); for EKS "
@@ -52,11 +54,12 @@ def load_target(kubeconfig: Path | None, context: str | None = None) -> KubeTarg
     from kubernetes.config.config_exception import ConfigException
 
     config = Configuration()
+    plugin: ExecPlugin | None = None
     try:
         if kubeconfig is None:
             namespace, source = _in_cluster(config)
         else:
-            namespace, source = _from_file(config, kubeconfig, context)
+            namespace, source, plugin = _from_file(config, kubeconfig, context)
     except ConfigException as exc:
         raise ConfigError(f"{kubeconfig or 'in-cluster configuration'}: {exc}",
                           hint=KUBECONFIG_HINT) from None
@@ -69,6 +72,8 @@ def load_target(kubeconfig: Path | None, context: str | None = None) -> KubeTarg
                           hint=KUBECONFIG_HINT)
 
     def authorization() -> str | None:
+        if plugin is not None:
+            return plugin.authorization()
         try:
             return config.get_api_key_with_prefix("BearerToken", alias="authorization")
         except ConfigException as exc:
@@ -81,7 +86,8 @@ def load_target(kubeconfig: Path | None, context: str | None = None) -> KubeTarg
         tls_server_name=getattr(config, "tls_server_name", None), authorization=authorization)
 
 
-def _from_file(config: Any, path: Path, context: str | None) -> tuple[str, str]:
+def _from_file(config: Any, path: Path,
+               context: str | None) -> tuple[str, str, ExecPlugin | None]:
     import yaml
     from kubernetes.config.kube_config import KubeConfigLoader, KubeConfigMerger
 
@@ -94,24 +100,38 @@ def _from_file(config: Any, path: Path, context: str | None) -> tuple[str, str]:
                           hint="kubectl config use-context CONTEXT")
     try:
         loader = KubeConfigLoader(config_dict=merged, active_context=context)
-        loader.load_and_set(config)
         chosen = loader.current_context
-        users = merged["users"] if "users" in merged else None
-        user_name = (chosen.get("context") or {}).get("user")
-        entry = users.get_with_name(user_name, safe=True) if users and user_name else None
-        plugin = ((entry.value.get("user") or {}).get("exec") or {}) if entry else {}
+        source = f"kubeconfig {path} (context {chosen.get('name')!r})"
+        plugin = _exec_plugin(merged, chosen, source)
+        loader.load_and_set(config)
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise ConfigError(f"kubeconfig {path} is malformed ({type(exc).__name__}: {exc})",
                           hint=KUBECONFIG_HINT) from None
-    source = f"kubeconfig {path} (context {chosen.get('name')!r})"
-    if plugin and not config.api_key and not config.cert_file:
-        # The loader logs the plugin's failure and carries on without a credential.
-        raise ConfigError(f"{source}: the user's exec credential plugin "
-                          f"({plugin.get('command')!r}) gave no credential",
-                          hint="run the plugin's command yourself (e.g. `aws eks get-token "
-                          "--cluster-name CLUSTER`): it must print an ExecCredential")
     namespace = (chosen.get("context") or {}).get("namespace") or "default"
-    return str(namespace), source
+    return str(namespace), source, plugin
+
+
+def _exec_plugin(merged: Any, chosen: dict[str, Any], source: str) -> ExecPlugin | None:
+    """The context user's exec plugin, run once (with its deadline) and taken out of the user
+    entry so the client's loader never runs it itself; None if the user has none, or a
+    credential the client prefers to it (an auth provider or a token, as kubectl does)."""
+    users = merged["users"] if "users" in merged else None
+    user_name = (chosen.get("context") or {}).get("user")
+    entry = users.get_with_name(user_name, safe=True) if users and user_name else None
+    user = entry.value.get("user") if entry else None
+    if not isinstance(user, dict) or not user.get("exec") or any(
+            key in user for key in ("auth-provider", "token", "tokenFile")):
+        return None
+    cluster_name = (chosen.get("context") or {}).get("cluster")
+    cluster = merged["clusters"].get_with_name(cluster_name)["cluster"]
+    cwd = str(Path(entry.path).resolve().parent) if entry.path else None
+    plugin = ExecPlugin(entry["user"]["exec"], cwd, cluster, source)
+    fields = plugin.certificate_fields()
+    # The loader shares this dict (the merged kubeconfig's user entry): it loads the
+    # credential from what is left, the plugin's certificate if it gave one.
+    del user["exec"]
+    user.update(fields)
+    return plugin
 
 
 def _in_cluster(config: Any) -> tuple[str, str]:

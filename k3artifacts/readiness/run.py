@@ -68,13 +68,15 @@ def run_readiness(
     obs = observer or Observer()
     started, t0 = datetime.now(UTC), time.monotonic()
     model = release.id
-    redactor = Redactor.of_process()
+    redactor = Redactor.of_process(endpoint=endpoint, api_key=api_key)
     probe = Probe(make_client(endpoint, settings, api_key=api_key), model, settings,
                   redactor=redactor)
     results: list[CheckResult] = []
 
     def record(result: CheckResult) -> CheckResult:
-        result = result.model_copy(update={"detail": redactor(result.detail)})
+        result = result.model_copy(update={
+            "detail": redactor(result.detail),
+            "skipped": None if result.skipped is None else redactor(result.skipped)})
         obs.on_check(result)
         return result
 

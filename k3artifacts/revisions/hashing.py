@@ -11,8 +11,8 @@ cores (how many files at once, and in threads or processes: :mod:`.parallel`).
 from __future__ import annotations
 
 import base64
+import contextlib
 import hashlib
-import mmap
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -20,9 +20,9 @@ from pathlib import Path
 
 import xxhash
 
+from k3artifacts.revisions.hashworker import read_range
+
 CHUNK = 8 << 20
-#: Bytes of a mapped file hashed per call: progress callbacks stay frequent, call overhead nil.
-MAP_STEP = 8 << 20
 
 
 @dataclass(frozen=True)
@@ -110,69 +110,23 @@ def feed_file(
     on_bytes: Callable[[int], None] | None = None,
     limit: int | None = None,
 ) -> MultiHasher:
-    """Feed ``path`` (its first ``limit`` bytes if given) to ``hasher`` in one sequential pass.
-
-    The file is memory-mapped so the engines read the page cache directly: a ``read()`` into a
-    buffer costs one more copy of every byte through the CPU cache, and on a warm cache that
-    copy, not the hash, was the limit (xxh3 re-verification ran at a third of ``cat``).
-    A file that shrinks while mapped kills the process with SIGBUS: published files are
-    read-only and quarantine files are ours, and dying is a failed verification anyway.
-    """
+    """Feed ``path`` (its first ``limit`` bytes if given) to ``hasher`` in one sequential pass,
+    read into this thread's buffer (:func:`~.hashworker.read_range`: never mapped, so a file
+    truncated meanwhile is :class:`~.hashworker.ChangedWhileRead`, not a SIGBUS)."""
     with open(path, "rb", buffering=0) as fh:
         size = os.fstat(fh.fileno()).st_size
         end = size if limit is None else min(limit, size)
-        if end == 0:
-            return hasher
-        try:
-            mapped = mmap.mmap(fh.fileno(), end, access=mmap.ACCESS_READ)
-        except (OSError, ValueError):
-            # Not mappable (some FUSE or special files): read it instead.
-            return _read_file(fh, hasher, on_bytes, limit)
-        with mapped:
-            mapped.madvise(mmap.MADV_SEQUENTIAL)
-            with memoryview(mapped) as view:
-                for offset in range(0, end, MAP_STEP):
-                    with view[offset : offset + MAP_STEP] as step:
-                        hasher.update(step)
-                        if on_bytes is not None:
-                            on_bytes(len(step))
+        with contextlib.suppress(OSError):
+            os.posix_fadvise(fh.fileno(), 0, end, os.POSIX_FADV_SEQUENTIAL)
+        read_range(fh.fileno(), 0, end, hasher.update, on_bytes)
         return hasher
 
 
 def feed_range(hasher: MultiHasher, fd: int, start: int, end: int) -> None:
-    """Feed bytes ``[start, end)`` of the open file ``fd`` to ``hasher``, straight from the page
-    cache (no copy), a window at a time: mapped pages count in the process's RSS, so mapping a
-    whole multi-GB range would make memory grow with its size. Parts written by other threads
-    moments ago are still hot there, so this reads memory, not the disk."""
-    offset = start
-    while offset < end:
-        # mmap offsets must be page-aligned; a range resumed at an odd byte maps from before it.
-        base = offset - offset % mmap.ALLOCATIONGRANULARITY
-        stop = min(end, base + MAP_STEP)
-        with mmap.mmap(fd, stop - base, access=mmap.ACCESS_READ, offset=base) as mapped, \
-                memoryview(mapped) as view, view[offset - base:] as window:
-            hasher.update(window)
-        offset = stop
-
-
-def _read_file(fh, hasher: MultiHasher, on_bytes, limit: int | None) -> MultiHasher:
-    try:
-        os.posix_fadvise(fh.fileno(), 0, 0, os.POSIX_FADV_SEQUENTIAL)
-    except (AttributeError, OSError):
-        pass
-    if limit is None:
-        return hash_stream(fh.readinto, hasher, on_bytes)
-    remaining = limit
-
-    def bounded(view: memoryview) -> int:
-        nonlocal remaining
-        if remaining <= 0:
-            return 0
-        n = fh.readinto(view[: min(len(view), remaining)])
-        remaining -= n
-        return n
-
-    return hash_stream(bounded, hasher, on_bytes)
+    """Feed bytes ``[start, end)`` of the open file ``fd`` to ``hasher``: parts written by
+    other threads moments ago are still in the page cache, so this reads memory, not the disk.
+    Raises :class:`~.hashworker.ChangedWhileRead` if the file no longer reaches ``end``."""
+    read_range(fd, start, end, hasher.update)
 
 
 def hash_file(

@@ -1,9 +1,9 @@
 """Hash many files at once, at the machine's limit: one file per core, each byte read once.
 
 Files are handed out largest first to ``workers`` drivers (one per usable core by default),
-so the last file to finish is a small one. Each worker reads its file straight from the page
-cache a window at a time (:func:`~.hashworker.hash_fd`): memory is one window per worker,
-whatever the files' sizes, and no byte is read twice.
+so the last file to finish is a small one. Each worker reads its file from the page cache a
+buffer (a thread) or a mapped window (a hashing process) at a time (:mod:`.hashworker`):
+memory is one of those per worker, whatever the files' sizes, and no byte is read twice.
 
 Where a worker hashes depends on the algorithm and the number of workers, as measured on the
 16-core machine (bench/RESULTS.md, issues 35 and 36). xxhash releases the GIL, and threads of
@@ -11,18 +11,25 @@ one process hashed xxh3-128 as fast as one process per core or faster (92-101 ag
 GB/s on one host, 45.8 against 45.6 on another), with no process to start: xxh3-128 runs in
 threads. hashlib's sha256 releases it too; 8 threads kept up with 8 processes (10.7 GB/s each
 way), but at 16 one host gave processes a third more (20 against 15 GB/s) and another gave
-threads 7-10% more. Beyond :data:`THREADS_ENOUGH` workers sha256 runs in hashing processes
-(:mod:`.hashworker`), the side once far ahead, each fed one open descriptor at a time over a
-socket: the caller opens every file (link-safe where it must be), a process never resolves a
-path. A process that dies reading a file (SIGBUS: the file shrank while mapped) costs that file
-an error, not the run; in a thread the same SIGBUS ends the whole process (a failure, never a
-pass). Below :data:`PROCESS_MIN_BYTES` processes are not worth their start.
+threads 7-10% more. A thread reads into its own buffer (never a mapping, below), which costs
+sha256 about 8% more CPU per byte than a mapping, and xxh3-128 nothing measurable. So sha256
+runs in hashing processes (:mod:`.hashworker`), which map the file, beyond
+:data:`THREADS_ENOUGH` workers (the side once far ahead) and wherever each worker has
+:data:`MAPPED_MIN_BYTES` to hash (:func:`in_processes`). Each is fed one open descriptor at a
+time over a socket: the caller opens every file (link-safe where it must be), a process never
+resolves a path. Below :data:`PROCESS_MIN_BYTES` processes are not worth their start.
+
+A file that something else truncates while it is hashed (whoever can write where it lies: a
+pod sharing the node cache's hostPath) is that file's problem, "changed while it was read",
+never the run's: threads read into a buffer (a short read), and a hashing process, which maps
+the file, dies of SIGBUS alone and is replaced for the next file.
 """
 
 from __future__ import annotations
 
 import collections
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -32,13 +39,21 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from k3artifacts.revisions.hashworker import ALGORITHMS, hash_fd
+from k3artifacts.revisions.hashworker import ALGORITHMS, CHANGED, ChangedWhileRead, hash_fd
 
 #: Total bytes from which sha256 goes to hashing processes: below, their start is a larger
 #: share than what threads lose to each other.
 PROCESS_MIN_BYTES = 256 << 20
 #: Workers up to which sha256 threads keep up with processes (8 did, 16 did not).
 THREADS_ENOUGH = 8
+#: Bytes per worker from which sha256 goes to hashing processes at any number of workers:
+#: reading a mapping spares the copy a thread makes. 2 workers on the 2-core machine, GB of
+#: sha256 per CPU-second: 768 MiB each, processes 1.19-1.26 and threads 1.08-1.17; 192 MiB
+#: each, processes 1.03-1.08 (their start costs more than the copy) and threads 1.09-1.12.
+MAPPED_MIN_BYTES = 512 << 20
+#: Said after a file that changed while it was read: what to do about it.
+CHANGED_NEXT = ("something other than k3a writes to it: find what can write there and stop "
+                "it, then run again")
 
 
 def usable_cores() -> int:
@@ -63,8 +78,20 @@ class Hashed:
     #: Bytes read (the file's size when it was opened).
     size: int = 0
     digest: str | None = None
-    #: ``missing``, or why the file could not be read; None when ``digest`` is set.
+    #: ``missing``, why the file could not be read, or that it changed while it was read;
+    #: None when ``digest`` is set.
     error: str | None = None
+
+
+def _changed(detail: str) -> str:
+    return f"{detail}; {CHANGED_NEXT}"
+
+
+def in_processes(algorithm: str, workers: int, total: int) -> bool:
+    """Whether ``workers`` hashing ``total`` bytes with ``algorithm`` run in hashing processes
+    (the module's docstring says why)."""
+    return algorithm == "sha256" and total >= PROCESS_MIN_BYTES and (
+        workers > THREADS_ENOUGH or total >= workers * MAPPED_MIN_BYTES)
 
 
 def hash_files(files: Iterable[FileToHash], algorithm: str, *, workers: int | None = None,
@@ -81,8 +108,7 @@ def hash_files(files: Iterable[FileToHash], algorithm: str, *, workers: int | No
         return {}
     workers = max(1, min(workers or usable_cores(), len(queue)))
     if processes is None:
-        processes = (algorithm == "sha256" and workers > THREADS_ENOUGH
-                     and sum(f.size for f in queue) >= PROCESS_MIN_BYTES)
+        processes = in_processes(algorithm, workers, sum(f.size for f in queue))
     run = _Run(queue, algorithm, on_bytes, on_hashed)
     drivers = [threading.Thread(target=run.drive, args=(processes,), daemon=True,
                                 name=f"k3a-hash-{n}") for n in range(workers)]
@@ -147,6 +173,8 @@ class _Run:
     def _in_thread(self, key: str, fd: int) -> Hashed:
         try:
             size, digest = hash_fd(fd, self.algorithm, self.on_bytes)
+        except ChangedWhileRead as exc:
+            return Hashed(key, error=_changed(str(exc)))
         except OSError as exc:
             return Hashed(key, error=f"unreadable: {exc}")
         return Hashed(key, size, digest)
@@ -201,16 +229,19 @@ class _Process:
             elif kind == b"D":
                 size, digest = body.split(" ")
                 return Hashed(key, int(size), digest)
+            elif kind == b"C":
+                return Hashed(key, error=_changed(body))
             else:
                 return Hashed(key, error=f"unreadable: {body}")
 
     def _death(self) -> str:
         code = self.proc.wait()
+        if code == -signal.SIGBUS:  # a mapped page past the file's new end
+            return _changed(f"{CHANGED}: it shrank under the hashing process, which died of "
+                            "SIGBUS")
         self.stderr.seek(0)
         said = self.stderr.read().decode(errors="replace").strip().splitlines()
         why = f"signal {-code}" if code < 0 else f"exit {code}"
-        if code == -7:  # SIGBUS: a mapped page beyond the end of the file
-            why += ", the file shrank while it was read"
         return "unreadable: the hashing process died (" + why + \
             (f": {said[-1]}" if said else "") + ")"
 

@@ -83,7 +83,7 @@ def verify_signed_revision(
     directory: Path | None = None,
     full: bool = False,
     read_weights: bool = True,
-    workers: int = 4,
+    workers: int | None = None,
     on_bytes: Callable[[int], None] | None = None,
     on_manifest: Callable[[ShardManifest], None] | None = None,
 ) -> SignedReport:
@@ -91,6 +91,9 @@ def verify_signed_revision(
 
     Problems are collected in the report (``report.raise_for_problems()`` refuses); with
     ``read_weights=False`` only the signature and the manifest are checked (a few KB read).
+    ``workers``: files hashed at once; None leaves it to
+    :func:`~k3artifacts.stores.verify.verify_revision`, the one place that decides it for
+    every verification (one per usable core on a local disk).
     """
     if directory is None and store is not None:
         directory = store.local_path(revision_prefix(repo_id, commit))

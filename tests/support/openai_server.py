@@ -35,7 +35,8 @@ another tuple);
 ``--follow-injections`` (obeys "reply only with the word X" found in a tool result);
 ``--chatty`` (text answers start with a pleasantry, so exact answers and code break);
 ``--answer TEXT`` (every completion answers TEXT: no tool call, no schema; an empty, refused,
-hostile or over-long answer); ``--model PATH`` (the ``root`` it reports; default
+hostile or over-long answer); ``--echo-url`` (every completion answered 500 with a body quoting
+the URL it was sent to, credential included, as some proxies' error pages do); ``--model PATH`` (the ``root`` it reports; default
 ``/opt/ml/model``, where a render of the packaged profiles mounts the weights).
 Image parts must be ``data:image/png;base64`` URLs of a real PNG (400 otherwise).
 ``/metrics``: vLLM's Prometheus metrics of the requests served (:mod:`.vllm_metrics`).
@@ -93,6 +94,9 @@ class Config:
     model: str = "/opt/ml/model"
     #: Answer every completion with this text (None: answer as described above).
     answer: str | None = None
+    #: Answer every completion HTTP 500 with an error body quoting the URL it was sent to,
+    #: the credential it came with in the URL's userinfo (a proxy's error page does this).
+    echo_url: bool = False
 
 
 @dataclass
@@ -285,6 +289,10 @@ class Handler(BaseHTTPRequestHandler):
             if self._spread(cfg.error_rate, n):
                 self._error(500, "EngineCore encountered an issue", "InternalServerError")
                 return
+            if cfg.echo_url:
+                self._error(500, f"upstream failed for {self._url_as_sent()}",
+                            "InternalServerError")
+                return
             self._complete(req)
         finally:
             self._release()
@@ -293,6 +301,16 @@ class Handler(BaseHTTPRequestHandler):
             else:
                 metrics.finished(e2e=time.monotonic() - self._t0, ttft=self._ttft,
                                  reason=self._finish)
+
+    def _url_as_sent(self) -> str:
+        """The URL of this request, with the Basic credential it carried as its userinfo."""
+        scheme, _, value = (self.headers.get("Authorization") or "").partition(" ")
+        userinfo = ""
+        if scheme.lower() == "basic":
+            userinfo = base64.b64decode(value).decode(errors="replace") + "@"
+        elif scheme.lower() == "bearer":
+            userinfo = f"key:{value}@"
+        return f"http://{userinfo}{self.headers.get('Host')}{self.path}"
 
     @staticmethod
     def _spread(fraction: float, n: int) -> bool:
@@ -482,12 +500,14 @@ def _parse(argv: list[str]) -> tuple[int, Config]:
     p.add_argument("--chars-per-token", type=int, default=0)
     p.add_argument("--model", default=Config.model)
     p.add_argument("--answer", default=None)
+    p.add_argument("--echo-url", action="store_true")
     a = p.parse_args(argv)
     return a.port, Config(a.served_names, a.max_model_len, a.token_delay, a.slow_first_token,
                           a.rate_limit, a.max_inflight, a.malformed_json, a.capacity,
                           error_rate=a.error_rate, text_only=a.text_only,
                           follow_injections=a.follow_injections, chatty=a.chatty,
-                          chars_per_token=a.chars_per_token, model=a.model, answer=a.answer)
+                          chars_per_token=a.chars_per_token, model=a.model, answer=a.answer,
+                          echo_url=a.echo_url)
 
 
 @dataclass
