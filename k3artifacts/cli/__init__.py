@@ -1,8 +1,14 @@
-"""The ``k3a`` program: Ctrl-C and a closed stdout handled from its first statement.
+"""The ``k3a`` command line, an adapter over the library: one module per command group (the
+group itself in :mod:`k3artifacts.cli.app`; the generated reference pages in
+:mod:`k3artifacts.cli.manual`), each parsing, resolving who acts and the settings, calling one of
+the library's entry points and showing its result, ``--json`` and errors included. No policy
+lookups, record writes or checks of its own: an import contract keeps it from the records, the
+gates and the stores' insides.
 
-This module imports nothing heavier than :mod:`signal`, so the interrupt handler is in place
-before click, pydantic or any command module is imported: Ctrl-C in the first second exits
-130 like Ctrl-C an hour into a stage. The command group lives in :mod:`k3artifacts.cli.app`.
+This module handles Ctrl-C and a closed stdout from the program's first statement: it imports
+nothing heavier than :mod:`signal`, so the interrupt handler is in place before click, pydantic
+or any command module is imported, and Ctrl-C in the first second exits 130 like Ctrl-C an hour
+into a stage.
 """
 
 from __future__ import annotations

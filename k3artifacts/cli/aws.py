@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 from typing import TYPE_CHECKING
-from urllib.parse import urlparse
 
 import click
 
@@ -28,13 +27,6 @@ endpoint_option = click.option(
     "else boto3's own.",
 )
 profile_option = click.option("--profile", envvar="AWS_PROFILE", help="AWS profile to use.")
-
-
-def _bucket_and_prefix(url: str) -> tuple[str, str]:
-    parsed = urlparse(url)
-    if parsed.scheme != "s3" or not parsed.netloc:
-        raise ConfigError(f"{url!r} is not an s3://bucket[/prefix] URL")
-    return parsed.netloc, parsed.path.strip("/")
 
 
 @click.command("bootstrap")
@@ -84,10 +76,10 @@ def bootstrap_cmd(
     Exit codes: 0 done (or dry run shown), 7 bucket missing (see --create-bucket),
     8 S3 unreachable, 9 bad ARN/URL or missing permission.
     """
-    from k3artifacts.stores.bootstrap import bootstrap
+    from k3artifacts.stores.bootstrap import bootstrap, bucket_and_prefix
     from k3artifacts.stores.bucket_policies import BucketPolicyInputs, iam_policies
 
-    bucket, prefix = _bucket_and_prefix(bucket_url)
+    bucket, prefix = bucket_and_prefix(bucket_url)
     inputs = BucketPolicyInputs(
         bucket=bucket, prefix=prefix, admin_role_arn=admin_role_arn,
         inference_role_arn=inference_role_arn, kms_key_arn=kms_key_arn,

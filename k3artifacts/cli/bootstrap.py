@@ -1,5 +1,6 @@
-"""``k3a bootstrap``: set up a store once. Its URL says which setup: an S3 bucket's settings
-(``cli/aws.py``) or a file store shared by a Unix group (``stores/file_bootstrap.py``)."""
+"""``k3a bootstrap``: set up a store once. The store its URL names says which setup
+(``stores/registry.py:SETUPS``): an S3 bucket's settings (``cli/aws.py``) or a file store shared
+by a Unix group (``stores/file_bootstrap.py``)."""
 
 from __future__ import annotations
 
@@ -17,14 +18,18 @@ class ByStore(click.Command):
     without a URL, this command's help, then each form's."""
 
     def _form(self, args: list[str]) -> click.Command | None:
-        from k3artifacts.stores.file_bootstrap import names_a_file_store
+        # The store says how it is set up (stores/registry.py); the first argument that names
+        # a store picks the form, whatever options come before it.
+        from k3artifacts.stores.registry import setup_named
 
-        if any(names_a_file_store(arg) for arg in args):
-            return file_bootstrap_cmd
-        if any(arg.startswith("s3://") for arg in args):
-            from k3artifacts.cli.aws import bootstrap_cmd
+        for arg in args:
+            setup = setup_named(arg)
+            if setup == "group":
+                return file_bootstrap_cmd
+            if setup == "bucket":
+                from k3artifacts.cli.aws import bootstrap_cmd
 
-            return bootstrap_cmd
+                return bootstrap_cmd
         return None
 
     def make_context(self, info_name: str | None, args: list[str],

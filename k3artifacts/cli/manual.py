@@ -1,11 +1,14 @@
 """The generated reference pages: ``docs/reference/cli.md`` from the click commands themselves
 (every listed command of :data:`k3artifacts.cli.app.COMMANDS` and each subcommand, with its
-``--help`` as ``k3a`` prints it) and ``docs/reference/policy-schema.md`` from the policy's
-pydantic model. ``tests/test_reference_docs.py`` fails when a page differs from what this
-module writes, so the pages cannot drift from the code.
+``--help`` as ``k3a`` prints it), ``docs/reference/policy-schema.md`` from the policy's
+pydantic model, and the generated sections of ``docs/architecture.md`` (the package map and
+the layering, :mod:`.package_map`), rewritten in place since the rest of that page is written
+by hand. ``tests/test_reference_docs.py`` fails when a page differs from what this module
+writes, so the pages cannot drift from the code.
 
     python -m k3artifacts.cli.manual cli > docs/reference/cli.md
     python -m k3artifacts.cli.manual policy > docs/reference/policy-schema.md
+    python -m k3artifacts.cli.manual architecture
 """
 
 from __future__ import annotations
@@ -111,13 +114,37 @@ def policy_markdown() -> str:
 
 
 PAGES = {"cli": cli_markdown, "policy": policy_markdown}
+#: Pages partly written by hand: their generated sections are rewritten in place, in the
+#: checkout the package was loaded from.
+IN_PLACE = {"architecture": "docs/architecture.md"}
+REWRITE = "python -m k3artifacts.cli.manual {page}"
+
+
+def rewrite(page: str) -> None:
+    from k3artifacts.cli.package_map import CHECKOUT, regenerate
+
+    path = CHECKOUT / IN_PLACE[page]
+    text = path.read_text()
+    fresh = regenerate(text)
+    if fresh != text:
+        path.write_text(fresh)
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) != 1 or argv[0] not in PAGES:
-        print(f"usage: python -m k3artifacts.cli.manual {{{'|'.join(PAGES)}}}", file=sys.stderr)
+    names = [*PAGES, *IN_PLACE]
+    if len(argv) != 1 or argv[0] not in names:
+        print(f"usage: python -m k3artifacts.cli.manual {{{'|'.join(names)}}}", file=sys.stderr)
         return 2
-    sys.stdout.write(PAGES[argv[0]]())
+    if argv[0] in IN_PLACE:
+        from k3artifacts.errors import K3AError
+
+        try:
+            rewrite(argv[0])
+        except K3AError as exc:
+            print(f"error: {exc}" + (f"\nnext: {exc.hint}" if exc.hint else ""), file=sys.stderr)
+            return exc.exit_code
+    else:
+        sys.stdout.write(PAGES[argv[0]]())
     return 0
 
 

@@ -8,7 +8,6 @@ import re
 from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Any
-from urllib.parse import urlparse
 
 from botocore.exceptions import BotoCoreError, ClientError
 from botocore.parsers import ResponseParserError
@@ -19,6 +18,7 @@ from k3artifacts.preflight.iam_eval import allowed
 from k3artifacts.preflight.model import CheckOutcome
 from k3artifacts.releases.tuples import ReleaseTuple
 from k3artifacts.serving.profiles import ServingResources
+from k3artifacts.stores.registry import weights_placement
 
 GPU = "nvidia.com/gpu"
 INSTANCE_TYPE_LABEL = "node.kubernetes.io/instance-type"
@@ -95,12 +95,14 @@ def capacity(ec2: Any, res: ServingResources, zones: set[str], policy: Infrastru
 def storage_throughput(fsx: Any, release: ReleaseTuple, res: ServingResources,
                        total_bytes: int, policy: InfrastructurePolicy) -> CheckOutcome:
     """FSx for Lustre: per-unit throughput x capacity reads the checkpoint within the load
-    target. S3: the bytes reach vLLM from the node's NVMe cache (k3a pull), not from S3."""
+    target. Weights in a bucket (what the store says of their placement) reach vLLM from the
+    node's NVMe cache (k3a pull), not from the bucket."""
     need_mbps = total_bytes / policy.max_load_seconds / 1e6
     target = res.storage.fsx
     if target is None:
-        where = release.binding.weights.location
-        if urlparse(where).scheme == "s3":
+        weights = release.binding.weights
+        where = weights.location
+        if weights_placement(where, weights.repo_id, weights.commit).bucket is not None:
             return CheckOutcome(
                 name="storage_throughput", passed=True,
                 reason=f"weights in S3 are served from the node cache (k3a pull before vLLM); "
@@ -150,15 +152,16 @@ def iam_reads_only_its_weights(iam: Any, release: ReleaseTuple,
     reads another revision or bucket nor writes anywhere in the store."""
     docs, names = _role_documents(iam, policy.inference_role)
     w = release.binding.weights
-    loc = urlparse(w.location)
+    placed = weights_placement(w.location, w.repo_id, w.commit)
     must_allow, must_deny = [], []
-    if loc.scheme == "s3":
-        prefix = loc.path.strip("/")
-        own = f"arn:aws:s3:::{loc.netloc}/{prefix}/config.json"
-        sibling = f"arn:aws:s3:::{loc.netloc}/{prefix.rsplit('/', 1)[0]}/{'0' * 40}/config.json"
+    if placed.bucket is not None:
+        root = "/".join(p for p in (placed.bucket, placed.s3_prefix) if p)
+        revision = f"{root}/{placed.revision_path}"
+        own = f"arn:aws:s3:::{revision}/config.json"
+        sibling = f"arn:aws:s3:::{revision.rsplit('/', 1)[0]}/{'0' * 40}/config.json"
         must_allow.append(("s3:GetObject", own))
         must_deny += [("s3:GetObject", sibling),
-                      ("s3:GetObject", f"arn:aws:s3:::{loc.netloc}/releases/channels/x.json"),
+                      ("s3:GetObject", f"arn:aws:s3:::{root}/releases/channels/x.json"),
                       ("s3:GetObject", "arn:aws:s3:::k3a-preflight-other-bucket/x"),
                       ("s3:PutObject", own), ("s3:DeleteObject", own)]
     else:

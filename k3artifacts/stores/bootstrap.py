@@ -15,6 +15,7 @@ import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import urlparse
 
 import botocore.exceptions as bex
 
@@ -23,6 +24,16 @@ from k3artifacts.errors import ConfigError, NotFound
 from k3artifacts.stores.awsclients import aws_errors, error_code, http_status
 from k3artifacts.stores.bucket_policies import BucketPolicyInputs, rendered
 from k3artifacts.stores.capabilities import probe
+
+
+def bucket_and_prefix(url: str) -> tuple[str, str]:
+    """The bucket and the store's key prefix (no slashes) of ``s3://bucket[/prefix]``."""
+    parsed = urlparse(url)
+    if parsed.scheme != "s3" or not parsed.netloc:
+        raise ConfigError(f"{url!r} is not an s3://bucket[/prefix] URL",
+                          hint="write the bucket to set up as s3://bucket[/prefix]")
+    return parsed.netloc, parsed.path.strip("/")
+
 
 #: Order of application (policy last, see module doc).
 SETTINGS = (

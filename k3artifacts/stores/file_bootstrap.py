@@ -24,22 +24,13 @@ import os
 import stat
 from dataclasses import dataclass, field
 from pathlib import Path
-from urllib.parse import urlparse
 
 from k3artifacts.errors import ConfigError
 from k3artifacts.stores.file import FileStore
 from k3artifacts.stores.file_modes import AccessDenied, denied
-from k3artifacts.stores.registry import SCHEMES
 
 #: How many paths a report or a refusal names before it counts the rest.
 SHOWN = 5
-
-
-def names_a_file_store(arg: str) -> bool:
-    """Whether a command-line argument is a file store's URL (``file:///path``): what
-    ``k3a bootstrap`` does depends on the store it is given."""
-    parsed = urlparse(arg)
-    return bool(parsed.scheme) and SCHEMES.get(parsed.scheme) == SCHEMES["file"]
 
 
 @dataclass

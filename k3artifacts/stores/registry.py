@@ -1,8 +1,10 @@
 """Store URLs: one scheme, one store class, found here.
 
 A new store is a module under :mod:`k3artifacts.stores` with a :class:`~.base.Store` subclass
-that has a ``from_url`` classmethod, and one line in :data:`SCHEMES`. Classes are imported
-only when their scheme is used, so a file-store command never loads botocore.
+that has a ``from_url`` classmethod, and one line in :data:`SCHEMES` (and one in :data:`SETUPS`
+when ``k3a bootstrap`` sets it up). Classes are imported only when their scheme is used, so a
+file-store command never loads botocore. What a URL's scheme decides is answered here or by the
+store class: nothing outside :mod:`k3artifacts.stores` reads a scheme.
 """
 
 from __future__ import annotations
@@ -20,6 +22,24 @@ SCHEMES: dict[str, str] = {
     "file": "k3artifacts.stores.file:FileStore",
     "s3": "k3artifacts.stores.s3:S3Store",
 }
+
+#: URL scheme -> how ``k3a bootstrap`` sets a store of that kind up, once: ``bucket`` (an S3
+#: bucket's settings and IAM policies, :mod:`.bootstrap`) or ``group`` (a file tree shared by a
+#: Unix group, :mod:`.file_bootstrap`). A kind with nothing to set up has no line.
+SETUPS: dict[str, str] = {
+    "file": "group",
+    "s3": "bucket",
+}
+
+
+def setup_named(arg: str) -> str | None:
+    """How the store a command-line argument names is set up (:data:`SETUPS`); None when the
+    argument is no store URL with a scheme (an option's value, an ARN, a plain path)."""
+    try:
+        scheme = urlparse(arg).scheme
+    except ValueError:  # not a URL at all (an unbalanced "[" in an option's value)
+        return None
+    return SETUPS.get(scheme)
 
 
 def _store_class(url: str) -> type[Store]:
