@@ -8,7 +8,7 @@ from typing import Any, BinaryIO
 
 import botocore.exceptions as bex
 
-from k3artifacts.errors import ConfigError, NotFound
+from k3artifacts.errors import ConfigError, NotFound, Unavailable
 from k3artifacts.settings import load
 from k3artifacts.stores import awsclients
 from k3artifacts.stores.awsclients import aws_errors, error_code, http_status
@@ -138,28 +138,51 @@ class S3Bucket(Store):
 
     def open_object(self, record: ObjectRecord) -> BinaryIO:
         """A streaming reader of the object ``record`` names, at its recorded version."""
-        version = {"VersionId": record.version_id} if record.version_id else {}
-        with aws_errors(f"reading {self.s3_url(record.key)}"):
-            try:
-                resp = self.client.get_object(Bucket=self.bucket, Key=self.key(record.key),
-                                              **version)
-            except bex.ClientError as exc:
-                if error_code(exc) in ("NoSuchKey", "NoSuchVersion") or http_status(exc) == 404:
-                    raise NotFound(f"{record.key} is not in {self.url}") from None
-                raise
-        body: BinaryIO = resp["Body"]
+        return self.open_version(record.key, record.version_id)
+
+    def open_version(self, key: str, version_id: str | None = None) -> BinaryIO:
+        """A streaming reader of the object at store key ``key`` (at ``version_id``)."""
+        body: BinaryIO = self._get(key, version_id)["Body"]
         return body
 
-    def open_read(self, key: str) -> BinaryIO:
+    def read_range(self, key: str, version_id: str | None, offset: int, length: int) -> bytes:
+        """Up to ``length`` bytes at ``offset`` of the object at store key ``key`` (at
+        ``version_id``; fewer at its end), in one ranged GET: nothing else of it is sent."""
+        if length <= 0:
+            return b""
+        resp = self._get(key, version_id, f"bytes={offset}-{offset + length - 1}")
+        if resp is None:
+            return b""  # the range starts past the object's end
+        served = resp.get("ContentRange") or ""
+        with resp["Body"] as body:
+            if not served.startswith(f"bytes {offset}-") and offset:
+                raise Unavailable(
+                    f"reading {self.s3_url(key)}: the server ignored the byte range "
+                    f"{offset}-{offset + length - 1} (answered {served or 'the whole object'})")
+            # A server that ignores Range from byte 0 sends the whole object: take what was
+            # asked and drop the connection with the rest.
+            data: bytes = body.read(length)
+        return data
+
+    def _get(self, key: str, version_id: str | None, byte_range: str | None = None) -> Any:
+        """GetObject of store key ``key`` (at ``version_id``, of ``byte_range``); None when
+        the range starts past the object's end."""
+        args = {"VersionId": version_id} if version_id else {}
+        if byte_range is not None:
+            args["Range"] = byte_range
         with aws_errors(f"reading {self.s3_url(key)}"):
             try:
-                resp = self.client.get_object(Bucket=self.bucket, Key=self.key(key))
+                return self.client.get_object(Bucket=self.bucket, Key=self.key(key), **args)
             except bex.ClientError as exc:
-                if error_code(exc) == "NoSuchKey":
+                if byte_range is not None and (http_status(exc) == 416
+                                               or error_code(exc) == "InvalidRange"):
+                    return None
+                if error_code(exc) in ("NoSuchKey", "NoSuchVersion") or http_status(exc) == 404:
                     raise NotFound(f"{key} is not in {self.url}") from None
                 raise
-        body: BinaryIO = resp["Body"]
-        return body
+
+    def open_read(self, key: str) -> BinaryIO:
+        return self.open_version(key)
 
     def object_sizes(self, prefix: str) -> dict[str, int]:
         s3_prefix = f"{self.prefix}/{prefix}" if self.prefix else prefix

@@ -360,13 +360,21 @@ class S3RevisionWriter(RevisionWriter):
         return self.counters.as_dict()
 
     def open_staged(self, path: str) -> BinaryIO:
+        return self.store.open_version(*self._staged(path))
+
+    def read_staged(self, path: str, offset: int, length: int) -> bytes:
+        return self.store.read_range(*self._staged(path), offset, length)
+
+    def _staged(self, path: str) -> tuple[str, str | None]:
+        """Key and version of the object this revision reads for ``path``: another
+        revision's, at its recorded version, for a file taken by reference; else the one
+        under the revision's prefix."""
         with self._lock:
             receipt = self.receipts.get(path)
         if receipt is not None and receipt.referenced_from:
             version = receipt.version_id if receipt.version_id != "null" else None
-            return self.store.open_object(ObjectRecord(
-                path, self.store.unkey(receipt.key), receipt.size, version))
-        return self.store.open_read(f"{self.prefix}/{path}")
+            return self.store.unkey(receipt.key), version
+        return f"{self.prefix}/{path}", None
 
     def put_file(
         self, record: FileRecord, local_path: Path, *, checksums: Mapping[str, str] | None = None
