@@ -251,6 +251,28 @@ def test_peak_memory_does_not_follow_the_shard_size(local_hub, seaweed, seaweed_
     assert big <= small * 1.25, peaks
 
 
+def test_part_buffers_are_bounded_in_bytes_across_files(local_hub, seaweed, seaweed_bucket,
+                                                       tmp_path, k3a_env, k3a_cmd):
+    """Eight files in flight, each allowed eight 5 MiB parts at once (320 MiB of buffers by
+    parts times files), under a 20 MiB budget of part buffers: the peak stays within that
+    budget of a one-file stage's (each ``k3a stage``'s own peak, tests.support.own_usage)."""
+    env = dict(k3a_env, **seaweed.env, K3A_S3_PART_SIZE="5MiB", K3A_S3_CONCURRENCY="8",
+               K3A_S3_BUFFER="20MiB")
+    env.pop("AWS_SESSION_TOKEN", None)
+    url = f"s3://{seaweed_bucket}/k3a"
+    peaks = {}
+    for shards, shard_bytes, seed in ((1, 6 * MiB, 1), (8, 40 * MiB, 2)):
+        local_hub.hub.add_commit(REPO, small_release(tmp_path, shard_bytes=shard_bytes,
+                                                     seed=seed, shards=shards))
+        peaks[shards] = _stage_peak_rss(k3a_cmd, env, [
+            "stage", REPO, "--endpoint", local_hub.endpoint, "--store", url, "--streams", "1",
+            "--workers", "8", "--quarantine", str(tmp_path / f"q{seed}"), "-q"],
+            tmp_path / f"stage{seed}.log")
+    # The budget, a stream buffer per file, and slack for the allocator and threads: 40 MiB
+    # over the one-file stage here; 337 MiB with the budget lifted.
+    assert peaks[8] - peaks[1] < 20 * MiB + 8 * MiB + 40 * MiB, peaks
+
+
 def test_the_upload_is_offered_landed_bytes_before_the_cursor_hashes_them(local_hub, tmp_path):
     """On one large file the hash cursor is the slowest stage: the streamed upload is offered
     each landed prefix before the cursor hashes it (the upload completes only once the file is

@@ -13,7 +13,7 @@ from k3artifacts.settings import load
 from k3artifacts.stores import awsclients
 from k3artifacts.stores.awsclients import aws_errors, error_code, http_status
 from k3artifacts.stores.base import ObjectRecord, ProgressCallback, Store
-from k3artifacts.stores.s3.transfers import TransferCounters, TransferTuning
+from k3artifacts.stores.s3.transfers import ByteBudget, TransferCounters, TransferTuning
 
 _BUCKET_RE = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
 
@@ -68,6 +68,8 @@ class S3Bucket(Store):
             self.client.meta.events.register(f"before-parameter-build.s3.{operation}",
                                              _create_only)
         self.tuning = tuning or TransferTuning.from_env()
+        #: Part buffers of every upload through this store, in bytes (one budget a process).
+        self.part_buffers = ByteBudget(self.tuning.buffer_bytes)
         self.progress = progress
         self.counters = TransferCounters()
 

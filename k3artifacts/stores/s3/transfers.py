@@ -4,9 +4,11 @@ progress.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -31,7 +33,8 @@ class TransferTuning:
     """How s3transfer moves one file. Defaults suit multi-GB shards on a large instance.
 
     Memory stays bounded: parts are read from the file as they are sent (never buffered
-    whole), and at most ``max_concurrency`` parts are in flight per file.
+    whole), at most ``max_concurrency`` parts are in flight per file, and the parts in memory
+    across all files hold at most ``buffer_bytes``.
     """
 
     #: Files at least this big move in parts (parallel, retried one by one): in-bucket copies
@@ -44,15 +47,18 @@ class TransferTuning:
     #: Bytes per second across one transfer, or None for no limit.
     max_bandwidth: int | None = None
     #: Part size of uploads this package sends itself (streamed while downloading, or from a
-    #: verified file): each part in flight is one buffer, so memory is ``max_concurrency`` of
-    #: these per file in flight, whatever the file size.
+    #: verified file): each part in flight is one buffer.
     stream_part_size: int = 16 * MiB
+    #: Bytes of those buffers held at once by the process, across every file it sends
+    #: (:class:`ByteBudget`): memory follows this, not parts times files in flight.
+    buffer_bytes: int = 256 * MiB
 
     @classmethod
     def from_env(cls) -> TransferTuning:
         """Defaults, overridden by ``K3A_S3_PART_SIZE`` (also the multipart threshold),
-        ``K3A_S3_CONCURRENCY`` (parts in flight per file): what a staging worker reads, so
-        every process of a run moves bytes the same way."""
+        ``K3A_S3_CONCURRENCY`` (parts in flight per file) and ``K3A_S3_BUFFER`` (part bytes in
+        memory): what a staging worker reads, so every process of a run moves bytes the same
+        way."""
         tuning = cls()
         settings = load()
         if settings.s3_part_size is not None:
@@ -61,6 +67,8 @@ class TransferTuning:
                                          stream_part_size=size)
         if settings.s3_concurrency is not None:
             tuning = dataclasses.replace(tuning, max_concurrency=settings.s3_concurrency)
+        if settings.s3_buffer is not None:
+            tuning = dataclasses.replace(tuning, buffer_bytes=settings.s3_buffer)
         return tuning
 
     def part_size(self, size: int) -> int:
@@ -101,6 +109,38 @@ class TransferTuning:
             max_in_memory_upload_chunks=self.max_concurrency,
             max_bandwidth=self.max_bandwidth,
         )
+
+
+class ByteBudget:
+    """Bytes a process may hold in part buffers at once, shared by every file it sends.
+
+    A part takes its size before it is read and gives it back once sent. One part bigger
+    than the whole budget (a part grown for a file of S3's 10,000 parts) goes alone, so
+    nothing waits forever. Thread-safe."""
+
+    def __init__(self, limit: int):
+        self.limit = limit
+        self._held = 0
+        self._cond = threading.Condition()
+
+    def take(self, nbytes: int) -> None:
+        with self._cond:
+            while self._held and self._held + nbytes > self.limit:
+                self._cond.wait()
+            self._held += nbytes
+
+    def give(self, nbytes: int) -> None:
+        with self._cond:
+            self._held -= nbytes
+            self._cond.notify_all()
+
+    @contextlib.contextmanager
+    def held(self, nbytes: int) -> Iterator[None]:
+        self.take(nbytes)
+        try:
+            yield
+        finally:
+            self.give(nbytes)
 
 
 @dataclass
