@@ -8,12 +8,13 @@ from typing import Any, BinaryIO
 
 import botocore.exceptions as bex
 
+from k3artifacts.budget import ByteBudget
 from k3artifacts.errors import ConfigError, NotFound, Unavailable
 from k3artifacts.settings import load
 from k3artifacts.stores import awsclients
 from k3artifacts.stores.awsclients import aws_errors, error_code, http_status
 from k3artifacts.stores.base import ObjectRecord, ProgressCallback, Store
-from k3artifacts.stores.s3.transfers import ByteBudget, TransferCounters, TransferTuning
+from k3artifacts.stores.s3.transfers import TransferCounters, TransferTuning
 
 _BUCKET_RE = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
 

@@ -4,11 +4,9 @@ progress.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import math
 import threading
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -50,7 +48,8 @@ class TransferTuning:
     #: verified file): each part in flight is one buffer.
     stream_part_size: int = 16 * MiB
     #: Bytes of those buffers held at once by the process, across every file it sends
-    #: (:class:`ByteBudget`): memory follows this, not parts times files in flight.
+    #: (a :class:`~k3artifacts.budget.ByteBudget`): memory follows this, not parts times
+    #: files in flight.
     buffer_bytes: int = 256 * MiB
 
     @classmethod
@@ -109,38 +108,6 @@ class TransferTuning:
             max_in_memory_upload_chunks=self.max_concurrency,
             max_bandwidth=self.max_bandwidth,
         )
-
-
-class ByteBudget:
-    """Bytes a process may hold in part buffers at once, shared by every file it sends.
-
-    A part takes its size before it is read and gives it back once sent. One part bigger
-    than the whole budget (a part grown for a file of S3's 10,000 parts) goes alone, so
-    nothing waits forever. Thread-safe."""
-
-    def __init__(self, limit: int):
-        self.limit = limit
-        self._held = 0
-        self._cond = threading.Condition()
-
-    def take(self, nbytes: int) -> None:
-        with self._cond:
-            while self._held and self._held + nbytes > self.limit:
-                self._cond.wait()
-            self._held += nbytes
-
-    def give(self, nbytes: int) -> None:
-        with self._cond:
-            self._held -= nbytes
-            self._cond.notify_all()
-
-    @contextlib.contextmanager
-    def held(self, nbytes: int) -> Iterator[None]:
-        self.take(nbytes)
-        try:
-            yield
-        finally:
-            self.give(nbytes)
 
 
 @dataclass
