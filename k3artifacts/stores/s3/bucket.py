@@ -201,7 +201,11 @@ class S3Bucket(Store):
 
     def companion_client(self, connections: int, *, sign_payload: bool | None = None) -> Any:
         """A client on the store's endpoint and region with ``connections`` in its pool, for
-        a transfer that runs that many requests at once."""
+        a transfer that runs that many requests at once: the store's own where its pool is
+        that large and the payload signing is its own (a pull's ranged reads), since making
+        a client is a sizeable part of a short command's start."""
+        if sign_payload is None and connections <= self.client.meta.config.max_pool_connections:
+            return self.client
         endpoint = self.client.meta.endpoint_url
         if "amazonaws.com" in (endpoint or ""):
             endpoint = None
