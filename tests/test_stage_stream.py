@@ -108,8 +108,8 @@ def test_each_file_in_flight_gets_its_own_parts_in_flight(store, tmp_path, monke
     """``max_concurrency`` is per file: three files put at once send six parts at once (one
     pool sized for one file kept every download waiting on its last parts). Every part waits
     at a barrier of six before it is sent: a pool with fewer threads never fills it. Parts go
-    without a payload signature, their CRC64NVME header being the check, each as one bytes
-    body."""
+    without a payload signature, their CRC64NVME header being the check, each in one block
+    from its buffer."""
     writer = store.begin_revision(REPO, "b" * 40)
     writer.expect_files(3)
     barrier = threading.Barrier(6, timeout=30)
@@ -121,11 +121,14 @@ def test_each_file_in_flight_gets_its_own_parts_in_flight(store, tmp_path, monke
         return real(**kw)
 
     monkeypatch.setattr(client, "upload_part", upload_part)
-    payloads, bodies = [], []
+    payloads, blocks, expects = [], [], []
 
     def sending(request, **_):
         payloads.append(request.headers.get("X-Amz-Content-SHA256"))
-        bodies.append(type(request.body))
+        expects.append(request.headers.get("Expect"))
+        # What urllib3 reads of it for its first 16 KiB block: the whole part.
+        blocks.append((len(request.body.read(16384)), int(request.headers["Content-Length"])))
+        request.body.seek(0)
 
     client.meta.events.register("before-send.s3.UploadPart", sending)
     uploads = []
@@ -145,8 +148,10 @@ def test_each_file_in_flight_gets_its_own_parts_in_flight(store, tmp_path, monke
     # Plain HTTP to SeaweedFS, yet no SHA256 of each part's body: its signed CRC64NVME
     # header is the check (and the parts' CRCs combined, the end-to-end one).
     assert payloads and set(payloads) == {b"UNSIGNED-PAYLOAD"}, payloads
-    # Each part leaves as the bytes read, not a file object urllib3 would send 16 KiB a call.
-    assert set(bodies) == {bytes}, bodies
+    # Each part leaves in one block from the buffer it was read into (not 16 KiB a call),
+    # without waiting for a 100 Continue.
+    assert blocks and all(got == whole == 5 * MiB for got, whole in blocks), blocks
+    assert set(expects) == {None}, expects
 
 
 def test_a_file_of_one_part_or_more_goes_as_parts_below_the_multipart_threshold(

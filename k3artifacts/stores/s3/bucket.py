@@ -8,13 +8,12 @@ from typing import Any, BinaryIO
 
 import botocore.exceptions as bex
 
-from k3artifacts.budget import ByteBudget
 from k3artifacts.errors import ConfigError, NotFound, Unavailable
 from k3artifacts.settings import load
 from k3artifacts.stores import awsclients
 from k3artifacts.stores.awsclients import aws_errors, error_code, http_status
 from k3artifacts.stores.base import ObjectRecord, ProgressCallback, Store
-from k3artifacts.stores.s3.transfers import TransferCounters, TransferTuning
+from k3artifacts.stores.s3.transfers import PartBuffers, TransferCounters, TransferTuning
 
 _BUCKET_RE = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
 
@@ -69,8 +68,8 @@ class S3Bucket(Store):
             self.client.meta.events.register(f"before-parameter-build.s3.{operation}",
                                              _create_only)
         self.tuning = tuning or TransferTuning.from_env()
-        #: Part buffers of every upload through this store, in bytes (one budget a process).
-        self.part_buffers = ByteBudget(self.tuning.buffer_bytes)
+        #: Part buffers of every upload through this store (one budget a process).
+        self.part_buffers = PartBuffers(self.tuning.buffer_bytes, self.tuning.stream_part_size)
         self.progress = progress
         self.counters = TransferCounters()
 

@@ -4,12 +4,15 @@ progress.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from k3artifacts.budget import ByteBudget
 from k3artifacts.settings import load
 from k3artifacts.stores.base import ProgressCallback
 
@@ -108,6 +111,40 @@ class TransferTuning:
             max_in_memory_upload_chunks=self.max_concurrency,
             max_bandwidth=self.max_bandwidth,
         )
+
+
+class PartBuffers:
+    """The buffers parts are read into and sent from, lent to one part at a time and kept
+    for the next: at most ``limit`` bytes of them at once across every file of the process
+    (a :class:`~k3artifacts.budget.ByteBudget`), each ``size`` bytes. Reused, not allocated
+    per part, they stay as resident as they were and the allocator keeps no freed 16 MiB
+    blocks of its own beside them: memory is the budget, whatever the files in flight. A part
+    larger than ``size`` (grown for a file of S3's 10,000 parts) gets a buffer of its own,
+    under the same budget."""
+
+    def __init__(self, limit: int, size: int):
+        self.size = size
+        self._budget = ByteBudget(limit)
+        self._free: list[bytearray] = []
+        self._lock = threading.Lock()
+
+    @contextlib.contextmanager
+    def lend(self, length: int) -> Iterator[memoryview]:
+        """A buffer of ``length`` bytes for the block (its contents: whatever was in it)."""
+        size = max(length, self.size)
+        with self._budget.held(size):
+            with self._lock:
+                buf = self._free.pop() if size == self.size and self._free else None
+            if buf is None:
+                buf = bytearray(size)
+            try:
+                # Not released on the way out: a request object may still hold a slice of it;
+                # the buffer is never resized, so a stale view reads bytes, never freed memory.
+                yield memoryview(buf)[:length]
+            finally:
+                if size == self.size:
+                    with self._lock:
+                        self._free.append(buf)
 
 
 @dataclass
