@@ -151,7 +151,7 @@ class Settings(BaseModel):
         "Bytes of upload parts a process holds in memory at once, across all the files it "
         "sends, e.g. `512MiB`: what bounds the memory of staging to S3, whatever the number "
         "of files in flight.",
-        shown="`256MiB`", ge=5 * MiB)
+        shown="`192MiB`", ge=5 * MiB)
     kms_endpoint_url: str | None = var(
         "K3A_KMS_ENDPOINT_URL", "S3 and AWS",
         "KMS endpoint for a `kms:` identity key (a VPC endpoint, moto). It chooses which "
