@@ -55,7 +55,8 @@ def stage_vs_s5cmd(bench: Bench, opts, shared: dict) -> list[Row]:
     ours, base = total / result["seconds"] / MB, total / s5.seconds / MB
     ratio = ours / base
     tuning = (f"parts {env.get('K3A_S3_PART_SIZE', '16MiB')}, "
-              f"{env.get('K3A_S3_CONCURRENCY', '8')} in flight per file")
+              f"{env.get('K3A_S3_CONCURRENCY', '8')} in flight per file, "
+              f"{env.get('K3A_S3_BUFFER', '192MiB')} of parts in memory")
     return [Row(
         "8 stage -> S3 (SeaweedFS)", ours, "MB/s", "s5cmd cp of the same files", base, ratio,
         ">= 0.9", ratio >= 0.9,

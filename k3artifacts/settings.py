@@ -146,6 +146,12 @@ class Settings(BaseModel):
     s3_concurrency: int | None = var(
         "K3A_S3_CONCURRENCY", "S3 and AWS",
         "Parts in flight per file during an S3 transfer.", shown="`8`", ge=1)
+    s3_buffer: Size | None = var(
+        "K3A_S3_BUFFER", "S3 and AWS",
+        "Bytes of upload parts a process holds in memory at once, across all the files it "
+        "sends, e.g. `512MiB`: what bounds the memory of staging to S3, whatever the number "
+        "of files in flight.",
+        shown="`192MiB`", ge=5 * MiB)
     kms_endpoint_url: str | None = var(
         "K3A_KMS_ENDPOINT_URL", "S3 and AWS",
         "KMS endpoint for a `kms:` identity key (a VPC endpoint, moto). It chooses which "

@@ -20,15 +20,17 @@ CARD = b"---\nlicense: other\nlicense_name: modified-mit\nlicense_link: LICENSE\
 FAST_RETRY = RetryPolicy(attempts=4, backoff=0.01, max_backoff=0.05, read_timeout=5)
 
 
-def small_release(tmp_path: Path, *, shard_bytes: int = 256 << 10, seed: int = 0) -> dict[str, bytes | Path]:
-    """Two shards with an index, config, license, card and one remote-code file."""
+def small_release(tmp_path: Path, *, shard_bytes: int = 256 << 10, seed: int = 0,
+                  shards: int = 2) -> dict[str, bytes | Path]:
+    """Shards (two by default) with an index, config, license, card and one remote-code
+    file."""
     rng = np.random.default_rng(seed)
     out = tmp_path / f"release-{seed}"
     out.mkdir(parents=True, exist_ok=True)
     weight_map = {}
     files: dict[str, bytes | Path] = {}
-    for i in (1, 2):
-        name = f"model-0000{i}-of-00002.safetensors"
+    for i in range(1, shards + 1):
+        name = f"model-{i:05d}-of-{shards:05d}.safetensors"
         tensors = {
             f"layers.{i}.experts.w1": rng.integers(0, 255, shard_bytes, dtype=np.uint8),
             f"layers.{i}.norm": rng.random(64, dtype=np.float32),

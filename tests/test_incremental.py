@@ -223,6 +223,35 @@ def test_s3_altered_source_fails_the_crc_check_and_is_downloaded(local_hub, any_
     assert verify_revision(store=any_s3, repo_id=REPO, commit=result.commit, full=True).ok
 
 
+@pytest.mark.s3
+def test_a_reused_shard_costs_one_ranged_read_of_its_header(local_hub, seaweed, seaweed_bucket,
+                                                          seaweed_proxy, monkeypatch, tmp_path):
+    """Checking a reused shard reads its header and nothing else of the object: one ranged GET
+    of the length and the header (its length recorded at the first staging), where a GET of
+    the whole object started sending all of a multi-GB shard to read a few KB. Every request
+    is logged by a proxy in front of SeaweedFS, with its Range and the bytes sent back."""
+    from k3artifacts.stores.s3 import MiB, S3Store, TransferTuning
+
+    for name, value in seaweed.env.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.delenv("AWS_SESSION_TOKEN", raising=False)
+    store = S3Store.from_url(f"s3://{seaweed_bucket}/k3a", endpoint_url=seaweed_proxy.endpoint,
+                             tuning=TransferTuning(stream_part_size=5 * MiB, max_concurrency=2))
+    files = small_release(tmp_path, shard_bytes=12 * MiB)
+    local_hub.hub.add_commit(REPO, files)
+    c1 = run_stage(local_hub.endpoint, store, tmp_path / "q").commit
+    mark = len(seaweed_proxy.requests)
+    result, _ = stage_next(local_hub, store, tmp_path, {**files, "config.json": b"{}"})
+    assert sources(store, result.commit)[SHARD1] == sources(store, result.commit)[SHARD2] == c1
+    manifest = store.read_manifest(REPO, c1)
+    for shard in (SHARD1, SHARD2):
+        header = manifest.file(shard).safetensors.header_len
+        reads = [(r.range, r.body_bytes) for r in seaweed_proxy.requests[mark:]
+                 if r.key.endswith(f"/{shard}") and r.method == "GET"]
+        assert reads == [(f"bytes=0-{header + 7}", header + 8)], (shard, reads)
+    assert verify_revision(store=store, repo_id=REPO, commit=result.commit, full=True).ok
+
+
 class _DeleteOnPlan(StageObserver):
     """Deletes the source revision once the run has planned to reuse from it."""
 

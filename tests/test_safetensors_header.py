@@ -11,7 +11,7 @@ import pytest
 from safetensors.numpy import save_file
 
 from k3artifacts.errors import Refusal
-from k3artifacts.staging.safetensors_header import check_header, check_index
+from k3artifacts.staging.safetensors_header import check_header, check_header_at, check_index
 
 
 def write_raw(path: Path, header: dict, data: bytes, header_len: int | None = None) -> Path:
@@ -32,6 +32,31 @@ def test_real_file_passes_and_is_summarised(tmp_path):
     assert info.summary.tensor_count == 2
     assert info.summary.dtypes == ["F32", "U8"]
     assert info.summary.data_bytes == 4 * 8 * 4 + 3
+
+
+@pytest.mark.parametrize("expected", ["recorded", "stale", "unknown", "past the end"])
+def test_a_header_read_by_ranges_reads_only_the_header(tmp_path, expected):
+    """A store's object is read by ranges: one read of the length and the header where the
+    recorded length still holds, else the length and then the header; never a byte of data,
+    and a stale record changes nothing of the verdict."""
+    path = tmp_path / "model.safetensors"
+    save_file({"a": np.zeros((256, 256), np.float32)}, path)
+    blob, size = path.read_bytes(), path.stat().st_size
+    (length,) = struct.unpack("<Q", blob[:8])
+    reads = []
+
+    def read_at(offset: int, n: int) -> bytes:
+        reads.append((offset, n))
+        return blob[offset:offset + n]
+
+    hint = {"recorded": length, "stale": length + 16, "unknown": None,
+            "past the end": size}[expected]
+    info = check_header_at(path.name, read_at, size, hint)
+    assert info == check(path)
+    assert reads == ([(0, 8 + length)] if expected == "recorded" else
+                     [(0, 8 + length + 16), (8, length)] if expected == "stale" else
+                     [(0, 8), (8, length)])
+    assert sum(n for _, n in reads) < 3 * (8 + length) < size // 100
 
 
 @pytest.mark.parametrize(

@@ -108,8 +108,8 @@ def test_each_file_in_flight_gets_its_own_parts_in_flight(store, tmp_path, monke
     """``max_concurrency`` is per file: three files put at once send six parts at once (one
     pool sized for one file kept every download waiting on its last parts). Every part waits
     at a barrier of six before it is sent: a pool with fewer threads never fills it. Parts go
-    without a payload signature, their CRC64NVME header being the check, each as one bytes
-    body."""
+    without a payload signature, their CRC64NVME header being the check, each in one block
+    from its buffer."""
     writer = store.begin_revision(REPO, "b" * 40)
     writer.expect_files(3)
     barrier = threading.Barrier(6, timeout=30)
@@ -121,11 +121,14 @@ def test_each_file_in_flight_gets_its_own_parts_in_flight(store, tmp_path, monke
         return real(**kw)
 
     monkeypatch.setattr(client, "upload_part", upload_part)
-    payloads, bodies = [], []
+    payloads, blocks, expects = [], [], []
 
     def sending(request, **_):
         payloads.append(request.headers.get("X-Amz-Content-SHA256"))
-        bodies.append(type(request.body))
+        expects.append(request.headers.get("Expect"))
+        # What urllib3 reads of it for its first 16 KiB block: the whole part.
+        blocks.append((len(request.body.read(16384)), int(request.headers["Content-Length"])))
+        request.body.seek(0)
 
     client.meta.events.register("before-send.s3.UploadPart", sending)
     uploads = []
@@ -145,8 +148,10 @@ def test_each_file_in_flight_gets_its_own_parts_in_flight(store, tmp_path, monke
     # Plain HTTP to SeaweedFS, yet no SHA256 of each part's body: its signed CRC64NVME
     # header is the check (and the parts' CRCs combined, the end-to-end one).
     assert payloads and set(payloads) == {b"UNSIGNED-PAYLOAD"}, payloads
-    # Each part leaves as the bytes read, not a file object urllib3 would send 16 KiB a call.
-    assert set(bodies) == {bytes}, bodies
+    # Each part leaves in one block from the buffer it was read into (not 16 KiB a call),
+    # without waiting for a 100 Continue.
+    assert blocks and all(got == whole == 5 * MiB for got, whole in blocks), blocks
+    assert set(expects) == {None}, expects
 
 
 def test_a_file_of_one_part_or_more_goes_as_parts_below_the_multipart_threshold(
@@ -249,6 +254,28 @@ def test_peak_memory_does_not_follow_the_shard_size(local_hub, seaweed, seaweed_
     # Holding a quarter of one 96 MiB shard (two are in flight) would add at least this much.
     assert big - small < 24 * MiB, peaks
     assert big <= small * 1.25, peaks
+
+
+def test_part_buffers_are_bounded_in_bytes_across_files(local_hub, seaweed, seaweed_bucket,
+                                                       tmp_path, k3a_env, k3a_cmd):
+    """Eight files in flight, each allowed eight 5 MiB parts at once (320 MiB of buffers by
+    parts times files), under a 20 MiB budget of part buffers: the peak stays within that
+    budget of a one-file stage's (each ``k3a stage``'s own peak, tests.support.own_usage)."""
+    env = dict(k3a_env, **seaweed.env, K3A_S3_PART_SIZE="5MiB", K3A_S3_CONCURRENCY="8",
+               K3A_S3_BUFFER="20MiB")
+    env.pop("AWS_SESSION_TOKEN", None)
+    url = f"s3://{seaweed_bucket}/k3a"
+    peaks = {}
+    for shards, shard_bytes, seed in ((1, 6 * MiB, 1), (8, 40 * MiB, 2)):
+        local_hub.hub.add_commit(REPO, small_release(tmp_path, shard_bytes=shard_bytes,
+                                                     seed=seed, shards=shards))
+        peaks[shards] = _stage_peak_rss(k3a_cmd, env, [
+            "stage", REPO, "--endpoint", local_hub.endpoint, "--store", url, "--streams", "1",
+            "--workers", "8", "--quarantine", str(tmp_path / f"q{seed}"), "-q"],
+            tmp_path / f"stage{seed}.log")
+    # The budget, a stream buffer per file, and slack for the allocator and threads: 40 MiB
+    # over the one-file stage here; 337 MiB with the budget lifted.
+    assert peaks[8] - peaks[1] < 20 * MiB + 8 * MiB + 40 * MiB, peaks
 
 
 def test_the_upload_is_offered_landed_bytes_before_the_cursor_hashes_them(local_hub, tmp_path):

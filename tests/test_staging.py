@@ -326,3 +326,20 @@ def test_small_files_are_rehashed_before_reuse(local_hub, file_store, quarantine
     refetched = {r.target for r in local_hub.hub.requests[mark:] if "/resolve/" in r.url}
     assert "config.json" in refetched and "LICENSE" not in refetched
     assert verify_revision(store=file_store, repo_id=REPO, commit=commit, full=True).ok
+
+
+@pytest.mark.parametrize("commit,path", [
+    ("a" * 40, "model-00001-of-00002.safetensors"),
+    ("b" * 40, "sub dir/ä#?.json"),
+    ("refs/pr/1", "x/y+z.bin"),
+])
+def test_a_files_url_is_spelled_as_huggingface_hub_spells_it(commit, path):
+    """k3a builds a file's /resolve/ URL itself (importing huggingface_hub's download module
+    for it cost every stage's start 20-25 ms); the official client spells it the same."""
+    from huggingface_hub import hf_hub_url
+
+    from k3artifacts.staging.hub import HubSource
+
+    endpoint = "http://127.0.0.1:8080"
+    assert HubSource(endpoint=endpoint, token=False).file_url(REPO, commit, path) == hf_hub_url(
+        REPO, path, revision=commit, endpoint=endpoint)

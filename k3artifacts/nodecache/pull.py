@@ -31,6 +31,7 @@ import os
 import stat
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -53,6 +54,7 @@ from k3artifacts.nodecache.layout import (
 from k3artifacts.nodecache.onhand import (
     Dirs,
     Identity,
+    OnDisk,
     hash_on_disk,
     split_path,
     still_as_hashed,
@@ -405,16 +407,27 @@ def _fill(target: PullTarget, layout: CacheLayout, repo: Dir, partial: Dir,
         result.files_kept = len(kept_paths)
         result.bytes_resumed = sum(r.size for r in unchanged) + kept.bytes
         missing = [r for r in manifest.files if r.path not in kept_paths]
-        linked = _link_others(layout, rev, dirs, missing, observer)
+        candidates = _link_others(layout, rev, dirs, missing)
+        linked_paths = {r.path for r, _ in candidates}
+        # The linked files are hashed while the others are fetched: a node holding the last
+        # commit pulls the next one in the longer of the two, not in their sum (at 8 GiB on
+        # 16 cores, the 7.5 GB hashed before one 510 MB shard started to arrive).
+        with ThreadPoolExecutor(1, thread_name_prefix="k3a-linked") as checker:
+            checking = checker.submit(hash_on_disk, dirs, [r for r, _ in candidates],
+                                      on_bytes=observer.advance)
+            _fetch(target, layout, repo, dirs,
+                   [r for r in missing if r.path not in linked_paths], tuning, observer, result)
+            linked = _keep_linked(dirs, candidates, checking.result(), observer)
         result.files_linked = len(linked)
         result.bytes_reused = sum(r.size for r in linked)
         result.bytes_rehashed = result.bytes_resumed + result.bytes_reused
         if linked:
             observer.note(f"reused {len(linked)} file(s), {result.bytes_reused:,} bytes, from "
                           "other cached revisions (hard links, hashed in this run)")
-        linked_paths = {r.path for r in linked}
-        to_fetch = [r for r in missing if r.path not in linked_paths]
-        _fetch(target, layout, repo, dirs, to_fetch, tuning, observer, result)
+        # Linked, but not the manifest's bytes: fetched after all.
+        good = {r.path for r in linked}
+        _fetch(target, layout, repo, dirs, [r for r, _ in candidates if r.path not in good],
+               tuning, observer, result)
     finally:
         dirs.close()
     return result
@@ -439,10 +452,10 @@ def _sort_on_disk(dirs: Dirs, manifest: ShardManifest, hashed: dict[str, Identit
     return unchanged, on_disk
 
 
-def _link_others(layout: CacheLayout, rev: Revision, dirs: Dirs, missing: list[FileRecord],
-                 observer: PullObserver) -> list[FileRecord]:
-    """Files another cached revision holds (same sha256 and size), hard-linked in and hashed
-    in this run; those whose bytes do not match are unlinked again (and fetched)."""
+def _link_others(layout: CacheLayout, rev: Revision, dirs: Dirs, missing: list[FileRecord]
+                 ) -> list[tuple[FileRecord, Revision]]:
+    """Files another cached revision holds (same sha256 and size), hard-linked in, with the
+    revision each came from: to be hashed before they are kept (:func:`_keep_linked`)."""
     if not missing:
         return []
     index = sha256_index(layout, rev)
@@ -455,9 +468,13 @@ def _link_others(layout: CacheLayout, rev: Revision, dirs: Dirs, missing: list[F
         parent.unlink(name)
         if _link_from(layout, held, parent, name):
             linked.append((record, held[0]))
-    if not linked:
-        return []
-    checked = hash_on_disk(dirs, [r for r, _ in linked], on_bytes=observer.advance)
+    return linked
+
+
+def _keep_linked(dirs: Dirs, linked: list[tuple[FileRecord, Revision]], checked: OnDisk,
+                 observer: PullObserver) -> list[FileRecord]:
+    """The linked files whose bytes hashed to their records in ``checked``; the others are
+    unlinked again (and fetched)."""
     for record, source in linked:
         if record.path in checked.bad:
             observer.note(f"{record.path} in cached revision {source}: its bytes do not "
@@ -470,6 +487,9 @@ def _link_others(layout: CacheLayout, rev: Revision, dirs: Dirs, missing: list[F
 def _fetch(target: PullTarget, layout: CacheLayout, repo: Dir, dirs: Dirs,
            to_fetch: list[FileRecord], tuning: Tuning, observer: PullObserver,
            result: PullResult) -> None:
+    if not to_fetch:
+        result.algorithms = result.algorithms or ["xxh3-128"]
+        return
     rev = target.revision
     places = [(record, *dirs.parent_of(record.path)) for record in to_fetch]
     _check_space(layout, repo, _still_needed(places))
@@ -491,8 +511,8 @@ def _fetch(target: PullTarget, layout: CacheLayout, repo: Dir, dirs: Dirs,
         totals = fetcher.run(jobs)
     finally:
         source.close()
-    result.files_fetched = totals.files
-    result.bytes_fetched = totals.bytes_fetched
+    result.files_fetched += totals.files
+    result.bytes_fetched += totals.bytes_fetched
     result.bytes_resumed += totals.bytes_resumed
     result.bytes_rehashed += totals.bytes_resumed
     result.algorithms = ["xxh3-128"] + (["crc64nvme"] if source.checksums else [])

@@ -12,12 +12,13 @@ This is the one staging loop: ``k3a stage`` runs it with a :class:`ThreadRunner`
 :mod:`k3artifacts.staging.worker`; where it runs is the runner's business.
 
 Every byte is read from the network once and from disk at most once more (the safetensors
-header, a few KB). A re-run of an interrupted staging resumes partial files and skips verified
-ones. Nothing is published unless every file passed.
+header of a reused file, a few KB read by range). A re-run of an interrupted staging resumes
+partial files and skips verified ones. Nothing is published unless every file passed.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import threading
@@ -47,7 +48,7 @@ from k3artifacts.staging.plan import (
 from k3artifacts.staging.quarantine import Quarantine, VerifiedEntry
 from k3artifacts.staging.rules import listing_refusals
 from k3artifacts.staging.runners import Runner, ThreadRunner
-from k3artifacts.staging.safetensors_header import check_header_stream, check_index
+from k3artifacts.staging.safetensors_header import check_header_at, check_index
 from k3artifacts.staging.worker import (
     FileJob,
     FileOutcome,
@@ -444,12 +445,15 @@ class _Run:
         tensors = None
         if record.kind == "weights":
             # The index check needs the shard's tensor names; the header (a few KB of the
-            # copy, read back from the store) is checked again as a download's would be.
-            with self.ctx.writer.open_staged(record.path) as fh:
-                try:
-                    info = check_header_stream(record.path, fh, record.size)
-                except Refusal as exc:
-                    raise ReuseFailed(f"{record.path}: {exc}") from None
+            # copy, read back from the store by range: one read at the length recorded when
+            # it was first staged) is checked again as a download's would be.
+            recorded = record.safetensors.header_len if record.safetensors else None
+            try:
+                info = check_header_at(
+                    record.path, functools.partial(self.ctx.writer.read_staged, record.path),
+                    record.size, recorded)
+            except Refusal as exc:
+                raise ReuseFailed(f"{record.path}: {exc}") from None
             if record.safetensors is not None and info.summary != record.safetensors:
                 raise ReuseFailed(
                     f"{record.path}: the copy's safetensors header differs from the one "

@@ -13,11 +13,12 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import os
 import re
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO
 
 from k3artifacts.errors import Refusal
 from k3artifacts.revisions.manifest import SafetensorsSummary
@@ -70,15 +71,6 @@ class HeaderInfo:
     tensor_names: frozenset[str]
 
 
-def _read_exactly(fh: BinaryIO, n: int) -> bytes:
-    """Up to ``n`` bytes (fewer only at the end): a network stream returns short reads."""
-    chunks, got = [], 0
-    while got < n and (chunk := fh.read(n - got)):
-        chunks.append(chunk)
-        got += len(chunk)
-    return b"".join(chunks)
-
-
 def _shown_shape(shape: list[int]) -> str:
     text = str(shape)
     return text if len(text) <= 80 else text[:77] + "...]"
@@ -103,22 +95,45 @@ def _depth_exceeds(raw: bytes, limit: int) -> bool:
 def check_header(path: str, local: Path, file_size: int) -> HeaderInfo:
     """Parse and validate the header of the safetensors file at ``local``; raise a Refusal."""
     with open(local, "rb") as fh:
-        return check_header_stream(path, fh, file_size)
+        return check_header_at(path, lambda offset, n: os.pread(fh.fileno(), n, offset),
+                               file_size)
 
 
-def check_header_stream(path: str, fh: BinaryIO, file_size: int) -> HeaderInfo:
-    """:func:`check_header` of a file read from ``fh`` (a store object: only the header is
-    read)."""
+def check_header_at(path: str, read_at: Callable[[int, int], bytes], file_size: int,
+                    expected_len: int | None = None) -> HeaderInfo:
+    """:func:`check_header` of a file read by ranges (a store's object, a local file):
+    ``read_at(offset, length)`` returns up to ``length`` bytes at ``offset``. Only the header
+    is read, in one read where ``expected_len`` (the header length recorded when the file was
+    first staged) still holds, else the 8-byte length and then the header: a multi-GB shard
+    in a store costs a few KB."""
+    if expected_len is not None and 0 <= expected_len <= min(MAX_HEADER, file_size - 8):
+        data = read_at(0, 8 + expected_len)
+        header_len = _header_length(path, data[:8], file_size)
+        if header_len == expected_len:
+            return _check_raw(path, data[8:], header_len, file_size)
+    else:
+        header_len = _header_length(path, read_at(0, 8), file_size)
+    return _check_raw(path, read_at(8, header_len), header_len, file_size)
+
+
+def _header_length(path: str, first: bytes, file_size: int) -> int:
+    """The header length the file's first 8 bytes give, within bounds."""
     if file_size < 8:
         raise _refuse(path, f"file is {file_size} bytes, shorter than the 8-byte header length")
-    (header_len,) = struct.unpack("<Q", _read_exactly(fh, 8))
+    if len(first) < 8:
+        raise _refuse(path, "file ended inside the 8-byte header length")
+    (header_len,) = struct.unpack("<Q", first)
     if header_len > MAX_HEADER:
         raise _refuse(path, f"header length {header_len} exceeds the {MAX_HEADER} limit")
     if header_len > file_size - 8:
         raise _refuse(
             path, f"header length {header_len} runs past the end of a {file_size}-byte file"
         )
-    raw = _read_exactly(fh, header_len)
+    return int(header_len)
+
+
+def _check_raw(path: str, raw: bytes, header_len: int, file_size: int) -> HeaderInfo:
+    """Validate the header bytes ``raw`` (``header_len`` of them after the length)."""
     if len(raw) != header_len:
         raise _refuse(path, "file ended inside the header")
     if _depth_exceeds(raw, MAX_DEPTH):

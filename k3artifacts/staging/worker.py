@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from k3artifacts import faultpoints
+from k3artifacts.budget import ByteBudget
 from k3artifacts.errors import Refusal, Unavailable
 from k3artifacts.net.attempt import PermanentError
 from k3artifacts.net.policy import RetryPolicy
@@ -99,31 +100,6 @@ class FileOutcome:
     receipt: PutReceipt | None
 
 
-class _ByteBudget:
-    """Admits files while the bytes they hold locally stay under a window."""
-
-    def __init__(self, window: int | None):
-        self.window = window
-        self.used = 0
-        self._cond = threading.Condition()
-
-    @contextlib.contextmanager
-    def held(self, size: int) -> Iterator[None]:
-        if self.window is None:
-            yield
-            return
-        with self._cond:
-            # A file bigger than the window runs alone rather than never.
-            self._cond.wait_for(lambda: self.used == 0 or self.used + size <= self.window)
-            self.used += size
-        try:
-            yield
-        finally:
-            with self._cond:
-                self.used -= size
-                self._cond.notify_all()
-
-
 class RunContext:
     """The live objects of one run in one process; thread-safe."""
 
@@ -146,7 +122,7 @@ class RunContext:
         self.observer = observer
         #: A worker-local quarantine: nobody reads its files after the store has them.
         self.drop_when_stored = drop_when_stored
-        self.budget = _ByteBudget(spec.options.window_bytes)
+        self.budget = ByteBudget(spec.options.window_bytes)
         writer.expect_files(spec.options.workers)
         self._headers = source.headers()
         self._want_crc = "crc64nvme" in store.wanted_checksums

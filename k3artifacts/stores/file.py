@@ -570,6 +570,10 @@ class _FileRevisionWriter(RevisionWriter):
         except FileNotFoundError:
             raise NotFound(f"{path} was never put into {self.work}") from None
 
+    def read_staged(self, path: str, offset: int, length: int) -> bytes:
+        with self.open_staged(path) as fh:
+            return os.pread(fh.fileno(), length, offset)
+
     def _put(self, record: FileRecord, local_path: Path) -> None:
         dest = self._dest(record.path)
         tmp = dest.with_name(f".{dest.name}.{os.getpid()}.tmp")

@@ -223,6 +223,12 @@ class RevisionWriter(ABC):
         coordinator reads the index and license this way when a worker on another machine
         fetched them)."""
 
+    @abstractmethod
+    def read_staged(self, path: str, offset: int, length: int) -> bytes:
+        """Up to ``length`` bytes at ``offset`` of a file put into this revision (fewer at its
+        end), reading no other byte of it: a reused shard's header is a few KB of a
+        multi-GB object."""
+
     def stats(self) -> dict[str, int]:
         """Transfer counters of this revision (bytes uploaded, copied...), for reports."""
         return {}

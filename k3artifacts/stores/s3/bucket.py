@@ -8,12 +8,12 @@ from typing import Any, BinaryIO
 
 import botocore.exceptions as bex
 
-from k3artifacts.errors import ConfigError, NotFound
+from k3artifacts.errors import ConfigError, NotFound, Unavailable
 from k3artifacts.settings import load
 from k3artifacts.stores import awsclients
 from k3artifacts.stores.awsclients import aws_errors, error_code, http_status
 from k3artifacts.stores.base import ObjectRecord, ProgressCallback, Store
-from k3artifacts.stores.s3.transfers import TransferCounters, TransferTuning
+from k3artifacts.stores.s3.transfers import PartBuffers, TransferCounters, TransferTuning
 
 _BUCKET_RE = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
 
@@ -68,6 +68,8 @@ class S3Bucket(Store):
             self.client.meta.events.register(f"before-parameter-build.s3.{operation}",
                                              _create_only)
         self.tuning = tuning or TransferTuning.from_env()
+        #: Part buffers of every upload through this store (one budget a process).
+        self.part_buffers = PartBuffers(self.tuning.buffer_bytes, self.tuning.stream_part_size)
         self.progress = progress
         self.counters = TransferCounters()
 
@@ -138,28 +140,51 @@ class S3Bucket(Store):
 
     def open_object(self, record: ObjectRecord) -> BinaryIO:
         """A streaming reader of the object ``record`` names, at its recorded version."""
-        version = {"VersionId": record.version_id} if record.version_id else {}
-        with aws_errors(f"reading {self.s3_url(record.key)}"):
-            try:
-                resp = self.client.get_object(Bucket=self.bucket, Key=self.key(record.key),
-                                              **version)
-            except bex.ClientError as exc:
-                if error_code(exc) in ("NoSuchKey", "NoSuchVersion") or http_status(exc) == 404:
-                    raise NotFound(f"{record.key} is not in {self.url}") from None
-                raise
-        body: BinaryIO = resp["Body"]
+        return self.open_version(record.key, record.version_id)
+
+    def open_version(self, key: str, version_id: str | None = None) -> BinaryIO:
+        """A streaming reader of the object at store key ``key`` (at ``version_id``)."""
+        body: BinaryIO = self._get(key, version_id)["Body"]
         return body
 
-    def open_read(self, key: str) -> BinaryIO:
+    def read_range(self, key: str, version_id: str | None, offset: int, length: int) -> bytes:
+        """Up to ``length`` bytes at ``offset`` of the object at store key ``key`` (at
+        ``version_id``; fewer at its end), in one ranged GET: nothing else of it is sent."""
+        if length <= 0:
+            return b""
+        resp = self._get(key, version_id, f"bytes={offset}-{offset + length - 1}")
+        if resp is None:
+            return b""  # the range starts past the object's end
+        served = resp.get("ContentRange") or ""
+        with resp["Body"] as body:
+            if not served.startswith(f"bytes {offset}-") and offset:
+                raise Unavailable(
+                    f"reading {self.s3_url(key)}: the server ignored the byte range "
+                    f"{offset}-{offset + length - 1} (answered {served or 'the whole object'})")
+            # A server that ignores Range from byte 0 sends the whole object: take what was
+            # asked and drop the connection with the rest.
+            data: bytes = body.read(length)
+        return data
+
+    def _get(self, key: str, version_id: str | None, byte_range: str | None = None) -> Any:
+        """GetObject of store key ``key`` (at ``version_id``, of ``byte_range``); None when
+        the range starts past the object's end."""
+        args = {"VersionId": version_id} if version_id else {}
+        if byte_range is not None:
+            args["Range"] = byte_range
         with aws_errors(f"reading {self.s3_url(key)}"):
             try:
-                resp = self.client.get_object(Bucket=self.bucket, Key=self.key(key))
+                return self.client.get_object(Bucket=self.bucket, Key=self.key(key), **args)
             except bex.ClientError as exc:
-                if error_code(exc) == "NoSuchKey":
+                if byte_range is not None and (http_status(exc) == 416
+                                               or error_code(exc) == "InvalidRange"):
+                    return None
+                if error_code(exc) in ("NoSuchKey", "NoSuchVersion") or http_status(exc) == 404:
                     raise NotFound(f"{key} is not in {self.url}") from None
                 raise
-        body: BinaryIO = resp["Body"]
-        return body
+
+    def open_read(self, key: str) -> BinaryIO:
+        return self.open_version(key)
 
     def object_sizes(self, prefix: str) -> dict[str, int]:
         s3_prefix = f"{self.prefix}/{prefix}" if self.prefix else prefix
@@ -175,7 +200,11 @@ class S3Bucket(Store):
 
     def companion_client(self, connections: int, *, sign_payload: bool | None = None) -> Any:
         """A client on the store's endpoint and region with ``connections`` in its pool, for
-        a transfer that runs that many requests at once."""
+        a transfer that runs that many requests at once: the store's own where its pool is
+        that large and the payload signing is its own (a pull's ranged reads), since making
+        a client is a sizeable part of a short command's start."""
+        if sign_payload is None and connections <= self.client.meta.config.max_pool_connections:
+            return self.client
         endpoint = self.client.meta.endpoint_url
         if "amazonaws.com" in (endpoint or ""):
             endpoint = None

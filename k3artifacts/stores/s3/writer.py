@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, BinaryIO, Literal
 
 import botocore.exceptions as bex
 from awscrt import checksums as crt_checksums
-from botocore.handlers import convert_body_to_file_like_object
+from botocore.handlers import add_expect_header, convert_body_to_file_like_object
 
 from k3artifacts import faultpoints
 from k3artifacts.canonical import canonical_json
@@ -75,6 +75,43 @@ STREAM_LAG = 1 * MiB
 
 def _b64_crc(crc: int) -> str:
     return base64.b64encode(crc.to_bytes(8, "big")).decode("ascii")
+
+
+class _PartBody:
+    """One part's bytes as an UploadPart body, straight from the buffer the store lent
+    (:class:`~.transfers.PartBuffers`): sent with one ``sendall``, no copy, the interpreter
+    lock released, and read again from the start on a retry.
+
+    ``read`` hands over the rest of the part whatever size is asked: urllib3 reads a body in
+    16 KiB blocks, a Python iteration each under the lock (a thousand per part), where the
+    part is already whole in memory. ``readinto`` keeps to its buffer, for any reader that
+    fills one. Only the part client (:meth:`S3RevisionWriter.part_client`) is given one."""
+
+    def __init__(self, data: memoryview):
+        self._data = data
+        self._pos = 0
+
+    def __len__(self) -> int:
+        return len(self._data)
+
+    def read(self, size: int = -1) -> memoryview:
+        chunk = self._data[self._pos:]
+        self._pos = len(self._data)
+        return chunk
+
+    def readinto(self, buf: memoryview) -> int:
+        n = min(len(buf), len(self._data) - self._pos)
+        buf[:n] = self._data[self._pos:self._pos + n]
+        self._pos += n
+        return n
+
+    def seek(self, offset: int, whence: int = os.SEEK_SET) -> int:
+        base = {os.SEEK_SET: 0, os.SEEK_CUR: self._pos, os.SEEK_END: len(self._data)}[whence]
+        self._pos = min(max(0, base + offset), len(self._data))
+        return self._pos
+
+    def tell(self) -> int:
+        return self._pos
 
 
 class _PartUpload(StreamedPut):
@@ -156,17 +193,18 @@ class _PartUpload(StreamedPut):
             upload_id = self._upload()
             self._pace(length)
             assert self._fd is not None
-            data = os.pread(self._fd, length, offset)
-            while len(data) < length:  # short reads happen on some filesystems
-                more = os.pread(self._fd, length - len(data), offset + len(data))
-                if not more:
-                    raise ShortRead(f"{self.local_path}: ended at {offset + len(data)}")
-                data += more
-            crc = crt_checksums.crc64nvme(data)
-            resp = self.writer.part_client().upload_part(
-                Bucket=self.store.bucket, Key=self.s3_key, UploadId=upload_id,
-                PartNumber=number, Body=data, ChecksumCRC64NVME=_b64_crc(crc),
-            )
+            with self.store.part_buffers.lend(length) as data:
+                done = 0
+                while done < length:  # short reads happen on some filesystems
+                    n = os.preadv(self._fd, [data[done:]], offset + done)
+                    if not n:
+                        raise ShortRead(f"{self.local_path}: ended at {offset + done}")
+                    done += n
+                crc = crt_checksums.crc64nvme(data)
+                resp = self.writer.part_client().upload_part(
+                    Bucket=self.store.bucket, Key=self.s3_key, UploadId=upload_id,
+                    PartNumber=number, Body=_PartBody(data), ChecksumCRC64NVME=_b64_crc(crc),
+                )
             part = {"PartNumber": number, "ETag": resp["ETag"],
                     "ChecksumCRC64NVME": resp.get("ChecksumCRC64NVME") or _b64_crc(crc)}
             with self._lock:
@@ -360,13 +398,21 @@ class S3RevisionWriter(RevisionWriter):
         return self.counters.as_dict()
 
     def open_staged(self, path: str) -> BinaryIO:
+        return self.store.open_version(*self._staged(path))
+
+    def read_staged(self, path: str, offset: int, length: int) -> bytes:
+        return self.store.read_range(*self._staged(path), offset, length)
+
+    def _staged(self, path: str) -> tuple[str, str | None]:
+        """Key and version of the object this revision reads for ``path``: another
+        revision's, at its recorded version, for a file taken by reference; else the one
+        under the revision's prefix."""
         with self._lock:
             receipt = self.receipts.get(path)
         if receipt is not None and receipt.referenced_from:
             version = receipt.version_id if receipt.version_id != "null" else None
-            return self.store.open_object(ObjectRecord(
-                path, self.store.unkey(receipt.key), receipt.size, version))
-        return self.store.open_read(f"{self.prefix}/{path}")
+            return self.store.unkey(receipt.key), version
+        return f"{self.prefix}/{path}", None
 
     def put_file(
         self, record: FileRecord, local_path: Path, *, checksums: Mapping[str, str] | None = None
@@ -483,16 +529,22 @@ class S3RevisionWriter(RevisionWriter):
 
     def pool(self) -> ThreadPoolExecutor:
         """Threads sending parts, shared by every file of this writer: ``max_concurrency``
-        per file put at once. Their number bounds the part buffers in memory whatever the
-        file sizes. One pool of 8 for 8 files in flight kept every download waiting on its
-        last parts (16 cores, SeaweedFS: the upload threads were the run's limit), as a
-        single S3 connection moves far less than a file's download does."""
+        per file put at once (one pool of 8 for 8 files in flight kept every download waiting
+        on its last parts: a single S3 connection moves far less than a file's download
+        does), but no more than the store's part buffers hold parts. The buffers in memory
+        are bounded by that budget in bytes (each part holds its size of it while it is read
+        and sent), not by parts times files: 8 parts of 16 MiB for each of 8 files in flight
+        peaked at 1.35 GiB of RSS on 16 cores."""
         with self._lock:
             if self._pool is None:
-                self._pool = ThreadPoolExecutor(
-                    self.store.tuning.max_concurrency * self._files_at_once,
-                    thread_name_prefix="k3a-s3-part")
+                self._pool = ThreadPoolExecutor(self._senders(),
+                                                thread_name_prefix="k3a-s3-part")
             return self._pool
+
+    def _senders(self) -> int:
+        tuning = self.store.tuning
+        return max(1, min(tuning.max_concurrency * self._files_at_once,
+                          tuning.buffer_bytes // tuning.stream_part_size))
 
     def part_client(self) -> Any:
         """The client the streamed parts go through: a connection per part thread, and
@@ -504,18 +556,18 @@ class S3RevisionWriter(RevisionWriter):
         CRT signer while holding the interpreter lock: 55% of the lock's time in a 16-core
         profile of staging to SeaweedFS, the run's serial section.
 
-        A part's bytes stay ``bytes`` down to the socket: botocore's stock handler wraps an
-        UploadPart body in a BytesIO, which urllib3 then sends 16 KiB per Python iteration
-        under the lock; a bytes body goes out in one ``sendall``, the lock released, and
-        botocore resends it whole on a retry all the same. (A bytearray would pass too, but
-        the CRT signer copies any body without ``seek`` into a BytesIO: 16 MiB per part
-        under the lock, measured worse.)"""
+        A part goes out of the buffer it was read into (:class:`_PartBody`, one ``sendall``,
+        the lock released): botocore's stock handler would wrap it in a BytesIO, a copy
+        that urllib3 then sends 16 KiB per Python iteration under the lock, and the CRT
+        signer copies any body without ``seek`` into a BytesIO (16 MiB per part under the
+        lock, measured worse). Nor does a part wait for ``100 Continue``, which botocore asks
+        of any body with ``read``: the server's answer to a part comes after its bytes."""
         with self._lock:
             if self._part_client is None:
-                client = self.store.companion_client(
-                    self.store.tuning.max_concurrency * self._files_at_once, sign_payload=False)
+                client = self.store.companion_client(self._senders(), sign_payload=False)
                 client.meta.events.unregister("before-parameter-build.s3.UploadPart",
                                               convert_body_to_file_like_object)
+                client.meta.events.unregister("before-call.s3", add_expect_header)
                 self._part_client = client
             return self._part_client
 
