@@ -220,6 +220,7 @@ def test_the_file_store_hashes_small_files_and_headers_of_what_it_serves(file_st
     writer.commit(big)
     root = file_store.local_path(f"models/{manifest.repo_id}/{commit}")
     assert file_store.check_served(manifest.repo_id, commit, big) == {}
+    release = releases.tuple_for(big)  # made while the store serves what was published
 
     config = json.dumps({"n": 9}).encode()  # same size as {"n": 1}: only a hash tells
     _edit(root / "config.json", 0, config)
@@ -228,7 +229,6 @@ def test_the_file_store_hashes_small_files_and_headers_of_what_it_serves(file_st
     served = file_store.check_served(manifest.repo_id, commit, big)
     assert set(served) == {"config.json", "big.safetensors"}
     assert "xxh3-128" in served["config.json"] and "header sha256" in served["big.safetensors"]
-    release = releases.tuple_for(big)
     review_license(file_store, release.id, by="rita", by_source="os-user")
     review_code(file_store, release.id, by="rita", by_source="os-user")
     report = check_gates(file_store, release.id, "staging", policies_dir=policies)
