@@ -22,6 +22,13 @@ pytest_plugins: list[str] = [
 ]
 
 
+@pytest.fixture(autouse=True)
+def _private_config_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """This process's personal key and pinned roots (``XDG_CONFIG_HOME``) are the test's own,
+    the same directory :func:`k3a_env` gives a `k3a` subprocess: never the account's."""
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "home" / "config"))
+
+
 @pytest.fixture
 def file_store(tmp_path: Path) -> FileStore:
     return FileStore(tmp_path / "store")

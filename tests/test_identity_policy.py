@@ -24,6 +24,9 @@ from k3artifacts.policy.record import changes, in_force
 from k3artifacts.releases.channels import ChannelPointer, current, history, pointer_key
 from k3artifacts.releases.reviewing import review_code, review_license
 from k3artifacts.stores.file import FileStore
+from k3artifacts.trust.identities import identities_yaml
+from k3artifacts.trust.keys import signer_key_id as key_id
+from tests.fixtures import people
 from tests.fixtures.identities import k3a_as
 from tests.fixtures.moves import promote, use_policy
 from tests.fixtures.releases import REVIEWER, passing_run, staged_for
@@ -86,20 +89,13 @@ def test_logname_and_user_do_not_make_the_reviewer_someone_else(
 
 @pytest.fixture(params=["file", pytest.param("seaweed", marks=pytest.mark.s3)])
 def judged_store(request, tmp_path, k3a_env):
-    """A store and the environment of a `k3a` acting on it: a file tree, or SeaweedFS (whose
-    identities are asked of moto's STS, as of AWS's beside real S3)."""
+    """A store and the environment of a `k3a` acting on it: a file tree, or SeaweedFS, which
+    has no identity service (no STS): who acts is the key, on both."""
     if request.param == "file":
         store = FileStore(tmp_path / "store")
         return store, dict(k3a_env, K3A_STORE=store.url)
-    # moto first: it fakes AWS credentials for the session, which the SeaweedFS fixture's
-    # monkeypatch would otherwise undo at teardown.
-    sts = request.getfixturevalue("moto_endpoint")
     store = request.getfixturevalue("seaweed_store")
-    request.getfixturevalue("monkeypatch").delenv("AWS_SESSION_TOKEN", raising=False)
-    env = dict(k3a_env, **request.getfixturevalue("seaweed").env, K3A_STS_ENDPOINT_URL=sts,
-               K3A_STORE=store.url)
-    env.pop("AWS_SESSION_TOKEN", None)
-    return store, env
+    return store, dict(k3a_env, **request.getfixturevalue("seaweed").env, K3A_STORE=store.url)
 
 
 def test_a_loose_policies_directory_cannot_move_production(judged_store, policies, tmp_path):
@@ -135,6 +131,8 @@ def test_a_policy_change_is_recorded_with_identity_and_digest(
 ):
     store = shared_store
     env = dict(k3a_env, K3A_STORE=store.url)
+    # The team's policy names both accounts' keys (each account's own: tests/fixtures/people).
+    (policies / "identities.yaml").write_text(identities_yaml(people.identities()))
     seeded = json.loads(k3a(env, "policy", "init", "--from", str(policies), "--json").stdout)
     assert seeded == {"version": 1, "digest": PolicyDocument.from_dir(policies).digest}
     k3a(env, "policy", "init", expect=6)  # seeded once; after that, changes are proposed
@@ -148,7 +146,7 @@ def test_a_policy_change_is_recorded_with_identity_and_digest(
         "    gates: [artifact, license, remote_code, signature]\n", 1))
     tighter = json.loads(k3a(env, "policy", "propose", str(stricter), "--json").stdout)
     assert tighter["needs"] == [] and tighter["requested_by"] == {
-        "name": ME, "source": "os-user", "account": None}
+        "name": ME, "source": "key", "account": None, "key_id": key_id(people.me_signer())}
     k3a(env, "policy", "apply", tighter["id"])
 
     # Loosening: a second identity approves, under its own uid, with the real command.
@@ -163,10 +161,10 @@ def test_a_policy_change_is_recorded_with_identity_and_digest(
 
     recorded = changes(store)
     assert [(c.version, c.action, c.by.name, c.by.source) for c in recorded] == [
-        (1, "seed", ME, "os-user"), (2, "change", ME, "os-user"), (3, "change", ME, "os-user")]
+        (1, "seed", ME, "key"), (2, "change", ME, "key"), (3, "change", ME, "key")]
     assert recorded[1].approved_by is None and recorded[1].loosens == []
     third = recorded[2]
-    assert (third.approved_by.name, third.approved_by.source) == (second_user, "os-user")
+    assert (third.approved_by.name, third.approved_by.source) == (second_user, "key")
     assert third.previous_digest == recorded[1].digest and third.request_id == request["id"]
     assert any("production" in n for n in third.loosens) and third.why == "drill"
     listed = k3a(env, "policy", "history").stdout
@@ -181,7 +179,7 @@ def test_a_policy_change_is_recorded_with_identity_and_digest(
     assert f"policy: version 3 ({applied['digest'][:12]})" in gated
     moved = json.loads(k3a(env, "promote", release.id, "staging", "--json").stdout)["entry"]
     assert (moved["policy_version"], moved["policy_digest"]) == (3, applied["digest"])
-    assert (moved["who"], moved["who_source"]) == (ME, "os-user")
+    assert (moved["who"], moved["who_source"]) == (ME, "key")
     rendered = CliRunner().invoke(cli, ["render", "staging", "--target", "eks", "--json"],
                                   env=env, catch_exceptions=False)
     assert f"judged by policy v3 {applied['digest'][:12]}" in rendered.stderr, rendered.stderr

@@ -16,6 +16,7 @@ from k3artifacts.reporting.logs import LOG_FORMATS
 from k3artifacts.reporting.progress import DEFAULT_INTERVAL
 
 if TYPE_CHECKING:
+    from k3artifacts.policy.actor import Acting
     from k3artifacts.reporting.progress import ProgressReporter
     from k3artifacts.settings import Settings
     from k3artifacts.stores.base import Store
@@ -167,6 +168,28 @@ def get_store(url: str, *, must_exist: bool = True) -> Store:
             "`k3a stage` (or `k3a demo`)",
         )
     return store
+
+
+#: ``--by NAME`` is refused, not read: who acts is the identity whose key signs. Kept, hidden,
+#: so a script that still passes it is told so rather than failing on an unknown option.
+typed_actor_option = click.option("--by", "by", default=None, hidden=True)
+
+
+def acting_here(store: Store, by: str | None = None) -> Acting:
+    """Who acts on ``store`` (``policy/acting.py``), saying on stderr where the personal key
+    was made when this is its first use. ``by``: a typed ``--by``, refused (exit 9)."""
+    from k3artifacts.policy.acting import acting
+
+    if by is not None:
+        raise ConfigError(
+            f"--by {by!r}: who acts is the identity whose key signs, never a typed name",
+            hint="drop --by: `k3a key show` says which key you sign with and whose it is; to "
+            "act as another identity, sign with its key (K3A_IDENTITY_KEY)")
+    me = acting(store)
+    if me.made_key is not None:
+        click.echo(f"made your personal key: {me.made_key} (public half beside it; "
+                   "`k3a key show`)", err=True)
+    return me
 
 
 def emit(as_json: bool, payload: Any, human: Callable[[], None]) -> None:

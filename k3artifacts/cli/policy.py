@@ -11,16 +11,16 @@ import click
 from k3artifacts.cli.common import emit, get_store, json_option, store_option
 
 if TYPE_CHECKING:
+    from k3artifacts.policy.actor import Acting
     from k3artifacts.stores.base import Store
 
 policy_dir_arg = click.argument(
     "policies_dir", metavar="DIR", type=click.Path(file_okay=False, exists=True, path_type=Path))
 
 
-def _me(store: Store):  # type: ignore[no-untyped-def]
-    # Policy moves are never asserted: a typed name cannot change what judges promotions.
-    from k3artifacts.policy.acting import acting
-    return acting(store)
+def _me(store: Store) -> Acting:
+    from k3artifacts.cli.common import acting_here
+    return acting_here(store)
 
 
 @click.group("policy")
@@ -35,16 +35,30 @@ def policy_group() -> None:
 
 
 @policy_group.command("show")
+@click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path),
+              default=None, help="Also write the policy's files to this new (or empty) "
+              "directory: a copy to edit and `k3a policy propose`.")
 @store_option
 @json_option
-def show_cmd(store_url: str, as_json: bool) -> None:
-    """The policy in force: version, digest, and its gate policy text."""
+def show_cmd(out_dir: Path | None, store_url: str, as_json: bool) -> None:
+    """The policy in force: version, digest, and its gate policy text.
+
+    Exit codes: 0 shown, 4 a policy record refused, 9 --out names a directory that is not
+    empty.
+    """
+    from k3artifacts.errors import ConfigError
     from k3artifacts.policy.change import policy_in_force
     policy = policy_in_force(get_store(store_url))
+    if out_dir is not None:
+        if out_dir.exists() and any(out_dir.iterdir()):
+            raise ConfigError(f"--out {out_dir} is not empty",
+                              hint="name a new directory: the copy is the policy, nothing else")
+        policy.document.write_dir(out_dir)
     out = {"version": policy.version, "digest": policy.digest,
            "files": sorted(policy.document.files), "policy": policy.document.gates}
     emit(as_json, out, lambda: click.echo(
-        f"policy {policy.label()}\nfiles: {', '.join(sorted(policy.document.files))}\n\n"
+        f"policy {policy.label()}\nfiles: {', '.join(sorted(policy.document.files))}\n"
+        + (f"written to: {out_dir}\n" if out_dir else "") + "\n"
         + policy.document.files["promotion-gates.yaml"]))
 
 

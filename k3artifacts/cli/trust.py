@@ -81,17 +81,54 @@ def key_create_cmd(kind: str, as_json: bool) -> None:
 
 
 @key_group.command("show")
+@click.option("--pem", "pem_only", is_flag=True,
+              help="Print only the public key (PEM): the file a root identity passes to "
+              "`k3a trust rotate --add NAME=FILE`.")
+@click.option("--entry", "entry_name", default=None, metavar="NAME",
+              help="Print only this key as identity NAME of a policy's identities.yaml, "
+              "indented to go under its `identities:` (append it to a copy of the policy, "
+              "then `k3a policy propose`).")
+@click.option("--roles", default="", metavar="ROLE,...",
+              help="With --entry: the roles the identity is to hold (review, approve, evaluate, "
+              "scan, preflight, traffic, promote, policy, warm).")
 @json_option
-def key_show_cmd(as_json: bool) -> None:
+def key_show_cmd(pem_only: bool, entry_name: str | None, roles: str, as_json: bool) -> None:
     """Which key this process signs with, its key id and public key, and how a policy names it.
 
-    Exit codes: 0 shown, 7 no personal key yet (`k3a key create`), 9 a key refused (readable
-    by others, not ed25519 or ECDSA P-256/P-384, a KMS key of another kind).
+    Exit codes: 0 shown, 2 an unknown role or a bad identity name, 7 no personal key yet
+    (`k3a key create`), 9 a key refused (readable by others, not ed25519 or ECDSA
+    P-256/P-384, a KMS key of another kind).
     """
     from k3artifacts.trust.keys import identity_signer
 
     view = _key_view(identity_signer(create=False).signer)
-    emit(as_json, view, lambda: _print_key(view))
+    if entry_name is not None:
+        text = _identity_entry(entry_name, roles, view["entry"])
+        emit(as_json, {"entry": text}, lambda: click.echo(text, nl=False))
+    elif pem_only:
+        emit(as_json, {"public_key": view["public_key"]},
+             lambda: click.echo(view["public_key"], nl=False))
+    else:
+        emit(as_json, view, lambda: _print_key(view))
+
+
+def _identity_entry(name: str, roles: str, key: dict[str, Any]) -> str:
+    """``key`` as identity ``name``'s entry of an identities.yaml, holding ``roles``."""
+    from pydantic import ValidationError
+
+    from k3artifacts.errors import UsageError
+    from k3artifacts.trust.identities import Identity, check_names, entry_yaml
+
+    try:
+        check_names([name])
+        identity = Identity(roles=[r.strip() for r in roles.split(",") if r.strip()],
+                            keys=[key])
+    except (ValueError, ValidationError) as exc:
+        detail = exc.errors()[0]["msg"] if isinstance(exc, ValidationError) else str(exc)
+        raise UsageError(f"not an identity entry: {detail}",
+                         hint="roles: review, approve, evaluate, scan, preflight, traffic, "
+                         "promote, policy, warm; names: letters, digits and ._@:/+=-") from None
+    return entry_yaml(name, identity)
 
 
 def _root_view(root: Root) -> dict[str, Any]:

@@ -14,7 +14,7 @@ from datetime import UTC, datetime
 from pydantic import BaseModel, ConfigDict
 
 from k3artifacts.errors import ConfigError, Conflict
-from k3artifacts.policy.actor import Actor
+from k3artifacts.policy.actor import Acting, Actor
 from k3artifacts.policy.approvals import (
     ApprovalRequest,
     InvalidApproval,
@@ -22,7 +22,7 @@ from k3artifacts.policy.approvals import (
     get_request,
     request_approval,
 )
-from k3artifacts.policy.document import PolicyDocument
+from k3artifacts.policy.document import IDENTITIES_FILE, PolicyDocument
 from k3artifacts.policy.loosening import loosening
 from k3artifacts.policy.record import (
     InForce,
@@ -34,6 +34,7 @@ from k3artifacts.policy.record import (
     packaged_document,
     read_document,
     seed,
+    seeding_document,
     store_document,
 )
 from k3artifacts.stores.records import RecordStore
@@ -45,7 +46,7 @@ class _Plan(BaseModel):
 
 class InitPlan(_Plan):
     document: PolicyDocument
-    by: Actor
+    by: Acting
     why: str | None
 
 
@@ -54,7 +55,7 @@ class ProposePlan(_Plan):
     #: The policy the proposal would replace.
     current: InForce
     loosens: list[str]
-    by: Actor
+    by: Acting
     why: str | None
     when: datetime
 
@@ -66,7 +67,7 @@ class ApplyPlan(_Plan):
     loosens: list[str]
     #: The second identity that approved a loosening change; None when it only tightens.
     approved_by: Actor | None
-    by: Actor
+    by: Acting
     when: datetime
 
 
@@ -81,32 +82,39 @@ def policy_history(store: RecordStore) -> list[PolicyChange]:
     return changes(store)
 
 
-def plan_init(store: RecordStore, document: PolicyDocument | None, *, by: Actor,
+def plan_init(store: RecordStore, document: PolicyDocument | None, *, by: Acting,
               why: str | None = None) -> InitPlan:
-    """The store's first policy: ``document``, or the packaged defaults. Conflict (exit 6)
+    """The store's first policy: ``document``, or the packaged defaults, naming the root's
+    identities where it names none (:func:`~.record.seeding_document`). Conflict (exit 6)
     when the store already has one (a change is proposed instead)."""
     current = in_force(store)
-    if current.version != 0:
+    if current.version != 0 or by.seeding is None:
         raise Conflict(
             f"{store.url} already has a policy ({current.label()}); a change is proposed and "
             "applied, never seeded over", hint="`k3a policy propose DIR`")
-    return InitPlan(document=document or packaged_document(), by=by, why=why)
+    return InitPlan(document=seeding_document(document or packaged_document(), by), by=by,
+                    why=why)
 
 
 def act_init(store: RecordStore, plan: InitPlan) -> InForce:
-    return seed(store, plan.document, by=plan.by, why=plan.why)
+    return seed(store, plan.document, acting=plan.by, why=plan.why)
 
 
-def init_policy(store: RecordStore, document: PolicyDocument | None, *, by: Actor,
+def init_policy(store: RecordStore, document: PolicyDocument | None, *, by: Acting,
                 why: str | None = None) -> InForce:
     """The init move: :func:`plan_init`, then :func:`act_init`."""
     return act_init(store, plan_init(store, document, by=by, why=why))
 
 
-def _held(store: RecordStore, planned: InForce, by: Actor) -> InForce:
+def _held(store: RecordStore, planned: InForce, by: Acting) -> InForce:
     """The version ``planned`` as the store holds it: a store still on the packaged defaults
-    records them first. Conflict when another version got there meanwhile."""
-    current = planned if planned.version else ensure_seeded(store, by=by)
+    records them first (first use). Conflict when another version got there meanwhile."""
+    if planned.version:
+        current = planned
+    else:
+        expected = seeding_document(planned.document, by)
+        current = ensure_seeded(store, acting=by, document=expected)
+        planned = InForce(1, expected.digest, expected)
     if current.digest != planned.digest:
         raise Conflict(f"the store's policy became {current.label()} while this change was "
                        f"planned against {planned.label()}; nothing was proposed",
@@ -114,17 +122,21 @@ def _held(store: RecordStore, planned: InForce, by: Actor) -> InForce:
     return current
 
 
-def plan_propose(store: RecordStore, document: PolicyDocument, *, by: Actor, why: str | None = None,
-                 now: datetime | None = None) -> ProposePlan:
+def plan_propose(store: RecordStore, document: PolicyDocument, *, by: Acting,
+                 why: str | None = None, now: datetime | None = None) -> ProposePlan:
     """What proposing ``document`` would ask: ConfigError (exit 9) when it is the policy in
-    force already."""
+    force already. A document that names no identities keeps the ones in force (a copy of the
+    packaged ``policies/`` changes the gates, not who may sign); nobody could act on a policy
+    that named none."""
     current = in_force(store)
-    if document.digest == current.digest:
+    base = current.document if current.version else seeding_document(current.document, by)
+    if not document.identities.identities and IDENTITIES_FILE in base.files:
+        document = document.with_file(IDENTITIES_FILE, base.files[IDENTITIES_FILE])
+    if document.digest == base.digest:
         raise ConfigError(f"the proposed policy is the one in force ({current.label()})",
                           hint="nothing to change")
-    return ProposePlan(document=document, current=current,
-                       loosens=loosening(current.document, document), by=by, why=why,
-                       when=now or datetime.now(UTC))
+    return ProposePlan(document=document, current=current, loosens=loosening(base, document),
+                       by=by, why=why, when=now or datetime.now(UTC))
 
 
 def act_propose(store: RecordStore, plan: ProposePlan) -> ApprovalRequest:
@@ -132,11 +144,11 @@ def act_propose(store: RecordStore, plan: ProposePlan) -> ApprovalRequest:
     current = _held(store, plan.current, plan.by)
     store_document(store, plan.document)
     return request_approval(
-        store, action="policy", by=plan.by, policy_digest=plan.document.digest,
+        store, action="policy", by=plan.by.actor, policy_digest=plan.document.digest,
         base_digest=current.digest, why=plan.why, needs=plan.loosens, now=plan.when)
 
 
-def propose(store: RecordStore, document: PolicyDocument, *, by: Actor, why: str | None = None,
+def propose(store: RecordStore, document: PolicyDocument, *, by: Acting, why: str | None = None,
             now: datetime | None = None) -> tuple[ApprovalRequest, InForce]:
     """The propose move: :func:`plan_propose`, then :func:`act_propose`; returns the request
     and the policy it would replace."""
@@ -144,7 +156,7 @@ def propose(store: RecordStore, document: PolicyDocument, *, by: Actor, why: str
     return act_propose(store, plan), plan.current
 
 
-def plan_apply(store: RecordStore, request_id: str, *, by: Actor,
+def plan_apply(store: RecordStore, request_id: str, *, by: Acting,
                now: datetime | None = None) -> ApplyPlan:
     """Judge the proposal ``request_id`` by the policy in force: InvalidApproval (exit 5) for
     a request that is not a policy change, or a loosening change without an approval by
@@ -176,13 +188,13 @@ def act_apply(store: RecordStore, plan: ApplyPlan) -> InForce:
     current = _held(store, plan.current, plan.by)
     change = PolicyChange(
         version=current.version + 1, digest=plan.document.digest, previous_digest=current.digest,
-        action="change", by=plan.by, at=plan.when, why=plan.request.why,
+        action="change", by=plan.by.actor, at=plan.when, why=plan.request.why,
         request_id=plan.request.id, proposed_by=plan.request.requested_by,
         approved_by=plan.approved_by, loosens=plan.loosens)
     return commit_change(store, current, change)
 
 
-def apply(store: RecordStore, request_id: str, *, by: Actor,
+def apply(store: RecordStore, request_id: str, *, by: Acting,
           now: datetime | None = None) -> InForce:
     """The apply move: :func:`plan_apply`, then :func:`act_apply`."""
     return act_apply(store, plan_apply(store, request_id, by=by, now=now))

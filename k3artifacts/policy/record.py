@@ -27,10 +27,13 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from k3artifacts.bundled import POLICIES
 from k3artifacts.canonical import canonical_json
 from k3artifacts.errors import AlreadyExists, ConfigError, Conflict, K3AError, NotFound
-from k3artifacts.policy.actor import Actor
-from k3artifacts.policy.document import PolicyDocument
+from k3artifacts.policy.actor import Acting, Actor
+from k3artifacts.policy.document import IDENTITIES_FILE, PolicyDocument
 from k3artifacts.policy.results import policy_label
 from k3artifacts.stores.records import RecordStore
+from k3artifacts.trust import enrol
+from k3artifacts.trust.identities import identities_yaml
+from k3artifacts.trust.root import root_key
 
 PREFIX = "releases/policy/"
 POINTER_KEY = f"{PREFIX}current.json"
@@ -177,28 +180,60 @@ def commit_change(store: RecordStore, current: InForce, change: PolicyChange) ->
     return in_force(store)
 
 
-def seed(store: RecordStore, document: PolicyDocument, *, by: Actor, why: str | None = None,
-         now: datetime | None = None) -> InForce:
-    """Record ``document`` as the store's first policy version; only while it has none."""
+def seeding_document(document: PolicyDocument, acting: Acting) -> PolicyDocument:
+    """``document`` as the first policy of a store ``acting`` seeds: naming the root's
+    identities with every role where it names none; ConfigError (exit 9) when it names
+    identities and none of them holds the seeder's key (the seeder could not act on it)."""
+    assert acting.seeding is not None
+    if not document.identities.identities:
+        return document.with_file(IDENTITIES_FILE, identities_yaml(acting.seeding.identities))
+    if document.identities.keyring().get(acting.key_id) is None:
+        raise ConfigError(
+            f"the policy to seed names identities ({', '.join(document.identities.identities)})"
+            f", none with your key {acting.key_id[:16]}: you could not act on it",
+            hint="add yourself to its identities.yaml (`k3a key show` prints the entry), or "
+            "seed without one: the root's identities are named with every role")
+    return document
+
+
+def _establish_root(store: RecordStore, acting: Acting) -> None:
+    """The seeder's root in the store and pinned here: first use makes it; a team's root this
+    client pins is published if the store has none yet."""
+    seeding = acting.seeding
+    assert seeding is not None
+    if seeding.first_use:
+        enrol.first_use(store, acting.signer, acting.name)
+    elif seeding.root.version == 1 and store.read(root_key(1)) is None:
+        enrol.publish_first_root(store, seeding.root, acting.signer, acting.name)
+
+
+def seed(store: RecordStore, document: PolicyDocument, *, acting: Acting,
+         why: str | None = None, now: datetime | None = None) -> InForce:
+    """Record ``document`` as the store's first policy version; only while it has none.
+    First use: ``acting``'s key becomes the store's root (module :mod:`.acting`)."""
     current = in_force(store)
-    if current.version != 0:
+    if current.version != 0 or acting.seeding is None:
         raise Conflict(
             f"{store.url} already has a policy ({current.label()}); a change is proposed and "
             "applied, never seeded over", hint="`k3a policy propose DIR`")
+    document = seeding_document(document, acting)
+    _establish_root(store, acting)
     store_document(store, document)
-    change = PolicyChange(version=1, digest=document.digest, action="seed", by=by,
+    change = PolicyChange(version=1, digest=document.digest, action="seed", by=acting.actor,
                           at=now or datetime.now(UTC), why=why or "first policy of this store")
     return commit_change(store, current, change)
 
 
-def ensure_seeded(store: RecordStore, *, by: Actor) -> InForce:
-    """The policy in force, seeding the packaged defaults first if the store has none: a move
-    is always judged by, and records, a version the store holds."""
+def ensure_seeded(store: RecordStore, *, acting: Acting,
+                  document: PolicyDocument | None = None) -> InForce:
+    """The policy in force, seeding ``document`` (default: the packaged defaults) first if
+    the store has none: a move is always judged by, and records, a version the store holds."""
     current = in_force(store)
     if current.version != 0:
         return current
     try:
-        return seed(store, current.document, by=by, why="seeded from the packaged defaults")
+        return seed(store, document or current.document, acting=acting,
+                    why="seeded from the packaged defaults")
     except Conflict:
         return in_force(store)  # another mover seeded it first
 
