@@ -18,7 +18,7 @@ import pytest
 from k3artifacts.errors import ConfigError
 from k3artifacts.stores.file import FileStore
 from k3artifacts.stores.file_bootstrap import share
-from tests.fixtures.identities import TEAM_GROUP, k3a_as
+from tests.fixtures.identities import TEAM_GROUP, k3a_as, pin_as
 from tests.fixtures.moves import as_actor, seed_people
 from tests.fixtures.people import ME
 from tests.support.releases import Releases
@@ -138,6 +138,7 @@ def released(shared_store, tmp_path):
 def test_the_second_account_of_a_team_reads_reviews_and_approves(second_user, released,
                                                                  k3a_env):
     store, release, request = released
+    pin_as(second_user, store, k3a_env)  # as a newcomer joins: the root's fingerprint
     for args in READERS:
         k3a_as(second_user, store, *args, env=k3a_env)
     k3a_as(second_user, store, "review", "license", release.id, env=k3a_env)

@@ -24,10 +24,10 @@ from k3artifacts.policy.record import changes, in_force
 from k3artifacts.releases.channels import ChannelPointer, current, history, pointer_key
 from k3artifacts.releases.reviewing import review_code, review_license
 from k3artifacts.stores.file import FileStore
-from k3artifacts.trust.identities import identities_yaml
+from k3artifacts.trust.identities import KeyEntry, identities_yaml
 from k3artifacts.trust.keys import signer_key_id as key_id
 from tests.fixtures import people
-from tests.fixtures.identities import k3a_as
+from tests.fixtures.identities import k3a_as, pin_as
 from tests.fixtures.moves import promote, use_policy
 from tests.fixtures.releases import REVIEWER, passing_run, staged_for
 from tests.support.releases import Releases
@@ -136,6 +136,11 @@ def test_a_policy_change_is_recorded_with_identity_and_digest(
     seeded = json.loads(k3a(env, "policy", "init", "--from", str(policies), "--json").stdout)
     assert seeded == {"version": 1, "digest": PolicyDocument.from_dir(policies).digest}
     k3a(env, "policy", "init", expect=6)  # seeded once; after that, changes are proposed
+    # The second account pins the root this one made on first use; it joins the root.
+    pin_as(second_user, store, k3a_env)
+    second_pem = tmp_path / "second.pub.pem"
+    second_pem.write_text(KeyEntry.for_signer(people.signer_of(second_user)).pem)
+    k3a(env, "trust", "rotate", "--add", f"{second_user}={second_pem}")
 
     # Tightening: the proposer applies it alone.
     stricter = tmp_path / "stricter"
@@ -149,26 +154,35 @@ def test_a_policy_change_is_recorded_with_identity_and_digest(
         "name": ME, "source": "key", "account": None, "key_id": key_id(people.me_signer())}
     k3a(env, "policy", "apply", tighter["id"])
 
-    # Loosening: a second identity approves, under its own uid, with the real command.
+    # Loosening: the proposer alone is refused; the second root identity approves, under its
+    # own uid, with the real command, which signs the change too.
     loose = loose_dir(stricter, tmp_path)
     request = json.loads(k3a(env, "policy", "propose", str(loose), "--why", "drill",
                              "--json").stdout)
+    alone = k3a(env, "policy", "apply", request["id"], expect=5)
+    assert "needs 2 root identities of root v2" in alone.stderr and f"signed by {ME}" in (
+        alone.stderr) and f"k3a approve {request['id']}" in alone.stderr
     shown = k3a_as(second_user, store, "approve", request["id"], "--show", env=k3a_env)
     assert "removes gate(s)" in shown.stdout and ME in shown.stdout
-    k3a_as(second_user, store, "approve", request["id"], "--reason", "drill only", env=k3a_env)
+    approved = k3a_as(second_user, store, "approve", request["id"], "--reason", "drill only",
+                      env=k3a_env)
+    assert f"signed by root identities: {', '.join(sorted([ME, second_user]))}" in (
+        approved.stdout)
     applied = json.loads(k3a(env, "policy", "apply", request["id"], "--json").stdout)
     assert applied == {"version": 3, "digest": PolicyDocument.from_dir(loose).digest}
 
     recorded = changes(store)
-    assert [(c.version, c.action, c.by.name, c.by.source) for c in recorded] == [
-        (1, "seed", ME, "key"), (2, "change", ME, "key"), (3, "change", ME, "key")]
-    assert recorded[1].approved_by is None and recorded[1].loosens == []
-    third = recorded[2]
-    assert (third.approved_by.name, third.approved_by.source) == (second_user, "key")
-    assert third.previous_digest == recorded[1].digest and third.request_id == request["id"]
+    assert [(r.change.version, r.change.action, r.change.by.name, r.change.by.source,
+             r.change.root_version, sorted(r.signers)) for r in recorded] == [
+        (1, "seed", ME, "key", 1, [ME]), (2, "change", ME, "key", 2, [ME]),
+        (3, "change", ME, "key", 2, sorted([ME, second_user]))]
+    assert recorded[1].change.loosens == []
+    third = recorded[2].change
+    assert third.previous_digest == recorded[1].change.digest
+    assert third.request_id == request["id"]
     assert any("production" in n for n in third.loosens) and third.why == "drill"
     listed = k3a(env, "policy", "history").stdout
-    assert f"approved by {second_user}" in listed and "v3" in listed
+    assert f"signed by {', '.join(sorted([ME, second_user]))}" in listed and "v3" in listed
 
     # Moves name the version that judged them.
     release = Releases(store, tmp_path / "scratch").release()
@@ -269,6 +283,7 @@ def test_k3a_rollback_needs_the_approval_the_store_policy_asks_for(
                              "--json").stdout)
     assert (request["channel"], request["tuple_id"]) == ("staging", first.id)
     k3a(env, "rollback", "staging", "--approval", request["id"], expect=5)  # not answered yet
+    pin_as(second_user, store, k3a_env)
     k3a_as(second_user, store, "approve", request["id"], env=k3a_env)
     back = k3a(env, "rollback", "staging", "--to", first.id, "--approval", request["id"])
     assert f"approved by {second_user}" in back.stdout

@@ -259,13 +259,17 @@ def rollback_cmd(
 def approve_cmd(request_id: str, reject: bool, reason: str | None, show: bool, by: str | None,
                 store_url: str, as_json: bool) -> None:
     """Answer an approval request (a flow's promotion or rollback, a rollback the policy wants
-    approved, a policy change), once, under your own identity: your AWS identity (STS) on S3,
-    the account of your uid on file stores. The requester cannot approve their own request.
+    approved, a policy change), once, under your own identity: the one your key signs as. The
+    requester cannot approve their own request. Approving a policy change as one of the
+    store's root identities also signs the change: a change that is not provably stricter
+    needs the root's threshold of signatures before `k3a policy apply`.
 
-    Exit codes: 0 recorded (or shown), 5 you asked for it yourself, 6 already answered,
-    7 no such request.
+    Exit codes: 0 recorded (or shown), 4 the proposed change in the store is not the one the
+    request asks for, 5 you asked for it yourself, 6 already answered or the policy changed
+    since, 7 no such request, 9 your key is no identity of the store's policy.
     """
-    from k3artifacts.policy.decide import decide, show_request
+    from k3artifacts.policy.change import answer
+    from k3artifacts.policy.decide import show_request
     store = get_store(store_url)
     request = show_request(store, request_id)
     if show:
@@ -276,10 +280,13 @@ def approve_cmd(request_id: str, reject: bool, reason: str | None, show: bool, b
             + (f"\nwhy: {request.why}" if request.why else "")
             + "".join(f"\nneeds approval: {n}" for n in request.needs)))
         return
-    decision = decide(store, request_id, by=_acting(store, by).actor, approve=not reject,
-                      reason=reason)
-    emit(as_json, decision, lambda: click.echo(
-        f"{decision.decision}: {request.subject()} ({request.id}) by {decision.by.label()}"))
+    decision, signed = answer(store, request_id, by=_acting(store, by), approve=not reject,
+                              reason=reason)
+    emit(as_json, {**decision.model_dump(mode="json"), "signed_by": sorted(signed)},
+         lambda: click.echo(
+             f"{decision.decision}: {request.subject()} ({request.id}) by {decision.by.label()}"
+             + (f"\nthe change is signed by root identities: {', '.join(sorted(signed))}"
+                if signed else "")))
 
 
 def _history_row(e: HistoryEntry) -> list[str]:

@@ -27,7 +27,7 @@ nothing to the store (a move's plan never does).
 
 from __future__ import annotations
 
-from k3artifacts.errors import ConfigError, TrustRootError
+from k3artifacts.errors import ConfigError, MigrationNeeded, TrustRootError
 from k3artifacts.policy.actor import Acting, Actor, Seeding, os_account
 from k3artifacts.policy.record import in_force
 from k3artifacts.stores.records import RecordStore
@@ -63,6 +63,9 @@ def identify(store: RecordStore, signer: RecordSigner, *,
     policy = in_force(store)
     if policy.version == 0:
         return _seeder(store, signer, made_key)
+    if policy.legacy:  # a store older than signing (the version-0 seeder returned above)
+        raise MigrationNeeded(f"{store.url} predates signed records ({policy.label()} is "
+                              "unsigned): nobody acts on it until it is migrated")
     trusted = policy.document.identities.keyring().get(signer_key_id(signer))
     if trusted is None:
         named = ", ".join(policy.document.identities.identities) or "none"

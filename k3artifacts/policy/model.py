@@ -147,9 +147,18 @@ class IdentityPolicy(_Strict):
     claimed_actor_on_file_stores: bool = False
 
 
+class UnsignedPolicy(_Strict):
+    """Stores older than signed records (no root of trust in the store, none pinned here):
+    their policy and channel histories are unsigned until ``k3a trust migrate``."""
+
+    #: Read them as found meanwhile (no move is made on them); false: refuse to read them.
+    read_before_migration: bool = True
+
+
 class GatePolicy(_Strict):
     schema_version: Literal[1] = 1
     identity: IdentityPolicy = IdentityPolicy()
+    unsigned: UnsignedPolicy = UnsignedPolicy()
     retention: RetentionPolicy = RetentionPolicy()
     channels: dict[str, ChannelPolicy]
 

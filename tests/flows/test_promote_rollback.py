@@ -17,7 +17,7 @@ from k3artifacts.policy.approvals import PREFIX, get_request
 from k3artifacts.releases.channels import current, history, read_state
 from k3artifacts.releases.reviewing import review_code, review_license
 from k3artifacts.stores.file import FileStore
-from tests.fixtures.identities import k3a_as
+from tests.fixtures.identities import k3a_as, pin_as
 from tests.fixtures.moves import promote, use_policy
 from tests.flow_helpers import run_answered
 from tests.support.releases import Releases
@@ -131,6 +131,7 @@ def test_separation_of_duties_judges_the_approvers_identity_not_a_typed_name(
         "    gates: [artifact, license, remote_code, separation_of_duties]\n"
         "    duties: {not_reviewer_of: [license, code]}\n", 1))
     use_policy(store, policies)
+    pin_as(second_user, store, k3a_env)
     release = Releases(store, tmp_path / "scratch").release()
     if reviewer == "me":
         review_license(store, release.id, by=ME, by_source="os-user")
