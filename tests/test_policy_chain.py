@@ -189,7 +189,7 @@ def _refused_everywhere(env, store, tmp_path, reason: str) -> None:
     scratch = tmp_path / "scratch"
     release = Releases(store, scratch / str(len(list(scratch.glob("*"))))).release()
     for args in (*READERS, ["gates", release.id, "staging"],
-                 ["promote", release.id, "staging"]):
+                 ["promote", release.id, "staging"], ["render", "staging", "--target", "eks"]):
         refused = k3a(env, *args, expect=4)
         assert f"refused ({reason})" in refused.stderr, (args, refused.stderr)
         assert "Traceback" not in refused.stderr

@@ -169,8 +169,9 @@ def plan_promote(
     release = TupleStore(store).get(tuple_id)
     w = release.binding.weights
     check_not_retiring(store, w.repo_id, w.commit)
-    # The channel judged must be the one its history explains.
-    state = read_state(store, channel)
+    # The channel judged must be the one its verified history explains.
+    state = read_state(store, channel, policy=policy)
+    state.require_signed()
     when = now_or(now)
     with judging(store, release, channel, policy, decider, when) as ctx:
         report = run_gates(ctx, policy)
@@ -208,7 +209,7 @@ def act_promote(store: Store, plan: PromotePlan) -> MoveResult:
                               actor=acting.actor,
                               when=plan.when, why=plan.reason, gates=plan.gates, policy=policy,
                               granted=plan.granted, overrides=plan.verdict.used)
-        return commit(store, plan.state, entry, plan.gates, plan.verdict.unused)
+        return commit(store, plan.state, entry, plan.gates, plan.verdict.unused, acting)
 
 
 def promote(
@@ -268,9 +269,9 @@ def history_entry(state: ChannelState, *, action: str, tuple_id: str, actor: Act
 
 
 def commit(store: Store, state: ChannelState, entry: HistoryEntry, gates: list[GateResult],
-           unused: list[str]) -> MoveResult:
+           unused: list[str], acting: Acting) -> MoveResult:
     try:
-        pointer = commit_move(store, state, entry)
+        pointer = commit_move(store, state, entry, acting=acting)
     except ChannelMoved as lost:
         if lost.winner is not None and lost.winner.tuple_id == entry.tuple_id:
             # Someone moved it where we wanted it: the goal holds, report their entry.

@@ -38,7 +38,6 @@ from k3artifacts.releases.channels import (
     ChannelState,
     HistoryEntry,
     check_channel,
-    iter_history_reversed,
     read_state,
     unknown_channel,
 )
@@ -81,19 +80,20 @@ class RollbackPlan:
         return [] if self.check is None else [self.check]
 
 
-def rollback_target(store: Store, state: ChannelState, to: str | None) -> HistoryEntry | None:
+def rollback_target(state: ChannelState, to: str | None) -> HistoryEntry | None:
     """The history entry a rollback of ``state``'s channel returns to: ``to``'s, or the newest
     entry of another tuple than the current one (so two rollbacks in a row swap back, like an
     undo); None when ``to`` is where the channel already is. NotFound when ``to`` never served
-    the channel or there is nothing to go back to."""
+    the channel or there is nothing to go back to. Only the entries of ``state``, a history
+    verified to its start (or a checkpoint), are candidates: an entry edited or forged in the
+    store was refused before it got here."""
     assert state.pointer is not None
     channel, current_id = state.channel, state.pointer.tuple_id
     if to is not None:
         check_tuple_id(to)
         if to == current_id:
             return None
-        found = next((e for e in iter_history_reversed(store, channel, state.pointer)
-                      if e.tuple_id == to), None)
+        found = next((e for e in state.newest_first() if e.tuple_id == to), None)
         if found is None:
             raise NotFound(
                 f"{to} has never been on channel {channel}; rollback only returns to a tuple "
@@ -102,8 +102,7 @@ def rollback_target(store: Store, state: ChannelState, to: str | None) -> Histor
                 f"`k3a promote {to} {channel}` (through the gates)",
             )
         return found
-    found = next((e for e in iter_history_reversed(store, channel, state.pointer)
-                  if e.tuple_id != current_id), None)
+    found = next((e for e in state.newest_first() if e.tuple_id != current_id), None)
     if found is None:
         raise NotFound(
             f"channel {channel} has only ever pointed at {current_id}: nothing to roll back to",
@@ -151,14 +150,15 @@ def draft_rollback(store: Store, channel: str, *, to: str | None = None, acting:
     check_channel(channel)
     acting.require("promote", f"rolling {channel} back")
     policy = in_force(store)
-    state = read_state(store, channel)
+    state = read_state(store, channel, policy=policy)
     if state.pointer is None:
         raise unknown_channel(store, channel, policy.document.gates.channels)
+    state.require_signed()
     chan = policy.document.gates.channels.get(channel)
     plan = RollbackPlan(channel=channel, state=state, policy=policy, target=None, release=None,
                         check=None, approval_required=bool(chan and chan.rollback_approval),
                         granted=None, acting=acting, reason=reason, when=now_or(now))
-    target = rollback_target(store, state, to)
+    target = rollback_target(state, to)
     if target is None:
         return plan
     release = TupleStore(store).get(target.tuple_id)
@@ -207,7 +207,7 @@ def act_rollback(store: Store, plan: RollbackPlan) -> MoveResult:
         entry = history_entry(plan.state, action="rollback", tuple_id=plan.release.id,
                               actor=plan.acting.actor, when=plan.when, why=plan.reason,
                               gates=[check], policy=policy, granted=plan.granted)
-        return commit(store, plan.state, entry, [check], [])
+        return commit(store, plan.state, entry, [check], [], plan.acting)
 
 
 def rollback(store: Store, channel: str, *, to: str | None = None, acting: Acting,

@@ -362,8 +362,12 @@ def verify_chain(store: RecordReader, layout: ChainLayout, model: type[T], *,
         _check_last_seen(chain, last_seen)
         return chain
     # The pointer's failures keep their own names: it is a forged or a foreign head.
-    head = _linked(_verify(found.data, layout, seq, keyring, roles, where=where), layout, seq,
-                   where=where)
+    try:
+        head = _linked(_verify(found.data, layout, seq, keyring, roles, where=where), layout,
+                       seq, where=where)
+    except UntrustedRecord as exc:
+        raise UntrustedRecord(where, exc.reason, f"the head of {layout.name} (#{seq}): "
+                              f"{exc.detail}", hint=exc.hint) from None
     if seqs and seqs[-1] > seq:
         raise UntrustedRecord(where, "rewound", f"the head of {layout.name} is #{seq}, but its "
                               f"log goes on to #{seqs[-1]}: the pointer was set back")
