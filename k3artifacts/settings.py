@@ -92,10 +92,10 @@ class Settings(BaseModel):
         shown="`file://$XDG_DATA_HOME/k3artifacts/store`")
     policies: Path | None = var(
         "K3A_POLICIES", "Where things live",
-        "Policy directory (`promotion-gates.yaml`, `signing/`, `eval-suites/`, `s3/`, `iam/`): "
-        "a checkout's reviewed `policies/`, read by `k3a verify --signature`, `bootstrap` and "
-        "`eval run`. It never judges a promotion: the store's policy does "
-        "(`k3a policy show`; change it with `k3a policy propose DIR`). `--policies` overrides it.",
+        "Policy directory of a checkout (`s3/`, `iam/`): the bucket and role policies `k3a "
+        "bootstrap` reads. It never judges a move nor says which release keys are trusted: the "
+        "store's signed policy does (`k3a policy show`; change it with `k3a policy propose "
+        "DIR`), and `--policies` is refused where it would.",
         shown="./policies if present, else the defaults shipped in the package")
     profiles_dir: Path | None = var(
         "K3A_PROFILES_DIR", "Where things live",

@@ -17,11 +17,12 @@ from k3artifacts.cli.common import (
     emit,
     get_store,
     json_option,
+    local_policies_option,
+    refuse_local_policies,
     store_option,
     typed_actor_option,
 )
 from k3artifacts.cli.single_node import run_single_node, single_node_options
-from k3artifacts.errors import ConfigError
 
 if TYPE_CHECKING:
     from k3artifacts.policy.actor import Acting
@@ -33,28 +34,12 @@ if TYPE_CHECKING:
 
 by_option = typed_actor_option
 
-#: Refused, not read: a local directory can propose a policy change, never judge a move.
-local_policies_option = click.option(
-    "--policies", "local_policies", default=None, hidden=True,
-    type=click.Path(file_okay=False, path_type=Path),
-)
-
-
 def _acting(store: Store, by: str | None) -> Acting:
     return acting_here(store, by)
 
 
 def _refuse_local_policies(local: Path | None, store: Store) -> None:
-    from k3artifacts.policy.change import policy_in_force
-    if local is not None:
-        policy = policy_in_force(store)
-        raise ConfigError(
-            f"--policies {local}: moves are judged by the store's policy ({policy.label()}), "
-            "not a local directory",
-            hint=f"to change the store's policy: `k3a policy propose {local}`, then "
-            "`k3a policy apply REQUEST` (a change that loosens a channel needs a second "
-            "identity's `k3a approve REQUEST`)",
-        )
+    refuse_local_policies(local, store, "moves are judged by")
 
 
 def _table(rows: list[list[str]], header: list[str]) -> None:

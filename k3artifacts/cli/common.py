@@ -37,12 +37,6 @@ def default_store_url() -> str:
     return settings.default_store_url()
 
 
-def default_policies_dir() -> Path:
-    from k3artifacts import settings
-
-    return settings.default_policies_dir()
-
-
 def default_workers() -> int:
     from k3artifacts import settings
 
@@ -84,15 +78,27 @@ store_option = click.option(
     help="Release store: file:///path (local disk or FSx mount) or s3://bucket/prefix.",
 )
 
-policies_option = click.option(
-    "--policies",
-    "policies_dir",
-    default=from_settings(lambda: str(default_policies_dir())),
-    show_default="$K3A_POLICIES, else ./policies, else the defaults shipped with k3a",
+#: Refused, not read: a local directory can propose a policy change, never judge a move or
+#: say which release keys are trusted (``K3A_POLICIES`` is not read for either).
+local_policies_option = click.option(
+    "--policies", "local_policies", default=None, hidden=True,
     type=click.Path(file_okay=False, path_type=Path),
-    help="Policy directory of the checkout (promotion-gates.yaml, signing/, eval-suites/, s3/, "
-    "iam/).",
 )
+
+
+def refuse_local_policies(local: Path | None, store: Store, what: str) -> None:
+    """ConfigError (exit 9) for a ``--policies`` given where the store's policy decides."""
+    if local is None:
+        return
+    from k3artifacts.policy.change import policy_in_force
+
+    policy = policy_in_force(store)
+    raise ConfigError(
+        f"--policies {local}: {what} the store's policy ({policy.label()}), not a local "
+        "directory",
+        hint=f"to change the store's policy: `k3a policy propose {local}`, then `k3a policy "
+        "apply REQUEST` (a change that is not provably stricter needs the root's threshold of "
+        "signatures: another root identity's `k3a approve REQUEST`)")
 
 signing_key_option = click.option(
     "--signing-key",

@@ -147,7 +147,10 @@ def follow(store: RecordReader, pin: Pin, *, now: datetime | None = None) -> tup
         return pin, False
     moved = Pin(store=pin.store, how="rotation", pinned_at=now or datetime.now(UTC),
                 root=chain[-1])
-    save_pin(moved)
+    try:
+        save_pin(moved)
+    except OSError:
+        pass  # a pin mounted read-only (a pod's ConfigMap): followed again on each read
     return moved, True
 
 
