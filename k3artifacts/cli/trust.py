@@ -331,3 +331,54 @@ def trust_rotate_cmd(added: tuple[str, ...], removed: tuple[str, ...], threshold
                        f"runs `k3a trust rotate --cosign {fp}`")
 
     emit(as_json, view, human)
+
+
+@trust_group.command("migrate")
+@click.option("--dry-run", is_flag=True, help="Say what it would vouch for and sign; write "
+              "nothing.")
+@store_option
+@json_option
+def trust_migrate_cmd(dry_run: bool, store_url: str, as_json: bool) -> None:
+    """Vouch for a store's records written before records were signed, as one of its root
+    identities: each record family in turn (the policy, then the channels' histories), each
+    history by a checkpoint you sign, listing the digest of every entry as it is; the policy's
+    next version is signed into force, naming the root's identities where it names none.
+
+    \b
+    A store with no root of trust at all gets one from your key first (as its first move
+    would), and only when there is something to migrate. Until it is migrated, such a store is
+    read as found (where its policy says so) and nothing moves on it. Run again, it finds
+    nothing to do.
+
+    Exit codes: 0 migrated (or nothing to do, or shown), 4 a history that does not hold
+    together as found (a pointer set back or edited, an entry removed): never vouched for,
+    9 your key is not one of the store's root identities, or the store has a root this client
+    does not pin.
+    """
+    from k3artifacts.migration.run import act_migration, plan_migration
+
+    store = get_store(store_url)
+    plan = plan_migration(store)
+    if plan.made_key is not None:
+        click.echo(f"made your personal key: {plan.made_key} (public half beside it)",
+                   err=True)
+    if not dry_run:
+        act_migration(store, plan)
+    view = {"store": store.url, "identity": plan.identity, "dry_run": dry_run,
+            "first_use": plan.first_root is not None and not plan.empty,
+            "families": {f.family: list(f.steps) for f in plan.families}}
+
+    def human() -> None:
+        if plan.empty:
+            click.echo(f"nothing to migrate in {store.url}")
+            return
+        verb = "would" if dry_run else "did"
+        if plan.first_root is not None:
+            click.echo(f"root: {verb} make your key ({plan.identity}) the store's root v1 "
+                       f"({plan.first_root.fingerprint}), pinned here")
+        for family in plan.families:
+            for step in family.steps:
+                click.echo(f"{family.family}: {step}")
+
+    emit(as_json, view, human)
+

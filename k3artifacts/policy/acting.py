@@ -91,26 +91,32 @@ def _pinned_root(store: RecordStore) -> Root | None:
     return ([pin.root, *walk_rotations(store, pin.root)])[-1]
 
 
-def _seeder(store: RecordStore, signer: RecordSigner, made_key: str | None) -> Acting:
+def rooted_as(store: RecordStore, signer: RecordSigner, *, only: str,
+              hint: str) -> tuple[str, Root, bool]:
+    """``signer`` as a root identity of ``store``: its name and the root in force as this
+    client pins it (following rotations), and False; or, for a store with no root that this
+    client pins none for, the name and root its first use would make, and True. Refuses
+    (TrustRootError, exit 9) a root this client does not pin, or one that does not count this
+    key (``only``: what only its identities do; ``hint``: the next step)."""
     root = _pinned_root(store)
     if root is not None:
-        name = root.require_identity(
-            signer, only=f"seed the policy of {store.url}, which has none yet",
-            hint="ask one of them to run the first move or `k3a policy init`")
-        first_use = False
-    else:
-        if store.read(root_key(1)) is not None:
-            raise TrustRootError(
-                f"{store.url} has a root of trust, which this client does not pin",
-                hint="ask a root identity for its fingerprint (`k3a trust show`), then "
-                "`k3a trust init --fingerprint FP`")
-        name = os_account()
-        if not IDENTITY_NAME.match(name):
-            raise ConfigError(f"your account name {name!r} cannot name an identity",
-                              hint="seed the store with `k3a trust init --name NAME`, then act")
-        root = first_root({name: [KeyEntry.for_signer(signer)]})
-        first_use = True
+        return root.require_identity(signer, only=only, hint=hint), root, False
+    if store.read(root_key(1)) is not None:
+        raise TrustRootError(
+            f"{store.url} has a root of trust, which this client does not pin",
+            hint="ask a root identity for its fingerprint (`k3a trust show`), then "
+            "`k3a trust init --fingerprint FP`")
+    name = os_account()
+    if not IDENTITY_NAME.match(name):
+        raise ConfigError(f"your account name {name!r} cannot name an identity",
+                          hint="make the store's root first: `k3a trust init --name NAME`")
+    return name, first_root({name: [KeyEntry.for_signer(signer)]}), True
+
+
+def _seeder(store: RecordStore, signer: RecordSigner, made_key: str | None) -> Acting:
+    name, root, first_use = rooted_as(
+        store, signer, only=f"seed the policy of {store.url}, which has none yet",
+        hint="ask one of them to run the first move or `k3a policy init`")
     actor = Actor(name=name, source="key", key_id=signer_key_id(signer))
     return Acting(actor, signer, frozenset(ROLES), made_key,
                   Seeding(root, first_use, seeded_identities(root)))
-

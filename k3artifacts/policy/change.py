@@ -30,7 +30,7 @@ from k3artifacts.policy.approvals import (
 from k3artifacts.policy.decide import act_decision, plan_decision
 from k3artifacts.policy.document import IDENTITIES_FILE, PolicyDocument
 from k3artifacts.policy.loosening import loosening
-from k3artifacts.policy.proposal import Pending, assent, pending, proposal_key
+from k3artifacts.policy.proposal import Pending, assent, pending
 from k3artifacts.policy.record import (
     InForce,
     Recorded,
@@ -222,7 +222,6 @@ def act_apply(store: RecordStore, plan: ApplyPlan) -> InForce:
             f"the policy of {store.url} changed to {now.label()} while this change was made; "
             "nothing was written",
             hint="review `k3a policy show` and propose again against it") from None
-    store.delete(proposal_key(plan.request.id))
     return in_force(store)
 
 

@@ -40,6 +40,7 @@ identity's signature and signs the next version (:mod:`.migrate`).
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Literal
@@ -70,7 +71,7 @@ from k3artifacts.trust.chain import (
     logged_seqs,
     verify_chain,
 )
-from k3artifacts.trust.envelope import parse_record
+from k3artifacts.trust.envelope import is_unsigned
 from k3artifacts.trust.identities import Keyring, identities_yaml
 from k3artifacts.trust.pins import Roots, load_pin, trusted_roots
 from k3artifacts.trust.root import root_key
@@ -216,17 +217,16 @@ def _legacy_pointer(data: bytes) -> LegacyPointer:
 
 
 def legacy_head(data: bytes) -> tuple[int, dict[str, Any]]:
-    """A pointer older than signing: the version it names, and its change as stored."""
+    """A pointer older than signing: the version it names, and its change as stored (its
+    digest is the one a checkpoint vouches for: never re-serialized)."""
     pointer = _legacy_pointer(data)
-    return pointer.version, pointer.change.model_dump(mode="json")
+    return pointer.version, json.loads(data)["change"]
 
 
-def _unsigned(data: bytes) -> bool:
-    try:
-        parse_record(data, key=POINTER_KEY)
-    except UntrustedRecord as exc:
-        return exc.reason == "unsigned"
-    return False
+def unsigned_pointer(data: bytes) -> bool:
+    """Whether the policy pointer ``data`` is unsigned (a store older than signing, or
+    written by hand)."""
+    return is_unsigned(data, key=POINTER_KEY)
 
 
 def _keyring_for(roots: Roots) -> Any:
@@ -302,7 +302,7 @@ def in_force(store: RecordStore) -> InForce:
                                   "removed")
         document = packaged_document()
         return InForce(0, document.digest, document, legacy=_unrooted(store))
-    if _unsigned(found.data) and _unrooted(store):
+    if unsigned_pointer(found.data) and _unrooted(store):
         return _as_legacy(store, found.data)
     roots = trusted_roots(store)
     chain = verify_chain(store, LAYOUT, PolicyChange, keyring=_keyring_for(roots), roles=None,
