@@ -9,6 +9,7 @@ import pytest
 from k3artifacts.stores.file import FileStore
 
 pytest_plugins: list[str] = [
+    "tests.fixtures.any_store",
     "tests.fixtures.identities",
     "tests.fixtures.localhub",
     "tests.fixtures.moto_server",

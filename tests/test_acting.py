@@ -10,39 +10,25 @@ import json
 import boto3
 import pytest
 import yaml
-from click.testing import CliRunner
 
-from k3artifacts.cli import cli
 from k3artifacts.policy.record import in_force
 from k3artifacts.releases.channels import history
-from k3artifacts.stores.file import FileStore
 from k3artifacts.trust.identities import ROLES, Identities, Identity, KeyEntry, identities_yaml
 from k3artifacts.trust.keys import personal_key_path, read_public_key
 from k3artifacts.trust.pins import load_pin
 from k3artifacts.trust.root import root_key
+from tests.fixtures.any_store import run_k3a as k3a
 from tests.fixtures.moves import use_policy
 from tests.fixtures.people import ME, key_file, signer_of
 from tests.support.releases import Releases
 from tests.support.sts_standin import sts_standin
 
 
-@pytest.fixture(params=["file", pytest.param("seaweed", marks=pytest.mark.s3)])
-def judged(request, tmp_path, k3a_env):
-    """A store and the environment of a `k3a` on it: a file tree, or SeaweedFS, which has no
-    STS (nothing is asked of one)."""
-    if request.param == "file":
-        store = FileStore(tmp_path / "store")
-        return store, dict(k3a_env, K3A_STORE=store.url)
-    store = request.getfixturevalue("seaweed_store")
-    env = dict(k3a_env, **request.getfixturevalue("seaweed").env, K3A_STORE=store.url)
-    env.pop("AWS_SESSION_TOKEN", None)  # a moto server's fake one, if one ran before
-    return store, env
-
-
-def k3a(env, *args, expect=0):
-    result = CliRunner().invoke(cli, list(args), env=env, catch_exceptions=False)
-    assert result.exit_code == expect, (result.exit_code, result.stdout, result.stderr)
-    return result
+@pytest.fixture
+def judged(any_store, any_env):
+    """A store (a file tree, or SeaweedFS, which has no STS: nothing is asked of one) and the
+    environment of a `k3a` on it."""
+    return any_store, any_env
 
 
 def test_first_use_makes_the_key_the_root_and_names_the_seeder(judged, tmp_path):

@@ -189,7 +189,7 @@ def second_account_config() -> Path:
     return Path(pwd.getpwnam("k3a-second").pw_dir) / ".config" / "k3artifacts"
 
 
-def test_demo_to_production_walk_runs_as_written(k3a_env):
+def test_demo_to_production_walk_runs_as_written(k3a_env, monkeypatch):
     require_two_accounts()
     before = git_status()
     with walk_shell(k3a_env) as (shell, scratch, venv):
@@ -206,6 +206,8 @@ def test_demo_to_production_walk_runs_as_written(k3a_env):
         tuple_id = shell.run('echo "$TUPLE"').strip()
         walk = Path(shell.run('echo "$WALK"').strip())
         store = FileStore(Path(store_url.removeprefix("file://")))
+        # Read as the walk's first account: the root it pinned lives in its own home.
+        monkeypatch.setenv("XDG_CONFIG_HOME", str(Path(k3a_env["HOME"]) / ".config"))
         me = pwd.getpwuid(os.getuid()).pw_name
         entry = history(store, "production")[-1]
         assert (entry.tuple_id, entry.who, entry.policy_version) == (tuple_id, me, 3)

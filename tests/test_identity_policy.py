@@ -22,7 +22,6 @@ from k3artifacts.policy.document import PolicyDocument
 from k3artifacts.policy.record import changes, in_force
 from k3artifacts.releases.channels import current, history
 from k3artifacts.releases.reviewing import review_code, review_license
-from k3artifacts.stores.file import FileStore
 from k3artifacts.trust.identities import KeyEntry, identities_yaml
 from k3artifacts.trust.keys import signer_key_id as key_id
 from tests.fixtures import people
@@ -86,17 +85,11 @@ def test_logname_and_user_do_not_make_the_reviewer_someone_else(
         history(store, "production")
 
 
-@pytest.fixture(params=["file", pytest.param("seaweed", marks=pytest.mark.s3)])
-def judged_store(request, tmp_path, k3a_env):
+@pytest.fixture
+def judged_store(any_store, any_env):
     """A store and the environment of a `k3a` acting on it: a file tree, or SeaweedFS, which
     has no identity service (no STS): who acts is the key, on both."""
-    if request.param == "file":
-        store = FileStore(tmp_path / "store")
-        return store, dict(k3a_env, K3A_STORE=store.url)
-    store = request.getfixturevalue("seaweed_store")
-    env = dict(k3a_env, **request.getfixturevalue("seaweed").env, K3A_STORE=store.url)
-    env.pop("AWS_SESSION_TOKEN", None)  # a moto server's fake one, if one ran before
-    return store, env
+    return any_store, any_env
 
 
 def test_a_loose_policies_directory_cannot_move_production(judged_store, policies, tmp_path):

@@ -11,10 +11,8 @@ from collections.abc import Callable
 
 import pytest
 import yaml
-from click.testing import CliRunner
 
 from k3artifacts.canonical import canonical_json
-from k3artifacts.cli import cli
 from k3artifacts.errors import UntrustedRecord
 from k3artifacts.policy.approvals import InvalidApproval
 from k3artifacts.policy.change import answer, apply, propose
@@ -29,51 +27,34 @@ from k3artifacts.policy.record import (
     in_force,
     seed,
 )
-from k3artifacts.stores.file import FileStore
 from k3artifacts.trust import rotation
 from k3artifacts.trust.chain import Link
 from k3artifacts.trust.envelope import sign_record
 from k3artifacts.trust.identities import Identity, KeyEntry, identities_yaml
 from k3artifacts.trust.pins import require_pin
 from tests.fixtures import people
+from tests.fixtures.any_store import overwrite, remove
+from tests.fixtures.any_store import run_k3a as k3a
 from tests.fixtures.moves import with_people
 from tests.support.releases import Releases
 
 ALICE, BOB = "alice", "bob"
 
 
-@pytest.fixture(params=["file", pytest.param("seaweed", marks=pytest.mark.s3)])
-def store(request, tmp_path):
-    if request.param == "file":
-        return FileStore(tmp_path / "store")
-    return request.getfixturevalue("seaweed_store")
-
-
 @pytest.fixture
-def env(request, store, k3a_env, tmp_path):
-    """`k3a` on ``store``, signing as alice."""
-    base = dict(k3a_env, K3A_STORE=store.url,
-                K3A_IDENTITY_KEY=str(people.key_file(ALICE, tmp_path)))
-    if not isinstance(store, FileStore):
-        base.update(request.getfixturevalue("seaweed").env)
-        base.pop("AWS_SESSION_TOKEN", None)  # a moto server's fake one, if one ran before
-    return base
+def as_alice(any_env, tmp_path):
+    """`k3a` on the store, signing as alice."""
+    return dict(any_env, K3A_IDENTITY_KEY=str(people.key_file(ALICE, tmp_path)))
 
 
-def k3a(env, *args, expect=0):
-    result = CliRunner().invoke(cli, list(args), env=env, catch_exceptions=False)
-    assert result.exit_code == expect, (result.exit_code, result.stdout, result.stderr)
-    return result
-
-
-def two_roots(store, policies) -> PolicyDocument:
+def two_roots(any_store, policies) -> PolicyDocument:
     """The store seeded by alice (root v1: alice), then root v2: alice and bob, threshold 2."""
-    seed(store, with_people(policies), acting=people.seeder(ALICE))
-    rotation.rotate(store, require_pin(store.url), people.signer_of(ALICE),
+    seed(any_store, with_people(policies), acting=people.seeder(ALICE))
+    rotation.rotate(any_store, require_pin(any_store.url), people.signer_of(ALICE),
                     add={BOB: [KeyEntry.for_signer(people.signer_of(BOB))]}, remove=[],
                     threshold=None)
-    assert require_pin(store.url).root.threshold == 2
-    return in_force(store).document
+    assert require_pin(any_store.url).root.threshold == 2
+    return in_force(any_store).document
 
 
 def edited(document: PolicyDocument, rel: str, edit: Callable[[str], str]) -> PolicyDocument:
@@ -156,152 +137,135 @@ LOOSENING = [
 @pytest.mark.parametrize("stricter,loosen", [(s, lo) for _, s, lo in LOOSENING],
                          ids=[name for name, _, _ in LOOSENING])
 def test_a_loosening_change_of_each_field_needs_a_second_root_identity(
-        store, policies, stricter, loosen):
-    document = two_roots(store, policies)
+        any_store, policies, stricter, loosen):
+    document = two_roots(any_store, policies)
     alice, bob = people.person(ALICE), people.person(BOB)
     if stricter is not None:  # provably stricter: alice alone puts it in force
         document = stricter(document)
-        request, _ = propose(store, document, by=alice)
+        request, _ = propose(any_store, document, by=alice)
         assert request.needs == []
-        apply(store, request.id, by=alice)
-    request, _ = propose(store, loosen(document), by=alice)
+        apply(any_store, request.id, by=alice)
+    request, _ = propose(any_store, loosen(document), by=alice)
     assert request.needs
     with pytest.raises(InvalidApproval, match="needs 2 root identities of root v2"):
-        apply(store, request.id, by=alice)
-    _, signed = answer(store, request.id, by=bob, approve=True, reason="reviewed")
+        apply(any_store, request.id, by=alice)
+    _, signed = answer(any_store, request.id, by=bob, approve=True, reason="reviewed")
     assert signed == {ALICE, BOB}
-    policy = apply(store, request.id, by=alice)
+    policy = apply(any_store, request.id, by=alice)
     assert policy.digest == loosen(document).digest
-    assert changes(store)[-1].signers == {ALICE, BOB}
+    assert changes(any_store)[-1].signers == {ALICE, BOB}
 
 
-def _propose_loosening(store, policies):
-    document = two_roots(store, policies)
+def _propose_loosening(any_store, policies):
+    document = two_roots(any_store, policies)
     loose = gates("min_pass_rate: 0.95", "min_pass_rate: 0.5")(document)
-    request, _ = propose(store, loose, by=people.person(ALICE))
+    request, _ = propose(any_store, loose, by=people.person(ALICE))
     return request, loose
 
 
 READERS = (["policy", "show"], ["policy", "history"])
 
 
-def _refused_everywhere(env, store, tmp_path, reason: str) -> None:
+def _refused_everywhere(as_alice, any_store, tmp_path, reason: str) -> None:
     scratch = tmp_path / "scratch"
-    release = Releases(store, scratch / str(len(list(scratch.glob("*"))))).release()
+    release = Releases(any_store, scratch / str(len(list(scratch.glob("*"))))).release()
     for args in (*READERS, ["gates", release.id, "staging"],
                  ["promote", release.id, "staging"], ["render", "staging", "--target", "eks"]):
-        refused = k3a(env, *args, expect=4)
+        refused = k3a(as_alice, *args, expect=4)
         assert f"refused ({reason})" in refused.stderr, (args, refused.stderr)
         assert "Traceback" not in refused.stderr
 
 
-def test_a_pointer_to_a_proposal_never_signed_into_force_is_refused(store, env, policies,
+def test_a_pointer_to_a_proposal_never_signed_into_force_is_refused(any_store, as_alice, policies,
                                                                     tmp_path):
     """The proposal alice signed alone (it loosens: root v2 needs alice and bob), copied into
     the pointer, is a validly signed change that lacks its authority."""
-    request, _ = _propose_loosening(store, policies)
-    before = in_force(store)
-    proposal = store.read(proposal_key(request.id))
-    store.replace(POINTER_KEY, proposal.data, store.read(POINTER_KEY).token)
-    _refused_everywhere(env, store, tmp_path, "threshold")
+    request, _ = _propose_loosening(any_store, policies)
+    before = in_force(any_store)
+    proposal = any_store.read(proposal_key(request.id))
+    any_store.replace(POINTER_KEY, proposal.data, any_store.read(POINTER_KEY).token)
+    _refused_everywhere(as_alice, any_store, tmp_path, "threshold")
     with pytest.raises(UntrustedRecord, match="needs 2 root identities of root v2; signed by"):
-        in_force(store)
+        in_force(any_store)
     assert before.version == 1
 
 
-def test_a_pointer_written_by_hand_is_refused(store, env, policies, tmp_path):
+def test_a_pointer_written_by_hand_is_refused(any_store, as_alice, policies, tmp_path):
     """A pointer naming a proposed document the way stores older than signing did, or one
     signed by a key that is no root identity's."""
-    request, loose = _propose_loosening(store, policies)
-    current = in_force(store)
-    token = store.read(POINTER_KEY).token
+    request, loose = _propose_loosening(any_store, policies)
+    current = in_force(any_store)
+    token = any_store.read(POINTER_KEY).token
     change = PolicyChange(version=3, digest=loose.digest, previous_digest=current.digest,
                           action="change", by=people.person(ALICE).actor,
                           at=request.requested_at, root_version=2)
     plain = {"schema_version": 1, "version": 3, "digest": loose.digest,
              "change": change.model_dump(mode="json")}
-    token = store.replace(POINTER_KEY, canonical_json(plain), token)
-    _refused_everywhere(env, store, tmp_path, "unsigned")
+    token = any_store.replace(POINTER_KEY, canonical_json(plain), token)
+    _refused_everywhere(as_alice, any_store, tmp_path, "unsigned")
     forged = sign_record(key=change_key(3), kind=KIND, signer=people.signer_of("mallory"),
                          identity="alice", body=Link(seq=3, previous=current.chain.head.digest,
                                                      entry=change.model_dump(mode="json")))
-    store.replace(POINTER_KEY, forged, token)
-    _refused_everywhere(env, store, tmp_path, "untrusted-key")
+    any_store.replace(POINTER_KEY, forged, token)
+    _refused_everywhere(as_alice, any_store, tmp_path, "untrusted-key")
 
 
-def _rewrite(store, key: str, data: bytes) -> None:
-    """Someone with write access to the store replaces a create-once record."""
-    if isinstance(store, FileStore):
-        path = store.local_path(key)
-        path.chmod(0o644)
-        path.write_bytes(data)
-    else:
-        store.client.put_object(Bucket=store.bucket, Key=store.key(key), Body=data)
-
-
-def _delete(store, key: str) -> None:
-    if isinstance(store, FileStore):
-        store.local_path(key).unlink()
-    else:
-        store.client.delete_object(Bucket=store.bucket, Key=store.key(key))
-
-
-def _three_versions(store, policies):
-    two_roots(store, policies)
+def _three_versions(any_store, policies):
+    two_roots(any_store, policies)
     alice = people.person(ALICE)
-    document = gates("min_hours: 24", "min_hours: 36")(in_force(store).document)
-    request, _ = propose(store, document, by=alice)
-    apply(store, request.id, by=alice)
+    document = gates("min_hours: 24", "min_hours: 36")(in_force(any_store).document)
+    request, _ = propose(any_store, document, by=alice)
+    apply(any_store, request.id, by=alice)
     document = gates("min_hours: 36", "min_hours: 48")(document)
-    request, _ = propose(store, document, by=alice)
-    apply(store, request.id, by=alice)
-    assert in_force(store).version == 3
+    request, _ = propose(any_store, document, by=alice)
+    apply(any_store, request.id, by=alice)
+    assert in_force(any_store).version == 3
 
 
-def test_an_edited_change_is_refused(store, env, policies, tmp_path):
-    _three_versions(store, policies)
-    record = json.loads(store.read(change_key(1)).data)
+def test_an_edited_change_is_refused(any_store, as_alice, policies, tmp_path):
+    _three_versions(any_store, policies)
+    record = json.loads(any_store.read(change_key(1)).data)
     record["body"]["entry"]["why"] = "nobody wrote this"
-    _rewrite(store, change_key(1), canonical_json(record))
-    _refused_everywhere(env, store, tmp_path, "edit")
+    overwrite(any_store, change_key(1), canonical_json(record))
+    _refused_everywhere(as_alice, any_store, tmp_path, "edit")
 
 
-def test_a_removed_change_is_refused(store, env, policies, tmp_path):
-    _three_versions(store, policies)
-    _delete(store, change_key(2))
-    _refused_everywhere(env, store, tmp_path, "gap")
+def test_a_removed_change_is_refused(any_store, as_alice, policies, tmp_path):
+    _three_versions(any_store, policies)
+    remove(any_store, change_key(2))
+    _refused_everywhere(as_alice, any_store, tmp_path, "gap")
 
 
-def test_a_forked_change_is_refused(store, env, policies, tmp_path):
+def test_a_forked_change_is_refused(any_store, as_alice, policies, tmp_path):
     """Version 2 replaced by another, validly signed by alice (a root identity): it is not
     the one version 3 follows."""
-    _three_versions(store, policies)
-    entry = json.loads(store.read(change_key(2)).data)["body"]
+    _three_versions(any_store, policies)
+    entry = json.loads(any_store.read(change_key(2)).data)["body"]
     entry["entry"]["why"] = "another version 2"
-    _rewrite(store, change_key(2), sign_record(key=change_key(2), kind=KIND, body=entry,
+    overwrite(any_store, change_key(2), sign_record(key=change_key(2), kind=KIND, body=entry,
                                                signer=people.signer_of(ALICE),
                                                identity=ALICE))
-    _refused_everywhere(env, store, tmp_path, "fork")
+    _refused_everywhere(as_alice, any_store, tmp_path, "fork")
 
 
 def test_a_stricter_change_needs_one_root_identity_and_readers_follow_the_root(
-        store, env, policies, tmp_path):
+        any_store, as_alice, policies, tmp_path):
     """alice alone tightens under root v2 (threshold 2); a reader that pinned root v1 follows
     the rotation and verifies both versions, each under the root it names."""
-    two_roots(store, policies)
-    proposed = k3a(env, "policy", "propose", str(_stricter_dir(store, tmp_path)), "--json")
+    two_roots(any_store, policies)
+    proposed = k3a(as_alice, "policy", "propose", str(_stricter_dir(any_store, tmp_path)), "--json")
     request = json.loads(proposed.stdout)
     assert request["needs"] == []
-    assert json.loads(k3a(env, "policy", "apply", request["id"], "--json").stdout)[
+    assert json.loads(k3a(as_alice, "policy", "apply", request["id"], "--json").stdout)[
         "version"] == 2
-    listed = json.loads(k3a(env, "policy", "history", "--json").stdout)
+    listed = json.loads(k3a(as_alice, "policy", "history", "--json").stdout)
     assert [(c["version"], c["root_version"], c["signed_by"]) for c in listed] == [
         (1, 1, [ALICE]), (2, 2, [ALICE])]
 
 
-def _stricter_dir(store, tmp_path):
+def _stricter_dir(any_store, tmp_path):
     out = tmp_path / "stricter"
-    in_force(store).document.write_dir(out)
+    in_force(any_store).document.write_dir(out)
     path = out / "promotion-gates.yaml"
     path.write_text(path.read_text().replace("min_pass_rate: 0.95", "min_pass_rate: 0.99"))
     assert yaml.safe_load(path.read_text())

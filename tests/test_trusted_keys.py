@@ -8,37 +8,18 @@ from __future__ import annotations
 import json
 import shutil
 
-import pytest
 import yaml
-from click.testing import CliRunner
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
-from k3artifacts.cli import cli
 from k3artifacts.releases.signatures import sign_tuple
 from k3artifacts.signing.keys import load_signer
 from k3artifacts.signing.revision import sign_revision
-from k3artifacts.stores.file import FileStore
 from k3artifacts.trust.pins import pin_name
 from tests.conftest import REPO_ROOT
+from tests.fixtures.any_store import run_k3a as k3a
 from tests.fixtures.moves import use_policy
 from tests.support.releases import Releases
-
-
-@pytest.fixture(params=["file", pytest.param("seaweed", marks=pytest.mark.s3)])
-def store(request, tmp_path):
-    if request.param == "file":
-        return FileStore(tmp_path / "store")
-    return request.getfixturevalue("seaweed_store")
-
-
-@pytest.fixture
-def env(request, store, k3a_env):
-    base = dict(k3a_env, K3A_STORE=store.url)
-    if not isinstance(store, FileStore):
-        base.update(request.getfixturevalue("seaweed").env)
-        base.pop("AWS_SESSION_TOKEN", None)  # a moto server's fake one, if one ran before
-    return base
 
 
 def _key(path):
@@ -64,26 +45,20 @@ def _policies(where, name, key):
     return where
 
 
-def k3a(env, *args, expect=0):
-    result = CliRunner().invoke(cli, list(args), env=env, catch_exceptions=False)
-    assert result.exit_code == expect, (result.exit_code, result.stdout, result.stderr)
-    return result
-
-
-def test_a_trusted_key_in_a_local_directory_is_ignored(store, env, tmp_path):
+def test_a_trusted_key_in_a_local_directory_is_ignored(any_store, any_env, tmp_path):
     release_key, intruder = _key(tmp_path / "release.pem"), _key(tmp_path / "intruder.pem")
-    use_policy(store, _policies(tmp_path / "store-policy", "release", release_key))
+    use_policy(any_store, _policies(tmp_path / "store-policy", "release", release_key))
     local = _policies(tmp_path / "local-policy", "intruder", intruder)
-    tuple_ = Releases(store, tmp_path / "scratch").release()
+    tuple_ = Releases(any_store, tmp_path / "scratch").release()
     w = tuple_.binding.weights
     signer = load_signer(str(intruder))
-    sign_revision(store, w.repo_id, w.commit, signer)
-    sign_tuple(store, tuple_.id, signer)
-    pointed = dict(env, K3A_POLICIES=str(local))
+    sign_revision(any_store, w.repo_id, w.commit, signer)
+    sign_tuple(any_store, tuple_.id, signer)
+    pointed = dict(any_env, K3A_POLICIES=str(local))
 
     refused = k3a(pointed, "verify", "--signature", tuple_.id, expect=4)
     assert "untrusted key" in refused.stderr
-    flagged = k3a(env, "verify", "--signature", tuple_.id, "--policies", str(local), expect=9)
+    flagged = k3a(any_env, "verify", "--signature", tuple_.id, "--policies", str(local), expect=9)
     assert "trusted release keys come from the store's policy (" in flagged.stderr
 
     rendered = json.loads(k3a(pointed, "render", tuple_.id, "--target", "eks",
@@ -92,5 +67,5 @@ def test_a_trusted_key_in_a_local_directory_is_ignored(store, env, tmp_path):
     assert set(config_map["data"]) == {"trusted-keys.yaml", "release.pub.pem",
                                        pin_name("file:///k3a-store")}
     assert "intruder" not in json.dumps(config_map)
-    k3a(env, "render", tuple_.id, "--target", "eks", "--verify-signature", "--policies",
+    k3a(any_env, "render", tuple_.id, "--target", "eks", "--verify-signature", "--policies",
         str(local), expect=9)
