@@ -128,3 +128,16 @@ def test_an_sts_answering_another_identity_changes_nothing(judged, policies, tmp
     assert (review["review"]["reviewed_by"], review["review"]["reviewer_source"]) == (ME, "key")
     assert (moved["entry"]["who"], moved["entry"]["who_source"]) == (ME, "key")
     assert "mallory" not in yaml.safe_dump(history(store, "staging")[-1].model_dump(mode="json"))
+
+
+@pytest.mark.s3
+def test_a_kms_key_where_no_kms_answers_is_named_as_such(seaweed_store, seaweed, k3a_env):
+    """An S3-compatible server (SeaweedFS) named as the KMS endpoint: the identity service a
+    kms: key needs is missing, said as such, neither as a permission nor as throttling."""
+    env = dict(k3a_env, **seaweed.env, K3A_STORE=seaweed_store.url,
+               K3A_IDENTITY_KEY="kms:alias/k3a", K3A_KMS_ENDPOINT_URL=seaweed.endpoint)
+    env.pop("AWS_SESSION_TOKEN", None)
+    refused = k3a(env, "key", "show", expect=9)
+    assert "no AWS KMS answers there" in refused.stderr and "has no KMS" in refused.stderr
+    assert "throttling" not in refused.stderr and "permission" not in refused.stderr
+

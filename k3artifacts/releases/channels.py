@@ -96,8 +96,9 @@ class Approval(_Frozen):
     store (``policy/approvals.py``), answered under the approver's own identity."""
 
     who: str = Field(min_length=1)
-    #: Where ``who`` came from (``sts``, ``os-user``, ``asserted``); None in entries written
-    #: before approvals were records (then ``who`` was typed in a form).
+    #: Where ``who`` came from (``key``; older entries: ``sts``, ``os-user``, ``asserted``);
+    #: None in entries written before approvals were records (then ``who`` was typed in a
+    #: form).
     who_source: str | None = None
     decision: Literal["approved", "rejected"]
     reason: str | None = None
@@ -114,7 +115,8 @@ class HistoryEntry(_Frozen):
     tuple_id: str = Field(pattern=TUPLE_ID.pattern)
     previous_tuple_id: str | None = Field(default=None, pattern=TUPLE_ID.pattern)
     who: str
-    #: Where ``who`` came from (``sts``, ``os-user``, ``asserted``; see ``policy/actor.py``);
+    #: Where ``who`` came from (``key``: the identity whose key signed the entry; older
+    #: entries: ``sts``, ``os-user``, ``asserted``; see ``policy/actor.py``);
     #: None for entries written before identities were resolved.
     who_source: str | None = None
     #: For an asserted ``who``: the identity that typed it.
