@@ -86,6 +86,8 @@ class Bench:
             PYTHONPATH=str(REPO_ROOT) + os.pathsep + self.env.get("PYTHONPATH", ""),
             HOME=str(self.workdir / "home"),
             XDG_DATA_HOME=str(self.workdir / "home" / "data"),
+            # The bench's own identity key and pinned roots, never the account's.
+            XDG_CONFIG_HOME=str(self.workdir / "home" / "config"),
             XDG_CACHE_HOME=str(self.workdir / "home" / "cache"),
             HF_HOME=str(self.workdir / "home" / "hf"),
             HF_HUB_DISABLE_XET="1",

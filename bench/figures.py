@@ -263,27 +263,27 @@ from pathlib import Path
 sys.path.insert(0, ".")
 from tests.support.releases import Releases
 from k3artifacts.stores.registry import open_store
-from k3artifacts.policy.actor import Actor
+from k3artifacts.policy.acting import acting
 from k3artifacts.promotion.moves import promote
 from k3artifacts.promotion.rollback import rollback
 from k3artifacts.releases.reviewing import review_code, review_license
 url, scratch, nfiles, rounds = sys.argv[1], Path(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
 store = open_store(url)
-bench = Actor(name="bench", source="os-user")
 rel = Releases(store, scratch / "files")
 extra = {f"extra/{i % 20:02d}/{i:05d}.json": b"{}" for i in range(nfiles - 4)}
 a, b = rel.release(extra=extra), rel.release(extra=extra)
 for t in (a, b):
     review_license(store, t.id, by="bench", by_source="os-user")
     review_code(store, t.id, by="bench", by_source="os-user")
-promote(store, a.id, "staging", actor=bench)
+bench = acting(store)  # the store's first use: the bench's key (in its home) becomes its root
+promote(store, a.id, "staging", acting=bench)
 times = {"promote": [], "rollback": []}
 for _ in range(rounds):
     t = time.perf_counter()
-    promote(store, b.id, "staging", actor=bench)
+    promote(store, b.id, "staging", acting=bench)
     times["promote"].append(time.perf_counter() - t)
     t = time.perf_counter()
-    rollback(store, "staging", actor=bench)
+    rollback(store, "staging", acting=bench)
     times["rollback"].append(time.perf_counter() - t)
 files = len(store.read_manifest(a.binding.weights.repo_id, a.binding.weights.commit).files)
 print(json.dumps({"files": files, **{k: statistics.median(v) for k, v in times.items()}}))

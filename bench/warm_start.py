@@ -112,11 +112,8 @@ def _signing(bench: Bench, store) -> Path:
     (policies / "signing" / "trusted-keys.yaml").write_text(
         "schema_version: 1\nkeys: {bench: keys/bench.pub.pem}\n"
         "channels: {production: {required: true}}\n")
-    from k3artifacts.policy.actor import Actor
-    from k3artifacts.policy.document import PolicyDocument
-    from k3artifacts.policy.record import seed
-
-    seed(store, PolicyDocument.from_dir(policies), by=Actor(name="bench", source="os-user"))
+    # The store's first use, as the bench's own identity (its key, in the bench's home).
+    _k3a(bench, "policy", "init", "--from", str(policies), "--store", store.url)
     return key
 
 

@@ -6,7 +6,7 @@ move, the policy in force, the flow's own identity as requester, a typed ``reque
 as typed) and shows it as an artifact: what the channel serves now, what would replace it
 (weights commit, manifest, image, profile, license sha256), the gates, and the command that
 answers it, ``k3a approve REQUEST`` (``--reject`` to refuse), which the approver runs under
-their own identity (STS on S3, their uid's account on a file store). The flow waits for that
+their own identity (the key they sign with). The flow waits for that
 answer in the store; a name typed in a form or a parameter is never an approver, and separation
 of duties judges the approver. The timeout fails the run and moves nothing.
 """
@@ -17,7 +17,7 @@ from prefect.artifacts import create_markdown_artifact
 from prefect.states import Cancelled, Failed, State
 
 from k3artifacts.policy.acting import acting
-from k3artifacts.policy.actor import Actor
+from k3artifacts.policy.actor import Acting
 from k3artifacts.policy.results import GateResult
 from k3artifacts.promotion.requests import (
     ApprovalRequest,
@@ -32,9 +32,9 @@ from .artifacts import sha256
 from .move_records import TupleFacts, verdict
 
 
-def flow_actor(store: Store) -> Actor:
-    """Who the flow acts as: the identity its process has on the store (a worker's role), never
-    a parameter."""
+def flow_actor(store: Store) -> Acting:
+    """Who the flow acts as: the identity whose key its process signs with (a worker's own key,
+    ``K3A_IDENTITY_KEY``), as the store's policy names it; never a parameter."""
     return acting(store)
 
 

@@ -63,7 +63,7 @@ def plan_request(store: Store, tuple_id: str, channel: str, *, overrides: dict[s
 def move_pointer(store: Store, tuple_id: str, channel: str, *, reason: str | None,
                  overrides: dict[str, str], approval: str | None) -> MoveResult | Refused:
     try:
-        return promote(store, tuple_id, channel, actor=flow_actor(store), reason=reason,
+        return promote(store, tuple_id, channel, acting=flow_actor(store), reason=reason,
                        overrides=overrides, approval=approval)
     except DECISIONS as exc:
         return Refused.of(exc)

@@ -42,7 +42,7 @@ from .readiness import not_ready, smoke_endpoint
 def move_back(store: Store, channel: str, *, to: str | None, reason: str | None,
               approval: str | None) -> MoveResult | Refused:
     try:
-        return rollback(store, channel, to=to, actor=flow_actor(store), reason=reason,
+        return rollback(store, channel, to=to, acting=flow_actor(store), reason=reason,
                         approval=approval)
     except DECISIONS as exc:
         return Refused.of(exc)

@@ -37,7 +37,7 @@ def node_steps(store_url: str | None, channel: str, to: str | None, kubeconfig: 
 
     return rollback_single_node(
         store, channel, kube=KubeAPI(Path(kubeconfig)), name=name, namespace=namespace,
-        endpoint=endpoint, metrics_url=metrics_url, actor=flow_actor(store), reason=reason,
+        endpoint=endpoint, metrics_url=metrics_url, acting=flow_actor(store), reason=reason,
         approval=approval, to=to, drain_timeout_s=drain_timeout_s, ready_timeout_s=ready_timeout_s,
         on_step=log).report
 

@@ -196,6 +196,14 @@ class TrustRootError(ConfigError):
     hint = "`k3a trust show` says what this client pins; `k3a trust init` pins a root"
 
 
+class MigrationNeeded(ConfigError):
+    """A store older than signed records: its policy and histories are read as found, and
+    nothing moves on it, until one of its root identities migrates it."""
+
+    hint = ("one of the store's root identities runs `k3a trust migrate` (it checkpoints the "
+            "unsigned histories under its signature; docs/policy-and-identity.md, Migration)")
+
+
 class UnsafeCacheEntry(ConfigError):
     """A symbolic link (or a file where a directory belongs) under the node cache root: k3a
     neither follows nor removes it, and writes nothing through it."""

@@ -10,8 +10,8 @@ The environment is input like any other: a malformed value is refused with its v
 unset. Values are read when :func:`load` is called, not at import, so a test or a Prefect job
 that changes the environment gets what it set.
 
-No variable here says who is acting: on S3 the identity is the caller AWS authenticated, on a
-file store the account of the process's real uid (``policy/actor.py``).
+No variable here names who is acting: who acts is the identity whose key signs
+(``K3A_IDENTITY_KEY`` chooses the key, never whose it is: ``policy/acting.py``).
 """
 
 from __future__ import annotations
@@ -92,10 +92,10 @@ class Settings(BaseModel):
         shown="`file://$XDG_DATA_HOME/k3artifacts/store`")
     policies: Path | None = var(
         "K3A_POLICIES", "Where things live",
-        "Policy directory (`promotion-gates.yaml`, `signing/`, `eval-suites/`, `s3/`, `iam/`): "
-        "a checkout's reviewed `policies/`, read by `k3a verify --signature`, `bootstrap` and "
-        "`eval run`. It never judges a promotion: the store's policy does "
-        "(`k3a policy show`; change it with `k3a policy propose DIR`). `--policies` overrides it.",
+        "Policy directory of a checkout (`s3/`, `iam/`): the bucket and role policies `k3a "
+        "bootstrap` reads. It never judges a move nor says which release keys are trusted: the "
+        "store's signed policy does (`k3a policy show`; change it with `k3a policy propose "
+        "DIR`), and `--policies` is refused where it would.",
         shown="./policies if present, else the defaults shipped in the package")
     profiles_dir: Path | None = var(
         "K3A_PROFILES_DIR", "Where things live",
@@ -131,11 +131,6 @@ class Settings(BaseModel):
         "K3A_S3_ENDPOINT_URL", "S3 and AWS",
         "S3 endpoint other than AWS's (a VPC endpoint, MinIO, SeaweedFS, moto). "
         "`--endpoint-url` overrides it where a command has one.",
-        shown="boto3's own")
-    sts_endpoint_url: str | None = var(
-        "K3A_STS_ENDPOINT_URL", "S3 and AWS",
-        "STS endpoint k3a asks who is acting on an S3 store (`GetCallerIdentity`). It chooses "
-        "which service answers, never what the answer is.",
         shown="boto3's own")
     s3_part_size: Size | None = var(
         "K3A_S3_PART_SIZE", "S3 and AWS",
@@ -464,9 +459,9 @@ def markdown() -> str:
         "counts as unset; a malformed one is refused (exit 9) naming the variable. A command "
         "line option, where there is one, wins over its variable.",
         "",
-        "No variable says who is acting: on S3 the actor is the caller identity AWS "
-        "authenticated, on a file store the account of the process's real uid "
-        "(`LOGNAME`, `USER` and the like are never read for it).",
+        "No variable names who is acting: who acts is the identity of the store's policy "
+        "whose key signs (`K3A_IDENTITY_KEY` chooses the key, never whose it is); `LOGNAME`, "
+        "`USER` and the like are never read for it, and no cloud service is asked.",
         "",
         "Libraries k3a uses read their own variables as usual: boto3 (`AWS_PROFILE`, "
         "`AWS_ACCESS_KEY_ID`, `AWS_ENDPOINT_URL_S3`, ...), huggingface_hub (`HF_TOKEN`, "

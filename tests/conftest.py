@@ -9,6 +9,7 @@ import pytest
 from k3artifacts.stores.file import FileStore
 
 pytest_plugins: list[str] = [
+    "tests.fixtures.any_store",
     "tests.fixtures.identities",
     "tests.fixtures.localhub",
     "tests.fixtures.moto_server",
@@ -20,6 +21,13 @@ pytest_plugins: list[str] = [
     "tests.fixtures.seaweedfs",
     "tests.fixtures.softhsm",
 ]
+
+
+@pytest.fixture(autouse=True)
+def _private_config_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """This process's personal key and pinned roots (``XDG_CONFIG_HOME``) are the test's own,
+    the same directory :func:`k3a_env` gives a `k3a` subprocess: never the account's."""
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "home" / "config"))
 
 
 @pytest.fixture

@@ -221,6 +221,9 @@ def test_the_store_cannot_be_overwritten_under_the_bucket_policy(inputs) -> None
         "warm/blobs/ab/abcd", "warm/artifacts/k3t-1/h100/tp8.json",
     ]
     swapped = ["releases/channels/production.json", "releases/policy/current.json",
+               "releases/channels/production/checkpoint.json",
+               "releases/policy/checkpoint.json", "releases/policy/proposals/k3r-1.json",
+               "releases/trust/proposals/root-0000000002.json",
                "releases/probes/123", "models/org/name/abc/.k3a/s3-objects.json",
                "models/org/name/abc/.k3a/provenance.json"]
 

@@ -18,9 +18,10 @@ from k3artifacts.cli import cli
 from k3artifacts.policy.record import in_force
 from k3artifacts.releases.channels import current, history
 from tests.fixtures.moves import use_policy
+from tests.fixtures.people import key_file
 from tests.fixtures.releases import ATOMIC_STORES, require_atomic_cas
 
-#: Who acts without --by on a file store: the account of this process's real uid.
+#: Who acts unless a test signs as someone else: this account's personal key, named after it.
 ME = pwd.getpwuid(os.getuid()).pw_name
 
 CODE = {"modeling_kimi.py": b"def forward(x):\n    return x\n"}
@@ -28,24 +29,20 @@ CODE = {"modeling_kimi.py": b"def forward(x):\n    return x\n"}
 
 @pytest.fixture
 def k3a_env_store(request, k3a_env, store, policies):
-    """The store's policy: the checkout's, except: on the file store a typed name stands for
-    the actor (`--by`; one OS user plays every role here), and production's stay on staging is
-    not waited for (the promotion_order gate's clock is tested in test_release_safety.py)."""
+    """The store's policy: the checkout's, naming the tests' people (each signs with their own
+    key: tests/fixtures/people.py), with production's stay on staging not waited for (the
+    promotion_order gate's clock is tested in test_release_safety.py)."""
     from k3artifacts.stores.file import FileStore
 
     gates = policies / "promotion-gates.yaml"
-    text = gates.read_text().replace("min_hours: 24", "min_hours: 0")
-    gates.write_text(text.replace(
-        "claimed_actor_on_file_stores: false", "claimed_actor_on_file_stores: true"))
+    gates.write_text(gates.read_text().replace("min_hours: 24", "min_hours: 0"))
     use_policy(store, policies)
     if isinstance(store, FileStore):
         base = k3a_env
     elif request.node.callspec.params.get("store") == "seaweed":
-        # SeaweedFS has no STS: who acts is asked of moto's, as of AWS's beside real S3.
-        sts = request.getfixturevalue("moto_endpoint")
-        # Starting moto fakes a session token in this process; SeaweedFS's keys have none.
-        request.getfixturevalue("monkeypatch").delenv("AWS_SESSION_TOKEN", raising=False)
-        base = dict(k3a_env, **request.getfixturevalue("seaweed").env, K3A_STS_ENDPOINT_URL=sts)
+        base = dict(k3a_env, **request.getfixturevalue("seaweed").env)
+        # A moto server started earlier in the session fakes a session token in this
+        # process's environment; SeaweedFS's keys have none.
         base.pop("AWS_SESSION_TOKEN", None)
     else:
         base = request.getfixturevalue("s3_env")
@@ -53,23 +50,16 @@ def k3a_env_store(request, k3a_env, store, policies):
 
 
 @pytest.fixture
-def file_only(store):
-    """Tests that play several people with typed names: on S3 identities come from STS
-    (test_release_safety.py covers S3 with distinct STS identities)."""
-    from k3artifacts.stores.file import FileStore
-
-    if not isinstance(store, FileStore):
-        pytest.skip("typed actor names are refused on S3; see test_release_safety.py")
-
-
-@pytest.fixture
-def k3a(k3a_env_store):
+def k3a(k3a_env_store, tmp_path):
     """The real `k3a` command in-process (seconds matter); separate processes are used below
-    where the point is separate processes."""
+    where the point is separate processes. ``as_``: sign as that person (their key), else as
+    this account (its personal key, the identity ME)."""
     runner = CliRunner()
 
-    def run(*args: str, expect: int = 0) -> Result:
-        result = runner.invoke(cli, list(args), env=k3a_env_store, catch_exceptions=False)
+    def run(*args: str, expect: int = 0, as_: str | None = None) -> Result:
+        env = k3a_env_store if as_ is None else dict(
+            k3a_env_store, K3A_IDENTITY_KEY=str(key_file(as_, tmp_path)))
+        result = runner.invoke(cli, list(args), env=env, catch_exceptions=False)
         assert result.exit_code == expect, (result.exit_code, result.stdout, result.stderr)
         return result
 
@@ -77,7 +67,7 @@ def k3a(k3a_env_store):
     return run
 
 
-def test_staged_revision_to_production_and_back(k3a, releases, store, tmp_path, file_only):
+def test_staged_revision_to_production_and_back(k3a, releases, store, tmp_path):
     old, new = releases.release(code=CODE), releases.release(code=CODE)
 
     dry = k3a("gates", old.id, "staging", expect=5)
@@ -91,10 +81,10 @@ def test_staged_revision_to_production_and_back(k3a, releases, store, tmp_path, 
     assert "2 gate(s) failed" in blocked.stderr and "--override-gate" in blocked.stderr
 
     assert k3a("review", "license", old.id, "--show").stdout.startswith("MIT License")
-    k3a("review", "license", old.id, "--by", "alice", "--note", "read it")
-    code = k3a("review", "code", old.id, "--by", "alice")
+    k3a("review", "license", old.id, "--note", "read it", as_="alice")
+    code = k3a("review", "code", old.id, as_="alice")
     assert "recorded: modeling_kimi.py" in code.stdout
-    again = json.loads(k3a("review", "license", old.id, "--by", "alice", "--json").stdout)
+    again = json.loads(k3a("review", "license", old.id, "--json", as_="alice").stdout)
     assert again["written"] is False
 
     report = json.loads(k3a("gates", old.id, "staging", "--json").stdout)
@@ -113,18 +103,18 @@ def test_staged_revision_to_production_and_back(k3a, releases, store, tmp_path, 
     attached = k3a("eval", "attach", old.id, str(report_file))
     assert "attached: k3-smoke 97/100 = 97.0%" in attached.stdout
     assert "the evaluation gate does not accept it" in attached.stdout
-    still_blocked = k3a("promote", old.id, "production", "--by", "bob", expect=5)
+    still_blocked = k3a("promote", old.id, "production", as_="bob", expect=5)
     assert "attached by hand" in still_blocked.stderr
     override = ("--override-gate", "evaluation", "--reason", "97/100 attached; endpoint down")
-    own = k3a("promote", old.id, "production", "--by", "alice", *override, expect=5)
+    own = k3a("promote", old.id, "production", *override, expect=5, as_="alice")
     # separation of duties
-    assert f"alice (asserted by {ME}) reviewed the license and code" in own.stderr
-    out = k3a("promote", old.id, "production", "--by", "bob", *override).stdout
+    assert "alice reviewed the license and code" in own.stderr
+    out = k3a("promote", old.id, "production", *override, as_="bob").stdout
     assert f"production: (empty) -> {old.id} (promote #1 by bob; policy v1 " in out
 
     # The new revision's code is the same file: already reviewed by sha256.
-    k3a("review", "license", new.id, "--by", "alice")
-    assert "already reviewed: modeling_kimi.py" in k3a("review", "code", new.id, "--by", "a").stdout
+    k3a("review", "license", new.id, as_="alice")
+    assert "already reviewed: modeling_kimi.py" in k3a("review", "code", new.id, as_="a").stdout
     k3a("promote", new.id, "staging")  # production takes only what staging served
     k3a(
         "promote",
@@ -161,14 +151,14 @@ def test_staged_revision_to_production_and_back(k3a, releases, store, tmp_path, 
     assert len(reviews) == 2 and reviews[0].startswith("releases/reviews/code/")
 
 
-def test_license_changed_since_review_needs_a_new_review(k3a, releases, file_only):
+def test_license_changed_since_review_needs_a_new_review(k3a, releases):
     old = releases.release()
     new = releases.release(license_text="Modified MIT: show 'Kimi K3' in your UI\n")
-    k3a("review", "license", old.id, "--by", "alice")
+    k3a("review", "license", old.id, as_="alice")
     k3a("promote", old.id, "staging")
     blocked = k3a("promote", new.id, "staging", expect=5)
     assert f"license sha256 {new.binding.license_sha256} has not been reviewed" in blocked.stderr
-    k3a("review", "license", new.id, "--by", "bob")
+    k3a("review", "license", new.id, as_="bob")
     k3a("promote", new.id, "staging")
 
 

@@ -44,7 +44,9 @@ ROLES = {"admin_role_arn": f"arn:aws:iam::{ACCOUNT}:role/k3a-admin",
 #: Operations that make an object: each must carry a condition.
 CREATING = ("PutObject", "CopyObject", "CompleteMultipartUpload")
 #: Keys that move by compare-and-swap; every other creating request must be If-None-Match.
-SWAPPED = ("/releases/channels/", "/releases/policy/current.json", "/releases/probes/",
+SWAPPED = ("/releases/channels/", "/releases/policy/current.json",
+           "/releases/policy/checkpoint.json", "/releases/policy/proposals/",
+           "/releases/trust/proposals/", "/releases/probes/",
            "/.k3a/s3-objects.json", "/.k3a/provenance.json")
 TUNING = TransferTuning(multipart_threshold=5 * MiB, min_part_size=5 * MiB, max_concurrency=4,
                         stream_part_size=5 * MiB)

@@ -122,7 +122,9 @@ def test_the_walk_parses_into_the_steps_it_names():
     for step in ("groupadd", "useradd", f"{SYSTEM_PYTHON} -m venv {VENV}",
                  f"source {VENV}/bin/activate", "runuser -u k3a-second --",
                  "k3a bootstrap \"$K3A_STORE\" --group k3a-team", "k3a demo --next-revision",
-                 "openssl ecparam", "k3a policy propose", "as_second approve",
+                 "openssl ecparam", "as_second key create",
+                 "as_second trust init --fingerprint", "as_second key show --entry k3a-second",
+                 "k3a trust rotate --add", "k3a policy propose", "as_second approve",
                  "k3a policy apply", "as_second review license", "k3a eval run",
                  "k3a promote \"$TUPLE\" production"):
         assert step in joined, step
@@ -148,13 +150,14 @@ def require_two_accounts() -> None:
 
 @contextmanager
 def walk_shell(k3a_env: dict[str, str]) -> Iterator[tuple[Shell, Path, Path]]:
-    """A reader's shell at the checkout's root (no data directory set; this checkout's code
-    first, as the checkout's editable ``.venv`` imports it), a scratch directory every account
-    may pass through (pytest's are private) that its ``mktemp -d`` uses, and where the scratch
-    venv goes."""
+    """A reader's shell at the checkout's root (no data or configuration directory set, so
+    each account's key and pinned roots live in its own home; this checkout's code first, as
+    the checkout's editable ``.venv`` imports it), a scratch directory every account may pass
+    through (pytest's are private) that its ``mktemp -d`` uses, and where the scratch venv
+    goes."""
     scratch = Path(tempfile.mkdtemp(prefix="k3a-walk-"))
     os.chmod(scratch, 0o755)
-    env = {k: v for k, v in k3a_env.items() if k != "XDG_DATA_HOME"}
+    env = {k: v for k, v in k3a_env.items() if k not in ("XDG_DATA_HOME", "XDG_CONFIG_HOME")}
     env["TMPDIR"] = str(scratch)
     shell = Shell(REPO_ROOT, env)
     try:
@@ -180,10 +183,20 @@ def run_step_zero(shell: Shell, scratch: Path, venv: Path) -> None:
                             f"packages are not readable by other accounts): {ran.stderr}")
 
 
-def test_demo_to_production_walk_runs_as_written(k3a_env):
+def second_account_config() -> Path:
+    """Where k3a keeps ``k3a-second``'s key and pins (the test's throwaway account): removed
+    before and after the walk, so its key is made on first use each time, as a new reader's."""
+    return Path(pwd.getpwnam("k3a-second").pw_dir) / ".config" / "k3artifacts"
+
+
+def test_demo_to_production_walk_runs_as_written(k3a_env, monkeypatch):
     require_two_accounts()
     before = git_status()
     with walk_shell(k3a_env) as (shell, scratch, venv):
+        try:
+            shutil.rmtree(second_account_config())
+        except (KeyError, FileNotFoundError):
+            pass  # no such account yet (step 0 makes it), or it never used k3a
         run_step_zero(shell, scratch, venv)
         for kind, commands in walk_blocks(GUIDE.read_text()):
             if kind == "walk":
@@ -193,13 +206,18 @@ def test_demo_to_production_walk_runs_as_written(k3a_env):
         tuple_id = shell.run('echo "$TUPLE"').strip()
         walk = Path(shell.run('echo "$WALK"').strip())
         store = FileStore(Path(store_url.removeprefix("file://")))
+        # Read as the walk's first account: the root it pinned lives in its own home.
+        monkeypatch.setenv("XDG_CONFIG_HOME", str(Path(k3a_env["HOME"]) / ".config"))
         me = pwd.getpwuid(os.getuid()).pw_name
         entry = history(store, "production")[-1]
-        assert (entry.tuple_id, entry.who, entry.policy_version) == (tuple_id, me, 2)
+        assert (entry.tuple_id, entry.who, entry.policy_version) == (tuple_id, me, 3)
         rendered = list((walk / "deploy").glob("*.eks.yaml"))
         assert len(rendered) == 1
         objects = [o for o in yaml.safe_load_all(rendered[0].read_text()) if o]
         deployment = next(o for o in objects if o["kind"] == "Deployment")
         assert deployment["metadata"]["labels"]["k3a.io/tuple-id"] == tuple_id
+        made = Path(k3a_env["HOME"]) / ".config" / "k3artifacts" / "keys" / "personal.pem"
+        assert made.is_file() and (second_account_config() / "keys" / "personal.pem").is_file()
+    shutil.rmtree(second_account_config(), ignore_errors=True)
     # The walk leaves the checkout as it found it.
     assert git_status() == before

@@ -18,7 +18,9 @@ import pytest
 from k3artifacts.errors import ConfigError
 from k3artifacts.stores.file import FileStore
 from k3artifacts.stores.file_bootstrap import share
-from tests.fixtures.identities import TEAM_GROUP, k3a_as
+from tests.fixtures.identities import TEAM_GROUP, k3a_as, pin_as
+from tests.fixtures.moves import as_actor, seed_people
+from tests.fixtures.people import ME
 from tests.support.releases import Releases
 
 
@@ -122,15 +124,13 @@ READERS = (
 def released(shared_store, tmp_path):
     """A team's store with the packaged policy recorded, a tuple and an approval request,
     written by this account under umask 077 (the group reads them all the same)."""
-    from k3artifacts.policy.actor import Actor
     from k3artifacts.policy.approvals import request_approval
-    from k3artifacts.policy.record import packaged_document, seed
+    from k3artifacts.policy.record import packaged_document
 
     with umask(0o077):
-        seed(shared_store, packaged_document(), by=Actor(name="root", source="os-user"))
+        seed_people(shared_store, packaged_document())
         release = Releases(shared_store, tmp_path / "scratch").release()
-        request = request_approval(shared_store, action="promote",
-                                   by=Actor(name="root", source="os-user"),
+        request = request_approval(shared_store, action="promote", by=as_actor(ME),
                                    channel="staging", tuple_id=release.id)
     return shared_store, release, request
 
@@ -138,6 +138,7 @@ def released(shared_store, tmp_path):
 def test_the_second_account_of_a_team_reads_reviews_and_approves(second_user, released,
                                                                  k3a_env):
     store, release, request = released
+    pin_as(second_user, store, k3a_env)  # as a newcomer joins: the root's fingerprint
     for args in READERS:
         k3a_as(second_user, store, *args, env=k3a_env)
     k3a_as(second_user, store, "review", "license", release.id, env=k3a_env)
@@ -151,15 +152,14 @@ def test_an_account_outside_the_store_gets_a_named_refusal(second_user, tmp_path
     may not read what, and the next step, with exit 9 (on stdout with --json)."""
     import tempfile
 
-    from k3artifacts.policy.actor import Actor
-    from k3artifacts.policy.record import packaged_document, seed
+    from k3artifacts.policy.record import packaged_document
 
     root = Path(tempfile.mkdtemp(prefix="k3a-private-store-"))
     os.chmod(root, 0o755)
     store = FileStore(root / "store")
     try:
         with umask(0o077):
-            seed(store, packaged_document(), by=Actor(name="root", source="os-user"))
+            seed_people(store, packaged_document())
             release = Releases(store, tmp_path / "scratch").release()
         os.chmod(store.root, 0o755)  # the root is reachable; what k3a wrote is not
         for args in [*READERS, ("review", "license", release.id),

@@ -16,15 +16,16 @@ import subprocess
 import pytest
 from click.testing import CliRunner
 
-from k3artifacts.canonical import canonical_json
 from k3artifacts.cli import cli
 from k3artifacts.errors import GateFailed
 from k3artifacts.policy.document import PolicyDocument
 from k3artifacts.policy.record import changes, in_force
-from k3artifacts.releases.channels import ChannelPointer, current, history, pointer_key
+from k3artifacts.releases.channels import current, history
 from k3artifacts.releases.reviewing import review_code, review_license
-from k3artifacts.stores.file import FileStore
-from tests.fixtures.identities import k3a_as
+from k3artifacts.trust.identities import KeyEntry, identities_yaml
+from k3artifacts.trust.keys import signer_key_id as key_id
+from tests.fixtures import people
+from tests.fixtures.identities import k3a_as, pin_as
 from tests.fixtures.moves import promote, use_policy
 from tests.fixtures.releases import REVIEWER, passing_run, staged_for
 from tests.support.releases import Releases
@@ -84,22 +85,11 @@ def test_logname_and_user_do_not_make_the_reviewer_someone_else(
         history(store, "production")
 
 
-@pytest.fixture(params=["file", pytest.param("seaweed", marks=pytest.mark.s3)])
-def judged_store(request, tmp_path, k3a_env):
-    """A store and the environment of a `k3a` acting on it: a file tree, or SeaweedFS (whose
-    identities are asked of moto's STS, as of AWS's beside real S3)."""
-    if request.param == "file":
-        store = FileStore(tmp_path / "store")
-        return store, dict(k3a_env, K3A_STORE=store.url)
-    # moto first: it fakes AWS credentials for the session, which the SeaweedFS fixture's
-    # monkeypatch would otherwise undo at teardown.
-    sts = request.getfixturevalue("moto_endpoint")
-    store = request.getfixturevalue("seaweed_store")
-    request.getfixturevalue("monkeypatch").delenv("AWS_SESSION_TOKEN", raising=False)
-    env = dict(k3a_env, **request.getfixturevalue("seaweed").env, K3A_STS_ENDPOINT_URL=sts,
-               K3A_STORE=store.url)
-    env.pop("AWS_SESSION_TOKEN", None)
-    return store, env
+@pytest.fixture
+def judged_store(any_store, any_env):
+    """A store and the environment of a `k3a` acting on it: a file tree, or SeaweedFS, which
+    has no identity service (no STS): who acts is the key, on both."""
+    return any_store, any_env
 
 
 def test_a_loose_policies_directory_cannot_move_production(judged_store, policies, tmp_path):
@@ -135,9 +125,16 @@ def test_a_policy_change_is_recorded_with_identity_and_digest(
 ):
     store = shared_store
     env = dict(k3a_env, K3A_STORE=store.url)
+    # The team's policy names both accounts' keys (each account's own: tests/fixtures/people).
+    (policies / "identities.yaml").write_text(identities_yaml(people.identities()))
     seeded = json.loads(k3a(env, "policy", "init", "--from", str(policies), "--json").stdout)
     assert seeded == {"version": 1, "digest": PolicyDocument.from_dir(policies).digest}
     k3a(env, "policy", "init", expect=6)  # seeded once; after that, changes are proposed
+    # The second account pins the root this one made on first use; it joins the root.
+    pin_as(second_user, store, k3a_env)
+    second_pem = tmp_path / "second.pub.pem"
+    second_pem.write_text(KeyEntry.for_signer(people.signer_of(second_user)).pem)
+    k3a(env, "trust", "rotate", "--add", f"{second_user}={second_pem}")
 
     # Tightening: the proposer applies it alone.
     stricter = tmp_path / "stricter"
@@ -148,29 +145,38 @@ def test_a_policy_change_is_recorded_with_identity_and_digest(
         "    gates: [artifact, license, remote_code, signature]\n", 1))
     tighter = json.loads(k3a(env, "policy", "propose", str(stricter), "--json").stdout)
     assert tighter["needs"] == [] and tighter["requested_by"] == {
-        "name": ME, "source": "os-user", "account": None}
+        "name": ME, "source": "key", "account": None, "key_id": key_id(people.me_signer())}
     k3a(env, "policy", "apply", tighter["id"])
 
-    # Loosening: a second identity approves, under its own uid, with the real command.
+    # Loosening: the proposer alone is refused; the second root identity approves, under its
+    # own uid, with the real command, which signs the change too.
     loose = loose_dir(stricter, tmp_path)
     request = json.loads(k3a(env, "policy", "propose", str(loose), "--why", "drill",
                              "--json").stdout)
+    alone = k3a(env, "policy", "apply", request["id"], expect=5)
+    assert "needs 2 root identities of root v2" in alone.stderr and f"signed by {ME}" in (
+        alone.stderr) and f"k3a approve {request['id']}" in alone.stderr
     shown = k3a_as(second_user, store, "approve", request["id"], "--show", env=k3a_env)
     assert "removes gate(s)" in shown.stdout and ME in shown.stdout
-    k3a_as(second_user, store, "approve", request["id"], "--reason", "drill only", env=k3a_env)
+    approved = k3a_as(second_user, store, "approve", request["id"], "--reason", "drill only",
+                      env=k3a_env)
+    assert f"signed by root identities: {', '.join(sorted([ME, second_user]))}" in (
+        approved.stdout)
     applied = json.loads(k3a(env, "policy", "apply", request["id"], "--json").stdout)
     assert applied == {"version": 3, "digest": PolicyDocument.from_dir(loose).digest}
 
     recorded = changes(store)
-    assert [(c.version, c.action, c.by.name, c.by.source) for c in recorded] == [
-        (1, "seed", ME, "os-user"), (2, "change", ME, "os-user"), (3, "change", ME, "os-user")]
-    assert recorded[1].approved_by is None and recorded[1].loosens == []
-    third = recorded[2]
-    assert (third.approved_by.name, third.approved_by.source) == (second_user, "os-user")
-    assert third.previous_digest == recorded[1].digest and third.request_id == request["id"]
+    assert [(r.change.version, r.change.action, r.change.by.name, r.change.by.source,
+             r.change.root_version, sorted(r.signers)) for r in recorded] == [
+        (1, "seed", ME, "key", 1, [ME]), (2, "change", ME, "key", 2, [ME]),
+        (3, "change", ME, "key", 2, sorted([ME, second_user]))]
+    assert recorded[1].change.loosens == []
+    third = recorded[2].change
+    assert third.previous_digest == recorded[1].change.digest
+    assert third.request_id == request["id"]
     assert any("production" in n for n in third.loosens) and third.why == "drill"
     listed = k3a(env, "policy", "history").stdout
-    assert f"approved by {second_user}" in listed and "v3" in listed
+    assert f"signed by {', '.join(sorted([ME, second_user]))}" in listed and "v3" in listed
 
     # Moves name the version that judged them.
     release = Releases(store, tmp_path / "scratch").release()
@@ -181,53 +187,12 @@ def test_a_policy_change_is_recorded_with_identity_and_digest(
     assert f"policy: version 3 ({applied['digest'][:12]})" in gated
     moved = json.loads(k3a(env, "promote", release.id, "staging", "--json").stdout)["entry"]
     assert (moved["policy_version"], moved["policy_digest"]) == (3, applied["digest"])
-    assert (moved["who"], moved["who_source"]) == (ME, "os-user")
+    assert (moved["who"], moved["who_source"]) == (ME, "key")
     rendered = CliRunner().invoke(cli, ["render", "staging", "--target", "eks", "--json"],
                                   env=env, catch_exceptions=False)
     assert f"judged by policy v3 {applied['digest'][:12]}" in rendered.stderr, rendered.stderr
     assert rendered.exit_code == 0, rendered.stderr
     assert json.loads(rendered.stdout)["channel"]["policy_digest"] == applied["digest"]
-
-
-def _hand_edited(store, releases, policies, reviewed):
-    first, second = releases.release(), releases.release()
-    for r in (first, second):
-        reviewed(r)
-        promote(store, r.id, "staging", actor="ci", policies_dir=policies)
-    # Someone points staging back at the first tuple by hand, keeping the file well-formed.
-    pointer = current(store, "staging")
-    entry = pointer.entry.model_copy(update={"tuple_id": first.id})
-    edited = ChannelPointer.for_entry(entry)
-    path = store.local_path(pointer_key("staging"))
-    path.chmod(0o644)
-    path.write_bytes(canonical_json(edited))
-    return first, second
-
-
-def test_a_hand_edited_pointer_is_refused_by_every_reader(
-    file_store, policies, k3a_env, tmp_path
-):
-    store = file_store
-    releases = Releases(store, tmp_path / "scratch")
-    from k3artifacts.releases.reviewing import review_code, review_license
-    from tests.fixtures.releases import REVIEWER
-
-    def reviewed(r):
-        review_license(store, r.id, by=REVIEWER, by_source="os-user")
-        review_code(store, r.id, by=REVIEWER, by_source="os-user")
-
-    first, second = _hand_edited(store, releases, policies, reviewed)
-    env = dict(k3a_env, K3A_STORE=store.url)
-    for args in (["render", "staging", "--target", "eks"],
-                 ["pull", "staging", "--to", str(tmp_path / "cache")],
-                 ["gates", first.id, "staging"],
-                 ["history", "staging"],
-                 ["promote", second.id, "staging"],
-                 ["rollback", "staging"]):
-        refused = k3a(env, *args, expect=4)
-        assert "edited by hand" in refused.stderr and "k3a channel history staging" in refused.stderr, args
-        assert "Traceback" not in refused.stderr
-    assert not (tmp_path / "cache" / "models").exists()
 
 
 def test_the_override_hint_offers_only_gates_that_have_one(file_store, policies, tmp_path):
@@ -271,6 +236,7 @@ def test_k3a_rollback_needs_the_approval_the_store_policy_asks_for(
                              "--json").stdout)
     assert (request["channel"], request["tuple_id"]) == ("staging", first.id)
     k3a(env, "rollback", "staging", "--approval", request["id"], expect=5)  # not answered yet
+    pin_as(second_user, store, k3a_env)
     k3a_as(second_user, store, "approve", request["id"], env=k3a_env)
     back = k3a(env, "rollback", "staging", "--to", first.id, "--approval", request["id"])
     assert f"approved by {second_user}" in back.stdout

@@ -67,9 +67,11 @@ def runnable_blocks(text: str) -> list[list[str]]:
 
 
 def run_in_one_shell(commands: list[str], *, cwd: Path, env: dict[str, str],
-                     report: tuple[str, ...] = ("TUPLE",)) -> dict[str, str]:
+                     report: tuple[str, ...] = ("TUPLE",),
+                     transcript: list[str] | None = None) -> dict[str, str]:
     """Feed ``commands`` one at a time to one bash process, as a reader's shell runs them; each
-    must exit 0. Returns the shell's variables named in ``report``, as it holds them at the end."""
+    must exit 0. Returns the shell's variables named in ``report``, as it holds them at the end;
+    each command's output (stdout and stderr) is appended to ``transcript``."""
     shell = subprocess.Popen(["bash", "--noprofile", "--norc"], cwd=cwd, env=env,
                              stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                              stderr=subprocess.STDOUT, text=True)
@@ -88,6 +90,8 @@ def run_in_one_shell(commands: list[str], *, cwd: Path, env: dict[str, str],
             else:
                 raise AssertionError(f"bash ended during {command!r}:\n{''.join(output)}")
             assert status == 0, f"{command!r} exited {status}:\n{''.join(output)}"
+            if transcript is not None:
+                transcript.append("".join(output))
         for name in report:
             shell.stdin.write(f'echo "{name}=${name}"\n')
         shell.stdin.close()
@@ -142,8 +146,14 @@ def test_the_blocks_are_found_and_walk_the_whole_path():
 def test_the_readmes_blocks_in_a_fresh_clone_leave_it_clean(clone, k3a_env, tmp_path):
     assert git_status(clone) == ""
     commands = [c for b in runnable_blocks((clone / "README.md").read_text()) for c in b]
+    said: list[str] = []
     found = run_in_one_shell(commands, cwd=clone, env=reader_env(k3a_env, tmp_path, clone),
-                             report=("TUPLE", "DEPLOY"))
+                             report=("TUPLE", "DEPLOY"), transcript=said)
+    # The first command that signs (the license review) made the personal key, and said where,
+    # as ssh-keygen would; nothing else needed a step of its own.
+    key = Path(k3a_env["XDG_CONFIG_HOME"]) / "k3artifacts" / "keys" / "personal.pem"
+    made = [i for i, out in enumerate(said) if f"made your personal key: {key}" in out]
+    assert made == [commands.index('k3a review license "$TUPLE"')], said
 
     assert found["TUPLE"].startswith("k3t-")
     rendered = list(Path(found["DEPLOY"]).glob("*.eks.yaml"))

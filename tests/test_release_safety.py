@@ -14,7 +14,8 @@ from k3artifacts.errors import ConfigError, GateFailed
 from k3artifacts.releases.channels import current, history
 from k3artifacts.releases.reviewing import review_license
 from k3artifacts.releases.reviews import CorruptReview, review_key
-from tests.fixtures.moves import check_gates, promote
+from tests.fixtures.moves import check_gates, promote, use_policy
+from tests.fixtures.people import key_file
 from tests.fixtures.releases import passing_run, staged_for
 from tests.support.releases import Releases
 
@@ -145,38 +146,43 @@ def _assumed(moto_endpoint, name):
 
 
 @pytest.mark.s3
-def test_on_s3_the_actor_is_the_sts_identity_and_no_flag_changes_it(
+def test_on_s3_the_actor_is_the_key_whatever_the_credentials_or_a_flag_say(
     s3_store, s3_env, moto_endpoint, policies, tmp_path
 ):
-    gates = policies / "promotion-gates.yaml"
-    gates.write_text(gates.read_text().replace("claimed_actor_on_file_stores: false",
-                                               "claimed_actor_on_file_stores: true"))
+    """Each person's S3 credentials are a distinct STS principal here, and none of that names
+    who acts: the key does. A typed --by is refused, K3A_ACTOR is not read."""
+    use_policy(s3_store, policies)
     releases = Releases(s3_store, tmp_path / "scratch")
     release = releases.release()
-    env = dict(s3_env, K3A_STORE=s3_store.url, K3A_POLICIES=str(policies), K3A_ACTOR="mallory")
+    env = dict(s3_env, K3A_STORE=s3_store.url, K3A_ACTOR="mallory")
     runner = CliRunner()
 
-    def k3a(*args, as_who, expect=0):
-        result = runner.invoke(cli, list(args), env={**env, **_assumed(moto_endpoint, as_who)},
-                               catch_exceptions=False)
+    def k3a(*args, credentials, key, expect=0):
+        result = runner.invoke(cli, list(args), env={
+            **env, **_assumed(moto_endpoint, credentials),
+            "K3A_IDENTITY_KEY": str(key_file(key, tmp_path))}, catch_exceptions=False)
         assert result.exit_code == expect, (result.stdout, result.stderr)
         return result
 
-    typed = k3a("review", "license", release.id, "--by", "alice", as_who="rita", expect=9)
-    assert "a flag cannot change it" in typed.stderr
-    recorded = json.loads(k3a("review", "license", release.id, "--json", as_who="rita").stdout)
-    rita = recorded["review"]["reviewed_by"]
-    assert rita.startswith("arn:aws:sts::") and rita.endswith("/rita")
-    assert recorded["review"]["reviewer_source"] == "sts"
+    typed = k3a("review", "license", release.id, "--by", "alice", credentials="rita", key="rita",
+                expect=9)
+    assert "never a typed name" in typed.stderr and "k3a key show" in typed.stderr
+    # pat's credentials, rita's key: rita reviewed.
+    recorded = json.loads(k3a("review", "license", release.id, "--json", credentials="pat",
+                              key="rita").stdout)
+    assert (recorded["review"]["reviewed_by"], recorded["review"]["reviewer_source"]) == (
+        "rita", "key")
     passing_run(s3_store, release)
     staged_for(s3_store, release, policies)
 
-    own = k3a("promote", release.id, "production", as_who="rita", expect=5)
-    assert f"{rita} reviewed the license" in own.stderr
-    k3a("promote", release.id, "production", "--by", "pat", as_who="rita", expect=9)
-    moved = json.loads(k3a("promote", release.id, "production", "--json", as_who="pat").stdout)
+    own = k3a("promote", release.id, "production", credentials="pat", key="rita", expect=5)
+    assert "rita reviewed the license" in own.stderr
+    k3a("promote", release.id, "production", "--by", "pat", credentials="pat", key="rita",
+        expect=9)
+    moved = json.loads(k3a("promote", release.id, "production", "--json", credentials="rita",
+                           key="pat").stdout)
     entry = moved["entry"]
-    assert entry["who"].endswith("/pat") and entry["who_source"] == "sts"
+    assert (entry["who"], entry["who_source"]) == ("pat", "key")
     assert "mallory" not in json.dumps(history(s3_store, "production")[-1].model_dump(mode="json"))
 
 

@@ -12,8 +12,9 @@ import pytest
 import yaml
 
 from k3artifacts.errors import ConfigError, NotFound, ReleaseRefused
+from k3artifacts.policy.record import packaged_document
 from k3artifacts.releases.binding import create_tuple
-from k3artifacts.releases.channels import ChannelState, HistoryEntry, commit_move
+from k3artifacts.releases.channels import HistoryEntry, commit_move, read_state
 from k3artifacts.releases.lookup import resolve_tuple
 from k3artifacts.releases.tuples import ImageRef, WeightsRef, tuple_key
 from k3artifacts.serving.profiles import (
@@ -24,6 +25,8 @@ from k3artifacts.serving.profiles import (
     serving_spec,
 )
 from k3artifacts.serving.render import render
+from tests.fixtures import people
+from tests.fixtures.moves import seed_people
 
 IMAGE = ImageRef(repository="registry.example.com/vllm", digest="sha256:" + "1" * 64, tag="k3")
 VERIFIER = "registry.example.com/k3a-worker@sha256:" + "2" * 64
@@ -213,9 +216,11 @@ def test_eks_needs_a_verifier_image(published_revision):
 def test_channel_name_resolves_through_its_pointer(published_revision):
     release = make(published_revision)
     store = published_revision.store
+    policy = seed_people(store, packaged_document())
     entry = HistoryEntry(channel="production", seq=1, action="promote", tuple_id=release.id,
-                         who="alice", when=datetime.now(UTC))
-    commit_move(store, ChannelState("production", None, None), entry)
+                         who="alice", when=datetime.now(UTC), policy_digest=policy.digest,
+                         policy_version=policy.version)
+    commit_move(store, read_state(store, "production"), entry, acting=people.person("alice"))
     assert resolve_tuple(store, "production").id == release.id
     assert resolve_tuple(store, release.id).id == release.id
     with pytest.raises(NotFound):

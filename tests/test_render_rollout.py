@@ -154,13 +154,12 @@ def test_rollout_needs_a_traffic_policy_and_one_node(published_revision):
 def test_cli_rollout_render_is_byte_identical(published_revision, k3a_cmd, k3a_env):
     release = make(published_revision)
     argv = [*k3a_cmd, "render", release.id, "--target", "eks-rollout", "--rollout-channel",
-            "production", "--policies", str(POLICIES),
-            "--store", f"file://{published_revision.store.root}"]
+            "production", "--store", f"file://{published_revision.store.root}"]
     runs = [subprocess.run(argv, env=k3a_env, capture_output=True, check=True, timeout=120).stdout
             for _ in range(2)]
     assert runs[0] == runs[1]
     validate_all([d for d in yaml.safe_load_all(runs[0]) if d])
-    refused = subprocess.run([*argv[:7], "--policies", str(POLICIES), "--store", argv[-1]],
+    refused = subprocess.run([*argv[:7], "--store", argv[-1]],
                              env=k3a_env, capture_output=True, text=True, timeout=120)
     assert refused.returncode == 9, refused.stderr
     assert "--rollout-channel" in refused.stderr or "--channel" in refused.stderr

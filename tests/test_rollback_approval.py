@@ -37,7 +37,7 @@ def test_approved_rollback_records_the_approval(store, releases, policies, revie
     assert result.changed and current(store, "staging").tuple_id == first.id
     approval = history(store, "staging")[-1].approval
     assert (approval.who, approval.who_source, approval.decision, approval.request_id) == (
-        "bob", "os-user", "approved", request_id)
+        "bob", "key", "approved", request_id)
 
 
 def test_rejected_rollback_writes_nothing(store, releases, policies, reviewed):

@@ -20,10 +20,7 @@ PAGE = ROOT / "docs" / "reference" / "environment.md"
 SETTINGS = ROOT / "k3artifacts" / "settings.py"
 
 #: Environment reads outside settings.py, each with the reason it is not a setting.
-NOT_SETTINGS = {
-    # The AWS credential variables key a per-process cache of STS's answer; boto3 reads them.
-    ("k3artifacts/policy/actor.py", "_CREDENTIAL_ENV"),
-}
+NOT_SETTINGS: set[tuple[str, str]] = set()
 
 
 def _sources() -> list[Path]:

@@ -33,6 +33,8 @@ from k3artifacts.signing.policy import load_trusted_keys
 from k3artifacts.signing.revision import SIGNATURE_REL, sign_revision
 from k3artifacts.signing.verify import verify_signed_revision
 from k3artifacts.stores.file import FileStore
+from tests.conftest import REPO_ROOT
+from tests.fixtures.moves import use_policy
 from tests.fixtures.softhsm import SOFTHSM
 from tests.support.releases import Releases
 
@@ -62,9 +64,12 @@ def keys(tmp_path: Path) -> dict[str, Path]:
 
 @pytest.fixture
 def policies(tmp_path: Path, keys: dict[str, Path]) -> Path:
-    """Trusts `release` and `release384`; `intruder` is a valid key nobody listed."""
+    """The checkout's gates, trusting `release` and `release384`; `intruder` is a valid key
+    nobody listed."""
     root = tmp_path / "policies"
     (root / "signing" / "keys").mkdir(parents=True)
+    shutil.copy(REPO_ROOT / "policies" / "promotion-gates.yaml", root)
+    shutil.copytree(REPO_ROOT / "policies" / "eval-suites", root / "eval-suites")
     for name in ("release", "release384"):
         shutil.copy(keys[name].with_suffix(".pub.pem"), root / "signing" / "keys" / f"{name}.pub.pem")
     (root / "signing" / "trusted-keys.yaml").write_text(yaml.safe_dump({
@@ -77,9 +82,12 @@ def policies(tmp_path: Path, keys: dict[str, Path]) -> Path:
 
 
 @pytest.fixture
-def releases(file_store: FileStore, tmp_path: Path) -> Releases:
+def releases(file_store: FileStore, tmp_path: Path, policies: Path) -> Releases:
+    """A store whose policy in force is :func:`policies`: `k3a verify --signature` trusts the
+    keys the store's policy trusts, and no others."""
     scratch = tmp_path / "scratch"
     scratch.mkdir()
+    use_policy(file_store, policies)
     return Releases(file_store, scratch)
 
 
@@ -139,14 +147,14 @@ def test_k3a_sign_then_upstream_and_k3a_verify_accept(releases, keys, policies, 
     assert "Verification succeeded" in upstream.stdout
 
     checked = _k3a(k3a_cmd, k3a_env, "verify", "--signature", ref, "--store", store,
-                   "--policies", str(policies), "--channel", "production", "--json")
+                   "--channel", "production", "--json")
     assert checked.returncode == 0, checked.stderr
     report = json.loads(checked.stdout)
     assert report["ok"] and report["signed_by"] == "release"
     assert report["algorithm"] == "xxh3-128" and report["manifest_digest"] == manifest.digest()
     # A node verifies a directory (an FSx mount) the same way.
     by_path = _k3a(k3a_cmd, k3a_env, "verify", "--signature", str(directory),
-                   "--policies", str(policies), "-q")
+                   "--store", store, "-q")
     assert by_path.returncode == 0, by_path.stderr
 
     again = _k3a(k3a_cmd, k3a_env, "sign", ref, "--signing-key", str(keys["release"]),
@@ -214,7 +222,7 @@ def test_altered_revision_is_refused_by_k3a_gate_and_upstream(
 
     checked = _k3a(k3a_cmd, k3a_env, "verify", "--signature",
                    f"{manifest.repo_id}@{manifest.commit}", "--store", releases.store.url,
-                   "--policies", str(policies), "--json")
+                   "--json")
     assert checked.returncode == 4, checked.stdout + checked.stderr
     problems = json.loads(checked.stdout)["problems"]
     assert named in {p["path"] for p in problems}, problems
@@ -235,7 +243,7 @@ def test_edited_tuple_body_with_its_signature_kept_is_refused(
     trusted = load_trusted_keys(policies).for_channel("production")
     assert check_tuple_signature(releases.store, release.id, trusted) == "release"
     ok = _k3a(k3a_cmd, k3a_env, "verify", "--signature", release.id, "--store",
-              releases.store.url, "--policies", str(policies), "--json")
+              releases.store.url, "--json")
     assert ok.returncode == 0, ok.stderr
     assert json.loads(ok.stdout)["tuple_signed_by"] == "release"
 
@@ -249,7 +257,7 @@ def test_edited_tuple_body_with_its_signature_kept_is_refused(
     with pytest.raises(TupleSignatureRefused, match=rf"{release.id}\.sig: the signature is over"):
         check_tuple_signature(releases.store, release.id, trusted)
     refused = _k3a(k3a_cmd, k3a_env, "verify", "--signature", release.id, "--store",
-                   releases.store.url, "--policies", str(policies))
+                   releases.store.url)
     assert refused.returncode == 4 and f"{release.id}.sig" in refused.stderr
     gate = signature_gate(releases.store, release, "production", policies)
     assert not gate.passed and f"{release.id}.sig" in gate.reason
@@ -267,8 +275,7 @@ def test_key_not_listed_in_policies_is_refused(releases, keys, policies, k3a_cmd
     directory = _revision_dir(releases.store, manifest)
     assert _upstream_verify(directory, keys["intruder"].with_suffix(".pub.pem")).returncode == 0
     refused = _k3a(k3a_cmd, k3a_env, "verify", "--signature",
-                   f"{manifest.repo_id}@{manifest.commit}", "--store", releases.store.url,
-                   "--policies", str(policies))
+                   f"{manifest.repo_id}@{manifest.commit}", "--store", releases.store.url)
     assert refused.returncode == 4
     assert ".k3a/model.sig: signed by an untrusted key" in refused.stderr
     gate = signature_gate(releases.store, release, "production", policies)
@@ -447,56 +454,72 @@ def test_stage_refuses_a_bad_signing_key_before_downloading(local_hub, tmp_path)
 def test_eks_init_container_checks_signatures_before_vllm(
     published_revision, keys, policies, tmp_path, k3a_cmd, k3a_env
 ):
+    """The pod's verifier checks with the keys of the store's policy, verified under the root
+    this client pins: the ConfigMap carries that pin (for the store as the pod mounts it) and
+    the signing policy as rendered."""
+    from k3artifacts.policy.signing_keys import verifier_trust
     from k3artifacts.serving.render import render
-    from k3artifacts.serving.render.eks import POLICIES_MOUNT
+    from k3artifacts.serving.render.eks import VERIFIER_CONFIG
+    from k3artifacts.trust.pins import Pin, load_pin, pin_name
     from tests.test_render import make, validate_k8s
 
     p = published_revision
+    use_policy(p.store, policies)
     signer = load_signer(str(keys["release"]))
     sign_revision(p.store, p.repo_id, p.commit, signer)
     release = make(p)
     sign_tuple(p.store, release.id, signer)
-    docs = render(release, "eks", signing_policy=policies).documents
+    docs = render(release, "eks", verifier=verifier_trust(p.store)).documents
     validate_k8s(docs)
     (config_map,) = [d for d in docs if d["kind"] == "ConfigMap"]
+    pod_pin = pin_name("file:///k3a-store")
     assert set(config_map["data"]) == {"trusted-keys.yaml", "release.pub.pem",
-                                       "release384.pub.pem"}
+                                       "release384.pub.pem", pod_pin}
+    pinned = Pin.model_validate_json(config_map["data"][pod_pin])
+    assert pinned.store == "file:///k3a-store"
+    assert pinned.root == load_pin(p.store.url).root  # the root this client pins
     pod = next(d for d in docs if d["kind"] == "Deployment")["spec"]["template"]["spec"]
-    assert {"name": "signing-keys", "configMap": {"name": config_map["metadata"]["name"]}} \
-        in pod["volumes"]
+    volume = next(v for v in pod["volumes"] if "configMap" in v)
+    assert volume["configMap"] == {"name": config_map["metadata"]["name"], "items": [
+        {"key": pod_pin, "path": f"k3artifacts/trust/{pod_pin}"}]}
     (init,) = pod["initContainers"]
     command = init["command"]
-    assert command[3:8] == ["k3a", "verify", release.id, "--signature", "--policies"]
-    assert "--expect-digest" in command
+    assert command[3:7] == ["k3a", "verify", release.id, "--signature"]
+    assert "--policies" not in command and "--expect-digest" in command
+    assert init["env"] == [{"name": "XDG_CONFIG_HOME", "value": VERIFIER_CONFIG}]
 
-    # Run the rendered command as the pod would: the ConfigMap's files at the mount path, the
-    # store where the volume would be.
-    mounted = tmp_path / "pod-policies"
-    (mounted / "signing").mkdir(parents=True)
-    for name, text in config_map["data"].items():
-        (mounted / "signing" / name).write_text(text)
-    argv = [a.replace(POLICIES_MOUNT, str(mounted)).replace("file:///k3a-store", p.store.url)
-            for a in command]
+    # Run the rendered command as the pod would: the pin mounted where XDG_CONFIG_HOME says,
+    # and the store where the volume would be (so the pin names the store by this path).
+    mounted = tmp_path / "pod-config"
+    (mounted / "k3artifacts" / "trust").mkdir(parents=True)
+    (mounted / "k3artifacts" / "trust").chmod(0o755)
+    here = pinned.model_copy(update={"store": p.store.url})
+    (mounted / "k3artifacts" / "trust" / pin_name(p.store.url)).write_text(
+        here.model_dump_json())
+    argv = [a.replace("file:///k3a-store", p.store.url) for a in command]
     k3a_at = argv.index("k3a")
     argv = [*argv[:k3a_at], *k3a_cmd, *argv[k3a_at + 1:]]
-    ok = subprocess.run(argv, env=k3a_env, capture_output=True, text=True, timeout=120)
+    pod_env = dict(k3a_env, XDG_CONFIG_HOME=str(mounted))
+    ok = subprocess.run(argv, env=pod_env, capture_output=True, text=True, timeout=120)
     assert ok.returncode == 0, ok.stderr
     assert "signature: ok, signed by release" in ok.stdout
     directory = p.store.local_path(f"models/{p.repo_id}/{p.commit}")
     _writable(directory)
     (directory / "config.json").write_text('{"model_type": "evil"}')
-    refused = subprocess.run(argv, env=k3a_env, capture_output=True, text=True, timeout=120)
+    refused = subprocess.run(argv, env=pod_env, capture_output=True, text=True, timeout=120)
     assert refused.returncode == 4 and "config.json" in refused.stderr
 
 
 def test_hyperpod_render_refuses_to_promise_a_signature_check(published_revision, policies):
+    from k3artifacts.policy.signing_keys import verifier_trust
     from k3artifacts.serving.profiles import StorageTarget
     from k3artifacts.serving.render import render
     from tests.test_render import FSX, make
 
+    use_policy(published_revision.store, policies)
     release = make(published_revision, storage=StorageTarget(fsx=FSX))
     with pytest.raises(ConfigError, match="cannot check signatures in the pod"):
-        render(release, "hyperpod", signing_policy=policies)
+        render(release, "hyperpod", verifier=verifier_trust(published_revision.store))
 
 
 def test_pkcs11_key_signs_revision_and_tuple(softhsm_uri, releases, policies, tmp_path):

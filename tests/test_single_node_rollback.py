@@ -25,7 +25,7 @@ from k3artifacts.releases.channels import read_state
 from k3artifacts.releases.reviewing import review_code, review_license
 from k3artifacts.serving.render.common import served_name, served_names
 from k3artifacts.stores.file import FileStore
-from tests.fixtures.moves import as_actor, promote, use_policy
+from tests.fixtures.moves import as_acting, as_actor, promote, use_policy
 from tests.support.openai_server import start
 from tests.support.releases import Releases
 from tests.support.witness import RecordingServer, tree_snapshot
@@ -102,7 +102,7 @@ def test_steps_in_order_after_the_node_drained(tmp_path, cluster, channel):
         _wait_running(metrics, 3)
         done = rollback_single_node(
             store, "staging", kube=KubeAPI(config), name="kimi", namespace="serving",
-            endpoint=node.url, metrics_url=metrics, actor=as_actor("oncall"), settings=QUICK,
+            endpoint=node.url, metrics_url=metrics, acting=as_acting("oncall"), settings=QUICK,
             poll_s=0.1, drain_timeout_s=30, ready_timeout_s=30)
     finally:
         node.stop()
@@ -138,7 +138,7 @@ def test_a_drain_that_times_out_changes_nothing_and_reopens(tmp_path, cluster, c
         _wait_running(metrics, 1)
         report = rollback_single_node(
             store, "staging", kube=KubeAPI(config), name="kimi", namespace="serving",
-            endpoint=node.url, metrics_url=metrics, actor=as_actor("oncall"), settings=QUICK,
+            endpoint=node.url, metrics_url=metrics, acting=as_acting("oncall"), settings=QUICK,
             poll_s=0.1, drain_timeout_s=0.5).report
         deadline = time.monotonic() + 20  # the slow request ends on its own, answered
         while not finished:

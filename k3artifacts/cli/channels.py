@@ -13,54 +13,33 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from k3artifacts.cli.common import (
+    acting_here,
     emit,
     get_store,
     json_option,
+    local_policies_option,
+    refuse_local_policies,
     store_option,
+    typed_actor_option,
 )
 from k3artifacts.cli.single_node import run_single_node, single_node_options
-from k3artifacts.errors import ConfigError
 
 if TYPE_CHECKING:
-    from k3artifacts.policy.actor import Actor
+    from k3artifacts.policy.actor import Acting
     from k3artifacts.policy.results import GateReport, GateResult
     from k3artifacts.promotion.moves import MoveResult
     from k3artifacts.promotion.requests import ApprovalRequest
     from k3artifacts.releases.channels import HistoryEntry
     from k3artifacts.stores.base import Store
 
-by_option = click.option(
-    "--by",
-    "by",
-    default=None,
-    help="Who is acting, typed: accepted only on file stores whose policy allows it "
-    "(identity.claimed_actor_on_file_stores), and recorded as asserted. Otherwise the actor is "
-    "your AWS identity (STS) on S3, the account of your uid on file stores.",
-)
+by_option = typed_actor_option
 
-#: Refused, not read: a local directory can propose a policy change, never judge a move.
-local_policies_option = click.option(
-    "--policies", "local_policies", default=None, hidden=True,
-    type=click.Path(file_okay=False, path_type=Path),
-)
-
-
-def _actor(store: Store, by: str | None) -> Actor:
-    from k3artifacts.policy.acting import acting
-    return acting(store, by)
+def _acting(store: Store, by: str | None) -> Acting:
+    return acting_here(store, by)
 
 
 def _refuse_local_policies(local: Path | None, store: Store) -> None:
-    from k3artifacts.policy.change import policy_in_force
-    if local is not None:
-        policy = policy_in_force(store)
-        raise ConfigError(
-            f"--policies {local}: moves are judged by the store's policy ({policy.label()}), "
-            "not a local directory",
-            hint=f"to change the store's policy: `k3a policy propose {local}`, then "
-            "`k3a policy apply REQUEST` (a change that loosens a channel needs a second "
-            "identity's `k3a approve REQUEST`)",
-        )
+    refuse_local_policies(local, store, "moves are judged by")
 
 
 def _table(rows: list[list[str]], header: list[str]) -> None:
@@ -169,15 +148,15 @@ def promote_cmd(
     overrides = dict(zip(override_gates, override_reasons, strict=True))
     store = get_store(store_url)
     _refuse_local_policies(local_policies, store)
-    actor = _actor(store, by)
+    me = _acting(store, by)
     if request_approval_:
         from k3artifacts.promotion.requests import request_move
         _, request = request_move(store, "promote", channel, tuple_id=tuple_id,
-                                  overrides=overrides, requested_by=actor, why=why)
+                                  overrides=overrides, requested_by=me, why=why)
         _requested(request, f"k3a promote {tuple_id} {channel}", as_json)
         return
     from k3artifacts.promotion.moves import promote
-    result = promote(store, tuple_id, channel, actor=actor, reason=why, overrides=overrides,
+    result = promote(store, tuple_id, channel, acting=me, reason=why, overrides=overrides,
                      approval=approval)
 
     def human() -> None:
@@ -238,19 +217,19 @@ def rollback_cmd(
     """
     store = get_store(store_url)
     _refuse_local_policies(local_policies, store)
-    actor = _actor(store, by)
+    me = _acting(store, by)
     if node["single_node"]:
-        run_single_node(store, channel, to=to, why=why, actor=actor, approval=approval,
+        run_single_node(store, channel, to=to, why=why, acting=me, approval=approval,
                         as_json=as_json, **node)
         return
     if request_approval_:
         from k3artifacts.promotion.requests import request_move
         plan, request = request_move(store, "rollback", channel, tuple_id=to,
-                                     requested_by=actor, why=why)
+                                     requested_by=me, why=why)
         _requested(request, f"k3a rollback {channel} --to {plan.tuple_id}", as_json)
         return
     from k3artifacts.promotion.rollback import rollback
-    result = rollback(store, channel, to=to, actor=actor, reason=why, approval=approval)
+    result = rollback(store, channel, to=to, acting=me, reason=why, approval=approval)
     emit(as_json, result, lambda: _move_summary(result))
 
 
@@ -265,13 +244,17 @@ def rollback_cmd(
 def approve_cmd(request_id: str, reject: bool, reason: str | None, show: bool, by: str | None,
                 store_url: str, as_json: bool) -> None:
     """Answer an approval request (a flow's promotion or rollback, a rollback the policy wants
-    approved, a policy change), once, under your own identity: your AWS identity (STS) on S3,
-    the account of your uid on file stores. The requester cannot approve their own request.
+    approved, a policy change), once, under your own identity: the one your key signs as. The
+    requester cannot approve their own request. Approving a policy change as one of the
+    store's root identities also signs the change: a change that is not provably stricter
+    needs the root's threshold of signatures before `k3a policy apply`.
 
-    Exit codes: 0 recorded (or shown), 5 you asked for it yourself, 6 already answered,
-    7 no such request.
+    Exit codes: 0 recorded (or shown), 4 the proposed change in the store is not the one the
+    request asks for, 5 you asked for it yourself, 6 already answered or the policy changed
+    since, 7 no such request, 9 your key is no identity of the store's policy.
     """
-    from k3artifacts.policy.decide import decide, show_request
+    from k3artifacts.policy.change import answer
+    from k3artifacts.policy.decide import show_request
     store = get_store(store_url)
     request = show_request(store, request_id)
     if show:
@@ -282,10 +265,13 @@ def approve_cmd(request_id: str, reject: bool, reason: str | None, show: bool, b
             + (f"\nwhy: {request.why}" if request.why else "")
             + "".join(f"\nneeds approval: {n}" for n in request.needs)))
         return
-    decision = decide(store, request_id, by=_actor(store, by), approve=not reject,
-                      reason=reason)
-    emit(as_json, decision, lambda: click.echo(
-        f"{decision.decision}: {request.subject()} ({request.id}) by {decision.by.label()}"))
+    decision, signed = answer(store, request_id, by=_acting(store, by), approve=not reject,
+                              reason=reason)
+    emit(as_json, {**decision.model_dump(mode="json"), "signed_by": sorted(signed)},
+         lambda: click.echo(
+             f"{decision.decision}: {request.subject()} ({request.id}) by {decision.by.label()}"
+             + (f"\nthe change is signed by root identities: {', '.join(sorted(signed))}"
+                if signed else "")))
 
 
 def _history_row(e: HistoryEntry) -> list[str]:
@@ -388,7 +374,7 @@ def gates_cmd(
     from k3artifacts.promotion.moves import plan_promote
     store = get_store(store_url)
     _refuse_local_policies(local_policies, store)
-    actor = _actor(store, by)
+    me = _acting(store, by)
 
     def show(report: GateReport) -> None:
         def human() -> None:
@@ -399,7 +385,7 @@ def gates_cmd(
         emit(as_json, report, human)
 
     try:
-        plan = plan_promote(store, tuple_id, channel, actor=actor)
+        plan = plan_promote(store, tuple_id, channel, acting=me)
     except GatesRefused as refused:
         show(refused.report)
         raise
@@ -441,7 +427,7 @@ def review_license_cmd(
     if show:
         click.echo(license_text(store, tuple_id), nl=False)
         return
-    actor = _actor(store, by)
+    actor = _acting(store, by).actor
     outcome = review_license(store, tuple_id, by=actor.name, by_source=actor.source, note=note)
 
     def human() -> None:
@@ -475,7 +461,7 @@ def review_code_cmd(
     """
     from k3artifacts.releases.reviewing import review_code
     store = get_store(store_url)
-    actor = _actor(store, by)
+    actor = _acting(store, by).actor
     outcome = review_code(store, tuple_id, by=actor.name, by_source=actor.source, note=note)
 
     def human() -> None:

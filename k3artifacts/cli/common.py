@@ -16,6 +16,7 @@ from k3artifacts.reporting.logs import LOG_FORMATS
 from k3artifacts.reporting.progress import DEFAULT_INTERVAL
 
 if TYPE_CHECKING:
+    from k3artifacts.policy.actor import Acting
     from k3artifacts.reporting.progress import ProgressReporter
     from k3artifacts.settings import Settings
     from k3artifacts.stores.base import Store
@@ -34,12 +35,6 @@ def default_store_url() -> str:
     from k3artifacts import settings
 
     return settings.default_store_url()
-
-
-def default_policies_dir() -> Path:
-    from k3artifacts import settings
-
-    return settings.default_policies_dir()
 
 
 def default_workers() -> int:
@@ -83,15 +78,27 @@ store_option = click.option(
     help="Release store: file:///path (local disk or FSx mount) or s3://bucket/prefix.",
 )
 
-policies_option = click.option(
-    "--policies",
-    "policies_dir",
-    default=from_settings(lambda: str(default_policies_dir())),
-    show_default="$K3A_POLICIES, else ./policies, else the defaults shipped with k3a",
+#: Refused, not read: a local directory can propose a policy change, never judge a move or
+#: say which release keys are trusted (``K3A_POLICIES`` is not read for either).
+local_policies_option = click.option(
+    "--policies", "local_policies", default=None, hidden=True,
     type=click.Path(file_okay=False, path_type=Path),
-    help="Policy directory of the checkout (promotion-gates.yaml, signing/, eval-suites/, s3/, "
-    "iam/).",
 )
+
+
+def refuse_local_policies(local: Path | None, store: Store, what: str) -> None:
+    """ConfigError (exit 9) for a ``--policies`` given where the store's policy decides."""
+    if local is None:
+        return
+    from k3artifacts.policy.change import policy_in_force
+
+    policy = policy_in_force(store)
+    raise ConfigError(
+        f"--policies {local}: {what} the store's policy ({policy.label()}), not a local "
+        "directory",
+        hint=f"to change the store's policy: `k3a policy propose {local}`, then `k3a policy "
+        "apply REQUEST` (a change that is not provably stricter needs the root's threshold of "
+        "signatures: another root identity's `k3a approve REQUEST`)")
 
 signing_key_option = click.option(
     "--signing-key",
@@ -167,6 +174,28 @@ def get_store(url: str, *, must_exist: bool = True) -> Store:
             "`k3a stage` (or `k3a demo`)",
         )
     return store
+
+
+#: ``--by NAME`` is refused, not read: who acts is the identity whose key signs. Kept, hidden,
+#: so a script that still passes it is told so rather than failing on an unknown option.
+typed_actor_option = click.option("--by", "by", default=None, hidden=True)
+
+
+def acting_here(store: Store, by: str | None = None) -> Acting:
+    """Who acts on ``store`` (``policy/acting.py``), saying on stderr where the personal key
+    was made when this is its first use. ``by``: a typed ``--by``, refused (exit 9)."""
+    from k3artifacts.policy.acting import acting
+
+    if by is not None:
+        raise ConfigError(
+            f"--by {by!r}: who acts is the identity whose key signs, never a typed name",
+            hint="drop --by: `k3a key show` says which key you sign with and whose it is; to "
+            "act as another identity, sign with its key (K3A_IDENTITY_KEY)")
+    me = acting(store)
+    if me.made_key is not None:
+        click.echo(f"made your personal key: {me.made_key} (public half beside it; "
+                   "`k3a key show`)", err=True)
+    return me
 
 
 def emit(as_json: bool, payload: Any, human: Callable[[], None]) -> None:

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 import click
 
-from k3artifacts.cli.common import emit, get_store, json_option, store_option
+from k3artifacts.cli.common import acting_here, emit, get_store, json_option, store_option
 
 if TYPE_CHECKING:
     from k3artifacts.releases.retention import RevisionVerdict
@@ -36,12 +36,11 @@ def gc_cmd(apply_: bool, keep: int | None, keep_days: float | None, store_url: s
     \b
     Exit codes: 0 done (or plan shown), 8 store unreachable, 9 bad policy.
     """
-    from k3artifacts.policy.acting import acting
     from k3artifacts.releases.retention import plan_gc
     from k3artifacts.warm.retention import gc
     store = get_store(store_url)
     plan = plan_gc(store, keep=keep, keep_days=keep_days)
-    verdicts = gc(store, plan, by=acting(store)) if apply_ else plan.verdicts
+    verdicts = gc(store, plan, by=acting_here(store).actor) if apply_ else plan.verdicts
     emit(as_json, [v.model_dump(mode="json") for v in verdicts],
          lambda: _print(verdicts, apply_))
 

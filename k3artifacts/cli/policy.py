@@ -11,16 +11,16 @@ import click
 from k3artifacts.cli.common import emit, get_store, json_option, store_option
 
 if TYPE_CHECKING:
+    from k3artifacts.policy.actor import Acting
     from k3artifacts.stores.base import Store
 
 policy_dir_arg = click.argument(
     "policies_dir", metavar="DIR", type=click.Path(file_okay=False, exists=True, path_type=Path))
 
 
-def _me(store: Store):  # type: ignore[no-untyped-def]
-    # Policy moves are never asserted: a typed name cannot change what judges promotions.
-    from k3artifacts.policy.acting import acting
-    return acting(store)
+def _me(store: Store) -> Acting:
+    from k3artifacts.cli.common import acting_here
+    return acting_here(store)
 
 
 @click.group("policy")
@@ -28,23 +28,39 @@ def policy_group() -> None:
     """The store's policy: which gates, duties and signatures each channel requires.
 
     The copy in the store judges every promotion and rollback (a local directory never does);
-    each channel history entry records the digest of the version that judged it. Changing it
-    is its own recorded move: `propose DIR`, then `apply REQUEST`; a change that loosens a
-    channel needs `k3a approve REQUEST` by another identity first.
+    each channel history entry records the digest of the version that judged it, and every
+    version is signed into force by the store's root identities (`k3a trust show`). Changing
+    it is its own recorded move: `propose DIR`, then `apply REQUEST`; a change that is not
+    provably stricter needs the root's threshold of signatures (once the root has two
+    identities: another root identity's `k3a approve REQUEST`).
     """
 
 
 @policy_group.command("show")
+@click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path),
+              default=None, help="Also write the policy's files to this new (or empty) "
+              "directory: a copy to edit and `k3a policy propose`.")
 @store_option
 @json_option
-def show_cmd(store_url: str, as_json: bool) -> None:
-    """The policy in force: version, digest, and its gate policy text."""
+def show_cmd(out_dir: Path | None, store_url: str, as_json: bool) -> None:
+    """The policy in force: version, digest, and its gate policy text.
+
+    Exit codes: 0 shown, 4 a policy record refused, 9 --out names a directory that is not
+    empty.
+    """
+    from k3artifacts.errors import ConfigError
     from k3artifacts.policy.change import policy_in_force
     policy = policy_in_force(get_store(store_url))
+    if out_dir is not None:
+        if out_dir.exists() and any(out_dir.iterdir()):
+            raise ConfigError(f"--out {out_dir} is not empty",
+                              hint="name a new directory: the copy is the policy, nothing else")
+        policy.document.write_dir(out_dir)
     out = {"version": policy.version, "digest": policy.digest,
            "files": sorted(policy.document.files), "policy": policy.document.gates}
     emit(as_json, out, lambda: click.echo(
-        f"policy {policy.label()}\nfiles: {', '.join(sorted(policy.document.files))}\n\n"
+        f"policy {policy.label()}\nfiles: {', '.join(sorted(policy.document.files))}\n"
+        + (f"written to: {out_dir}\n" if out_dir else "") + "\n"
         + policy.document.files["promotion-gates.yaml"]))
 
 
@@ -92,10 +108,12 @@ def propose_cmd(policies_dir: Path, why: str | None, store_url: str, as_json: bo
         for need in request.needs:
             click.echo(f"  loosens: {need}")
         if request.needs:
-            click.echo(f"next: another identity runs `k3a approve {request.id}`, then "
-                       f"`k3a policy apply {request.id}`")
+            click.echo(f"next: `k3a policy apply {request.id}` once the root's threshold of "
+                       f"its identities signed it (another root identity runs `k3a approve "
+                       f"{request.id}`)")
         else:
-            click.echo(f"next: `k3a policy apply {request.id}` (it only tightens or keeps)")
+            click.echo(f"next: `k3a policy apply {request.id}` (it only tightens: one root "
+                       "identity signs it)")
 
     emit(as_json, request, human)
 
@@ -105,11 +123,14 @@ def propose_cmd(policies_dir: Path, why: str | None, store_url: str, as_json: bo
 @store_option
 @json_option
 def apply_cmd(request_id: str, store_url: str, as_json: bool) -> None:
-    """Put a proposed policy in force, judged by the policy it replaces: a change that loosens
-    a channel needs an approval by an identity other than the proposer's.
+    """Put a proposed policy in force, signed by the store's root identities: the proposer's
+    and approvers' signatures, and yours if you are one. A change that is not provably
+    stricter than the policy in force needs the root's threshold of them (two once the root
+    has two identities); a stricter one needs one.
 
-    Exit codes: 0 applied, 5 approval missing, rejected or by the proposer, 6 the policy
-    changed since the proposal, 7 no such request.
+    Exit codes: 0 applied, 4 the proposed change in the store is not the one the request
+    asks for, 5 too few root identities signed it, 6 the policy changed since the proposal,
+    7 no such request.
     """
     from k3artifacts.policy.change import apply
     store = get_store(store_url)
@@ -122,16 +143,23 @@ def apply_cmd(request_id: str, store_url: str, as_json: bool) -> None:
 @store_option
 @json_option
 def history_cmd(store_url: str, as_json: bool) -> None:
-    """Every version of the store's policy: who seeded or changed it, who approved, what it
-    loosened."""
+    """Every version of the store's policy: who seeded or proposed it, the root identities
+    that signed it into force, what it loosened.
+
+    Exit codes: 0 shown, 4 a policy record refused (an edited, removed or forked change, a
+    head never signed into force), 9 no root of trust pinned for the store.
+    """
     from k3artifacts.policy.change import policy_history
     recorded = policy_history(get_store(store_url))
 
     def human() -> None:
-        for c in recorded:
+        for r in recorded:
+            c = r.change
             approved = f", approved by {c.approved_by.label()}" if c.approved_by else ""
+            signed = f", signed by {', '.join(sorted(r.signers))}" if r.signers else ""
             loosened = f"; loosens: {'; '.join(c.loosens)}" if c.loosens else ""
             click.echo(f"v{c.version} {c.digest[:12]} {c.at:%Y-%m-%d %H:%M} {c.action} by "
-                       f"{c.by.label()}{approved}{loosened}")
+                       f"{c.by.label()}{approved}{signed}{loosened}")
 
-    emit(as_json, [c.model_dump(mode="json") for c in recorded], human)
+    emit(as_json, [{**r.change.model_dump(mode="json"), "signed_by": sorted(r.signers)}
+                   for r in recorded], human)

@@ -8,10 +8,12 @@ from pathlib import Path
 import click
 
 from k3artifacts.cli.common import (
+    acting_here,
     emit,
     get_store,
     json_option,
     store_option,
+    typed_actor_option,
 )
 from k3artifacts.errors import GateFailed
 
@@ -27,8 +29,7 @@ from k3artifacts.errors import GateFailed
               "credential plugins such as `aws eks get-token` are run). Without one, in a pod: "
               "its service account.")
 @click.option("--aws-profile", default=None, help="AWS profile to read the account with.")
-@click.option("--by", default=None,
-              help="Who is acting, typed (only where the gate policy allows a claimed name).")
+@typed_actor_option
 @store_option
 @json_option
 def preflight_cmd(tuple_or_channel: str, channel: str, kubeconfig: Path | None,
@@ -48,11 +49,10 @@ def preflight_cmd(tuple_or_channel: str, channel: str, kubeconfig: Path | None,
     Exit codes: 0 every check passed (recorded), 5 a check failed (recorded), 7 tuple not
     found, 9 no infrastructure policy for the channel.
     """
-    from k3artifacts.policy.acting import acting
     from k3artifacts.preflight.run import preflight
     store = get_store(store_url)
     done = preflight(store, tuple_or_channel, channel, kubeconfig=kubeconfig,
-                     aws_profile=aws_profile, by=acting(store, by).name)
+                     aws_profile=aws_profile, by=acting_here(store, by).name)
     report, record, written = done.report, done.record, done.written
     release_id = report.tuple_id
 

@@ -9,18 +9,16 @@ from typing import TYPE_CHECKING
 import click
 
 from k3artifacts.cli.common import (
+    acting_here,
     emit,
     get_store,
     json_option,
     store_option,
+    typed_actor_option,
 )
 
 if TYPE_CHECKING:
     from k3artifacts.releases.scanning import Scanned
-
-by_option = click.option("--by", default=None,
-                         help="Who is acting, typed (only where the gate policy allows it).")
-
 
 @click.group("scan")
 def scan_group() -> None:
@@ -49,7 +47,7 @@ def _show(done: Scanned, as_json: bool) -> None:
               type=click.Path(dir_okay=False, exists=True, path_type=Path),
               help="Trivy (`trivy image --format json`) or Grype (`grype -o json`) report of "
               "the tuple's image, scanned by digest.")
-@by_option
+@typed_actor_option
 @store_option
 @json_option
 def attach_cmd(tuple_or_channel: str, report_path: Path, by: str | None,
@@ -58,11 +56,10 @@ def attach_cmd(tuple_or_channel: str, report_path: Path, by: str | None,
 
     Exit codes: 0 recorded, 7 tuple not found, 9 not a Trivy/Grype report, or a report of
     another image."""
-    from k3artifacts.policy.acting import acting
     from k3artifacts.releases.scanning import scan_attach
     store = get_store(store_url)
     _show(scan_attach(store, tuple_or_channel, report_path.read_bytes(), str(report_path),
-                      by=acting(store, by).name), as_json)
+                      by=acting_here(store, by).name), as_json)
 
 
 @scan_group.command("ecr")
@@ -70,7 +67,7 @@ def attach_cmd(tuple_or_channel: str, report_path: Path, by: str | None,
 @click.option("--repository", default=None,
               help="ECR repository name (default: the tuple image's path after the registry).")
 @click.option("--region", default=None, help="The registry's region (default: from the host).")
-@by_option
+@typed_actor_option
 @store_option
 @json_option
 def ecr_cmd(tuple_or_channel: str, repository: str | None, region: str | None, by: str | None,
@@ -78,8 +75,7 @@ def ecr_cmd(tuple_or_channel: str, repository: str | None, region: str | None, b
     """Record ECR's scan findings (basic or enhanced) for the tuple's image digest.
 
     Exit codes: 0 recorded, 7 tuple not found, 8 ECR unavailable, 9 scan not complete."""
-    from k3artifacts.policy.acting import acting
     from k3artifacts.releases.scanning import scan_ecr
     store = get_store(store_url)
     _show(scan_ecr(store, tuple_or_channel, repository=repository, region=region,
-                   by=acting(store, by).name), as_json)
+                   by=acting_here(store, by).name), as_json)

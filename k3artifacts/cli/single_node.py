@@ -13,7 +13,7 @@ from k3artifacts.cli.common import emit
 from k3artifacts.errors import ConfigError, GateFailed
 
 if TYPE_CHECKING:
-    from k3artifacts.policy.actor import Actor
+    from k3artifacts.policy.actor import Acting
     from k3artifacts.stores.base import Store
 
 
@@ -47,7 +47,7 @@ def single_node_options(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def run_single_node(store: Store, channel: str, *, to: str | None, why: str | None,
-                    actor: Actor, approval: str | None, as_json: bool, single_node: bool,
+                    acting: Acting, approval: str | None, as_json: bool, single_node: bool,
                     kubeconfig: Path | None,
                     node_name: str | None, namespace: str, endpoint: str | None,
                     metrics_url: str | None, drain_timeout: float,
@@ -68,7 +68,7 @@ def run_single_node(store: Store, channel: str, *, to: str | None, why: str | No
 
     result = rollback_single_node(
         store, channel, kube=KubeAPI(kubeconfig), name=node_name, namespace=namespace,
-        endpoint=endpoint, metrics_url=metrics_url, actor=actor, approval=approval,
+        endpoint=endpoint, metrics_url=metrics_url, acting=acting, approval=approval,
         reason=why, to=to, drain_timeout_s=drain_timeout, ready_timeout_s=ready_timeout,
         on_step=say)
     report, key = result.report, result.key

@@ -7,10 +7,12 @@ from datetime import datetime
 import click
 
 from k3artifacts.cli.common import (
+    acting_here,
     emit,
     get_store,
     json_option,
     store_option,
+    typed_actor_option,
 )
 from k3artifacts.errors import ConfigError, GateFailed
 
@@ -37,8 +39,7 @@ def traffic_group() -> None:
               help="Index of the step in the channel's traffic policy (0: the first cohort).")
 @click.option("--at", "at_text", default=None, metavar="ISO-8601",
               help="End of the window (default: now), e.g. when the step's pause ended.")
-@click.option("--by", default=None,
-              help="Who is acting, typed (only where the gate policy allows a claimed name).")
+@typed_actor_option
 @store_option
 @json_option
 def analyze_cmd(tuple_or_channel: str, prometheus_url: str, channel: str, step: int,
@@ -54,7 +55,6 @@ def analyze_cmd(tuple_or_channel: str, prometheus_url: str, channel: str, step: 
     Exit codes: 0 step passed (recorded), 5 step failed (recorded), 7 tuple not found,
     8 Prometheus unreachable, 9 bad policy, step or query.
     """
-    from k3artifacts.policy.acting import acting
     from k3artifacts.traffic.analysis import analyze, describe
     at = None
     if at_text is not None:
@@ -64,7 +64,7 @@ def analyze_cmd(tuple_or_channel: str, prometheus_url: str, channel: str, step: 
             raise ConfigError(f"--at {at_text!r} is not an ISO-8601 time") from None
     store = get_store(store_url)
     done = analyze(store, tuple_or_channel, channel, step, prometheus_url=prometheus_url,
-                   by=acting(store, by).name, at=at)
+                   by=acting_here(store, by).name, at=at)
     analysis, record, written = done.analysis, done.record, done.written
     payload = {"passed": analysis.passed, "written": written,
                "analysis_sha256": record.analysis_sha256,

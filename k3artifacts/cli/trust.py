@@ -81,17 +81,54 @@ def key_create_cmd(kind: str, as_json: bool) -> None:
 
 
 @key_group.command("show")
+@click.option("--pem", "pem_only", is_flag=True,
+              help="Print only the public key (PEM): the file a root identity passes to "
+              "`k3a trust rotate --add NAME=FILE`.")
+@click.option("--entry", "entry_name", default=None, metavar="NAME",
+              help="Print only this key as identity NAME of a policy's identities.yaml, "
+              "indented to go under its `identities:` (append it to a copy of the policy, "
+              "then `k3a policy propose`).")
+@click.option("--roles", default="", metavar="ROLE,...",
+              help="With --entry: the roles the identity is to hold (review, approve, evaluate, "
+              "scan, preflight, traffic, promote, policy, warm).")
 @json_option
-def key_show_cmd(as_json: bool) -> None:
+def key_show_cmd(pem_only: bool, entry_name: str | None, roles: str, as_json: bool) -> None:
     """Which key this process signs with, its key id and public key, and how a policy names it.
 
-    Exit codes: 0 shown, 7 no personal key yet (`k3a key create`), 9 a key refused (readable
-    by others, not ed25519 or ECDSA P-256/P-384, a KMS key of another kind).
+    Exit codes: 0 shown, 2 an unknown role or a bad identity name, 7 no personal key yet
+    (`k3a key create`), 9 a key refused (readable by others, not ed25519 or ECDSA
+    P-256/P-384, a KMS key of another kind).
     """
     from k3artifacts.trust.keys import identity_signer
 
     view = _key_view(identity_signer(create=False).signer)
-    emit(as_json, view, lambda: _print_key(view))
+    if entry_name is not None:
+        text = _identity_entry(entry_name, roles, view["entry"])
+        emit(as_json, {"entry": text}, lambda: click.echo(text, nl=False))
+    elif pem_only:
+        emit(as_json, {"public_key": view["public_key"]},
+             lambda: click.echo(view["public_key"], nl=False))
+    else:
+        emit(as_json, view, lambda: _print_key(view))
+
+
+def _identity_entry(name: str, roles: str, key: dict[str, Any]) -> str:
+    """``key`` as identity ``name``'s entry of an identities.yaml, holding ``roles``."""
+    from pydantic import ValidationError
+
+    from k3artifacts.errors import UsageError
+    from k3artifacts.trust.identities import Identity, check_names, entry_yaml
+
+    try:
+        check_names([name])
+        identity = Identity(roles=[r.strip() for r in roles.split(",") if r.strip()],
+                            keys=[key])
+    except (ValueError, ValidationError) as exc:
+        detail = exc.errors()[0]["msg"] if isinstance(exc, ValidationError) else str(exc)
+        raise UsageError(f"not an identity entry: {detail}",
+                         hint="roles: review, approve, evaluate, scan, preflight, traffic, "
+                         "promote, policy, warm; names: letters, digits and ._@:/+=-") from None
+    return entry_yaml(name, identity)
 
 
 def _root_view(root: Root) -> dict[str, Any]:
@@ -294,3 +331,54 @@ def trust_rotate_cmd(added: tuple[str, ...], removed: tuple[str, ...], threshold
                        f"runs `k3a trust rotate --cosign {fp}`")
 
     emit(as_json, view, human)
+
+
+@trust_group.command("migrate")
+@click.option("--dry-run", is_flag=True, help="Say what it would vouch for and sign; write "
+              "nothing.")
+@store_option
+@json_option
+def trust_migrate_cmd(dry_run: bool, store_url: str, as_json: bool) -> None:
+    """Vouch for a store's records written before records were signed, as one of its root
+    identities: each record family in turn (the policy, then the channels' histories), each
+    history by a checkpoint you sign, listing the digest of every entry as it is; the policy's
+    next version is signed into force, naming the root's identities where it names none.
+
+    \b
+    A store with no root of trust at all gets one from your key first (as its first move
+    would), and only when there is something to migrate. Until it is migrated, such a store is
+    read as found (where its policy says so) and nothing moves on it. Run again, it finds
+    nothing to do.
+
+    Exit codes: 0 migrated (or nothing to do, or shown), 4 a history that does not hold
+    together as found (a pointer set back or edited, an entry removed): never vouched for,
+    9 your key is not one of the store's root identities, or the store has a root this client
+    does not pin.
+    """
+    from k3artifacts.migration.run import act_migration, plan_migration
+
+    store = get_store(store_url)
+    plan = plan_migration(store)
+    if plan.made_key is not None:
+        click.echo(f"made your personal key: {plan.made_key} (public half beside it)",
+                   err=True)
+    if not dry_run:
+        act_migration(store, plan)
+    view = {"store": store.url, "identity": plan.identity, "dry_run": dry_run,
+            "first_use": plan.first_root is not None and not plan.empty,
+            "families": {f.family: list(f.steps) for f in plan.families}}
+
+    def human() -> None:
+        if plan.empty:
+            click.echo(f"nothing to migrate in {store.url}")
+            return
+        verb = "would" if dry_run else "did"
+        if plan.first_root is not None:
+            click.echo(f"root: {verb} make your key ({plan.identity}) the store's root v1 "
+                       f"({plan.first_root.fingerprint}), pinned here")
+        for family in plan.families:
+            for step in family.steps:
+                click.echo(f"{family.family}: {step}")
+
+    emit(as_json, view, human)
+

@@ -11,7 +11,8 @@ from k3artifacts.cli.common import (
     emit,
     get_store,
     json_option,
-    policies_option,
+    local_policies_option,
+    refuse_local_policies,
     signing_key_option,
     store_option,
 )
@@ -265,16 +266,17 @@ class RenderTarget(click.ParamType):
     "--verify-signature",
     is_flag=True,
     help="eks: the init container checks the tuple's and the revision's signatures before the "
-    "bytes, with the public keys of --policies/signing/ rendered into a ConfigMap.",
+    "bytes, with the keys the store's signed policy in force trusts, verified under the root "
+    "this client pins (rendered into a ConfigMap with the signing policy as it is now).",
 )
 @click.option(
     "--rollout-channel",
     default=None,
     metavar="CHANNEL",
-    help="eks-rollout: the channel (in --policies/promotion-gates.yaml) whose `traffic:` "
-    "policy gives the canary steps and bounds.",
+    help="eks-rollout: the channel (in the store's policy) whose `traffic:` policy gives the "
+    "canary steps and bounds.",
 )
-@policies_option
+@local_policies_option
 @store_option
 @json_option
 def render_cmd(
@@ -286,7 +288,7 @@ def render_cmd(
     namespace: str | None,
     verify_signature: bool,
     rollout_channel: str | None,
-    policies_dir: Path,
+    local_policies: Path | None,
     store_url: str,
     as_json: bool,
 ) -> None:
@@ -295,9 +297,12 @@ def render_cmd(
     The output is byte-identical for the same tuple and options, ready for `kubectl apply`.
 
     \b
-    Exit codes: 0 rendered, 3 tuple body tampered, 7 tuple or channel not found,
-    9 the tuple cannot be served on this target (reason and fix printed).
+    Exit codes: 0 rendered, 3 tuple body tampered, 4 the channel's or the policy's history
+    does not verify, 7 tuple or channel not found, 9 the tuple cannot be served on this
+    target (reason and fix printed), a local --policies, or (--verify-signature) no root
+    pinned for the store.
     """
+    from k3artifacts.policy.signing_keys import verifier_trust
     from k3artifacts.releases.lookup import resolve_with_move
     from k3artifacts.serving.render import render
     from k3artifacts.traffic.analysis import channel_traffic
@@ -310,10 +315,11 @@ def render_cmd(
             )
         target = "eks-node-cache"
     store = get_store(store_url)
+    refuse_local_policies(local_policies, store, "trusted release keys come from")
     traffic = None if rollout_channel is None else channel_traffic(store, rollout_channel)
     release, move = resolve_with_move(store, tuple_or_channel)
     rendered = render(release, target, name=name, namespace=namespace,
-                      signing_policy=policies_dir if verify_signature else None,
+                      verifier=verifier_trust(store) if verify_signature else None,
                       traffic=traffic)
     text = rendered.text()
     path = None

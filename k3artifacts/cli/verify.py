@@ -10,8 +10,9 @@ from k3artifacts.cli.common import (
     emit,
     get_store,
     json_option,
-    policies_option,
+    local_policies_option,
     progress_options,
+    refuse_local_policies,
     reporter,
     store_option,
 )
@@ -48,20 +49,21 @@ def parse_target(target: str, *, tuples: bool = False) -> tuple[str, str] | Path
     "--signature",
     "check_signature",
     is_flag=True,
-    help="First check the revision's signature (.k3a/model.sig) against the trusted keys of "
-    "policies/signing/, then the bytes against the signed manifest. TARGET may then be a tuple "
-    "id: its own signature is checked too.",
+    help="First check the revision's signature (.k3a/model.sig) against the release keys the "
+    "store's policy in force trusts (signed into force by its root, verified from the root "
+    "this client pins), then the bytes against the signed manifest. TARGET may then be a "
+    "tuple id: its own signature is checked too.",
 )
 @click.option("--channel", default=None,
               help="With --signature: trust only the keys this channel's signing policy lists.")
-@policies_option
+@local_policies_option
 @click.option("--workers", type=click.IntRange(min=1), default=None,
               help="Files hashed at once  [default: one per usable core; at least 4 from a "
               "remote store]")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar or progress lines.")
 @progress_options
 @json_option
-def verify_cmd(target, store_url, full, expect_digest, check_signature, channel, policies_dir,
+def verify_cmd(target, store_url, full, expect_digest, check_signature, channel, local_policies,
                workers, quiet, progress_interval, log_format, as_json):
     """Re-hash a published revision against its manifest; run on a node before serving.
 
@@ -69,9 +71,10 @@ def verify_cmd(target, store_url, full, expect_digest, check_signature, channel,
     /fsx/k3a/models/moonshotai/Kimi-K3/<commit>.
 
     Exit codes: 0 every file matches, 2 malformed TARGET or --expect-digest, 4 some file
-    is missing, changed or unexpected (listed), the digest differs, or the signature is
-    missing, by an untrusted key or over other bytes, 7 not a published revision or no
-    store there.
+    is missing, changed or unexpected (listed), the digest differs, the signature is
+    missing, by an untrusted key or over other bytes, or the store's policy history does not
+    verify, 7 not a published revision or no store there, 9 a local --policies, or no root
+    pinned for the store.
     """
     from k3artifacts.reporting.progress import BytesProgress
     from k3artifacts.revisions.refs import check_manifest_digest
@@ -79,9 +82,12 @@ def verify_cmd(target, store_url, full, expect_digest, check_signature, channel,
 
     if expect_digest is not None:
         check_manifest_digest(expect_digest)
+    if local_policies is not None:
+        refuse_local_policies(local_policies, get_store(store_url),
+                              "trusted release keys come from")
     if check_signature:
-        _verify_signed(target, store_url, full, expect_digest, channel, policies_dir, workers,
-                       quiet, progress_interval, log_format, as_json)
+        _verify_signed(target, store_url, full, expect_digest, channel, workers, quiet,
+                       progress_interval, log_format, as_json)
         return
     parsed = parse_target(target)
     store = None if isinstance(parsed, Path) else get_store(store_url)
@@ -117,20 +123,20 @@ def verify_cmd(target, store_url, full, expect_digest, check_signature, channel,
     report.raise_for_problems()
 
 
-def _verify_signed(target, store_url, full, expect_digest, channel, policies_dir, workers, quiet,
+def _verify_signed(target, store_url, full, expect_digest, channel, workers, quiet,
                    progress_interval, log_format, as_json):
     # Imported here: a plain `k3a verify` on a node needs neither cryptography nor policies.
+    from k3artifacts.policy.signing_keys import trusted_keys
     from k3artifacts.releases.signatures import check_tuple_signature
     from k3artifacts.releases.tuples import TupleStore
     from k3artifacts.reporting.progress import BytesProgress
-    from k3artifacts.signing.policy import load_trusted_keys
     from k3artifacts.signing.verify import verify_signed_revision
 
-    trusted = load_trusted_keys(policies_dir).for_channel(channel)
+    store = get_store(store_url)
+    trusted = trusted_keys(store).for_channel(channel)
     parsed = parse_target(target, tuples=True)
     tuple_signer = None
     if isinstance(parsed, str):
-        store = get_store(store_url)
         tuple_signer = check_tuple_signature(store, parsed, trusted)
         weights = TupleStore(store).get(parsed).binding.weights
         if expect_digest is None:
@@ -144,7 +150,7 @@ def _verify_signed(target, store_url, full, expect_digest, channel, policies_dir
         if isinstance(parsed, Path):
             checked = verify_signed_revision(trusted, directory=parsed, **kwargs)
         else:
-            checked = verify_signed_revision(trusted, store=get_store(store_url),
+            checked = verify_signed_revision(trusted, store=store,
                                              repo_id=parsed[0], commit=parsed[1], **kwargs)
     report = checked.report
     if expect_digest is not None and report.manifest_digest != expect_digest:

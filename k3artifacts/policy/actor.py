@@ -1,32 +1,35 @@
-"""Who is acting: the identity recorded in reviews, approvals, policy changes and channel history.
+"""Who acted, as records name them (:class:`Actor`), and who acts now (:class:`Acting`: the
+identity with the key it signs with; resolved by :mod:`.acting`).
 
-Resolved here and nowhere else, from a source the actor cannot type, the one the store names
-(``Store.identity_source``): the STS caller ARN on S3, the account of the process's real uid
-on a file store. Never an environment variable (``LOGNAME``, ``USER``): anyone sets those. A
-typed name (``--by``) stands in only on a file store whose policy says ``identity:
-{claimed_actor_on_file_stores: true}`` (a shared service account acting for people, say); it is
-then recorded as ``asserted``, with the account that asserted it.
+An :class:`Actor` is what a review, an approval, a policy change or a channel history entry
+says about who made it: the name of an identity in the store's policy (``identities.yaml``)
+and the id of the key it signed with (source ``key``). Who that is, is decided by the key
+alone (:mod:`.acting`): never an environment variable (``LOGNAME``, ``USER``), never a typed
+name, never a cloud service's answer about the caller.
+
+Records written before identities were keys say ``sts`` (the caller ARN STS answered on S3),
+``os-user`` (the account of the process's uid on a file store) or ``asserted`` (a typed
+``--by`` a policy let stand for the account behind it); they stay readable as written.
 """
 
 from __future__ import annotations
 
-import functools
 import os
 import pwd
-from typing import Literal
+from dataclasses import dataclass
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from k3artifacts.errors import ConfigError
-from k3artifacts.policy.model import IdentityPolicy
-from k3artifacts.settings import load
-from k3artifacts.stores.awsclients import aws_errors, sts_client
-from k3artifacts.stores.records import RecordStore
+from k3artifacts.trust.envelope import add_signature, sign_record
+from k3artifacts.trust.identities import Identities, Role
+from k3artifacts.trust.keys import RecordSigner, signer_key_id
+from k3artifacts.trust.root import Root
 
-#: The credentials in the environment key the cache of STS's answer (boto3 reads them).
-_CREDENTIAL_ENV = ("AWS_ACCESS_KEY_ID", "AWS_SESSION_TOKEN", "AWS_PROFILE")
-
-ActorSource = Literal["sts", "os-user", "asserted"]
+#: ``key``: an identity of the store's policy, by the key that signed. The others name how
+#: older records resolved who acted (module doc).
+ActorSource = Literal["key", "sts", "os-user", "asserted"]
 
 
 class Actor(BaseModel):
@@ -34,12 +37,14 @@ class Actor(BaseModel):
 
     name: str = Field(min_length=1)
     source: ActorSource
-    #: For an asserted name: the identity that typed it (the store's answer).
+    #: For an asserted name (older records): the account that typed it.
     account: str | None = None
+    #: For a key's identity: the sha256 of the public key that signed (``k3a key show``).
+    key_id: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$")
 
     def identities(self) -> frozenset[str]:
         """Every identity this actor stands for: a comparison with a reviewer or a proposer
-        must see through an asserted name to the account behind it."""
+        must see through an asserted name (older records) to the account behind it."""
         return frozenset(n for n in (self.name, self.account) if n)
 
     def label(self) -> str:
@@ -48,44 +53,71 @@ class Actor(BaseModel):
 
 def os_account() -> str:
     """The account of the process's real uid: a label for records no gate compares (a tuple's
-    ``created_by``, an evaluation's ``attached_by``)."""
+    ``created_by``, an evaluation's ``attached_by``), and the name a first-use seeder's
+    identity gets."""
     return pwd.getpwuid(os.getuid()).pw_name
 
 
-@functools.cache
-def _sts_identity(endpoint: str | None, credentials: tuple[str | None, ...]) -> str:
-    # One call per process, endpoint and credentials in the environment.
-    with aws_errors("asking STS who is acting (GetCallerIdentity)"):
-        return str(sts_client().get_caller_identity()["Arn"])
+class RoleRefused(ConfigError):
+    """The identity acting may not sign what the move would record."""
+
+    hint = ("the store's policy (identities.yaml) says who may sign what: an identity gets a "
+            "role by a policy change (`k3a policy propose DIR`)")
 
 
-def store_identity(store: RecordStore) -> tuple[str, str]:
-    """``(name, source)`` of whoever this process is on ``store``, as the store's identity
-    source answers: never a variable anyone can set."""
-    if store.identity_source == "sts":
-        return _sts_identity(load().sts_endpoint_url,
-                             tuple(os.environ.get(v) for v in _CREDENTIAL_ENV)), "sts"
-    return os_account(), "os-user"
+@dataclass(frozen=True)
+class Seeding:
+    """What the first move on a store with no policy writes: the root it pins (and publishes,
+    if the store has none) and the identities the first policy names."""
+
+    root: Root
+    #: True: the store has no root yet and this client's key becomes it (trust on first use).
+    first_use: bool
+    identities: Identities
 
 
-def resolve_actor(store: RecordStore, *, typed: str | None, identity: IdentityPolicy) -> Actor:
-    """Who is acting on ``store``. ``typed`` is a ``--by`` given on the command line: refused
-    (exit 9) where it cannot stand for the identity, rather than silently ignored."""
-    name, source = store_identity(store)
-    if typed is None or typed == name:
-        return Actor(name=name, source=source)  # type: ignore[arg-type]
-    if source == "sts":
-        raise ConfigError(
-            f"--by {typed!r}: on an S3 store the actor is your AWS identity ({name}), "
-            "taken from STS; a flag cannot change it",
-            hint="drop --by; act with the credentials of the person or role acting",
-        )
-    if not identity.claimed_actor_on_file_stores:
-        raise ConfigError(
-            f"--by {typed!r}: the store's policy does not let a typed name stand for who acts; "
-            f"on a file store the actor is the account of your uid ({name})",
-            hint="drop --by (or change the store's policy, `k3a policy propose`, to set "
-            "`identity: {claimed_actor_on_file_stores: true}` for a service account acting "
-            "for people)",
-        )
-    return Actor(name=typed, source="asserted", account=name)
+class Acting:
+    """Who acts: the identity (as records name it), the key it signs with, what it may sign.
+
+    A plain class, not a model: plans (pydantic models, dataclasses) carry it as it is, and
+    nothing ever serializes a signer."""
+
+    def __init__(self, actor: Actor, signer: RecordSigner, roles: frozenset[str],
+                 made_key: str | None = None, seeding: Seeding | None = None):
+        self.actor = actor
+        self.signer = signer
+        self.roles = roles
+        #: Where this resolution made the personal key (the front end says so), else None.
+        self.made_key = made_key
+        #: The store has no policy yet: what the first move seeds (None once it has one).
+        self.seeding = seeding
+
+    def __repr__(self) -> str:
+        return f"Acting({self.actor.name!r}, key {self.key_id[:16]}, roles {sorted(self.roles)})"
+
+    @property
+    def name(self) -> str:
+        return self.actor.name
+
+    @property
+    def key_id(self) -> str:
+        return signer_key_id(self.signer)
+
+    def may(self, role: Role) -> bool:
+        return role in self.roles
+
+    def require(self, role: Role, what: str) -> None:
+        """RoleRefused (exit 9) unless this identity may sign ``role``'s records."""
+        if role not in self.roles:
+            held = ", ".join(sorted(self.roles)) or "no role"
+            raise RoleRefused(f"{what} is signed with the role {role}; {self.name} holds {held}")
+
+    def sign(self, *, key: str, kind: str, body: BaseModel | dict[str, Any]) -> bytes:
+        """``body`` as the stored bytes of a record of ``kind`` at store ``key``, signed by
+        this identity (:func:`k3artifacts.trust.envelope.sign_record`)."""
+        return sign_record(key=key, kind=kind, body=body, signer=self.signer,
+                           identity=self.name)
+
+    def cosign(self, data: bytes, *, key: str) -> bytes:
+        """``data`` (a signed record for ``key``) with this identity's signature added."""
+        return add_signature(data, key=key, signer=self.signer)

@@ -133,6 +133,10 @@ class PolicyDocument(BaseModel):
                                   hint="the gate policy names it; add it or fix the name") from None
         return cls.parse_files(files, where=str(root))
 
+    def with_file(self, rel: str, text: str) -> PolicyDocument:
+        """This document with ``rel`` holding ``text`` (added or replaced)."""
+        return self.parse_files({**self.files, _safe(rel): text}, where=self._shown or "policy")
+
     @classmethod
     def parse_files(cls, files: dict[str, str], *, where: str) -> PolicyDocument:
         try:
@@ -141,6 +145,14 @@ class PolicyDocument(BaseModel):
             raise ConfigError(f"policy in {where} is malformed: {plain_validation_errors(exc)}"
                               ) from None
 
+    def write_dir(self, root: Path) -> None:
+        """The document's files under ``root`` (a new or empty directory): a policy directory
+        to edit and propose, as ``k3a policy show --out`` gives it."""
+        for rel, text in self.files.items():
+            path = root / rel
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(text, encoding="utf-8")
+
     @contextmanager
     def written_to(self) -> Iterator[Path]:
         """The document as a policy directory, for the length of one judgement. A gate
@@ -148,10 +160,7 @@ class PolicyDocument(BaseModel):
         policy's files (:func:`~.written.named`)."""
         with tempfile.TemporaryDirectory(prefix="k3a-policy-") as tmp:
             root = Path(tmp)
-            for rel, text in self.files.items():
-                path = root / rel
-                path.parent.mkdir(parents=True, exist_ok=True)
-                path.write_text(text, encoding="utf-8")
+            self.write_dir(root)
             with naming(str(root), self._shown or f"policy {self.digest[:12]}"):
                 try:
                     yield root

@@ -140,18 +140,25 @@ class ChannelPolicy(_Strict):
 
 
 class IdentityPolicy(_Strict):
-    """Where a typed name (``--by``) may stand for who is acting.
-
-    On S3 stores the actor is always the STS caller identity; on file stores it is the account
-    of the process's real uid unless this allows an asserted name (a shared service account
-    acting for people, say), which is then recorded as ``asserted``."""
+    """No longer read: who acts is the identity whose key signs (``policy/acting.py``), and a
+    typed name (``--by``) is refused everywhere. Kept so policies that set it still parse (and
+    changing it is still a change the root judges)."""
 
     claimed_actor_on_file_stores: bool = False
+
+
+class UnsignedPolicy(_Strict):
+    """Stores older than signed records (no root of trust in the store, none pinned here):
+    their policy and channel histories are unsigned until ``k3a trust migrate``."""
+
+    #: Read them as found meanwhile (no move is made on them); false: refuse to read them.
+    read_before_migration: bool = True
 
 
 class GatePolicy(_Strict):
     schema_version: Literal[1] = 1
     identity: IdentityPolicy = IdentityPolicy()
+    unsigned: UnsignedPolicy = UnsignedPolicy()
     retention: RetentionPolicy = RetentionPolicy()
     channels: dict[str, ChannelPolicy]
 

@@ -1,24 +1,47 @@
-"""The store's policy: the one copy that judges promotions, changed only by recorded moves.
+"""The store's policy: the one copy that judges promotions, a hash-chained history of changes
+each signed by root identities (:mod:`k3artifacts.trust.chain`, :mod:`k3artifacts.trust.root`).
 
 Keys (same under every store)::
 
     releases/policy/documents/<sha256>.json        a PolicyDocument, canonical, create-once
-    releases/policy/current.json                   which version is in force (compare-and-swap)
-    releases/policy/changes/<version:010d>.json    one PolicyChange per version (create-once)
+    releases/policy/current.json                   the head: the newest change, as signed
+                                                   (compare-and-swap)
+    releases/policy/changes/<version:010d>.json    one signed change per version (create-once):
+                                                   {"seq", "previous": <digest of the change
+                                                   before>, "entry": PolicyChange}
+    releases/policy/checkpoint.json                a root identity's checkpoint (migration)
+    releases/policy/proposals/<request-id>.json    a change collecting root signatures
+                                                   (:mod:`.proposal`; nothing trusts it)
 
-The first version is seeded from the packaged defaults (or, on a store with no policy yet,
-``k3a policy init --from DIR``), recorded with who seeded it. After that a version changes only
-by ``k3a policy propose DIR`` (an approval request carrying the proposed document's digest and
-the digest it would replace) and ``k3a policy apply REQUEST`` (the moves: :mod:`.change`),
-judged by the policy in force: a
-change that loosens any channel (a gate, a channel or a signing requirement removed, a gate's
-settings changed, typed names allowed) needs the approval of an identity other than the
-proposer's (``k3a approve REQUEST``). A local policy directory never judges anything itself.
+A change binds its document by digest and names the root it was signed under
+(``root_version``). Every reader (``policy show``, ``gates``, ``promote``, ``render``, the
+channel histories through the identities they trust) verifies the chain from this client's
+pinned root, following the store's verified rotations (:func:`~k3artifacts.trust.pins.
+trusted_roots`), to its start, and each change's authority (:func:`_authorize`): signed by
+the root's threshold of its identities, or, where it is provably stricter than the version
+before (:func:`~.loosening.loosening` finds nothing), by one. A first version (``seed``) and
+the first signed version after a history older than signing (``migrate``) need one root
+identity. The roots a history names only move forward. A pointer set to a proposed document
+that was never signed into force, a change edited, removed or forked, a root that never was:
+refused by name (:class:`~k3artifacts.errors.UntrustedRecord`, exit 4).
+
+The first version is seeded from the packaged defaults (or ``k3a policy init --from DIR``) by
+the store's first move, whose key becomes the root on first use (:mod:`.acting`). After that a
+version changes only by ``k3a policy propose DIR`` and ``k3a policy apply REQUEST``
+(:mod:`.change`). A local policy directory never judges anything itself.
+
+**Stores older than signing** hold an unsigned pointer (``{"version", "digest", "change"}``)
+and unsigned changes. While the store has no root of trust and this client pins none, they
+are read as found where their policy says so (``unsigned.read_before_migration``, default
+true): nothing is more trusted than it was, and no move is made on them
+(:class:`~.acting.MigrationNeeded`). ``k3a trust migrate`` checkpoints them under a root
+identity's signature and signs the next version (:mod:`.migrate`).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import json
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Literal
 
@@ -26,15 +49,45 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from k3artifacts.bundled import POLICIES
 from k3artifacts.canonical import canonical_json
-from k3artifacts.errors import AlreadyExists, ConfigError, Conflict, K3AError, NotFound
-from k3artifacts.policy.actor import Actor
-from k3artifacts.policy.document import PolicyDocument
+from k3artifacts.errors import (
+    AlreadyExists,
+    ConfigError,
+    Conflict,
+    K3AError,
+    NotFound,
+    UntrustedRecord,
+)
+from k3artifacts.policy.actor import Acting, Actor
+from k3artifacts.policy.document import IDENTITIES_FILE, PolicyDocument
+from k3artifacts.policy.loosening import loosening
 from k3artifacts.policy.results import policy_label
 from k3artifacts.stores.records import RecordStore
+from k3artifacts.trust import enrol
+from k3artifacts.trust.chain import (
+    Chain,
+    ChainEntry,
+    ChainLayout,
+    append,
+    logged_seqs,
+    verify_chain,
+)
+from k3artifacts.trust.envelope import is_unsigned
+from k3artifacts.trust.identities import Keyring, identities_yaml
+from k3artifacts.trust.pins import Roots, load_pin, trusted_roots
+from k3artifacts.trust.root import root_key
 
 PREFIX = "releases/policy/"
 POINTER_KEY = f"{PREFIX}current.json"
+CHECKPOINT_KEY = f"{PREFIX}checkpoint.json"
 VERSION_WIDTH = 10
+KIND = "policy-change"
+MIGRATE_HINT = ("a store older than signed records: one of its root identities runs `k3a "
+                "trust migrate`; anywhere else, restore the record from a backup and find who "
+                "can write to the store")
+
+LAYOUT = ChainLayout(name="the store's policy", pointer_key=POINTER_KEY,
+                     entries_prefix=f"{PREFIX}changes/", entry_kind=KIND,
+                     checkpoint_key=CHECKPOINT_KEY, unsigned_hint=MIGRATE_HINT)
 
 
 def document_key(digest: str) -> str:
@@ -42,7 +95,7 @@ def document_key(digest: str) -> str:
 
 
 def change_key(version: int) -> str:
-    return f"{PREFIX}changes/{version:0{VERSION_WIDTH}d}.json"
+    return LAYOUT.entry_key(version)
 
 
 class PolicyChange(BaseModel):
@@ -52,19 +105,26 @@ class PolicyChange(BaseModel):
     version: int = Field(ge=1)
     digest: str
     previous_digest: str | None = None
-    action: Literal["seed", "change"]
+    #: ``migrate``: the first signed version after a history older than signing.
+    action: Literal["seed", "change", "migrate"]
     by: Actor
     at: datetime
     why: str | None = None
     #: The proposal (an approval request) this change applied.
     request_id: str | None = None
     proposed_by: Actor | None = None
+    #: Older changes: who approved a loosening one. Signed changes name their assent by the
+    #: root identities' signatures instead.
     approved_by: Actor | None = None
     #: What the change loosened, as judged by the version it replaced.
     loosens: list[str] = Field(default_factory=list)
+    #: The root whose identities signed it (None: a change older than signing).
+    root_version: int | None = Field(default=None, ge=1)
 
 
-class PolicyPointer(BaseModel):
+class LegacyPointer(BaseModel):
+    """The pointer a store older than signing holds: the version in force and its change."""
+
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     schema_version: Literal[1] = 1
@@ -82,14 +142,31 @@ class CorruptPolicy(K3AError):
 
 
 @dataclass(frozen=True)
+class Recorded:
+    """One version of the store's policy as its history holds it."""
+
+    change: PolicyChange
+    #: The root identities whose signatures put it in force (none: older than signing).
+    signers: frozenset[str]
+
+
+@dataclass(frozen=True)
 class InForce:
     """The policy that judges: its version (0: the packaged defaults, not yet seeded into
-    this store), digest and document."""
+    this store), digest and document; the verified history it heads, and the store's roots
+    as this client trusts them (both None for version 0 and for a store older than
+    signing, read as found: ``legacy``)."""
 
     version: int
     digest: str
     document: PolicyDocument
-    token: str | None = None
+    chain: Chain[PolicyChange] | None = None
+    roots: Roots | None = None
+    #: The store predates signed records (no root in it, none pinned here): its histories
+    #: are read as found, where the policy says so, and nothing is moved on it.
+    legacy: bool = False
+    #: Every version's document digest, by digest, as the history holds them.
+    versions: dict[str, int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.document.shown_as(f"policy v{self.version} ({self.digest[:12]})" if self.version
@@ -97,18 +174,6 @@ class InForce:
 
     def label(self) -> str:
         return policy_label(self.version, self.digest)
-
-
-def _pointer(store: RecordStore) -> tuple[PolicyPointer | None, str | None]:
-    found = store.read(POINTER_KEY)
-    if found is None:
-        return None, None
-    try:
-        pointer = PolicyPointer.model_validate_json(found.data)
-    except ValidationError as exc:
-        raise CorruptPolicy(f"{POINTER_KEY} in {store.url} is malformed: "
-                            f"{exc.errors()[0]['msg']}") from None
-    return pointer, found.token
 
 
 def channel_section(store: RecordStore, channel: str, section: str, example: str) -> Any:
@@ -143,13 +208,110 @@ def packaged_document() -> PolicyDocument:
     return PolicyDocument.from_dir(POLICIES)
 
 
+def _legacy_pointer(data: bytes) -> LegacyPointer:
+    try:
+        return LegacyPointer.model_validate_json(data)
+    except ValidationError as exc:
+        raise UntrustedRecord(POINTER_KEY, "malformed", "neither a signed change nor a pointer "
+                              f"older than signing: {exc.errors()[0]['msg']}") from None
+
+
+def legacy_head(data: bytes) -> tuple[int, dict[str, Any]]:
+    """A pointer older than signing: the version it names, and its change as stored (its
+    digest is the one a checkpoint vouches for: never re-serialized)."""
+    pointer = _legacy_pointer(data)
+    return pointer.version, json.loads(data)["change"]
+
+
+def unsigned_pointer(data: bytes) -> bool:
+    """Whether the policy pointer ``data`` is unsigned (a store older than signing, or
+    written by hand)."""
+    return is_unsigned(data, key=POINTER_KEY)
+
+
+def _keyring_for(roots: Roots) -> Any:
+    def keyring(entry: dict[str, Any]) -> Keyring:
+        version = entry.get("root_version")
+        if not isinstance(version, int):
+            raise UntrustedRecord(POINTER_KEY, "malformed", "a signed change names no root")
+        return roots.at(version, key=POINTER_KEY).keyring()
+    return keyring
+
+
+def _authorize(store: RecordStore, chain: Chain[PolicyChange], roots: Roots) -> None:
+    """Each signed change's authority: its place, the document before it, the root it names
+    (never behind the one before), and that root's threshold of signatures, or one where the
+    change is provably stricter than the version before it."""
+    before: ChainEntry[PolicyChange] | None = None
+    floor = 0
+    for entry in chain.entries:
+        change, key = entry.entry, change_key(entry.seq)
+        if entry.vouched:
+            before = entry
+            continue
+        if change.version != entry.seq or change.previous_digest != (
+                None if before is None else before.entry.digest):
+            raise UntrustedRecord(key, "edit", f"change #{entry.seq} says it is version "
+                                  f"{change.version} after {str(change.previous_digest)[:12]}, "
+                                  "which is not the version before it")
+        assert change.root_version is not None  # the keyring needs one to check the signature
+        if change.root_version < floor:
+            raise UntrustedRecord(key, "root-mismatch", f"version {change.version} is signed "
+                                  f"under root v{change.root_version}, after a version signed "
+                                  f"under root v{floor}")
+        floor = change.root_version
+        root = roots.at(change.root_version, key=key)
+        first = change.action == "seed" and before is None
+        migrated = change.action == "migrate" and before is not None and before.vouched
+        if change.action != "change" and not (first or migrated):
+            raise UntrustedRecord(key, "edit", f"version {change.version} is a "
+                                  f"{change.action}, which it can only be first")
+        short = len(entry.signers & set(root.identities)) < root.threshold
+        one_is_enough = first or migrated or (short and before is not None and not loosening(
+            read_document(store, before.entry.digest), read_document(store, change.digest)))
+        root.authorize(entry.signers, stricter=one_is_enough, key=key)
+        before = entry
+
+
+def _unrooted(store: RecordStore) -> bool:
+    """No root of trust in the store, and none pinned for it here: whatever it holds
+    predates signing (a first-use seed makes one before anything is signed)."""
+    return load_pin(store.url) is None and store.read(root_key(1)) is None
+
+
+def _as_legacy(store: RecordStore, found_data: bytes) -> InForce:
+    """A store older than signing, read as found (module doc)."""
+    pointer = _legacy_pointer(found_data)
+    document = read_document(store, pointer.digest)
+    if not document.gates.unsigned.read_before_migration:
+        raise UntrustedRecord(POINTER_KEY, "unsigned", "the store's policy predates signed "
+                              "records, and says not to read it until it is migrated",
+                              hint=MIGRATE_HINT)
+    return InForce(pointer.version, pointer.digest, document, legacy=True)
+
+
 def in_force(store: RecordStore) -> InForce:
-    """The store's policy in force; the packaged defaults (version 0) while it has none."""
-    pointer, token = _pointer(store)
-    if pointer is None:
+    """The store's policy in force, its history verified (module doc); the packaged defaults
+    (version 0) while it has none."""
+    found = store.read(POINTER_KEY)
+    if found is None:
+        seqs = logged_seqs(store, LAYOUT)
+        if seqs:
+            raise UntrustedRecord(POINTER_KEY, "rewound", f"{LAYOUT.name} has no head, but "
+                                  f"its log holds changes up to #{seqs[-1]}: the pointer was "
+                                  "removed")
         document = packaged_document()
-        return InForce(0, document.digest, document)
-    return InForce(pointer.version, pointer.digest, read_document(store, pointer.digest), token)
+        return InForce(0, document.digest, document, legacy=_unrooted(store))
+    if unsigned_pointer(found.data) and _unrooted(store):
+        return _as_legacy(store, found.data)
+    roots = trusted_roots(store)
+    chain = verify_chain(store, LAYOUT, PolicyChange, keyring=_keyring_for(roots), roles=None,
+                         checkpoint_keyring=roots.current.keyring(), legacy_head=legacy_head)
+    _authorize(store, chain, roots)
+    head = chain.head
+    assert head is not None
+    return InForce(head.seq, head.entry.digest, read_document(store, head.entry.digest), chain,
+                   roots, versions={e.entry.digest: e.seq for e in chain.entries})
 
 
 def store_document(store: RecordStore, document: PolicyDocument) -> None:
@@ -159,60 +321,92 @@ def store_document(store: RecordStore, document: PolicyDocument) -> None:
         read_document(store, document.digest)  # same digest: same content, unless tampered
 
 
-def commit_change(store: RecordStore, current: InForce, change: PolicyChange) -> InForce:
-    pointer = PolicyPointer(version=change.version, digest=change.digest, change=change)
-    expected = None if current.version == 0 else current.token
-    try:
-        store.replace(POINTER_KEY, canonical_json(pointer), expected)
-    except Conflict:
-        now = in_force(store)
-        raise Conflict(
-            f"the policy of {store.url} changed to {now.label()} while this change was made; "
-            "nothing was written",
-            hint="review `k3a policy show` and propose again against it") from None
-    try:
-        store.create(change_key(change.version), canonical_json(change))
-    except AlreadyExists:
-        raise CorruptPolicy(f"{change_key(change.version)} already exists") from None
-    return in_force(store)
+def seeding_document(document: PolicyDocument, acting: Acting) -> PolicyDocument:
+    """``document`` as the first policy of a store ``acting`` seeds: naming the root's
+    identities with every role where it names none; ConfigError (exit 9) when it names
+    identities and none of them holds the seeder's key (the seeder could not act on it)."""
+    assert acting.seeding is not None
+    if not document.identities.identities:
+        return document.with_file(IDENTITIES_FILE, identities_yaml(acting.seeding.identities))
+    if document.identities.keyring().get(acting.key_id) is None:
+        raise ConfigError(
+            f"the policy to seed names identities ({', '.join(document.identities.identities)})"
+            f", none with your key {acting.key_id[:16]}: you could not act on it",
+            hint="add yourself to its identities.yaml (`k3a key show --entry NAME` prints the "
+            "entry), or seed without one: the root's identities are named with every role")
+    return document
 
 
-def seed(store: RecordStore, document: PolicyDocument, *, by: Actor, why: str | None = None,
-         now: datetime | None = None) -> InForce:
-    """Record ``document`` as the store's first policy version; only while it has none."""
+def _establish_root(store: RecordStore, acting: Acting) -> None:
+    """The seeder's root in the store and pinned here: first use makes it; a team's root this
+    client pins is published if the store has none yet."""
+    seeding = acting.seeding
+    assert seeding is not None
+    if seeding.first_use:
+        enrol.first_use(store, acting.signer, acting.name)
+    elif seeding.root.version == 1 and store.read(root_key(1)) is None:
+        enrol.publish_first_root(store, seeding.root, acting.signer, acting.name)
+
+
+def seed(store: RecordStore, document: PolicyDocument, *, acting: Acting,
+         why: str | None = None, now: datetime | None = None) -> InForce:
+    """Record ``document`` as the store's first policy version, signed by ``acting`` as a
+    root identity; only while it has none. First use: ``acting``'s key becomes the store's
+    root (:mod:`.acting`)."""
     current = in_force(store)
-    if current.version != 0:
+    if current.version != 0 or acting.seeding is None:
         raise Conflict(
             f"{store.url} already has a policy ({current.label()}); a change is proposed and "
             "applied, never seeded over", hint="`k3a policy propose DIR`")
+    document = seeding_document(document, acting)
+    _establish_root(store, acting)
+    roots = trusted_roots(store)
     store_document(store, document)
-    change = PolicyChange(version=1, digest=document.digest, action="seed", by=by,
-                          at=now or datetime.now(UTC), why=why or "first policy of this store")
-    return commit_change(store, current, change)
+    change = PolicyChange(version=1, digest=document.digest, action="seed", by=acting.actor,
+                          at=now or datetime.now(UTC), why=why or "first policy of this store",
+                          root_version=roots.current.version)
+    empty = verify_chain(store, LAYOUT, PolicyChange, keyring=roots.current.keyring(),
+                         roles=None)
+    try:
+        append(store, empty, change, signer=acting.signer, identity=acting.name)
+    except Conflict:
+        raise Conflict(f"{store.url} was given a policy by someone else meanwhile; nothing "
+                       "was written", hint="`k3a policy show`") from None
+    return in_force(store)
 
 
-def ensure_seeded(store: RecordStore, *, by: Actor) -> InForce:
-    """The policy in force, seeding the packaged defaults first if the store has none: a move
-    is always judged by, and records, a version the store holds."""
+def ensure_seeded(store: RecordStore, *, acting: Acting,
+                  document: PolicyDocument | None = None) -> InForce:
+    """The policy in force, seeding ``document`` (default: the packaged defaults) first if
+    the store has none: a move is always judged by, and records, a version the store holds."""
     current = in_force(store)
     if current.version != 0:
         return current
     try:
-        return seed(store, current.document, by=by, why="seeded from the packaged defaults")
+        return seed(store, document or current.document, acting=acting,
+                    why="seeded from the packaged defaults")
     except Conflict:
         return in_force(store)  # another mover seeded it first
 
 
-def changes(store: RecordStore) -> list[PolicyChange]:
-    """Every recorded version of the store's policy, oldest first (the one in force last,
-    even if its mover died before writing its change record)."""
-    pointer, _ = _pointer(store)
-    if pointer is None:
-        return []
+def _legacy_changes(store: RecordStore, policy: InForce) -> list[Recorded]:
     out = []
-    for version in range(1, pointer.version):
+    for version in range(1, policy.version):
         found = store.read(change_key(version))
         if found is None:
             raise CorruptPolicy(f"{change_key(version)} is missing from {store.url}")
-        out.append(PolicyChange.model_validate_json(found.data))
-    return [*out, pointer.change]
+        out.append(Recorded(PolicyChange.model_validate_json(found.data), frozenset()))
+    pointer = _legacy_pointer(store.read(POINTER_KEY).data)  # type: ignore[union-attr]
+    return [*out, Recorded(pointer.change, frozenset())]
+
+
+def changes(store: RecordStore) -> list[Recorded]:
+    """Every recorded version of the store's policy, oldest first (the one in force last,
+    even if its mover died before logging it), with the root identities that signed each."""
+    policy = in_force(store)
+    if policy.version == 0:
+        return []
+    if policy.legacy:
+        return _legacy_changes(store, policy)
+    assert policy.chain is not None
+    return [Recorded(e.entry, e.signers) for e in policy.chain.entries]

@@ -21,10 +21,10 @@ from datetime import UTC, datetime
 from pydantic import BaseModel, ConfigDict
 
 from k3artifacts.errors import ConfigError, Conflict, GateFailed, NotFound
-from k3artifacts.policy.actor import Actor
+from k3artifacts.policy.actor import Acting, Actor
 from k3artifacts.policy.approvals import approved
 from k3artifacts.policy.gates import Verdict, apply_overrides, check_overrides
-from k3artifacts.policy.record import InForce, ensure_seeded, in_force
+from k3artifacts.policy.record import InForce, ensure_seeded, in_force, seeding_document
 from k3artifacts.policy.results import GateReport, GateResult
 from k3artifacts.promotion.gates import channel_policy, judging, run_gates
 from k3artifacts.releases.channels import (
@@ -85,7 +85,7 @@ class PromotePlan:
     state: ChannelState
     #: Who moves. None: judged for nobody (a flow before its approval); such a plan is shown,
     #: or asked about, never acted on.
-    actor: Actor | None
+    acting: Acting | None
     granted: Granted | None
     reason: str | None
     when: datetime
@@ -131,7 +131,7 @@ def plan_promote(
     tuple_id: str,
     channel: str,
     *,
-    actor: Actor | None,
+    acting: Acting | None,
     reason: str | None = None,
     overrides: Mapping[str, str] | None = None,
     approval: str | None = None,
@@ -140,9 +140,10 @@ def plan_promote(
     """Judge moving ``channel`` onto ``tuple_id`` by the gates the store's policy requires of
     it; write nothing.
 
-    ``actor`` is who moves, resolved by ``policy/acting.py``. ``approval`` is an approval
-    request id (``k3a approve``): its record must answer this move, and the approver is then
-    the promoter the separation_of_duties gate judges. ``now`` is the move's time, the one the
+    ``acting`` is who moves, resolved by ``policy/acting.py``: an identity of the store's
+    policy holding the role ``promote`` (RoleRefused, exit 9, otherwise). ``approval`` is an
+    approval request id (``k3a approve``): its record must answer this move, and the approver is
+    then the promoter the separation_of_duties gate judges. ``now`` is the move's time, the one the
     promotion_order gate measures against.
 
     Raises GatesRefused (exit 5) listing every failed gate with the whole report, GateFailed
@@ -153,6 +154,8 @@ def plan_promote(
     """
     check_channel(channel)
     check_tuple_id(tuple_id)
+    if acting is not None:
+        acting.require("promote", f"moving {channel}")
     policy = in_force(store)
     chan = channel_policy(policy, channel)
     overrides = dict(overrides or {})
@@ -161,12 +164,14 @@ def plan_promote(
                                tuple_id=tuple_id)
     # With an approval record, the person who decided is the approver: the one the
     # separation_of_duties gate judges (the mover may be a flow's service identity).
-    decider = actor if granted is None else granted.approver
+    decider = (None if acting is None else acting.actor) if granted is None \
+        else granted.approver
     release = TupleStore(store).get(tuple_id)
     w = release.binding.weights
     check_not_retiring(store, w.repo_id, w.commit)
-    # The channel judged must be the one its history explains.
-    state = read_state(store, channel)
+    # The channel judged must be the one its verified history explains.
+    state = read_state(store, channel, policy=policy)
+    state.require_signed()
     when = now_or(now)
     with judging(store, release, channel, policy, decider, when) as ctx:
         report = run_gates(ctx, policy)
@@ -174,15 +179,15 @@ def plan_promote(
     # Whatever the gates said (an overridden artifact gate included), the weights must be there.
     weights_in_store(store, release)
     return PromotePlan(tuple_id=tuple_id, channel=channel, release=release, policy=policy,
-                       report=report, verdict=verdict, state=state, actor=actor,
+                       report=report, verdict=verdict, state=state, acting=acting,
                        granted=granted, reason=reason, when=when)
 
 
-def mover(actor: Actor | None, what: str) -> Actor:
-    if actor is None:
+def mover(acting: Acting | None, what: str) -> Acting:
+    if acting is None:
         raise ConfigError(f"{what} was planned for nobody (a dry run); it cannot be carried out",
                           hint="plan it again with the identity that moves the channel")
-    return actor
+    return acting
 
 
 def act_promote(store: Store, plan: PromotePlan) -> MoveResult:
@@ -190,20 +195,21 @@ def act_promote(store: Store, plan: PromotePlan) -> MoveResult:
     under the pin, record the policy that judged if the store holds none yet, and
     compare-and-swap the pointer. Conflict/ChannelMoved (exit 6) names the winner when the
     channel moved since the plan read it; nothing is written then."""
-    actor = mover(plan.actor, f"the promotion of {plan.tuple_id} to {plan.channel}")
+    acting = mover(plan.acting, f"the promotion of {plan.tuple_id} to {plan.channel}")
     if plan.unchanged:
         assert plan.state.pointer is not None
         return unchanged(plan.state.pointer, plan.gates)
     w = plan.release.binding.weights
     # The pin keeps `k3a revision gc` off these weights until the pointer references them; it
     # refuses here if gc started retiring them since the plan.
-    with pinned(store, w.repo_id, w.commit, who=actor.name, why=f"promote to {plan.channel}"):
+    with pinned(store, w.repo_id, w.commit, who=acting.name, why=f"promote to {plan.channel}"):
         weights_in_store(store, plan.release)  # read under the pin: what the protocol needs
-        policy = recorded(store, plan.policy, actor)
-        entry = history_entry(plan.state, action="promote", tuple_id=plan.tuple_id, actor=actor,
+        policy = recorded(store, plan.policy, acting)
+        entry = history_entry(plan.state, action="promote", tuple_id=plan.tuple_id,
+                              actor=acting.actor,
                               when=plan.when, why=plan.reason, gates=plan.gates, policy=policy,
                               granted=plan.granted, overrides=plan.verdict.used)
-        return commit(store, plan.state, entry, plan.gates, plan.verdict.unused)
+        return commit(store, plan.state, entry, plan.gates, plan.verdict.unused, acting)
 
 
 def promote(
@@ -211,14 +217,14 @@ def promote(
     tuple_id: str,
     channel: str,
     *,
-    actor: Actor,
+    acting: Acting,
     reason: str | None = None,
     overrides: Mapping[str, str] | None = None,
     approval: str | None = None,
     now: datetime | None = None,
 ) -> MoveResult:
     """The promotion move: :func:`plan_promote`, then :func:`act_promote`."""
-    return act_promote(store, plan_promote(store, tuple_id, channel, actor=actor, reason=reason,
+    return act_promote(store, plan_promote(store, tuple_id, channel, acting=acting, reason=reason,
                                            overrides=overrides, approval=approval, now=now))
 
 
@@ -234,14 +240,16 @@ def unchanged(pointer: ChannelPointer, gates: list[GateResult]) -> MoveResult:
     )
 
 
-def recorded(store: Store, judged: InForce, actor: Actor) -> InForce:
+def recorded(store: Store, judged: InForce, acting: Acting) -> InForce:
     """The policy that judged, as a version the store holds: a store still on the packaged
     defaults records them now, just before the move that needs them (a refused move writes
-    nothing). Refuses if another version got there first: the move must be judged again."""
+    nothing), naming ``acting``'s root as its identities (first use). Refuses if another
+    version got there first: the move must be judged again."""
     if judged.version != 0:
         return judged
-    seeded = ensure_seeded(store, by=actor)
-    if seeded.digest != judged.digest:
+    expected = seeding_document(judged.document, acting)
+    seeded = ensure_seeded(store, acting=acting, document=expected)
+    if seeded.digest != expected.digest:
         raise Conflict(
             f"the store's policy became {seeded.label()} while this move was judged by "
             f"{judged.label()}; nothing was written", hint="run the move again")
@@ -261,9 +269,9 @@ def history_entry(state: ChannelState, *, action: str, tuple_id: str, actor: Act
 
 
 def commit(store: Store, state: ChannelState, entry: HistoryEntry, gates: list[GateResult],
-           unused: list[str]) -> MoveResult:
+           unused: list[str], acting: Acting) -> MoveResult:
     try:
-        pointer = commit_move(store, state, entry)
+        pointer = commit_move(store, state, entry, acting=acting)
     except ChannelMoved as lost:
         if lost.winner is not None and lost.winner.tuple_id == entry.tuple_id:
             # Someone moved it where we wanted it: the goal holds, report their entry.

@@ -16,10 +16,10 @@ import time
 from collections.abc import Mapping
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from k3artifacts.errors import ConfigError
-from k3artifacts.policy.actor import Actor
+from k3artifacts.policy.actor import Acting, Actor
 from k3artifacts.policy.approvals import ApprovalRequest, Decision, get_decision, request_approval
 from k3artifacts.policy.results import GateResult
 from k3artifacts.promotion.moves import plan_promote
@@ -35,7 +35,7 @@ MoveAction = Literal["promote", "rollback"]
 class MoveRequestPlan(BaseModel):
     """The approval request a move would record, and what its plan found."""
 
-    model_config = ConfigDict(frozen=True)
+    model_config = ConfigDict(frozen=True, arbitrary_types_allowed=True)
 
     action: MoveAction
     channel: str
@@ -51,6 +51,8 @@ class MoveRequestPlan(BaseModel):
     #: The store's policy requires this approval for the move to happen.
     required: bool
     requested_by: Actor
+    #: Who asks, with the key the request is signed with (never shown or serialized).
+    acting: Acting = Field(exclude=True, repr=False)
     #: A name typed where the request was made (a flow parameter): shown, never an identity.
     requested_for: str | None = None
     why: str | None = None
@@ -63,7 +65,7 @@ class MoveRequestPlan(BaseModel):
 
 def plan_move_request(store: Store, action: MoveAction, channel: str, *,
                       tuple_id: str | None = None, overrides: Mapping[str, str] | None = None,
-                      requested_by: Actor, requested_for: str | None = None,
+                      requested_by: Acting, requested_for: str | None = None,
                       why: str | None = None) -> MoveRequestPlan:
     """Plan the move, then the request for it; writes nothing. ``tuple_id`` is the tuple to
     promote, or a rollback's ``--to`` (None: the previous distinct tuple). Raises what the
@@ -71,21 +73,21 @@ def plan_move_request(store: Store, action: MoveAction, channel: str, *,
     if action == "promote":
         if tuple_id is None:
             raise ConfigError("a promotion request names the tuple to promote")
-        promote = plan_promote(store, tuple_id, channel, actor=None, overrides=overrides)
+        promote = plan_promote(store, tuple_id, channel, acting=None, overrides=overrides)
         gates = promote.policy.document.gates.channels[channel].gates
         return MoveRequestPlan(
             action=action, channel=channel, tuple_id=tuple_id, serving=promote.state.tuple_id,
             policy_digest=promote.policy.digest, policy_version=promote.policy.version,
-            required=False, requested_by=requested_by,
+            required=False, requested_by=requested_by.actor, acting=requested_by,
             needs=["separation_of_duties"] if "separation_of_duties" in gates else [],
             requested_for=requested_for, why=why, gates=promote.gates,
             unchanged=promote.unchanged)
-    rollback = draft_rollback(store, channel, to=tuple_id, actor=requested_by, reason=why)
+    rollback = draft_rollback(store, channel, to=tuple_id, acting=requested_by, reason=why)
     return MoveRequestPlan(
         action=action, channel=channel, tuple_id=rollback.tuple_id,
         serving=rollback.state.tuple_id, policy_digest=rollback.policy.digest,
         policy_version=rollback.policy.version, required=rollback.approval_required,
-        requested_by=requested_by,
+        requested_by=requested_by.actor, acting=requested_by,
         needs=["rollback_approval"] if rollback.approval_required else [],
         requested_for=requested_for, why=why, gates=rollback.checks,
         unchanged=rollback.target is None)
@@ -104,7 +106,7 @@ def act_move_request(store: Store, plan: MoveRequestPlan) -> ApprovalRequest:
 
 
 def request_move(store: Store, action: MoveAction, channel: str, *, tuple_id: str | None = None,
-                 overrides: Mapping[str, str] | None = None, requested_by: Actor,
+                 overrides: Mapping[str, str] | None = None, requested_by: Acting,
                  requested_for: str | None = None,
                  why: str | None = None) -> tuple[MoveRequestPlan, ApprovalRequest]:
     """The request move: :func:`plan_move_request`, then :func:`act_move_request`."""

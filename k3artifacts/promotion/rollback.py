@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from k3artifacts.errors import NotFound, VerifyMismatch
-from k3artifacts.policy.actor import Actor
+from k3artifacts.policy.actor import Acting
 from k3artifacts.policy.record import InForce, in_force
 from k3artifacts.policy.results import GateResult
 from k3artifacts.promotion.moves import (
@@ -38,7 +38,6 @@ from k3artifacts.releases.channels import (
     ChannelState,
     HistoryEntry,
     check_channel,
-    iter_history_reversed,
     read_state,
     unknown_channel,
 )
@@ -64,7 +63,7 @@ class RollbackPlan:
     #: The store's policy sets ``rollback_approval`` for the channel.
     approval_required: bool
     granted: Granted | None
-    actor: Actor
+    acting: Acting
     reason: str | None
     when: datetime
 
@@ -81,19 +80,20 @@ class RollbackPlan:
         return [] if self.check is None else [self.check]
 
 
-def rollback_target(store: Store, state: ChannelState, to: str | None) -> HistoryEntry | None:
+def rollback_target(state: ChannelState, to: str | None) -> HistoryEntry | None:
     """The history entry a rollback of ``state``'s channel returns to: ``to``'s, or the newest
     entry of another tuple than the current one (so two rollbacks in a row swap back, like an
     undo); None when ``to`` is where the channel already is. NotFound when ``to`` never served
-    the channel or there is nothing to go back to."""
+    the channel or there is nothing to go back to. Only the entries of ``state``, a history
+    verified to its start (or a checkpoint), are candidates: an entry edited or forged in the
+    store was refused before it got here."""
     assert state.pointer is not None
     channel, current_id = state.channel, state.pointer.tuple_id
     if to is not None:
         check_tuple_id(to)
         if to == current_id:
             return None
-        found = next((e for e in iter_history_reversed(store, channel, state.pointer)
-                      if e.tuple_id == to), None)
+        found = next((e for e in state.newest_first() if e.tuple_id == to), None)
         if found is None:
             raise NotFound(
                 f"{to} has never been on channel {channel}; rollback only returns to a tuple "
@@ -102,8 +102,7 @@ def rollback_target(store: Store, state: ChannelState, to: str | None) -> Histor
                 f"`k3a promote {to} {channel}` (through the gates)",
             )
         return found
-    found = next((e for e in iter_history_reversed(store, channel, state.pointer)
-                  if e.tuple_id != current_id), None)
+    found = next((e for e in state.newest_first() if e.tuple_id != current_id), None)
     if found is None:
         raise NotFound(
             f"channel {channel} has only ever pointed at {current_id}: nothing to roll back to",
@@ -143,21 +142,23 @@ def weights_present(store: Store, release: ReleaseTuple, channel: str,
     )
 
 
-def draft_rollback(store: Store, channel: str, *, to: str | None = None, actor: Actor,
+def draft_rollback(store: Store, channel: str, *, to: str | None = None, acting: Acting,
                    reason: str | None = None, now: datetime | None = None) -> RollbackPlan:
     """Everything a rollback plans but its approval: the target, its tuple, its weights (and
     that gc is not retiring them). Writes nothing. NotFound (exit 7) for an unknown channel, a
     target never on it or weights gone; VerifyMismatch (exit 4) for a manifest that changed."""
     check_channel(channel)
+    acting.require("promote", f"rolling {channel} back")
     policy = in_force(store)
-    state = read_state(store, channel)
+    state = read_state(store, channel, policy=policy)
     if state.pointer is None:
         raise unknown_channel(store, channel, policy.document.gates.channels)
+    state.require_signed()
     chan = policy.document.gates.channels.get(channel)
     plan = RollbackPlan(channel=channel, state=state, policy=policy, target=None, release=None,
                         check=None, approval_required=bool(chan and chan.rollback_approval),
-                        granted=None, actor=actor, reason=reason, when=now_or(now))
-    target = rollback_target(store, state, to)
+                        granted=None, acting=acting, reason=reason, when=now_or(now))
+    target = rollback_target(state, to)
     if target is None:
         return plan
     release = TupleStore(store).get(target.tuple_id)
@@ -167,14 +168,14 @@ def draft_rollback(store: Store, channel: str, *, to: str | None = None, actor: 
     return dataclasses.replace(plan, target=target, release=release, check=check)
 
 
-def plan_rollback(store: Store, channel: str, *, to: str | None = None, actor: Actor,
+def plan_rollback(store: Store, channel: str, *, to: str | None = None, acting: Acting,
                   reason: str | None = None, approval: str | None = None,
                   now: datetime | None = None) -> RollbackPlan:
     """:func:`draft_rollback`, then the approval: where the store's policy sets
     ``rollback_approval`` for the channel, ``approval`` must name an approved request of this
     rollback (``k3a approve``): ApprovalNeeded (exit 5) otherwise; an approval of another move,
     or a rejection, is refused too (exit 5)."""
-    plan = draft_rollback(store, channel, to=to, actor=actor, reason=reason, now=now)
+    plan = draft_rollback(store, channel, to=to, acting=acting, reason=reason, now=now)
     if plan.target is None:
         return plan
     if approval is None and plan.approval_required:
@@ -199,19 +200,19 @@ def act_rollback(store: Store, plan: RollbackPlan) -> MoveResult:
         return unchanged(plan.state.pointer, [])
     assert plan.release is not None
     w = plan.release.binding.weights
-    with pinned(store, w.repo_id, w.commit, who=plan.actor.name,
+    with pinned(store, w.repo_id, w.commit, who=plan.acting.name,
                 why=f"rollback of {plan.channel}"):
         check = weights_present(store, plan.release, plan.channel, plan.target)
-        policy = recorded(store, plan.policy, plan.actor)
+        policy = recorded(store, plan.policy, plan.acting)
         entry = history_entry(plan.state, action="rollback", tuple_id=plan.release.id,
-                              actor=plan.actor, when=plan.when, why=plan.reason, gates=[check],
-                              policy=policy, granted=plan.granted)
-        return commit(store, plan.state, entry, [check], [])
+                              actor=plan.acting.actor, when=plan.when, why=plan.reason,
+                              gates=[check], policy=policy, granted=plan.granted)
+        return commit(store, plan.state, entry, [check], [], plan.acting)
 
 
-def rollback(store: Store, channel: str, *, to: str | None = None, actor: Actor,
+def rollback(store: Store, channel: str, *, to: str | None = None, acting: Acting,
              reason: str | None = None, approval: str | None = None,
              now: datetime | None = None) -> MoveResult:
     """The rollback move: :func:`plan_rollback`, then :func:`act_rollback`."""
-    return act_rollback(store, plan_rollback(store, channel, to=to, actor=actor, reason=reason,
+    return act_rollback(store, plan_rollback(store, channel, to=to, acting=acting, reason=reason,
                                              approval=approval, now=now))

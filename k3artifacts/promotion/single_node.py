@@ -37,7 +37,7 @@ from k3artifacts.canonical import canonical_digest, canonical_json
 from k3artifacts.errors import BadAnswer, ConfigError, K3AError
 from k3artifacts.net.calls import Peer, call
 from k3artifacts.net.redact import redact_url
-from k3artifacts.policy.actor import Actor
+from k3artifacts.policy.actor import Acting
 from k3artifacts.preflight.kube import KubeAPI
 from k3artifacts.promotion.rollback import RollbackPlan, act_rollback, plan_rollback
 from k3artifacts.readiness.record import smoke
@@ -199,7 +199,7 @@ def plan_single_node(
     namespace: str,
     endpoint: str,
     metrics_url: str,
-    actor: Actor,
+    acting: Acting,
     reason: str | None = None,
     approval: str | None = None,
     to: str | None = None,
@@ -212,7 +212,7 @@ def plan_single_node(
     rollback (NotFound, ApprovalNeeded, InvalidApproval, VerifyMismatch, RevisionRetiring)
     before anything is asked of the cluster. ``name``: the rendered objects' name (default:
     as ``k3a render`` names the target)."""
-    rollback = plan_rollback(store, channel, to=to, actor=actor, approval=approval,
+    rollback = plan_rollback(store, channel, to=to, acting=acting, approval=approval,
                              reason=reason or "single-node rollback")
     if rollback.release is None:
         raise ConfigError(f"{channel} already points at {rollback.tuple_id}; a node rollback "
@@ -237,7 +237,7 @@ def act_single_node(store: Store, plan: SingleNodePlan, *, kube: KubeAPI,
     """Take the steps of ``plan`` on the node, stopping at the first that fails, and record
     them."""
     name, namespace, target = plan.name, plan.namespace, plan.to_tuple
-    actor = plan.rollback.actor
+    actor = plan.rollback.acting.actor
     steps: list[Step] = []
 
     def run(step: StepName, fn: Callable[[], str]) -> bool:

@@ -1,17 +1,34 @@
-"""Channels: named pointers to release tuples, each with an append-only numbered history.
+"""Channels: named pointers to release tuples, each with an append-only history that cannot
+be rewritten: a hash-chained log of entries each signed by its mover (:mod:`k3artifacts.trust.
+chain`).
 
 Keys (same under every store)::
 
-    releases/channels/<channel>.json                        the pointer (compare-and-swap)
-    releases/channels/<channel>/history/<seq:010d>.json     one entry per move (create-once)
+    releases/channels/<channel>.json                        the head: the newest entry, as
+                                                            signed (compare-and-swap)
+    releases/channels/<channel>/history/<seq:010d>.json     one signed entry per move
+                                                            (create-once): {"seq", "previous":
+                                                            <digest of the entry before>,
+                                                            "entry": HistoryEntry}
+    releases/channels/<channel>/checkpoint.json             a root identity's checkpoint
+                                                            (migration)
+
+Who may sign an entry is the policy version that judged the move (the entry names it:
+``policy_digest``): an identity it holds with the role ``promote``. That version must be one
+of the store's verified policy history (:func:`k3artifacts.policy.record.in_force`), and
+the versions a channel's entries name only move forward. Every reader (render, pull, history,
+smoke, gates, promote, rollback, the flows, gc) verifies the whole chain to its start (or a
+checkpoint) through :func:`read_state` and refuses, by name (exit 4), a pointer written by
+hand or by a key the policy does not trust to move it, a gap, an edit, a fork. Rollback
+targets come from the verified entries alone.
 
 Order of writes: the pointer first, then the history entry
 ---------------------------------------------------------
 A move is ``Store.replace`` of the pointer against the version token read before the move,
-followed by ``Store.create`` of history entry ``seq``. The pointer carries a full copy of the
-entry it committed (``ChannelPointer.entry``). The compare-and-swap of the pointer is the commit
-point; the history write that follows is a copy of something already decided. Why this order
-and not "log entry first, then pointer":
+followed by ``Store.create`` of history entry ``seq``. The pointer holds the signed entry it
+committed, byte for byte. The compare-and-swap of the pointer is the commit point; the
+history write that follows is a copy of something already decided. Why this order and not
+"log entry first, then pointer":
 
 * The race is decided by one atomic operation on the one key that serving reads (``k3a render
   production``, the flows, a node resolving its channel). The loser has written nothing at all,
@@ -20,35 +37,53 @@ and not "log entry first, then pointer":
   dies between the writes leaves an entry for a move the pointer never made: every reader would
   have to probe the log past the pointer, and the move a dead process decided on (perhaps killed
   by an operator who changed their mind) would be carried out later by whoever came next.
-* Nothing is lost if a process dies between the two writes: the entry is inside the pointer.
-  :func:`history` shows it (readers merge it in, they never need write access), and the next
-  move writes it to the log (create-once, the same content) *before* it swaps the pointer.
-  So entry ``N+1`` is only ever written by someone who saw pointer ``N+1``, whose mover first
-  made sure entry ``N`` was in the log: the log has no gaps and no orphans, at worst it lags the
-  pointer by the one entry the pointer itself holds.
+* Nothing is lost if a process dies between the two writes: the entry is the pointer. Readers
+  verify it as the head, and the next move writes it to the log (create-once, the same bytes)
+  *before* it swaps the pointer. So entry ``N+1`` is only ever written by someone who saw
+  pointer ``N+1``, whose mover first made sure entry ``N`` was in the log: the log has no gaps
+  and no orphans, at worst it lags the pointer by the one entry the pointer itself holds.
+
+**Stores older than signing** (:attr:`~k3artifacts.policy.record.InForce.legacy`) hold a
+pointer that copies its entry (:class:`ChannelPointer`) and unsigned entries: read as found,
+checked against each other as before (:class:`PointerMismatch`), never moved on, until ``k3a
+trust migrate`` checkpoints them; their pointer is then accepted as the last entry the
+checkpoint vouches for, until the next move signs the one after it.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Collection, Iterator
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from k3artifacts import faultpoints
-from k3artifacts.canonical import canonical_json
-from k3artifacts.errors import AlreadyExists, ConfigError, Conflict, K3AError, NotFound
+from k3artifacts.errors import (
+    ConfigError,
+    Conflict,
+    K3AError,
+    MigrationNeeded,
+    NotFound,
+    UntrustedRecord,
+)
+from k3artifacts.policy.actor import Acting
 from k3artifacts.policy.model import CHANNEL_NAME
+from k3artifacts.policy.record import MIGRATE_HINT, InForce, in_force, read_document
 from k3artifacts.policy.results import GateResult, Override
 from k3artifacts.releases.tuples import TUPLE_ID
 from k3artifacts.stores.records import RecordStore
+from k3artifacts.trust.chain import Chain, ChainLayout, append, logged_seqs, verify_chain
+from k3artifacts.trust.identities import Keyring
+from k3artifacts.trust.pins import trusted_roots
+from k3artifacts.trust.storage import Found
 
 CHANNEL_SCHEMA = 1
 CHANNELS_PREFIX = "releases/channels/"
-SEQ_WIDTH = 10  # zero-padded so that keys sort in move order
-#: Reads of a pointer that moves while its history is read, before a mismatch is believed.
+ENTRY_KIND = "channel-entry"
+#: Reads of a pointer that moves while its history is read, before a refusal is believed.
 _REREADS = 5
 
 
@@ -61,8 +96,9 @@ class Approval(_Frozen):
     store (``policy/approvals.py``), answered under the approver's own identity."""
 
     who: str = Field(min_length=1)
-    #: Where ``who`` came from (``sts``, ``os-user``, ``asserted``); None in entries written
-    #: before approvals were records (then ``who`` was typed in a form).
+    #: Where ``who`` came from (``key``; older entries: ``sts``, ``os-user``, ``asserted``);
+    #: None in entries written before approvals were records (then ``who`` was typed in a
+    #: form).
     who_source: str | None = None
     decision: Literal["approved", "rejected"]
     reason: str | None = None
@@ -79,7 +115,8 @@ class HistoryEntry(_Frozen):
     tuple_id: str = Field(pattern=TUPLE_ID.pattern)
     previous_tuple_id: str | None = Field(default=None, pattern=TUPLE_ID.pattern)
     who: str
-    #: Where ``who`` came from (``sts``, ``os-user``, ``asserted``; see ``policy/actor.py``);
+    #: Where ``who`` came from (``key``: the identity whose key signed the entry; older
+    #: entries: ``sts``, ``os-user``, ``asserted``; see ``policy/actor.py``);
     #: None for entries written before identities were resolved.
     who_source: str | None = None
     #: For an asserted ``who``: the identity that typed it.
@@ -96,13 +133,16 @@ class HistoryEntry(_Frozen):
 
 
 class ChannelPointer(_Frozen):
+    """A channel's head as readers see it: the newest entry, with the fields a reader of the
+    pointer alone wants. (Before signing, pointers were stored in this shape.)"""
+
     schema_version: int = CHANNEL_SCHEMA
     channel: str
     tuple_id: str = Field(pattern=TUPLE_ID.pattern)
     seq: int = Field(ge=1)
     updated_at: datetime
     updated_by: str
-    #: The history entry this move committed; the log is written from it (see module doc).
+    #: The history entry this move committed.
     entry: HistoryEntry
 
     @model_validator(mode="after")
@@ -140,8 +180,9 @@ class CorruptRecord(K3AError):
 
 
 class PointerMismatch(CorruptRecord):
-    """The pointer is not the move its history's latest entry records (a hand-edited pointer,
-    or a history entry deleted): nobody may follow it until someone looks."""
+    """A store older than signing whose pointer is not the move its history's latest entry
+    records (a hand-edited pointer, or a history entry deleted): nobody may follow it until
+    someone looks."""
 
     def __init__(self, message: str, channel: str):
         super().__init__(
@@ -165,12 +206,18 @@ def pointer_key(channel: str) -> str:
     return f"{CHANNELS_PREFIX}{check_channel(channel)}.json"
 
 
-def history_prefix(channel: str) -> str:
-    return f"{CHANNELS_PREFIX}{check_channel(channel)}/history/"
+def layout(channel: str) -> ChainLayout:
+    """Where ``channel``'s history lives, as a chain."""
+    check_channel(channel)
+    return ChainLayout(name=f"channel {channel}", pointer_key=pointer_key(channel),
+                       entries_prefix=f"{CHANNELS_PREFIX}{channel}/history/",
+                       entry_kind=ENTRY_KIND,
+                       checkpoint_key=f"{CHANNELS_PREFIX}{channel}/checkpoint.json",
+                       unsigned_hint=MIGRATE_HINT)
 
 
 def history_key(channel: str, seq: int) -> str:
-    return f"{history_prefix(channel)}{seq:0{SEQ_WIDTH}d}.json"
+    return layout(channel).entry_key(seq)
 
 
 def _parse(model: type[BaseModel], key: str, data: bytes):  # type: ignore[no-untyped-def]
@@ -182,72 +229,168 @@ def _parse(model: type[BaseModel], key: str, data: bytes):  # type: ignore[no-un
 
 @dataclass(frozen=True)
 class ChannelState:
-    """A channel as read just before a move: the pointer (None: never moved) and its token."""
+    """A channel as read and verified just before a move (or for a reader): its entries,
+    oldest first (none: never moved), and what the next move compare-and-swaps against."""
 
     channel: str
-    pointer: ChannelPointer | None
+    entries: tuple[HistoryEntry, ...]
     token: str | None
+    #: The verified chain the next move appends to; None for a store older than signing,
+    #: read as found (nothing is moved on it).
+    chain: Chain[HistoryEntry] | None
+
+    @property
+    def pointer(self) -> ChannelPointer | None:
+        return ChannelPointer.for_entry(self.entries[-1]) if self.entries else None
 
     @property
     def tuple_id(self) -> str | None:
-        return None if self.pointer is None else self.pointer.tuple_id
+        return self.entries[-1].tuple_id if self.entries else None
 
     @property
     def next_seq(self) -> int:
-        return 1 if self.pointer is None else self.pointer.seq + 1
+        return len(self.entries) + 1 if self.chain is None else self.chain.next_seq
+
+    def newest_first(self) -> Iterator[HistoryEntry]:
+        return reversed(self.entries)
+
+    def require_signed(self) -> None:
+        """MigrationNeeded (exit 9) for a channel of a store older than signing: it is read
+        as found and never moved on."""
+        if self.chain is None and self.entries:
+            raise MigrationNeeded(f"channel {self.channel}'s history predates signed records")
 
 
-def read_state(store: RecordStore, channel: str) -> ChannelState:
-    """The pointer as every reader and mover sees it: checked against the history's latest
-    entry first (:func:`check_against_history`)."""
+def _legacy_head(data: bytes) -> tuple[int, dict[str, Any]]:
+    """A pointer older than signing: its seq, and the entry it copies as stored."""
+    try:
+        pointer = ChannelPointer.model_validate_json(data)
+    except ValidationError as exc:
+        raise UntrustedRecord("channel pointer", "malformed", "neither a signed entry nor a "
+                              f"pointer older than signing: {exc.errors()[0]['msg']}") from None
+    return pointer.seq, json.loads(data)["entry"]
+
+
+class _Identities:
+    """Who may sign each entry: the identities of the policy version it names, a version of
+    the verified policy history (read once per version)."""
+
+    def __init__(self, store: RecordStore, policy: InForce, where: str):
+        self.store, self.policy, self.where = store, policy, where
+        self._keyrings: dict[str, Keyring] = {}
+
+    def __call__(self, entry: dict[str, Any]) -> Keyring:
+        digest = entry.get("policy_digest")
+        if not isinstance(digest, str) or digest not in self.policy.versions:
+            raise UntrustedRecord(self.where, "untrusted-key", f"a move judged by policy "
+                                  f"{str(digest)[:12]}, which was never in force in "
+                                  f"{self.store.url}")
+        if digest not in self._keyrings:
+            self._keyrings[digest] = read_document(self.store, digest).identities.keyring()
+        return self._keyrings[digest]
+
+
+def _consistent(chain: Chain[HistoryEntry], channel: str, policy: InForce) -> None:
+    """The entries say what their places say: this channel, their seq, the tuple before,
+    and policy versions that only move forward."""
+    floor, before = 0, None
+    for link in chain.entries:
+        e, key = link.entry, chain.layout.entry_key(link.seq)
+        if (e.channel, e.seq) != (channel, link.seq) or e.previous_tuple_id != (
+                None if before is None else before.tuple_id):
+            raise UntrustedRecord(key, "edit", f"entry #{link.seq} of channel {channel} says "
+                                  f"it is {e.channel}#{e.seq}, after {e.previous_tuple_id}")
+        if not link.vouched:
+            version = policy.versions.get(e.policy_digest or "")
+            if version != e.policy_version or version < floor:
+                raise UntrustedRecord(key, "edit", f"entry #{link.seq} of channel {channel} "
+                                      f"names policy v{e.policy_version}, out of order or "
+                                      "not the version of its digest")
+            floor = version
+        before = e
+
+
+def _verified(store: RecordStore, channel: str, policy: InForce) -> ChannelState:
+    where = layout(channel)
+    # A store migrated before its first policy has roots and vouched histories, no policy yet.
+    roots = policy.roots or trusted_roots(store)
+    chain = verify_chain(store, where, HistoryEntry,
+                         keyring=_Identities(store, policy, where.pointer_key),
+                         roles=["promote"], checkpoint_keyring=roots.current.keyring(),
+                         legacy_head=_legacy_head)
+    _consistent(chain, channel, policy)
+    return ChannelState(channel, tuple(e.entry for e in chain.entries), chain.token, chain)
+
+
+def read_state(store: RecordStore, channel: str, *,
+               policy: InForce | None = None) -> ChannelState:
+    """The channel as every reader and mover sees it: its whole history verified (module
+    doc) against the store's policy in force (``policy``, if read already)."""
+    check_channel(channel)
+    policy = policy or in_force(store)
     key = pointer_key(channel)
     for attempt in range(_REREADS):
         found = store.read(key)
-        if found is None:
-            return ChannelState(channel, None, None)
-        pointer = _parse(ChannelPointer, key, found.data)
-        if pointer.channel != channel:
-            raise CorruptRecord(f"{key} names channel {pointer.channel!r}")
         try:
-            check_against_history(store, pointer)
-        except PointerMismatch:
-            # The pointer and the history are two reads: a mover that swapped the pointer and
-            # logged its entry between them makes the history look ahead. Only a pointer that
-            # stays put while its history disagrees was set by hand.
+            if policy.legacy:
+                return read_as_found(store, channel, found)
+            return _verified(store, channel, policy)
+        except (UntrustedRecord, PointerMismatch):
+            # The pointer and the history are several reads: a mover that swapped the pointer
+            # and logged its entry between them makes the history look ahead. Only a pointer
+            # that stays put while its history disagrees was set by hand.
             again = store.read(key)
-            if attempt + 1 < _REREADS and (again is None or again.data != found.data):
+            moved = (again is None) != (found is None) or (
+                again is not None and found is not None and again.data != found.data)
+            if attempt + 1 < _REREADS and moved:
                 continue
             raise
-        return ChannelState(channel, pointer, found.token)
     raise AssertionError("unreachable")
 
 
-def check_against_history(store: RecordStore, pointer: ChannelPointer) -> None:
-    """Raise :class:`PointerMismatch` unless ``pointer`` is the move its history records: the
-    latest logged entry is the pointer's own (same seq, same content), or, when its mover died
-    before logging it, the one before, whose tuple the pointer's entry says it replaced. One
-    listing and one read, whatever the history's length."""
-    channel = pointer.channel
-    seqs = _logged_seqs(store, channel)
+def read_as_found(store: RecordStore, channel: str, found: Found | None) -> ChannelState:
+    """A channel of a store older than signing, its pointer as ``found``: its pointer and log,
+    checked against each other (a pointer set back, edited, or not following its log is
+    refused, :class:`PointerMismatch`)."""
+    if found is None:
+        return ChannelState(channel, (), None, None)
+    key = pointer_key(channel)
+    pointer = _parse(ChannelPointer, key, found.data)
+    if pointer.channel != channel:
+        raise CorruptRecord(f"{key} names channel {pointer.channel!r}")
+    where = layout(channel)
+    seqs = logged_seqs(store, where)
     latest = seqs[-1] if seqs else 0
-    where = f"{pointer_key(channel)} in {store.url}"
+    shown = f"{key} in {store.url}"
     if latest > pointer.seq:
-        raise PointerMismatch(
-            f"{where} says #{pointer.seq} ({pointer.tuple_id}), but the history goes on to "
-            f"#{latest}: the pointer was set back by hand", channel)
+        raise PointerMismatch(f"{shown} says #{pointer.seq} ({pointer.tuple_id}), but the "
+                              f"history goes on to #{latest}: the pointer was set back by hand",
+                              channel)
+    entries = [_read_entry(store, channel, seq) for seq in range(1, latest + 1)]
     if latest == pointer.seq:
-        if _read_entry(store, channel, latest) != pointer.entry:
-            raise PointerMismatch(
-                f"{where} points at {pointer.tuple_id} as #{pointer.seq}, but history entry "
-                f"#{latest} records another move: the pointer was edited by hand", channel)
-        return
-    if latest == pointer.seq - 1 and (
-            latest == 0 or _read_entry(store, channel, latest).tuple_id
-            == pointer.entry.previous_tuple_id):
-        return  # the mover died between its two writes; the next move logs the entry
-    raise PointerMismatch(
-        f"{where} says #{pointer.seq} ({pointer.tuple_id}), but the history's latest entry is "
-        f"#{latest}: the pointer does not follow its history", channel)
+        if entries[-1] != pointer.entry:
+            raise PointerMismatch(f"{shown} points at {pointer.tuple_id} as #{pointer.seq}, but "
+                                  f"history entry #{latest} records another move: the pointer "
+                                  "was edited by hand", channel)
+    elif latest == pointer.seq - 1 and (
+            latest == 0 or entries[-1].tuple_id == pointer.entry.previous_tuple_id):
+        entries.append(pointer.entry)  # its mover died before logging it
+    else:
+        raise PointerMismatch(f"{shown} says #{pointer.seq} ({pointer.tuple_id}), but the "
+                              f"history's latest entry is #{latest}: the pointer does not "
+                              "follow its history", channel)
+    return ChannelState(channel, tuple(entries), found.token, None)
+
+
+def _read_entry(store: RecordStore, channel: str, seq: int) -> HistoryEntry:
+    key = history_key(channel, seq)
+    found = store.read(key)
+    if found is None:
+        raise CorruptRecord(f"{key} is missing from the history of {channel}")
+    entry = _parse(HistoryEntry, key, found.data)
+    if (entry.channel, entry.seq) != (channel, seq):
+        raise CorruptRecord(f"{key} holds entry {entry.channel}#{entry.seq}")
+    return entry
 
 
 def channel_names(store: RecordStore) -> list[str]:
@@ -279,103 +422,60 @@ def unknown_channel(
 
 
 def current(store: RecordStore, channel: str) -> ChannelPointer:
-    """The channel's pointer; NotFound (with the known channels) if it was never moved."""
-    state = read_state(store, channel)
-    if state.pointer is None:
+    """The channel's head; NotFound (with the known channels) if it was never moved."""
+    pointer = read_state(store, channel).pointer
+    if pointer is None:
         raise unknown_channel(store, channel)
-    return state.pointer
+    return pointer
 
 
 def list_channels(store: RecordStore) -> list[ChannelPointer]:
-    return [p for p in (read_state(store, n).pointer for n in channel_names(store)) if p]
-
-
-def _logged_seqs(store: RecordStore, channel: str) -> list[int]:
-    prefix = history_prefix(channel)
-    seqs = []
-    for key in store.list_keys(prefix):
-        stem = key[len(prefix) :].removesuffix(".json")
-        if stem.isdigit() and len(stem) == SEQ_WIDTH:
-            seqs.append(int(stem))
-    return sorted(seqs)
-
-
-def _read_entry(store: RecordStore, channel: str, seq: int) -> HistoryEntry:
-    key = history_key(channel, seq)
-    found = store.read(key)
-    if found is None:
-        raise CorruptRecord(f"{key} vanished while reading the history of {channel}")
-    entry = _parse(HistoryEntry, key, found.data)
-    if (entry.channel, entry.seq) != (channel, seq):
-        raise CorruptRecord(f"{key} holds entry {entry.channel}#{entry.seq}")
-    return entry
-
-
-def iter_history_reversed(
-    store: RecordStore,
-    channel: str,
-    pointer: ChannelPointer | None = None,
-    policy_channels: Collection[str] | None = None,
-) -> Iterator[HistoryEntry]:
-    """Newest first, as of ``pointer`` (default: read it now), one entry read at a time."""
-    if pointer is None:
-        pointer = read_state(store, channel).pointer
-    if pointer is None:
-        raise unknown_channel(store, channel, policy_channels)
-    seqs = _logged_seqs(store, channel)
-    if pointer.seq not in seqs:
-        # The mover died after swapping the pointer: the entry lives in the pointer.
-        yield pointer.entry
-    for seq in reversed(seqs):
-        if seq <= pointer.seq:
-            yield _read_entry(store, channel, seq)
+    policy = in_force(store)
+    return [p for p in (read_state(store, n, policy=policy).pointer
+                        for n in channel_names(store)) if p]
 
 
 def history(
     store: RecordStore, channel: str, policy_channels: Collection[str] | None = None
 ) -> list[HistoryEntry]:
-    """Every move of ``channel``, oldest first, seq 1..N without gaps. ``policy_channels``
-    shapes the advice when the channel is unknown (see :func:`unknown_channel`)."""
-    return list(reversed(list(iter_history_reversed(store, channel, None, policy_channels))))
+    """Every move of ``channel``, oldest first, verified (seq 1..N, or from a checkpoint).
+    ``policy_channels`` shapes the advice when the channel is unknown
+    (see :func:`unknown_channel`)."""
+    state = read_state(store, channel)
+    if not state.entries:
+        raise unknown_channel(store, channel, policy_channels)
+    return list(state.entries)
 
 
-def _ensure_logged(store: RecordStore, pointer: ChannelPointer) -> None:
-    """Write the pointer's entry to the log if its mover died before doing so."""
-    key = history_key(pointer.channel, pointer.seq)
-    found = store.read(key)
-    if found is None:
-        try:
-            store.create(key, canonical_json(pointer.entry))
-            return
-        except AlreadyExists:
-            found = store.read(key)
-            if found is None:
-                raise CorruptRecord(f"{key} was created by another mover, then deleted") from None
-    if _parse(HistoryEntry, key, found.data) != pointer.entry:
-        raise CorruptRecord(f"{key} differs from the entry its channel pointer committed")
-
-
-def commit_move(store: RecordStore, state: ChannelState, entry: HistoryEntry) -> ChannelPointer:
-    """Move the pointer from ``state`` to ``entry`` (compare-and-swap), then log the entry.
+def commit_move(store: RecordStore, state: ChannelState, entry: HistoryEntry, *,
+                acting: Acting) -> ChannelPointer:
+    """Sign ``entry`` as ``acting`` and append it after ``state``'s head: its mover's entry
+    logged first if it died before, then the pointer compare-and-swapped, then the entry
+    logged (module doc).
 
     Raises :class:`ChannelMoved` naming the winner if the pointer changed since ``state`` was
     read; then nothing was written.
     """
     if entry.channel != state.channel or entry.seq != state.next_seq:
-        raise ValueError(f"entry {entry.channel}#{entry.seq} does not follow {state}")
+        raise ValueError(f"entry {entry.channel}#{entry.seq} does not follow {state.channel}")
     if entry.previous_tuple_id != state.tuple_id:
         raise ValueError("entry.previous_tuple_id must be the tuple the state points at")
-    if state.pointer is not None:
-        _ensure_logged(store, state.pointer)
-    pointer = ChannelPointer.for_entry(entry)
+    state.require_signed()
+    chain = state.chain
+    if chain is None:
+        # The first move of a store with no policy until this move seeded one: its history
+        # starts now, empty (or someone else's first move won).
+        chain = _verified(store, state.channel, in_force(store)).chain
+        assert chain is not None
+        if chain.head is not None:
+            raise _lost_race(store, state, entry)
     faultpoints.pause("channel-move", state.channel)
     try:
-        store.replace(pointer_key(state.channel), canonical_json(pointer), state.token)
+        append(store, chain, entry, signer=acting.signer, identity=acting.name)
     except Conflict:
         raise _lost_race(store, state, entry) from None
     # If we die here the entry survives in the pointer; the next move logs it.
-    _ensure_logged(store, pointer)
-    return pointer
+    return ChannelPointer.for_entry(entry)
 
 
 def _lost_race(store: RecordStore, state: ChannelState, entry: HistoryEntry) -> ChannelMoved:

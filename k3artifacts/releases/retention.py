@@ -32,7 +32,7 @@ from k3artifacts.faultpoints import pause
 from k3artifacts.policy.actor import Actor
 from k3artifacts.policy.model import GatePolicy
 from k3artifacts.policy.record import in_force
-from k3artifacts.releases.channels import channel_names, iter_history_reversed, read_state
+from k3artifacts.releases.channels import channel_names, read_state
 from k3artifacts.releases.retirement import (
     Marker,
     live_pins,
@@ -77,13 +77,13 @@ def reachable(store: RecordStore, policy: GatePolicy) -> dict[Revision, list[str
         found.setdefault(weights[tuple_id], []).append(how)
 
     for channel in channel_names(store):
-        pointer = read_state(store, channel).pointer
-        if pointer is None:
+        state = read_state(store, channel)
+        if state.pointer is None:
             continue
-        add(pointer.tuple_id, f"{channel} current")
+        add(state.pointer.tuple_id, f"{channel} current")
         chan = policy.channels.get(channel)
         window = (chan.rollback_window if chan else None) or policy.retention.rollback_window
-        for i, entry in enumerate(iter_history_reversed(store, channel, pointer)):
+        for i, entry in enumerate(state.newest_first()):
             if i >= window:
                 break
             add(entry.tuple_id, f"{channel} #{entry.seq}")

@@ -7,7 +7,6 @@ config file). On top of them:
 * ``K3A_S3_ENDPOINT_URL`` (or an explicit ``endpoint_url``) points S3 at another server (moto,
   MinIO, a VPC endpoint); path-style addressing is used then, since such servers rarely resolve
   ``bucket.host`` names.
-* ``K3A_STS_ENDPOINT_URL`` does the same for STS (who is acting, ``policy/actor.py``).
 * Retries default to botocore's ``standard`` mode with 10 attempts: a 1.5 TB upload meets
   503 SlowDown and the odd 500 as a matter of course, and ``standard`` backs off with jitter on
   both. An explicit ``AWS_RETRY_MODE`` / ``AWS_MAX_ATTEMPTS`` (env or profile) wins.
@@ -179,11 +178,6 @@ def s3_client(
     endpoint_url: str | None = None, profile: str | None = None, region: str | None = None
 ) -> Any:
     return client("s3", endpoint_url=s3_endpoint(endpoint_url), profile=profile, region=region)
-
-
-def sts_client(profile: str | None = None, region: str | None = None) -> Any:
-    endpoint = load().sts_endpoint_url
-    return client("sts", endpoint_url=endpoint, profile=profile, region=region)
 
 
 def error_code(exc: bex.ClientError) -> str:

@@ -13,7 +13,6 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Literal
 
 
 @dataclass(frozen=True)
@@ -26,8 +25,6 @@ class Versioned:
 
 class RecordStore(ABC):
     url: str
-    #: Where who acts on this store comes from: the cloud's answer (STS) or the OS user.
-    identity_source: Literal["sts", "os-user"] = "os-user"
 
     @abstractmethod
     def exists(self) -> bool:

@@ -33,22 +33,36 @@ refuses by name (:class:`~k3artifacts.errors.UntrustedRecord`):
 
 It returns the verified entries, oldest first, parsed into the caller's model: the only
 entries a reader may act on (a rollback's targets, say).
+
+Who may sign an entry can depend on the entry itself (``keyring`` as a function of the
+entry's body: a policy change is checked against the root it names, a channel move against
+the policy version that judged it); the caller then checks that what entries name only moves
+forward. A checkpoint is signed by keys of its own (``checkpoint_keyring``: the root's).
+
+**Histories older than signing.** A checkpoint may vouch for entries written before records
+were signed (``Checkpoint.legacy``: the digest of each, 1..seq, as stored): those are read as
+they are, each checked against its digest, and returned marked ``vouched``; the first signed
+entry after them names the digest of the last. Until its next move such a history's pointer
+is still the old unsigned one: ``legacy_head`` reads it, and it is accepted only when it
+holds exactly the entry the checkpoint vouches for as the last (``k3a trust migrate`` writes
+these checkpoints).
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection
+import json
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from k3artifacts.canonical import canonical_digest, to_plain
-from k3artifacts.errors import AlreadyExists, UntrustedRecord
+from k3artifacts.errors import AlreadyExists, Conflict, UntrustedRecord
 from k3artifacts.trust.envelope import Verified, parse_record, sign_record, verify_record
 from k3artifacts.trust.identities import Keyring
 from k3artifacts.trust.keys import RecordSigner
-from k3artifacts.trust.storage import RecordReader, RecordStore
+from k3artifacts.trust.storage import Found, RecordReader, RecordStore
 
 T = TypeVar("T", bound=BaseModel)
 SEQ_WIDTH = 10
@@ -75,10 +89,19 @@ class Link(_Strict):
 
 class Checkpoint(_Strict):
     """Entries up to ``seq`` are vouched for by the digest of entry ``seq``: a walk may stop
-    there (a long history, or one whose early entries were signed by keys since retired)."""
+    there (a long history, or one whose early entries were signed by keys since retired).
+    ``legacy``: the entries 1..seq predate signing; the digest of each, as stored."""
 
     seq: int = Field(ge=1)
     digest: str = Field(pattern=DIGEST)
+    legacy: list[str] | None = None
+
+    @model_validator(mode="after")
+    def _vouches(self) -> Checkpoint:
+        if self.legacy is not None and (len(self.legacy) != self.seq
+                                        or self.legacy[-1] != self.digest):
+            raise ValueError("a legacy checkpoint lists the digest of every entry up to seq")
+        return self
 
 
 @dataclass(frozen=True)
@@ -92,6 +115,8 @@ class ChainLayout:
     entry_kind: str
     checkpoint_key: str | None = None
     checkpoint_kind: str = "checkpoint"
+    #: The next step where an entry or the pointer is unsigned (a history older than signing).
+    unsigned_hint: str | None = None
 
     def entry_key(self, seq: int) -> str:
         return f"{self.entries_prefix}{seq:0{SEQ_WIDTH}d}.json"
@@ -112,9 +137,11 @@ class ChainEntry(Generic[T]):
     digest: str
     previous: str | None
     entry: T
-    #: The identity that made the entry, and every trusted identity that signed it.
+    #: The identity that made the entry, and every trusted identity that signed it (none for
+    #: an entry older than signing, which a checkpoint vouches for).
     signer: str
     signers: frozenset[str]
+    vouched: bool = False
 
 
 @dataclass(frozen=True)
@@ -144,6 +171,13 @@ class Chain(Generic[T]):
         return 1 if head is None else head.seq + 1
 
 
+#: Who may sign an entry: one keyring for all, or one chosen by the entry's body (the
+#: ``entry`` of its link, as stored: only a choice, the signature then decides).
+KeyringFor = Keyring | Callable[[dict[str, Any]], Keyring]
+#: Reads a pointer older than signing: its seq and the entry it holds, as plain JSON.
+LegacyHead = Callable[[bytes], tuple[int, dict[str, Any]]]
+
+
 def logged_seqs(store: RecordReader, layout: ChainLayout) -> list[int]:
     prefix = layout.entries_prefix
     seqs = []
@@ -160,6 +194,29 @@ class _Checked:
     link: Link
 
 
+def _unsigned(exc: UntrustedRecord, layout: ChainLayout) -> UntrustedRecord:
+    """``exc``, with the layout's next step where the record is unsigned."""
+    if exc.reason == "unsigned" and layout.unsigned_hint:
+        return UntrustedRecord(exc.key, exc.reason, exc.detail, hint=layout.unsigned_hint)
+    return exc
+
+
+def _keyring(keyring: KeyringFor, data: bytes, key: str) -> Keyring:
+    if isinstance(keyring, Keyring):
+        return keyring
+    entry = parse_record(data, key=key).body.get("entry")
+    return keyring(entry if isinstance(entry, dict) else {})
+
+
+def _verify(data: bytes, layout: ChainLayout, seq: int, keyring: KeyringFor,
+            roles: Collection[str] | None, *, where: str) -> Verified:
+    try:
+        return verify_record(data, key=layout.entry_key(seq), kind=layout.entry_kind,
+                             keyring=_keyring(keyring, data, where), roles=roles)
+    except UntrustedRecord as exc:
+        raise _unsigned(exc, layout) from None
+
+
 def _linked(verified: Verified, layout: ChainLayout, seq: int, *, where: str) -> _Checked:
     try:
         link = Link.model_validate(verified.body)
@@ -172,27 +229,29 @@ def _linked(verified: Verified, layout: ChainLayout, seq: int, *, where: str) ->
     return _Checked(verified, link)
 
 
-def _check_entry(data: bytes, layout: ChainLayout, seq: int, keyring: Keyring,
+def _check_entry(data: bytes, layout: ChainLayout, seq: int, keyring: KeyringFor,
                  roles: Collection[str] | None, *, where: str) -> _Checked:
     """Entry ``seq``'s record, verified for its place; any failure is an ``edit``."""
     try:
-        verified = verify_record(data, key=layout.entry_key(seq), kind=layout.entry_kind,
-                                 keyring=keyring, roles=roles)
+        verified = _verify(data, layout, seq, keyring, roles, where=where)
     except UntrustedRecord as exc:
         raise UntrustedRecord(where, "edit", f"entry #{seq} of {layout.name} does not check "
-                              f"({exc.reason}: {exc.detail})") from None
+                              f"({exc.reason}: {exc.detail})", hint=exc.hint) from None
     return _linked(verified, layout, seq, where=where)
 
 
 def _entry(checked: _Checked, model: type[T], key: str) -> ChainEntry[T]:
-    try:
-        entry = model.model_validate(checked.link.entry)
-    except ValidationError as exc:
-        raise UntrustedRecord(key, "malformed", f"a signed entry that is not a {model.__name__}: "
-                              f"{exc.errors()[0]['msg']}") from None
     v = checked.verified
-    return ChainEntry(checked.link.seq, v.digest, checked.link.previous, entry, v.signer,
-                      v.signers)
+    return ChainEntry(checked.link.seq, v.digest, checked.link.previous,
+                      _parsed(checked.link.entry, model, key), v.signer, v.signers)
+
+
+def _parsed(plain: dict[str, Any], model: type[T], key: str) -> T:
+    try:
+        return model.model_validate(plain)
+    except ValidationError as exc:
+        raise UntrustedRecord(key, "malformed", f"an entry that is not a {model.__name__}: "
+                              f"{exc.errors()[0]['msg']}") from None
 
 
 def _head_seq(data: bytes, key: str) -> int:
@@ -204,15 +263,15 @@ def _head_seq(data: bytes, key: str) -> int:
     return seq
 
 
-def _checkpoint(store: RecordReader, layout: ChainLayout, keyring: Keyring,
-                roles: Collection[str] | None) -> Checkpoint | None:
+def _checkpoint(store: RecordReader, layout: ChainLayout,
+                keyring: Keyring) -> Checkpoint | None:
     if layout.checkpoint_key is None:
         return None
     found = store.read(layout.checkpoint_key)
     if found is None:
         return None
     verified = verify_record(found.data, key=layout.checkpoint_key, kind=layout.checkpoint_kind,
-                             keyring=keyring, roles=roles)
+                             keyring=keyring, roles=None)
     try:
         return Checkpoint.model_validate(verified.body)
     except ValidationError as exc:
@@ -220,10 +279,65 @@ def _checkpoint(store: RecordReader, layout: ChainLayout, keyring: Keyring,
                               f"not a checkpoint: {exc.errors()[0]['msg']}") from None
 
 
-def verify_chain(store: RecordReader, layout: ChainLayout, model: type[T], *, keyring: Keyring,
-                 roles: Collection[str] | None, last_seen: Mark | None = None) -> Chain[T]:
+def _plain(data: bytes, key: str) -> dict[str, Any]:
+    try:
+        plain = json.loads(data.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise UntrustedRecord(key, "unreadable", f"not JSON ({exc})") from None
+    if not isinstance(plain, dict):
+        raise UntrustedRecord(key, "malformed", "not a JSON object")
+    return plain
+
+
+def _vouched(store: RecordReader, layout: ChainLayout, checkpoint: Checkpoint, model: type[T],
+             upto: int) -> list[ChainEntry[T]]:
+    """Entries 1..``upto`` of a history older than signing, each the one ``checkpoint``
+    vouches for (oldest first)."""
+    assert checkpoint.legacy is not None
+    out: list[ChainEntry[T]] = []
+    for seq in range(1, upto + 1):
+        key = layout.entry_key(seq)
+        found = store.read(key)
+        if found is None:
+            raise UntrustedRecord(key, "gap", f"entry #{seq} of {layout.name} is missing (its "
+                                  f"checkpoint vouches for #1 to #{checkpoint.seq})")
+        plain = _plain(found.data, key)
+        digest = canonical_digest(plain)
+        if digest != checkpoint.legacy[seq - 1]:
+            raise UntrustedRecord(key, "edit", f"entry #{seq} of {layout.name} is not the one "
+                                  "its checkpoint vouches for")
+        out.append(ChainEntry(seq, digest, out[-1].digest if out else None,
+                              _parsed(plain, model, key), "", frozenset(), vouched=True))
+    return out
+
+
+def _legacy_chain(store: RecordReader, layout: ChainLayout, model: type[T], found: Found,
+                  legacy_head: LegacyHead, checkpoint: Checkpoint | None,
+                  seqs: list[int]) -> Chain[T]:
+    """A history whose pointer is still the one written before signing: accepted only as the
+    last entry a legacy checkpoint vouches for."""
+    where = layout.pointer_key
+    seq, plain = legacy_head(found.data)
+    if checkpoint is None or checkpoint.legacy is None or checkpoint.seq != seq \
+            or canonical_digest(plain) != checkpoint.digest:
+        raise UntrustedRecord(where, "unsigned", f"the head of {layout.name} (#{seq}) is not "
+                              "signed, and no checkpoint of a root identity vouches for it",
+                              hint=layout.unsigned_hint)
+    if seqs and seqs[-1] > seq:
+        raise UntrustedRecord(where, "rewound", f"the head of {layout.name} is #{seq}, but its "
+                              f"log goes on to #{seqs[-1]}: the pointer was set back")
+    entries = _vouched(store, layout, checkpoint, model, seq)
+    return Chain(layout, tuple(entries), found.token, found.data, True)
+
+
+def verify_chain(store: RecordReader, layout: ChainLayout, model: type[T], *,
+                 keyring: KeyringFor, roles: Collection[str] | None,
+                 checkpoint_keyring: Keyring | None = None,
+                 legacy_head: LegacyHead | None = None,
+                 last_seen: Mark | None = None) -> Chain[T]:
     """The history as the pointer names it, every entry down to the start (or checkpoint)
-    verified and linked; refused by name otherwise (module doc)."""
+    verified and linked; refused by name otherwise (module doc). ``checkpoint_keyring``: who
+    may sign its checkpoint (default: ``keyring``, when that is one keyring)."""
     where = layout.pointer_key
     found = store.read(where)
     seqs = logged_seqs(store, layout)
@@ -235,17 +349,28 @@ def verify_chain(store: RecordReader, layout: ChainLayout, model: type[T], *, ke
             raise UntrustedRecord(where, "rewound", f"{layout.name} has no head, but this "
                                   f"reader verified #{last_seen.seq} of it before")
         return Chain(layout, (), None, None, False)
-    seq = _head_seq(found.data, where)
+    if checkpoint_keyring is None:
+        assert isinstance(keyring, Keyring), "a per-entry keyring needs a checkpoint_keyring"
+        checkpoint_keyring = keyring
+    checkpoint = _checkpoint(store, layout, checkpoint_keyring)
+    try:
+        seq = _head_seq(found.data, where)
+    except UntrustedRecord as exc:
+        if exc.reason != "unsigned" or legacy_head is None:
+            raise _unsigned(exc, layout) from None
+        chain = _legacy_chain(store, layout, model, found, legacy_head, checkpoint, seqs)
+        _check_last_seen(chain, last_seen)
+        return chain
     # The pointer's failures keep their own names: it is a forged or a foreign head.
-    head = _linked(verify_record(found.data, key=layout.entry_key(seq), kind=layout.entry_kind,
-                                 keyring=keyring, roles=roles), layout, seq, where=where)
+    try:
+        head = _linked(_verify(found.data, layout, seq, keyring, roles, where=where), layout,
+                       seq, where=where)
+    except UntrustedRecord as exc:
+        raise UntrustedRecord(where, exc.reason, f"the head of {layout.name} (#{seq}): "
+                              f"{exc.detail}", hint=exc.hint) from None
     if seqs and seqs[-1] > seq:
         raise UntrustedRecord(where, "rewound", f"the head of {layout.name} is #{seq}, but its "
                               f"log goes on to #{seqs[-1]}: the pointer was set back")
-    if last_seen is not None and last_seen.seq > seq:
-        raise UntrustedRecord(where, "rewound", f"the head of {layout.name} is #{seq}, but this "
-                              f"reader verified #{last_seen.seq} before: entries were removed "
-                              "and the pointer set back")
     logged = seq in seqs
     if logged:
         key = layout.entry_key(seq)
@@ -257,12 +382,12 @@ def verify_chain(store: RecordReader, layout: ChainLayout, model: type[T], *, ke
                 != head.verified.digest:
             raise UntrustedRecord(key, "fork", f"the log's entry #{seq} of {layout.name} is "
                                   "not the one its pointer holds")
-    checkpoint = _checkpoint(store, layout, keyring, roles)
     if checkpoint is not None and checkpoint.seq > seq:
         raise UntrustedRecord(layout.checkpoint_key or where, "rewound",
                               f"a checkpoint at #{checkpoint.seq} of {layout.name} is past its "
                               f"head #{seq}")
-    stop = checkpoint.seq if checkpoint is not None else 1
+    legacy = checkpoint is not None and checkpoint.legacy is not None
+    stop = 1 if checkpoint is None else checkpoint.seq + (1 if legacy else 0)
     walked = [head]
     for below in range(seq - 1, stop - 1, -1):
         key = layout.entry_key(below)
@@ -275,17 +400,39 @@ def verify_chain(store: RecordReader, layout: ChainLayout, model: type[T], *, ke
             raise UntrustedRecord(key, "fork", f"entry #{below} of {layout.name} is not the one "
                                   f"entry #{below + 1} follows")
         walked.append(checked)
-    by_seq = {c.link.seq: c.verified.digest for c in walked}
-    if checkpoint is not None and by_seq[checkpoint.seq] != checkpoint.digest:
-        raise UntrustedRecord(layout.entry_key(checkpoint.seq), "fork",
-                              f"entry #{checkpoint.seq} of {layout.name} is not the one its "
-                              "checkpoint vouches for")
-    if last_seen is not None and by_seq.get(last_seen.seq, last_seen.digest) != last_seen.digest:
+    entries = [_entry(c, model, layout.entry_key(c.link.seq)) for c in reversed(walked)]
+    if checkpoint is not None:
+        if legacy:
+            if entries[0].previous != checkpoint.digest:
+                raise UntrustedRecord(layout.entry_key(entries[0].seq), "fork",
+                                      f"entry #{entries[0].seq} of {layout.name} does not follow "
+                                      "the entries its checkpoint vouches for")
+            entries = [*_vouched(store, layout, checkpoint, model, checkpoint.seq), *entries]
+        elif entries[0].digest != checkpoint.digest:
+            raise UntrustedRecord(layout.entry_key(checkpoint.seq), "fork",
+                                  f"entry #{checkpoint.seq} of {layout.name} is not the one its "
+                                  "checkpoint vouches for")
+    chain = Chain(layout, tuple(entries), found.token, found.data, logged)
+    _check_last_seen(chain, last_seen)
+    return chain
+
+
+def _check_last_seen(chain: Chain[T], last_seen: Mark | None) -> None:
+    if last_seen is None:
+        return
+    layout = chain.layout
+    head = chain.head
+    assert head is not None
+    if last_seen.seq > head.seq:
+        raise UntrustedRecord(layout.pointer_key, "rewound",
+                              f"the head of {layout.name} is #{head.seq}, but this reader "
+                              f"verified #{last_seen.seq} before: entries were removed and the "
+                              "pointer set back")
+    by_seq = {e.seq: e.digest for e in chain.entries}
+    if by_seq.get(last_seen.seq, last_seen.digest) != last_seen.digest:
         raise UntrustedRecord(layout.entry_key(last_seen.seq), "fork",
                               f"entry #{last_seen.seq} of {layout.name} is not the one this "
                               "reader verified before: the history was rewritten from there")
-    entries = tuple(_entry(c, model, layout.entry_key(c.link.seq)) for c in reversed(walked))
-    return Chain(layout, entries, found.token, found.data, logged)
 
 
 def _log(store: RecordStore, layout: ChainLayout, seq: int, data: bytes) -> None:
@@ -302,22 +449,43 @@ def _log(store: RecordStore, layout: ChainLayout, seq: int, data: bytes) -> None
                               f"{layout.name}") from None
 
 
-def append(store: RecordStore, chain: Chain[T], entry: T, *, signer: RecordSigner,
-           identity: str) -> Chain[T]:
-    """Add ``entry`` after ``chain``'s head: log the head if its mover died before doing so,
-    compare-and-swap the pointer to the new entry (the commit point: on
-    :class:`~k3artifacts.errors.Conflict` nothing was written), then log it."""
+def next_link(chain: Chain[T], entry: T) -> Link:
+    """The body of the entry that would follow ``chain``'s head."""
+    head = chain.head
+    return Link(seq=chain.next_seq, previous=None if head is None else head.digest,
+                entry=to_plain(entry))
+
+
+def append_record(store: RecordStore, chain: Chain[T], record: bytes) -> str:
+    """Add ``record`` (a signed entry whose link follows ``chain``'s head: :func:`next_link`,
+    signed there and perhaps by more identities since) after the head: log the head if its
+    mover died before doing so, compare-and-swap the pointer to the new entry (the commit
+    point: on :class:`~k3artifacts.errors.Conflict` nothing was written), then log it.
+    Returns the pointer's new token."""
     layout = chain.layout
     head = chain.head
-    seq = chain.next_seq
-    link = Link(seq=seq, previous=None if head is None else head.digest, entry=to_plain(entry))
+    key = layout.entry_key(chain.next_seq)
+    link = Link.model_validate(parse_record(record, key=key).body)
+    if link.seq != chain.next_seq or link.previous != (None if head is None else head.digest):
+        raise Conflict(f"the entry to add to {layout.name} follows #{link.seq - 1}, not its "
+                       f"head #{chain.next_seq - 1}; nothing was written")
     if head is not None and not chain.head_logged and chain.head_record is not None:
         _log(store, layout, head.seq, chain.head_record)
-    record = sign_record(key=layout.entry_key(seq), kind=layout.entry_kind, body=link,
-                         signer=signer, identity=identity)
     token = store.replace(layout.pointer_key, record, chain.token)
-    _log(store, layout, seq, record)
-    made = ChainEntry(seq, canonical_digest(link), link.previous, entry, identity,
+    _log(store, layout, link.seq, record)
+    return token
+
+
+def append(store: RecordStore, chain: Chain[T], entry: T, *, signer: RecordSigner,
+           identity: str) -> Chain[T]:
+    """Add ``entry`` after ``chain``'s head, signed by ``signer`` as ``identity``
+    (:func:`append_record`)."""
+    layout = chain.layout
+    link = next_link(chain, entry)
+    record = sign_record(key=layout.entry_key(link.seq), kind=layout.entry_kind, body=link,
+                         signer=signer, identity=identity)
+    token = append_record(store, chain, record)
+    made = ChainEntry(link.seq, canonical_digest(link), link.previous, entry, identity,
                       frozenset({identity}))
     return Chain(layout, (*chain.entries, made), token, record, True)
 
@@ -325,12 +493,30 @@ def append(store: RecordStore, chain: Chain[T], entry: T, *, signer: RecordSigne
 def checkpoint(store: RecordStore, chain: Chain[T], *, signer: RecordSigner,
                identity: str) -> Checkpoint:
     """Vouch for ``chain`` up to its head (replacing any earlier checkpoint): later walks stop
-    there. Only for a chain just verified, by an identity trusted to move it."""
+    there. Only for a chain just verified, by an identity trusted to vouch for it."""
     layout = chain.layout
     head = chain.head
     if layout.checkpoint_key is None or head is None:
         raise ValueError(f"{layout.name} has no checkpoint place, or nothing to vouch for")
-    point = Checkpoint(seq=head.seq, digest=head.digest)
+    return _vouch(store, layout, Checkpoint(seq=head.seq, digest=head.digest), signer, identity)
+
+
+def vouch_legacy(store: RecordStore, layout: ChainLayout, entries: list[bytes], *,
+                 signer: RecordSigner, identity: str) -> Checkpoint:
+    """Vouch for a history written before signing: ``entries`` are its entries 1..N as
+    stored (each checked by its digest from then on); the next entry is signed and names the
+    digest of entry N."""
+    if layout.checkpoint_key is None or not entries:
+        raise ValueError(f"{layout.name} has no checkpoint place, or nothing to vouch for")
+    digests = [canonical_digest(_plain(data, layout.entry_key(i)))
+               for i, data in enumerate(entries, start=1)]
+    point = Checkpoint(seq=len(digests), digest=digests[-1], legacy=digests)
+    return _vouch(store, layout, point, signer, identity)
+
+
+def _vouch(store: RecordStore, layout: ChainLayout, point: Checkpoint, signer: RecordSigner,
+           identity: str) -> Checkpoint:
+    assert layout.checkpoint_key is not None
     found = store.read(layout.checkpoint_key)
     store.replace(layout.checkpoint_key,
                   sign_record(key=layout.checkpoint_key, kind=layout.checkpoint_kind, body=point,

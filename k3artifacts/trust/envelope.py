@@ -169,6 +169,16 @@ def parse_record(data: bytes, *, key: str) -> SignedRecord:
         raise UntrustedRecord(key, "malformed", f"{where}: {first['msg']}") from None
 
 
+def is_unsigned(data: bytes, *, key: str) -> bool:
+    """Whether ``data`` is a JSON object that is no signed record at all (one written before
+    records were signed, or by hand), as opposed to a signed one or garbage."""
+    try:
+        parse_record(data, key=key)
+    except UntrustedRecord as exc:
+        return exc.reason == "unsigned"
+    return False
+
+
 def _payload(record: SignedRecord, key: str) -> bytes:
     envelope = record.envelope
     if envelope.payloadType != PAYLOAD_TYPE:

@@ -209,6 +209,22 @@ def parse_identities(text: str, *, where: str) -> Identities:
         raise ConfigError(f"{where} is malformed: {plain_validation_errors(exc)}") from None
 
 
+class _Dumper(yaml.SafeDumper):
+    """PEM keys as literal blocks (``pem: |``), as people write them."""
+
+
+_Dumper.add_representer(str, lambda dumper, text: dumper.represent_scalar(
+    "tag:yaml.org,2002:str", text, style="|" if "\n" in text else None))
+
+
 def identities_yaml(identities: Identities) -> str:
-    return yaml.safe_dump(identities.model_dump(mode="json", exclude_none=True),
-                          sort_keys=False)
+    return yaml.dump(identities.model_dump(mode="json", exclude_none=True), Dumper=_Dumper,
+                     sort_keys=False)
+
+
+def entry_yaml(name: str, identity: Identity) -> str:
+    """``name``'s entry, indented to go under the ``identities:`` of an ``identities.yaml``
+    (``k3a key show --entry``: appended to a copy of the policy, then proposed)."""
+    text = yaml.dump({name: identity.model_dump(mode="json", exclude_none=True)},
+                     Dumper=_Dumper, sort_keys=False)
+    return "".join(f"  {line}" for line in text.splitlines(keepends=True))

@@ -168,7 +168,7 @@ class KmsSigner:
     def _call(what: str, call: Callable[..., dict[str, Any]], **params: Any) -> dict[str, Any]:
         import botocore.exceptions as bex
 
-        from k3artifacts.stores.awsclients import error_code, translate
+        from k3artifacts.stores.awsclients import error_code, http_status, translate
 
         try:
             return call(**params)
@@ -176,6 +176,16 @@ class KmsSigner:
             # KMS's own codes for a key that is not there, or not usable: named as such, not as
             # an unexpected AWS answer.
             code = error_code(exc)
+            if not code or code.isdigit():
+                # No KMS error at all (an S3 server's XML, a proxy's page, which botocore
+                # names by its HTTP status): no KMS answers there, which no retry or
+                # permission changes.
+                raise ConfigError(
+                    f"{what}: the endpoint answered HTTP {http_status(exc)} with no KMS error: "
+                    "no AWS KMS answers there, so a kms: identity key cannot sign",
+                    hint="point K3A_KMS_ENDPOINT_URL at KMS (unset: AWS's), or sign with a "
+                    "personal key or a pkcs11: one (K3A_IDENTITY_KEY): an S3-compatible store "
+                    "(SeaweedFS, MinIO) has no KMS") from None
             if code == "NotFoundException":
                 raise NotFound(f"{what}: no such KMS key",
                                hint="check K3A_IDENTITY_KEY (kms:KEY-ID, ARN or alias/NAME) and "

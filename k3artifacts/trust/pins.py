@@ -23,6 +23,7 @@ writable by the pod's user, which the loader accepts).
 from __future__ import annotations
 
 import hashlib
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Literal
@@ -30,10 +31,10 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from k3artifacts.canonical import canonical_json
-from k3artifacts.errors import TrustRootError
+from k3artifacts.errors import TrustRootError, UntrustedRecord
 from k3artifacts.settings import config_home
 from k3artifacts.trust.localfiles import private_dir, problem, write_replacing
-from k3artifacts.trust.root import Root, walk_rotations
+from k3artifacts.trust.root import Root, root_key, stored_root, walk_rotations
 from k3artifacts.trust.storage import RecordReader
 
 #: How a root came to be pinned: ``first-use`` (this client seeded the store's first policy),
@@ -146,8 +147,54 @@ def follow(store: RecordReader, pin: Pin, *, now: datetime | None = None) -> tup
         return pin, False
     moved = Pin(store=pin.store, how="rotation", pinned_at=now or datetime.now(UTC),
                 root=chain[-1])
-    save_pin(moved)
+    try:
+        save_pin(moved)
+    except OSError:
+        pass  # a pin mounted read-only (a pod's ConfigMap): followed again on each read
     return moved, True
+
+
+@dataclass(frozen=True)
+class Roots:
+    """Every root of a store, v1 to the one in force, as this client trusts them: the one it
+    pins and those after it, each verified under the one before (the pin follows them), and
+    those before it, each the one its successor names by fingerprint."""
+
+    pin: Pin
+    by_version: dict[int, Root]
+
+    @property
+    def current(self) -> Root:
+        return self.pin.root
+
+    def at(self, version: int, *, key: str) -> Root:
+        """Root ``version``; UntrustedRecord ``root-mismatch`` for one this store never had."""
+        found = self.by_version.get(version)
+        if found is None:
+            raise UntrustedRecord(key, "root-mismatch",
+                                  f"signed under root v{version}; {self.pin.store}'s roots are "
+                                  f"v1 to v{self.current.version}")
+        return found
+
+
+def trusted_roots(store: RecordReader) -> Roots:
+    """The store's roots from this client's pin (TrustRootError, exit 9, without one),
+    following rotations the store holds."""
+    pin, _ = follow(store, require_pin(store.url))
+    roots = {pin.root.version: pin.root}
+    for version in range(pin.root.version - 1, 0, -1):
+        key = root_key(version)
+        found = store.read(key)
+        if found is None:
+            raise UntrustedRecord(key, "gap", f"root v{version} of {store.url} is missing "
+                                  f"(this client pins v{pin.root.version})")
+        older = stored_root(found.data, key)
+        if older.fingerprint != roots[version + 1].previous:
+            raise UntrustedRecord(key, "root-mismatch",
+                                  f"root v{version} of {store.url} is not the one root "
+                                  f"v{version + 1} follows")
+        roots[version] = older
+    return Roots(pin, roots)
 
 
 def config_map_files(pin: Pin) -> dict[str, str]:

@@ -29,10 +29,15 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from k3artifacts.canonical import canonical_digest
-from k3artifacts.errors import UntrustedRecord, UsageError, plain_validation_errors
+from k3artifacts.errors import (
+    TrustRootError,
+    UntrustedRecord,
+    UsageError,
+    plain_validation_errors,
+)
 from k3artifacts.trust.envelope import parse_record, sign_record, verify_record
 from k3artifacts.trust.identities import KeyEntry, Keyring, check_names, check_unique_keys
-from k3artifacts.trust.keys import RecordSigner
+from k3artifacts.trust.keys import RecordSigner, signer_key_id
 from k3artifacts.trust.storage import RecordReader
 
 ROOT_PREFIX = "releases/trust/root/"
@@ -84,6 +89,21 @@ class Root(BaseModel):
 
     def keyring(self) -> Keyring:
         return Keyring.of((name, keys, frozenset()) for name, keys in self.identities.items())
+
+    def identity_of(self, signer: RecordSigner) -> str | None:
+        """The root identity ``signer``'s key belongs to, if any."""
+        trusted = self.keyring().get(signer_key_id(signer))
+        return None if trusted is None else trusted.identity
+
+    def require_identity(self, signer: RecordSigner, *, only: str, hint: str) -> str:
+        """The root identity ``signer``'s key belongs to; TrustRootError (exit 9) otherwise,
+        saying what ``only`` root identities do."""
+        me = self.identity_of(signer)
+        if me is None:
+            raise TrustRootError(
+                f"your key {signer_key_id(signer)[:16]} is not one of root v{self.version}'s "
+                f"identities ({', '.join(self.identities)}): only they {only}", hint=hint)
+        return me
 
     def needs(self, *, stricter: bool) -> int:
         return 1 if stricter else self.threshold

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from k3artifacts.errors import AlreadyExists, ConfigError, Conflict, NotFound, UntrustedRecord
 from k3artifacts.trust.envelope import add_signature
 from k3artifacts.trust.identities import KeyEntry
-from k3artifacts.trust.keys import RecordSigner, signer_key_id
+from k3artifacts.trust.keys import RecordSigner
 from k3artifacts.trust.pins import Pin, follow
 from k3artifacts.trust.root import (
     Root,
@@ -41,20 +41,8 @@ class Rotation:
     pin: Pin
 
 
-def root_identity(root: Root, signer: RecordSigner) -> str | None:
-    """The root identity ``signer``'s key belongs to, if any."""
-    trusted = root.keyring().get(signer_key_id(signer))
-    return None if trusted is None else trusted.identity
-
-
 def _signing_identity(root: Root, signer: RecordSigner) -> str:
-    me = root_identity(root, signer)
-    if me is None:
-        raise ConfigError(
-            f"your key {signer_key_id(signer)[:16]} is not one of root v{root.version}'s "
-            f"identities ({', '.join(root.identities)}): only they sign its rotation",
-            hint="ask one of them to run it")
-    return me
+    return root.require_identity(signer, only="sign its rotation", hint="ask one of them to run it")
 
 
 def _settle(store: RecordStore, pin: Pin, data: bytes, token: str | None) -> Rotation:

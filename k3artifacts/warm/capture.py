@@ -28,7 +28,7 @@ from pathlib import Path
 
 from k3artifacts.errors import AlreadyExists, ConfigError, UsageError
 from k3artifacts.nodecache import safefs
-from k3artifacts.policy.actor import store_identity
+from k3artifacts.policy.actor import os_account
 from k3artifacts.policy.record import in_force
 from k3artifacts.releases.lookup import resolve_tuple
 from k3artifacts.releases.tuples import ReleaseTuple
@@ -290,7 +290,6 @@ def capture_target(store: Store, target: str, dirs: list[str], *, gpu: str | Non
     want_tp, pp = tuple_layout(release)
     signer = load_signer(signing_key) if signing_key else None
     trust = warm_trust(in_force(store).document, channel)
-    who, _ = store_identity(store)
     return capture(store, release, gpu=gpu, tensor_parallel=tp or want_tp, pipeline_parallel=pp,
-                   roots=roots, captured_by=who, signer=signer, trust=trust)
+                   roots=roots, captured_by=os_account(), signer=signer, trust=trust)
 

@@ -17,7 +17,7 @@ from k3artifacts.policy.approvals import PREFIX, get_request
 from k3artifacts.releases.channels import current, history, read_state
 from k3artifacts.releases.reviewing import review_code, review_license
 from k3artifacts.stores.file import FileStore
-from tests.fixtures.identities import k3a_as
+from tests.fixtures.identities import k3a_as, pin_as
 from tests.fixtures.moves import promote, use_policy
 from tests.flow_helpers import run_answered
 from tests.support.releases import Releases
@@ -44,7 +44,7 @@ def test_promotion_waits_for_approval_then_moves_and_records_it(store, releases,
     assert current(store, "staging").tuple_id == release.id
     (entry,) = history(store, "staging")
     # The mover is the flow's own identity; the typed requester is not recorded as anyone.
-    assert (entry.who, entry.who_source, entry.why) == (ME, "os-user", "nightly")
+    assert (entry.who, entry.who_source, entry.why) == (ME, "key", "nightly")
     assert (entry.approval.who, entry.approval.decision, entry.approval.reason) == (
         "alice", "approved", "evals look fine")
     request = get_request(store, entry.approval.request_id)
@@ -131,6 +131,7 @@ def test_separation_of_duties_judges_the_approvers_identity_not_a_typed_name(
         "    gates: [artifact, license, remote_code, separation_of_duties]\n"
         "    duties: {not_reviewer_of: [license, code]}\n", 1))
     use_policy(store, policies)
+    pin_as(second_user, store, k3a_env)
     release = Releases(store, tmp_path / "scratch").release()
     if reviewer == "me":
         review_license(store, release.id, by=ME, by_source="os-user")
@@ -153,7 +154,7 @@ def test_separation_of_duties_judges_the_approvers_identity_not_a_typed_name(
     else:
         assert state.is_completed(), state
         (entry,) = history(store, "staging")
-        assert (entry.approval.who, entry.approval.who_source) == (second_user, "os-user")
+        assert (entry.approval.who, entry.approval.who_source) == (second_user, "key")
         assert entry.who == ME  # the flow's own identity moved it, on that approval
         dutied = next(g for g in entry.gates if g.name == "separation_of_duties")
         assert dutied.passed and second_user in dutied.reason and "bob" not in dutied.reason

@@ -28,19 +28,18 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 
 import yaml
 
 from k3artifacts.errors import ConfigError
 from k3artifacts.policy.rollout import TrafficPolicy
+from k3artifacts.policy.signing_keys import VerifierTrust
 from k3artifacts.releases.tuples import ReleaseTuple
 from k3artifacts.serving.render.common import default_name, slug
 from k3artifacts.serving.render.eks import render_eks
 from k3artifacts.serving.render.hyperpod import render_hyperpod
 from k3artifacts.serving.render.node_cache import render_eks_node_cache, render_prewarm
 from k3artifacts.serving.render.rollout import render_eks_rollout
-from k3artifacts.signing.policy import config_map_files
 
 #: ``render(release, name=..., namespace=...) -> list of Kubernetes objects``, by target name.
 TARGETS: dict[str, Callable[..., list[dict]]] = {
@@ -88,13 +87,15 @@ def render(
     *,
     name: str | None = None,
     namespace: str | None = None,
-    signing_policy: Path | None = None,
+    verifier: VerifierTrust | None = None,
     traffic: TrafficPolicy | None = None,
 ) -> Rendered:
-    """``signing_policy``: a policies directory whose ``signing/`` the pods verify with
-    (eks only: a HyperPod endpoint has no init container of ours; there the signature gate
-    at promotion is the check). ``traffic``: the channel's rollout policy, for the targets in
-    :data:`TRAFFIC_TARGETS` (others replace the endpoint at once and ignore it)."""
+    """``verifier``: the store's root and signing policy in force as this client trusts them
+    (:func:`k3artifacts.policy.signing_keys.verifier_trust`): the pods check signatures with
+    the keys of that policy, verified under that root (eks only: a HyperPod endpoint has no
+    init container of ours; there the signature gate at promotion is the check). ``traffic``:
+    the channel's rollout policy, for the targets in :data:`TRAFFIC_TARGETS` (others replace
+    the endpoint at once and ignore it)."""
     renderer = TARGETS.get(target)
     if renderer is None:
         raise ConfigError(
@@ -104,12 +105,12 @@ def render(
     extra: dict = {}
     if target in TRAFFIC_TARGETS:
         extra["traffic"] = traffic
-    if signing_policy is not None:
+    if verifier is not None:
         if target not in SIGNATURE_TARGETS:
             raise ConfigError(
                 f"target {target} cannot check signatures in the pod",
                 hint="render without --verify-signature; the signature gate checks at promotion",
             )
-        extra["signing_files"] = config_map_files(signing_policy)
+        extra["verifier"] = verifier
     docs = renderer(release, name=name, namespace=namespace, **extra)
     return Rendered(target=target, tuple_id=release.id, name=name, documents=docs)

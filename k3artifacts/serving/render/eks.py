@@ -1,14 +1,18 @@
 """Target ``eks``: the weights volume (PV + PVC), a Deployment (single node) or a LeaderWorkerSet
 (multi-node, vLLM over Ray), a Service and a PodDisruptionBudget. Every pod runs ``k3a verify``
 of the bound revision on the mounted weights, under a timeout, before vLLM starts; rendered
-with the signing policy, that check starts with the tuple's and the revision's signatures
-(public keys from a ConfigMap rendered from ``policies/signing/``)."""
+with signatures checked (``--verify-signature``), that check starts with the tuple's and the
+revision's signatures, by the keys the store's signed policy in force trusts, verified under
+the root this client pins: a ConfigMap carries that pin (for the store as the pod mounts it)
+and, for the record, the signing policy as rendered."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from k3artifacts.errors import ConfigError
+from k3artifacts.policy.signing_keys import VerifierTrust
 from k3artifacts.releases.tuples import ReleaseTuple
 from k3artifacts.serving.profiles import ServingResources, serving_resources
 from k3artifacts.serving.render.common import (
@@ -96,23 +100,40 @@ def _mount(path: str, subpath: str) -> dict[str, Any]:
     return mount
 
 
-#: Where the init container finds policies/signing/ (from the rendered ConfigMap).
-POLICIES_MOUNT = "/etc/k3a/policies"
-SIGNING_VOLUME = "signing-keys"
+#: The init container's ``XDG_CONFIG_HOME``: where it finds the pinned root (ConfigMap).
+VERIFIER_CONFIG = "/etc/k3a/config"
+VERIFIER_VOLUME = "verifier-trust"
 
 
-def signing_config_map(name: str, namespace: str | None, files: dict[str, str]) -> dict:
-    """policies/signing/ as a ConfigMap: the trusted-keys policy and its public keys."""
-    meta: dict[str, Any] = {"name": f"{name}-{SIGNING_VOLUME}"}
+@dataclass(frozen=True)
+class VerifierMap:
+    """The rendered ConfigMap the verifier mounts, and its key holding the pin."""
+
+    document: dict[str, Any]
+    pin_key: str
+
+    @property
+    def name(self) -> str:
+        return str(self.document["metadata"]["name"])
+
+
+def verifier_config_map(name: str, namespace: str | None, trust: VerifierTrust) -> VerifierMap:
+    """The verifier's ConfigMap: this client's root pinned for the store as the pod mounts it,
+    and the signing policy in force (trusted-keys.yaml and its public keys) as rendered."""
+    pin = trust.pin_for(f"file://{STORE_MOUNT}")
+    meta: dict[str, Any] = {"name": f"{name}-{VERIFIER_VOLUME}"}
     if namespace:
         meta["namespace"] = namespace
     meta["labels"] = {"app.kubernetes.io/managed-by": "k3a"}
-    return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": meta, "data": dict(files)}
+    document = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": meta,
+                "data": {**trust.signing, **pin}}
+    (pin_key,) = pin
+    return VerifierMap(document, pin_key)
 
 
 def verify_container(
     release: ReleaseTuple, res: ServingResources, vol: WeightsVolume, *, signed: bool = False
-) -> dict:
+) -> dict[str, Any]:
     if not res.verifier_image:
         raise ConfigError(
             f"tuple {release.id} names no verifier image; the EKS pod verifies the weights "
@@ -124,9 +145,8 @@ def verify_container(
     # forever (KServe #5611); the pod then restarts and the Deployment reports it.
     # With signatures: the tuple's signature (its record is in the store beside the weights),
     # then the revision's, then every byte against the signed manifest, by the keys of the
-    # ConfigMap rendered from policies/signing/.
-    target = ([release.id, "--signature", "--policies", POLICIES_MOUNT] if signed
-              else [f"{w.repo_id}@{w.commit}"])
+    # store's policy in force, verified under the root pinned in the rendered ConfigMap.
+    target = [release.id, "--signature"] if signed else [f"{w.repo_id}@{w.commit}"]
     command = [
         "timeout", "--kill-after=30", str(res.verify_timeout_seconds),
         "k3a", "verify", *target, "--store", f"file://{STORE_MOUNT}",
@@ -135,13 +155,15 @@ def verify_container(
         "--expect-digest", w.manifest_digest,
     ]  # fmt: skip
     mounts = [_mount(STORE_MOUNT, vol.store_subpath)]
+    env: dict[str, Any] = {}
     if signed:
-        mounts.append({"name": SIGNING_VOLUME, "mountPath": f"{POLICIES_MOUNT}/signing",
-                       "readOnly": True})
+        mounts.append({"name": VERIFIER_VOLUME, "mountPath": VERIFIER_CONFIG, "readOnly": True})
+        env["env"] = [{"name": "XDG_CONFIG_HOME", "value": VERIFIER_CONFIG}]
     return {
         "name": "verify-weights",
         "image": res.verifier_image,
         "command": command,
+        **env,
         "resources": {
             "requests": {"cpu": "4", "memory": "8Gi"},
             "limits": {"memory": "8Gi"},
@@ -156,16 +178,19 @@ def _pod_spec(
     vol: WeightsVolume,
     volume: dict,
     container: dict,
-    signing_map: str | None = None,
+    verifier: VerifierMap | None = None,
 ) -> dict:
     volumes = [
         volume,
         {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": res.pod.shm_size}},
     ]
-    if signing_map is not None:
-        volumes.append({"name": SIGNING_VOLUME, "configMap": {"name": signing_map}})
+    if verifier is not None:  # only the pin is mounted: the pod reads keys from the store
+        volumes.append({"name": VERIFIER_VOLUME, "configMap": {
+            "name": verifier.name,
+            "items": [{"key": verifier.pin_key, "path": f"k3artifacts/trust/{verifier.pin_key}"}],
+        }})
     return {
-        "initContainers": [verify_container(release, res, vol, signed=signing_map is not None)],
+        "initContainers": [verify_container(release, res, vol, signed=verifier is not None)],
         "containers": [container],
         "volumes": volumes,
         "nodeSelector": {"node.kubernetes.io/instance-type": res.node_instance_type},
@@ -201,19 +226,19 @@ def render_eks(
     *,
     name: str,
     namespace: str | None,
-    signing_files: dict[str, str] | None = None,
+    verifier: VerifierTrust | None = None,
 ) -> list[dict]:
-    """``signing_files``: policies/signing/ flattened (``signing.policy.config_map_files``);
-    given, the init container checks the tuple's and the revision's signatures first."""
+    """``verifier``: the store's root and signing policy as this client trusts them
+    (:func:`k3artifacts.policy.signing_keys.verifier_trust`); given, the init container checks
+    the tuple's and the revision's signatures first."""
     b = release.binding
     res = serving_resources(b.serving, f"tuple {release.id}")
     vol = weights_volume(release, res)
     cluster_objects, volume = _volume_objects(release, vol, name, namespace)
     signing_map = None
-    if signing_files is not None:
-        keys_map = signing_config_map(name, namespace, signing_files)
-        cluster_objects.append(keys_map)
-        signing_map = keys_map["metadata"]["name"]
+    if verifier is not None:
+        signing_map = verifier_config_map(name, namespace, verifier)
+        cluster_objects.append(signing_map.document)
     meta_base: dict[str, Any] = {"name": name}
     if namespace:
         meta_base["namespace"] = namespace
@@ -281,7 +306,7 @@ def _leader_worker_set(
     volume: dict,
     meta: dict,
     pod_meta: dict,
-    signing_map: str | None = None,
+    signing_map: VerifierMap | None = None,
 ) -> dict:
     """vLLM multi-node: a Ray head plus the API server in the leader, Ray workers elsewhere.
     The leader waits until the whole group has joined before vLLM places its stages."""

@@ -14,6 +14,7 @@ from typing import Any
 
 from k3artifacts.errors import ConfigError
 from k3artifacts.policy.rollout import TrafficPolicy
+from k3artifacts.policy.signing_keys import VerifierTrust
 from k3artifacts.releases.tuples import ReleaseTuple
 from k3artifacts.serving.profiles import serving_resources
 from k3artifacts.serving.render.common import ANNOTATION, annotations, labels, weights_volume
@@ -21,7 +22,7 @@ from k3artifacts.serving.render.eks import (
     _pod_spec,
     _vllm_container,
     _volume_objects,
-    signing_config_map,
+    verifier_config_map,
 )
 from k3artifacts.traffic.queries import step_queries
 
@@ -78,7 +79,7 @@ def render_eks_rollout(
     name: str,
     namespace: str | None,
     traffic: TrafficPolicy | None = None,
-    signing_files: dict[str, str] | None = None,
+    verifier: VerifierTrust | None = None,
 ) -> list[dict]:
     if traffic is None:
         raise ConfigError(
@@ -97,10 +98,9 @@ def render_eks_rollout(
     vol = weights_volume(release, res)
     cluster_objects, volume = _volume_objects(release, vol, name, namespace)
     signing_map = None
-    if signing_files is not None:
-        keys_map = signing_config_map(name, namespace, signing_files)
-        cluster_objects.append(keys_map)
-        signing_map = keys_map["metadata"]["name"]
+    if verifier is not None:
+        signing_map = verifier_config_map(name, namespace, verifier)
+        cluster_objects.append(signing_map.document)
     meta_base: dict[str, Any] = {"name": name}
     if namespace:
         meta_base["namespace"] = namespace

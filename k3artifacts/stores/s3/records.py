@@ -22,7 +22,6 @@ class S3Records(S3Bucket):
     honouring both (:mod:`k3artifacts.stores.capabilities`). Every record write carries one of
     the two headers: a bucket set up by `k3a bootstrap` refuses any that does not."""
 
-    identity_source = "sts"
     #: Rounds of read-then-swap :meth:`rewrite` tries against other writers of the same key.
     rewrite_attempts = 5
 

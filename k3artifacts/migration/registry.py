@@ -1,0 +1,14 @@
+"""Every record family ``k3a trust migrate`` migrates, in the order it runs them: the policy
+first (the others are judged by it). A new family is one line here: its migrator
+(:class:`k3artifacts.policy.migrating.Migrator`), beside the records it migrates."""
+
+from __future__ import annotations
+
+from k3artifacts.policy import migrate as policy
+from k3artifacts.policy.migrating import Migrator
+from k3artifacts.releases import migrate_channels as channels
+
+MIGRATORS: tuple[Migrator, ...] = (
+    policy.MIGRATOR,
+    channels.MIGRATOR,
+)

@@ -1,0 +1,140 @@
+"""Stores older than signing (k3artifacts/migration, policy/migrate.py, releases/
+migrate_channels.py), on a file store and on SeaweedFS: read as found where their policy says
+so, never moved on, until `k3a trust migrate` vouches for their histories under a root
+identity's signature; then verified like any other, old entries included."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime, timedelta
+
+from k3artifacts.canonical import canonical_json
+from k3artifacts.migration.registry import MIGRATORS
+from k3artifacts.policy.actor import Actor
+from k3artifacts.policy.document import PolicyDocument
+from k3artifacts.policy.record import (
+    POINTER_KEY,
+    LegacyPointer,
+    PolicyChange,
+    change_key,
+    changes,
+    in_force,
+    store_document,
+)
+from k3artifacts.releases.channels import ChannelPointer, HistoryEntry, history, history_key
+from k3artifacts.releases.channels import pointer_key as channel_key
+from k3artifacts.trust.pins import load_pin
+from k3artifacts.trust.root import root_key
+from tests.fixtures.any_store import overwrite
+from tests.fixtures.any_store import run_k3a as k3a
+from tests.fixtures.people import ME
+from tests.support.releases import Releases
+
+OLD = Actor(name="alice", source="os-user")
+T0 = datetime(2026, 1, 5, tzinfo=UTC)
+
+
+def _entry(channel, seq, tuple_id, before, digest, when):
+    return HistoryEntry(channel=channel, seq=seq, action="promote", tuple_id=tuple_id,
+                        previous_tuple_id=before, who="alice", who_source="os-user",
+                        when=when, why=f"move #{seq}", policy_digest=digest, policy_version=1)
+
+
+def old_store(any_store, policies, tmp_path, *, read_before_migration=True):
+    """What k3a wrote before records were signed: policy v1 and v2 (v2's mover died before
+    logging its change), staging moved twice, production once (its mover died before
+    logging the entry). Returns staging's two tuples and production's."""
+    gates = policies / "promotion-gates.yaml"
+    if not read_before_migration:
+        gates.write_text(gates.read_text() + "unsigned: {read_before_migration: false}\n")
+    first = PolicyDocument.from_dir(policies)
+    second = first.with_file("promotion-gates.yaml", gates.read_text().replace(
+        "min_hours: 24", "min_hours: 12"))
+    for document in (first, second):
+        store_document(any_store, document)
+    v1 = PolicyChange(version=1, digest=first.digest, action="seed", by=OLD, at=T0)
+    v2 = PolicyChange(version=2, digest=second.digest, previous_digest=first.digest,
+                      action="change", by=OLD, at=T0 + timedelta(hours=1), approved_by=OLD)
+    any_store.create(change_key(1), canonical_json(v1))
+    any_store.replace(POINTER_KEY, canonical_json(LegacyPointer(version=2, digest=second.digest,
+                                                            change=v2)), None)
+    releases = Releases(any_store, tmp_path / "scratch")
+    a, b, c = releases.release(), releases.release(), releases.release()
+    staged = [_entry("staging", 1, a.id, None, first.digest, T0),
+              _entry("staging", 2, b.id, a.id, first.digest, T0 + timedelta(hours=2))]
+    for entry in staged:
+        any_store.create(history_key("staging", entry.seq), canonical_json(entry))
+    any_store.replace(channel_key("staging"), canonical_json(ChannelPointer.for_entry(staged[-1])),
+                  None)
+    live = _entry("production", 1, c.id, None, first.digest, T0 + timedelta(hours=3))
+    any_store.replace(channel_key("production"), canonical_json(ChannelPointer.for_entry(live)),
+                  None)
+    return releases, (a, b, c)
+
+
+def test_an_old_store_is_read_as_found_and_never_moved_on(any_store, any_env, policies, tmp_path):
+    _, (a, b, c) = old_store(any_store, policies, tmp_path)
+    assert "policy version 2" in k3a(any_env, "policy", "show").stdout
+    assert len(json.loads(k3a(any_env, "history", "staging", "--json").stdout)) == 2
+    assert [e.tuple_id for e in history(any_store, "production")] == [c.id]
+    k3a(any_env, "render", "staging", "--target", "eks")
+    for args in (["rollback", "staging"], ["promote", a.id, "staging"],
+                 ["policy", "propose", str(policies)]):
+        refused = k3a(any_env, *args, expect=9)
+        assert "predates signed records" in refused.stderr, args
+        assert "k3a trust migrate" in refused.stderr
+    assert any_store.read(root_key(1)) is None and load_pin(any_store.url) is None
+
+
+def test_an_old_store_whose_policy_says_so_is_not_read(any_store, any_env, policies, tmp_path):
+    old_store(any_store, policies, tmp_path, read_before_migration=False)
+    refused = k3a(any_env, "policy", "show", expect=4)
+    assert "refused (unsigned)" in refused.stderr and "k3a trust migrate" in refused.stderr
+
+
+def test_migrate_vouches_for_the_histories_and_signs_the_next_version(any_store, any_env, policies,
+                                                                      tmp_path):
+    releases, (a, b, c) = old_store(any_store, policies, tmp_path)
+    dry = json.loads(k3a(any_env, "trust", "migrate", "--dry-run", "--json").stdout)
+    assert dry["first_use"] and set(dry["families"]) == {m.family for m in MIGRATORS}
+    assert dry["families"]["policy"][0] == ("vouch for policy versions 1 to 2 (unsigned) with "
+                                            "a checkpoint")
+    assert sorted(dry["families"]["channels"]) == [
+        "vouch for channel production's entries 1 to 1 (unsigned) with a checkpoint",
+        "vouch for channel staging's entries 1 to 2 (unsigned) with a checkpoint"]
+    assert any_store.read(root_key(1)) is None  # a dry run writes nothing
+
+    migrated = k3a(any_env, "trust", "migrate")
+    assert "did make your key" in migrated.stdout
+    policy = in_force(any_store)
+    assert (policy.version, policy.chain.head.entry.action) == (3, "migrate")
+    assert list(policy.document.identities.identities) == [ME]
+    assert [(r.change.version, sorted(r.signers)) for r in changes(any_store)] == [
+        (1, []), (2, []), (3, [ME])]
+    assert [e.tuple_id for e in history(any_store, "staging")] == [a.id, b.id]
+    assert [e.tuple_id for e in history(any_store, "production")] == [c.id]
+
+    # Moves go on from the vouched entries, signed; a vouched entry is a rollback target.
+    back = json.loads(k3a(any_env, "rollback", "staging", "--json").stdout)
+    assert (back["tuple_id"], back["entry"]["seq"], back["entry"]["who"]) == (a.id, 3, ME)
+    assert [e.seq for e in history(any_store, "staging")] == [1, 2, 3]
+    assert "nothing to migrate" in k3a(any_env, "trust", "migrate").stdout
+
+    # A vouched entry edited after the fact is refused as a signed one would be.
+    record = json.loads(any_store.read(history_key("staging", 1)).data)
+    record["why"] = "rewritten"
+    overwrite(any_store, history_key("staging", 1), canonical_json(record))
+    refused = k3a(any_env, "history", "staging", expect=4)
+    assert "refused (edit)" in refused.stderr and "checkpoint vouches for" in refused.stderr
+
+
+def test_a_history_that_does_not_hold_together_is_not_vouched_for(any_store, any_env, policies,
+                                                                  tmp_path):
+    _, (a, _, _) = old_store(any_store, policies, tmp_path)
+    # staging's pointer set back to #1 by hand: its log goes on to #2.
+    entry = HistoryEntry.model_validate_json(any_store.read(history_key("staging", 1)).data)
+    any_store.replace(channel_key("staging"), canonical_json(ChannelPointer.for_entry(entry)),
+                  any_store.read(channel_key("staging")).token)
+    refused = k3a(any_env, "trust", "migrate", expect=4)
+    assert "set back by hand" in refused.stderr
+    assert any_store.read(root_key(1)) is None  # refused before anything was written

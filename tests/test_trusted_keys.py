@@ -1,0 +1,71 @@
+"""Trusted release keys come only from the store's signed policy in force
+(k3artifacts/policy/signing_keys.py), on a file store and on SeaweedFS: a key trusted by a local
+directory (``K3A_POLICIES``, ``--policies``) is never accepted by `k3a verify --signature` nor
+rendered into the verifier's ConfigMap by `k3a render --verify-signature`."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import yaml
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+
+from k3artifacts.releases.signatures import sign_tuple
+from k3artifacts.signing.keys import load_signer
+from k3artifacts.signing.revision import sign_revision
+from k3artifacts.trust.pins import pin_name
+from tests.conftest import REPO_ROOT
+from tests.fixtures.any_store import run_k3a as k3a
+from tests.fixtures.moves import use_policy
+from tests.support.releases import Releases
+
+
+def _key(path):
+    key = ec.generate_private_key(ec.SECP256R1())
+    path.write_bytes(key.private_bytes(serialization.Encoding.PEM,
+                                       serialization.PrivateFormat.PKCS8,
+                                       serialization.NoEncryption()))
+    path.chmod(0o600)
+    path.with_suffix(".pub.pem").write_bytes(key.public_key().public_bytes(
+        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo))
+    return path
+
+
+def _policies(where, name, key):
+    """A policy directory trusting ``key`` (as ``name``) on production."""
+    (where / "signing" / "keys").mkdir(parents=True)
+    shutil.copy(REPO_ROOT / "policies" / "promotion-gates.yaml", where)
+    shutil.copytree(REPO_ROOT / "policies" / "eval-suites", where / "eval-suites")
+    shutil.copy(key.with_suffix(".pub.pem"), where / "signing" / "keys" / f"{name}.pub.pem")
+    (where / "signing" / "trusted-keys.yaml").write_text(yaml.safe_dump({
+        "schema_version": 1, "keys": {name: f"keys/{name}.pub.pem"},
+        "channels": {"production": {"required": True}}}))
+    return where
+
+
+def test_a_trusted_key_in_a_local_directory_is_ignored(any_store, any_env, tmp_path):
+    release_key, intruder = _key(tmp_path / "release.pem"), _key(tmp_path / "intruder.pem")
+    use_policy(any_store, _policies(tmp_path / "store-policy", "release", release_key))
+    local = _policies(tmp_path / "local-policy", "intruder", intruder)
+    tuple_ = Releases(any_store, tmp_path / "scratch").release()
+    w = tuple_.binding.weights
+    signer = load_signer(str(intruder))
+    sign_revision(any_store, w.repo_id, w.commit, signer)
+    sign_tuple(any_store, tuple_.id, signer)
+    pointed = dict(any_env, K3A_POLICIES=str(local))
+
+    refused = k3a(pointed, "verify", "--signature", tuple_.id, expect=4)
+    assert "untrusted key" in refused.stderr
+    flagged = k3a(any_env, "verify", "--signature", tuple_.id, "--policies", str(local), expect=9)
+    assert "trusted release keys come from the store's policy (" in flagged.stderr
+
+    rendered = json.loads(k3a(pointed, "render", tuple_.id, "--target", "eks",
+                              "--verify-signature", "--json").stdout)
+    (config_map,) = [d for d in rendered["documents"] if d["kind"] == "ConfigMap"]
+    assert set(config_map["data"]) == {"trusted-keys.yaml", "release.pub.pem",
+                                       pin_name("file:///k3a-store")}
+    assert "intruder" not in json.dumps(config_map)
+    k3a(any_env, "render", tuple_.id, "--target", "eks", "--verify-signature", "--policies",
+        str(local), expect=9)
