@@ -144,7 +144,7 @@ def act_propose(store: RecordStore, plan: ProposePlan) -> ApprovalRequest:
     current = _held(store, plan.current, plan.by)
     store_document(store, plan.document)
     return request_approval(
-        store, action="policy", by=plan.by.actor, policy_digest=plan.document.digest,
+        store, action="policy", by=plan.by, policy_digest=plan.document.digest,
         base_digest=current.digest, why=plan.why, needs=plan.loosens, now=plan.when)
 
 

@@ -10,6 +10,7 @@ it, so every field is validated here, gate names against the registry
 from __future__ import annotations
 
 import re
+from datetime import datetime
 from pathlib import Path
 from typing import Literal
 
@@ -147,9 +148,29 @@ class IdentityPolicy(_Strict):
     claimed_actor_on_file_stores: bool = False
 
 
+class TrustPolicy(_Strict):
+    """How records written before k3a signed them are read (docs/policy-and-identity.md)."""
+
+    #: Until this time, an evidence record written before records were signed (plain JSON: a
+    #: review, an evaluation, a scan, a preflight, a traffic analysis, a single-node rollback
+    #: record, a warm manifest) is read as it was written, its maker the name it carries: a
+    #: migration window while `k3a trust migrate` re-signs them. From then on, and always when
+    #: unset, such a record is refused by name like any unsigned one. Approval requests and
+    #: decisions are never read unsigned (ask again).
+    accept_unsigned_evidence_before: datetime | None = None
+
+    @field_validator("accept_unsigned_evidence_before")
+    @classmethod
+    def _zoned(cls, value: datetime | None) -> datetime | None:
+        if value is not None and value.tzinfo is None:
+            raise ValueError("give the time with its zone (2026-07-01T00:00:00Z)")
+        return value
+
+
 class GatePolicy(_Strict):
     schema_version: Literal[1] = 1
     identity: IdentityPolicy = IdentityPolicy()
+    trust: TrustPolicy = TrustPolicy()
     retention: RetentionPolicy = RetentionPolicy()
     channels: dict[str, ChannelPolicy]
 

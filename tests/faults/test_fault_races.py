@@ -28,6 +28,7 @@ from tests.faults.faultkit import (
     wait_for,
 )
 from tests.fixtures.moves import promote
+from tests.fixtures.people import person
 from tests.staging_helpers import REPO, small_release
 from tests.support.releases import REPO_ID, Releases
 
@@ -114,8 +115,8 @@ def test_lost_answers_to_tuple_and_channel_writes_on_s3(s3_fault_proxy, s3_url, 
     old = made.release
     new = create_tuple(store, REPO_ID, second.commit, image, spec).release
     for release in (old, new):
-        review_license(store, release.id, by="alice", by_source="os-user")
-        review_code(store, release.id, by="alice", by_source="os-user")
+        review_license(store, release.id, by=person("alice"))
+        review_code(store, release.id, by=person("alice"))
 
     proxy.add("PutObject", "*/releases/channels/staging.json", action="lose")
     moved = promote(store, old.id, "staging", actor="alice", policies_dir=policies)
