@@ -246,21 +246,26 @@ def create_signed(store: RecordStore, key: str, family: Family[Model], record: M
     return record, True
 
 
+def unsigned_record(data: bytes, *, key: str, family: Family[Model]) -> Model | None:
+    """The record at ``key`` as written before k3a signed records, parsed (never trusted: for
+    :func:`resign_unsigned` to say what it would vouch for); None for a signed record.
+    UntrustedRecord (malformed) for an unsigned one that is not its family's model."""
+    plain = _unsigned(data)
+    return None if plain is None else _parsed(key, family, plain)
+
+
 def resign_unsigned(store: RecordStore, key: str, family: Family[Model], *, by: Acting,
                     now: datetime | None = None) -> bool:
     """Re-sign the record at ``key`` if it was written before k3a signed records: its body kept
     as it was, wrapped (:data:`MIGRATED`), signed by ``by``, who vouches for it, compare-and-
-    swapped over the unsigned one. False when it is absent or signed already. A record that is
-    not its family's model is refused (UntrustedRecord): nothing malformed is vouched for."""
+    swapped over the unsigned one (Conflict, exit 6, if it changed meanwhile). False when it
+    is absent or signed already. One that is not its family's model is refused
+    (UntrustedRecord): nothing malformed is vouched for."""
     found = store.read(key)
-    if found is None:
+    if found is None or unsigned_record(found.data, key=key, family=family) is None:
         return False
-    plain = _unsigned(found.data)
-    if plain is None:
-        return False
-    _parsed(key, family, plain)
     require_role(by, family.kind, f"re-signing a {family.kind} record")
-    wrapped = {MIGRATED: {"record": plain, "from": "unsigned",
+    wrapped = {MIGRATED: {"record": _unsigned(found.data), "from": "unsigned",
                           "at": (now or datetime.now(UTC)).isoformat()}}
     store.replace(key, by.sign(key=key, kind=family.kind, body=wrapped), found.token)
     return True
