@@ -314,7 +314,7 @@ def test_a_hand_written_approval_decision_is_refused(judged, policies, tmp_path)
 
 def test_unsigned_evidence_is_read_in_the_policys_window_until_migrated(policies, tmp_path):
     """A store from before signed records: its evidence is read as written only while the
-    policy's trust.accept_unsigned_evidence_before has not passed; `migrate_evidence` re-signs
+    policy's unsigned.read_evidence_before has not passed; `migrate_evidence` re-signs
     it (the migrator vouches for it), after which the window can close."""
     store = FileStore(tmp_path / "store")
     use_policy(store, policies)
@@ -337,7 +337,7 @@ def test_unsigned_evidence_is_read_in_the_policys_window_until_migrated(policies
         license_gate()
     gates = policies / "promotion-gates.yaml"
     text = gates.read_text()
-    gates.write_text(text + "trust:\n  accept_unsigned_evidence_before: 2999-01-01T00:00:00Z\n")
+    gates.write_text(text + "unsigned:\n  read_evidence_before: 2999-01-01T00:00:00Z\n")
     use_policy(store, policies)
     assert license_gate().passed and "reviewed by rita" in license_gate().reason
     assert check_gate(store, release, "production", "evaluation").passed

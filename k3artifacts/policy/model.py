@@ -148,18 +148,19 @@ class IdentityPolicy(_Strict):
     claimed_actor_on_file_stores: bool = False
 
 
-class TrustPolicy(_Strict):
-    """How records written before k3a signed them are read (docs/policy-and-identity.md)."""
+class UnsignedPolicy(_Strict):
+    """Records older than signed records, until ``k3a trust migrate`` re-signs them
+    (docs/policy-and-identity.md, "Records from before signing")."""
 
     #: Until this time, an evidence record written before records were signed (plain JSON: a
     #: review, an evaluation, a scan, a preflight, a traffic analysis, a single-node rollback
-    #: record, a warm manifest) is read as it was written, its maker the name it carries: a
-    #: migration window while `k3a trust migrate` re-signs them. From then on, and always when
-    #: unset, such a record is refused by name like any unsigned one. Approval requests and
+    #: record, a warm manifest) is read as it was written, its maker the name it carries. From
+    #: then on, and always when unset, such a record is refused by name like any unsigned one:
+    #: evidence decides moves, so it is never read unsigned by default. Approval requests and
     #: decisions are never read unsigned (ask again).
-    accept_unsigned_evidence_before: datetime | None = None
+    read_evidence_before: datetime | None = None
 
-    @field_validator("accept_unsigned_evidence_before")
+    @field_validator("read_evidence_before")
     @classmethod
     def _zoned(cls, value: datetime | None) -> datetime | None:
         if value is not None and value.tzinfo is None:
@@ -170,7 +171,7 @@ class TrustPolicy(_Strict):
 class GatePolicy(_Strict):
     schema_version: Literal[1] = 1
     identity: IdentityPolicy = IdentityPolicy()
-    trust: TrustPolicy = TrustPolicy()
+    unsigned: UnsignedPolicy = UnsignedPolicy()
     retention: RetentionPolicy = RetentionPolicy()
     channels: dict[str, ChannelPolicy]
 

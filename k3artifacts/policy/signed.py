@@ -11,7 +11,7 @@ identity that made it. Here that format meets the store's policy:
   created once (the first use of a store seeds its policy first, so the maker is in it);
 * :class:`RecordTrust`: what the policy in force trusts: its identities' keys and roles, and
   how long records written before k3a signed them are still read
-  (``trust.accept_unsigned_evidence_before``);
+  (``unsigned.read_evidence_before``);
 * :func:`read_signed` / :func:`parse_signed`: one stored record verified against it and
   parsed as its model.
 
@@ -66,7 +66,7 @@ MIGRATED = "k3a_migrated"
 UNSIGNED_HINT = ("records are written by k3a, signed by a key the store's policy trusts for "
                  "them: one written by hand counts for nothing. One written before k3a signed "
                  "records is re-signed by `k3a trust migrate` (or read while the policy's "
-                 "trust.accept_unsigned_evidence_before has not passed)")
+                 "unsigned.read_evidence_before has not passed)")
 
 Model = TypeVar("Model", bound=BaseModel)
 
@@ -95,7 +95,7 @@ class RecordTrust:
     @classmethod
     def of(cls, document: PolicyDocument, label: str) -> RecordTrust:
         return cls(document.identities.keyring(), f"the store's policy, {label},",
-                   document.gates.trust.accept_unsigned_evidence_before)
+                   document.gates.unsigned.read_evidence_before)
 
     def reads_unsigned(self, kind: str, now: datetime | None = None) -> bool:
         return (kind in UNSIGNED_READABLE and self.unsigned_before is not None

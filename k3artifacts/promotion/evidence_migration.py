@@ -3,7 +3,7 @@ what ``k3a trust migrate`` does for the evidence families (reviews, evaluations,
 preflights, traffic analyses, single-node rollback records, warm manifests).
 
 Until then such a record is read only while the store's policy says so
-(``trust.accept_unsigned_evidence_before``); everywhere else it is refused by name as
+(``unsigned.read_evidence_before``); everywhere else it is refused by name as
 ``unsigned``. Re-signing keeps each record's body exactly as it was, wrapped so that it says so
 (``policy/signed.py``), signed by the identity that migrates, who needs the role of each kind
 it re-signs and vouches for what it signs: the record counts for that identity from then on
