@@ -175,7 +175,7 @@ def test_hand_written_evidence_moves_no_gate_and_the_signed_evidence_passes_all_
             assert refused["exit_code"] == 4, forged
             named = next(k for k in (k for f in forged for k in keys[f])
                          if refused["error"].startswith(f"{k}: "))
-            assert f"{named}: refused (unsigned): a " in refused["error"], refused
+            assert f"{named}: refused (unsigned): no signature on this " in refused["error"]
             assert "k3a trust migrate" in refused["next"]
         with pytest.raises(Exception, match="never been promoted"):
             history(store, "production")
@@ -332,8 +332,9 @@ def test_unsigned_evidence_is_read_in_the_policys_window_until_migrated(policies
     def license_gate():
         return check_gate(store, release, "staging", "license")
 
-    with pytest.raises(Exception, match=r"refused \(unsigned\): a review record that carries "
-                                        r"no signature; the store's policy, version 1"):
+    with pytest.raises(Exception, match=r"refused \(unsigned\): no signature on this review "
+                                        r"record \(written by hand, or before k3a signed "
+                                        r"records\); the store's policy, version 1"):
         license_gate()
     gates = policies / "promotion-gates.yaml"
     text = gates.read_text()

@@ -146,7 +146,8 @@ def _body(data: bytes, key: str, kind: str, trust: RecordTrust,
         if not trust.reads_unsigned(kind, now):
             since = (f" (its migration window closed at {trust.unsigned_before:%Y-%m-%d %H:%M} "
                      "UTC)" if trust.unsigned_before and kind in UNSIGNED_READABLE else "")
-            raise UntrustedRecord(key, "unsigned", f"a {kind} record that carries no signature; "
+            raise UntrustedRecord(key, "unsigned", f"no signature on this {kind} record "
+                                  "(written by hand, or before k3a signed records); "
                                   f"{trust.policy} reads none{since}", hint=UNSIGNED_HINT)
         return plain, None, False
     verified = verify_record(data, key=key, kind=kind, keyring=trust.keyring,
