@@ -272,10 +272,10 @@ store = open_store(url)
 rel = Releases(store, scratch / "files")
 extra = {f"extra/{i % 20:02d}/{i:05d}.json": b"{}" for i in range(nfiles - 4)}
 a, b = rel.release(extra=extra), rel.release(extra=extra)
-for t in (a, b):
-    review_license(store, t.id, by="bench", by_source="os-user")
-    review_code(store, t.id, by="bench", by_source="os-user")
 bench = acting(store)  # the store's first use: the bench's key (in its home) becomes its root
+for t in (a, b):
+    review_license(store, t.id, by=bench)
+    review_code(store, t.id, by=bench)
 promote(store, a.id, "staging", acting=bench)
 times = {"promote": [], "rollback": []}
 for _ in range(rounds):

@@ -111,8 +111,7 @@ def promote_release(
     table = (gate_table(planned.gates)
              + f"\n\npolicy: {policy_label(planned.policy_version, planned.policy_digest)}")
     if endpoint:
-        smoked = smoke_endpoint(store, endpoint, tuple_id, by=requested_by or "prefect:promote",
-                                channel=channel)
+        smoked = smoke_endpoint(store, endpoint, tuple_id, channel=channel)
         if not smoked.passed:
             refused = Refused(BLOCKED, not_ready(smoked), "fix the endpoint, then run again")
             notify(events.promotion_blocked(tuple_id, channel, {"smoke": refused.message},

@@ -1,5 +1,6 @@
 """What promote and rollback share: the smoke suite against the endpoint serving the tuple,
-recorded beside the tuple and shown as a Prefect artifact (checks, latency vs concurrency)."""
+recorded beside the tuple (signed by the flow's own identity, which needs the role
+``evaluate``) and shown as a Prefect artifact (checks, latency vs concurrency)."""
 
 from __future__ import annotations
 
@@ -14,16 +15,17 @@ from k3artifacts.releases.evaluations import ReadinessReport
 from k3artifacts.reporting import events
 from k3artifacts.stores.base import Store
 
+from .approval import flow_actor
 from .common import slug
 from .notify import notify
 
 
 @task(name="smoke", cache_policy=NO_CACHE, persist_result=False)
-def smoke_endpoint(store: Store, endpoint: str, tuple_id: str, *, by: str,
+def smoke_endpoint(store: Store, endpoint: str, tuple_id: str, *,
                    channel: str) -> ReadinessReport:
     """Smoke ``endpoint`` for ``tuple_id``; the report is stored and published, pass or fail."""
     logger = get_run_logger()
-    outcome = smoke(store, endpoint, tuple_id, SmokeSettings(), by=by)
+    outcome = smoke(store, endpoint, tuple_id, SmokeSettings(), by=flow_actor(store))
     report = outcome.report
     create_markdown_artifact(report_markdown(report), key=slug("k3a-smoke", channel),
                              description=f"smoke of {tuple_id} at {endpoint}")

@@ -125,8 +125,7 @@ def rollback_channel(
                                           seq=result.entry.seq, who=result.entry.who,
                                           why=result.entry.why))
     if endpoint:
-        smoked = smoke_endpoint(store, endpoint, result.tuple_id, by=result.entry.who,
-                                channel=channel)
+        smoked = smoke_endpoint(store, endpoint, result.tuple_id, channel=channel)
         if not smoked.passed:
             raise GateFailed(f"{channel} now points at {result.tuple_id}, but "
                              + not_ready(smoked),

@@ -13,17 +13,17 @@ def resolve_gets(hub: FaultyHub, since: int = 0) -> list[str]:
 def answer_when_requested(store_url: str, run_input: dict, timeout: float = 120.0, before=None):
     """Start a thread that waits for a flow's approval request to appear in the store, then
     answers it as a release engineer running `k3a approve` would: ``run_input["reviewer"]``
-    is the approver's identity (an ``os-user`` Actor: tests/test_identity_policy.py runs the
-    real command under another uid), ``decision`` approve or reject, ``reason``. Returns
+    is the approver (a person of tests/fixtures/people.py, signing with its key),
+    ``decision`` approve or reject, ``reason``. Returns
     (thread, outcome): outcome gets the request id or the error. ``before(request)``, if
     given, runs once the request is there, before the answer."""
     import threading
     import time
 
-    from k3artifacts.policy.actor import Actor
     from k3artifacts.policy.approvals import PREFIX, get_request
     from k3artifacts.policy.decide import decide
     from k3artifacts.stores.registry import open_store
+    from tests.fixtures.people import person
 
     store = open_store(store_url)
     outcome: list[object] = []
@@ -43,7 +43,7 @@ def answer_when_requested(store_url: str, run_input: dict, timeout: float = 120.
                     if before is not None:
                         before(request)
                     decide(store, request.id,
-                           by=Actor(name=run_input["reviewer"], source="os-user"),
+                           by=person(run_input["reviewer"]),
                            approve=run_input["decision"] == "approve",
                            reason=run_input.get("reason") or None)
                     outcome.append(request.id)

@@ -25,6 +25,7 @@ from k3artifacts.readiness.record import evaluate
 from k3artifacts.serving.render.common import served_names
 from k3artifacts.stores.file import FileStore
 from tests.fixtures.moves import check_gates, use_policy
+from tests.fixtures.people import person
 from tests.support.openai_server import start
 from tests.support.releases import Releases
 
@@ -189,7 +190,7 @@ def test_without_a_sandbox_code_cases_are_not_run_and_the_gate_fails_closed(
     try:
         use_policy(store, policies)
         report = evaluate(store, server.url, release.id, "k3-core", channel="production",
-                          by="ci").report
+                          by=person("ci")).report
     finally:
         server.stop()
     skipped = {c.name: c.skipped for c in report.cases if c.skipped}
@@ -210,7 +211,7 @@ def test_a_policy_that_allows_it_judges_the_cases_that_ran_until_it_no_longer_do
     try:
         use_policy(store, _allowing(policies))
         report = evaluate(store, server.url, release.id, None, channel="production",
-                          by="ci").report
+                          by=person("ci")).report
     finally:
         server.stop()
     assert report.allow_unsandboxed_code and len(report.skipped) == 2

@@ -19,7 +19,7 @@ from k3artifacts.errors import ConfigError
 from k3artifacts.stores.file import FileStore
 from k3artifacts.stores.file_bootstrap import share
 from tests.fixtures.identities import TEAM_GROUP, k3a_as, pin_as
-from tests.fixtures.moves import as_actor, seed_people
+from tests.fixtures.moves import as_acting, seed_people
 from tests.fixtures.people import ME
 from tests.support.releases import Releases
 
@@ -130,7 +130,7 @@ def released(shared_store, tmp_path):
     with umask(0o077):
         seed_people(shared_store, packaged_document())
         release = Releases(shared_store, tmp_path / "scratch").release()
-        request = request_approval(shared_store, action="promote", by=as_actor(ME),
+        request = request_approval(shared_store, action="promote", by=as_acting(ME),
                                    channel="staging", tuple_id=release.id)
     return shared_store, release, request
 

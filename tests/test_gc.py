@@ -22,7 +22,8 @@ from k3artifacts.releases.retirement import RevisionRetiring, tombstone_key
 from k3artifacts.releases.tuples import TupleStore
 from k3artifacts.stores.file import FileStore
 from k3artifacts.stores.s3 import S3Store
-from tests.fixtures.moves import promote, rollback
+from tests.fixtures.moves import promote, rollback, use_policy
+from tests.fixtures.people import person
 from tests.fixtures.releases import passing_run
 from tests.support.releases import Releases
 
@@ -153,9 +154,11 @@ def test_a_promotion_during_gc_is_refused_or_keeps_the_revision(
              else request.getfixturevalue("seaweed_store"))
     from k3artifacts.releases.reviewing import review_code, review_license
 
+    use_policy(store, policies)  # the reviews are read through the identities it names
+
     def reviewed(r):
-        review_license(store, r.id, by="rita", by_source="os-user")
-        review_code(store, r.id, by="rita", by_source="os-user")
+        review_license(store, r.id, by=person("rita"))
+        review_code(store, r.id, by=person("rita"))
 
     old, doomed, policy, verdict = _setup_race(store, tmp_path, reviewed, policies)
     gate = doomed.binding.weights
@@ -212,11 +215,12 @@ def test_gc_racing_promotions_never_leaves_a_channel_on_deleted_weights(
              else request.getfixturevalue("seaweed_store"))
     from k3artifacts.releases.reviewing import review_code, review_license
 
+    use_policy(store, policies)  # the reviews are read through the identities it names
     releases = Releases(store, tmp_path / "scratch")
     candidates = [releases.release() for _ in range(8)]
     for r in candidates:
-        review_license(store, r.id, by="rita", by_source="os-user")
-        review_code(store, r.id, by="rita", by_source="os-user")
+        review_license(store, r.id, by=person("rita"))
+        review_code(store, r.id, by=person("rita"))
     policy = load_gate_policy(policies)
     gates = policies / "promotion-gates.yaml"
     gates.write_text(gates.read_text().replace(

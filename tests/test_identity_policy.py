@@ -27,6 +27,7 @@ from k3artifacts.trust.keys import signer_key_id as key_id
 from tests.fixtures import people
 from tests.fixtures.identities import k3a_as, pin_as
 from tests.fixtures.moves import promote, use_policy
+from tests.fixtures.people import person
 from tests.fixtures.releases import REVIEWER, passing_run, staged_for
 from tests.support.releases import Releases
 
@@ -97,8 +98,8 @@ def test_a_loose_policies_directory_cannot_move_production(judged_store, policie
     use_policy(store, policies)
     in_store = in_force(store)
     release = Releases(store, tmp_path / "scratch").release()
-    review_license(store, release.id, by=REVIEWER, by_source="os-user")
-    review_code(store, release.id, by=REVIEWER, by_source="os-user")
+    review_license(store, release.id, by=person(REVIEWER))
+    review_code(store, release.id, by=person(REVIEWER))
     staged_for(store, release, policies, hours=48)
     loose = loose_dir(policies, tmp_path)
 
@@ -198,7 +199,7 @@ def test_a_policy_change_is_recorded_with_identity_and_digest(
 def test_the_override_hint_offers_only_gates_that_have_one(file_store, policies, tmp_path):
     store = file_store
     release = Releases(store, tmp_path / "scratch").release(code=CODE)
-    review_code(store, release.id, by="ci", by_source="os-user")  # the promoter's own review
+    review_code(store, release.id, by=person("ci"))  # the promoter's own review
     gates = policies / "promotion-gates.yaml"
     gates.write_text(gates.read_text().replace(
         "    gates: [artifact, license, remote_code]\n",
@@ -225,8 +226,8 @@ def test_k3a_rollback_needs_the_approval_the_store_policy_asks_for(
     releases = Releases(store, tmp_path / "scratch")
     first, second = releases.release(), releases.release()
     for r in (first, second):
-        review_license(store, r.id, by=REVIEWER, by_source="os-user")
-        review_code(store, r.id, by=REVIEWER, by_source="os-user")
+        review_license(store, r.id, by=person(REVIEWER))
+        review_code(store, r.id, by=person(REVIEWER))
         promote(store, r.id, "staging", actor="ci", policies_dir=policies)
     env = dict(k3a_env, K3A_STORE=store.url)
 

@@ -8,6 +8,7 @@ import pytest
 
 from k3artifacts.errors import Refusal, ReleaseRefused
 from k3artifacts.staging.license import MAX_FRONT_MATTER, capture, card_metadata
+from tests.fixtures.people import person
 from tests.test_hostile_upstream import ALIAS_BOMB
 
 
@@ -68,9 +69,10 @@ def test_a_revision_whose_card_alone_names_its_license_is_reviewed_and_passes(
         local_hub, tmp_path):
     """Staged from a hub whose repo has no LICENSE file: the card is the license a tuple binds,
     `k3a review license --show` reads it from the store, and the license gate passes after."""
+    from k3artifacts.policy.record import packaged_document
     from k3artifacts.releases.reviewing import license_text, review_license
     from k3artifacts.stores.file import FileStore
-    from tests.fixtures.moves import check_gate
+    from tests.fixtures.moves import check_gate, seed_people
     from tests.staging_helpers import CARD, REPO, run_stage, small_release
     from tests.support.releases import Releases
 
@@ -78,12 +80,13 @@ def test_a_revision_whose_card_alone_names_its_license_is_reviewed_and_passes(
     del files["LICENSE"]
     local_hub.hub.add_commit(REPO, files)
     store = FileStore(tmp_path / "store")
+    seed_people(store, packaged_document())  # the review is read through its identities
     result = run_stage(local_hub.endpoint, store, tmp_path / "q")
     assert result.license_sha256 == hashlib.sha256(CARD).hexdigest()
     release = Releases(store, tmp_path / "scratch").tuple_for(
         store.published_manifest(REPO, result.commit))
     assert license_text(store, release.id) == CARD.decode()
-    review_license(store, release.id, by="rita", by_source="os-user")
+    review_license(store, release.id, by=person("rita"))
     assert check_gate(store, release, "staging", "license").passed
 
 

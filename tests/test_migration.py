@@ -8,7 +8,10 @@ from __future__ import annotations
 import json
 from datetime import UTC, datetime, timedelta
 
+import pytest
+
 from k3artifacts.canonical import canonical_json
+from k3artifacts.errors import UntrustedRecord
 from k3artifacts.migration.registry import MIGRATORS
 from k3artifacts.policy.actor import Actor
 from k3artifacts.policy.document import PolicyDocument
@@ -138,3 +141,33 @@ def test_a_history_that_does_not_hold_together_is_not_vouched_for(any_store, any
     refused = k3a(any_env, "trust", "migrate", expect=4)
     assert "set back by hand" in refused.stderr
     assert any_store.read(root_key(1)) is None  # refused before anything was written
+
+
+def test_migrate_re_signs_evidence_written_before_signing(any_store, any_env, policies,
+                                                          tmp_path):
+    """A license review written before records were signed (plain JSON) is re-signed by `k3a
+    trust migrate`, which vouches for it as the migrating root identity; from then on it is
+    read as any signed review is, and edited after the fact it is refused."""
+    from k3artifacts.policy.signed import read_signed
+    from k3artifacts.releases.reviews import REVIEWS, Review, review_key
+
+    _, (a, _, _) = old_store(any_store, policies, tmp_path)
+    sha = a.binding.license_sha256
+    w = a.binding.weights
+    key = review_key("license", sha)
+    any_store.create(key, canonical_json(Review(
+        kind="license", sha256=sha, path="LICENSE", reviewed_by="rita", reviewer_source="os-user",
+        reviewed_at=T0, tuple_id=a.id, repo_id=w.repo_id, commit=w.commit)))
+    dry = json.loads(k3a(any_env, "trust", "migrate", "--dry-run", "--json").stdout)
+    assert dry["families"]["evidence"] == ["re-sign 1 unsigned review record(s)"]
+
+    k3a(any_env, "trust", "migrate")
+    review = read_signed(any_store, key, REVIEWS)
+    assert (review.sha256, review.tuple_id) == (sha, a.id)
+    assert "nothing to migrate" in k3a(any_env, "trust", "migrate").stdout
+
+    record = json.loads(any_store.read(key).data)
+    record["body"] = {**record["body"], "note": "edited"}
+    overwrite(any_store, key, canonical_json(record))
+    with pytest.raises(UntrustedRecord, match="tampered"):
+        read_signed(any_store, key, REVIEWS)

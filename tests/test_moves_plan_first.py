@@ -50,6 +50,7 @@ from k3artifacts.traffic.analysis import analyze
 from k3artifacts.warm.capture import capture, parse_roots
 from k3artifacts.warm.retention import gc
 from tests.fixtures.moves import as_acting, use_policy
+from tests.fixtures.people import person
 from tests.support.releases import REPO_ID, Releases
 from tests.support.witness import RecordingServer, tree_snapshot
 
@@ -71,8 +72,8 @@ class Ctx:
         made = []
         for _ in range(n):
             t = self.rel.release()
-            review_license(self.store, t.id, by="rita", by_source="os-user")
-            review_code(self.store, t.id, by="rita", by_source="os-user")
+            review_license(self.store, t.id, by=person("rita"))
+            review_code(self.store, t.id, by=person("rita"))
             made.append(t)
         return made
 
@@ -132,20 +133,20 @@ def _tuple_unpublished(ctx: Ctx) -> Case:
 
 def _review_license_none(ctx: Ctx) -> Case:
     t = ctx.rel.release(license_text=None)
-    return Case(lambda: review_license(ctx.store, t.id, by="rita", by_source="os-user"),
+    return Case(lambda: review_license(ctx.store, t.id, by=person("rita")),
                 NotFound, 7)
 
 
 def _review_code_unknown(ctx: Ctx) -> Case:
-    return Case(lambda: review_code(ctx.store, UNKNOWN_TUPLE, by="rita", by_source="os-user"),
+    return Case(lambda: review_code(ctx.store, UNKNOWN_TUPLE, by=person("rita")),
                 NotFound, 7)
 
 
 def _approve_own(ctx: Ctx) -> Case:
     (t,) = ctx.reviewed()
-    asked = request_approval(ctx.store, action="promote", by=ME.actor, channel="staging",
+    asked = request_approval(ctx.store, action="promote", by=ME, channel="staging",
                              tuple_id=t.id)
-    return Case(lambda: decide(ctx.store, asked.id, by=ME.actor, approve=True),
+    return Case(lambda: decide(ctx.store, asked.id, by=ME, approve=True),
                 InvalidApproval, 5)
 
 
@@ -208,13 +209,13 @@ def _preflight_no_policy(ctx: Ctx) -> Case:
     t = ctx.rel.release()
     config = ctx.outside.kubeconfig(ctx.tmp / "kubeconfig")
     return Case(lambda: preflight(ctx.store, t.id, "staging", kubeconfig=config,
-                                  aws_profile=None, by="ci"), ConfigError, 9)
+                                  aws_profile=None, by=person("ci")), ConfigError, 9)
 
 
 def _traffic_no_such_step(ctx: Ctx) -> Case:
     t = ctx.rel.release()
     return Case(lambda: analyze(ctx.store, t.id, "production", 7,
-                                prometheus_url=ctx.outside.url, by="ci"), ConfigError, 9)
+                                prometheus_url=ctx.outside.url, by=person("ci")), ConfigError, 9)
 
 
 def _scan_another_image(ctx: Ctx) -> Case:
@@ -222,14 +223,14 @@ def _scan_another_image(ctx: Ctx) -> Case:
     other = f"{t.binding.image.repository}@sha256:{'e' * 64}"
     report = json.dumps({"SchemaVersion": 2, "Metadata": {"RepoDigests": [other]},
                          "Results": []}).encode()
-    return Case(lambda: scan_attach(ctx.store, t.id, report, "trivy.json", by="ci"),
+    return Case(lambda: scan_attach(ctx.store, t.id, report, "trivy.json", by=person("ci")),
                 ConfigError, 9)
 
 
 def _scan_ecr_unknown(ctx: Ctx) -> Case:
     ctx.aws_at_the_stand_in()
     return Case(lambda: scan_ecr(ctx.store, UNKNOWN_TUPLE, repository=None, region="us-east-1",
-                                 by="ci"), NotFound, 7)
+                                 by=person("ci")), NotFound, 7)
 
 
 def _eval_bad_suite(ctx: Ctx) -> Case:
@@ -237,17 +238,17 @@ def _eval_bad_suite(ctx: Ctx) -> Case:
     suite = ctx.tmp / "suite.yaml"
     suite.write_text("cases: [not closed\n")
     return Case(lambda: evaluate(ctx.store, ctx.outside.url, t.id, suite, channel="production",
-                                 by="ci"), ConfigError, 9)
+                                 by=person("ci")), ConfigError, 9)
 
 
 def _smoke_empty_channel(ctx: Ctx) -> Case:
-    return Case(lambda: smoke(ctx.store, ctx.outside.url, "staging", SmokeSettings(), by="ci"),
+    return Case(lambda: smoke(ctx.store, ctx.outside.url, "staging", SmokeSettings(), by=person("ci")),
                 NotFound, 7)
 
 
 def _attach_not_a_report(ctx: Ctx) -> Case:
     t = ctx.rel.release()
-    return Case(lambda: attach(ctx.store, t.id, b"{}", "report.json", by="ci"), ConfigError, 9)
+    return Case(lambda: attach(ctx.store, t.id, b"{}", "report.json", by=person("ci")), ConfigError, 9)
 
 
 def _warm_capture_link(ctx: Ctx) -> Case:
@@ -258,7 +259,7 @@ def _warm_capture_link(ctx: Ctx) -> Case:
     (cache / "planted").symlink_to("/etc/passwd")
     return Case(lambda: capture(ctx.store, t, gpu="NVIDIA H100 80GB HBM3", tensor_parallel=8,
                                 pipeline_parallel=1, roots=parse_roots([f"triton={cache}"]),
-                                captured_by="ci"), UnsafeCacheEntry, 9)
+                                by=person("ci")), UnsafeCacheEntry, 9)
 
 
 def _gc_pointer_set_back(ctx: Ctx) -> Case:

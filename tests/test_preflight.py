@@ -34,6 +34,7 @@ from k3artifacts.serving.profiles import (
     serving_spec,
 )
 from tests.fixtures.moves import check_gate, use_policy
+from tests.fixtures.people import person
 
 REGION, ZONE = "us-east-1", "us-east-1a"
 NOW = datetime(2026, 12, 1, 12, tzinfo=UTC)
@@ -277,7 +278,7 @@ def test_preflight_feeds_the_infrastructure_gate(kube, site, published_revision,
                 AwsClients(ec2=site["ec2"], capacity=capacity, fsx=site["fsx"], iam=site["iam"]),
                 nodes=lambda: list_nodes(config), total_bytes=1_560_000_000_000, now=at)
         record_preflight(published_revision.store, release.id, "production",
-                         report.model_dump(mode="json"), by="ci", now=at)
+                         report.model_dump(mode="json"), by=person("ci"), now=at)
         return report
 
     bad = preflight(_reservation(AvailabilityZone="us-east-1c"))

@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from k3artifacts.errors import ConfigError, GateFailed, K3AError, NotFound
+from k3artifacts.errors import ConfigError, GateFailed, NotFound, UntrustedRecord
 from k3artifacts.releases.channels import (
     Approval,
     ChannelMoved,
@@ -19,7 +19,8 @@ from k3artifacts.releases.channels import (
 )
 from k3artifacts.releases.evaluations import attach_evaluation
 from k3artifacts.releases.reviewing import review_code, review_license
-from tests.fixtures.moves import check_gates, promote, rollback
+from tests.fixtures.moves import check_gates, promote, rollback, use_policy
+from tests.fixtures.people import person
 from tests.fixtures.releases import ATOMIC_STORES, require_atomic_cas, staged_for
 
 CODE = {"modeling_kimi.py": b"def forward(x):\n    return x\n"}
@@ -69,7 +70,7 @@ def test_a_failing_gate_blocks_promotion_with_its_reason(store, releases, polici
 
 def test_an_override_needs_a_reason_and_is_recorded(store, releases, policies):
     release = releases.release()
-    review_license(store, release.id, by="rita", by_source="os-user")
+    review_license(store, release.id, by=person("rita"))
     staged_for(store, release, policies)
     with pytest.raises(ConfigError, match="needs a reason"):
         _promote(store, release, "production", policies, overrides={"evaluation": "  "})
@@ -165,9 +166,9 @@ def test_evaluation_gate_refuses_attached_reports_unless_overridden(
 
     assert "no evaluation run of eval-suites/k3-core.yaml" in evaluation().reason
     high = {"suite": "k3-core", "passed": 99, "total": 100}
-    _record, written = attach_evaluation(store, release.id, high, by="ci")
+    _record, written = attach_evaluation(store, release.id, high, by=person("ci"))
     assert written
-    _, again = attach_evaluation(store, release.id, high, by="ci")
+    _, again = attach_evaluation(store, release.id, high, by=person("ci"))
     assert not again  # create-once: the same report is not attached twice
     # Nothing ran the attached numbers: the gate names them and refuses.
     gate = evaluation()
@@ -189,22 +190,23 @@ def test_license_changed_since_review_blocks_until_reviewed(store, releases, pol
     assert f"differs from the one rita reviewed for {new.binding.weights.repo_id}" in str(
         err.value
     )
-    outcome = review_license(store, new.id, by="bob", by_source="os-user", note="attribution")
+    outcome = review_license(store, new.id, by=person("bob"), note="attribution")
     assert outcome.written and outcome.review.license == "modified-mit"
     assert _promote(store, new, "staging", policies).changed
 
 
 def test_reviews_are_idempotent_create_once_records_in_the_store(store, releases, policies):
+    use_policy(store, policies)  # the reviews are read through the identities it names
     release = releases.release(code=CODE)
-    first = review_license(store, release.id, by="alice", by_source="os-user")
+    first = review_license(store, release.id, by=person("alice"))
     assert first.written and first.key == f"releases/reviews/license/{release.binding.license_sha256}.json"
     before = store.read(first.key)
-    again = review_license(store, release.id, by="bob", by_source="os-user")
+    again = review_license(store, release.id, by=person("bob"))
     assert not again.written and again.review.reviewed_by == "alice"
     assert store.read(first.key).data == before.data
-    code = review_code(store, release.id, by="alice", by_source="os-user")
+    code = review_code(store, release.id, by=person("alice"))
     assert [r.path for r in code.recorded] == ["modeling_kimi.py"]
-    code_again = review_code(store, release.id, by="alice", by_source="os-user")
+    code_again = review_code(store, release.id, by=person("alice"))
     assert code_again.recorded == [] and len(code_again.already_reviewed) == 1
     # Nothing but the fixture's own policy files in policies/: the reviews are store records.
     assert sorted(p.name for p in policies.rglob("*.yaml")) == [
@@ -215,9 +217,9 @@ def test_malformed_policy_files_and_review_records_are_named(store, releases, po
     release = releases.release()
     key = f"releases/reviews/license/{release.binding.license_sha256}.json"
     store.create(key, b'{"sha256": "abc", "reviewer": "alice"}')
-    with pytest.raises(K3AError, match=f"review record {key} is malformed") as bad:
+    with pytest.raises(UntrustedRecord, match=f"{key}: refused \\(unsigned\\)") as bad:
         _promote(store, release, "staging", policies)
-    assert bad.value.exit_code == 9
+    assert bad.value.exit_code == 4
     gates_file = policies / "promotion-gates.yaml"
     gates_file.write_text("channels:\n  production:\n    gates: [artifact, evaluation]\n")
     with pytest.raises(ConfigError, match=f"{gates_file}.*min_pass_rate"):

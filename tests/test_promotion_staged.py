@@ -9,6 +9,7 @@ from k3artifacts.errors import GateFailed, NotFound
 from k3artifacts.releases.channels import history
 from k3artifacts.releases.reviewing import review_code, review_license
 from tests.fixtures.moves import check_gates, promote, rollback
+from tests.fixtures.people import person
 from tests.staging_helpers import REPO, run_stage, small_release
 
 
@@ -28,8 +29,8 @@ def test_staged_revisions_through_gates_promotion_and_rollback(
     with pytest.raises(GateFailed):
         promote(store, first.id, "staging", actor="alice", policies_dir=policies)
 
-    review_license(store, first.id, by="alice", by_source="os-user")
-    assert review_code(store, first.id, by="alice", by_source="os-user").recorded
+    review_license(store, first.id, by=person("alice"))
+    assert review_code(store, first.id, by=person("alice")).recorded
     promote(store, first.id, "staging", actor="alice", policies_dir=policies)
 
     # The next upstream revision carries the same license text and code: no new review.

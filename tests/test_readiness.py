@@ -15,7 +15,7 @@ import yaml
 from click.testing import CliRunner
 
 from k3artifacts.cli import cli
-from k3artifacts.errors import ConfigError, GateFailed
+from k3artifacts.errors import GateFailed, UntrustedRecord
 from k3artifacts.readiness.markdown import report_markdown
 from k3artifacts.readiness.record import evaluate
 from k3artifacts.readiness.sweep import knee, percentile
@@ -28,6 +28,7 @@ from k3artifacts.releases.evaluations import (
 from k3artifacts.serving.render.common import served_name, served_names
 from k3artifacts.stores.file import FileStore
 from tests.fixtures.moves import check_gates, promote, use_policy
+from tests.fixtures.people import person
 from tests.fixtures.releases import REPO_ROOT, staged_for
 from tests.support.openai_server import start
 from tests.support.ports import free_ports
@@ -100,7 +101,7 @@ def test_a_passing_run_lets_production_gate_pass(store, tmp_path, fast_policies,
     reviewed(release)
     s = server(served_names(release))
     outcome = evaluate(store, s.url, release.id, fast_policies / SUITE, channel="production",
-                       by="ci")
+                       by=person("ci"))
     report = outcome.report
     assert report.passed and outcome.written, report.failed
     assert [c.name for c in report.checks] == [
@@ -157,7 +158,7 @@ def test_each_failure_mode_names_its_check_and_the_gate_refuses_the_report(
         url = server(name, **faults).url
     began = time.monotonic()
     outcome = evaluate(store, url, release.id, fast_policies / SUITE, channel="production",
-                       by="ci")
+                       by=person("ci"))
     report = outcome.report
     failed = {c.name for c in report.failed}
     assert failing <= failed, (failing - failed, report.failed)
@@ -182,17 +183,25 @@ def test_reports_for_another_tuple_or_suite_are_refused(store, tmp_path, fast_po
     reviewed(other)
     s = server(served_names(ran))
     outcome = evaluate(store, s.url, ran.id, fast_policies / SUITE, channel="production",
-                       by="ci")
+                       by=person("ci"))
     assert outcome.report.passed
     # Nothing ran against `other`: its gate has no evidence.
     assert "no evaluation run of eval-suites/k3-core.yaml" in _gate(store, other,
                                                                       fast_policies).reason
-    # The run's record copied beside `other` (as if someone moved it) is refused by name.
+    # The run's signed record copied beside `other` (as if someone moved it) is refused by
+    # name: its statement names the key it was signed for.
+    signed = store.read(f"{evaluations_prefix(ran.id)}{outcome.record.report_sha256}.json")
+    key = f"{evaluations_prefix(other.id)}{outcome.record.report_sha256}.json"
+    store.create(key, signed.data)
+    with pytest.raises(UntrustedRecord, match=r"refused \(wrong-key\)") as copied:
+        check_gates(store, other.id, "production", policies_dir=fast_policies)
+    assert copied.value.exit_code == 4
+    store.delete(key)
+    # Rewritten by hand as the other tuple's record, it carries no signature at all.
     moved = EvaluationRecord.model_validate(
         outcome.record.model_dump() | {"tuple_id": other.id})
-    key = f"{evaluations_prefix(other.id)}{moved.report_sha256}.json"
     store.create(key, moved.model_dump_json().encode())
-    with pytest.raises(ConfigError, match=f"reports on {ran.id}, not {other.id}"):
+    with pytest.raises(UntrustedRecord, match=r"refused \(unsigned\)"):
         check_gates(store, other.id, "production", policies_dir=fast_policies)
 
     # A run of an edited suite file does not count for the policy's file.
@@ -201,7 +210,7 @@ def test_reports_for_another_tuple_or_suite_are_refused(store, tmp_path, fast_po
     fresh = releases.release()
     reviewed(fresh)
     s2 = server(served_names(fresh))
-    assert evaluate(store, s2.url, fresh.id, edited, channel="production", by="ci").report.passed
+    assert evaluate(store, s2.url, fresh.id, edited, channel="production", by=person("ci")).report.passed
     reason = _gate(store, fresh, fast_policies).reason
     assert "the latest run is of suite 'k3-core' sha256" in reason and "not the policy's" in reason
 
@@ -213,12 +222,12 @@ def test_regression_against_the_production_report_is_refused(store, tmp_path, fa
     for r in (prod, cand):
         reviewed(r)
     evaluate(store, server(served_names(prod)).url, prod.id, fast_policies / SUITE,
-             channel="production", by="ci")
+             channel="production", by=person("ci"))
     staged_for(store, prod, fast_policies)  # production comes after staging
     promote(store, prod.id, "production", actor="alice", policies_dir=fast_policies)
     slow = server(served_names(cand), token_delay=0.03)  # passes every SLO, but much slower
     outcome = evaluate(store, slow.url, cand.id, fast_policies / SUITE, channel="production",
-                       by="ci")
+                       by=person("ci"))
     assert outcome.report.baseline is not None and outcome.report.baseline.tuple_id == prod.id
     assert outcome.report.regressions
     gate = _gate(store, cand, fast_policies)
@@ -240,12 +249,12 @@ def test_eval_run_that_regresses_against_the_previous_run_makes_the_gate_fail(
     for r in (prod, cand):
         reviewed(r)
     evaluate(store, server(served_names(prod)).url, prod.id, fast_policies / SUITE,
-             channel="production", by="ci")
+             channel="production", by=person("ci"))
     staged_for(store, prod, fast_policies)
     promote(store, prod.id, "production", actor="alice", policies_dir=fast_policies)
     slow = server(served_names(cand), token_delay=0.03)  # within every SLO, but much slower
     outcome = evaluate(store, slow.url, cand.id, fast_policies / SUITE, channel="production",
-                       by="ci")
+                       by=person("ci"))
     report = outcome.report
     assert report.baseline is not None and report.baseline.tuple_id == prod.id
     assert not report.failed and report.pass_rate == 1.0  # every check and case passed...
@@ -382,11 +391,12 @@ def test_run_reports_are_create_once_beside_the_tuple_on_s3(s3_store, tmp_path, 
                                                              server):
     from k3artifacts.releases.evaluations import record_run
 
+    use_policy(s3_store, fast_policies)  # the records are read through its identities
     release = Releases(s3_store, tmp_path / "scratch").release()
     outcome = evaluate(s3_store, server(served_names(release)).url, release.id,
-                       fast_policies / SUITE, channel="production", by="ci")
+                       fast_policies / SUITE, channel="production", by=person("ci"))
     assert outcome.written
-    again, written = record_run(s3_store, outcome.report, by="someone-else")
+    again, written = record_run(s3_store, outcome.report, by=person("someone-else"))
     assert not written and again.attached_by == "ci"  # the first record stands
     (stored,) = list_evaluations(s3_store, release.id)
     assert stored.readiness() == outcome.report

@@ -10,12 +10,12 @@ import pytest
 from click.testing import CliRunner
 
 from k3artifacts.cli import cli
-from k3artifacts.errors import ConfigError, GateFailed
+from k3artifacts.errors import ConfigError, GateFailed, UntrustedRecord
 from k3artifacts.releases.channels import current, history
 from k3artifacts.releases.reviewing import review_license
-from k3artifacts.releases.reviews import CorruptReview, review_key
+from k3artifacts.releases.reviews import review_key
 from tests.fixtures.moves import check_gates, promote, use_policy
-from tests.fixtures.people import key_file
+from tests.fixtures.people import key_file, person
 from tests.fixtures.releases import passing_run, staged_for
 from tests.support.releases import Releases
 
@@ -37,7 +37,7 @@ def test_a_tuple_that_does_not_render_is_refused_until_recreated_with_the_input(
     manifest = releases.publish()
     bare = releases.tuple_for(manifest, site=False)  # made without --fsx-*
     for r in (bare,):
-        review_license(file_store, r.id, by="rita", by_source="os-user")
+        review_license(file_store, r.id, by=person("rita"))
         passing_run(file_store, r)
         staged_for(file_store, r, policies)
     failed = _failed(file_store, bare, policies)
@@ -127,13 +127,15 @@ def test_hand_written_reviews_do_not_satisfy_the_gate(store, releases, policies)
     failed = _failed(store, release, policies)
     assert f"license sha256 {sha} has not been reviewed (no record {review_key('license', sha)}" in (
         failed["license"])
-    # A record filed under the key of the tuple's text but about another text is refused.
+    # A signed review copied under the key of the tuple's text is refused: its statement
+    # names the key it was signed for.
     other = review_license(store, releases.release(license_text="Apache-2.0\n").id,
-                           by="rita", by_source="os-user")
+                           by=person("rita"))
     body = store.read(other.key).data
     store.create(review_key("license", sha), body)
-    with pytest.raises(CorruptReview, match="is about license"):
+    with pytest.raises(UntrustedRecord, match=r"refused \(wrong-key\): signed for") as moved:
         check_gates(store, release.id, "staging", policies_dir=policies)
+    assert moved.value.exit_code == 4
 
 
 def _assumed(moto_endpoint, name):
@@ -194,6 +196,6 @@ def test_order_can_require_gates_passed_on_the_earlier_channel(store, releases, 
     promote(store, release.id, "staging", actor="ci", policies_dir=policies,
             overrides={"license": "legal is reading it"},
             now=datetime.now(UTC) - timedelta(hours=48))
-    review_license(store, release.id, by="rita", by_source="os-user")
+    review_license(store, release.id, by=person("rita"))
     reason = _failed(store, release, policies)["promotion_order"]
     assert "on staging (#1) license did not pass (overridden or not run)" in reason

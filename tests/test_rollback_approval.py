@@ -12,7 +12,7 @@ from k3artifacts.policy.model import load_gate_policy
 from k3artifacts.policy.record import in_force
 from k3artifacts.promotion.moves import ApprovalNeeded
 from k3artifacts.releases.channels import current, history
-from tests.fixtures.moves import as_actor, promote, rollback, use_policy
+from tests.fixtures.moves import as_acting, promote, rollback, use_policy
 
 
 def _two_promoted(store, releases, policies, reviewed):
@@ -24,9 +24,9 @@ def _two_promoted(store, releases, policies, reviewed):
 
 
 def _requested(store, first, *, approver, approve=True, reason="p99 regressed"):
-    request = request_approval(store, action="rollback", by=as_actor("oncall"),
+    request = request_approval(store, action="rollback", by=as_acting("oncall"),
                                channel="staging", tuple_id=first.id)
-    decide(store, request.id, by=as_actor(approver), approve=approve, reason=reason)
+    decide(store, request.id, by=as_acting(approver), approve=approve, reason=reason)
     return request.id
 
 
@@ -68,9 +68,9 @@ def test_rollback_approval_is_enforced_by_the_library_for_every_caller(
         rollback(store, "staging", actor="ci")
     assert "k3a approve" in needed.value.hint
     # An approval of another move does not do either.
-    other = request_approval(store, action="rollback", by=as_actor("oncall"), channel="staging",
+    other = request_approval(store, action="rollback", by=as_acting("oncall"), channel="staging",
                              tuple_id=second.id)
-    decide(store, other.id, by=as_actor("bob"), approve=True)
+    decide(store, other.id, by=as_acting("bob"), approve=True)
     with pytest.raises(GateFailed, match="not this rollback"):
         rollback(store, "staging", actor="ci", approval=other.id)
     assert current(store, "staging").tuple_id == second.id

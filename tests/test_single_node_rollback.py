@@ -15,17 +15,18 @@ import time
 import pytest
 import urllib3
 
-from k3artifacts.canonical import canonical_json
 from k3artifacts.policy.approvals import request_approval
 from k3artifacts.policy.decide import decide
+from k3artifacts.policy.signed import read_signed
 from k3artifacts.preflight.kube import KubeAPI
-from k3artifacts.promotion.single_node import rollback_single_node, running_requests
+from k3artifacts.promotion.single_node import SINGLE_NODE, rollback_single_node, running_requests
 from k3artifacts.readiness.suite import SmokeSettings, SweepSettings
 from k3artifacts.releases.channels import read_state
 from k3artifacts.releases.reviewing import review_code, review_license
 from k3artifacts.serving.render.common import served_name, served_names
 from k3artifacts.stores.file import FileStore
-from tests.fixtures.moves import as_acting, as_actor, promote, use_policy
+from tests.fixtures.moves import as_acting, promote, use_policy
+from tests.fixtures.people import person
 from tests.support.openai_server import start
 from tests.support.releases import Releases
 from tests.support.witness import RecordingServer, tree_snapshot
@@ -62,8 +63,8 @@ def channel(tmp_path, policies):
     rel = Releases(store, tmp_path / "scratch")
     a, b = rel.release(), rel.release()
     for t in (a, b):
-        review_license(store, t.id, by="rita", by_source="os-user")
-        review_code(store, t.id, by="rita", by_source="os-user")
+        review_license(store, t.id, by=person("rita"))
+        review_code(store, t.id, by=person("rita"))
         promote(store, t.id, "staging", actor="ci", policies_dir=policies)
     return store, a, b
 
@@ -125,7 +126,8 @@ def test_steps_in_order_after_the_node_drained(tmp_path, cluster, channel):
             {"spec": {"selector": {"k3a.io/admitting": None}}}) in patches
     assert read_state(store, "staging").tuple_id == a.id
     assert done.key.startswith("releases/single-node/staging/")
-    assert store.read(done.key).data == canonical_json(report)
+    # The record is signed by who rolled back, and read only through that signature.
+    assert read_signed(store, done.key, SINGLE_NODE) == report and report.by == "oncall"
 
 
 def test_a_drain_that_times_out_changes_nothing_and_reopens(tmp_path, cluster, channel):
@@ -201,9 +203,9 @@ def test_a_rollback_without_the_approval_the_policy_requires_touches_no_node(
     use_policy(store, policies)
     args = []
     if approval == "of another move":
-        other = request_approval(store, action="rollback", by=as_actor("oncall"),
+        other = request_approval(store, action="rollback", by=as_acting("oncall"),
                                  channel="staging", tuple_id=b.id)
-        decide(store, other.id, by=as_actor("bob"), approve=True)
+        decide(store, other.id, by=as_acting("bob"), approve=True)
         args = ["--approval", other.id]
     run, node_calls, changed = _refused_on_the_node(store, config, k3a_cmd, k3a_env, *args)
     assert run.returncode == 5, run.stderr

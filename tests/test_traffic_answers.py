@@ -24,6 +24,7 @@ from k3artifacts.traffic.analysis import analyze_step
 from k3artifacts.traffic.prometheus import Prometheus
 from tests.faults.faultkit import send_slowly, serving
 from tests.fixtures.moves import check_gate, use_policy
+from tests.fixtures.people import person
 from tests.support.releases import Releases
 
 TRAFFIC = {
@@ -184,7 +185,7 @@ def test_the_traffic_gate_never_passes_a_stored_value_outside_its_meaning(releas
         metrics=[MetricResult(name=name, query="q", bound="min" if name == "requests" else "max",
                               limit=1.0, value=value, passed=True)
                  for name, value in values.items()])
-    record_analysis(store, forged, by="someone")
+    record_analysis(store, forged, by=person("someone"))
     verdict = check_gate(store, release, "production", "traffic")
     assert not verdict.passed
     assert "e2e_latency refused: -1 is negative; a latency cannot be" in verdict.reason

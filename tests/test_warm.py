@@ -17,6 +17,8 @@ from cryptography.hazmat.primitives.asymmetric import ec
 
 from k3artifacts.errors import UnsafeCacheEntry
 from k3artifacts.policy.model import load_gate_policy
+from k3artifacts.policy.record import packaged_document
+from k3artifacts.policy.signed import record_trust
 from k3artifacts.releases.retention import plan, retire
 from k3artifacts.signing.keys import KeySigner
 from k3artifacts.stores.file import FileStore
@@ -33,11 +35,23 @@ from k3artifacts.warm.model import (
 from k3artifacts.warm.node import drop_warm, list_warm
 from k3artifacts.warm.retention import retire_warm, sweep_blobs
 from k3artifacts.warm.trust import WarmTrust
+from tests.fixtures.moves import seed_people
+from tests.fixtures.people import person
 from tests.fixtures.releases import REPO_ROOT
 from tests.support.releases import Releases
 
 GPU = "NVIDIA H200"
-OPEN = WarmTrust()
+
+
+def OPEN(store) -> WarmTrust:  # noqa: N802 - reads as the constant it was
+    """A channel rule that asks for no release signature: the capturer's record alone, read
+    through the store's policy (which names the test's people, "test" among them)."""
+    return WarmTrust(records=record_trust(store))
+
+
+def manifest_of(store, key: str) -> WarmManifest:
+    """The manifest a stored record carries (its body; the envelope signs it)."""
+    return WarmManifest.model_validate(json.loads(store.read(key).data)["body"])
 
 
 def cache_tree(base: Path, small: int, large: int = 0, seed: int = 1) -> dict[str, Path]:
@@ -61,7 +75,7 @@ def cache_tree(base: Path, small: int, large: int = 0, seed: int = 1) -> dict[st
 def _capture(store, release, dirs, *, gpu=GPU, signer=None):
     return capture(store, release, gpu=gpu, tensor_parallel=8, pipeline_parallel=1,
                    roots=parse_roots([f"{n}={p}" for n, p in dirs.items()]),
-                   captured_by="test", signer=signer)
+                   by=person("test"), signer=signer)
 
 
 def _files(root: Path) -> dict[str, bytes]:
@@ -71,9 +85,10 @@ def _files(root: Path) -> dict[str, bytes]:
 
 @pytest.fixture(params=["file", pytest.param("seaweed", marks=pytest.mark.s3)])
 def any_store(request, tmp_path):
-    if request.param == "seaweed":
-        return request.getfixturevalue("seaweed_store")
-    return FileStore(tmp_path / "store")
+    store = request.getfixturevalue("seaweed_store") if request.param == "seaweed" \
+        else FileStore(tmp_path / "store")
+    seed_people(store, packaged_document())
+    return store
 
 
 @pytest.mark.slow
@@ -82,7 +97,7 @@ def test_capture_pull_use_on_every_store(any_store, tmp_path):
     release = Releases(store, tmp_path / "scratch").release()
     dirs = cache_tree(tmp_path / "caches", small=2000, large=2)
     result = _capture(store, release, dirs)
-    manifest = WarmManifest.model_validate_json(store.read(result.key).data)
+    manifest = manifest_of(store, result.key)
     on_disk = {f"{n}/{k}": v for n, p in dirs.items() for k, v in _files(p).items()}
     assert result.files == len(on_disk) == len(manifest.files)
     # Each distinct content stored once, under its sha256.
@@ -93,12 +108,12 @@ def test_capture_pull_use_on_every_store(any_store, tmp_path):
         _capture(store, release, dirs)
 
     root = tmp_path / "node"
-    pulled = prewarm.fetch(store, release, root, gpu=GPU, trust=OPEN)
+    pulled = prewarm.fetch(store, release, root, gpu=GPU, trust=OPEN(store))
     assert pulled.ok, pulled.line()
-    again = prewarm.fetch(store, release, root, gpu=GPU, trust=OPEN)
+    again = prewarm.fetch(store, release, root, gpu=GPU, trust=OPEN(store))
     assert again.ok and again.already_present
     into = tmp_path / "work"
-    used = prewarm.prepare(store, release, root, into, gpu=GPU, trust=OPEN, pull=False)
+    used = prewarm.prepare(store, release, root, into, gpu=GPU, trust=OPEN(store), pull=False)
     assert used.ok, used.line()
     for name, path in dirs.items():
         assert _files(into / name) == _files(path)
@@ -113,6 +128,7 @@ def test_capture_pull_use_on_every_store(any_store, tmp_path):
 @pytest.fixture
 def captured(tmp_path):
     store = FileStore(tmp_path / "store")
+    seed_people(store, packaged_document())
     releases = Releases(store, tmp_path / "scratch")
     release = releases.release()
     dirs = cache_tree(tmp_path / "caches", small=40)
@@ -121,31 +137,57 @@ def captured(tmp_path):
 
 def test_foreign_gpu_other_layout_and_absent_are_named_misses(captured, tmp_path):
     store, releases, release, dirs = captured
-    assert prewarm.fetch(store, release, tmp_path / "n", gpu=GPU, trust=OPEN).reason == "absent"
+    assert prewarm.fetch(store, release, tmp_path / "n", gpu=GPU, trust=OPEN(store)).reason == "absent"
     _capture(store, release, dirs)
-    miss = prewarm.fetch(store, release, tmp_path / "n", gpu="NVIDIA B200", trust=OPEN)
+    miss = prewarm.fetch(store, release, tmp_path / "n", gpu="NVIDIA B200", trust=OPEN(store))
     assert (miss.ok, miss.reason) == (False, "foreign-gpu")
-    miss = prewarm.fetch(store, release, tmp_path / "n", gpu=GPU, trust=OPEN, tp=4)
+    miss = prewarm.fetch(store, release, tmp_path / "n", gpu=GPU, trust=OPEN(store), tp=4)
     assert miss.reason == "other-layout"
-    assert prewarm.fetch(store, release, tmp_path / "n", gpu=None, trust=OPEN).reason == "no-gpu"
+    assert prewarm.fetch(store, release, tmp_path / "n", gpu=None, trust=OPEN(store)).reason == "no-gpu"
     assert list_warm(tmp_path / "n") == []
 
 
-def test_an_artifact_of_another_tuple_is_a_miss(captured, tmp_path):
+def test_an_artifact_of_another_tuple_or_by_nobody_the_policy_trusts_is_a_miss(captured,
+                                                                               tmp_path):
     store, releases, release, dirs = captured
     other = releases.release()
     result = _capture(store, release, dirs)
-    # Someone copies tuple A's artifact under tuple B's key.
-    store.create(artifact_key(other.id, GPU, "tp8"), store.read(result.key).data)
-    miss = prewarm.fetch(store, other, tmp_path / "n", gpu=GPU, trust=OPEN)
-    assert miss.reason == "other-tuple"
-    # A manifest edited to claim the tuple is still bound to the other image/args... and
-    # anything not canonical is refused before that.
+    key = artifact_key(other.id, GPU, "tp8")
+
+    def planted(data: bytes):
+        store.delete(key)  # a colleague with write access to the store
+        store.create(key, data)
+        return prewarm.fetch(store, other, tmp_path / "n", gpu=GPU, trust=OPEN(store))
+
+    # Tuple A's artifact copied under tuple B's key: signed for A's key.
+    miss = planted(store.read(result.key).data)
+    assert miss.reason == "untrusted" and "refused (wrong-key)" in miss.detail
+    # Its manifest edited in place (a file dropped from it): not the body its capturer signed.
     raw = json.loads(store.read(result.key).data)
-    raw["tuple_id"] = other.id
-    store.delete(artifact_key(other.id, GPU, "tp8"))
-    store.create(artifact_key(other.id, GPU, "tp8"), json.dumps(raw, indent=1).encode())
-    assert prewarm.fetch(store, other, tmp_path / "n", gpu=GPU, trust=OPEN).reason == "malformed"
+    edited = dict(raw, body=dict(raw["body"], files=raw["body"]["files"][1:]))
+    store.delete(result.key)
+    store.create(result.key, json.dumps(edited).encode())
+    miss = prewarm.fetch(store, release, tmp_path / "n", gpu=GPU, trust=OPEN(store))
+    assert miss.reason == "untrusted" and "refused (tampered)" in miss.detail
+    raw["body"]["tuple_id"] = other.id
+    # Written by hand, as manifests were before they were signed records.
+    miss = planted(json.dumps(raw["body"]).encode())
+    assert miss.reason == "untrusted" and "refused (unsigned)" in miss.detail
+    # Signed by someone the policy does not let capture warm starts.
+    from k3artifacts.trust.envelope import sign_record
+    from tests.fixtures.people import signer_of
+
+    forged = sign_record(key=key, kind="warm-manifest", body=raw["body"],
+                         signer=signer_of("mallory"), identity="mallory")
+    miss = planted(forged)
+    assert miss.reason == "untrusted" and "refused (untrusted-key)" in miss.detail
+    # A capturer's record whose body names another tuple's image: another tuple's capture.
+    signed = person("test").sign(key=key, kind="warm-manifest", body=raw["body"] | {
+        "image_digest": "sha256:" + "0" * 64})
+    assert planted(signed).reason == "other-tuple"
+    # Bytes that are no record at all.
+    assert planted(b"\xff not json").reason == "malformed"
+    assert list_warm(tmp_path / "n") == []
 
 
 def test_unsigned_and_untrusted_signatures_are_misses_where_signatures_are_required(
@@ -153,8 +195,8 @@ def test_unsigned_and_untrusted_signatures_are_misses_where_signatures_are_requi
     store, releases, release, dirs = captured
     trusted_key = ec.generate_private_key(ec.SECP256R1())
     other_key = ec.generate_private_key(ec.SECP256R1())
-    strict = WarmTrust(require_signature=True, trusted={"release": trusted_key.public_key()},
-                       channel="production")
+    strict = WarmTrust(records=record_trust(store), require_signature=True,
+                       trusted={"release": trusted_key.public_key()}, channel="production")
     result = _capture(store, release, dirs)
     assert prewarm.fetch(store, release, tmp_path / "a", gpu=GPU, trust=strict).reason == \
         "unsigned"
@@ -174,15 +216,15 @@ def test_unsigned_and_untrusted_signatures_are_misses_where_signatures_are_requi
 def test_a_corrupted_blob_is_a_miss_at_pull_and_nothing_is_kept(captured, tmp_path):
     store, releases, release, dirs = captured
     result = _capture(store, release, dirs)
-    manifest = WarmManifest.model_validate_json(store.read(result.key).data)
+    manifest = manifest_of(store, result.key)
     blob = store.local_path(blob_key(manifest.files[3].sha256))
     blob.chmod(0o644)
     blob.write_bytes(b"#!/bin/sh\necho owned\n")
-    miss = prewarm.fetch(store, release, tmp_path / "n", gpu=GPU, trust=OPEN)
+    miss = prewarm.fetch(store, release, tmp_path / "n", gpu=GPU, trust=OPEN(store))
     assert miss.reason == "corrupt"
     assert list_warm(tmp_path / "n") == []
     into = tmp_path / "work"
-    used = prewarm.prepare(store, release, tmp_path / "n", into, gpu=GPU, trust=OPEN)
+    used = prewarm.prepare(store, release, tmp_path / "n", into, gpu=GPU, trust=OPEN(store))
     assert used.reason == "corrupt"
     assert [p for p in into.rglob("*") if p.is_file()] == []  # cold, nothing of it used
 
@@ -191,7 +233,7 @@ def test_a_file_changed_on_the_node_after_the_pull_is_a_miss_at_use(captured, tm
     store, releases, release, dirs = captured
     _capture(store, release, dirs)
     root, into = tmp_path / "n", tmp_path / "work"
-    assert prewarm.fetch(store, release, root, gpu=GPU, trust=OPEN).ok
+    assert prewarm.fetch(store, release, root, gpu=GPU, trust=OPEN(store)).ok
     (cached,) = list_warm(root)
     victim = next(p for p in Path(cached.path).rglob("*.py"))
     victim.parent.chmod(0o755)
@@ -199,7 +241,7 @@ def test_a_file_changed_on_the_node_after_the_pull_is_a_miss_at_use(captured, tm
     victim.write_bytes(b"import os; os.system('id')\n")
     (into / "triton").mkdir(parents=True)
     (into / "triton" / "left-over").write_bytes(b"from an earlier server")
-    used = prewarm.prepare(store, release, root, into, gpu=GPU, trust=OPEN, pull=False)
+    used = prewarm.prepare(store, release, root, into, gpu=GPU, trust=OPEN(store), pull=False)
     assert (used.ok, used.reason) == (False, "corrupt")
     assert [p for p in into.rglob("*") if p.is_file()] == []
     assert sorted(p.name for p in into.iterdir()) == sorted(
@@ -238,29 +280,28 @@ def test_retention_keeps_a_warm_artifact_exactly_as_long_as_its_tuple(captured, 
     assert store.list_keys(f"warm/artifacts/{kept.id}/")
     # Blobs only the retired artifact named go once the capture grace has passed; blobs the
     # kept artifact names stay.
-    kept_manifest = WarmManifest.model_validate_json(
-        store.read(artifact_key(kept.id, GPU, "tp8")).data)
+    kept_manifest = manifest_of(store, artifact_key(kept.id, GPU, "tp8"))
     assert sweep_blobs(store, now=datetime.now(UTC) + timedelta(days=2)) == 0
     assert {blob_key(f.sha256) for f in kept_manifest.files} == set(
         store.list_keys(BLOB_PREFIX))
     # On a node: a warm artifact goes with its weights.
     root = tmp_path / "node"
-    assert prewarm.fetch(store, kept, root, gpu=GPU, trust=OPEN).ok
+    assert prewarm.fetch(store, kept, root, gpu=GPU, trust=OPEN(store)).ok
     w = kept.binding.weights
     assert drop_warm(root, {f"{w.repo_id}@{w.commit}"}) == []
     assert len(drop_warm(root, set())) == 1 and list_warm(root) == []
 
 
 def test_policy_turns_warm_start_off_for_a_channel(captured, tmp_path, policies):
-    from k3artifacts.policy.document import PolicyDocument
     from k3artifacts.warm.trust import warm_trust
+    from tests.fixtures.moves import use_policy
 
     store, releases, release, dirs = captured
     _capture(store, release, dirs)
     gates = policies / "promotion-gates.yaml"
     gates.write_text(gates.read_text().replace(
         "  staging:\n", "  staging:\n    warm_start: {enabled: false}\n", 1))
-    trust = warm_trust(PolicyDocument.from_dir(policies), "staging")
+    trust = warm_trust(use_policy(store, policies), "staging")
     assert prewarm.fetch(store, release, tmp_path / "n", gpu=GPU, trust=trust).reason == \
         "disabled"
 
@@ -278,8 +319,8 @@ def test_cli_capture_pull_and_cache_ls(captured, tmp_path, policies):
     again = subprocess.run([*k3a, "warm", "capture", release.id, "--gpu", GPU,
                             f"triton={dirs['triton']}"], env=env, capture_output=True, text=True)
     assert again.returncode == 6 and "already" in again.stderr.lower() + again.stdout.lower()
-    # The packaged policy (the store has none yet) requires signatures on production: a bare
-    # tuple's unsigned artifact is then a named miss, and the weights pull still succeeds.
+    # The packaged policy requires signatures on production: a bare tuple's artifact without a
+    # release signature is then a named miss, and the weights pull still succeeds.
     strict = subprocess.run([*k3a, "pull", release.id, "--to", str(tmp_path / "n2"), "--gpu",
                              GPU, "--json"], env=env, capture_output=True, text=True)
     assert strict.returncode == 0, strict.stderr
@@ -350,7 +391,7 @@ def test_a_link_planted_in_the_node_cache_or_the_work_dir_is_never_followed(capt
     store, releases, release, dirs = captured
     _capture(store, release, dirs)
     root, into = tmp_path / "n", tmp_path / "work"
-    assert prewarm.fetch(store, release, root, gpu=GPU, trust=OPEN).ok
+    assert prewarm.fetch(store, release, root, gpu=GPU, trust=OPEN(store)).ok
     (cached,) = list_warm(root)
     victim = next(p for p in Path(cached.path).rglob("*.cubin"))
     victim.parent.chmod(0o755)
@@ -363,7 +404,7 @@ def test_a_link_planted_in_the_node_cache_or_the_work_dir_is_never_followed(capt
     outside.mkdir()
     (outside / "keep").write_bytes(b"x")
     (into / "triton").symlink_to(outside, target_is_directory=True)
-    used = prewarm.prepare(store, release, root, into, gpu=GPU, trust=OPEN, pull=False)
+    used = prewarm.prepare(store, release, root, into, gpu=GPU, trust=OPEN(store), pull=False)
     assert (used.ok, used.reason) == (False, "unsafe")
     assert (outside / "keep").read_bytes() == b"x"  # the planted link went, not its target
     assert not (into / "triton").is_symlink()

@@ -1,7 +1,8 @@
 """Warm-start artifacts against hostile state: a manifest or a cache with a path no node can
 hold, partial pulls nested deeper than the node cache walks (listed by `k3a cache ls`,
-removed by `k3a cache gc`, never blocking a pull), and an unsigned artifact taken first that
-would squat the key of the signed capture."""
+removed by `k3a cache gc`, never blocking a pull), and an artifact taken first that would
+squat the key of a capture the channel would use: one without the release signature the
+channel requires, or a manifest nobody the policy trusts made."""
 
 from __future__ import annotations
 
@@ -17,19 +18,21 @@ from click.testing import CliRunner
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
-from k3artifacts.canonical import canonical_json
 from k3artifacts.cli import cli
 from k3artifacts.errors import ConfigError
 from k3artifacts.nodecache import locks
 from k3artifacts.nodecache.layout import CacheLayout
+from k3artifacts.policy.record import packaged_document
+from k3artifacts.policy.signed import record_trust
 from k3artifacts.signing.keys import KeySigner
 from k3artifacts.stores.file import FileStore
 from k3artifacts.warm import prewarm
 from k3artifacts.warm.claim import AlreadyCaptured
-from k3artifacts.warm.model import gpu_slug
+from k3artifacts.warm.model import artifact_key, gpu_slug
 from k3artifacts.warm.node import _lock_rev, list_warm
 from k3artifacts.warm.trust import WarmTrust
-from tests.fixtures.moves import use_policy
+from tests.fixtures.moves import seed_people, use_policy
+from tests.fixtures.people import person
 from tests.support.releases import Releases
 from tests.test_warm import GPU, OPEN, _capture, cache_tree
 
@@ -39,6 +42,7 @@ DEEP = 120
 @pytest.fixture
 def captured(tmp_path):
     store = FileStore(tmp_path / "store")
+    seed_people(store, packaged_document())
     releases = Releases(store, tmp_path / "scratch")
     release = releases.release()
     return store, releases, release, cache_tree(tmp_path / "caches", small=6)
@@ -68,12 +72,13 @@ def test_a_manifest_with_a_deep_path_is_refused_by_name_before_anything_is_made(
         captured, tmp_path):
     store, _, release, dirs = captured
     result = _capture(store, release, dirs)
-    raw = json.loads(store.read(result.key).data)
+    raw = json.loads(store.read(result.key).data)["body"]
     raw["files"][0]["path"] = "/".join(["d"] * DEEP) + "/kernel.cubin"
-    store.delete(result.key)  # a colleague with write access to the store
-    store.create(result.key, canonical_json(raw))
+    store.delete(result.key)  # a capturer's broken (or hostile) key: its record verifies
+    store.create(result.key, person("test").sign(key=result.key, kind="warm-manifest",
+                                                 body=raw))
     root = tmp_path / "node"
-    miss = prewarm.fetch(store, release, root, gpu=GPU, trust=OPEN)
+    miss = prewarm.fetch(store, release, root, gpu=GPU, trust=OPEN(store))
     assert miss.reason == "malformed", miss.line()
     assert "files.0.path" in miss.detail and f"nests {DEEP + 1} deep, more than 32" in miss.detail
     assert not (root / "warm").exists()
@@ -102,7 +107,7 @@ def test_partial_pulls_are_listed_collected_and_never_block_a_pull(captured, tmp
     ls = CliRunner().invoke(cli, ["cache", "ls", "--to", str(root)])
     assert ls.exit_code == 0 and "tp8" in ls.output and "partial" in ls.output, ls.output
     # The pull clears it and lands the artifact.
-    pulled = prewarm.fetch(store, release, root, gpu=GPU, trust=OPEN)
+    pulled = prewarm.fetch(store, release, root, gpu=GPU, trust=OPEN(store))
     assert pulled.ok, pulled.line()
     assert [c.partial for c in list_warm(root)] == [False]
     # Two more partials: one nobody is pulling, one a running pull holds.
@@ -126,13 +131,13 @@ def test_an_unsigned_artifact_never_blocks_a_signed_capture(captured, tmp_path):
     store, releases, release, dirs = captured
     trusted_key, other_key = ec.generate_private_key(ec.SECP256R1()), \
         ec.generate_private_key(ec.SECP256R1())
-    strict = WarmTrust(require_signature=True, trusted={"release": trusted_key.public_key()},
-                       channel="production")
+    strict = WarmTrust(records=record_trust(store), require_signature=True,
+                       trusted={"release": trusted_key.public_key()}, channel="production")
 
     def capture_as(signer, trust=strict):
         return _capture_with(store, release, dirs, signer=signer, trust=trust)
 
-    capture_as(None, trust=None)  # unsigned, taken first
+    capture_as(None, trust=None)  # no release signature, taken first
     assert prewarm.fetch(store, release, tmp_path / "a", gpu=GPU, trust=strict).reason == \
         "unsigned"
     with pytest.raises(AlreadyCaptured) as refused:  # neither can an unsigned capture...
@@ -149,12 +154,25 @@ def test_an_unsigned_artifact_never_blocks_a_signed_capture(captured, tmp_path):
     assert stands.value.usable
 
 
+def test_a_manifest_nobody_the_policy_trusts_made_never_squats_the_key(captured, tmp_path):
+    store, _, release, dirs = captured
+    key = artifact_key(release.id, GPU, "tp8")
+    squat = {"schema_version": 1, "tuple_id": release.id, "gpu": GPU, "tensor_parallel": 8}
+    store.create(key, json.dumps(squat).encode())  # written by hand, before any capture
+    miss = prewarm.fetch(store, release, tmp_path / "a", gpu=GPU, trust=OPEN(store))
+    assert miss.reason == "untrusted" and "refused (unsigned)" in miss.detail
+    done = _capture_with(store, release, dirs, signer=None, trust=OPEN(store))
+    assert done.replaced and done.replaced.startswith("untrusted: ")
+    assert done.captured_by == "test"
+    assert prewarm.fetch(store, release, tmp_path / "b", gpu=GPU, trust=OPEN(store)).ok
+
+
 def _capture_with(store, release, dirs, *, signer, trust):
     from k3artifacts.warm.capture import capture, parse_roots
 
     return capture(store, release, gpu=GPU, tensor_parallel=8, pipeline_parallel=1,
                    roots=parse_roots([f"{n}={p}" for n, p in dirs.items()]),
-                   captured_by="test", signer=signer, trust=trust)
+                   by=person("test"), signer=signer, trust=trust)
 
 
 def test_if_absent_accepts_only_what_the_channel_would_use(captured, tmp_path, policies):

@@ -244,14 +244,17 @@ def rollback_cmd(
 def approve_cmd(request_id: str, reject: bool, reason: str | None, show: bool, by: str | None,
                 store_url: str, as_json: bool) -> None:
     """Answer an approval request (a flow's promotion or rollback, a rollback the policy wants
-    approved, a policy change), once, under your own identity: the one your key signs as. The
-    requester cannot approve their own request. Approving a policy change as one of the
-    store's root identities also signs the change: a change that is not provably stricter
-    needs the root's threshold of signatures before `k3a policy apply`.
+    approved, a policy change), once, signed by your key: the identity of the store's policy
+    that lists it, with the role approve. The requester cannot approve their own request.
+    Approving a policy change as one of the store's root identities also signs the change: a
+    change that is not provably stricter needs the root's threshold of signatures before
+    `k3a policy apply`.
 
-    Exit codes: 0 recorded (or shown), 4 the proposed change in the store is not the one the
-    request asks for, 5 you asked for it yourself, 6 already answered or the policy changed
-    since, 7 no such request, 9 your key is no identity of the store's policy.
+    Exit codes: 0 recorded (or shown), 4 the request (or an answer) is not a record the policy
+    trusts (written by hand, signed by a key it does not trust for it), or the proposed change
+    in the store is not the one the request asks for, 5 you asked for it yourself, 6 already
+    answered or the policy changed since, 7 no such request, 9 your key is no identity of the
+    policy, or lacks the role approve.
     """
     from k3artifacts.policy.change import answer
     from k3artifacts.policy.decide import show_request
@@ -395,7 +398,7 @@ def gates_cmd(
 @click.group("review")
 def review_group() -> None:
     """Record that you read a tuple's license or remote code (a create-once record in the
-    store, with your identity: the license and remote_code gates read only these)."""
+    store, signed by your key: the license and remote_code gates read only these)."""
 
 
 @review_group.command("license")
@@ -416,19 +419,19 @@ def review_license_cmd(
     """Record that you reviewed TUPLE_ID's license text (by its sha256), in the store under
     releases/reviews/license/.
 
-    Read the text first (`--show`), then record. The reviewer is who you are (AWS identity on
-    S3, OS user on file stores), so the separation_of_duties gate can tell you from the
+    Read the text first (`--show`), then record. The reviewer is the identity whose key signs
+    the review (role review), so the separation_of_duties gate can tell you from the
     promoter. Idempotent: a text already reviewed is not recorded again.
-    Exit codes: 0 ok, 4 stored text does not match the tuple, 7 unknown tuple or no license,
-    9 a typed --by the policy does not allow, or a corrupt review record.
+    Exit codes: 0 ok, 4 stored text does not match the tuple, or a review record the policy
+    does not trust, 7 unknown tuple or no license, 9 your key is no identity of the policy, or
+    lacks the role review.
     """
     from k3artifacts.releases.reviewing import license_text, review_license
     store = get_store(store_url)
     if show:
         click.echo(license_text(store, tuple_id), nl=False)
         return
-    actor = _acting(store, by).actor
-    outcome = review_license(store, tuple_id, by=actor.name, by_source=actor.source, note=note)
+    outcome = review_license(store, tuple_id, by=_acting(store, by), note=note)
 
     def human() -> None:
         r = outcome.review
@@ -455,14 +458,14 @@ def review_code_cmd(
 ) -> None:
     """Record that you reviewed every remote-code file (*.py) of TUPLE_ID's revision.
 
-    One record per file sha256 in the store (releases/reviews/code/); files already reviewed
-    are skipped. Exit codes: 0 ok, 7 unknown tuple or revision not staged, 9 a typed --by the
-    policy does not allow, or a corrupt review record.
+    One record per file sha256 in the store (releases/reviews/code/), signed by your key;
+    files already reviewed are skipped. Exit codes: 0 ok, 4 a review record the policy does not
+    trust, 7 unknown tuple or revision not staged, 9 your key is no identity of the policy, or
+    lacks the role review.
     """
     from k3artifacts.releases.reviewing import review_code
     store = get_store(store_url)
-    actor = _acting(store, by).actor
-    outcome = review_code(store, tuple_id, by=actor.name, by_source=actor.source, note=note)
+    outcome = review_code(store, tuple_id, by=_acting(store, by), note=note)
 
     def human() -> None:
         for r in outcome.recorded:

@@ -46,13 +46,14 @@ def preflight_cmd(tuple_or_channel: str, channel: str, kubeconfig: Path | None,
     private_networking  an available S3 gateway endpoint on the subnets' VPC
     node_health         Ready nodes of the instance type with allocatable nvidia.com/gpu
 
-    Exit codes: 0 every check passed (recorded), 5 a check failed (recorded), 7 tuple not
-    found, 9 no infrastructure policy for the channel.
+    The record is signed by your key (role preflight). Exit codes: 0 every check passed
+    (recorded), 5 a check failed (recorded), 7 tuple not found, 9 no infrastructure policy for
+    the channel, or your key is no identity of the store's policy or lacks the role preflight.
     """
     from k3artifacts.preflight.run import preflight
     store = get_store(store_url)
     done = preflight(store, tuple_or_channel, channel, kubeconfig=kubeconfig,
-                     aws_profile=aws_profile, by=acting_here(store, by).name)
+                     aws_profile=aws_profile, by=acting_here(store, by))
     report, record, written = done.report, done.record, done.written
     release_id = report.tuple_id
 

@@ -10,12 +10,14 @@ from typing import TYPE_CHECKING
 import click
 
 from k3artifacts.cli.common import (
+    acting_here,
     emit,
     from_settings,
     get_store,
     json_option,
     load,
     store_option,
+    typed_actor_option,
 )
 from k3artifacts.errors import GateFailed, Unavailable
 
@@ -25,15 +27,6 @@ if TYPE_CHECKING:
     from k3artifacts.releases.evaluations import CheckResult, SweepPoint
 
 
-def _os_account() -> str:
-    from k3artifacts.policy.actor import os_account
-
-    return os_account()
-
-
-actor_option = click.option(
-    "--by", "actor", default=_os_account, show_default="the account of your uid",
-    help="Who ran it (recorded with the report).")
 tuple_option = click.option(
     "--tuple", "tuple_name", required=True, metavar="ID|CHANNEL",
     help="The tuple the endpoint serves: a tuple id, or a channel naming one.")
@@ -136,12 +129,12 @@ def _finish(outcome: Recorded, as_json: bool, what: str) -> None:
 @click.option("--retries", type=click.IntRange(0, 5), default=2, show_default=True,
               help="Retries per request (429, 5xx, connection); the sweep never retries.")
 @api_key_option
-@actor_option
+@typed_actor_option
 @store_option
 @json_option
 def smoke_cmd(endpoint: str, tuple_name: str, long_context_tokens: int | None,
               max_concurrency: int, ttft_slo: float, e2e_slo: float, max_error_rate: float,
-              timeout: float, retries: int, api_key: str | None, actor: str, store_url: str,
+              timeout: float, retries: int, api_key: str | None, by: str | None, store_url: str,
               as_json: bool) -> None:
     """Check that ENDPOINT (an OpenAI-compatible URL, e.g. http://host:8000) serves the tuple.
 
@@ -155,13 +148,15 @@ def smoke_cmd(endpoint: str, tuple_name: str, long_context_tokens: int | None,
       long_context       a long prompt (see --long-context-tokens) is accepted and answered
       sweep              concurrency 1, 2, 4, ... until --max-concurrency or the first SLO
                          breach: TTFT and end-to-end p50/p99, tokens/s, error and 429 rates, knee
-    The report is written once, beside the tuple in the store, whatever the verdict.
+    The report is written once, beside the tuple in the store, whatever the verdict, signed
+    by your key (role evaluate).
 
     \b
     Example:
       k3a smoke http://kimi-k3.inference:8000 --tuple production
 
-    Exit codes: 0 ready, 5 a check failed, 7 unknown tuple or channel, 8 endpoint unreachable.
+    Exit codes: 0 ready, 5 a check failed, 7 unknown tuple or channel, 8 endpoint unreachable,
+    9 your key is no identity of the store's policy, or lacks the role evaluate.
     """
     from k3artifacts.readiness.record import smoke
     from k3artifacts.readiness.suite import Slo, SmokeSettings, SweepSettings
@@ -171,7 +166,8 @@ def smoke_cmd(endpoint: str, tuple_name: str, long_context_tokens: int | None,
         slo=Slo(ttft_p99_s=ttft_slo, e2e_p99_s=e2e_slo, max_error_rate=max_error_rate),
         sweep=SweepSettings(max_concurrency=max_concurrency),
     )
-    outcome = smoke(get_store(store_url), endpoint, tuple_name, settings, by=actor,
+    store = get_store(store_url)
+    outcome = smoke(store, endpoint, tuple_name, settings, by=acting_here(store, by),
                     observer=_observer(), api_key=api_key)
     _finish(outcome, as_json, "smoke")
 
@@ -193,21 +189,22 @@ def eval_group() -> None:
                    "says whether code cases may go unrun without a sandbox; the run is compared "
                    "with the latest run of the same suite for the tuple on it.")
 @api_key_option
-@actor_option
+@typed_actor_option
 @store_option
 @json_option
 def eval_run(endpoint: str, tuple_name: str, suite: str | None, channel: str,
-             api_key: str | None, actor: str, store_url: str, as_json: bool) -> None:
+             api_key: str | None, by: str | None, store_url: str, as_json: bool) -> None:
     """Run the readiness checks and the suite's cases against ENDPOINT serving the tuple.
 
     The report records the tuple, the endpoint, the model name the server answered with, the
     suite's sha256, every check and case with its timing and the concurrency sweep; it is
-    written once, beside the tuple. The production gate accepts only such reports, of the
-    suite its policy names. A suite name is looked up in the store's policy in force
-    (`k3a policy show`; the packaged defaults while the store has none), whatever the working
-    directory. A model's code (code cases) runs only in a bubblewrap sandbox; where none can
-    be had those cases are not run, and the run fails unless the channel's policy says
-    `allow_unsandboxed_code: true`.
+    written once, beside the tuple, signed by your key (role evaluate: a CI job signs with its
+    own, K3A_IDENTITY_KEY=kms:KEY for instance). The production gate accepts only such reports,
+    of the suite its policy names, signed by an identity its policy lets evaluate. A suite name
+    is looked up in the store's policy in force (`k3a policy show`; the packaged defaults
+    while the store has none), whatever the working directory. A model's code (code cases)
+    runs only in a bubblewrap sandbox; where none can be had those cases are not run, and the
+    run fails unless the channel's policy says `allow_unsandboxed_code: true`.
 
     \b
     Examples:
@@ -215,34 +212,40 @@ def eval_run(endpoint: str, tuple_name: str, suite: str | None, channel: str,
       k3a eval run http://canary.inference:8000 --tuple k3t-0123456789abcdef01234567 \\
           --suite k3-core
 
-    Exit codes: 0 passed, 5 failed or regressed, 7 unknown tuple or suite, 8 endpoint
-    unreachable, 9 malformed suite or a channel whose policy names none.
+    Exit codes: 0 passed, 4 an earlier report the policy does not trust, 5 failed or
+    regressed, 7 unknown tuple or suite, 8 endpoint unreachable, 9 malformed suite, a channel
+    whose policy names none, or your key is no identity of the policy or lacks the role
+    evaluate.
     """
     from k3artifacts.readiness.record import evaluate
 
-    outcome = evaluate(get_store(store_url), endpoint, tuple_name, suite, channel=channel,
-                       by=actor, observer=_observer(), api_key=api_key)
+    store = get_store(store_url)
+    outcome = evaluate(store, endpoint, tuple_name, suite, channel=channel,
+                       by=acting_here(store, by), observer=_observer(), api_key=api_key)
     _finish(outcome, as_json, "evaluation")
 
 
 @eval_group.command("attach")
 @click.argument("tuple_id")
 @click.argument("report", type=click.Path(exists=True, dir_okay=False, path_type=Path))
-@actor_option
+@typed_actor_option
 @store_option
 @json_option
-def eval_attach(tuple_id: str, report: Path, actor: str, store_url: str, as_json: bool) -> None:
+def eval_attach(tuple_id: str, report: Path, by: str | None, store_url: str,
+                as_json: bool) -> None:
     """Record REPORT (JSON with "suite", "passed", "total") for TUPLE_ID as an override's evidence.
 
     Nothing ran it, so the evaluation gate refuses it: promoting on it needs
     `k3a promote T CH --override-gate evaluation --reason "..."`, which the history records.
-    Attaching the same report again writes nothing. Exit codes: 0 ok, 7 unknown tuple,
-    9 invalid report.
+    The record is signed by your key (role evaluate). Attaching the same report again writes
+    nothing. Exit codes: 0 ok, 7 unknown tuple, 9 invalid report, or your key is no identity
+    of the store's policy or lacks the role evaluate.
     """
     from k3artifacts.readiness.record import attach
 
-    record, written = attach(get_store(store_url), tuple_id, report.read_bytes(), str(report),
-                             by=actor)
+    store = get_store(store_url)
+    record, written = attach(store, tuple_id, report.read_bytes(), str(report),
+                             by=acting_here(store, by))
     parsed = record.parsed()
 
     def human() -> None:
@@ -261,7 +264,10 @@ def eval_attach(tuple_id: str, report: Path, actor: str, store_url: str, as_json
 @store_option
 @json_option
 def eval_list(tuple_id: str, store_url: str, as_json: bool) -> None:
-    """Evaluation reports of TUPLE_ID (runs and attached overrides), oldest first."""
+    """Evaluation reports of TUPLE_ID (runs and attached overrides), oldest first, each read
+    through its signature ("by": the identity that signed it). Exit codes: 0 ok, 4 a report
+    the store's policy does not trust (written by hand, or by an identity that may not
+    evaluate)."""
     from k3artifacts.releases.evaluations import list_evaluations
 
     records = list_evaluations(get_store(store_url), tuple_id)

@@ -54,12 +54,13 @@ def attach_cmd(tuple_or_channel: str, report_path: Path, by: str | None,
                store_url: str, as_json: bool) -> None:
     """Record a Trivy or Grype JSON report of the tuple's serving image.
 
-    Exit codes: 0 recorded, 7 tuple not found, 9 not a Trivy/Grype report, or a report of
-    another image."""
+    The record is signed by your key (role scan). Exit codes: 0 recorded, 7 tuple not found,
+    9 not a Trivy/Grype report, a report of another image, or your key is no identity of the
+    store's policy or lacks the role scan."""
     from k3artifacts.releases.scanning import scan_attach
     store = get_store(store_url)
     _show(scan_attach(store, tuple_or_channel, report_path.read_bytes(), str(report_path),
-                      by=acting_here(store, by).name), as_json)
+                      by=acting_here(store, by)), as_json)
 
 
 @scan_group.command("ecr")
@@ -74,8 +75,10 @@ def ecr_cmd(tuple_or_channel: str, repository: str | None, region: str | None, b
             store_url: str, as_json: bool) -> None:
     """Record ECR's scan findings (basic or enhanced) for the tuple's image digest.
 
-    Exit codes: 0 recorded, 7 tuple not found, 8 ECR unavailable, 9 scan not complete."""
+    The record is signed by your key (role scan). Exit codes: 0 recorded, 7 tuple not found,
+    8 ECR unavailable, 9 scan not complete, or your key is no identity of the store's policy or
+    lacks the role scan."""
     from k3artifacts.releases.scanning import scan_ecr
     store = get_store(store_url)
     _show(scan_ecr(store, tuple_or_channel, repository=repository, region=region,
-                   by=acting_here(store, by).name), as_json)
+                   by=acting_here(store, by)), as_json)

@@ -52,8 +52,9 @@ def analyze_cmd(tuple_or_channel: str, prometheus_url: str, channel: str, step: 
     data is a failure, never a pass. The record is created once and never replaced.
 
     \b
-    Exit codes: 0 step passed (recorded), 5 step failed (recorded), 7 tuple not found,
-    8 Prometheus unreachable, 9 bad policy, step or query.
+    The record is signed by your key (role traffic). Exit codes: 0 step passed (recorded),
+    5 step failed (recorded), 7 tuple not found, 8 Prometheus unreachable, 9 bad policy, step
+    or query, or your key is no identity of the store's policy or lacks the role traffic.
     """
     from k3artifacts.traffic.analysis import analyze, describe
     at = None
@@ -64,7 +65,7 @@ def analyze_cmd(tuple_or_channel: str, prometheus_url: str, channel: str, step: 
             raise ConfigError(f"--at {at_text!r} is not an ISO-8601 time") from None
     store = get_store(store_url)
     done = analyze(store, tuple_or_channel, channel, step, prometheus_url=prometheus_url,
-                   by=acting_here(store, by).name, at=at)
+                   by=acting_here(store, by), at=at)
     analysis, record, written = done.analysis, done.record, done.written
     payload = {"passed": analysis.passed, "written": written,
                "analysis_sha256": record.analysis_sha256,

@@ -7,6 +7,7 @@ from pathlib import Path
 import click
 
 from k3artifacts.cli.common import (
+    acting_here,
     emit,
     from_settings,
     get_store,
@@ -81,26 +82,32 @@ def capture_cmd(target, dirs, gpu, tp, channel, store_url, signing_key, if_absen
     Each NAME=DIR is one cache directory (NAME: vllm, triton, inductor, flashinfer,
     deepgemm). Files are stored once each under their sha256 (sha256 and xxh3-128 in the
     manifest); the manifest, keyed by the tuple, the GPU model and the parallel layout, is
-    created once; with --signing-key it is signed as a tuple is. A link, FIFO or device
+    created once, a record signed by your key (K3A_IDENTITY_KEY: the capture Job's own; the
+    role warm); with --signing-key it also carries a release signature, as a tuple does, for
+    channels whose signing policy requires one. A link, FIFO or device
     anywhere in a directory, or a path nested deeper than 32 or longer than a node cache path
     may be, refuses the capture (exit 9): nothing is stored.
 
     An artifact already at the key stands if the channel's rule (the store's policy: its
     warm_start and signing requirements; no channel: signatures wherever any channel requires
-    them) would use it; --if-absent then exits 0. One it would not use (unsigned where
-    signatures are required, an untrusted signature) is replaced by a capture signed with a
-    key the channel trusts, and refused (exit 6) otherwise, --if-absent or not.
+    them) would use it; --if-absent then exits 0. One no identity of the policy made (written
+    by hand, signed by a key the policy does not trust to capture) is replaced by this
+    capture; one lacking the release signature the channel requires (or with an untrusted
+    one) is replaced by a capture signed with a key the channel trusts, and refused (exit 6)
+    otherwise, --if-absent or not.
 
     Exit codes: 0 captured, 2 usage, 6 already captured (first one stands), 7 unknown
-    tuple, 8 store unreachable, 9 unsafe cache entry or bad key.
+    tuple, 8 store unreachable, 9 unsafe cache entry, bad key, or your key is no identity of
+    the store's policy or lacks the role warm.
     """
     from k3artifacts.warm.capture import capture_target
     from k3artifacts.warm.claim import AlreadyCaptured
 
     store = get_store(store_url)
     try:
-        result = capture_target(store, target, list(dirs), gpu=gpu, tp=tp,
-                                signing_key=signing_key, channel=_channel(target, channel))
+        result = capture_target(store, target, list(dirs), by=acting_here(store), gpu=gpu,
+                                tp=tp, signing_key=signing_key,
+                                channel=_channel(target, channel))
     except AlreadyCaptured as exc:
         if not (if_absent and exc.usable):
             raise
@@ -113,8 +120,9 @@ def capture_cmd(target, dirs, gpu, tp, channel, store_url, signing_key, if_absen
         click.echo(f"captured {result.key}: {result.files} files, {result.bytes:,} bytes "
                    f"({result.blobs_new} new blobs, {result.bytes_new:,} bytes stored) in "
                    f"{result.seconds:.1f}s")
-        click.echo(f"  manifest digest {result.digest}"
-                   + (f"; signed by key {result.signed_by[:16]}" if result.signed_by else ""))
+        click.echo(f"  manifest digest {result.digest}, recorded by {result.captured_by}"
+                   + (f"; release signature by key {result.signed_by[:16]}"
+                      if result.signed_by else ""))
         if result.replaced:
             click.echo(f"  replaced the artifact that held the key, which the channel would "
                        f"not use ({result.replaced})")

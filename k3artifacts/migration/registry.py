@@ -6,9 +6,11 @@ from __future__ import annotations
 
 from k3artifacts.policy import migrate as policy
 from k3artifacts.policy.migrating import Migrator
+from k3artifacts.promotion import evidence_migration as evidence
 from k3artifacts.releases import migrate_channels as channels
 
 MIGRATORS: tuple[Migrator, ...] = (
     policy.MIGRATOR,
     channels.MIGRATOR,
+    evidence.MIGRATOR,
 )

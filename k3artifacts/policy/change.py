@@ -133,7 +133,9 @@ def plan_propose(store: RecordStore, document: PolicyDocument, *, by: Acting,
     """What proposing ``document`` would ask: ConfigError (exit 9) when it is the policy in
     force already. A document that names no identities keeps the ones in force (a copy of the
     packaged ``policies/`` changes the gates, not who may sign); nobody could act on a policy
-    that named none."""
+    that named none. RoleRefused (exit 9), before anything is read further, when ``by`` may not
+    propose policy changes."""
+    by.require("policy", "proposing a policy change")
     current = in_force(store)
     base = current.document if current.version else seeding_document(current.document, by)
     if not document.identities.identities and IDENTITIES_FILE in base.files:
@@ -151,7 +153,7 @@ def act_propose(store: RecordStore, plan: ProposePlan) -> ApprovalRequest:
     current = _held(store, plan.current, plan.by)
     store_document(store, plan.document)
     request = request_approval(
-        store, action="policy", by=plan.by.actor, policy_digest=plan.document.digest,
+        store, action="policy", by=plan.by, policy_digest=plan.document.digest,
         base_digest=current.digest, why=plan.why, needs=plan.loosens, now=plan.when)
     assent(store, request, current, plan.by)
     return request
@@ -235,7 +237,7 @@ def answer(store: RecordStore, request_id: str, *, by: Acting, approve: bool,
     """``k3a approve`` (or ``--reject``): the decision (:mod:`.decide`), and, approving a
     policy change, ``by``'s signature on it if a root identity. Returns the decision and the
     root identities the change carries now (empty for any other request)."""
-    plan = plan_decision(store, request_id, by=by.actor, approve=approve, reason=reason)
+    plan = plan_decision(store, request_id, by=by, approve=approve, reason=reason)
     policy = approve and plan.request.action == "policy"
     current = _proposed(store, request_id)[1] if policy else None
     decision = act_decision(store, plan)

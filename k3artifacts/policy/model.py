@@ -10,6 +10,7 @@ it, so every field is validated here, gate names against the registry
 from __future__ import annotations
 
 import re
+from datetime import datetime
 from pathlib import Path
 from typing import Literal
 
@@ -148,11 +149,27 @@ class IdentityPolicy(_Strict):
 
 
 class UnsignedPolicy(_Strict):
-    """Stores older than signed records (no root of trust in the store, none pinned here):
-    their policy and channel histories are unsigned until ``k3a trust migrate``."""
+    """Records older than signed records, until ``k3a trust migrate`` re-signs them
+    (docs/policy-and-identity.md, "Records from before signing")."""
 
-    #: Read them as found meanwhile (no move is made on them); false: refuse to read them.
+    #: Stores older than signed records (no root of trust in the store, none pinned here):
+    #: read their unsigned policy and channel histories as found meanwhile (no move is made
+    #: on them); false: refuse to read them.
     read_before_migration: bool = True
+    #: Until this time, an evidence record written before records were signed (plain JSON: a
+    #: review, an evaluation, a scan, a preflight, a traffic analysis, a single-node rollback
+    #: record, a warm manifest) is read as it was written, its maker the name it carries. From
+    #: then on, and always when unset, such a record is refused by name like any unsigned one:
+    #: evidence decides moves, so it is never read unsigned by default. Approval requests and
+    #: decisions are never read unsigned (ask again).
+    read_evidence_before: datetime | None = None
+
+    @field_validator("read_evidence_before")
+    @classmethod
+    def _zoned(cls, value: datetime | None) -> datetime | None:
+        if value is not None and value.tzinfo is None:
+            raise ValueError("give the time with its zone (2026-07-01T00:00:00Z)")
+        return value
 
 
 class GatePolicy(_Strict):

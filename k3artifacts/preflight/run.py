@@ -2,10 +2,11 @@
 a channel's infrastructure; each check runs even when another failed, so one report names
 everything to fix.
 
-The plan reads the channel's ``infrastructure:`` policy from the store's policy, the tuple and
-its manifest's size; a refusal there asks neither AWS nor the cluster anything. The act reads
-AWS (in the policy's region) and the cluster's nodes, and records the report create-once for
-the ``infrastructure`` gate (``releases/preflights.py``), pass or fail."""
+The plan checks who runs it may sign preflights (role ``preflight``), reads the channel's
+``infrastructure:`` policy from the store's policy, the tuple and its manifest's size; a
+refusal there asks neither AWS nor the cluster anything. The act reads AWS (in the policy's
+region) and the cluster's nodes, and records the report create-once, signed, for the
+``infrastructure`` gate (``releases/preflights.py``), pass or fail."""
 
 from __future__ import annotations
 
@@ -15,8 +16,10 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from k3artifacts.policy.actor import Acting
 from k3artifacts.policy.record import channel_section
 from k3artifacts.policy.rollout import InfrastructurePolicy
+from k3artifacts.policy.signed import require_role
 from k3artifacts.preflight import checks
 from k3artifacts.preflight.kube import list_nodes
 from k3artifacts.preflight.model import CheckOutcome, PreflightReport
@@ -94,7 +97,7 @@ class PreflightPlan:
     total_bytes: int
     kubeconfig: Path | None
     aws_profile: str | None
-    by: str
+    by: Acting
     now: datetime
 
 
@@ -106,10 +109,12 @@ class Preflighted:
 
 
 def plan_preflight(store: Store, tuple_or_channel: str, channel: str, *,
-                   kubeconfig: Path | None, aws_profile: str | None, by: str,
+                   kubeconfig: Path | None, aws_profile: str | None, by: Acting,
                    now: datetime | None = None) -> PreflightPlan:
-    """ConfigError (exit 9) when the store's policy gives ``channel`` no infrastructure
-    section; NotFound (exit 7) for an unknown tuple or a revision not in the store."""
+    """RoleRefused (exit 9) for a runner without the role ``preflight``; ConfigError (exit 9)
+    when the store's policy gives ``channel`` no infrastructure section; NotFound (exit 7) for
+    an unknown tuple or a revision not in the store."""
+    require_role(by, "preflight", "a preflight")
     infrastructure: InfrastructurePolicy = channel_section(
         store, channel, "infrastructure", "{region: ..., subnet_ids: [...], ...}")
     release = resolve_tuple(store, tuple_or_channel)
@@ -139,7 +144,7 @@ def act_preflight(store: Store, plan: PreflightPlan) -> Preflighted:
 
 
 def preflight(store: Store, tuple_or_channel: str, channel: str, *, kubeconfig: Path | None,
-              aws_profile: str | None, by: str, now: datetime | None = None) -> Preflighted:
+              aws_profile: str | None, by: Acting, now: datetime | None = None) -> Preflighted:
     """The preflight move: :func:`plan_preflight`, then :func:`act_preflight`."""
     return act_preflight(store, plan_preflight(store, tuple_or_channel, channel,
                                                kubeconfig=kubeconfig, aws_profile=aws_profile,

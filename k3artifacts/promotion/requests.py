@@ -20,8 +20,15 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from k3artifacts.errors import ConfigError
 from k3artifacts.policy.actor import Acting, Actor
-from k3artifacts.policy.approvals import ApprovalRequest, Decision, get_decision, request_approval
+from k3artifacts.policy.approvals import (
+    ApprovalRequest,
+    Decision,
+    get_decision,
+    request_approval,
+    requesting_role,
+)
 from k3artifacts.policy.results import GateResult
+from k3artifacts.policy.signed import require_role
 from k3artifacts.promotion.moves import plan_promote
 from k3artifacts.promotion.rollback import draft_rollback
 from k3artifacts.stores.base import Store
@@ -68,8 +75,11 @@ def plan_move_request(store: Store, action: MoveAction, channel: str, *,
                       requested_by: Acting, requested_for: str | None = None,
                       why: str | None = None) -> MoveRequestPlan:
     """Plan the move, then the request for it; writes nothing. ``tuple_id`` is the tuple to
-    promote, or a rollback's ``--to`` (None: the previous distinct tuple). Raises what the
-    move's own plan raises (a failed gate, a target that never served the channel...)."""
+    promote, or a rollback's ``--to`` (None: the previous distinct tuple). RoleRefused (exit
+    9) for an asker without the role ``promote``; then what the move's own plan raises (a
+    failed gate, a target that never served the channel...)."""
+    require_role(requested_by, "approval-request", f"asking for a {action} of {channel}",
+                 roles=[requesting_role(action)])
     if action == "promote":
         if tuple_id is None:
             raise ConfigError("a promotion request names the tuple to promote")
@@ -94,13 +104,14 @@ def plan_move_request(store: Store, action: MoveAction, channel: str, *,
 
 
 def act_move_request(store: Store, plan: MoveRequestPlan) -> ApprovalRequest:
-    """Record the request (create-once); its id is what ``k3a approve`` answers. A move that
-    changes nothing is not put to anyone (ConfigError, exit 9)."""
+    """Record the request (create-once), signed by who asks (role ``promote``); its id is what
+    ``k3a approve`` answers. A move that changes nothing is not put to anyone (ConfigError,
+    exit 9)."""
     if plan.unchanged:
         raise ConfigError(f"{plan.channel} already points at {plan.tuple_id}: nothing to "
                           "approve", hint=f"see `k3a channel history {plan.channel}`")
     return request_approval(
-        store, action=plan.action, by=plan.requested_by, channel=plan.channel,
+        store, action=plan.action, by=plan.acting, channel=plan.channel,
         tuple_id=plan.tuple_id, policy_digest=plan.policy_digest,
         requested_for=plan.requested_for, why=plan.why, needs=plan.needs)
 

@@ -17,7 +17,10 @@ act then takes each step, recorded:
 
 A step that fails stops the procedure and says what state the node is in. If draining times
 out nothing was changed, so admission is reopened on the tuple that was serving. The steps are
-recorded create-once under ``releases/single-node/<channel>/``, completed or not.
+recorded create-once under ``releases/single-node/<channel>/``, completed or not, a signed
+record of who rolled back (role ``promote``; ``policy/signed.py``). The smoke step's report is
+an evaluation record signed by the same identity, so the plan asks for the role ``evaluate``
+too.
 """
 
 from __future__ import annotations
@@ -33,11 +36,12 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from k3artifacts.canonical import canonical_digest, canonical_json
+from k3artifacts.canonical import canonical_digest
 from k3artifacts.errors import BadAnswer, ConfigError, K3AError
 from k3artifacts.net.calls import Peer, call
 from k3artifacts.net.redact import redact_url
 from k3artifacts.policy.actor import Acting
+from k3artifacts.policy.signed import Family, create_signed, require_role
 from k3artifacts.preflight.kube import KubeAPI
 from k3artifacts.promotion.rollback import RollbackPlan, act_rollback, plan_rollback
 from k3artifacts.readiness.record import smoke
@@ -81,11 +85,15 @@ class SingleNodeRollback(BaseModel):
     name: str
     namespace: str
     steps: list[Step]
+    #: The identity whose key signed the record (the reader checks they agree).
     by: str
 
     @property
     def completed(self) -> bool:
         return len(self.steps) == 7 and all(s.passed for s in self.steps)
+
+
+SINGLE_NODE = Family(RECORDS_PREFIX, "single-node-rollback", SingleNodeRollback, "by")
 
 
 #: One sample of the gauge in Prometheus's text format: the name, its labels (quoted values
@@ -209,9 +217,11 @@ def plan_single_node(
     poll_s: float = 1.0,
 ) -> SingleNodePlan:
     """Plan the pointer move first, then the node's objects; raises whatever refuses the
-    rollback (NotFound, ApprovalNeeded, InvalidApproval, VerifyMismatch, RevisionRetiring)
-    before anything is asked of the cluster. ``name``: the rendered objects' name (default:
-    as ``k3a render`` names the target)."""
+    rollback (RoleRefused without the roles ``promote`` and ``evaluate``, NotFound,
+    ApprovalNeeded, InvalidApproval, VerifyMismatch, RevisionRetiring) before anything is asked
+    of the cluster. ``name``: the rendered objects' name (default: as ``k3a render`` names the
+    target)."""
+    require_role(acting, "evaluation", "the smoke report of a single-node rollback")
     rollback = plan_rollback(store, channel, to=to, acting=acting, approval=approval,
                              reason=reason or "single-node rollback")
     if rollback.release is None:
@@ -288,7 +298,7 @@ def act_single_node(store: Store, plan: SingleNodePlan, *, kube: KubeAPI,
                      plan.poll_s)
 
     def smoke_step() -> str:
-        outcome = smoke(store, plan.endpoint, target, plan.settings, by=actor.name)
+        outcome = smoke(store, plan.endpoint, target, plan.settings, by=plan.rollback.acting)
         failed = [c.name for c in outcome.report.failed]
         if not outcome.report.passed:
             raise ConfigError(f"smoke of {target} failed: {', '.join(failed)}")
@@ -314,7 +324,7 @@ def act_single_node(store: Store, plan: SingleNodePlan, *, kube: KubeAPI,
     report = SingleNodeRollback(channel=plan.rollback.channel, from_tuple=plan.from_tuple,
                                 to_tuple=target, name=name, namespace=namespace, steps=steps,
                                 by=actor.name)
-    return SingleNodeResult(report, record_single_node(store, report))
+    return SingleNodeResult(report, record_single_node(store, report, by=plan.rollback.acting))
 
 
 def rollback_single_node(store: Store, channel: str, *, kube: KubeAPI,
@@ -326,9 +336,8 @@ def rollback_single_node(store: Store, channel: str, *, kube: KubeAPI,
                            on_step=on_step)
 
 
-def record_single_node(store: Store, report: SingleNodeRollback) -> str:
-    """Store the procedure's record create-once; returns its key."""
-    body = report.model_dump(mode="json")
-    key = f"{RECORDS_PREFIX}{report.channel}/{canonical_digest(body)}.json"
-    store.create(key, canonical_json(body))
+def record_single_node(store: Store, report: SingleNodeRollback, *, by: Acting) -> str:
+    """Store the procedure's record create-once, signed by ``by``; returns its key."""
+    key = f"{RECORDS_PREFIX}{report.channel}/{canonical_digest(report)}.json"
+    create_signed(store, key, SINGLE_NODE, report, by=by)
     return key

@@ -2,10 +2,11 @@
 the flows share. A report is written create-once beside its tuple whatever its verdict: a
 failed run is evidence too.
 
-The plan resolves the tuple, reads the suite file and the baseline run it is compared with;
-a refusal there (unknown tuple, malformed suite) sends no request to the endpoint. The act runs
-the checks against the endpoint (:func:`k3artifacts.readiness.run.run_readiness`) and records
-the report.
+The plan checks who runs it may sign evaluation reports (role ``evaluate``), resolves the
+tuple, reads the suite file and the baseline run it is compared with; a refusal there (a
+missing role, an unknown tuple, a malformed suite) sends no request to the endpoint. The act
+runs the checks against the endpoint (:func:`k3artifacts.readiness.run.run_readiness`) and
+records the report, signed by the runner's key.
 """
 
 from __future__ import annotations
@@ -14,7 +15,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from k3artifacts.policy.actor import Acting
 from k3artifacts.policy.record import in_force
+from k3artifacts.policy.signed import require_role
 from k3artifacts.readiness.run import Observer, run_readiness
 from k3artifacts.readiness.suite import SmokeSettings, Suite
 from k3artifacts.readiness.suite_lookup import FoundSuite, channel_suite, find_suite
@@ -56,7 +59,8 @@ class ReadinessPlan:
     suite: Suite | None
     suite_sha256: str | None
     baseline: Baseline | None
-    by: str
+    #: Who runs it, with the key the report is signed with.
+    by: Acting
     #: The channel's policy lets code cases go unrun where no sandbox can be had.
     allow_unsandboxed_code: bool = False
     #: Where an eval run's suite came from (the policy version and file, or a path).
@@ -64,19 +68,23 @@ class ReadinessPlan:
 
 
 def plan_smoke(store: Store, endpoint: str, name: str, settings: SmokeSettings, *,
-               by: str) -> ReadinessPlan:
-    """Smoke ``endpoint`` for the tuple ``name`` (an id or a channel)."""
+               by: Acting) -> ReadinessPlan:
+    """Smoke ``endpoint`` for the tuple ``name`` (an id or a channel); RoleRefused (exit 9)
+    for a runner without the role ``evaluate``."""
+    require_role(by, "evaluation", "a smoke report")
     return ReadinessPlan(resolve_tuple(store, name), endpoint, settings, None, None, None, by)
 
 
 def plan_evaluation(store: Store, endpoint: str, name: str, suite: str | Path | None, *,
-                    channel: str, by: str, margin: float = DEFAULT_MARGIN) -> ReadinessPlan:
+                    channel: str, by: Acting, margin: float = DEFAULT_MARGIN) -> ReadinessPlan:
     """Run a suite against ``endpoint`` for tuple ``name``, compared with the latest run of the
     same suite for the tuple now on ``channel`` (when another is there).
 
     ``suite``: a file, or a suite of the store's policy in force by name (``k3-core``); None:
     the suite ``channel``'s policy names. The channel's policy also says whether the run may
-    pass with its code cases not run for want of a sandbox (``allow_unsandboxed_code``)."""
+    pass with its code cases not run for want of a sandbox (``allow_unsandboxed_code``).
+    RoleRefused (exit 9) for a runner without the role ``evaluate``."""
+    require_role(by, "evaluation", "an evaluation report")
     release = resolve_tuple(store, name)
     policy = in_force(store)
     found: FoundSuite = (channel_suite(policy, channel) if suite is None
@@ -102,7 +110,7 @@ def act_readiness(store: Store, plan: ReadinessPlan, *, observer: Observer | Non
     return Recorded(report, record, written, plan.suite_source)
 
 
-def smoke(store: Store, endpoint: str, name: str, settings: SmokeSettings, *, by: str,
+def smoke(store: Store, endpoint: str, name: str, settings: SmokeSettings, *, by: Acting,
           observer: Observer | None = None, api_key: str | None = None) -> Recorded:
     """The smoke move: :func:`plan_smoke`, then :func:`act_readiness`."""
     return act_readiness(store, plan_smoke(store, endpoint, name, settings, by=by),
@@ -110,7 +118,7 @@ def smoke(store: Store, endpoint: str, name: str, settings: SmokeSettings, *, by
 
 
 def evaluate(store: Store, endpoint: str, name: str, suite: str | Path | None, *, channel: str,
-             by: str, observer: Observer | None = None, api_key: str | None = None,
+             by: Acting, observer: Observer | None = None, api_key: str | None = None,
              margin: float = DEFAULT_MARGIN) -> Recorded:
     """The evaluation-run move: :func:`plan_evaluation`, then :func:`act_readiness`."""
     plan = plan_evaluation(store, endpoint, name, suite, channel=channel, by=by, margin=margin)
@@ -123,13 +131,14 @@ class AttachPlan:
 
     release: ReleaseTuple
     report: dict[str, Any]
-    by: str
+    by: Acting
 
 
 def plan_attach(store: Store, tuple_id: str, data: bytes, source: str, *,
-                by: str) -> AttachPlan:
-    """Check ``data`` is an evaluation report (JSON with suite, passed, total) and the tuple
-    exists: ConfigError (exit 9), NotFound (exit 7)."""
+                by: Acting) -> AttachPlan:
+    """Check ``by`` may sign evaluation reports (RoleRefused, exit 9), ``data`` is one (JSON
+    with suite, passed, total: ConfigError, exit 9) and the tuple exists (NotFound, exit 7)."""
+    require_role(by, "evaluation", "an attached evaluation report")
     report = parse_report(data, source)
     return AttachPlan(TupleStore(store).get(check_tuple_id(tuple_id)), report, by)
 
@@ -139,7 +148,7 @@ def act_attach(store: Store, plan: AttachPlan) -> tuple[EvaluationRecord, bool]:
 
 
 def attach(store: Store, tuple_id: str, data: bytes, source: str, *,
-           by: str) -> tuple[EvaluationRecord, bool]:
+           by: Acting) -> tuple[EvaluationRecord, bool]:
     """The attach move (an override's evidence; the evaluation gate does not accept it):
     :func:`plan_attach`, then :func:`act_attach`. Same report again: not written."""
     return act_attach(store, plan_attach(store, tuple_id, data, source, by=by))

@@ -3,7 +3,9 @@ step, and the verdict against the channel's bounds. The ``traffic`` gate reads t
 
 Stored create-once under ``releases/traffic/<tuple-id>/<channel>/<step>/<sha256 of the
 canonical analysis>.json``: a step analysed again is a new record (a later window), never an
-edit; the gate takes the newest measurement of each step.
+edit; the gate takes the newest measurement of each step. Each is a signed record of the
+identity that analysed it (role ``traffic``, ``policy/signed.py``), read only through that
+signature: one written by hand is refused by name (UntrustedRecord, exit 4).
 """
 
 from __future__ import annotations
@@ -15,10 +17,12 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from k3artifacts.canonical import canonical_digest
-from k3artifacts.errors import ConfigError
+from k3artifacts.errors import UntrustedRecord
+from k3artifacts.policy.actor import Acting
 from k3artifacts.policy.rollout import TrafficThresholds, duration_seconds
+from k3artifacts.policy.signed import Family, RecordTrust, create_signed
 from k3artifacts.releases.channels import check_channel
-from k3artifacts.releases.records import create_once, read_records
+from k3artifacts.releases.records import read_records
 from k3artifacts.releases.tuples import TupleStore, check_tuple_id
 from k3artifacts.stores.records import RecordStore
 
@@ -93,9 +97,13 @@ class AnalysisRecord(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     analysis_sha256: str
+    #: The identity whose key signed the record (the reader checks they agree).
     recorded_by: str
     recorded_at: datetime
     analysis: TrafficAnalysis
+
+
+ANALYSES = Family(TRAFFIC_PREFIX, "traffic-analysis", AnalysisRecord, "recorded_by")
 
 
 def _prefix(tuple_id: str, channel: str, step: int | None = None) -> str:
@@ -104,25 +112,29 @@ def _prefix(tuple_id: str, channel: str, step: int | None = None) -> str:
 
 
 def record_analysis(
-    store: RecordStore, analysis: TrafficAnalysis, *, by: str, now: datetime | None = None
+    store: RecordStore, analysis: TrafficAnalysis, *, by: Acting, now: datetime | None = None
 ) -> tuple[AnalysisRecord, bool]:
-    """Store ``analysis`` beside its tuple; returns (record, written)."""
+    """Store ``analysis`` beside its tuple, signed by ``by``; returns (record, written)."""
     TupleStore(store).get(analysis.tuple_id)  # the tuple must exist and be intact
     sha = canonical_digest(analysis.model_dump(mode="json"))
     key = f"{_prefix(analysis.tuple_id, analysis.channel, analysis.step)}{sha}.json"
-    record = AnalysisRecord(analysis_sha256=sha, recorded_by=by,
+    record = AnalysisRecord(analysis_sha256=sha, recorded_by=by.name,
                             recorded_at=now or datetime.now(UTC), analysis=analysis)
-    return create_once(store, key, record)
+    return create_signed(store, key, ANALYSES, record, by=by)
 
 
-def list_analyses(store: RecordStore, tuple_id: str, channel: str) -> list[AnalysisRecord]:
-    """Every recorded analysis of ``tuple_id`` on ``channel``, oldest window first."""
+def list_analyses(store: RecordStore, tuple_id: str, channel: str, *,
+                  trust: RecordTrust | None = None) -> list[AnalysisRecord]:
+    """Every recorded analysis of ``tuple_id`` on ``channel``, oldest window first, each
+    verified (``trust``: the store's policy in force unless given)."""
     records = []
-    for key, record in read_records(store, _prefix(tuple_id, channel), AnalysisRecord):
+    for key, record in read_records(store, _prefix(tuple_id, channel), ANALYSES, trust=trust):
         a = record.analysis
         sha = canonical_digest(a.model_dump(mode="json"))
         if (sha != record.analysis_sha256 or a.tuple_id != tuple_id or a.channel != channel
                 or key != f"{_prefix(tuple_id, channel, a.step)}{sha}.json"):
-            raise ConfigError(f"{key} does not match its key; it was edited in the store")
+            raise UntrustedRecord(key, "wrong-key", f"an analysis of {a.tuple_id} on "
+                                  f"{a.channel} step {a.step} with sha256 {sha[:12]}, not the "
+                                  "one its key names")
         records.append(record)
     return sorted(records, key=lambda r: r.analysis.at)

@@ -9,8 +9,12 @@ Two origins, told apart by the record, never by the report's own words:
 * ``attached``: any JSON with ``suite``, ``passed`` and ``total`` handed to ``k3a eval attach``.
   Nothing ran it, so the gate refuses it; it stays as the recorded evidence of an override.
 
-Both are stored create-once under ``releases/evaluations/<tuple-id>/<sha256 of the canonical
-report>.json``: the same report twice is a no-op and a report is never edited, only superseded.
+Both are signed records (``policy/signed.py``) of the identity that ran or attached them (role
+``evaluate``), read only through that signature against the store's policy in force: a report
+written by hand, or signed by an identity that may not evaluate, is refused by name
+(UntrustedRecord, exit 4), never judged. They are stored create-once under
+``releases/evaluations/<tuple-id>/<sha256 of the canonical report>.json``: the same report
+twice is a no-op and a report is never edited, only superseded.
 """
 
 from __future__ import annotations
@@ -22,8 +26,10 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from k3artifacts.canonical import canonical_digest
-from k3artifacts.errors import ConfigError, plain_validation_errors
-from k3artifacts.releases.records import create_once, read_records
+from k3artifacts.errors import ConfigError, UntrustedRecord, plain_validation_errors
+from k3artifacts.policy.actor import Acting
+from k3artifacts.policy.signed import Family, RecordTrust, create_signed
+from k3artifacts.releases.records import read_records
 from k3artifacts.releases.tuples import TupleStore, check_tuple_id
 from k3artifacts.stores.records import RecordStore
 
@@ -191,6 +197,7 @@ class EvaluationRecord(BaseModel):
 
     tuple_id: str
     report_sha256: str
+    #: The identity whose key signed the record (the reader checks they agree).
     attached_by: str
     attached_at: datetime
     report: dict[str, Any]
@@ -208,6 +215,9 @@ class EvaluationRecord(BaseModel):
 
     def readiness(self) -> ReadinessReport:
         return ReadinessReport.model_validate(self.report)
+
+
+EVALUATIONS = Family(EVALUATIONS_PREFIX, "evaluation", EvaluationRecord, "attached_by")
 
 
 def evaluations_prefix(tuple_id: str) -> str:
@@ -235,19 +245,20 @@ def attach_evaluation(
     tuple_id: str,
     report: dict[str, Any],
     *,
-    by: str,
+    by: Acting,
     now: datetime | None = None,
 ) -> tuple[EvaluationRecord, bool]:
-    """Attach ``report`` to a tuple as an override's evidence; returns (record, written).
-    Same report again: not written."""
+    """Attach ``report`` to a tuple as an override's evidence, signed by ``by``; returns
+    (record, written). Same report again: not written."""
     EvaluationReport.model_validate(report)
     return _create(store, tuple_id, report, by=by, origin="attached", now=now)
 
 
 def record_run(
-    store: RecordStore, report: ReadinessReport, *, by: str, now: datetime | None = None
+    store: RecordStore, report: ReadinessReport, *, by: Acting, now: datetime | None = None
 ) -> tuple[EvaluationRecord, bool]:
-    """Store what a readiness run observed, beside its tuple; returns (record, written)."""
+    """Store what a readiness run observed, beside its tuple, signed by ``by``; returns
+    (record, written)."""
     body = report.model_dump(mode="json")
     return _create(store, report.tuple_id, body, by=by, origin="run", now=now)
 
@@ -257,7 +268,7 @@ def _create(
     tuple_id: str,
     report: dict[str, Any],
     *,
-    by: str,
+    by: Acting,
     origin: Literal["run", "attached"],
     now: datetime | None,
 ) -> tuple[EvaluationRecord, bool]:
@@ -267,43 +278,50 @@ def _create(
     record = EvaluationRecord(
         tuple_id=tuple_id,
         report_sha256=sha,
-        attached_by=by,
+        attached_by=by.name,
         attached_at=now or datetime.now(UTC),
         report=report,
         origin=origin,
     )
-    return create_once(store, key, record)
+    return create_signed(store, key, EVALUATIONS, record, by=by)
 
 
-def list_evaluations(store: RecordStore, tuple_id: str) -> list[EvaluationRecord]:
-    """Reports attached to ``tuple_id``, oldest first."""
+def list_evaluations(store: RecordStore, tuple_id: str, *,
+                     trust: RecordTrust | None = None) -> list[EvaluationRecord]:
+    """Reports attached to ``tuple_id``, oldest first, each verified (``trust``: the store's
+    policy in force unless given); one that is not the record of its key is refused."""
     records = []
-    for key, record in read_records(store, evaluations_prefix(tuple_id), EvaluationRecord):
+    for key, record in read_records(store, evaluations_prefix(tuple_id), EVALUATIONS,
+                                    trust=trust):
         sha = canonical_digest(record.report)
         if (
             record.tuple_id != tuple_id
             or sha != record.report_sha256
             or not key.endswith(f"/{sha}.json")
         ):
-            raise ConfigError(f"{key} does not match its key; it was edited in the store")
+            raise UntrustedRecord(key, "wrong-key", f"a report of {record.tuple_id} with sha256 "
+                                  f"{sha[:12]}, not the one its key names")
         if record.origin == "run":
             try:
                 run = record.readiness()
             except ValidationError as exc:
-                raise ConfigError(f"{key} is malformed: {exc.errors()[0]['msg']}") from None
+                raise UntrustedRecord(key, "malformed", "not a readiness report: "
+                                      f"{plain_validation_errors(exc)}") from None
             if run.tuple_id != tuple_id:
-                raise ConfigError(f"{key} reports on {run.tuple_id}, not {tuple_id}")
+                raise UntrustedRecord(key, "wrong-key", f"reports on {run.tuple_id}, not "
+                                      f"{tuple_id}")
         records.append(record)
     return sorted(records, key=lambda r: r.attached_at)
 
 
 def latest_run(
-    store: RecordStore, tuple_id: str, *, kind: str = "eval", suite_sha256: str | None = None
+    store: RecordStore, tuple_id: str, *, kind: str = "eval", suite_sha256: str | None = None,
+    trust: RecordTrust | None = None,
 ) -> EvaluationRecord | None:
     """The newest report a readiness run wrote for ``tuple_id`` (of that suite file, if given)."""
     runs = [
         r
-        for r in list_evaluations(store, tuple_id)
+        for r in list_evaluations(store, tuple_id, trust=trust)
         if r.origin == "run"
         and r.readiness().kind == kind
         and (suite_sha256 is None or r.readiness().suite_sha256 == suite_sha256)

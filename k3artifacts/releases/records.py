@@ -1,42 +1,27 @@
 """Evidence recorded beside a tuple (evaluation reports, traffic analyses, preflights, image
-scans): each record is created once under a key derived from its content, never replaced, and
-read back as its model or refused as malformed."""
+scans): each record is signed by the identity that made it and created once under a key derived
+from its content (:func:`k3artifacts.policy.signed.create_signed`), never replaced, and read
+back through its signature as its model, or refused by name."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from typing import TypeVar
 
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel
 
-from k3artifacts.canonical import canonical_json
-from k3artifacts.errors import AlreadyExists, ConfigError
+from k3artifacts.policy.signed import Family, RecordTrust, read_signed, record_trust
 from k3artifacts.stores.records import RecordStore
 
 Record = TypeVar("Record", bound=BaseModel)
 
 
-def create_once(store: RecordStore, key: str, record: Record) -> tuple[Record, bool]:
-    """Write ``record`` at ``key`` unless one is there already: returns (the record the store
-    holds, whether this call wrote it). A lost race returns the winner's record."""
-    try:
-        store.create(key, canonical_json(record))
-    except AlreadyExists:
-        found = store.read(key)
-        if found is None:
-            raise
-        return type(record).model_validate_json(found.data), False
-    return record, True
-
-
-def read_records(store: RecordStore, prefix: str,
-                 model: type[Record]) -> Iterator[tuple[str, Record]]:
-    """Every record under ``prefix`` with its key; a record that does not parse is refused."""
+def read_records(store: RecordStore, prefix: str, family: Family[Record], *,
+                 trust: RecordTrust | None = None) -> Iterator[tuple[str, Record]]:
+    """Every record under ``prefix`` with its key, each verified against ``trust`` (default:
+    the store's policy in force); one that does not verify is refused (UntrustedRecord)."""
+    trust = trust or record_trust(store)
     for key in store.list_keys(prefix):
-        found = store.read(key)
-        if found is None:
-            continue
-        try:
-            yield key, model.model_validate_json(found.data)
-        except ValidationError as exc:
-            raise ConfigError(f"{key} is malformed: {exc.errors()[0]['msg']}") from None
+        record = read_signed(store, key, family, trust=trust)
+        if record is not None:
+            yield key, record

@@ -1,10 +1,10 @@
 """``k3a review license | code``: recording that a person read a tuple's license text or its
 remote code, planned, then recorded (records: :mod:`.reviews`).
 
-The plan reads the tuple, what it carries (its license sha256, its revision's remote-code
-files) and the reviews that already cover some of it; a tuple without a license, or unknown,
-is refused there. The act records a review of each sha256 not reviewed yet (the first review
-stands).
+The plan checks the reviewer may sign reviews (role ``review``), then reads the tuple, what it
+carries (its license sha256, its revision's remote-code files) and the reviews that already
+cover some of it; a tuple without a license, or unknown, is refused there. The act records a
+review of each sha256 not reviewed yet, signed by the reviewer's key (the first review stands).
 """
 
 from __future__ import annotations
@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from k3artifacts.errors import NotFound, VerifyMismatch
+from k3artifacts.policy.actor import Acting
+from k3artifacts.policy.signed import record_trust, require_role
 from k3artifacts.releases.reviews import (
     CodeReviewOutcome,
     LicenseReviewOutcome,
@@ -31,6 +33,8 @@ from k3artifacts.stores.base import Store
 class ReviewPlan:
     tuple_id: str
     kind: ReviewKind
+    #: Who reviews, with the key the reviews are signed with.
+    by: Acting
     #: A review for each sha256 nobody reviewed yet.
     new: tuple[Review, ...]
     #: The reviews that already cover the rest.
@@ -58,16 +62,18 @@ def license_text(store: Store, tuple_id: str) -> str:
     return raw.decode("utf-8", errors="replace")
 
 
-def _plan(tuple_id: str, kind: ReviewKind, wanted: list[Review],
+def _plan(tuple_id: str, kind: ReviewKind, by: Acting, wanted: list[Review],
           reviewed: list[Review | None]) -> ReviewPlan:
-    return ReviewPlan(tuple_id, kind,
+    return ReviewPlan(tuple_id, kind, by,
                       new=tuple(w for w, r in zip(wanted, reviewed, strict=True) if r is None),
                       existing=tuple(r for r in reviewed if r is not None))
 
 
-def plan_license_review(store: Store, tuple_id: str, *, by: str, by_source: str,
-                        note: str | None = None, now: datetime | None = None) -> ReviewPlan:
-    """NotFound (exit 7) for an unknown tuple or one that binds no license text."""
+def plan_license_review(store: Store, tuple_id: str, *, by: Acting, note: str | None = None,
+                        now: datetime | None = None) -> ReviewPlan:
+    """RoleRefused (exit 9) for a reviewer without the role ``review``; NotFound (exit 7) for
+    an unknown tuple or one that binds no license text."""
+    require_role(by, "review", "a license review")
     release = TupleStore(store).get(tuple_id)
     sha = release.binding.license_sha256
     if sha is None:
@@ -81,30 +87,33 @@ def plan_license_review(store: Store, tuple_id: str, *, by: str, by_source: str,
     except NotFound:  # the license sha256 in the tuple is what is reviewed; the path is a note
         card = None
     review = Review(
-        kind="license", sha256=sha, path=None if card is None else card.path, reviewed_by=by,
-        reviewer_source=by_source, reviewed_at=now or datetime.now(UTC), tuple_id=release.id,
+        kind="license", sha256=sha, path=None if card is None else card.path, reviewed_by=by.name,
+        reviewer_source="key", reviewed_at=now or datetime.now(UTC), tuple_id=release.id,
         repo_id=w.repo_id, commit=w.commit,
         license=None if card is None else (card.card_license_name or card.card_license),
         note=note)
-    return _plan(release.id, "license", [review], [read_review(store, "license", sha)])
+    return _plan(release.id, "license", by, [review], [read_review(store, "license", sha)])
 
 
-def plan_code_review(store: Store, tuple_id: str, *, by: str, by_source: str,
-                     note: str | None = None, now: datetime | None = None) -> ReviewPlan:
-    """Every remote-code file of the tuple's revision, once per sha256; NotFound (exit 7) for
-    an unknown tuple or a revision not in the store."""
+def plan_code_review(store: Store, tuple_id: str, *, by: Acting, note: str | None = None,
+                     now: datetime | None = None) -> ReviewPlan:
+    """Every remote-code file of the tuple's revision, once per sha256; RoleRefused (exit 9)
+    for a reviewer without the role ``review``, NotFound (exit 7) for an unknown tuple or a
+    revision not in the store."""
+    require_role(by, "review", "a code review")
     release = TupleStore(store).get(tuple_id)
     manifest = tuple_manifest(store, release)
     w = release.binding.weights
     wanted: dict[str, Review] = {}
     for entry in manifest.remote_code:
         wanted.setdefault(entry.sha256, Review(
-            kind="code", sha256=entry.sha256, path=entry.path, reviewed_by=by,
-            reviewer_source=by_source, reviewed_at=now or datetime.now(UTC),
+            kind="code", sha256=entry.sha256, path=entry.path, reviewed_by=by.name,
+            reviewer_source="key", reviewed_at=now or datetime.now(UTC),
             tuple_id=release.id, repo_id=w.repo_id, commit=w.commit, note=note))
     reviews = list(wanted.values())
-    return _plan(release.id, "code", reviews,
-                 [read_review(store, "code", r.sha256) for r in reviews])
+    trust = record_trust(store)
+    return _plan(release.id, "code", by, reviews,
+                 [read_review(store, "code", r.sha256, trust=trust) for r in reviews])
 
 
 def _record(store: Store, plan: ReviewPlan) -> tuple[list[Review], list[Review]]:
@@ -112,7 +121,7 @@ def _record(store: Store, plan: ReviewPlan) -> tuple[list[Review], list[Review]]
     stands, and counts as already reviewed."""
     recorded, already = [], list(plan.existing)
     for review in plan.new:
-        stands, written = create_review(store, review)
+        stands, written = create_review(store, review, by=plan.by)
         (recorded if written else already).append(stands)
     return recorded, already
 
@@ -129,15 +138,14 @@ def act_code_review(store: Store, plan: ReviewPlan) -> CodeReviewOutcome:
     return CodeReviewOutcome(tuple_id=plan.tuple_id, recorded=recorded, already_reviewed=already)
 
 
-def review_license(store: Store, tuple_id: str, *, by: str, by_source: str,
-                   note: str | None = None, now: datetime | None = None) -> LicenseReviewOutcome:
+def review_license(store: Store, tuple_id: str, *, by: Acting, note: str | None = None,
+                   now: datetime | None = None) -> LicenseReviewOutcome:
     """The license-review move: :func:`plan_license_review`, then :func:`act_license_review`."""
-    return act_license_review(store, plan_license_review(
-        store, tuple_id, by=by, by_source=by_source, note=note, now=now))
+    return act_license_review(store, plan_license_review(store, tuple_id, by=by, note=note,
+                                                         now=now))
 
 
-def review_code(store: Store, tuple_id: str, *, by: str, by_source: str,
-                note: str | None = None, now: datetime | None = None) -> CodeReviewOutcome:
+def review_code(store: Store, tuple_id: str, *, by: Acting, note: str | None = None,
+                now: datetime | None = None) -> CodeReviewOutcome:
     """The code-review move: :func:`plan_code_review`, then :func:`act_code_review`."""
-    return act_code_review(store, plan_code_review(
-        store, tuple_id, by=by, by_source=by_source, note=note, now=now))
+    return act_code_review(store, plan_code_review(store, tuple_id, by=by, note=note, now=now))

@@ -3,7 +3,9 @@
 findings (``k3a scan ecr``). A report must be of the tuple's image digest; its findings are
 summarised by severity, the critical ones named.
 
-Stored create-once under ``releases/scans/<tuple-id>/<sha256 of the canonical summary>.json``.
+Stored create-once under ``releases/scans/<tuple-id>/<sha256 of the canonical summary>.json``,
+a signed record of the identity that scanned (role ``scan``, ``policy/signed.py``), read only
+through that signature: a scan written by hand is refused by name (UntrustedRecord, exit 4).
 """
 
 from __future__ import annotations
@@ -16,8 +18,10 @@ from botocore.exceptions import ClientError
 from pydantic import BaseModel, ConfigDict
 
 from k3artifacts.canonical import canonical_digest
-from k3artifacts.errors import ConfigError, NotFound
-from k3artifacts.releases.records import create_once, read_records
+from k3artifacts.errors import ConfigError, NotFound, UntrustedRecord
+from k3artifacts.policy.actor import Acting
+from k3artifacts.policy.signed import Family, RecordTrust, create_signed
+from k3artifacts.releases.records import read_records
 from k3artifacts.releases.tuples import ReleaseTuple, TupleStore, check_tuple_id
 from k3artifacts.stores.awsclients import aws_errors, error_code
 from k3artifacts.stores.records import RecordStore
@@ -44,9 +48,13 @@ class ScanRecord(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     scan_sha256: str
+    #: The identity whose key signed the record (the reader checks they agree).
     recorded_by: str
     recorded_at: datetime
     scan: ImageScan
+
+
+SCANS = Family(SCANS_PREFIX, "scan", ScanRecord, "recorded_by")
 
 
 def _severity(value: Any) -> str:
@@ -130,23 +138,28 @@ def ecr_findings(ecr: Any, release: ReleaseTuple, repository: str) -> ImageScan:
     return _summary(release, "ecr", None, findings)
 
 
-def record_scan(store: RecordStore, scan: ImageScan, *, by: str,
+def record_scan(store: RecordStore, scan: ImageScan, *, by: Acting,
                 now: datetime | None = None) -> tuple[ScanRecord, bool]:
+    """Store ``scan`` beside its tuple, signed by ``by``; returns (record, written)."""
     TupleStore(store).get(scan.tuple_id)
     sha = canonical_digest(scan.model_dump(mode="json"))
     key = f"{SCANS_PREFIX}{check_tuple_id(scan.tuple_id)}/{sha}.json"
-    record = ScanRecord(scan_sha256=sha, recorded_by=by, recorded_at=now or datetime.now(UTC),
-                        scan=scan)
-    return create_once(store, key, record)
+    record = ScanRecord(scan_sha256=sha, recorded_by=by.name,
+                        recorded_at=now or datetime.now(UTC), scan=scan)
+    return create_signed(store, key, SCANS, record, by=by)
 
 
-def list_scans(store: RecordStore, tuple_id: str) -> list[ScanRecord]:
+def list_scans(store: RecordStore, tuple_id: str, *,
+               trust: RecordTrust | None = None) -> list[ScanRecord]:
+    """The scans recorded for ``tuple_id``, oldest first, each verified (``trust``: the
+    store's policy in force unless given)."""
     records = []
     prefix = f"{SCANS_PREFIX}{check_tuple_id(tuple_id)}/"
-    for key, record in read_records(store, prefix, ScanRecord):
+    for key, record in read_records(store, prefix, SCANS, trust=trust):
         sha = canonical_digest(record.scan.model_dump(mode="json"))
         if (sha != record.scan_sha256 or record.scan.tuple_id != tuple_id
                 or not key.endswith(f"/{sha}.json")):
-            raise ConfigError(f"{key} does not match its key; it was edited in the store")
+            raise UntrustedRecord(key, "wrong-key", f"a scan of {record.scan.tuple_id} with "
+                                  f"sha256 {sha[:12]}, not the one its key names")
         records.append(record)
     return sorted(records, key=lambda r: r.recorded_at)

@@ -1,10 +1,11 @@
 """One canary step's analysis (``k3a traffic analyze``), planned, then measured and recorded.
 
-The plan reads the channel's ``traffic:`` policy from the store's policy, the tuple and the
-step, and checks the window's end; a refusal there asks Prometheus nothing. The act asks the
-step's queries (:mod:`.queries`, the AnalysisTemplate's own) of Prometheus at the end of the
-window, judges each against the channel's bound and records the analysis create-once beside
-the tuple (``releases/analyses.py``), pass or fail: the ``traffic`` gate reads these.
+The plan checks who analyses may sign traffic analyses (role ``traffic``), reads the channel's
+``traffic:`` policy from the store's policy, the tuple and the step, and checks the window's
+end; a refusal there asks Prometheus nothing. The act asks the step's queries (:mod:`.queries`,
+the AnalysisTemplate's own) of Prometheus at the end of the window, judges each against the
+channel's bound and records the analysis create-once beside the tuple, signed
+(``releases/analyses.py``), pass or fail: the ``traffic`` gate reads these.
 """
 
 from __future__ import annotations
@@ -13,8 +14,10 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from k3artifacts.errors import BadAnswer, ConfigError
+from k3artifacts.policy.actor import Acting
 from k3artifacts.policy.record import channel_section
 from k3artifacts.policy.rollout import TrafficPolicy
+from k3artifacts.policy.signed import require_role
 from k3artifacts.releases.analyses import (
     AnalysisRecord,
     MetricResult,
@@ -38,7 +41,7 @@ class AnalysisPlan:
     #: The end of the window, UTC.
     at: datetime
     prometheus_url: str
-    by: str
+    by: Acting
 
 
 @dataclass(frozen=True)
@@ -57,9 +60,11 @@ def channel_traffic(store: Store, channel: str) -> TrafficPolicy:
 
 
 def plan_analysis(store: Store, tuple_or_channel: str, channel: str, step: int, *,
-                  prometheus_url: str, by: str, at: datetime | None = None) -> AnalysisPlan:
-    """ConfigError (exit 9) for a channel without traffic policy, a step it does not have or
-    a window end without a time zone; NotFound (exit 7) for an unknown tuple."""
+                  prometheus_url: str, by: Acting, at: datetime | None = None) -> AnalysisPlan:
+    """RoleRefused (exit 9) for an analyst without the role ``traffic``; ConfigError (exit 9)
+    for a channel without traffic policy, a step it does not have or a window end without a
+    time zone; NotFound (exit 7) for an unknown tuple."""
+    require_role(by, "traffic-analysis", "a traffic analysis")
     traffic = channel_traffic(store, channel)
     if not 0 <= step < len(traffic.steps):
         raise ConfigError(
@@ -112,7 +117,7 @@ def act_analysis(store: Store, plan: AnalysisPlan) -> Analyzed:
 
 
 def analyze(store: Store, tuple_or_channel: str, channel: str, step: int, *,
-            prometheus_url: str, by: str, at: datetime | None = None) -> Analyzed:
+            prometheus_url: str, by: Acting, at: datetime | None = None) -> Analyzed:
     """The traffic-analysis move: :func:`plan_analysis`, then :func:`act_analysis`."""
     return act_analysis(store, plan_analysis(store, tuple_or_channel, channel, step,
                                              prometheus_url=prometheus_url, by=by, at=at))

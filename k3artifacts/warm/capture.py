@@ -1,5 +1,6 @@
 """``k3a warm capture``: a server's cache directories -> a warm-start artifact of its tuple,
-planned (every file listed and checked, the key free), then stored.
+planned (the capturer may sign warm manifests, every file listed and checked, the key free),
+then stored: the manifest a signed record of the capturer (role ``warm``; :mod:`.trust`).
 
 Each captured tree is hostile input (a hostPath other pods write to): it is walked through
 directory descriptors with ``O_NOFOLLOW`` (:mod:`k3artifacts.nodecache.safefs`), and a link,
@@ -28,8 +29,9 @@ from pathlib import Path
 
 from k3artifacts.errors import AlreadyExists, ConfigError, UsageError
 from k3artifacts.nodecache import safefs
-from k3artifacts.policy.actor import os_account
+from k3artifacts.policy.actor import Acting
 from k3artifacts.policy.record import in_force
+from k3artifacts.policy.signed import require_role, signed_bytes
 from k3artifacts.releases.lookup import resolve_tuple
 from k3artifacts.releases.tuples import ReleaseTuple
 from k3artifacts.revisions.hashing import MultiHasher
@@ -51,7 +53,7 @@ from k3artifacts.warm.model import (
     predicate,
     tuple_layout,
 )
-from k3artifacts.warm.trust import WarmTrust, warm_trust
+from k3artifacts.warm.trust import WARM_MANIFESTS, WarmTrust, warm_trust
 
 #: Bytes read but not yet stored, across the pool: what bounds memory.
 IN_FLIGHT = 256 << 20
@@ -95,6 +97,9 @@ class CaptureResult:
     bytes: int
     blobs_new: int
     bytes_new: int
+    #: The identity whose key signed the manifest's record.
+    captured_by: str
+    #: The release key that signed it too, if one was given.
     signed_by: str | None
     seconds: float
     #: Why the artifact that held the key before was replaced (the channel would not use it).
@@ -173,7 +178,9 @@ class CapturePlan:
     pipeline_parallel: int
     roots: tuple[CaptureRoot, ...]
     jobs: tuple[_Job, ...]
-    captured_by: str
+    #: Who captures, with the key the manifest's record is signed with.
+    by: Acting
+    #: A release key whose signature the channel's signing policy may ask for, besides.
     signer: Signer | None
     #: The channel's rule for what stands at the key (:mod:`.claim`); None: whatever is there.
     trust: WarmTrust | None
@@ -182,24 +189,27 @@ class CapturePlan:
 
 
 def plan_capture(store: Store, release: ReleaseTuple, *, gpu: str, tensor_parallel: int,
-                 pipeline_parallel: int, roots: list[CaptureRoot], captured_by: str,
+                 pipeline_parallel: int, roots: list[CaptureRoot], by: Acting,
                  signer: Signer | None = None, trust: WarmTrust | None = None) -> CapturePlan:
-    """List and check every file under ``roots`` (a link, FIFO or device refuses the capture,
-    ConfigError exit 9); AlreadyCaptured (exit 6) when the tuple has an artifact for this GPU
-    and layout that stands: one the channel would use, or one this capture may not replace
+    """RoleRefused (exit 9) for a capturer without the role ``warm``; list and check every file
+    under ``roots`` (a link, FIFO or device refuses the capture, ConfigError exit 9);
+    AlreadyCaptured (exit 6) when the tuple has an artifact for this GPU and layout that
+    stands: one the channel would use, or one this capture may not replace
     (:func:`~.claim.check_claim`)."""
+    require_role(by, "warm-manifest", "a warm-start capture")
     jobs = tuple(job for root in roots for job in _list(root))
     key = artifact_key(release.id, gpu.strip(), layout_name(tensor_parallel, pipeline_parallel))
     check_claim(store, release, key, gpu=gpu.strip(), tp=tensor_parallel, pp=pipeline_parallel,
                 signer=signer, trust=trust)
     return CapturePlan(release, gpu.strip(), tensor_parallel, pipeline_parallel, tuple(roots),
-                       jobs, captured_by, signer, trust, key)
+                       jobs, by, signer, trust, key)
 
 
 def act_capture(store: Store, plan: CapturePlan, *, workers: int = WORKERS,
                 on_file: Callable[[int], None] | None = None) -> CaptureResult:
-    """Store each file once under its sha256, then the manifest (create-once: a capture that
-    got there first stands, AlreadyCaptured), then its signature."""
+    """Store each file once under its sha256, then the manifest, signed by the capturer
+    (create-once: a capture that got there first stands, AlreadyCaptured), then its release
+    signature, if a release key was given."""
     started = datetime.now(UTC)
     jobs = plan.jobs
     have = {key.rsplit("/", 1)[-1] for key in store.list_keys(BLOB_PREFIX)}
@@ -249,19 +259,21 @@ def act_capture(store: Store, plan: CapturePlan, *, workers: int = WORKERS,
         roots=sorted(r.name for r in plan.roots),
         files=sorted(files, key=lambda f: (f.root, f.path)),
         total_bytes=sum(f.size for f in files), captured_at=started,
-        captured_by=plan.captured_by,
+        captured_by=plan.by.name,
     )
+    record = signed_bytes(store, manifest.key, WARM_MANIFESTS, manifest, by=plan.by)
     signer = plan.signer
     signature = None if signer is None else signer.sign(
         statement(manifest.key, manifest.digest(), PREDICATE_TYPE, predicate(manifest)))
-    replaced = publish(store, release, manifest, signature, signer, plan.trust)
+    replaced = publish(store, release, manifest, record, signature, signer, plan.trust)
     return CaptureResult(manifest.key, manifest.digest(), len(files), manifest.total_bytes,
-                         new["blobs"], new["bytes"], signer.key_hint if signer else None,
+                         new["blobs"], new["bytes"], plan.by.name,
+                         signer.key_hint if signer else None,
                          round((datetime.now(UTC) - started).total_seconds(), 3), replaced)
 
 
 def capture(store: Store, release: ReleaseTuple, *, gpu: str, tensor_parallel: int,
-            pipeline_parallel: int, roots: list[CaptureRoot], captured_by: str,
+            pipeline_parallel: int, roots: list[CaptureRoot], by: Acting,
             signer: Signer | None = None, workers: int = WORKERS,
             on_file: Callable[[int], None] | None = None,
             trust: WarmTrust | None = None) -> CaptureResult:
@@ -269,19 +281,19 @@ def capture(store: Store, release: ReleaseTuple, *, gpu: str, tensor_parallel: i
     says whether an artifact already at the key stands (:mod:`.claim`); None: whatever is
     there stands."""
     plan = plan_capture(store, release, gpu=gpu, tensor_parallel=tensor_parallel,
-                        pipeline_parallel=pipeline_parallel, roots=roots,
-                        captured_by=captured_by, signer=signer, trust=trust)
+                        pipeline_parallel=pipeline_parallel, roots=roots, by=by,
+                        signer=signer, trust=trust)
     return act_capture(store, plan, workers=workers, on_file=on_file)
 
 
-def capture_target(store: Store, target: str, dirs: list[str], *, gpu: str | None = None,
-                   tp: int | None = None, signing_key: str | None = None,
-                   channel: str | None = None) -> CaptureResult:
+def capture_target(store: Store, target: str, dirs: list[str], *, by: Acting,
+                   gpu: str | None = None, tp: int | None = None,
+                   signing_key: str | None = None, channel: str | None = None) -> CaptureResult:
     """The warm-capture move as ``k3a warm capture`` names it: ``target`` a tuple or a
     channel, ``dirs`` ``NAME=DIR`` specs, the GPU detected with nvidia-smi unless given, the
-    layout the tuple's unless ``tp`` overrides it, the capturer the store's identity (never a
-    typed name), judged by ``channel``'s warm-start rule (None: the tuple's own trust rule of
-    no channel)."""
+    layout the tuple's unless ``tp`` overrides it, the capturer ``by`` (the identity whose key
+    signs, never a typed name), judged by ``channel``'s warm-start rule (None: the tuple's own
+    trust rule of no channel)."""
     release = resolve_tuple(store, target)
     roots = parse_roots(dirs)
     gpu = gpu or detect_gpu()
@@ -289,7 +301,7 @@ def capture_target(store: Store, target: str, dirs: list[str], *, gpu: str | Non
         raise UsageError("no GPU found (nvidia-smi)", hint="pass --gpu MODEL")
     want_tp, pp = tuple_layout(release)
     signer = load_signer(signing_key) if signing_key else None
-    trust = warm_trust(in_force(store).document, channel)
+    trust = warm_trust(in_force(store), channel)
     return capture(store, release, gpu=gpu, tensor_parallel=tp or want_tp, pipeline_parallel=pp,
-                   roots=roots, captured_by=os_account(), signer=signer, trust=trust)
+                   roots=roots, by=by, signer=signer, trust=trust)
 

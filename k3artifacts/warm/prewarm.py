@@ -63,7 +63,7 @@ def policy_or_miss(store: Store, channel: str | None, tuple_id: str,
     from k3artifacts.policy.record import in_force
 
     try:
-        return warm_trust(in_force(store).document, channel)
+        return warm_trust(in_force(store), channel)
     except K3AError as exc:
         outcome = WarmOutcome(tuple_id, gpu, "?", ok=False)
         outcome.reason, outcome.detail = "no-policy", str(exc)

@@ -1,7 +1,7 @@
 """A warm artifact lives in the store exactly as long as its tuple's weights.
 
 ``k3a gc`` retires a revision (``releases/retention.py``); the tuples bound to it can no
-longer serve, so their warm artifacts (manifest, then signature) are deleted right after the
+longer serve, so their warm artifacts (manifest, then release signature) are deleted right after the
 revision, and then every blob no remaining warm manifest names. A blob younger than
 :data:`BLOB_GRACE` is kept: a capture running meanwhile may have just stored it, its manifest
 not yet written. (A capture that found a blob already stored and saw it deleted before its
@@ -17,6 +17,7 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 
 from k3artifacts.policy.actor import Actor
+from k3artifacts.policy.signed import claimed_body
 from k3artifacts.releases.retention import GcPlan, RevisionVerdict, act_gc
 from k3artifacts.releases.tuples import TupleStore
 from k3artifacts.stores.base import Store
@@ -62,8 +63,11 @@ def sweep_blobs(store: Store, *, now: datetime | None = None) -> int:
             found = store.read(key)
             if found is None:
                 continue
+            # Whoever made it: a blob is kept while any manifest names it (one that does not
+            # verify is never used, and keeping its blobs costs only space).
+            body = claimed_body(found.data)
             try:
-                named |= {f.blob_key for f in WarmManifest.model_validate_json(found.data).files}
+                named |= {f.blob_key for f in WarmManifest.model_validate(body or {}).files}
             except ValueError:
                 continue
     deleted = 0

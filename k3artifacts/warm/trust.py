@@ -5,13 +5,17 @@ an artifact is used only when all of these hold, checked in this order:
 
 * the channel's policy allows warm starts (``warm_start`` in the gate policy in force in the
   store, ``k3a policy show``);
-* its manifest is in the store at the key of this tuple, GPU and layout, parses, and is in
-  canonical form (so its digest is the digest of what was stored);
+* its manifest is in the store at the key of this tuple, GPU and layout, and is a signed
+  record (``policy/signed.py``) of an identity the policy in force lets capture warm starts
+  (role ``warm``), signed for that key: one written by hand, signed by a key the policy does
+  not trust for it, edited or copied from another key is a miss (``untrusted``, or
+  ``malformed`` for bytes that are no record), never used;
 * it was captured for this tuple (id, image digest and serving args), this GPU model and this
   tensor/pipeline-parallel layout;
-* a signature, where the channel's signing policy requires one (or the warm-start policy asks
-  for one), is by a trusted key and over exactly this manifest; a signature present but
-  failing to verify is never ignored;
+* where the channel's signing policy requires signatures (or its warm-start policy asks for
+  one), it also carries a release signature (``.sig``, as a tuple's) by a key the channel
+  trusts, over exactly this manifest: the channel's rule, on top of the capturer's record. A
+  release signature present but failing to verify is never ignored;
 * later, every file matches the manifest's digests (:mod:`.node`).
 
 Anything else is a :class:`WarmMiss` with a named reason: the server starts cold, the reason
@@ -20,20 +24,20 @@ is logged, and the pod never fails because of it.
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass, field
 
 from cryptography.hazmat.primitives.asymmetric import ec
-from pydantic import ValidationError
 
-from k3artifacts.errors import ConfigError
-from k3artifacts.policy.document import PolicyDocument
+from k3artifacts.errors import ConfigError, UntrustedRecord
+from k3artifacts.policy.record import InForce
+from k3artifacts.policy.signed import Family, RecordTrust, parse_signed
 from k3artifacts.releases.tuples import ReleaseTuple
 from k3artifacts.signing.attestation import verify_statement
 from k3artifacts.signing.dsse import BundleError
 from k3artifacts.signing.policy import load_trusted_keys
 from k3artifacts.stores.base import Store
 from k3artifacts.warm.model import (
+    ARTIFACT_PREFIX,
     PREDICATE_TYPE,
     WarmManifest,
     artifact_key,
@@ -48,8 +52,13 @@ from k3artifacts.warm.model import (
 REASONS = (
     "disabled", "no-gpu", "absent", "foreign-gpu", "other-layout", "malformed", "other-tuple",
     "unsigned", "bad-signature", "corrupt", "not-pulled", "unsafe", "unavailable",
-    "no-policy",
+    "no-policy", "untrusted",
 )
+#: The manifest as stored: a signed record of the identity that captured it.
+WARM_MANIFESTS = Family(ARTIFACT_PREFIX, "warm-manifest", WarmManifest, "captured_by")
+#: Misses that say the standing manifest is no record anyone the policy trusts made: any
+#: capture by an identity with the role ``warm`` replaces it (:mod:`.claim`).
+NOBODY_MADE = ("malformed", "untrusted")
 
 
 class WarmMiss(Exception):
@@ -66,6 +75,8 @@ class WarmMiss(Exception):
 class WarmTrust:
     """What the channel's policy asks of a warm artifact."""
 
+    #: Who may have captured one: the policy's identities holding the role ``warm``.
+    records: RecordTrust
     enabled: bool = True
     require_signature: bool = False
     #: Keys whose signatures count (empty: a signature cannot be checked, so none is asked).
@@ -73,12 +84,14 @@ class WarmTrust:
     channel: str | None = None
 
 
-def warm_trust(document: PolicyDocument, channel: str | None) -> WarmTrust:
-    """The channel's warm-start rule: its ``warm_start`` policy and its signing policy. No
-    channel (a bare tuple, a pre-warm of a candidate): signatures are required when any
-    channel requires them, since the artifact may end up serving there. Never raises over
-    the signing policy: a channel that requires signatures and trusts no key gets misses.
-    ``document``: the store's policy in force (``k3a policy show``)."""
+def warm_trust(policy: InForce, channel: str | None) -> WarmTrust:
+    """The channel's warm-start rule: who may capture (the policy's identities), its
+    ``warm_start`` policy and its signing policy. No channel (a bare tuple, a pre-warm of a
+    candidate): release signatures are required when any channel requires them, since the
+    artifact may end up serving there. Never raises over the signing policy: a channel that
+    requires signatures and trusts no key gets misses. ``policy``: the store's policy in force
+    (``k3a policy show``)."""
+    document = policy.document
     gates = document.gates
     rule = gates.channels.get(channel) if channel else None
     warm = rule.warm_start if rule is not None else None
@@ -100,20 +113,30 @@ def warm_trust(document: PolicyDocument, channel: str | None) -> WarmTrust:
             trusted = {}
     if warm is not None and warm.require_signature:
         required = True
-    return WarmTrust(enabled=warm.enabled if warm is not None else True,
+    return WarmTrust(records=RecordTrust.of(document, policy.label()),
+                     enabled=warm.enabled if warm is not None else True,
                      require_signature=required, trusted=trusted, channel=channel)
 
 
 @dataclass(frozen=True)
 class Trusted:
     manifest: WarmManifest
+    #: The record as stored (the manifest and its capturer's signature).
     raw: bytes
+    #: The release signature (``.sig``), where there is one.
     signature: bytes | None
+    #: The release key that made it, where the channel's signing policy checked one.
     signed_by: str | None
 
     @property
     def digest(self) -> str:
-        return hashlib.sha256(self.raw).hexdigest()
+        """The manifest's digest: what its record's statement and its release signature name."""
+        return self.manifest.digest()
+
+
+def _record_miss(error: UntrustedRecord) -> WarmMiss:
+    reason = "malformed" if error.reason in ("unreadable", "malformed") else "untrusted"
+    return WarmMiss(reason, str(error))
 
 
 def _why_absent(store: Store, release: ReleaseTuple, gpu: str, layout: str) -> WarmMiss:
@@ -141,14 +164,10 @@ def check_manifest(store: Store, release: ReleaseTuple, *, gpu: str | None, tp: 
     if found is None:
         raise _why_absent(store, release, gpu, layout)
     raw = found.data
-    try:
-        manifest = WarmManifest.model_validate_json(raw)
-    except ValidationError as exc:  # refused by name before anything is made on the node
-        first = exc.errors()[0]
-        where = ".".join(str(p) for p in first["loc"]) or "(top)"
-        raise WarmMiss("malformed", f"{key}: {where}: {first['msg']}") from None
-    if manifest.to_bytes() != raw:
-        raise WarmMiss("malformed", f"{key}: not in canonical form")
+    try:  # refused by name before anything is made on the node
+        manifest = parse_signed(raw, key=key, family=WARM_MANIFESTS, trust=trust.records)
+    except UntrustedRecord as exc:
+        raise _record_miss(exc) from None
     b = release.binding
     if manifest.tuple_id != release.id or manifest.image_digest != b.image.digest \
             or manifest.serving_args != list(b.serving.args):
@@ -172,7 +191,7 @@ def check_manifest(store: Store, release: ReleaseTuple, *, gpu: str | None, tp: 
     if sig is not None and trust.trusted:
         try:
             signed_by = verify_statement(
-                sig, trust.trusted, name=key, sha256=hashlib.sha256(raw).hexdigest(),
+                sig, trust.trusted, name=key, sha256=manifest.digest(),
                 predicate_type=PREDICATE_TYPE, predicate=predicate(manifest)).key_name
         except BundleError as exc:
             raise WarmMiss("bad-signature", f"{signature_key(key)}: {exc}") from None

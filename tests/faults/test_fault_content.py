@@ -17,6 +17,7 @@ from k3artifacts.releases.channels import current, history
 from k3artifacts.releases.reviewing import review_code, review_license
 from tests.faults.faultkit import SHARD1, assert_nothing_published, run_k3a, stage_args
 from tests.fixtures.moves import check_gates, promote
+from tests.fixtures.people import person
 from tests.staging_helpers import LICENSE, REPO, raw_safetensors, run_stage, small_release
 from tests.support.releases import Releases
 
@@ -156,8 +157,8 @@ def test_changed_license_and_new_remote_code_stage_but_block_promotion(
     local_hub.hub.add_commit(REPO, files)
     first = run_stage(local_hub.endpoint, file_store, tmp_path / "q")
     old = reviewed.tuple_for(file_store.read_manifest(REPO, first.commit))
-    review_license(file_store, old.id, by="alice", by_source="os-user")
-    review_code(file_store, old.id, by="alice", by_source="os-user")
+    review_license(file_store, old.id, by=person("alice"))
+    review_code(file_store, old.id, by=person("alice"))
     promote(file_store, old.id, "staging", actor="alice", policies_dir=policies)
 
     files["LICENSE"] = LICENSE + b"\nYou must display 'Kimi K3' prominently.\n"
@@ -178,6 +179,6 @@ def test_changed_license_and_new_remote_code_stage_but_block_promotion(
     assert current(file_store, "staging").tuple_id == old.id
     assert len(history(file_store, "staging")) == 1
 
-    review_license(file_store, new.id, by="bob", by_source="os-user")
-    review_code(file_store, new.id, by="bob", by_source="os-user")
+    review_license(file_store, new.id, by=person("bob"))
+    review_code(file_store, new.id, by=person("bob"))
     assert promote(file_store, new.id, "staging", actor="bob", policies_dir=policies).changed

@@ -27,7 +27,8 @@ from tests.faults.faultkit import (
     start_k3a,
     wait_for,
 )
-from tests.fixtures.moves import promote
+from tests.fixtures.moves import promote, use_policy
+from tests.fixtures.people import person
 from tests.staging_helpers import REPO, small_release
 from tests.support.releases import REPO_ID, Releases
 
@@ -113,9 +114,10 @@ def test_lost_answers_to_tuple_and_channel_writes_on_s3(s3_fault_proxy, s3_url, 
     assert TupleStore(store).list_ids() == [made.release.id]
     old = made.release
     new = create_tuple(store, REPO_ID, second.commit, image, spec).release
+    use_policy(store, policies)  # the reviews are read through the identities it names
     for release in (old, new):
-        review_license(store, release.id, by="alice", by_source="os-user")
-        review_code(store, release.id, by="alice", by_source="os-user")
+        review_license(store, release.id, by=person("alice"))
+        review_code(store, release.id, by=person("alice"))
 
     proxy.add("PutObject", "*/releases/channels/staging.json", action="lose")
     moved = promote(store, old.id, "staging", actor="alice", policies_dir=policies)

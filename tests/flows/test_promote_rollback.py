@@ -19,6 +19,7 @@ from k3artifacts.releases.reviewing import review_code, review_license
 from k3artifacts.stores.file import FileStore
 from tests.fixtures.identities import k3a_as, pin_as
 from tests.fixtures.moves import promote, use_policy
+from tests.fixtures.people import person
 from tests.flow_helpers import run_answered
 from tests.support.releases import Releases
 
@@ -134,8 +135,8 @@ def test_separation_of_duties_judges_the_approvers_identity_not_a_typed_name(
     pin_as(second_user, store, k3a_env)
     release = Releases(store, tmp_path / "scratch").release()
     if reviewer == "me":
-        review_license(store, release.id, by=ME, by_source="os-user")
-        review_code(store, release.id, by=ME, by_source="os-user")
+        review_license(store, release.id, by=person(ME))
+        review_code(store, release.id, by=person(ME))
     else:
         k3a_as(second_user, store, "review", "license", release.id, env=k3a_env)
         k3a_as(second_user, store, "review", "code", release.id, env=k3a_env)

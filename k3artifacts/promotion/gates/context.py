@@ -10,6 +10,7 @@ from pathlib import Path
 from k3artifacts.errors import NotFound
 from k3artifacts.policy.actor import Actor
 from k3artifacts.policy.model import ChannelPolicy
+from k3artifacts.policy.signed import RecordTrust
 from k3artifacts.releases.tuples import ReleaseTuple, tuple_manifest
 from k3artifacts.revisions.manifest import ShardManifest, manifest_key
 from k3artifacts.stores.base import Store
@@ -26,6 +27,9 @@ class GateContext:
     policy: ChannelPolicy
     #: That policy's files, written out for this judgement (suites, trusted keys).
     policies_dir: Path
+    #: Who that policy trusts to have signed the evidence the gates read (reviews,
+    #: evaluations, scans, preflights, traffic analyses): every record is read through it.
+    trust: RecordTrust
     #: Who decides the move (the approver, when an approval record authorizes it); None in a
     #: dry run that names nobody (a flow before its approval).
     actor: Actor | None = None

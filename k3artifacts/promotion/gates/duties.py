@@ -1,9 +1,10 @@
 """``separation_of_duties``: whoever promotes did not review what the policy names.
 
-The promoter and the reviewers are identities from the same source (STS on S3, the account of
-the real uid on file stores; see ``policy/actor.py``), so comparing them means something; an
-asserted name is seen through to the account that typed it. In a flow the promoter is the
-approver of the approval record, never a name typed in a form.
+The promoter and the reviewers are identities of the store's policy, each the one whose key
+signed (the promoter's move, or the approver's signed answer; each review), so comparing them
+means something: a review is read only through its signature (``releases/reviews.py``), and a
+name typed in a record counts for nothing. In a flow the promoter is the approver of the
+approval record, never a name typed in a form.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ def check(ctx: GateContext) -> GateResult:
         return GateResult(
             name=NAME, passed=True, reason="not checked yet: the move checks its promoter"
         )
-    reviewers = reviewers_of(ctx.store, ctx.release, ctx.manifest)
+    reviewers = reviewers_of(ctx.store, ctx.release, ctx.manifest, trust=ctx.trust)
     who = ctx.actor.identities()
     clashes = [kind for kind in duties.not_reviewer_of if who & reviewers.get(kind, set())]
     if clashes:

@@ -9,7 +9,10 @@ threshold, its regression baseline: a run that said NOT READY never passes), the
 channel policy's (pass rate, end-to-end p99 at the policy's concurrency, no regression beyond
 the policy's margin against the latest report of the tuple now on the channel). A report
 handed in with ``k3a eval attach`` is an override's evidence, not a run: the gate names it and
-refuses; the promotion may override the gate with a reason, which the history records.
+refuses; the promotion may override the gate with a reason, which the history records. Every
+report is read through its signature (role ``evaluate``, against the policy in force): one
+written by hand, or signed by an identity that may not evaluate, is refused by name
+(UntrustedRecord, exit 4), never judged.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from pathlib import Path
 from k3artifacts.errors import ConfigError
 from k3artifacts.policy.model import EvaluationPolicy
 from k3artifacts.policy.results import GateResult
+from k3artifacts.policy.signed import RecordTrust
 from k3artifacts.promotion.gates.context import GateContext
 from k3artifacts.readiness.suite import file_sha256
 from k3artifacts.releases.channels import read_state
@@ -78,7 +82,7 @@ def _missing(release: ReleaseTuple, records: list[EvaluationRecord], policy: Eva
 def check(ctx: GateContext) -> GateResult:
     assert ctx.policy.evaluation is not None  # ChannelPolicy refuses the gate without settings
     return evaluation_gate(ctx.store, ctx.release, ctx.policy.evaluation, channel=ctx.channel,
-                           policies_dir=ctx.policies_dir)
+                           policies_dir=ctx.policies_dir, trust=ctx.trust)
 
 
 def evaluation_gate(
@@ -88,6 +92,7 @@ def evaluation_gate(
     *,
     channel: str,
     policies_dir: Path,
+    trust: RecordTrust,
 ) -> GateResult:
     try:
         suite_sha = (
@@ -95,7 +100,7 @@ def evaluation_gate(
         )
     except ConfigError as exc:
         return _fail(f"the policy's {exc}")
-    records = list_evaluations(store, release.id)
+    records = list_evaluations(store, release.id, trust=trust)
     runs = _candidates(records, policy, suite_sha)
     if not runs:
         return _missing(release, records, policy, suite_sha)
@@ -118,7 +123,7 @@ def evaluation_gate(
     for problem in judge(
         run, min_pass_rate=policy.min_pass_rate,
         baseline=_channel_baseline(store, release, channel=channel, policy=policy,
-                                   suite_sha=suite_sha, concurrency=concurrency),
+                                   suite_sha=suite_sha, concurrency=concurrency, trust=trust),
         latency=(concurrency, policy.latency.max_e2e_p99_s) if policy.latency else None,
         allow_unsandboxed_code=policy.allow_unsandboxed_code,
     ):
@@ -133,14 +138,14 @@ def evaluation_gate(
 
 def _channel_baseline(store: RecordStore, release: ReleaseTuple, *, channel: str,
                       policy: EvaluationPolicy, suite_sha: str | None,
-                      concurrency: int) -> Baseline | None:
+                      concurrency: int, trust: RecordTrust) -> Baseline | None:
     """The latest run of the tuple now on ``channel``, with the policy's margin."""
     if policy.max_regression is None:
         return None
     current = read_state(store, channel).tuple_id
     if current is None or current == release.id:
         return None
-    base = latest_run(store, current, kind="eval", suite_sha256=suite_sha)
+    base = latest_run(store, current, kind="eval", suite_sha256=suite_sha, trust=trust)
     if base is None:
         return None  # nothing to compare with: the channel's tuple predates the suite
     return baseline_of(base, channel, concurrency, policy.max_regression)

@@ -1,6 +1,8 @@
 """``image_scan``: the artifact gate's scan half. The newest scan recorded for the tuple
 (``k3a scan attach`` / ``k3a scan ecr``) is of the tuple's image digest and has no critical
-finding; a critical finding can be accepted only by overriding this gate with a reason."""
+finding; a critical finding can be accepted only by overriding this gate with a reason. Scans
+are read only through their signatures (role ``scan``): one that does not verify is refused by
+name (UntrustedRecord, exit 4), never counted."""
 
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ NAME = "image_scan"
 
 
 def check(ctx: GateContext) -> GateResult:
-    records = list_scans(ctx.store, ctx.release.id)
+    records = list_scans(ctx.store, ctx.release.id, trust=ctx.trust)
     image = ctx.release.binding.image
     if not records:
         return GateResult(name=NAME, passed=False, reason=(

@@ -1,6 +1,8 @@
 """``infrastructure``: the newest ``k3a preflight`` of the tuple for this channel passed every
 named check (capacity, storage throughput, IAM, private networking, node health), against the
-channel's ``infrastructure`` policy as it is now, and is younger than ``max_age_hours``."""
+channel's ``infrastructure`` policy as it is now, and is younger than ``max_age_hours``.
+Preflights are read only through their signatures (role ``preflight``): one that does not
+verify is refused by name (UntrustedRecord, exit 4), never counted."""
 
 from __future__ import annotations
 
@@ -22,7 +24,7 @@ def check(ctx: GateContext) -> GateResult:
         return GateResult(name=NAME, passed=False, reason="the channel has no infrastructure "
                           "policy")
     how = f"run `k3a preflight {ctx.release.id} --channel {ctx.channel} --kubeconfig PATH`"
-    records = list_preflights(ctx.store, ctx.release.id, ctx.channel)
+    records = list_preflights(ctx.store, ctx.release.id, ctx.channel, trust=ctx.trust)
     if not records:
         return GateResult(name=NAME, passed=False, reason=f"no preflight recorded; {how}")
     latest = records[-1]

@@ -1,5 +1,7 @@
 """``license``: the tuple's license text (by sha256) has a review record in the store
-(``k3a review license``; ``releases/reviews.py``)."""
+(``k3a review license``; ``releases/reviews.py``), signed by an identity the policy in force
+lets review. A review that does not verify is refused by name (UntrustedRecord, exit 4); none
+at all fails the gate."""
 
 from __future__ import annotations
 
@@ -15,10 +17,11 @@ def check(ctx: GateContext) -> GateResult:
     sha = release.binding.license_sha256
     if sha is None:
         return GateResult(name=NAME, passed=False, reason="the revision carries no license text")
-    review = read_review(ctx.store, "license", sha)
+    review = read_review(ctx.store, "license", sha, trust=ctx.trust)
     if review is None:
         repo = release.binding.weights.repo_id
-        earlier = [r for r in list_reviews(ctx.store, "license") if r.repo_id == repo]
+        earlier = [r for r in list_reviews(ctx.store, "license", trust=ctx.trust)
+                   if r.repo_id == repo]
         changed = (
             f"; the text differs from the one {earlier[-1].reviewed_by} reviewed for {repo} "
             f"on {earlier[-1].reviewed_at:%Y-%m-%d} ({earlier[-1].sha256[:12]})"

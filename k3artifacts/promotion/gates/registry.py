@@ -19,6 +19,7 @@ from k3artifacts.policy.gates import GATE_RULES
 from k3artifacts.policy.model import ChannelPolicy
 from k3artifacts.policy.record import InForce
 from k3artifacts.policy.results import GateReport, GateResult
+from k3artifacts.policy.signed import RecordTrust
 from k3artifacts.promotion.gates import (
     artifact,
     duties,
@@ -81,12 +82,15 @@ def channel_policy(policy: InForce, channel: str) -> ChannelPolicy:
 def judging(store: Store, release: ReleaseTuple, channel: str, policy: InForce,
             actor: Actor | None, now: datetime | None) -> Iterator[GateContext]:
     """A gate context for one judgement, reading the policy in force (its files written out
-    for the gates that read files, for as long as the judgement lasts)."""
+    for the gates that read files, for as long as the judgement lasts; its identities for
+    the gates that read signed evidence)."""
     chan = channel_policy(policy, channel)
     extra = {} if now is None else {"now": now}
     with policy.document.written_to() as policies_dir:
         yield GateContext(store=store, release=release, channel=channel, policy=chan,
-                          policies_dir=policies_dir, actor=actor, **extra)
+                          policies_dir=policies_dir,
+                          trust=RecordTrust.of(policy.document, policy.label()), actor=actor,
+                          **extra)
 
 
 def run_gates(ctx: GateContext, policy: InForce) -> GateReport:

@@ -1,5 +1,6 @@
 """``remote_code``: every ``*.py`` in the manifest's remote-code inventory has a review record
-in the store, by sha256 (``k3a review code``; ``releases/reviews.py``)."""
+in the store, by sha256 (``k3a review code``; ``releases/reviews.py``), signed by an identity
+the policy in force lets review; one that does not verify is refused by name."""
 
 from __future__ import annotations
 
@@ -18,7 +19,8 @@ def check(ctx: GateContext) -> GateResult:
         )
     if not manifest.remote_code:
         return GateResult(name=NAME, passed=True, reason="the revision has no *.py files")
-    reviews = {e.sha256: read_review(ctx.store, "code", e.sha256) for e in manifest.remote_code}
+    reviews = {e.sha256: read_review(ctx.store, "code", e.sha256, trust=ctx.trust)
+               for e in manifest.remote_code}
     unreviewed = [e for e in manifest.remote_code if reviews[e.sha256] is None]
     if unreviewed:
         names = [f"{e.path} ({e.sha256[:12]})" for e in unreviewed]

@@ -1,6 +1,8 @@
 """``traffic``: the tuple carried real traffic through every canary step of the channel's
 ``traffic`` policy, and the newest analysis of each step (``k3a traffic analyze``) passed,
-measured with the policy's window and bounds as they are now."""
+measured with the policy's window and bounds as they are now. Analyses are read only through
+their signatures (role ``traffic``): one that does not verify is refused by name
+(UntrustedRecord, exit 4), never counted."""
 
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ def check(ctx: GateContext) -> GateResult:
     if traffic is None:  # the policy model refuses this; a clear reason all the same
         return GateResult(name=NAME, passed=False, reason="the channel has no traffic policy")
     records = [
-        r for r in list_analyses(ctx.store, ctx.release.id, ctx.channel)
+        r for r in list_analyses(ctx.store, ctx.release.id, ctx.channel, trust=ctx.trust)
         if r.analysis.window == traffic.window and r.analysis.thresholds == traffic.thresholds
     ]
     problems, missing, shown = [], [], []
