@@ -23,7 +23,7 @@ from k3artifacts.trust.envelope import sign_record
 from tests.fixtures import people
 from tests.fixtures.any_store import overwrite, remove
 from tests.fixtures.any_store import run_k3a as k3a
-from tests.fixtures.moves import promote
+from tests.fixtures.moves import promote, use_policy
 from tests.fixtures.releases import REVIEWER
 from tests.support.releases import Releases
 
@@ -41,9 +41,10 @@ def served(any_store, releases, policies):
     moved = []
     for _ in range(3):
         release = releases.release()
-        review_license(any_store, release.id, by=REVIEWER, by_source="key")
-        review_code(any_store, release.id, by=REVIEWER, by_source="key")
-        promote(any_store, release.id, CHANNEL, actor="ci", policies_dir=policies)
+        use_policy(any_store, policies)
+        review_license(any_store, release.id, by=people.person(REVIEWER))
+        review_code(any_store, release.id, by=people.person(REVIEWER))
+        promote(any_store, release.id, CHANNEL, actor="ci")
         moved.append(release)
     assert [e.seq for e in history(any_store, CHANNEL)] == [1, 2, 3]
     return moved

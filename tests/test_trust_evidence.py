@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 import yaml
 from click.testing import CliRunner
+from cryptography.hazmat.primitives import serialization
 
 from k3artifacts.canonical import canonical_digest, canonical_json
 from k3artifacts.cli import cli
@@ -299,7 +300,15 @@ def test_a_hand_written_approval_decision_is_refused(judged, policies, tmp_path)
     assert k3a(env, "alice", tmp_path, "promote", release.id, "staging",
                "--approval", rid)["changed"]
 
-    # The loosening policy change a hand-written decision let apply.
+    # The loosening policy change a hand-written decision let apply: under a root of two
+    # identities, policy-admin's proposal needs policy-second's signature on the change, and a
+    # decision.json in policy-second's name is not one.
+    second = tmp_path / "policy-second.pub"
+    second.write_bytes(signer_of("policy-second").private_key.public_key().public_bytes(
+        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo))
+    rotated = k3a(env, "policy-admin", tmp_path, "trust", "rotate", "--add",
+                  f"policy-second={second}")
+    assert rotated["published"] and rotated["root"]["threshold"] == 2
     loose = policies / "promotion-gates.yaml"
     loose.write_text(yaml.safe_dump({"channels": {"staging": {"gates": []}}}))
     proposed = k3a(env, "policy-admin", tmp_path, "policy", "propose", str(policies))
@@ -307,9 +316,13 @@ def test_a_hand_written_approval_decision_is_refused(judged, policies, tmp_path)
     insider(decision_key(pid), canonical_json(Decision(
         request_id=pid, decision="approved", by=person("policy-second").actor,
         at=datetime.now(UTC)).model_dump(mode="json")))
-    refused = k3a(env, "policy-admin", tmp_path, "policy", "apply", pid, expect=4)
-    assert refused["error"].startswith(f"{decision_key(pid)}: refused (unsigned): ")
+    refused = k3a(env, "policy-admin", tmp_path, "policy", "apply", pid, expect=5)
+    assert "signed by policy-admin; nothing was written" in refused["error"], refused
     assert in_force(store).document.gates.channels["staging"].gates == ["artifact"]
+    store.delete(decision_key(pid))
+    k3a(env, "policy-second", tmp_path, "approve", pid)
+    k3a(env, "policy-admin", tmp_path, "policy", "apply", pid)
+    assert in_force(store).document.gates.channels["staging"].gates == []
 
 
 def test_unsigned_evidence_is_read_in_the_policys_window_until_migrated(policies, tmp_path):
