@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 import shutil
+from pathlib import Path
 
 import pytest
 
@@ -38,7 +39,7 @@ def test_the_loopback_block_turns_analytics_off_and_uses_the_local_hub():
 
 
 @pytest.mark.timeout(600)
-def test_the_prefect_guide_runs_on_loopback_as_written(k3a_env):
+def test_the_prefect_guide_runs_on_loopback_as_written(k3a_env, monkeypatch):
     require_two_accounts()
     [block] = BLOCK.findall(GUIDE.read_text())
     with walk_shell(k3a_env) as (shell, scratch, venv):
@@ -51,6 +52,8 @@ def test_the_prefect_guide_runs_on_loopback_as_written(k3a_env):
             shell.run(command.replace(VENV, str(venv)))
         store = FileStore(shell.run('echo "${K3A_STORE#file://}"').strip())
         tuple_id = shell.run('echo "$TUPLE"').strip()
+        # Read as the guide's first account: the root it pinned lives in its own home.
+        monkeypatch.setenv("XDG_CONFIG_HOME", str(Path(k3a_env["HOME"]) / ".config"))
         [entry] = history(store, "staging")
         assert entry.tuple_id == tuple_id and entry.approval.who == "k3a-second"
     shutil.rmtree(second_account_config(), ignore_errors=True)

@@ -123,7 +123,9 @@ def test_run_pages_show_names_tags_and_decisions(ui_server, local_hub, tmp_path,
 
     # While a slow stage runs, its live status page shows bytes, rate and ETA.
     commit = local_hub.hub.add_commit(REPO, small_release(tmp_path, seed=1802))
-    local_hub.hub.faults.add("*.safetensors", Fault.stall(6, after_bytes=128 << 10, times=None))
+    # Long enough for a loaded machine's browser to render the page while the stage is held
+    # (the 60 s read timeout is not reached: the stage then completes untouched).
+    local_hub.hub.faults.add("*.safetensors", Fault.stall(20, after_bytes=128 << 10, times=None))
     outcome: list = []
     thread = threading.Thread(target=contextvars.copy_context().run, args=(lambda: outcome.append(
         stage_release(repo_id=REPO, store_url=store.url, endpoint=local_hub.endpoint,
