@@ -149,3 +149,17 @@ def test_an_error_body_echoing_the_url_with_its_password_is_not_printed_or_store
     for secret in ("SECRETPASS", "APIKEY-0123456789"):
         assert secret not in said
         assert not [text for text in stored if secret in text]
+
+
+def test_a_huge_text_from_outside_is_cut_to_a_bound_after_its_secrets():
+    """An answer (or an error page) of a megabyte keeps 1 KiB in the record, and a secret that
+    straddles the cut is replaced whole before cutting, so no prefix of it survives."""
+    from k3artifacts.readiness.redact import MAX_BYTES, REDACTED, Redactor
+
+    secret = "tok-" + "s" * 40
+    text = "é" * (MAX_BYTES // 2 - 10) + secret + "x" * 1_000_000
+    kept = Redactor([secret])(text)
+    head, _, tail = kept.partition("... (")
+    assert len(head.encode()) <= MAX_BYTES and tail.endswith(" bytes cut)")
+    assert REDACTED in head and "tok-" not in kept and "ss" not in kept
+    assert Redactor([secret])("short answer") == "short answer"
