@@ -15,8 +15,10 @@ side on it, in an order that rotates from round to round:
   nodes, so before and after are measured in the same rounds.
 
 Every step is one whole process timed from its start to its exit, the same way for every
-side (``Bench.run``). The figure is each side's median commit (and its fastest), each step's
-median beside it.
+side (``Bench.run``), k3a's modules compiled to bytecode first, as an installed package's are
+(the peer's tools are installed, so theirs are): where ``PYTHONDONTWRITEBYTECODE`` is set, as
+on the 2-core VM, a checkout's k3a compiled every module it imported in every process. The
+figure is each side's median commit (and its fastest), each step's median beside it.
 
     python -m bench --only floor --size 64MiB --shards 16 --nodes 2 --floor-runs 5
 
@@ -25,13 +27,14 @@ Target (issue 36, the 16-core machine): the one-shard commit at 64 MiB within 1.
 
 from __future__ import annotations
 
+import compileall
 import os
 import statistics
 from pathlib import Path
 
 from tests.support.seaweed import SeaweedS3
 
-from .env import Bench, Row
+from .env import REPO_ROOT, Bench, Row
 from .headline import REPO, Leg, _changed_shard, _Sides
 from .staging import Options
 from .tools import hf_argv
@@ -59,6 +62,9 @@ def floor(bench: Bench, opts: Options, shared: dict) -> list[Row]:
     hf = hf_argv()
     if hf is None:
         raise RuntimeError("the floor needs the peer's `hf` command (huggingface_hub)")
+    for code in (REPO_ROOT, opts.baseline_code):
+        if code is not None:
+            compileall.compile_dir(Path(code) / "k3artifacts", quiet=1)
     with SeaweedS3(bench.fresh("seaweedfs-floor")) as server, bench.hub() as hub:
         sides: dict[str, _Sides] = {"k3a": _Sides(bench, opts, hub, server, hf)}
         if opts.baseline_code is not None:
