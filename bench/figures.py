@@ -349,6 +349,12 @@ def _headline(bench: Bench, opts: Options, shared: dict) -> list[Row]:
     return headline(bench, opts, shared)
 
 
+def _floor(bench: Bench, opts: Options, shared: dict) -> list[Row]:
+    from .floor import floor
+
+    return floor(bench, opts, shared)
+
+
 def _streams(bench: Bench, opts: Options, shared: dict) -> list[Row]:
     from .cdn_streams import cdn_streams
 
@@ -367,6 +373,7 @@ FIGURES = {
     "incremental": _incremental,  # 10
     "pull": pull,  # 11
     "headline": _headline,  # issue 22
+    "floor": _floor,  # issue 36
     "streams": _streams,  # 14
     "cli-start": cli_start,  # 12
     "warm": warm_start,  # 13

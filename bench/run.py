@@ -91,6 +91,11 @@ def main(argv: list[str] | None = None) -> int:
                    help="fresh processes timed per command in the cli-start figure (median)")
     p.add_argument("--verify-runs", type=int, default=5,
                    help="alternating rounds of the verify figure (best and median of each)")
+    p.add_argument("--floor-runs", type=int, default=5,
+                   help="rounds of the floor figure (median and fastest of each side)")
+    p.add_argument("--baseline-code", type=Path, default=None,
+                   help="floor figure: also run k3a from this checkout (PYTHONPATH), the code "
+                   "before a change, in the same rounds")
     p.add_argument("--workers", type=int, default=default_workers(),
                    help="concurrent files (default: k3a stage's, one per core from 2 to 8)")
     p.add_argument("--streams", type=int, default=None,
@@ -121,7 +126,9 @@ def main(argv: list[str] | None = None) -> int:
                    incr_size=args.incr_size, pull_size=args.pull_size,
                    nodes=args.nodes, stream_size=args.stream_size,
                    stream_rate=args.stream_rate, start_runs=args.start_runs, device=args.device,
-                   verify_runs=args.verify_runs)
+                   verify_runs=args.verify_runs, floor_runs=args.floor_runs,
+                   baseline_code=None if args.baseline_code is None
+                   else str(args.baseline_code))
     names = args.only or list(FIGURES)
     rows: list[Row] = []
     shared: dict = {}

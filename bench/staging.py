@@ -34,6 +34,9 @@ class Options:
     device: str = "cuda"
     #: Alternating rounds of the verify figure (best and median of each side).
     verify_runs: int = 5
+    #: Rounds of the floor figure (issue 36), and the checkout its baseline k3a runs from.
+    floor_runs: int = 5
+    baseline_code: str | None = None
 
 
 def stage_child(bench: Bench, endpoint: str, store_url: str, repo_id: str = REPO,

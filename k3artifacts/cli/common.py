@@ -167,7 +167,7 @@ def get_store(url: str, *, must_exist: bool = True) -> Store:
     from k3artifacts.stores.registry import open_store
 
     store = open_store(url)
-    if not store.exists() and must_exist:
+    if must_exist and not store.exists():
         raise NotFound(
             f"no store at {store.url}",
             hint="check --store / K3A_STORE (a typo?); a store is created by its first "

@@ -357,9 +357,9 @@ class _Run:
     def _plan(
         self, planned: StagePlan, verified: dict[str, VerifiedEntry]
     ) -> tuple[StagePlan, list[PutReceipt | None]]:
-        """The plan again under the lock, from ``planned``'s listing: verified in quarantine
-        (and, if handed to the store, still stored there), or held by a published revision of
-        the repo (see :mod:`.plan`)."""
+        """The plan again under the lock, from ``planned``'s listing and the published
+        revisions it looked reuses up in: verified in quarantine (and, if handed to the store,
+        still stored there), or held by a published revision of the repo (see :mod:`.plan`)."""
         files = planned.listing
         receipts: list[PutReceipt | None] = []
 
@@ -370,11 +370,9 @@ class _Run:
             receipts.append(adopted)
             return adopted is not None
 
-        plan = plan_files(
-            self.repo_id, self.commit, files, verified,
-            ContentIndex.of_store(self.store, self.repo_id, exclude_commit=self.commit),
-            still_stored,
-        )
+        index = planned.index or ContentIndex.of_store(self.store, self.repo_id,
+                                                       exclude_commit=self.commit)
+        plan = plan_files(self.repo_id, self.commit, files, verified, index, still_stored)
         self.tally.note(f"plan for {self.repo_id}@{self.commit[:12]}: {plan.describe()}")
         self.tally.planned(files, {p.path for p in plan.files if p.action != "download"}, plan)
         return plan, receipts

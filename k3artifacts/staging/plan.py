@@ -31,62 +31,6 @@ Action = Literal["download", "reuse", "present"]
 ACTIONS: tuple[Action, ...] = ("download", "reuse", "present")
 
 
-class PlannedFile(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    path: str
-    size: int
-    action: Action
-    #: ``reuse``: the published revision holding the same bytes, and their path there.
-    source_commit: str | None = None
-    source_path: str | None = None
-    #: ``reuse``: what that revision's manifest records for them (not shown in a plan).
-    source_record: FileRecord | None = Field(default=None, exclude=True)
-
-
-class PlanTotal(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    files: int = 0
-    bytes: int = 0
-
-
-class StagePlan(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    repo_id: str
-    commit: str
-    #: The revision is published already: a run does nothing.
-    already_published: bool = False
-    files: list[PlannedFile]
-    #: The Hub's listing the plan was made from, rules checked: what the run fetches from
-    #: (not shown in a plan).
-    listing: list[RemoteFile] = Field(default_factory=list, exclude=True)
-
-    def of(self, action: Action) -> list[PlannedFile]:
-        return [f for f in self.files if f.action == action]
-
-    def totals(self) -> dict[str, PlanTotal]:
-        return {
-            action: PlanTotal(
-                files=len(self.of(action)), bytes=sum(f.size for f in self.of(action))
-            )
-            for action in ACTIONS
-        }
-
-    def summary(self) -> dict[str, dict[str, int]]:
-        """Files and bytes per action, as plain values (results, JSON, artifacts)."""
-        return {action: total.model_dump() for action, total in self.totals().items()}
-
-    def describe(self) -> str:
-        t = self.totals()
-        return (
-            f"download {t['download'].files} file(s), {t['download'].bytes:,} bytes from the Hub;"
-            f" reuse {t['reuse'].files} file(s), {t['reuse'].bytes:,} bytes from published "
-            f"revisions; {t['present'].files} file(s), {t['present'].bytes:,} bytes already here"
-        )
-
-
 class ContentIndex:
     """Files of the published revisions of one repo, by the content the Hub lists for them."""
 
@@ -122,6 +66,67 @@ class ContentIndex:
         if remote.git_oid:
             return self._by_git_oid.get((remote.git_oid, remote.size))
         return None
+
+
+class PlannedFile(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    path: str
+    size: int
+    action: Action
+    #: ``reuse``: the published revision holding the same bytes, and their path there.
+    source_commit: str | None = None
+    source_path: str | None = None
+    #: ``reuse``: what that revision's manifest records for them (not shown in a plan).
+    source_record: FileRecord | None = Field(default=None, exclude=True)
+
+
+class PlanTotal(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    files: int = 0
+    bytes: int = 0
+
+
+class StagePlan(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid", arbitrary_types_allowed=True)
+
+    repo_id: str
+    commit: str
+    #: The revision is published already: a run does nothing.
+    already_published: bool = False
+    files: list[PlannedFile]
+    #: The Hub's listing the plan was made from, rules checked: what the run fetches from
+    #: (not shown in a plan).
+    listing: list[RemoteFile] = Field(default_factory=list, exclude=True)
+    #: The published revisions' files the plan looked its reuses up in (not shown in a plan):
+    #: the run plans again under its lock from the same index rather than reading every
+    #: manifest of the repo a second time. A source retired meanwhile fails its reuse's check,
+    #: and that file is downloaded.
+    index: ContentIndex | None = Field(default=None, exclude=True)
+
+    def of(self, action: Action) -> list[PlannedFile]:
+        return [f for f in self.files if f.action == action]
+
+    def totals(self) -> dict[str, PlanTotal]:
+        return {
+            action: PlanTotal(
+                files=len(self.of(action)), bytes=sum(f.size for f in self.of(action))
+            )
+            for action in ACTIONS
+        }
+
+    def summary(self) -> dict[str, dict[str, int]]:
+        """Files and bytes per action, as plain values (results, JSON, artifacts)."""
+        return {action: total.model_dump() for action, total in self.totals().items()}
+
+    def describe(self) -> str:
+        t = self.totals()
+        return (
+            f"download {t['download'].files} file(s), {t['download'].bytes:,} bytes from the Hub;"
+            f" reuse {t['reuse'].files} file(s), {t['reuse'].bytes:,} bytes from published "
+            f"revisions; {t['present'].files} file(s), {t['present'].bytes:,} bytes already here"
+        )
 
 
 def matches_listing(record: FileRecord, remote: RemoteFile) -> bool:
@@ -162,7 +167,8 @@ def plan_files(
             ))
             continue
         planned.append(PlannedFile(path=f.path, size=f.size, action="download"))
-    return StagePlan(repo_id=repo_id, commit=commit, files=planned, listing=listing)
+    return StagePlan(repo_id=repo_id, commit=commit, files=planned, listing=listing,
+                     index=index)
 
 
 def reused_record(remote: RemoteFile, planned: PlannedFile) -> FileRecord:
