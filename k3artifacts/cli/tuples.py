@@ -16,7 +16,7 @@ from k3artifacts.cli.common import (
     signing_key_option,
     store_option,
 )
-from k3artifacts.errors import ConfigError, ReleaseRefused
+from k3artifacts.errors import ConfigError, TamperedRecord
 
 if TYPE_CHECKING:
     from k3artifacts.releases.tuples import ReleaseTuple
@@ -133,7 +133,7 @@ def tuple_create(
 @json_option
 def tuples_list(store_url: str, as_json: bool) -> None:
     """Every tuple in the store, oldest first. A tuple whose body does not match its id is
-    listed as tampered (exit 3) instead of being hidden."""
+    listed as refused (exit 4) instead of being hidden."""
     from k3artifacts.releases.tuples import TupleStore
 
     tuples = TupleStore(get_store(store_url))
@@ -141,7 +141,7 @@ def tuples_list(store_url: str, as_json: bool) -> None:
     for tuple_id in tuples.list_ids():
         try:
             rows.append(_summary(tuples.get(tuple_id)))
-        except ReleaseRefused as exc:
+        except TamperedRecord as exc:
             broken.append({"id": tuple_id, "error": str(exc.refusals[0])})
             refusals.append(exc)
     rows.sort(key=lambda r: (r["created_at"], r["id"]))

@@ -53,8 +53,8 @@ from k3artifacts.errors import (
     AlreadyExists,
     ConfigError,
     Conflict,
-    K3AError,
     NotFound,
+    StoredRecordRefused,
     UntrustedRecord,
 )
 from k3artifacts.policy.actor import Acting, Actor
@@ -133,11 +133,10 @@ class LegacyPointer(BaseModel):
     change: PolicyChange
 
 
-class CorruptPolicy(K3AError):
+class CorruptPolicy(StoredRecordRefused):
     """A policy record that does not parse or does not match its digest: the store was
     edited behind k3a's back."""
 
-    exit_code = 4
     hint = "inspect the key named; policy records are written only by `k3a policy`"
 
 
