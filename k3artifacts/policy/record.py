@@ -394,7 +394,12 @@ def _legacy_changes(store: RecordStore, policy: InForce) -> list[Recorded]:
         found = store.read(change_key(version))
         if found is None:
             raise CorruptPolicy(f"{change_key(version)} is missing from {store.url}")
-        out.append(Recorded(PolicyChange.model_validate_json(found.data), frozenset()))
+        try:
+            change = PolicyChange.model_validate_json(found.data)
+        except ValidationError as exc:
+            raise CorruptPolicy(f"{change_key(version)} is malformed: "
+                                f"{exc.errors()[0]['msg']}") from None
+        out.append(Recorded(change, frozenset()))
     pointer = _legacy_pointer(store.read(POINTER_KEY).data)  # type: ignore[union-attr]
     return [*out, Recorded(pointer.change, frozenset())]
 
