@@ -1,3 +1,5 @@
 from k3artifacts.cli import main
 
-main()
+# Guarded: tests import every module of the package (tests/test_exit_codes.py).
+if __name__ == "__main__":
+    main()

@@ -1,27 +1,38 @@
-"""Errors with a meaning a script can act on: each class carries the CLI exit code.
-
-Exit codes (documented in the README, stable for scripts):
-  0  success
-  1  unexpected internal error (a bug: report it)
-  2  usage error (bad flag or argument, a malformed id or digest; click's own code)
-  3  refused: the release content broke a rule or failed verification; nothing was published
-  4  verify mismatch: a published file no longer matches its manifest, or a stored record
-     fails its signature check (:class:`UntrustedRecord`)
-  5  gate failed: promotion refused by a policy gate
-  6  conflict: lost a race (channel pointer moved, tuple id taken by another body)
-  7  not found: unknown revision, tuple, channel, or no store at the given path/bucket
-  8  upstream or storage unavailable (network, 5xx after retries, unreachable endpoint, a
-     peer past its deadlines), or a peer's answer malformed or meaningless (:class:`BadAnswer`)
-  9  bad configuration (malformed store URL, profile, policy file, image reference), a
-     link or foreign entry planted in the node cache (:class:`UnsafeCacheEntry`), or a file
-     store path this account may not read or write (``stores/file_modes.py``)
-  130 interrupted (Ctrl-C; set by the CLI, not an error class): re-running resumes
+"""Errors with a meaning a script can act on: each class carries the CLI exit code, and only
+the classes here set one (``tests/test_exit_codes.py``). :data:`EXIT_CODES` is the table of
+what each code means, stable for scripts: the commands' help lines
+(``k3artifacts/cli/exits.py``) and ``docs/reference/exit-codes.md`` say the same.
 """
 
 from __future__ import annotations
 
 import re
 from typing import Any
+
+#: Every exit code k3a uses and its general meaning; a command's help may say what the code
+#: means for it, never use another.
+EXIT_CODES: dict[int, str] = {
+    0: "ok",
+    1: "internal error (a bug: report it)",
+    # click's own code for a bad flag; also a malformed id or digest (UsageError)
+    2: "usage",
+    # the release content broke a rule or failed verification at staging; nothing published
+    3: "refused content",
+    # VerifyMismatch, or a StoredRecordRefused: unreadable, malformed, missing from its
+    # history, contradicting another, tampered with, or failing its signature check
+    4: "verify mismatch or a stored record refused",
+    5: "gate failed",
+    # a channel pointer moved, a tuple id taken by another body
+    6: "lost a race",
+    7: "not found (also: no store there)",
+    # network, 5xx after retries, a peer past its deadlines, or its answer malformed (BadAnswer)
+    8: "upstream/storage unavailable",
+    # a malformed store URL, profile, policy, image reference, a link planted in the node
+    # cache (UnsafeCacheEntry), a file store path this account may not read or write
+    9: "bad configuration",
+    # set by the CLI on Ctrl-C, not an error class
+    130: "interrupted (re-run resumes)",
+}
 
 
 class K3AError(Exception):
@@ -65,30 +76,21 @@ def shown(name: str) -> str:
     return name if name.isprintable() else ascii(name)
 
 
+def _refused_lines(noun: str, refusals: list[Refusal]) -> str:
+    lines = "\n".join(f"  {shown(r.path)}: [{r.rule}] {r.detail}" for r in refusals)
+    return f"{len(refusals)} {noun} refused:\n{lines}"
+
+
 class ReleaseRefused(K3AError):
     exit_code = 3
     hint = "nothing was published; fix upstream or pass an explicit allowance, then re-run"
-    #: What was refused, for the message: files of a revision, or a stored record.
-    noun = "file(s)"
 
     def __init__(self, refusals: list[Refusal]):
-        lines = "\n".join(f"  {shown(r.path)}: [{r.rule}] {r.detail}" for r in refusals)
-        super().__init__(f"{len(refusals)} {self.noun} refused:\n{lines}")
+        super().__init__(_refused_lines("file(s)", refusals))
         self.refusals = refusals
 
     def __reduce__(self):
         return (type(self), (self.refusals,), self.__dict__)
-
-
-class TamperedRecord(ReleaseRefused):
-    """A stored release record (a tuple) whose body no longer derives its id: it was edited
-    in the store, outside k3a. Refused like bad content, with advice about the store."""
-
-    noun = "record(s)"
-    hint = (
-        "do not deploy it; the record was changed outside k3a: restore its previous version "
-        "(S3 versioning, or a backup of the store), and find who can write to the store"
-    )
 
 
 class VerifyMismatch(K3AError):
@@ -97,12 +99,39 @@ class VerifyMismatch(K3AError):
             "damaged files again and puts them back (same manifest digest)")
 
 
-class UntrustedRecord(K3AError):
+class StoredRecordRefused(K3AError):
+    """A record in the store that k3a will not act on: unreadable, malformed, missing from its
+    history, contradicting another record, or tampered with. One class (one exit code)
+    whoever reads it; the subclasses say what was read and what to do."""
+
+    exit_code = 4
+    hint = ("do not act on it: records are written only by k3a; inspect the key named, "
+            "restore it from a backup (or S3 versioning) and find who can write to the store")
+
+
+class TamperedRecord(StoredRecordRefused):
+    """Stored release records (tuples) whose body no longer derives its id, or does not
+    parse: edited in the store, outside k3a. Each one is a :class:`Refusal`, as for release
+    content, so a listing can report them all at once."""
+
+    hint = (
+        "do not deploy it; the record was changed outside k3a: restore its previous version "
+        "(S3 versioning, or a backup of the store), and find who can write to the store"
+    )
+
+    def __init__(self, refusals: list[Refusal]):
+        super().__init__(_refused_lines("record(s)", refusals))
+        self.refusals = refusals
+
+    def __reduce__(self):
+        return (type(self), (self.refusals,), self.__dict__)
+
+
+class UntrustedRecord(StoredRecordRefused):
     """A stored record k3a will not act on, and why: ``reason`` names the check it failed
     (:data:`RECORD_REFUSALS`). Raised wherever a signed record, a hash-chained history or a
     root of trust is read (``k3artifacts/trust``); the record's absence is never a pass."""
 
-    exit_code = 4
     hint = (
         "do not act on it: records are written only by k3a, signed by a key the store's policy "
         "trusts for them; restore the record from a backup (or S3 versioning) and find who can "

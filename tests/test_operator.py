@@ -204,7 +204,7 @@ def test_a_tampered_tuple_has_its_own_advice(k3a_env, tampered, command):
     args = [*command[:1], release.id, *command[1:]] if command[0] == "render" else [
         *command, release.id]
     code, stderr, _ = invoke(k3a_env, *args, "--store", store.url)
-    assert code == 3, stderr
+    assert code == 4, stderr
     assert "1 record(s) refused" in stderr and "tuple-tampered" in stderr
     advice = next_line(stderr)
     assert "changed outside k3a" in advice and "restore" in advice

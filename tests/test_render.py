@@ -11,7 +11,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from k3artifacts.errors import ConfigError, NotFound, ReleaseRefused
+from k3artifacts.errors import ConfigError, NotFound, TamperedRecord
 from k3artifacts.policy.record import packaged_document
 from k3artifacts.releases.binding import create_tuple
 from k3artifacts.releases.channels import HistoryEntry, commit_move, read_state
@@ -234,7 +234,7 @@ def test_a_tampered_tuple_does_not_render(published_revision):
     body["binding"]["image"]["digest"] = "sha256:" + "9" * 64
     path.chmod(0o644)
     path.write_text(json.dumps(body))
-    with pytest.raises(ReleaseRefused):
+    with pytest.raises(TamperedRecord):
         resolve_tuple(published_revision.store, release.id)
 
 

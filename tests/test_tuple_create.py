@@ -8,7 +8,7 @@ from datetime import UTC, datetime
 
 import pytest
 
-from k3artifacts.errors import NotFound, ReleaseRefused, UsageError
+from k3artifacts.errors import NotFound, TamperedRecord, UsageError
 from k3artifacts.releases.binding import create_tuple
 from k3artifacts.releases.tuples import ImageRef, TupleStore, diff_bindings, tuple_key
 from k3artifacts.revisions.refs import parse_revision_ref
@@ -76,8 +76,9 @@ def test_tampered_tuple_is_refused_on_read(published_revision):
     body["binding"]["serving"]["args"].append("--enforce-eager")
     path.chmod(0o644)
     path.write_text(json.dumps(body))
-    with pytest.raises(ReleaseRefused, match="tuple-tampered"):
+    with pytest.raises(TamperedRecord, match="tuple-tampered") as refused:
         TupleStore(p.store).get(release.id)
+    assert refused.value.exit_code == 4  # a stored record refused, not release content (3)
 
 
 # ---- through the CLI ------------------------------------------------------------------------

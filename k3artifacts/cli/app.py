@@ -19,6 +19,7 @@ from typing import Any
 import click
 
 from k3artifacts import __version__
+from k3artifacts.cli.exits import exits
 from k3artifacts.errors import K3AError
 
 #: ``ctx.meta`` key set by ``--json`` (see :data:`k3artifacts.cli.common.json_option`).
@@ -221,6 +222,7 @@ def print_failure(message: str, hint: str | None) -> None:
         click.echo(f"next: {hint}", err=True)
 
 
+@exits(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 130)
 @click.group(
     cls=K3AGroup,
     context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},
@@ -234,9 +236,6 @@ def cli() -> None:
       k3a demo                                   # try it all locally, no network needed
       k3a stage moonshotai/Kimi-K3 --revision main --store s3://bucket/k3a
       k3a verify moonshotai/Kimi-K3@<commit>     # on a node, before serving
-    Exit codes: 0 ok, 2 usage, 3 refused content, 4 verify mismatch, 5 gate failed,
-    6 lost a race, 7 not found (also: no store there), 8 upstream/storage unavailable,
-    9 bad configuration, 130 interrupted (re-run resumes).
     """
     # The library's log records (retries, mostly) reach stderr in every command; commands
     # with --log-format set it again from the option.

@@ -16,6 +16,7 @@ from k3artifacts.cli.common import (
     load,
     store_option,
 )
+from k3artifacts.cli.exits import exits
 from k3artifacts.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -29,6 +30,12 @@ endpoint_option = click.option(
 profile_option = click.option("--profile", envvar="AWS_PROFILE", help="AWS profile to use.")
 
 
+@exits(
+    (0, "done (or dry run shown)"),
+    (7, "bucket missing (see --create-bucket)"),
+    (8, "S3 unreachable"),
+    (9, "bad ARN/URL or missing permission"),
+)
 @click.command("bootstrap")
 @click.argument("bucket_url", metavar="s3://BUCKET[/PREFIX]")
 @click.option("--admin-role-arn", required=True,
@@ -71,10 +78,6 @@ def bootstrap_cmd(
     --log-bucket) and the bucket policy. Each live setting is
     compared with the wanted one; a differing one is shown as a diff and then written. A second
     run prints "no changes".
-
-    \b
-    Exit codes: 0 done (or dry run shown), 7 bucket missing (see --create-bucket),
-    8 S3 unreachable, 9 bad ARN/URL or missing permission.
     """
     from k3artifacts.stores.bootstrap import bootstrap, bucket_and_prefix
     from k3artifacts.stores.bucket_policies import BucketPolicyInputs, iam_policies
@@ -125,6 +128,12 @@ def fsx_group() -> None:
     """FSx for Lustre file systems linked to the release bucket."""
 
 
+@exits(
+    (0, "task started"),
+    (7, "revision or file system not found"),
+    (8, "FSx unreachable"),
+    (9, "store is not S3, file system not Lustre or not linked to the store's bucket"),
+)
 @fsx_group.command("preload")
 @click.argument("ref", metavar="ORG/NAME@COMMIT")
 @click.option("--file-system-id", required=True, help="FSx for Lustre file system (fs-...).")
@@ -144,10 +153,6 @@ def fsx_preload(ref: str, file_system_id: str, store_url: str, fsx_endpoint_url:
     gets to them. File contents still load on first read: hydrate them from a node that mounts
     the file system (README, "S3 and FSx"), then run `k3a verify` on the mounted path as the
     readiness check.
-
-    \b
-    Exit codes: 0 task started, 7 revision or file system not found, 8 FSx unreachable,
-    9 store is not S3, file system not Lustre or not linked to the store's bucket.
     """
     from k3artifacts.revisions.refs import match_revision_ref
     from k3artifacts.stores.fsx import start_preload

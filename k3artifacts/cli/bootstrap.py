@@ -9,6 +9,7 @@ from typing import Any
 import click
 
 from k3artifacts.cli.common import emit, json_option
+from k3artifacts.cli.exits import exits
 
 FORMS = ("s3://BUCKET[/PREFIX]", "file:///PATH")
 
@@ -57,15 +58,20 @@ def _no_form(url: str | None) -> None:
                            f"{where} the store to set up: {' or '.join(FORMS)}")
 
 
-bootstrap_cmd = ByStore(
+bootstrap_cmd = exits((2, "no URL, or one of neither form (each form's codes follow)"))(ByStore(
     "bootstrap", callback=_no_form,
     params=[click.Argument(["url"], required=False, metavar="URL")],
     short_help="Set up a store: an S3 bucket's settings, or a file store for a group.",
     help="Set up a store once: an S3 bucket's settings and IAM policies, or a file store "
-    "shared by a Unix group. The URL chooses; each form's options follow.",
+    "shared by a Unix group. The URL chooses; each form's options and exit codes follow.",
+))
+
+
+@exits(
+    (0, "done (or dry run shown)"),
+    (9, "no such group, this account not in it, the group's members cannot reach PATH, or a path "
+        "owned by another account"),
 )
-
-
 @click.command("bootstrap")
 @click.argument("store_url", metavar="file:///PATH")
 @click.option("--group", required=True,
@@ -82,10 +88,6 @@ def file_bootstrap_cmd(store_url: str, group: str, dry_run: bool, as_json: bool)
     sealed); others keep what they had. k3a then writes records the group reads, in
     directories the group may add to, whatever each member's umask. Run it as root or as the
     store's owner, who must be in the group; a second run changes nothing.
-
-    \b
-    Exit codes: 0 done (or dry run shown), 9 no such group, this account not in it, the
-    group's members cannot reach PATH, or a path owned by another account.
     """
     from k3artifacts.stores.file_bootstrap import share
 

@@ -22,6 +22,7 @@ from k3artifacts.cli.common import (
     store_option,
     typed_actor_option,
 )
+from k3artifacts.cli.exits import exits
 from k3artifacts.cli.single_node import run_single_node, single_node_options
 
 if TYPE_CHECKING:
@@ -81,6 +82,14 @@ def _requested(request: ApprovalRequest, then: str, as_json: bool) -> None:
         f"--approval {request.id}`"))
 
 
+@exits(
+    (0, "moved (or already there, or a request recorded)"),
+    (4, "the channel pointer does not match its history"),
+    (5, "a gate failed"),
+    (6, "lost a race (another move won; nothing written)"),
+    (7, "unknown tuple or channel not in the policy"),
+    (9, "bad override, or a local --policies"),
+)
 @click.command("promote")
 @click.argument("tuple_id")
 @click.argument("channel")
@@ -138,10 +147,6 @@ def promote_cmd(
     Example:
       k3a promote k3t-0123456789abcdef01234567 production --why "eval passed" \\
           --override-gate evaluation --reason "suite flaky, manual check by bob"
-
-    Exit codes: 0 moved (or already there, or a request recorded), 4 the channel pointer does
-    not match its history, 5 a gate failed, 6 lost a race (another move won; nothing written),
-    7 unknown tuple or channel not in the policy, 9 bad override, or a local --policies.
     """
     if len(override_gates) != len(override_reasons):
         raise click.UsageError("give exactly one --reason for each --override-gate")
@@ -166,6 +171,15 @@ def promote_cmd(
     emit(as_json, result, human)
 
 
+@exits(
+    (0, "moved (or already there, or a request recorded)"),
+    (4, "target's manifest changed or the pointer does not match its history"),
+    (5, "approval needed, rejected or for another move (with --single-node: the procedure stopped "
+        "at a failed step, recorded)"),
+    6,
+    (7, "unknown channel, target never on it, or target's weights gone"),
+    (9, "(--single-node) the node's options are missing"),
+)
 @click.command("rollback")
 @click.argument("channel")
 @click.option(
@@ -208,12 +222,6 @@ def rollback_cmd(
     Where the store's policy sets rollback_approval for CHANNEL, the rollback needs an
     approval record: `--request-approval` records the request and prints its id, another
     release engineer runs `k3a approve REQUEST`, then `--approval REQUEST` moves the channel.
-
-    Exit codes: 0 moved (or already there, or a request recorded), 4 target's manifest changed
-    or the pointer does not match its history, 5 approval needed, rejected or for another move
-    (with --single-node: the procedure stopped at a failed step, recorded), 6 lost a race,
-    7 unknown channel, target never on it, or target's weights gone, 9 (--single-node) the
-    node's options are missing.
     """
     store = get_store(store_url)
     _refuse_local_policies(local_policies, store)
@@ -233,6 +241,16 @@ def rollback_cmd(
     emit(as_json, result, lambda: _move_summary(result))
 
 
+@exits(
+    (0, "recorded (or shown)"),
+    (4, "the request (or an answer) is not a record the policy trusts (written by hand, signed by "
+        "a key it does not trust for it), or the proposed change in the store is not the one the "
+        "request asks for"),
+    (5, "you asked for it yourself"),
+    (6, "already answered or the policy changed since"),
+    (7, "no such request"),
+    (9, "your key is no identity of the policy, or lacks the role approve"),
+)
 @click.command("approve")
 @click.argument("request_id", metavar="REQUEST")
 @click.option("--reject", is_flag=True, help="Answer no: the move or change will not happen.")
@@ -249,12 +267,6 @@ def approve_cmd(request_id: str, reject: bool, reason: str | None, show: bool, b
     Approving a policy change as one of the store's root identities also signs the change: a
     change that is not provably stricter needs the root's threshold of signatures before
     `k3a policy apply`.
-
-    Exit codes: 0 recorded (or shown), 4 the request (or an answer) is not a record the policy
-    trusts (written by hand, signed by a key it does not trust for it), or the proposed change
-    in the store is not the one the request asks for, 5 you asked for it yourself, 6 already
-    answered or the policy changed since, 7 no such request, 9 your key is no identity of the
-    policy, or lacks the role approve.
     """
     from k3artifacts.policy.change import answer
     from k3artifacts.policy.decide import show_request
@@ -299,6 +311,7 @@ def channel_group() -> None:
     `k3a history CHANNEL` are the old spellings."""
 
 
+@exits(0, (4, "the pointer does not match its history"), (7, "unknown channel"))
 @channel_group.command("history")
 @click.argument("channel")
 @store_option
@@ -306,8 +319,6 @@ def channel_group() -> None:
 def history_cmd(channel: str, store_url: str, as_json: bool) -> None:
     """Every move of CHANNEL, oldest first: seq, when, action, tuple, previous, who, policy,
     why.
-
-    Exit codes: 0 ok, 4 the pointer does not match its history, 7 unknown channel.
     """
     from k3artifacts.policy.change import policy_in_force
     from k3artifacts.releases.channels import history
@@ -323,6 +334,8 @@ def history_cmd(channel: str, store_url: str, as_json: bool) -> None:
     )
 
 
+@exits(0, (4, "a channel record refused (its pointer or history edited in the store)"),
+       (7, "no store there"), 8)
 @channel_group.command("list")
 @store_option
 @json_option
@@ -353,6 +366,14 @@ def channels_list(store_url: str, as_json: bool) -> None:
     emit(as_json, [p.model_dump(mode="json") for p in pointers], human)
 
 
+@exits(
+    (0, "every gate passes"),
+    (4, "the pointer does not match its history"),
+    (5, "at least one fails"),
+    (6, "gc is retiring the tuple's weights"),
+    (7, "unknown tuple or channel, or weights gone"),
+    (9, "a local --policies"),
+)
 @click.command("gates")
 @click.argument("tuple_id")
 @click.argument("channel")
@@ -367,10 +388,6 @@ def gates_cmd(
     """Dry run: the gates the store's policy requires of CHANNEL, run on TUPLE_ID, with you as
     the promoter: the plan of `k3a promote`, without its act. Writes nothing; says which policy
     version judged.
-
-    Exit codes: 0 every gate passes, 4 the pointer does not match its history, 5 at least one
-    fails, 6 gc is retiring the tuple's weights, 7 unknown tuple or channel, or weights gone,
-    9 a local --policies.
     """
     from k3artifacts.errors import GatesRefused
     from k3artifacts.policy.results import policy_label
@@ -401,6 +418,12 @@ def review_group() -> None:
     store, signed by your key: the license and remote_code gates read only these)."""
 
 
+@exits(
+    0,
+    (4, "stored text does not match the tuple, or a review record the policy does not trust"),
+    (7, "unknown tuple or no license"),
+    (9, "your key is no identity of the policy, or lacks the role review"),
+)
 @review_group.command("license")
 @click.argument("tuple_id")
 @by_option
@@ -422,9 +445,6 @@ def review_license_cmd(
     Read the text first (`--show`), then record. The reviewer is the identity whose key signs
     the review (role review), so the separation_of_duties gate can tell you from the
     promoter. Idempotent: a text already reviewed is not recorded again.
-    Exit codes: 0 ok, 4 stored text does not match the tuple, or a review record the policy
-    does not trust, 7 unknown tuple or no license, 9 your key is no identity of the policy, or
-    lacks the role review.
     """
     from k3artifacts.releases.reviewing import license_text, review_license
     store = get_store(store_url)
@@ -447,6 +467,12 @@ def review_license_cmd(
     emit(as_json, outcome, human)
 
 
+@exits(
+    0,
+    (4, "a review record the policy does not trust"),
+    (7, "unknown tuple or revision not staged"),
+    (9, "your key is no identity of the policy, or lacks the role review"),
+)
 @review_group.command("code")
 @click.argument("tuple_id")
 @by_option
@@ -459,9 +485,7 @@ def review_code_cmd(
     """Record that you reviewed every remote-code file (*.py) of TUPLE_ID's revision.
 
     One record per file sha256 in the store (releases/reviews/code/), signed by your key;
-    files already reviewed are skipped. Exit codes: 0 ok, 4 a review record the policy does not
-    trust, 7 unknown tuple or revision not staged, 9 your key is no identity of the policy, or
-    lacks the role review.
+    files already reviewed are skipped.
     """
     from k3artifacts.releases.reviewing import review_code
     store = get_store(store_url)

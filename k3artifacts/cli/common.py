@@ -44,13 +44,13 @@ def default_workers() -> int:
 
 
 class SettingsRefused(click.ClickException):
-    """A malformed environment variable met while click computes a default: refused like any
-    bad configuration (exit 9), before the command starts."""
-
-    exit_code = ConfigError.exit_code
+    """A malformed environment variable met while click computes a default: refused with the
+    exit code of the error it wraps (bad configuration, exit 9), before the command starts."""
 
     def __init__(self, error: K3AError):
         super().__init__(str(error))
+        # click reads the code from the exception it catches: the wrapped error's class decides.
+        self.exit_code = error.exit_code
         self.hint = error.hint
 
     def show(self, file: Any = None) -> None:

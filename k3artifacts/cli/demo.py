@@ -23,6 +23,7 @@ from k3artifacts.cli.common import (
     resumable,
     store_option,
 )
+from k3artifacts.cli.exits import exits
 from k3artifacts.cli.stage import print_stage_result, run_stage
 
 if TYPE_CHECKING:
@@ -116,6 +117,8 @@ def next_upstream_commit(hub: LocalHub, workdir: Path, change: str) -> str:
     return hub.add_commit(DEMO_REPO, files, message=f"Update {change}")
 
 
+@exits((0, "staged and verified (or already)"), (4, "the staged copy does not verify"),
+       8, (9, "bad store URL"), 130)
 @click.command("demo")
 @store_option
 @click.option("--size", type=ByteSize(), default="64MiB", show_default=True,

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 import click
 
 from k3artifacts.cli.common import emit, get_store, json_option, store_option
+from k3artifacts.cli.exits import exits
 
 if TYPE_CHECKING:
     from k3artifacts.releases.tuples import ReleaseTuple
@@ -31,6 +32,11 @@ def docker_group() -> None:
     """Inputs for the images in docker/."""
 
 
+@exits(
+    (0, "printed"),
+    (4, "the tuple's body does not match its id (edited in the store)"),
+    (7, "unknown tuple or channel"),
+)
 @docker_group.command("build-args")
 @click.argument("tuple_or_channel")
 @store_option
@@ -44,7 +50,6 @@ def build_args(tuple_or_channel: str, store_url: str, as_json: bool) -> None:
 
     \b
       docker build $(k3a docker build-args k3t-...) -t REPO:k3t-... docker/serving
-    Exit codes: 0 printed, 3 the tuple's body does not match its id, 7 unknown tuple or channel.
     """
     from k3artifacts.releases.lookup import resolve_tuple
 

@@ -8,11 +8,13 @@ from typing import TYPE_CHECKING
 import click
 
 from k3artifacts.cli.common import acting_here, emit, get_store, json_option, store_option
+from k3artifacts.cli.exits import exits
 
 if TYPE_CHECKING:
     from k3artifacts.releases.retention import RevisionVerdict
 
 
+@exits((0, "done (or plan shown)"), (8, "store unreachable"), (9, "bad policy"))
 @click.command("gc")
 @click.option("--apply", "apply_", is_flag=True, help="Delete what the plan retires.")
 @click.option("--keep", type=click.IntRange(min=1), default=None,
@@ -32,9 +34,6 @@ def gc_cmd(apply_: bool, keep: int | None, keep_days: float | None, store_url: s
     again against promotions in flight and every channel, then deleted (manifest first); a
     promotion racing gc is refused or keeps the revision. On S3 the current versions go; the
     noncurrent ones expire by the lifecycle rule `k3a bootstrap --noncurrent-days` sets.
-
-    \b
-    Exit codes: 0 done (or plan shown), 8 store unreachable, 9 bad policy.
     """
     from k3artifacts.releases.retention import plan_gc
     from k3artifacts.warm.retention import gc

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 import click
 
 from k3artifacts.cli.common import emit, get_store, json_option, store_option
+from k3artifacts.cli.exits import exits
 
 if TYPE_CHECKING:
     from k3artifacts.policy.actor import Acting
@@ -36,6 +37,11 @@ def policy_group() -> None:
     """
 
 
+@exits(
+    (0, "shown"),
+    (4, "a policy record refused"),
+    (9, "--out names a directory that is not empty"),
+)
 @policy_group.command("show")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path),
               default=None, help="Also write the policy's files to this new (or empty) "
@@ -43,11 +49,7 @@ def policy_group() -> None:
 @store_option
 @json_option
 def show_cmd(out_dir: Path | None, store_url: str, as_json: bool) -> None:
-    """The policy in force: version, digest, and its gate policy text.
-
-    Exit codes: 0 shown, 4 a policy record refused, 9 --out names a directory that is not
-    empty.
-    """
+    """The policy in force: version, digest, and its gate policy text."""
     from k3artifacts.errors import ConfigError
     from k3artifacts.policy.change import policy_in_force
     policy = policy_in_force(get_store(store_url))
@@ -64,6 +66,11 @@ def show_cmd(out_dir: Path | None, store_url: str, as_json: bool) -> None:
         + policy.document.files["promotion-gates.yaml"]))
 
 
+@exits(
+    (0, "recorded"),
+    (6, "the store already has a policy (propose a change instead)"),
+    (9, "a malformed policy directory"),
+)
 @policy_group.command("init")
 @click.option("--from", "from_dir", type=click.Path(file_okay=False, exists=True, path_type=Path),
               default=None, help="A policy directory (default: the packaged defaults).")
@@ -73,9 +80,6 @@ def show_cmd(out_dir: Path | None, store_url: str, as_json: bool) -> None:
 def init_cmd(from_dir: Path | None, why: str | None, store_url: str, as_json: bool) -> None:
     """Record the store's first policy (only while it has none). Without it, the first move
     seeds the packaged defaults.
-
-    Exit codes: 0 recorded, 6 the store already has a policy (propose a change instead),
-    9 a malformed policy directory.
     """
     from k3artifacts.policy.change import init_policy
     from k3artifacts.policy.document import PolicyDocument
@@ -86,6 +90,7 @@ def init_cmd(from_dir: Path | None, why: str | None, store_url: str, as_json: bo
          lambda: click.echo(f"recorded: policy {policy.label()} in {store.url}"))
 
 
+@exits((0, "proposed"), (9, "a malformed policy directory or no change"))
 @policy_group.command("propose")
 @policy_dir_arg
 @click.option("--why", default=None, help="Why this change (recorded).")
@@ -94,8 +99,6 @@ def init_cmd(from_dir: Path | None, why: str | None, store_url: str, as_json: bo
 def propose_cmd(policies_dir: Path, why: str | None, store_url: str, as_json: bool) -> None:
     """Propose DIR's policy files as the store's next policy version: stores the document (by
     digest) and an approval request naming what it loosens. Changes nothing in force.
-
-    Exit codes: 0 proposed, 9 a malformed policy directory or no change.
     """
     from k3artifacts.policy.change import propose
     from k3artifacts.policy.document import PolicyDocument
@@ -118,6 +121,13 @@ def propose_cmd(policies_dir: Path, why: str | None, store_url: str, as_json: bo
     emit(as_json, request, human)
 
 
+@exits(
+    (0, "applied"),
+    (4, "the proposed change in the store is not the one the request asks for"),
+    (5, "too few root identities signed it"),
+    (6, "the policy changed since the proposal"),
+    (7, "no such request"),
+)
 @policy_group.command("apply")
 @click.argument("request_id", metavar="REQUEST")
 @store_option
@@ -127,10 +137,6 @@ def apply_cmd(request_id: str, store_url: str, as_json: bool) -> None:
     and approvers' signatures, and yours if you are one. A change that is not provably
     stricter than the policy in force needs the root's threshold of them (two once the root
     has two identities); a stricter one needs one.
-
-    Exit codes: 0 applied, 4 the proposed change in the store is not the one the request
-    asks for, 5 too few root identities signed it, 6 the policy changed since the proposal,
-    7 no such request.
     """
     from k3artifacts.policy.change import apply
     store = get_store(store_url)
@@ -139,15 +145,18 @@ def apply_cmd(request_id: str, store_url: str, as_json: bool) -> None:
          lambda: click.echo(f"in force: policy {policy.label()}"))
 
 
+@exits(
+    (0, "shown"),
+    (4, "a policy record refused (an edited, removed or forked change, a head never signed into "
+        "force)"),
+    (9, "no root of trust pinned for the store"),
+)
 @policy_group.command("history")
 @store_option
 @json_option
 def history_cmd(store_url: str, as_json: bool) -> None:
     """Every version of the store's policy: who seeded or proposed it, the root identities
     that signed it into force, what it loosened.
-
-    Exit codes: 0 shown, 4 a policy record refused (an edited, removed or forked change, a
-    head never signed into force), 9 no root of trust pinned for the store.
     """
     from k3artifacts.policy.change import policy_history
     recorded = policy_history(get_store(store_url))

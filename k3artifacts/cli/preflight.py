@@ -15,9 +15,17 @@ from k3artifacts.cli.common import (
     store_option,
     typed_actor_option,
 )
+from k3artifacts.cli.exits import exits
 from k3artifacts.errors import GateFailed
 
 
+@exits(
+    (0, "every check passed (recorded)"),
+    (5, "a check failed (recorded)"),
+    (7, "tuple not found"),
+    (9, "no infrastructure policy for the channel, or your key is no identity of the store's "
+        "policy or lacks the role preflight"),
+)
 @click.command("preflight")
 @click.argument("tuple_or_channel")
 @click.option("--channel", required=True,
@@ -46,9 +54,7 @@ def preflight_cmd(tuple_or_channel: str, channel: str, kubeconfig: Path | None,
     private_networking  an available S3 gateway endpoint on the subnets' VPC
     node_health         Ready nodes of the instance type with allocatable nvidia.com/gpu
 
-    The record is signed by your key (role preflight). Exit codes: 0 every check passed
-    (recorded), 5 a check failed (recorded), 7 tuple not found, 9 no infrastructure policy for
-    the channel, or your key is no identity of the store's policy or lacks the role preflight.
+    The record is signed by your key (role preflight).
     """
     from k3artifacts.preflight.run import preflight
     store = get_store(store_url)

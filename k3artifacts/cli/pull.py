@@ -21,6 +21,7 @@ from k3artifacts.cli.common import (
     resumable,
     store_option,
 )
+from k3artifacts.cli.exits import exits
 from k3artifacts.errors import NotFound
 
 
@@ -46,6 +47,15 @@ root_option = click.option(
 )
 
 
+@exits(
+    (0, "done"),
+    (4, "a file (named) read from the store does not match the manifest, or the copy here does "
+        "not and a server leases it (left as it is)"),
+    (7, "unknown tuple or revision"),
+    (8, "store unreachable, or not enough space / the disk filled (re-run: parts on disk are "
+        "kept)"),
+    (9, "a link planted in the cache (named; nothing was written through it)"),
+)
 @click.command("pull")
 @click.argument("target")
 @store_option
@@ -86,11 +96,6 @@ def pull_cmd(target, store_url, root, part_size, concurrency, connections, keep,
     For a tuple or channel, the tuple's warm-start artifact for this node's GPU follows
     (verified, held to the channel's policy; any reason not to is a named miss on stderr,
     never a failure: `k3a warm --help`).
-
-    Exit codes: 0 done, 4 a file (named) read from the store does not match the manifest,
-    or the copy here does not and a server leases it (left as it is), 7 unknown tuple or
-    revision, 8 store unreachable, or not enough space / the disk filled (re-run: parts on
-    disk are kept), 9 a link planted in the cache (named; nothing was written through it).
     """
     from k3artifacts.nodecache.fetch import Tuning
     from k3artifacts.nodecache.layout import CacheLayout
@@ -179,6 +184,7 @@ def cache_group():
     """The node cache: list, remove, collect, and lease revisions for a running server."""
 
 
+@exits(0)
 @cache_group.command("list")
 @root_option
 @json_option
@@ -207,6 +213,8 @@ def cache_ls(root, as_json):
          + [{"kind": "warm", **w.__dict__} for w in warm], human)
 
 
+@exits((0, "removed"), (6, "a server leases it, or a pull of it is running"),
+       (7, "not in the cache"), (9, "a malformed revision"))
 @cache_group.command("rm")
 @click.argument("revision")
 @root_option
@@ -220,6 +228,7 @@ def cache_rm(revision, root):
     click.echo(f"removed {revision}")
 
 
+@exits((0, "collected"))
 @cache_group.command("gc")
 @click.option("--keep", type=click.IntRange(min=0), required=True,
               help="Revisions to keep (most recently used).")
@@ -252,6 +261,8 @@ def cache_gc(keep, root, as_json):
                    "warm_partials_removed": warm_partials}, human)
 
 
+@exits((0, "COMMAND's own exit code once it runs"), (7, "REVISION is not in the cache"),
+       (9, "a malformed revision"))
 @cache_group.command("lease", context_settings={"ignore_unknown_options": True})
 @click.argument("revision")
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)

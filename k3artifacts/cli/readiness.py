@@ -19,6 +19,7 @@ from k3artifacts.cli.common import (
     store_option,
     typed_actor_option,
 )
+from k3artifacts.cli.exits import exits
 from k3artifacts.errors import GateFailed, Unavailable
 
 if TYPE_CHECKING:
@@ -110,6 +111,13 @@ def _finish(outcome: Recorded, as_json: bool, what: str) -> None:
                          hint="fix the endpoint (or the release) and run it again")
 
 
+@exits(
+    (0, "ready"),
+    (5, "a check failed"),
+    (7, "unknown tuple or channel"),
+    (8, "endpoint unreachable"),
+    (9, "your key is no identity of the store's policy, or lacks the role evaluate"),
+)
 @click.command("smoke")
 @click.argument("endpoint")
 @tuple_option
@@ -154,9 +162,6 @@ def smoke_cmd(endpoint: str, tuple_name: str, long_context_tokens: int | None,
     \b
     Example:
       k3a smoke http://kimi-k3.inference:8000 --tuple production
-
-    Exit codes: 0 ready, 5 a check failed, 7 unknown tuple or channel, 8 endpoint unreachable,
-    9 your key is no identity of the store's policy, or lacks the role evaluate.
     """
     from k3artifacts.readiness.record import smoke
     from k3artifacts.readiness.suite import Slo, SmokeSettings, SweepSettings
@@ -177,6 +182,15 @@ def eval_group() -> None:
     """Evaluation runs of tuples against endpoints (what the evaluation gate reads)."""
 
 
+@exits(
+    (0, "passed"),
+    (4, "an earlier report the policy does not trust"),
+    (5, "failed or regressed"),
+    (7, "unknown tuple or suite"),
+    (8, "endpoint unreachable"),
+    (9, "malformed suite, a channel whose policy names none, or your key is no identity of the "
+        "policy or lacks the role evaluate"),
+)
 @eval_group.command("run")
 @click.argument("endpoint")
 @tuple_option
@@ -211,11 +225,6 @@ def eval_run(endpoint: str, tuple_name: str, suite: str | None, channel: str,
       k3a eval run http://canary.inference:8000 --tuple k3t-0123456789abcdef01234567
       k3a eval run http://canary.inference:8000 --tuple k3t-0123456789abcdef01234567 \\
           --suite k3-core
-
-    Exit codes: 0 passed, 4 an earlier report the policy does not trust, 5 failed or
-    regressed, 7 unknown tuple or suite, 8 endpoint unreachable, 9 malformed suite, a channel
-    whose policy names none, or your key is no identity of the policy or lacks the role
-    evaluate.
     """
     from k3artifacts.readiness.record import evaluate
 
@@ -225,6 +234,12 @@ def eval_run(endpoint: str, tuple_name: str, suite: str | None, channel: str,
     _finish(outcome, as_json, "evaluation")
 
 
+@exits(
+    0,
+    (7, "unknown tuple"),
+    (9, "invalid report, or your key is no identity of the store's policy or lacks the role "
+        "evaluate"),
+)
 @eval_group.command("attach")
 @click.argument("tuple_id")
 @click.argument("report", type=click.Path(exists=True, dir_okay=False, path_type=Path))
@@ -238,8 +253,7 @@ def eval_attach(tuple_id: str, report: Path, by: str | None, store_url: str,
     Nothing ran it, so the evaluation gate refuses it: promoting on it needs
     `k3a promote T CH --override-gate evaluation --reason "..."`, which the history records.
     The record is signed by your key (role evaluate). Attaching the same report again writes
-    nothing. Exit codes: 0 ok, 7 unknown tuple, 9 invalid report, or your key is no identity
-    of the store's policy or lacks the role evaluate.
+    nothing.
     """
     from k3artifacts.readiness.record import attach
 
@@ -259,15 +273,19 @@ def eval_attach(tuple_id: str, report: Path, by: str | None, store_url: str,
     emit(as_json, {"written": written, "record": record.model_dump(mode="json")}, human)
 
 
+@exits(
+    0,
+    (4, "a report the store's policy does not trust (written by hand, or by an identity that may "
+        "not evaluate)"),
+)
 @eval_group.command("list")
 @click.argument("tuple_id")
 @store_option
 @json_option
 def eval_list(tuple_id: str, store_url: str, as_json: bool) -> None:
     """Evaluation reports of TUPLE_ID (runs and attached overrides), oldest first, each read
-    through its signature ("by": the identity that signed it). Exit codes: 0 ok, 4 a report
-    the store's policy does not trust (written by hand, or by an identity that may not
-    evaluate)."""
+    through its signature ("by": the identity that signed it).
+    """
     from k3artifacts.releases.evaluations import list_evaluations
 
     records = list_evaluations(get_store(store_url), tuple_id)

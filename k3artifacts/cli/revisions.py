@@ -6,6 +6,7 @@ from __future__ import annotations
 import click
 
 from k3artifacts.cli.common import emit, get_store, json_option, store_option
+from k3artifacts.cli.exits import exits
 from k3artifacts.cli.gc import gc_cmd
 
 
@@ -15,6 +16,8 @@ def revision_group() -> None:
     spellings of `list` and `gc`."""
 
 
+@exits((0, "listed (an empty list is not an error)"), (2, "a malformed repo id"),
+       (7, "no store there"), 8)
 @revision_group.command("list")
 @click.argument("repo_id")
 @store_option
@@ -23,7 +26,7 @@ def revision_list(repo_id, store_url, as_json):
     """List the published revisions of REPO_ID in the store (commit, size, manifest digest).
 
     A revision appears here only once its manifest is written, so a staging in progress or
-    an interrupted one is never listed. Exit code 0 (an empty list is not an error).
+    an interrupted one is never listed.
     """
     from k3artifacts.revisions.refs import check_repo_id
 

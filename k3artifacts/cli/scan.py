@@ -16,6 +16,7 @@ from k3artifacts.cli.common import (
     store_option,
     typed_actor_option,
 )
+from k3artifacts.cli.exits import exits
 
 if TYPE_CHECKING:
     from k3artifacts.releases.scanning import Scanned
@@ -41,6 +42,12 @@ def _show(done: Scanned, as_json: bool) -> None:
                    "scan": scan.model_dump(mode="json")}, human)
 
 
+@exits(
+    (0, "recorded"),
+    (7, "tuple not found"),
+    (9, "not a Trivy/Grype report, a report of another image, or your key is no identity of the "
+        "store's policy or lacks the role scan"),
+)
 @scan_group.command("attach")
 @click.argument("tuple_or_channel")
 @click.option("--report", "report_path", required=True,
@@ -54,15 +61,21 @@ def attach_cmd(tuple_or_channel: str, report_path: Path, by: str | None,
                store_url: str, as_json: bool) -> None:
     """Record a Trivy or Grype JSON report of the tuple's serving image.
 
-    The record is signed by your key (role scan). Exit codes: 0 recorded, 7 tuple not found,
-    9 not a Trivy/Grype report, a report of another image, or your key is no identity of the
-    store's policy or lacks the role scan."""
+    The record is signed by your key (role scan).
+    """
     from k3artifacts.releases.scanning import scan_attach
     store = get_store(store_url)
     _show(scan_attach(store, tuple_or_channel, report_path.read_bytes(), str(report_path),
                       by=acting_here(store, by)), as_json)
 
 
+@exits(
+    (0, "recorded"),
+    (7, "tuple not found"),
+    (8, "ECR unavailable"),
+    (9, "scan not complete, or your key is no identity of the store's policy or lacks the role "
+        "scan"),
+)
 @scan_group.command("ecr")
 @click.argument("tuple_or_channel")
 @click.option("--repository", default=None,
@@ -75,9 +88,8 @@ def ecr_cmd(tuple_or_channel: str, repository: str | None, region: str | None, b
             store_url: str, as_json: bool) -> None:
     """Record ECR's scan findings (basic or enhanced) for the tuple's image digest.
 
-    The record is signed by your key (role scan). Exit codes: 0 recorded, 7 tuple not found,
-    8 ECR unavailable, 9 scan not complete, or your key is no identity of the store's policy or
-    lacks the role scan."""
+    The record is signed by your key (role scan).
+    """
     from k3artifacts.releases.scanning import scan_ecr
     store = get_store(store_url)
     _show(scan_ecr(store, tuple_or_channel, repository=repository, region=region,

@@ -12,8 +12,13 @@ from k3artifacts.cli.common import (
     signing_key_option,
     store_option,
 )
+from k3artifacts.cli.exits import exits
 
 
+@exits((0, "signed, or already signed by this key"),
+       (4, "the tuple's body does not match its id (edited in the store)"),
+       (6, "already signed by another key"), (7, "not a published revision or tuple"),
+       (9, "the signing key refused"))
 @click.command("sign")
 @click.argument("target")
 @signing_key_option
@@ -29,7 +34,7 @@ def sign_cmd(target, signing_key, store_url, as_json):
     or with the upstream tool on a file store:
       model_signing verify key DIR --signature DIR/.k3a/model.sig --public_key KEY.pub
     A tuple's signature goes to releases/tuples/<id>.sig. Both are created once: signing
-    again with the same key is a no-op, with another key a conflict (exit 6).
+    again with the same key is a no-op, with another key a conflict.
     """
     from k3artifacts.releases.signing import sign
 

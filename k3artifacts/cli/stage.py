@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from k3artifacts.staging.plan import StagePlan
     from k3artifacts.stores.base import Store
 
+from k3artifacts.cli.exits import exits
 from k3artifacts.reporting.progress import DEFAULT_INTERVAL
 
 
@@ -118,6 +119,17 @@ def print_plan(plan: StagePlan) -> None:
         click.echo(f"{action + ':':<10} {total.files:>6} file(s) {total.bytes:>18,} bytes")
 
 
+@exits(
+    (0, "published or already published (repaired, or nothing to repair)"),
+    (2, "malformed repo id"),
+    (3, "refused (nothing published)"),
+    (4, "--repair could not make the revision match its manifest"),
+    (6, "another run holds this revision"),
+    (7, "repo/revision not found (or not published, for --repair)"),
+    (8, "hub or store unreachable (within seconds if it never answered), silent past "
+        "--read-timeout, answering past K3A_HTTP_DEADLINE, or slower than --min-rate"),
+    (130, "Ctrl-C"),
+)
 @click.command("stage")
 @click.argument("repo_id")
 @click.option("--revision", default="main", show_default=True, help="Branch, tag or commit.")
@@ -208,14 +220,6 @@ def stage_cmd(repo_id, revision, store_url, quarantine, endpoint, workers, strea
 
     --repair is for a published revision that `k3a verify` finds damaged: only the files
     that fail are fetched again and put back, then the revision is verified in full.
-
-    \b
-    Exit codes: 0 published or already published (repaired, or nothing to repair), 2
-    malformed repo id, 3 refused (nothing published), 4 --repair could not make the revision
-    match its manifest, 6 another run holds this revision, 7 repo/revision not found (or not
-    published, for --repair), 8 hub or store unreachable (within seconds if it never
-    answered), silent past --read-timeout, answering past K3A_HTTP_DEADLINE, or slower than
-    --min-rate, 130 Ctrl-C.
     """
     from k3artifacts.net.policy import RetryPolicy
     from k3artifacts.revisions.refs import check_repo_id

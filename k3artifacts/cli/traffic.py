@@ -14,6 +14,7 @@ from k3artifacts.cli.common import (
     store_option,
     typed_actor_option,
 )
+from k3artifacts.cli.exits import exits
 from k3artifacts.errors import ConfigError, GateFailed
 
 
@@ -28,6 +29,14 @@ def traffic_group() -> None:
     """
 
 
+@exits(
+    (0, "step passed (recorded)"),
+    (5, "step failed (recorded)"),
+    (7, "tuple not found"),
+    (8, "Prometheus unreachable"),
+    (9, "bad policy, step or query, or your key is no identity of the store's policy or lacks the "
+        "role traffic"),
+)
 @traffic_group.command("analyze")
 @click.argument("tuple_or_channel")
 @click.option("--prometheus", "prometheus_url", required=True, metavar="URL",
@@ -52,9 +61,7 @@ def analyze_cmd(tuple_or_channel: str, prometheus_url: str, channel: str, step: 
     data is a failure, never a pass. The record is created once and never replaced.
 
     \b
-    The record is signed by your key (role traffic). Exit codes: 0 step passed (recorded),
-    5 step failed (recorded), 7 tuple not found, 8 Prometheus unreachable, 9 bad policy, step
-    or query, or your key is no identity of the store's policy or lacks the role traffic.
+    The record is signed by your key (role traffic).
     """
     from k3artifacts.traffic.analysis import analyze, describe
     at = None

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from k3artifacts.cli.common import emit, get_store, json_option, store_option
+from k3artifacts.cli.exits import exits
 
 if TYPE_CHECKING:
     from k3artifacts.trust.identities import KeyEntry
@@ -50,15 +51,13 @@ def key_group() -> None:
     """
 
 
+@exits((0, "made"), (6, "you already have one (`k3a key show`)"))
 @key_group.command("create")
 @click.option("--kind", type=click.Choice(["ed25519", "ecdsa-p256", "ecdsa-p384"]),
               default="ed25519", show_default=True, help="Key algorithm.")
 @json_option
 def key_create_cmd(kind: str, as_json: bool) -> None:
-    """Make your personal key (private 0600, in a 0700 directory) and its public half.
-
-    Exit codes: 0 made, 6 you already have one (`k3a key show`).
-    """
+    """Make your personal key (private 0600, in a 0700 directory) and its public half."""
     from k3artifacts.errors import Conflict
     from k3artifacts.trust.keys import PERSONAL_PUBLIC, create_personal_key, personal_key_path
 
@@ -80,6 +79,13 @@ def key_create_cmd(kind: str, as_json: bool) -> None:
     emit(as_json, view, human)
 
 
+@exits(
+    (0, "shown"),
+    (2, "an unknown role or a bad identity name"),
+    (7, "no personal key yet (`k3a key create`)"),
+    (9, "a key refused (readable by others, not ed25519 or ECDSA P-256/P-384, a KMS key of "
+        "another kind)"),
+)
 @key_group.command("show")
 @click.option("--pem", "pem_only", is_flag=True,
               help="Print only the public key (PEM): the file a root identity passes to "
@@ -93,12 +99,7 @@ def key_create_cmd(kind: str, as_json: bool) -> None:
               "scan, preflight, traffic, promote, policy, warm).")
 @json_option
 def key_show_cmd(pem_only: bool, entry_name: str | None, roles: str, as_json: bool) -> None:
-    """Which key this process signs with, its key id and public key, and how a policy names it.
-
-    Exit codes: 0 shown, 2 an unknown role or a bad identity name, 7 no personal key yet
-    (`k3a key create`), 9 a key refused (readable by others, not ed25519 or ECDSA
-    P-256/P-384, a KMS key of another kind).
-    """
+    """Which key this process signs with, its key id and public key, and how a policy names it."""
     from k3artifacts.trust.keys import identity_signer
 
     view = _key_view(identity_signer(create=False).signer)
@@ -193,6 +194,13 @@ def trust_group() -> None:
     """
 
 
+@exits(
+    (0, "pinned (or already)"),
+    (2, "a bad threshold or key list"),
+    (4, "the store's root is another or a rotation does not verify"),
+    (7, "no such store or no root in it"),
+    (9, "this client pins another root for the store, or a key or pin file refused"),
+)
 @trust_group.command("init")
 @click.option("--root", "roots", multiple=True, metavar="[NAME=]KEYFILE",
               help="A root identity's public key (PEM; repeat for each). NAME defaults to the "
@@ -218,10 +226,6 @@ def trust_init_cmd(roots: tuple[str, ...], threshold: int | None, fingerprint: s
     With --fingerprint: the root the store holds, if it has that fingerprint.
     With neither: your own key becomes the root of a store that has none (first use).
     Rotations the store holds after the pinned root are verified and followed.
-
-    Exit codes: 0 pinned (or already), 2 a bad threshold or key list, 4 the store's root is
-    another or a rotation does not verify, 7 no such store or no root in it, 9 this client
-    pins another root for the store, or a key or pin file refused.
     """
     from k3artifacts.errors import NotFound, UsageError
     from k3artifacts.trust import enrol
@@ -257,6 +261,11 @@ def trust_init_cmd(roots: tuple[str, ...], threshold: int | None, fingerprint: s
     emit(as_json, view, lambda: _print_pin(view, "pinned" if changed else "already pinned"))
 
 
+@exits(
+    (0, "shown"),
+    (4, "a rotation in the store does not verify or the store's root is another"),
+    (9, "no root pinned for the store, or the pin file refused"),
+)
 @trust_group.command("show")
 @store_option
 @json_option
@@ -264,9 +273,6 @@ def trust_show_cmd(store_url: str, as_json: bool) -> None:
     """The root this client pins for the store: version, fingerprint, threshold, identities.
     Rotations the store holds after it are verified and followed first; --json adds the pin
     as ConfigMap data for a verifier (mounted at $XDG_CONFIG_HOME/k3artifacts/trust).
-
-    Exit codes: 0 shown, 4 a rotation in the store does not verify or the store's root is
-    another, 9 no root pinned for the store, or the pin file refused.
     """
     from k3artifacts.trust.pins import follow, require_pin
 
@@ -276,6 +282,14 @@ def trust_show_cmd(store_url: str, as_json: bool) -> None:
     emit(as_json, view, lambda: _print_pin(view, "followed to" if changed else "pinned"))
 
 
+@exits(
+    (0, "published or proposed"),
+    (2, "nothing to change or a bad threshold"),
+    (4, "the proposal is not the one FP names, or does not verify"),
+    (6, "another rotation was published first"),
+    (7, "no proposal to cosign"),
+    (9, "your key is not a root identity or no root is pinned"),
+)
 @trust_group.command("rotate")
 @click.option("--add", "added", multiple=True, metavar="[NAME=]KEYFILE",
               help="Make this public key a root identity (a NAME already there gets this key "
@@ -294,10 +308,6 @@ def trust_rotate_cmd(added: tuple[str, ...], removed: tuple[str, ...], threshold
     """Change the store's root: signed by you under the root in force, published (and pinned)
     once its threshold of root identities signed; until then it waits in the store as a
     proposal, and another root identity adds their signature with --cosign FP.
-
-    Exit codes: 0 published or proposed, 2 nothing to change or a bad threshold, 4 the
-    proposal is not the one FP names, or does not verify, 6 another rotation was published
-    first, 7 no proposal to cosign, 9 your key is not a root identity or no root is pinned.
     """
     from k3artifacts.errors import UsageError
     from k3artifacts.trust import rotation
@@ -333,6 +343,13 @@ def trust_rotate_cmd(added: tuple[str, ...], removed: tuple[str, ...], threshold
     emit(as_json, view, human)
 
 
+@exits(
+    (0, "migrated (or nothing to do, or shown)"),
+    (4, "a history that does not hold together as found (a pointer set back or edited, an entry "
+        "removed): never vouched for"),
+    (9, "your key is not one of the store's root identities, or the store has a root this client "
+        "does not pin"),
+)
 @trust_group.command("migrate")
 @click.option("--dry-run", is_flag=True, help="Say what it would vouch for and sign; write "
               "nothing.")
@@ -349,11 +366,6 @@ def trust_migrate_cmd(dry_run: bool, store_url: str, as_json: bool) -> None:
     would), and only when there is something to migrate. Until it is migrated, such a store is
     read as found (where its policy says so) and nothing moves on it. Run again, it finds
     nothing to do.
-
-    Exit codes: 0 migrated (or nothing to do, or shown), 4 a history that does not hold
-    together as found (a pointer set back or edited, an entry removed): never vouched for,
-    9 your key is not one of the store's root identities, or the store has a root this client
-    does not pin.
     """
     from k3artifacts.migration.run import act_migration, plan_migration
 

@@ -16,7 +16,8 @@ from k3artifacts.cli.common import (
     signing_key_option,
     store_option,
 )
-from k3artifacts.errors import ConfigError, ReleaseRefused
+from k3artifacts.cli.exits import exits
+from k3artifacts.errors import ConfigError, TamperedRecord
 
 if TYPE_CHECKING:
     from k3artifacts.releases.tuples import ReleaseTuple
@@ -40,6 +41,12 @@ def tuple_group() -> None:
     consumes. `k3a tuples ...` is the old spelling."""
 
 
+@exits(
+    (0, "created or already present"),
+    (7, "revision/image/profile not found"),
+    (8, "registry unreachable"),
+    (9, "bad reference/profile/options"),
+)
 @tuple_group.command("create")
 @click.argument("revision")
 @click.option("--image", "image", required=True, help="Serving image: REPO:TAG or REPO@sha256:...")
@@ -99,10 +106,6 @@ def tuple_create(
     through the OCI distribution API); the tuple never holds a tag alone. The tuple id derives
     from the binding only: running this again with the same inputs prints the same id.
     With --signing-key the tuple is signed (releases/tuples/<id>.sig) once it is stored.
-
-    \b
-    Exit codes: 0 created or already present, 7 revision/image/profile not found,
-    8 registry unreachable, 9 bad reference/profile/options.
     """
     from k3artifacts.serving.tuple_create import create_release_tuple
 
@@ -128,12 +131,14 @@ def tuple_create(
     emit(as_json, payload, human)
 
 
+@exits(0, (4, "a tuple's body does not match its id (edited in the store; listed as refused)"),
+       (7, "no store there"), 8)
 @tuple_group.command("list")
 @store_option
 @json_option
 def tuples_list(store_url: str, as_json: bool) -> None:
     """Every tuple in the store, oldest first. A tuple whose body does not match its id is
-    listed as tampered (exit 3) instead of being hidden."""
+    listed as refused instead of being hidden."""
     from k3artifacts.releases.tuples import TupleStore
 
     tuples = TupleStore(get_store(store_url))
@@ -141,7 +146,7 @@ def tuples_list(store_url: str, as_json: bool) -> None:
     for tuple_id in tuples.list_ids():
         try:
             rows.append(_summary(tuples.get(tuple_id)))
-        except ReleaseRefused as exc:
+        except TamperedRecord as exc:
             broken.append({"id": tuple_id, "error": str(exc.refusals[0])})
             refusals.append(exc)
     rows.sort(key=lambda r: (r["created_at"], r["id"]))
@@ -160,6 +165,9 @@ def tuples_list(store_url: str, as_json: bool) -> None:
         raise type(refusals[0])([r for exc in refusals for r in exc.refusals])
 
 
+@exits(0, (2, "a malformed tuple id"),
+       (4, "the tuple's body does not match its id (edited in the store)"),
+       (7, "no such tuple or no store there"), 8)
 @tuple_group.command("show")
 @click.argument("tuple_id")
 @store_option
@@ -189,13 +197,16 @@ def tuples_show(tuple_id: str, store_url: str, as_json: bool) -> None:
     emit(as_json, release, human)
 
 
+@exits((0, "compared (differences or none)"), (2, "a malformed tuple id"),
+       (4, "a tuple's body does not match its id (edited in the store)"),
+       (7, "no such tuple or no store there"), 8)
 @tuple_group.command("diff")
 @click.argument("a")
 @click.argument("b")
 @store_option
 @json_option
 def tuples_diff(a: str, b: str, store_url: str, as_json: bool) -> None:
-    """What differs between the bindings of tuples A and B (exit 0 either way)."""
+    """What differs between the bindings of tuples A and B."""
     from k3artifacts.releases.tuples import TupleStore, check_tuple_id, diff_bindings
 
     tuples = TupleStore(get_store(store_url))
@@ -227,6 +238,14 @@ class RenderTarget(click.ParamType):
         return value
 
 
+@exits(
+    (0, "rendered"),
+    (4, "the tuple's body was edited in the store, its signature (--verify-signature) or the "
+        "channel's or the policy's history does not verify"),
+    (7, "tuple or channel not found"),
+    (9, "the tuple cannot be served on this target (reason and fix printed), a local --policies, "
+        "or (--verify-signature) no root pinned for the store"),
+)
 @click.command("render")
 @click.argument("tuple_or_channel")
 @click.option(
@@ -295,12 +314,6 @@ def render_cmd(
     """Render serving manifests from a tuple (or the tuple a channel points at) alone.
 
     The output is byte-identical for the same tuple and options, ready for `kubectl apply`.
-
-    \b
-    Exit codes: 0 rendered, 3 tuple body tampered, 4 the channel's or the policy's history
-    does not verify, 7 tuple or channel not found, 9 the tuple cannot be served on this
-    target (reason and fix printed), a local --policies, or (--verify-signature) no root
-    pinned for the store.
     """
     from k3artifacts.policy.signing_keys import verifier_trust
     from k3artifacts.releases.lookup import resolve_with_move

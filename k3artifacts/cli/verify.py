@@ -16,6 +16,7 @@ from k3artifacts.cli.common import (
     reporter,
     store_option,
 )
+from k3artifacts.cli.exits import exits
 from k3artifacts.errors import UsageError, VerifyMismatch
 
 
@@ -40,6 +41,15 @@ def parse_target(target: str, *, tuples: bool = False) -> tuple[str, str] | Path
     )
 
 
+@exits(
+    (0, "every file matches"),
+    (2, "malformed TARGET or --expect-digest"),
+    (4, "some file is missing, changed or unexpected (listed), the digest differs, the signature "
+        "is missing, by an untrusted key or over other bytes, or the store's policy history does "
+        "not verify"),
+    (7, "not a published revision or no store there"),
+    (9, "a local --policies, or no root pinned for the store"),
+)
 @click.command("verify")
 @click.argument("target")
 @store_option
@@ -69,12 +79,6 @@ def verify_cmd(target, store_url, full, expect_digest, check_signature, channel,
 
     TARGET is org/name@<commit> (looked up in --store) or a revision directory such as
     /fsx/k3a/models/moonshotai/Kimi-K3/<commit>.
-
-    Exit codes: 0 every file matches, 2 malformed TARGET or --expect-digest, 4 some file
-    is missing, changed or unexpected (listed), the digest differs, the signature is
-    missing, by an untrusted key or over other bytes, or the store's policy history does not
-    verify, 7 not a published revision or no store there, 9 a local --policies, or no root
-    pinned for the store.
     """
     from k3artifacts.reporting.progress import BytesProgress
     from k3artifacts.revisions.refs import check_manifest_digest

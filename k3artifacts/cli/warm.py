@@ -15,6 +15,7 @@ from k3artifacts.cli.common import (
     signing_key_option,
     store_option,
 )
+from k3artifacts.cli.exits import exits
 
 
 def _default_root() -> Path:
@@ -64,6 +65,15 @@ def warm_group():
     pass
 
 
+@exits(
+    (0, "captured"),
+    2,
+    (6, "already captured (first one stands)"),
+    (7, "unknown tuple"),
+    (8, "store unreachable"),
+    (9, "unsafe cache entry, bad key, or your key is no identity of the store's policy or lacks "
+        "the role warm"),
+)
 @warm_group.command("capture")
 @click.argument("target")
 @click.argument("dirs", nargs=-1, required=True, metavar="NAME=DIR...")
@@ -95,10 +105,6 @@ def capture_cmd(target, dirs, gpu, tp, channel, store_url, signing_key, if_absen
     capture; one lacking the release signature the channel requires (or with an untrusted
     one) is replaced by a capture signed with a key the channel trusts, and refused (exit 6)
     otherwise, --if-absent or not.
-
-    Exit codes: 0 captured, 2 usage, 6 already captured (first one stands), 7 unknown
-    tuple, 8 store unreachable, 9 unsafe cache entry, bad key, or your key is no identity of
-    the store's policy or lacks the role warm.
     """
     from k3artifacts.warm.capture import capture_target
     from k3artifacts.warm.claim import AlreadyCaptured
@@ -130,6 +136,9 @@ def capture_cmd(target, dirs, gpu, tp, channel, store_url, signing_key, if_absen
     emit(as_json, result.__dict__, human)
 
 
+@exits((0, "pulled, or a named miss (logged, nothing kept)"),
+       (4, "the tuple's body does not match its id (edited in the store)"),
+       (7, "unknown tuple or channel, or no store there"), 8)
 @warm_group.command("pull")
 @click.argument("target")
 @gpu_option
@@ -159,6 +168,7 @@ def pull_cmd(target, gpu, tp, channel, store_url, root, as_json):
     emit(as_json, outcome.as_dict(), lambda: outcome.ok and click.echo(outcome.line()))
 
 
+@exits((0, "ready, or a named miss: a cold start (a warm start never fails a pod)"))
 @warm_group.command("use")
 @click.argument("target")
 @click.option("--into", type=click.Path(file_okay=False, path_type=Path), required=True,
@@ -204,6 +214,7 @@ def use_cmd(target, into, no_pull, gpu, tp, channel, store_url, root, as_json):
     emit(as_json, outcome.as_dict(), lambda: outcome.ok and click.echo(outcome.line()))
 
 
+@exits(0)
 @warm_group.command("ls")
 @root_option
 @json_option

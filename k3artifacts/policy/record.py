@@ -53,8 +53,8 @@ from k3artifacts.errors import (
     AlreadyExists,
     ConfigError,
     Conflict,
-    K3AError,
     NotFound,
+    StoredRecordRefused,
     UntrustedRecord,
 )
 from k3artifacts.policy.actor import Acting, Actor
@@ -133,11 +133,10 @@ class LegacyPointer(BaseModel):
     change: PolicyChange
 
 
-class CorruptPolicy(K3AError):
+class CorruptPolicy(StoredRecordRefused):
     """A policy record that does not parse or does not match its digest: the store was
     edited behind k3a's back."""
 
-    exit_code = 4
     hint = "inspect the key named; policy records are written only by `k3a policy`"
 
 
@@ -395,7 +394,12 @@ def _legacy_changes(store: RecordStore, policy: InForce) -> list[Recorded]:
         found = store.read(change_key(version))
         if found is None:
             raise CorruptPolicy(f"{change_key(version)} is missing from {store.url}")
-        out.append(Recorded(PolicyChange.model_validate_json(found.data), frozenset()))
+        try:
+            change = PolicyChange.model_validate_json(found.data)
+        except ValidationError as exc:
+            raise CorruptPolicy(f"{change_key(version)} is malformed: "
+                                f"{exc.errors()[0]['msg']}") from None
+        out.append(Recorded(change, frozenset()))
     pointer = _legacy_pointer(store.read(POINTER_KEY).data)  # type: ignore[union-attr]
     return [*out, Recorded(pointer.change, frozenset())]
 

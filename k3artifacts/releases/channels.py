@@ -64,9 +64,9 @@ from k3artifacts import faultpoints
 from k3artifacts.errors import (
     ConfigError,
     Conflict,
-    K3AError,
     MigrationNeeded,
     NotFound,
+    StoredRecordRefused,
     UntrustedRecord,
 )
 from k3artifacts.policy.actor import Acting
@@ -172,10 +172,9 @@ class ChannelMoved(Conflict):
         self.winner = winner
 
 
-class CorruptRecord(K3AError):
+class CorruptRecord(StoredRecordRefused):
     """A channel record that does not parse or contradicts another: the store was edited."""
 
-    exit_code = 4
     hint = "inspect the key named above; channel records are written only by k3a"
 
 

@@ -15,7 +15,7 @@ from typing import Any
 
 from cryptography.hazmat.primitives.asymmetric import ec
 
-from k3artifacts.errors import AlreadyExists, K3AError
+from k3artifacts.errors import AlreadyExists, K3AError, StoredRecordRefused
 from k3artifacts.releases.tuples import TUPLE_PREFIX, ReleaseTuple, TupleStore, tuple_key
 from k3artifacts.signing.attestation import statement, verify_statement
 from k3artifacts.signing.dsse import BundleError
@@ -73,8 +73,9 @@ def sign_tuple(store: RecordStore, tuple_id: str, signer: Signer) -> TupleSignat
     return TupleSignature(key, signer.key_hint, new=True)
 
 
-class TupleSignatureRefused(K3AError):
-    exit_code = 4
+class TupleSignatureRefused(StoredRecordRefused):
+    """A tuple's signature record that is missing, by a key not trusted, or over other bytes."""
+
     hint = "do not promote or serve this tuple; re-create and re-sign it with a trusted key"
 
 
