@@ -18,6 +18,7 @@ from k3artifacts.nodecache import locks
 from k3artifacts.nodecache.layout import CacheLayout, Revision
 from k3artifacts.stores.file import FileStore
 from tests.support.releases import Releases
+from tests.support.waiting import wait_until
 
 MiB = 1 << 20
 BIG = os.urandom(5 * MiB + 12345)  # five whole 1 MiB parts and a short one
@@ -152,13 +153,6 @@ def manifest_size(store, release, path: str) -> int:
     return store.read_manifest(w.repo_id, w.commit).file(path).size
 
 
-def _wait_for(predicate, what: str, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
-
-
 def paused_pull(k3a_cmd: list[str], env: dict[str, str], store_url: str, target: str,
                 root: Path, err_path: Path) -> subprocess.Popen:
     """`k3a pull` of ``target`` (1 MiB parts, one at a time), started and paused at the
@@ -169,8 +163,8 @@ def paused_pull(k3a_cmd: list[str], env: dict[str, str], store_url: str, target:
              "--part-size", "1MiB", "--concurrency", "1", "-q"],
             env=env, stderr=err, stdout=subprocess.DEVNULL)
     try:
-        _wait_for(lambda: b"paused at pull-part" in err_path.read_bytes()
-                  or proc.poll() is not None, "the pause")
+        wait_until(lambda: b"paused at pull-part" in err_path.read_bytes()
+                   or proc.poll() is not None, "the pause", timeout=60)
         assert proc.poll() is None, err_path.read_text()
     except BaseException:
         if proc.poll() is None:
@@ -191,8 +185,9 @@ def test_kill_9_mid_pull_then_rerun_fetches_only_what_was_missing(
         # The flusher records parts 0-2 within a second of their arrival.
         sidecar = CacheLayout(root).partial_dir(Revision(
             release.binding.weights.repo_id, release.binding.weights.commit)) / ".big.bin.part.json"
-        _wait_for(lambda: sidecar.exists() and len(json.loads(sidecar.read_bytes())["done"]) == 3,
-                  "the parts record")
+        wait_until(lambda: sidecar.exists()
+                   and len(json.loads(sidecar.read_bytes())["done"]) == 3,
+                   "the parts record", timeout=60)
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait(10)
     finally:
@@ -225,12 +220,12 @@ def test_two_pulls_of_one_tuple_at_once_leave_one_complete_copy(
         first = subprocess.Popen(argv, env=slow, stdout=subprocess.PIPE, stderr=err)
     second = None
     try:
-        _wait_for(lambda: b"paused" in err_path.read_bytes() or first.poll() is not None,
-                  "the first pull")
+        wait_until(lambda: b"paused" in err_path.read_bytes() or first.poll() is not None,
+                   "the first pull", timeout=60)
         with open(err2_path, "wb") as err2:
             second = subprocess.Popen(argv, env=k3a_env, stdout=subprocess.PIPE, stderr=err2)
-        _wait_for(lambda: b"waiting for another pull" in err2_path.read_bytes()
-                  or second.poll() is not None, "the second pull to wait")
+        wait_until(lambda: b"waiting for another pull" in err2_path.read_bytes()
+                   or second.poll() is not None, "the second pull to wait", timeout=60)
         resume.touch()
         out1, _ = first.communicate(timeout=120)
         out2, _ = second.communicate(timeout=120)
@@ -258,7 +253,7 @@ def test_keep_1_never_evicts_a_leased_revision(file_releases, tmp_path, k3a_cmd,
         [*k3a_cmd, "cache", "lease", str(rev), "--root", str(root), "--", "sleep", "60"],
         env=k3a_env)
     try:
-        _wait_for(lambda: locks.is_leased(layout, rev), "the lease")
+        wait_until(lambda: locks.is_leased(layout, rev), "the lease", timeout=60)
         out = pull_json(file_releases.store.url, new.id, root, "--keep", "1")
         assert out["evicted"] == []
         assert layout.marker(rev) is not None

@@ -12,11 +12,12 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from test_nodecache import BIG, MiB, _wait_for, check_copy, k3a, pull_json
+from test_nodecache import BIG, MiB, check_copy, k3a, pull_json
 
 from k3artifacts.nodecache.layout import CacheLayout, Revision
 from k3artifacts.stores.file import FileStore
 from tests.support.releases import Releases
+from tests.support.waiting import wait_until
 
 FORGED = bytes(len(BIG))  # same size as the real file: only its bytes tell
 
@@ -284,7 +285,7 @@ def test_a_forged_copy_under_a_running_server_is_exit_4_and_left_for_the_operato
         [*k3a_cmd, "cache", "lease", str(rev), "--root", str(root), "--", "sleep", "60"],
         env=k3a_env)
     try:
-        _wait_for(lambda: locks.is_leased(layout, rev), "the lease")
+        wait_until(lambda: locks.is_leased(layout, rev), "the lease", timeout=60)
         code, _, err = k3a("pull", release.id, "--store", file_releases.store.url, "--to",
                            str(root))
         assert code == 4, err

@@ -14,11 +14,12 @@ import uuid
 from pathlib import Path
 
 import pytest
-from test_nodecache import BIG, MiB, _wait_for, check_copy, k3a, paused_pull, pull_json
+from test_nodecache import BIG, MiB, check_copy, k3a, paused_pull, pull_json
 
 from k3artifacts.nodecache.layout import CacheLayout, Revision
 from k3artifacts.stores.file import FileStore
 from tests.support.releases import Releases
+from tests.support.waiting import wait_until
 
 SECRET = b"bytes a pull must never touch\n"
 
@@ -175,8 +176,8 @@ def test_a_disk_that_fills_during_the_pull_is_exit_8_and_the_partial_is_listed_a
                  str(root), "--part-size", "1MiB", "-q"],
                 env=env, stderr=errf, stdout=subprocess.DEVNULL)
         try:
-            _wait_for(lambda: b"paused at pull-planned" in err_path.read_bytes()
-                      or proc.poll() is not None, "the space check")
+            wait_until(lambda: b"paused at pull-planned" in err_path.read_bytes()
+                       or proc.poll() is not None, "the space check", timeout=60)
             # Someone else fills the disk between our check and our writes.
             filler = root / f"filler-{uuid.uuid4().hex}"
             with open(filler, "wb") as fh, contextlib.suppress(OSError):

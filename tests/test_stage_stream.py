@@ -21,9 +21,10 @@ from k3artifacts.staging.download import Ranges, fetch
 from k3artifacts.staging.hub import HubSource
 from k3artifacts.stores.s3 import STREAM_LAG, MiB, S3Store, TransferTuning
 from k3artifacts.stores.verify import verify_revision
-from tests.faults.faultkit import SHARD1, run_k3a, start_k3a, wait_for
+from tests.faults.faultkit import SHARD1, run_k3a, start_k3a
 from tests.staging_helpers import REPO, run_stage, small_release
 from tests.support.own_usage import launched, read_usage
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -206,7 +207,7 @@ def test_killed_with_parts_sent_then_rerun_completes(local_hub, seaweed, seaweed
                         K3A_FAULT_PAUSE=f"downloaded@{SHARD1}:60")
     running.wait_line("paused at downloaded")
     # Sent while the shard downloaded: the parts are in S3 before it was even checked.
-    wait_for(parts_sent, "parts of the shard in S3 before its verification", proc=running.proc)
+    wait_until(parts_sent, "parts of the shard in S3 before its verification", proc=running.proc)
     running.kill9()
     assert store.list_revisions(REPO) == []
 

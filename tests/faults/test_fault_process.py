@@ -19,10 +19,10 @@ from tests.faults.faultkit import (
     stage_args,
     start_k3a,
     verified_paths,
-    wait_for,
 )
 from tests.staging_helpers import REPO, small_release
 from tests.support.hubfaults import Fault
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.faults
 
@@ -59,10 +59,11 @@ def test_kill_mid_download_resumes_partial_file(local_hub, file_store, tmp_path,
     run = start_k3a(k3a, k3a_env, *stage_args(local_hub.endpoint, file_store, quarantine))
     # The shard is stalled after STALL_AT bytes (at most one write buffer of them still in the
     # process) and every other file is verified: the kill lands mid-download.
-    wait_for(lambda: part.exists() and part.stat().st_size >= STALL_AT - 8192,
-             "the partial shard to reach the stall", proc=run.proc)
-    wait_for(lambda: len(verified_paths(quarantine, commit)) == len(local_hub.hub.files(REPO)) - 1,
-             "the other files to verify", proc=run.proc)
+    wait_until(lambda: part.exists() and part.stat().st_size >= STALL_AT - 8192,
+               "the partial shard to reach the stall", proc=run.proc)
+    others = len(local_hub.hub.files(REPO)) - 1
+    wait_until(lambda: len(verified_paths(quarantine, commit)) == others,
+               "the other files to verify", proc=run.proc)
     run.kill9()
 
     assert_not_visible(file_store, commit)
@@ -79,8 +80,9 @@ def test_kill_after_download_before_checks_reuses_complete_file(local_hub, file_
     run = start_k3a(k3a, k3a_env, *stage_args(local_hub.endpoint, file_store, quarantine),
                     K3A_FAULT_PAUSE=f"downloaded@{SHARD1}:60")
     run.wait_line(f"paused at downloaded {SHARD1}")
-    wait_for(lambda: len(verified_paths(quarantine, commit)) == len(local_hub.hub.files(REPO)) - 1,
-             "the other files to verify", proc=run.proc)
+    others = len(local_hub.hub.files(REPO)) - 1
+    wait_until(lambda: len(verified_paths(quarantine, commit)) == others,
+               "the other files to verify", proc=run.proc)
     run.kill9()
 
     assert_not_visible(file_store, commit)

@@ -25,12 +25,12 @@ from tests.faults.faultkit import (
     run_k3a,
     stage_args,
     start_k3a,
-    wait_for,
 )
 from tests.fixtures.moves import promote, use_policy
 from tests.fixtures.people import person
 from tests.staging_helpers import REPO, small_release
 from tests.support.releases import REPO_ID, Releases
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.faults
 
@@ -56,8 +56,8 @@ def test_two_stagings_of_one_revision_into_one_file_store(local_hub, file_store,
     first.wait_line("paused at publish")
     second = start_k3a(k3a_cmd, k3a_env,
                        *stage_args(local_hub.endpoint, file_store, tmp_path / "q2"))
-    wait_for(lambda: second.proc.poll() is not None or waiting_on_a_lock(second.proc.pid),
-             "the second staging to finish or wait for the first")
+    wait_until(lambda: second.proc.poll() is not None or waiting_on_a_lock(second.proc.pid),
+               "the second staging to finish or wait for the first")
     go.touch()
 
     assert first.finish() == 0, first.stderr

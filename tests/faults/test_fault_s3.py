@@ -16,9 +16,9 @@ from tests.faults.faultkit import (
     stage_args,
     start_k3a,
     verified_paths,
-    wait_for,
 )
 from tests.staging_helpers import REPO, run_stage, small_release
+from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.faults, pytest.mark.s3]
 
@@ -126,7 +126,7 @@ def test_kill_mid_put_object_then_rerun(local_hub, s3_fault_proxy, s3_url, s3_en
                       quarantine)
     proxy.add("PutObject", f"*/{SHARD1}", action="stall")
     run = start_k3a(k3a_cmd, env, *args)
-    wait_for(proxy.stalled.is_set, "the shard upload to reach the proxy", proc=run.proc)
+    wait_until(proxy.stalled.is_set, "the shard upload to reach the proxy", proc=run.proc)
     run.kill9()
 
     store = S3Store.from_url(s3_url, endpoint_url=proxy.endpoint)
@@ -152,7 +152,7 @@ def test_kill_between_parts_then_rerun_aborts_stale_upload(
     proxy.add("UploadPart", f"*/{SHARD1}", part=2, action="stall")
     run = start_k3a([k3a_cmd[0], "-m", "tests.faults.stage_runner"], env,
                     s3_url, local_hub.endpoint, str(quarantine))
-    wait_for(proxy.stalled.is_set, "part 2 of the shard to reach the proxy", proc=run.proc)
+    wait_until(proxy.stalled.is_set, "part 2 of the shard to reach the proxy", proc=run.proc)
     run.kill9()
 
     store = S3Store.from_url(s3_url, endpoint_url=proxy.endpoint)
