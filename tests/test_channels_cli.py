@@ -11,14 +11,13 @@ import subprocess
 import sys
 
 import pytest
-from click.testing import CliRunner, Result
 
-from k3artifacts.cli import cli
 from k3artifacts.policy.record import in_force
 from k3artifacts.releases.channels import current, history
 from tests.fixtures.moves import use_policy
 from tests.fixtures.people import key_file
 from tests.fixtures.releases import ATOMIC_STORES, require_atomic_cas
+from tests.support.cli import Ran, invoke
 from tests.support.waiting import wait_until
 
 #: Who acts unless a test signs as someone else: this account's personal key, named after it.
@@ -54,14 +53,11 @@ def k3a(k3a_env_store, tmp_path):
     """The real `k3a` command in-process (seconds matter); separate processes are used below
     where the point is separate processes. ``as_``: sign as that person (their key), else as
     this account (its personal key, the identity ME)."""
-    runner = CliRunner()
 
-    def run(*args: str, expect: int = 0, as_: str | None = None) -> Result:
+    def run(*args: str, expect: int = 0, as_: str | None = None) -> Ran:
         env = k3a_env_store if as_ is None else dict(
             k3a_env_store, K3A_IDENTITY_KEY=str(key_file(as_, tmp_path)))
-        result = runner.invoke(cli, list(args), env=env, catch_exceptions=False)
-        assert result.exit_code == expect, (result.exit_code, result.stdout, result.stderr)
-        return result
+        return invoke(*args, env=env, expect=expect)
 
     run.env = k3a_env_store  # type: ignore[attr-defined]
     return run

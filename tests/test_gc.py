@@ -10,9 +10,7 @@ import threading
 import time
 
 import pytest
-from click.testing import CliRunner
 
-from k3artifacts.cli import cli
 from k3artifacts.errors import Conflict, GateFailed, NotFound
 from k3artifacts.policy.model import load_gate_policy
 from k3artifacts.promotion.gates.context import human_bytes
@@ -25,6 +23,7 @@ from k3artifacts.stores.s3 import S3Store
 from tests.fixtures.moves import promote, rollback, use_policy
 from tests.fixtures.people import person
 from tests.fixtures.releases import passing_run
+from tests.support.cli import invoke
 from tests.support.releases import Releases
 from tests.support.waiting import until_a_later_second, wait_until
 
@@ -70,12 +69,9 @@ def test_gc_keeps_what_rollback_windows_reach_and_removes_the_rest(
     if isinstance(store, S3Store):
         env = dict(request.getfixturevalue("s3_env"), K3A_STORE=store.url,
                    K3A_POLICIES=str(gc_policies))
-    runner = CliRunner()
 
     def k3a(*args):
-        result = runner.invoke(cli, list(args), env=env, catch_exceptions=False)
-        assert result.exit_code == 0, (result.stdout, result.stderr)
-        return result.stdout
+        return invoke(*args, env=env).stdout
 
     dry = json.loads(k3a("gc", "--keep", "1", "--keep-days", "0", "--json"))
     actions = {v["commit"]: v["action"] for v in dry}
@@ -297,13 +293,11 @@ def test_gc_counts_only_bytes_whose_last_link_it_removed(local_hub, file_store, 
     assert unique < total // 10
 
     env = dict(k3a_env, K3A_STORE=file_store.url, K3A_POLICIES=str(policies))
-    runner = CliRunner()
     args = ["gc", "--keep", "1", "--keep-days", "0"]
-    dry = json.loads(runner.invoke(cli, [*args, "--json"], env=env).stdout)
+    dry = invoke(*args, "--json", env=env).json
     (planned,) = [v for v in dry if v["action"] == "retire"]
     assert (planned["commit"], planned["bytes"], planned["freed"]) == (old, total, unique)
-    applied = runner.invoke(cli, [*args, "--apply"], env=env)
-    assert applied.exit_code == 0, applied.stderr
+    applied = invoke(*args, "--apply", env=env)
     assert "shared with kept revisions stays" in applied.stdout
     assert applied.stdout.splitlines()[-1] == f"freed {human_bytes(unique)}"
     assert not old_dir.exists() and os.stat(new_dir / shard).st_nlink == 1

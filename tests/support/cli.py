@@ -1,5 +1,5 @@
 """Running `k3a` from tests, one way: :func:`invoke` in-process (click's runner: fast, the
-default) or :func:`run` as a separate process (for what needs a real one: signals, the
+default) or :func:`run_process` as a separate process (for what needs a real one: signals, the
 process environment, another interpreter or an installed wheel). Both answer a :class:`Ran`
 and, unless ``expect=None``, assert its exit code, printing the command's stdout and stderr
 when it differs."""
@@ -64,7 +64,7 @@ def invoke(*args: str, env: Mapping[str, str] | None = None, expect: int | None 
     return Ran(tuple(args), result.exit_code, result.stdout, result.stderr).expect(expect)
 
 
-def run(*args: str, env: Mapping[str, str], expect: int | None = 0,
+def run_process(*args: str, env: Mapping[str, str], expect: int | None = 0,
         cmd: Sequence[str] = K3A, timeout: float = 120, input: str | None = None) -> Ran:
     """`k3a ARGS` as a separate process with exactly ``env`` (the ``k3a_env`` fixture makes
     one); ``cmd`` is the argv prefix (the ``k3a_cmd`` fixture, or an installed wheel's)."""
