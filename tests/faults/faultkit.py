@@ -110,14 +110,6 @@ def start_k3a(k3a_cmd: list[str], env: dict[str, str], *args: str, **extra_env: 
     return Running(proc)
 
 
-def run_k3a(k3a_cmd: list[str], env: dict[str, str], *args: str, timeout: float = 120,
-            **extra_env: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [*k3a_cmd, *args], env={**env, **extra_env}, stdin=subprocess.DEVNULL,
-        capture_output=True, text=True, timeout=timeout, check=False,
-    )
-
-
 def stage_args(endpoint: str, store: Store, quarantine: Path, *more: str) -> list[str]:
     return ["stage", REPO, "--endpoint", endpoint, "--store", store.url,
             "--quarantine", str(quarantine), "--retries", "3", "-q", *more]

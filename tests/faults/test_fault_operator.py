@@ -14,8 +14,8 @@ import pytest
 from click.testing import CliRunner
 
 from k3artifacts.cli import cli
-from tests.faults.faultkit import run_k3a
 from tests.staging_helpers import REPO
+from tests.support.cli import run_process
 
 pytestmark = pytest.mark.faults
 
@@ -132,6 +132,7 @@ def test_bad_verify_target(k3a, file_store, target, expect, words):
 
 
 def test_exit_code_and_hint_reach_the_shell(k3a_cmd, k3a_env, tmp_path):
-    proc = run_k3a(k3a_cmd, k3a_env, "stage", REPO, "--store", "file://host/x", "-q")
+    proc = run_process("stage", REPO, "--store", "file://host/x", "-q",
+                       env=k3a_env, cmd=k3a_cmd, expect=None)
     assert_told(proc.returncode, proc.stderr, 9, "file:///path")
     assert proc.stdout == ""

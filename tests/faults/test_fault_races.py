@@ -22,13 +22,13 @@ from k3artifacts.serving.profiles import load_profile, serving_spec
 from k3artifacts.stores.s3 import S3Store
 from k3artifacts.stores.verify import verify_revision
 from tests.faults.faultkit import (
-    run_k3a,
     stage_args,
     start_k3a,
 )
 from tests.fixtures.moves import promote, use_policy
 from tests.fixtures.people import person
 from tests.staging_helpers import REPO, small_release
+from tests.support.cli import run_process
 from tests.support.releases import REPO_ID, Releases
 from tests.support.waiting import wait_until
 
@@ -140,7 +140,7 @@ def test_two_stagings_of_one_revision_sharing_a_quarantine(local_hub, file_store
     first = start_k3a(k3a_cmd, k3a_env, *args,
                       K3A_FAULT_PAUSE="publish:60", K3A_FAULT_RESUME=str(go))
     first.wait_line("paused at publish")
-    second = run_k3a(k3a_cmd, k3a_env, *args)
+    second = run_process(*args, env=k3a_env, cmd=k3a_cmd, expect=None)
     assert second.returncode == 6, second.stderr
     assert "another k3a process is staging this revision" in second.stderr
     go.touch()

@@ -12,12 +12,12 @@ from tests.faults.faultkit import (
     SHARD1,
     SHARD2,
     file_gets,
-    run_k3a,
     stage_args,
     start_k3a,
     verified_paths,
 )
 from tests.staging_helpers import REPO, run_stage, small_release
+from tests.support.cli import run_process
 from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.faults, pytest.mark.s3]
@@ -136,7 +136,7 @@ def test_kill_mid_put_object_then_rerun(local_hub, s3_fault_proxy, s3_url, s3_en
 
     proxy.release()
     hub_mark = len(local_hub.hub.requests)
-    done = run_k3a(k3a_cmd, env, *args)
+    done = run_process(*args, env=env, cmd=k3a_cmd, expect=None)
     assert done.returncode == 0, done.stderr
     assert published_ok(store, commit)
     assert not verified & {g.target for g in file_gets(local_hub.hub, hub_mark)}
@@ -160,7 +160,8 @@ def test_kill_between_parts_then_rerun_aborts_stale_upload(
     assert any(k.endswith(SHARD1) for k in multipart_uploads(s3_client, s3_bucket))
 
     proxy.release()
-    done = run_k3a(k3a_cmd, env, *stage_args(local_hub.endpoint, store, quarantine))
+    done = run_process(*stage_args(local_hub.endpoint, store, quarantine),
+                       env=env, cmd=k3a_cmd, expect=None)
     assert done.returncode == 0, done.stderr
     assert published_ok(store, release)
     assert multipart_uploads(s3_client, s3_bucket) == []
