@@ -18,12 +18,12 @@ def answer_when_requested(store_url: str, run_input: dict, timeout: float = 120.
     (thread, outcome): outcome gets the request id or the error. ``before(request)``, if
     given, runs once the request is there, before the answer."""
     import threading
-    import time
 
     from k3artifacts.policy.approvals import PREFIX, get_request
     from k3artifacts.policy.decide import decide
     from k3artifacts.stores.registry import open_store
     from tests.fixtures.people import person
+    from tests.support.waiting import wait_until
 
     store = open_store(store_url)
     outcome: list[object] = []
@@ -34,23 +34,18 @@ def answer_when_requested(store_url: str, run_input: dict, timeout: float = 120.
                 and k.replace("request.json", "decision.json") not in keys]
 
     def answer() -> None:
-        deadline = time.monotonic() + timeout
         try:
-            while time.monotonic() < deadline:
-                waiting = pending()
-                if waiting:
-                    request = get_request(store, waiting[0])
-                    if before is not None:
-                        before(request)
-                    decide(store, request.id,
-                           by=person(run_input["reviewer"]),
-                           approve=run_input["decision"] == "approve",
-                           reason=run_input.get("reason") or None)
-                    outcome.append(request.id)
-                    return
-                time.sleep(0.2)
-            outcome.append(TimeoutError(f"no approval request in {store_url}"))
-        except Exception as exc:  # noqa: BLE001 - handed to the test
+            waiting = wait_until(pending, f"an approval request in {store_url}", timeout,
+                                 interval=0.2)
+            request = get_request(store, waiting[0])
+            if before is not None:
+                before(request)
+            decide(store, request.id,
+                   by=person(run_input["reviewer"]),
+                   approve=run_input["decision"] == "approve",
+                   reason=run_input.get("reason") or None)
+            outcome.append(request.id)
+        except Exception as exc:  # noqa: BLE001 - handed to the test (a timeout included)
             outcome.append(exc)
 
     thread = threading.Thread(target=answer, daemon=True)

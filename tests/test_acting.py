@@ -17,9 +17,9 @@ from k3artifacts.trust.identities import ROLES, Identities, Identity, KeyEntry, 
 from k3artifacts.trust.keys import personal_key_path, read_public_key
 from k3artifacts.trust.pins import load_pin
 from k3artifacts.trust.root import root_key
-from tests.fixtures.any_store import run_k3a as k3a
 from tests.fixtures.moves import use_policy
 from tests.fixtures.people import ME, key_file, signer_of
+from tests.support.cli import invoke
 from tests.support.releases import Releases
 from tests.support.sts_standin import sts_standin
 
@@ -34,7 +34,7 @@ def judged(any_store, any_env):
 def test_first_use_makes_the_key_the_root_and_names_the_seeder(judged, tmp_path):
     store, env = judged
     Releases(store, tmp_path / "scratch").release()  # the store exists, no policy
-    seeded = k3a(env, "policy", "init")
+    seeded = invoke("policy", "init", env=env)
     key = personal_key_path()
     assert f"made your personal key: {key}" in seeded.stderr
     signer = KeyEntry.of(read_public_key(key.with_name("personal.pub.pem")))
@@ -46,19 +46,19 @@ def test_first_use_makes_the_key_the_root_and_names_the_seeder(judged, tmp_path)
     named = in_force(store).document.identities.identities
     assert list(named) == [ME] and named[ME].roles == list(ROLES)
     assert [k.id for k in named[ME].keys] == [signer.id]
-    shown = json.loads(k3a(env, "key", "show", "--json").stdout)
+    shown = invoke("key", "show", "--json", env=env).json
     assert shown["key_id"] == signer.id
     # Made once: the next command that signs says nothing about it.
-    assert "made your personal key" not in k3a(env, "policy", "init", expect=6).stderr
+    assert "made your personal key" not in invoke("policy", "init", expect=6, env=env).stderr
 
 
 def test_a_store_whose_root_this_client_does_not_pin_is_not_seeded_by_it(judged, k3a_env,
                                                                          tmp_path):
     store, env = judged
     Releases(store, tmp_path / "scratch").release()
-    k3a(env, "trust", "init")  # the first client makes its key the store's root, no policy yet
+    invoke("trust", "init", env=env)  # the first client makes its key the store's root, no policy yet
     other = dict(env, XDG_CONFIG_HOME=str(tmp_path / "other-client"))
-    refused = k3a(other, "policy", "init", expect=9)
+    refused = invoke("policy", "init", expect=9, env=other)
     assert "has a root of trust, which this client does not pin" in refused.stderr
     assert "k3a trust init --fingerprint" in refused.stderr
     assert in_force(store).version == 0
@@ -72,7 +72,7 @@ def test_a_key_the_policy_names_for_nobody_is_refused_with_the_next_step(judged,
     stranger = dict(env, K3A_IDENTITY_KEY=str(key_file("not-in-the-policy", tmp_path)))
     for args in (["promote", release.id, "staging"], ["review", "license", release.id],
                  ["policy", "propose", str(policies)]):
-        refused = k3a(stranger, *args, "--json", expect=9)
+        refused = invoke(*args, "--json", expect=9, env=stranger)
         document = json.loads(refused.stdout)
         assert document["exit_code"] == 9, args
         assert "is no identity of the store's policy" in document["error"], args
@@ -91,7 +91,7 @@ def test_an_identity_without_the_role_is_refused(judged, policies, tmp_path):
     use_policy(store, policies)
     release = Releases(store, tmp_path / "scratch").release()
     as_rita = dict(env, K3A_IDENTITY_KEY=str(key_file("rita", tmp_path)))
-    refused = k3a(as_rita, "promote", release.id, "staging", expect=9)
+    refused = invoke("promote", release.id, "staging", expect=9, env=as_rita)
     assert "moving staging is signed with the role promote; rita holds review" in refused.stderr
     assert "identities.yaml" in refused.stderr
 
@@ -101,7 +101,7 @@ def test_a_typed_name_is_refused(judged, policies, tmp_path):
     use_policy(store, policies)
     release = Releases(store, tmp_path / "scratch").release()
     for args in (["review", "license", release.id], ["promote", release.id, "staging"]):
-        refused = k3a(env, *args, "--by", "alice", expect=9)
+        refused = invoke(*args, "--by", "alice", expect=9, env=env)
         assert "--by 'alice': who acts is the identity whose key signs" in refused.stderr
         assert "k3a key show" in refused.stderr and "K3A_IDENTITY_KEY" in refused.stderr
 
@@ -121,9 +121,9 @@ def test_an_sts_answering_another_identity_changes_nothing(judged, policies, tmp
         assert asked.get_caller_identity()["Arn"] == mallory
         before = len(sts.asked())
         pointed = dict(env, AWS_ENDPOINT_URL_STS=sts.url, K3A_STS_ENDPOINT_URL=sts.url)
-        review = json.loads(k3a(pointed, "review", "license", release.id, "--json").stdout)
-        k3a(pointed, "review", "code", release.id)
-        moved = json.loads(k3a(pointed, "promote", release.id, "staging", "--json").stdout)
+        review = invoke("review", "license", release.id, "--json", env=pointed).json
+        invoke("review", "code", release.id, env=pointed)
+        moved = invoke("promote", release.id, "staging", "--json", env=pointed).json
         assert len(sts.asked()) == before
     assert (review["review"]["reviewed_by"], review["review"]["reviewer_source"]) == (ME, "key")
     assert (moved["entry"]["who"], moved["entry"]["who_source"]) == (ME, "key")
@@ -137,7 +137,7 @@ def test_a_kms_key_where_no_kms_answers_is_named_as_such(seaweed_store, seaweed,
     env = dict(k3a_env, **seaweed.env, K3A_STORE=seaweed_store.url,
                K3A_IDENTITY_KEY="kms:alias/k3a", K3A_KMS_ENDPOINT_URL=seaweed.endpoint)
     env.pop("AWS_SESSION_TOKEN", None)
-    refused = k3a(env, "key", "show", expect=9)
+    refused = invoke("key", "show", expect=9, env=env)
     assert "no AWS KMS answers there" in refused.stderr and "has no KMS" in refused.stderr
     assert "throttling" not in refused.stderr and "permission" not in refused.stderr
 

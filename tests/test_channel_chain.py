@@ -22,9 +22,9 @@ from k3artifacts.trust.chain import Link
 from k3artifacts.trust.envelope import sign_record
 from tests.fixtures import people
 from tests.fixtures.any_store import overwrite, remove
-from tests.fixtures.any_store import run_k3a as k3a
 from tests.fixtures.moves import promote, use_policy
 from tests.fixtures.releases import REVIEWER
+from tests.support.cli import invoke
 from tests.support.releases import Releases
 
 CHANNEL = "staging"
@@ -62,7 +62,7 @@ def refused_by_every_reader(any_env, served, tmp_path, reason: str, where: str) 
                  ["promote", third.id, CHANNEL],
                  ["rollback", CHANNEL],
                  ["rollback", CHANNEL, "--to", first.id]):
-        refused = k3a(any_env, *args, expect=4)
+        refused = invoke(*args, expect=4, env=any_env)
         assert f"{where}: refused ({reason})" in refused.stderr, (args, refused.stderr)
         assert "Traceback" not in refused.stderr
     assert not (cache / "models").exists()
@@ -105,7 +105,7 @@ def test_an_edited_entry_is_refused_and_rollback_does_not_follow_it(any_store, a
     record["body"]["entry"]["tuple_id"] = stranger.id
     overwrite(any_store, history_key(CHANNEL, 2), canonical_json(record))
     refused_by_every_reader(any_env, served, tmp_path, "edit", history_key(CHANNEL, 2))
-    k3a(any_env, "rollback", CHANNEL, "--to", stranger.id, expect=4)
+    invoke("rollback", CHANNEL, "--to", stranger.id, expect=4, env=any_env)
 
 
 def test_a_deleted_entry_is_refused_and_named(any_store, any_env, served, tmp_path):
@@ -126,10 +126,10 @@ def test_a_forked_entry_is_refused(any_store, any_env, served, tmp_path):
 
 def test_rollback_targets_come_from_the_verified_chain(any_store, any_env, served, releases):
     first, second, third = served
-    back = json.loads(k3a(any_env, "rollback", CHANNEL, "--json").stdout)
+    back = invoke("rollback", CHANNEL, "--json", env=any_env).json
     assert (back["tuple_id"], back["entry"]["seq"]) == (second.id, 4)
     stranger = releases.release()  # one that never served staging
-    never = k3a(any_env, "rollback", CHANNEL, "--to", stranger.id, expect=7)
+    never = invoke("rollback", CHANNEL, "--to", stranger.id, expect=7, env=any_env)
     assert "has never been on channel staging" in never.stderr
     entries = history(any_store, CHANNEL)
     assert [e.tuple_id for e in entries] == [first.id, second.id, third.id, second.id]

@@ -9,17 +9,16 @@ import pwd
 import re
 import subprocess
 import sys
-import time
 
 import pytest
-from click.testing import CliRunner, Result
 
-from k3artifacts.cli import cli
 from k3artifacts.policy.record import in_force
 from k3artifacts.releases.channels import current, history
 from tests.fixtures.moves import use_policy
 from tests.fixtures.people import key_file
 from tests.fixtures.releases import ATOMIC_STORES, require_atomic_cas
+from tests.support.cli import Ran, invoke
+from tests.support.waiting import wait_until
 
 #: Who acts unless a test signs as someone else: this account's personal key, named after it.
 ME = pwd.getpwuid(os.getuid()).pw_name
@@ -54,14 +53,11 @@ def k3a(k3a_env_store, tmp_path):
     """The real `k3a` command in-process (seconds matter); separate processes are used below
     where the point is separate processes. ``as_``: sign as that person (their key), else as
     this account (its personal key, the identity ME)."""
-    runner = CliRunner()
 
-    def run(*args: str, expect: int = 0, as_: str | None = None) -> Result:
+    def run(*args: str, expect: int = 0, as_: str | None = None) -> Ran:
         env = k3a_env_store if as_ is None else dict(
             k3a_env_store, K3A_IDENTITY_KEY=str(key_file(as_, tmp_path)))
-        result = runner.invoke(cli, list(args), env=env, catch_exceptions=False)
-        assert result.exit_code == expect, (result.exit_code, result.stdout, result.stderr)
-        return result
+        return invoke(*args, env=env, expect=expect)
 
     run.env = k3a_env_store  # type: ignore[attr-defined]
     return run
@@ -196,15 +192,19 @@ def test_exit_codes_reach_the_shell(k3a_cmd, k3a_env_store, releases):
         assert proc.stderr.startswith("error: ") and "next: " in proc.stderr
 
 
-# Imports k3a (the slow part of a start), then waits for the go file: the racers' moves start
-# within milliseconds of each other instead of a second apart.
+# Imports k3a (the slow part of a start), says so by creating its ready file, then waits for
+# the go file: the racers' moves start within milliseconds of each other instead of a second
+# apart. The spin on the go file is the wait itself (the test removes the racer if it never
+# comes).
 RACER = """
 import os, sys, time
+from pathlib import Path
 from k3artifacts.cli import cli
 from k3artifacts.policy.record import in_force
+Path(sys.argv[2]).touch()
 while not os.path.exists(sys.argv[1]):
     time.sleep(0.001)
-cli(args=sys.argv[2:], prog_name="k3a")
+cli(args=sys.argv[3:], prog_name="k3a")
 """
 
 
@@ -218,18 +218,22 @@ def test_racing_promotions_in_separate_processes(k3a, releases, store, reviewed,
         reviewed(r)
     k3a("promote", candidates[0].id, "staging")
     go = tmp_path / "go"
+    ready = [tmp_path / f"ready-{i}" for i in range(len(candidates) - 1)]
     racers = [
         subprocess.Popen(
-            [sys.executable, "-c", RACER, str(go), "promote", r.id, "staging"],
+            [sys.executable, "-c", RACER, str(go), str(flag), "promote", r.id, "staging"],
             env=k3a.env,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
         )
-        for r in candidates[1:]
+        for r, flag in zip(candidates[1:], ready, strict=True)
     ]
-    time.sleep(0.5)
-    go.touch()
+    try:
+        wait_until(lambda: all(f.exists() for f in ready), "every racer to have imported k3a",
+                   timeout=60)
+    finally:
+        go.touch()
     outcomes = [(p.wait(120), *p.communicate()) for p in racers]
     codes = [code for code, _, _ in outcomes]
     assert set(codes) <= {0, 6} and 0 in codes, outcomes

@@ -10,9 +10,7 @@ import threading
 import time
 
 import pytest
-from click.testing import CliRunner
 
-from k3artifacts.cli import cli
 from k3artifacts.errors import Conflict, GateFailed, NotFound
 from k3artifacts.policy.model import load_gate_policy
 from k3artifacts.promotion.gates.context import human_bytes
@@ -25,7 +23,9 @@ from k3artifacts.stores.s3 import S3Store
 from tests.fixtures.moves import promote, rollback, use_policy
 from tests.fixtures.people import person
 from tests.fixtures.releases import passing_run
+from tests.support.cli import invoke
 from tests.support.releases import Releases
+from tests.support.waiting import until_a_later_second, wait_until
 
 
 @pytest.fixture
@@ -55,7 +55,7 @@ def test_gc_keeps_what_rollback_windows_reach_and_removes_the_rest(
     request, store, releases, reviewed, gc_policies, k3a_env
 ):
     a, b, c, d, e = (releases.release() for _ in range(5))
-    time.sleep(1.1)  # S3's LastModified has whole seconds: f is the newest
+    until_a_later_second(store)  # f is the newest
     f = releases.release()
     for r in (a, b, c, d, e, f):
         reviewed(r)
@@ -69,12 +69,9 @@ def test_gc_keeps_what_rollback_windows_reach_and_removes_the_rest(
     if isinstance(store, S3Store):
         env = dict(request.getfixturevalue("s3_env"), K3A_STORE=store.url,
                    K3A_POLICIES=str(gc_policies))
-    runner = CliRunner()
 
     def k3a(*args):
-        result = runner.invoke(cli, list(args), env=env, catch_exceptions=False)
-        assert result.exit_code == 0, (result.stdout, result.stderr)
-        return result.stdout
+        return invoke(*args, env=env).stdout
 
     dry = json.loads(k3a("gc", "--keep", "1", "--keep-days", "0", "--json"))
     actions = {v["commit"]: v["action"] for v in dry}
@@ -133,7 +130,7 @@ def _run(fn):
 def _setup_race(store, tmp_path, reviewed, policies):
     releases = Releases(store, tmp_path / "scratch")
     old, doomed = releases.release(), releases.release()
-    time.sleep(1.1)  # S3 LastModified has whole seconds
+    until_a_later_second(store)
     releases.release()  # the newest, which keep=1 keeps
     for r in (old, doomed):
         reviewed(r)
@@ -148,7 +145,7 @@ def _setup_race(store, tmp_path, reviewed, policies):
 
 @pytest.mark.parametrize("backend", ["file", "seaweed"])
 def test_a_promotion_during_gc_is_refused_or_keeps_the_revision(
-    request, backend, tmp_path, policies, monkeypatch
+    request, backend, tmp_path, policies, monkeypatch, capsys
 ):
     store = (FileStore(tmp_path / "store") if backend == "file"
              else request.getfixturevalue("seaweed_store"))
@@ -166,11 +163,14 @@ def test_a_promotion_during_gc_is_refused_or_keeps_the_revision(
     # 1. gc has tombstoned the revision and found it unreachable; a promotion arrives.
     resume = _paused(monkeypatch, tmp_path, "gc-checked")
     thread, box = _run(lambda: retire(store, verdict, policy, who="gc"))
-    deadline = time.monotonic() + 20
-    while store.read(tombstone_key(gate.repo_id, gate.commit)) is None:
-        assert time.monotonic() < deadline
-        time.sleep(0.02)
-    time.sleep(0.2)  # gc is now between its checks and the delete
+    said = []
+
+    def gc_paused():  # it says so on stderr once past its checks, before the delete
+        said.append(capsys.readouterr().err)
+        return "paused at gc-checked" in "".join(said)
+
+    wait_until(gc_paused, "gc to pause between its checks and the delete", timeout=20)
+    assert store.read(tombstone_key(gate.repo_id, gate.commit)) is not None
     with pytest.raises(RevisionRetiring) as refused:
         promote(store, doomed.id, "staging", actor="ci", policies_dir=policies)
     assert refused.value.exit_code == 6 and "being retired by gc" in str(refused.value)
@@ -184,7 +184,7 @@ def test_a_promotion_during_gc_is_refused_or_keeps_the_revision(
     releases = Releases(store, tmp_path / "scratch2")
     releases.count = 100
     late = releases.release()
-    time.sleep(1.1)
+    until_a_later_second(store)
     releases.release()
     reviewed(late)
     (verdict,) = [v for v in plan(store, policy, keep=1, keep_days=0)
@@ -193,10 +193,8 @@ def test_a_promotion_during_gc_is_refused_or_keeps_the_revision(
     resume = _paused(monkeypatch, tmp_path, "move-pinned")
     thread, box = _run(lambda: promote(store, late.id, "staging", actor="ci",
                                        policies_dir=policies))
-    deadline = time.monotonic() + 20
-    while not store.list_keys(f"releases/retirement/pins/{late.binding.weights.repo_id}/"):
-        assert time.monotonic() < deadline
-        time.sleep(0.02)
+    pins = f"releases/retirement/pins/{late.binding.weights.repo_id}/"
+    wait_until(lambda: store.list_keys(pins), "the promotion to pin the revision", timeout=20)
     kept = retire(store, verdict, policy, who="gc")
     assert kept.action == "kept" and "being moved onto by ci" in kept.reason
     resume.touch()
@@ -281,7 +279,7 @@ def test_gc_counts_only_bytes_whose_last_link_it_removed(local_hub, file_store, 
     files = small_release(tmp_path)
     old = local_hub.hub.add_commit(REPO, files)
     run_stage(local_hub.endpoint, file_store, tmp_path / "q")
-    time.sleep(1.1)  # published_at has whole seconds: the second revision is the newest
+    until_a_later_second(file_store)  # the second revision is the newest
     new = local_hub.hub.add_commit(REPO, {**files, "config.json": b'{"v": 2}'})
     run_stage(local_hub.endpoint, file_store, tmp_path / "q")
     old_dir = file_store.local_path(f"models/{REPO}/{old}")
@@ -295,13 +293,11 @@ def test_gc_counts_only_bytes_whose_last_link_it_removed(local_hub, file_store, 
     assert unique < total // 10
 
     env = dict(k3a_env, K3A_STORE=file_store.url, K3A_POLICIES=str(policies))
-    runner = CliRunner()
     args = ["gc", "--keep", "1", "--keep-days", "0"]
-    dry = json.loads(runner.invoke(cli, [*args, "--json"], env=env).stdout)
+    dry = invoke(*args, "--json", env=env).json
     (planned,) = [v for v in dry if v["action"] == "retire"]
     assert (planned["commit"], planned["bytes"], planned["freed"]) == (old, total, unique)
-    applied = runner.invoke(cli, [*args, "--apply"], env=env)
-    assert applied.exit_code == 0, applied.stderr
+    applied = invoke(*args, "--apply", env=env)
     assert "shared with kept revisions stays" in applied.stdout
     assert applied.stdout.splitlines()[-1] == f"freed {human_bytes(unique)}"
     assert not old_dir.exists() and os.stat(new_dir / shard).st_nlink == 1

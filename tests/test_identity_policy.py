@@ -14,9 +14,7 @@ import re
 import subprocess
 
 import pytest
-from click.testing import CliRunner
 
-from k3artifacts.cli import cli
 from k3artifacts.errors import GateFailed
 from k3artifacts.policy.document import PolicyDocument
 from k3artifacts.policy.record import changes, in_force
@@ -29,16 +27,11 @@ from tests.fixtures.identities import k3a_as, pin_as
 from tests.fixtures.moves import promote, use_policy
 from tests.fixtures.people import person
 from tests.fixtures.releases import REVIEWER, passing_run, staged_for
+from tests.support.cli import invoke
 from tests.support.releases import Releases
 
 ME = pwd.getpwuid(os.getuid()).pw_name
 CODE = {"modeling_kimi.py": b"def forward(x):\n    return x\n"}
-
-
-def k3a(env, *args, expect=0):
-    result = CliRunner().invoke(cli, list(args), env=env, catch_exceptions=False)
-    assert result.exit_code == expect, (result.exit_code, result.stdout, result.stderr)
-    return result
 
 
 def loose_dir(policies, tmp_path):
@@ -103,18 +96,18 @@ def test_a_loose_policies_directory_cannot_move_production(judged_store, policie
     staged_for(store, release, policies, hours=48)
     loose = loose_dir(policies, tmp_path)
 
-    flag = k3a(env, "promote", release.id, "production", "--policies", str(loose), expect=9)
+    flag = invoke("promote", release.id, "production", "--policies", str(loose), expect=9, env=env)
     assert "judged by the store's policy" in flag.stderr and "k3a policy propose" in flag.stderr
     # The old way of pointing at a policy directory is not read at all.
-    k3a(dict(env, K3A_POLICIES=str(loose)), "promote", release.id, "production", expect=5)
-    k3a(env, "gates", release.id, "production", "--policies", str(loose), expect=9)
+    invoke("promote", release.id, "production", expect=5, env=dict(env, K3A_POLICIES=str(loose)))
+    invoke("gates", release.id, "production", "--policies", str(loose), expect=9, env=env)
 
     # Proposing it is allowed; applying it alone is not: it removes production's gates.
-    proposed = json.loads(k3a(env, "policy", "propose", str(loose), "--json").stdout)
+    proposed = invoke("policy", "propose", str(loose), "--json", env=env).json
     assert any("removes gate(s)" in n and "production" in n for n in proposed["needs"])
-    alone = k3a(env, "policy", "apply", proposed["id"], expect=5)
+    alone = invoke("policy", "apply", proposed["id"], expect=5, env=env)
     assert "k3a approve" in alone.stderr
-    own = k3a(env, "approve", proposed["id"], expect=5)
+    own = invoke("approve", proposed["id"], expect=5, env=env)
     assert "cannot approve it" in own.stderr
     assert in_force(store).digest == in_store.digest
     with pytest.raises(Exception, match="never been promoted"):
@@ -128,14 +121,14 @@ def test_a_policy_change_is_recorded_with_identity_and_digest(
     env = dict(k3a_env, K3A_STORE=store.url)
     # The team's policy names both accounts' keys (each account's own: tests/fixtures/people).
     (policies / "identities.yaml").write_text(identities_yaml(people.identities()))
-    seeded = json.loads(k3a(env, "policy", "init", "--from", str(policies), "--json").stdout)
+    seeded = invoke("policy", "init", "--from", str(policies), "--json", env=env).json
     assert seeded == {"version": 1, "digest": PolicyDocument.from_dir(policies).digest}
-    k3a(env, "policy", "init", expect=6)  # seeded once; after that, changes are proposed
+    invoke("policy", "init", expect=6, env=env)  # seeded once; after that, changes are proposed
     # The second account pins the root this one made on first use; it joins the root.
     pin_as(second_user, store, k3a_env)
     second_pem = tmp_path / "second.pub.pem"
     second_pem.write_text(KeyEntry.for_signer(people.signer_of(second_user)).pem)
-    k3a(env, "trust", "rotate", "--add", f"{second_user}={second_pem}")
+    invoke("trust", "rotate", "--add", f"{second_user}={second_pem}", env=env)
 
     # Tightening: the proposer applies it alone.
     stricter = tmp_path / "stricter"
@@ -144,17 +137,17 @@ def test_a_policy_change_is_recorded_with_identity_and_digest(
     gates.write_text(gates.read_text().replace(
         "    gates: [artifact, license, remote_code]\n",
         "    gates: [artifact, license, remote_code, signature]\n", 1))
-    tighter = json.loads(k3a(env, "policy", "propose", str(stricter), "--json").stdout)
+    tighter = invoke("policy", "propose", str(stricter), "--json", env=env).json
     assert tighter["needs"] == [] and tighter["requested_by"] == {
         "name": ME, "source": "key", "account": None, "key_id": key_id(people.me_signer())}
-    k3a(env, "policy", "apply", tighter["id"])
+    invoke("policy", "apply", tighter["id"], env=env)
 
     # Loosening: the proposer alone is refused; the second root identity approves, under its
     # own uid, with the real command, which signs the change too.
     loose = loose_dir(stricter, tmp_path)
-    request = json.loads(k3a(env, "policy", "propose", str(loose), "--why", "drill",
-                             "--json").stdout)
-    alone = k3a(env, "policy", "apply", request["id"], expect=5)
+    request = json.loads(invoke("policy", "propose", str(loose), "--why", "drill",
+                                "--json", env=env).stdout)
+    alone = invoke("policy", "apply", request["id"], expect=5, env=env)
     assert "needs 2 root identities of root v2" in alone.stderr and f"signed by {ME}" in (
         alone.stderr) and f"k3a approve {request['id']}" in alone.stderr
     shown = k3a_as(second_user, store, "approve", request["id"], "--show", env=k3a_env)
@@ -163,7 +156,7 @@ def test_a_policy_change_is_recorded_with_identity_and_digest(
                       env=k3a_env)
     assert f"signed by root identities: {', '.join(sorted([ME, second_user]))}" in (
         approved.stdout)
-    applied = json.loads(k3a(env, "policy", "apply", request["id"], "--json").stdout)
+    applied = invoke("policy", "apply", request["id"], "--json", env=env).json
     assert applied == {"version": 3, "digest": PolicyDocument.from_dir(loose).digest}
 
     recorded = changes(store)
@@ -176,24 +169,22 @@ def test_a_policy_change_is_recorded_with_identity_and_digest(
     assert third.previous_digest == recorded[1].change.digest
     assert third.request_id == request["id"]
     assert any("production" in n for n in third.loosens) and third.why == "drill"
-    listed = k3a(env, "policy", "history").stdout
+    listed = invoke("policy", "history", env=env).stdout
     assert f"signed by {', '.join(sorted([ME, second_user]))}" in listed and "v3" in listed
 
     # Moves name the version that judged them.
     release = Releases(store, tmp_path / "scratch").release()
-    k3a(env, "review", "license", release.id)
-    k3a(env, "review", "code", release.id)
-    gated = k3a(env, "gates", release.id, "staging").stdout
+    invoke("review", "license", release.id, env=env)
+    invoke("review", "code", release.id, env=env)
+    gated = invoke("gates", release.id, "staging", env=env).stdout
     assert re.search(r"signature\s+pass", gated)  # the gate v2 added is still there
     assert f"policy: version 3 ({applied['digest'][:12]})" in gated
-    moved = json.loads(k3a(env, "promote", release.id, "staging", "--json").stdout)["entry"]
+    moved = invoke("promote", release.id, "staging", "--json", env=env).json["entry"]
     assert (moved["policy_version"], moved["policy_digest"]) == (3, applied["digest"])
     assert (moved["who"], moved["who_source"]) == (ME, "key")
-    rendered = CliRunner().invoke(cli, ["render", "staging", "--target", "eks", "--json"],
-                                  env=env, catch_exceptions=False)
+    rendered = invoke("render", "staging", "--target", "eks", "--json", env=env)
     assert f"judged by policy v3 {applied['digest'][:12]}" in rendered.stderr, rendered.stderr
-    assert rendered.exit_code == 0, rendered.stderr
-    assert json.loads(rendered.stdout)["channel"]["policy_digest"] == applied["digest"]
+    assert rendered.json["channel"]["policy_digest"] == applied["digest"]
 
 
 def test_the_override_hint_offers_only_gates_that_have_one(file_store, policies, tmp_path):
@@ -231,15 +222,15 @@ def test_k3a_rollback_needs_the_approval_the_store_policy_asks_for(
         promote(store, r.id, "staging", actor="ci", policies_dir=policies)
     env = dict(k3a_env, K3A_STORE=store.url)
 
-    refused = k3a(env, "rollback", "staging", expect=5)
+    refused = invoke("rollback", "staging", expect=5, env=env)
     assert "requires an approval" in refused.stderr and "--request-approval" in refused.stderr
-    request = json.loads(k3a(env, "rollback", "staging", "--request-approval", "--why", "p99",
-                             "--json").stdout)
+    request = json.loads(invoke("rollback", "staging", "--request-approval", "--why", "p99",
+                                "--json", env=env).stdout)
     assert (request["channel"], request["tuple_id"]) == ("staging", first.id)
-    k3a(env, "rollback", "staging", "--approval", request["id"], expect=5)  # not answered yet
+    invoke("rollback", "staging", "--approval", request["id"], expect=5, env=env)  # not answered yet
     pin_as(second_user, store, k3a_env)
     k3a_as(second_user, store, "approve", request["id"], env=k3a_env)
-    back = k3a(env, "rollback", "staging", "--to", first.id, "--approval", request["id"])
+    back = invoke("rollback", "staging", "--to", first.id, "--approval", request["id"], env=env)
     assert f"approved by {second_user}" in back.stdout
     entry = history(store, "staging")[-1]
     assert (entry.action, entry.tuple_id, entry.who) == ("rollback", first.id, ME)

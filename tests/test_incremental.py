@@ -22,9 +22,10 @@ from k3artifacts.staging.engine import StageOptions, plan_stage, stage
 from k3artifacts.staging.events import StageObserver
 from k3artifacts.staging.hub import HubSource
 from k3artifacts.stores.verify import verify_revision
-from tests.faults.faultkit import run_k3a, stage_args, start_k3a, verified_paths
+from tests.faults.faultkit import stage_args, start_k3a, verified_paths
 from tests.flow_helpers import resolve_gets
 from tests.staging_helpers import FAST_RETRY, REPO, run_stage, small_release
+from tests.support.cli import run_process
 
 SHARD1 = "model-00001-of-00002.safetensors"
 SHARD2 = "model-00002-of-00002.safetensors"
@@ -146,7 +147,7 @@ def test_plan_cli_prints_per_file_and_totals(local_hub, file_store, tmp_path, k3
     files, c1 = first_revision(local_hub, file_store, tmp_path)
     local_hub.hub.add_commit(REPO, {**files, "config.json": b'{"v": 2}'})
     args = stage_args(local_hub.endpoint, file_store, tmp_path / "q", "--plan")
-    done = run_k3a(k3a_cmd, k3a_env, *args, "--json")
+    done = run_process(*args, "--json", env=k3a_env, cmd=k3a_cmd, expect=None)
     assert done.returncode == 0, done.stderr
     plan = json.loads(done.stdout)
     config = len(b'{"v": 2}')
@@ -154,7 +155,7 @@ def test_plan_cli_prints_per_file_and_totals(local_hub, file_store, tmp_path, k3
     assert plan["totals"]["reuse"]["files"] == len(files) - 1
     assert {f["path"]: f["source_commit"] for f in plan["files"]} == {
         p: (None if p == "config.json" else c1) for p in files}
-    human = run_k3a(k3a_cmd, k3a_env, *args)
+    human = run_process(*args, env=k3a_env, cmd=k3a_cmd, expect=None)
     assert human.returncode == 0, human.stderr
     assert f"from {c1}:{SHARD1}" in human.stdout
     assert f"download:       1 file(s) {config:>18,} bytes" in human.stdout
@@ -383,7 +384,8 @@ def test_kill9_during_incremental_run_then_rerun_completes(local_hub, file_store
     missing = [] if "config.json" in verified_paths(quarantine, c2) else ["config.json"]
 
     mark = len(local_hub.hub.requests)
-    done = run_k3a(k3a_cmd, k3a_env, *stage_args(local_hub.endpoint, file_store, quarantine))
+    done = run_process(*stage_args(local_hub.endpoint, file_store, quarantine),
+                       env=k3a_env, cmd=k3a_cmd, expect=None)
     assert done.returncode == 0, done.stderr
     assert resolve_gets(local_hub.hub, mark) == missing
     assert f"{2 * len(missing)} pulled from the Hub" in done.stdout
@@ -407,7 +409,7 @@ def test_s3_kill9_during_incremental_run_then_rerun_completes(local_hub, s3_stor
     missing = [] if "config.json" in verified_paths(quarantine, c2) else ["config.json"]
 
     mark = len(local_hub.hub.requests)
-    done = run_k3a(runner, s3_env)
+    done = run_process(env=s3_env, cmd=runner, expect=None)
     assert done.returncode == 0, done.stderr
     assert resolve_gets(local_hub.hub, mark) == missing
     assert sources(s3_store, c2) == {p: (None if p == "config.json" else c1) for p in files}
@@ -467,8 +469,9 @@ def test_same_commit_fresh_and_by_reuse_has_one_digest(local_hub, file_store, tm
     assert sources(file_store, c2) == {p: (None if p == "config.json" else c1) for p in files}
 
     for store in (file_store, fresh):
-        checked = run_k3a(k3a_cmd, k3a_env, "verify", f"{REPO}@{c2}", "--store", store.url,
-                           "--expect-digest", downloaded.digest(), "--json")
+        checked = run_process("verify", f"{REPO}@{c2}", "--store", store.url,
+                              "--expect-digest", downloaded.digest(), "--json",
+                              env=k3a_env, cmd=k3a_cmd, expect=None)
         assert checked.returncode == 0, checked.stdout + checked.stderr
         assert json.loads(checked.stdout)["manifest_digest"] == downloaded.digest()
 
@@ -496,12 +499,14 @@ def test_manifest_with_provenance_inside_still_verifies(local_hub, file_store, t
     assert old.answers_to(cited) and old.answers_to(old.digest())
     assert {f.reused_from for f in old.files if f.path != "config.json"} == {c1}
     for digest in (cited, old.digest()):
-        checked = run_k3a(k3a_cmd, k3a_env, "verify", f"{REPO}@{c2}", "--store", file_store.url,
-                           "--expect-digest", digest, "--full", "--json")
+        checked = run_process("verify", f"{REPO}@{c2}", "--store", file_store.url,
+                              "--expect-digest", digest, "--full", "--json",
+                              env=k3a_env, cmd=k3a_cmd, expect=None)
         assert checked.returncode == 0, checked.stdout + checked.stderr
         assert json.loads(checked.stdout)["manifest_digest"] == old.digest()
-    other = run_k3a(k3a_cmd, k3a_env, "verify", f"{REPO}@{c2}", "--store", file_store.url,
-                     "--expect-digest", "0" * 64, "--json")
+    other = run_process("verify", f"{REPO}@{c2}", "--store", file_store.url,
+                        "--expect-digest", "0" * 64, "--json",
+                        env=k3a_env, cmd=k3a_cmd, expect=None)
     assert other.returncode != 0
 
 

@@ -25,6 +25,7 @@ from k3artifacts.preflight import checks
 from k3artifacts.preflight.kube import KubeAPI, list_nodes
 from k3artifacts.serving.profiles import load_profile
 from tests.faults.faultkit import send_slowly, serving
+from tests.support.waiting import wait_until
 
 EXEC_API = "client.authentication.k8s.io/v1beta1"
 NODE = {"metadata": {"name": "gpu-a",
@@ -161,10 +162,8 @@ def test_a_plugin_that_never_answers_is_killed_with_its_children_at_the_deadline
     assert f"{script} eks get-token" in err.value.hint
     assert "K3A_KUBE_EXEC_TIMEOUT" in err.value.hint
     plugin, child = (int(p) for p in pids.read_text().split())
-    deadline = time.monotonic() + 10
-    while any(_alive(p) for p in (plugin, child)) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert not _alive(plugin) and not _alive(child)
+    wait_until(lambda: not _alive(plugin) and not _alive(child),
+               "the plugin and its child to be gone", timeout=10)
 
 
 def _alive(pid: int) -> bool:

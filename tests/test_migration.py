@@ -29,8 +29,8 @@ from k3artifacts.releases.channels import pointer_key as channel_key
 from k3artifacts.trust.pins import load_pin
 from k3artifacts.trust.root import root_key
 from tests.fixtures.any_store import overwrite
-from tests.fixtures.any_store import run_k3a as k3a
 from tests.fixtures.people import ME
+from tests.support.cli import invoke
 from tests.support.releases import Releases
 
 OLD = Actor(name="alice", source="os-user")
@@ -77,13 +77,13 @@ def old_store(any_store, policies, tmp_path, *, read_before_migration=True):
 
 def test_an_old_store_is_read_as_found_and_never_moved_on(any_store, any_env, policies, tmp_path):
     _, (a, b, c) = old_store(any_store, policies, tmp_path)
-    assert "policy version 2" in k3a(any_env, "policy", "show").stdout
-    assert len(json.loads(k3a(any_env, "history", "staging", "--json").stdout)) == 2
+    assert "policy version 2" in invoke("policy", "show", env=any_env).stdout
+    assert len(invoke("history", "staging", "--json", env=any_env).json) == 2
     assert [e.tuple_id for e in history(any_store, "production")] == [c.id]
-    k3a(any_env, "render", "staging", "--target", "eks")
+    invoke("render", "staging", "--target", "eks", env=any_env)
     for args in (["rollback", "staging"], ["promote", a.id, "staging"],
                  ["policy", "propose", str(policies)]):
-        refused = k3a(any_env, *args, expect=9)
+        refused = invoke(*args, expect=9, env=any_env)
         assert "predates signed records" in refused.stderr, args
         assert "k3a trust migrate" in refused.stderr
     assert any_store.read(root_key(1)) is None and load_pin(any_store.url) is None
@@ -91,14 +91,14 @@ def test_an_old_store_is_read_as_found_and_never_moved_on(any_store, any_env, po
 
 def test_an_old_store_whose_policy_says_so_is_not_read(any_store, any_env, policies, tmp_path):
     old_store(any_store, policies, tmp_path, read_before_migration=False)
-    refused = k3a(any_env, "policy", "show", expect=4)
+    refused = invoke("policy", "show", expect=4, env=any_env)
     assert "refused (unsigned)" in refused.stderr and "k3a trust migrate" in refused.stderr
 
 
 def test_migrate_vouches_for_the_histories_and_signs_the_next_version(any_store, any_env, policies,
                                                                       tmp_path):
     releases, (a, b, c) = old_store(any_store, policies, tmp_path)
-    dry = json.loads(k3a(any_env, "trust", "migrate", "--dry-run", "--json").stdout)
+    dry = invoke("trust", "migrate", "--dry-run", "--json", env=any_env).json
     assert dry["first_use"] and set(dry["families"]) == {m.family for m in MIGRATORS}
     assert dry["families"]["policy"][0] == ("vouch for policy versions 1 to 2 (unsigned) with "
                                             "a checkpoint")
@@ -107,7 +107,7 @@ def test_migrate_vouches_for_the_histories_and_signs_the_next_version(any_store,
         "vouch for channel staging's entries 1 to 2 (unsigned) with a checkpoint"]
     assert any_store.read(root_key(1)) is None  # a dry run writes nothing
 
-    migrated = k3a(any_env, "trust", "migrate")
+    migrated = invoke("trust", "migrate", env=any_env)
     assert "did make your key" in migrated.stdout
     policy = in_force(any_store)
     assert (policy.version, policy.chain.head.entry.action) == (3, "migrate")
@@ -118,16 +118,16 @@ def test_migrate_vouches_for_the_histories_and_signs_the_next_version(any_store,
     assert [e.tuple_id for e in history(any_store, "production")] == [c.id]
 
     # Moves go on from the vouched entries, signed; a vouched entry is a rollback target.
-    back = json.loads(k3a(any_env, "rollback", "staging", "--json").stdout)
+    back = invoke("rollback", "staging", "--json", env=any_env).json
     assert (back["tuple_id"], back["entry"]["seq"], back["entry"]["who"]) == (a.id, 3, ME)
     assert [e.seq for e in history(any_store, "staging")] == [1, 2, 3]
-    assert "nothing to migrate" in k3a(any_env, "trust", "migrate").stdout
+    assert "nothing to migrate" in invoke("trust", "migrate", env=any_env).stdout
 
     # A vouched entry edited after the fact is refused as a signed one would be.
     record = json.loads(any_store.read(history_key("staging", 1)).data)
     record["why"] = "rewritten"
     overwrite(any_store, history_key("staging", 1), canonical_json(record))
-    refused = k3a(any_env, "history", "staging", expect=4)
+    refused = invoke("history", "staging", expect=4, env=any_env)
     assert "refused (edit)" in refused.stderr and "checkpoint vouches for" in refused.stderr
 
 
@@ -138,7 +138,7 @@ def test_a_history_that_does_not_hold_together_is_not_vouched_for(any_store, any
     entry = HistoryEntry.model_validate_json(any_store.read(history_key("staging", 1)).data)
     any_store.replace(channel_key("staging"), canonical_json(ChannelPointer.for_entry(entry)),
                   any_store.read(channel_key("staging")).token)
-    refused = k3a(any_env, "trust", "migrate", expect=4)
+    refused = invoke("trust", "migrate", expect=4, env=any_env)
     assert "set back by hand" in refused.stderr
     assert any_store.read(root_key(1)) is None  # refused before anything was written
 
@@ -158,13 +158,13 @@ def test_migrate_re_signs_evidence_written_before_signing(any_store, any_env, po
     any_store.create(key, canonical_json(Review(
         kind="license", sha256=sha, path="LICENSE", reviewed_by="rita", reviewer_source="os-user",
         reviewed_at=T0, tuple_id=a.id, repo_id=w.repo_id, commit=w.commit)))
-    dry = json.loads(k3a(any_env, "trust", "migrate", "--dry-run", "--json").stdout)
+    dry = invoke("trust", "migrate", "--dry-run", "--json", env=any_env).json
     assert dry["families"]["evidence"] == ["re-sign 1 unsigned review record(s)"]
 
-    k3a(any_env, "trust", "migrate")
+    invoke("trust", "migrate", env=any_env)
     review = read_signed(any_store, key, REVIEWS)
     assert (review.sha256, review.tuple_id) == (sha, a.id)
-    assert "nothing to migrate" in k3a(any_env, "trust", "migrate").stdout
+    assert "nothing to migrate" in invoke("trust", "migrate", env=any_env).stdout
 
     record = json.loads(any_store.read(key).data)
     record["body"] = {**record["body"], "note": "edited"}

@@ -11,30 +11,21 @@ import time
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
 
-from k3artifacts.cli import cli
 from k3artifacts.nodecache import locks
 from k3artifacts.nodecache.layout import CacheLayout, Revision
 from k3artifacts.stores.file import FileStore
+from tests.support.cli import invoke
 from tests.support.releases import Releases
+from tests.support.waiting import wait_until
 
 MiB = 1 << 20
 BIG = os.urandom(5 * MiB + 12345)  # five whole 1 MiB parts and a short one
 
 
-def k3a(*args: str) -> tuple[int, str, str]:
-    result = CliRunner().invoke(cli, list(args))
-    if result.exception and not isinstance(result.exception, SystemExit):
-        raise result.exception
-    return result.exit_code, result.stdout, result.stderr
-
-
 def pull_json(store_url: str, target: str, root: Path, *extra: str) -> dict:
-    code, out, err = k3a("pull", target, "--store", store_url, "--to", str(root),
-                         "--part-size", "1MiB", "--concurrency", "4", "--json", *extra)
-    assert code == 0, err
-    return json.loads(out)
+    return invoke("pull", target, "--store", store_url, "--to", str(root),
+                  "--part-size", "1MiB", "--concurrency", "4", "--json", *extra).json
 
 
 def check_copy(root: Path, store, release) -> Path:
@@ -46,8 +37,7 @@ def check_copy(root: Path, store, release) -> Path:
         with store.open_read(f"models/{w.repo_id}/{w.commit}/{record.path}") as fh:
             assert local.read_bytes() == fh.read(), record.path
     assert not list(final.parent.glob(".*")), "a partial directory was left behind"
-    code, out, err = k3a("verify", str(final), "--expect-digest", w.manifest_digest, "--json")
-    assert code == 0, out + err
+    invoke("verify", str(final), "--expect-digest", w.manifest_digest, "--json")
     return final
 
 
@@ -92,10 +82,9 @@ def test_bytes_changed_behind_the_manifest_are_refused_and_named(file_releases, 
         fh.seek(3 * MiB + 7)
         fh.write(bytes([byte ^ 0xFF]))
     root = tmp_path / "cache"
-    code, out, err = k3a("pull", release.id, "--store", file_releases.store.url, "--to",
-                         str(root), "--part-size", "1MiB")
-    assert code == 4, err
-    assert "big.bin" in err and "xxh3-128" in err and "next:" in err
+    ran = invoke("pull", release.id, "--store", file_releases.store.url, "--to",
+                 str(root), "--part-size", "1MiB", expect=4)
+    assert "big.bin" in ran.stderr and "xxh3-128" in ran.stderr and "next:" in ran.stderr
     layout = CacheLayout(root)
     rev = Revision(w.repo_id, w.commit)
     assert not layout.final_dir(rev).exists()
@@ -116,18 +105,18 @@ def test_an_overwritten_s3_object_fails_both_checks(seaweed, tmp_path, monkeypat
     w = release.binding.weights
     seaweed.client().put_object(Bucket=bucket, Key=f"k3a/models/{w.repo_id}/{w.commit}/big.bin",
                                 Body=BIG[:-1] + b"!")
-    code, out, err = k3a("pull", release.id, "--store", store.url, "--to",
-                         str(tmp_path / "cache"), "--part-size", "1MiB")
-    assert code == 4 and "big.bin" in err and "CRC64NVME" in err, err
+    ran = invoke("pull", release.id, "--store", store.url, "--to",
+                 str(tmp_path / "cache"), "--part-size", "1MiB", expect=4)
+    assert "big.bin" in ran.stderr and "CRC64NVME" in ran.stderr, ran.stderr
     assert not CacheLayout(tmp_path / "cache").final_dir(Revision(w.repo_id, w.commit)).exists()
 
 
 def test_the_manifest_must_have_the_digest_the_tuple_binds(file_releases, tmp_path):
     manifest = file_releases.publish()
     release = file_releases.tuple_for(manifest, manifest_digest="0" * 64)
-    code, out, err = k3a("pull", release.id, "--store", file_releases.store.url, "--to",
-                         str(tmp_path / "cache"))
-    assert code == 4 and "binds " + "0" * 64 in err
+    err = invoke("pull", release.id, "--store", file_releases.store.url, "--to",
+                 str(tmp_path / "cache"), expect=4).stderr
+    assert "binds " + "0" * 64 in err
 
 
 def test_a_revision_sharing_files_hard_links_them_and_fetches_the_rest(file_releases, tmp_path):
@@ -152,13 +141,6 @@ def manifest_size(store, release, path: str) -> int:
     return store.read_manifest(w.repo_id, w.commit).file(path).size
 
 
-def _wait_for(predicate, what: str, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
-
-
 def paused_pull(k3a_cmd: list[str], env: dict[str, str], store_url: str, target: str,
                 root: Path, err_path: Path) -> subprocess.Popen:
     """`k3a pull` of ``target`` (1 MiB parts, one at a time), started and paused at the
@@ -169,8 +151,8 @@ def paused_pull(k3a_cmd: list[str], env: dict[str, str], store_url: str, target:
              "--part-size", "1MiB", "--concurrency", "1", "-q"],
             env=env, stderr=err, stdout=subprocess.DEVNULL)
     try:
-        _wait_for(lambda: b"paused at pull-part" in err_path.read_bytes()
-                  or proc.poll() is not None, "the pause")
+        wait_until(lambda: b"paused at pull-part" in err_path.read_bytes()
+                   or proc.poll() is not None, "the pause", timeout=60)
         assert proc.poll() is None, err_path.read_text()
     except BaseException:
         if proc.poll() is None:
@@ -191,8 +173,9 @@ def test_kill_9_mid_pull_then_rerun_fetches_only_what_was_missing(
         # The flusher records parts 0-2 within a second of their arrival.
         sidecar = CacheLayout(root).partial_dir(Revision(
             release.binding.weights.repo_id, release.binding.weights.commit)) / ".big.bin.part.json"
-        _wait_for(lambda: sidecar.exists() and len(json.loads(sidecar.read_bytes())["done"]) == 3,
-                  "the parts record")
+        wait_until(lambda: sidecar.exists()
+                   and len(json.loads(sidecar.read_bytes())["done"]) == 3,
+                   "the parts record", timeout=60)
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait(10)
     finally:
@@ -225,12 +208,12 @@ def test_two_pulls_of_one_tuple_at_once_leave_one_complete_copy(
         first = subprocess.Popen(argv, env=slow, stdout=subprocess.PIPE, stderr=err)
     second = None
     try:
-        _wait_for(lambda: b"paused" in err_path.read_bytes() or first.poll() is not None,
-                  "the first pull")
+        wait_until(lambda: b"paused" in err_path.read_bytes() or first.poll() is not None,
+                   "the first pull", timeout=60)
         with open(err2_path, "wb") as err2:
             second = subprocess.Popen(argv, env=k3a_env, stdout=subprocess.PIPE, stderr=err2)
-        _wait_for(lambda: b"waiting for another pull" in err2_path.read_bytes()
-                  or second.poll() is not None, "the second pull to wait")
+        wait_until(lambda: b"waiting for another pull" in err2_path.read_bytes()
+                   or second.poll() is not None, "the second pull to wait", timeout=60)
         resume.touch()
         out1, _ = first.communicate(timeout=120)
         out2, _ = second.communicate(timeout=120)
@@ -258,28 +241,28 @@ def test_keep_1_never_evicts_a_leased_revision(file_releases, tmp_path, k3a_cmd,
         [*k3a_cmd, "cache", "lease", str(rev), "--root", str(root), "--", "sleep", "60"],
         env=k3a_env)
     try:
-        _wait_for(lambda: locks.is_leased(layout, rev), "the lease")
+        wait_until(lambda: locks.is_leased(layout, rev), "the lease", timeout=60)
         out = pull_json(file_releases.store.url, new.id, root, "--keep", "1")
         assert out["evicted"] == []
         assert layout.marker(rev) is not None
-        code, _, err = k3a("cache", "rm", str(rev), "--root", str(root))
-        assert code == 6 and "leased" in err
-        code, listing, _ = k3a("cache", "ls", "--root", str(root), "--json")
+        err = invoke("cache", "rm", str(rev), "--root", str(root), expect=6).stderr
+        assert "leased" in err
+        listing = invoke("cache", "ls", "--root", str(root), "--json").stdout
         assert [(c["revision"], c["leased"]) for c in json.loads(listing)] == [
             (str(Revision(new.binding.weights.repo_id, new.binding.weights.commit)), False),
             (str(rev), True)]
         # Sizes in a unit that shows them: a small revision is not "0.00 GiB".
-        code, listing, _ = k3a("cache", "ls", "--root", str(root))
-        assert code == 0 and "0.00" not in listing
+        listing = invoke("cache", "ls", "--root", str(root)).stdout
+        assert "0.00" not in listing
         assert re.search(r"\s\d+(\.\d)? (B|KiB|MiB)\s+\d+ files", listing), listing
     finally:
         server.kill()
         server.wait(10)
-    code, out, _ = k3a("cache", "gc", "--keep", "1", "--root", str(root), "--json")
-    assert code == 0 and json.loads(out)["evicted"] == [str(rev)]
+    out = invoke("cache", "gc", "--keep", "1", "--root", str(root), "--json").stdout
+    assert json.loads(out)["evicted"] == [str(rev)]
     assert not layout.final_dir(rev).exists()
-    code, _, err = k3a("cache", "lease", str(rev), "--root", str(root), "--", "true")
-    assert code == 7 and "not in the cache" in err
+    err = invoke("cache", "lease", str(rev), "--root", str(root), "--", "true", expect=7).stderr
+    assert "not in the cache" in err
 
 
 def test_a_partial_file_later_found_in_another_revision_is_linked_and_its_part_dropped(
@@ -312,8 +295,7 @@ def test_gc_evicts_least_recently_used_first(file_releases, tmp_path):
         used = time.time() - age
         os.utime(layout.used_file(rev), (used, used))
         revs.append(rev)
-    code, out, _ = k3a("cache", "gc", "--keep", "1", "--root", str(root), "--json")
-    assert code == 0
+    out = invoke("cache", "gc", "--keep", "1", "--root", str(root), "--json").stdout
     result = json.loads(out)
     assert result["kept"] == [str(revs[1])]
     assert result["evicted"] == [str(revs[0]), str(revs[2])]  # oldest first

@@ -12,11 +12,13 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from test_nodecache import BIG, MiB, _wait_for, check_copy, k3a, pull_json
+from test_nodecache import BIG, MiB, check_copy, pull_json
 
 from k3artifacts.nodecache.layout import CacheLayout, Revision
 from k3artifacts.stores.file import FileStore
+from tests.support.cli import invoke
 from tests.support.releases import Releases
+from tests.support.waiting import wait_until
 
 FORGED = bytes(len(BIG))  # same size as the real file: only its bytes tell
 
@@ -105,9 +107,9 @@ def test_a_re_pull_of_an_unchanged_revision_re_hashes_every_byte(file_releases, 
     out = pull_json(file_releases.store.url, release.id, root)
     assert out["already_present"] and out["bytes_fetched"] == 0
     assert out["bytes_rehashed"] == out["bytes"] and out["files_kept"] == out["files"]
-    code, text, _ = k3a("pull", release.id, "--store", file_releases.store.url, "--to",
-                        str(root))
-    assert code == 0 and "already here" in text and "re-hashed" in text
+    text = invoke("pull", release.id, "--store", file_releases.store.url, "--to",
+                  str(root)).stdout
+    assert "already here" in text and "re-hashed" in text
 
 
 # --- a cached file edited in place with its mtime restored --------------------------------
@@ -116,11 +118,10 @@ def test_re_pull_an_edited_file_with_its_mtime_restored_is_fetched_again(
         file_releases, tmp_path):
     release, root, final = complete_copy(file_releases, tmp_path)
     edit_in_place(final / "big.bin")
-    code, text, err = k3a("pull", release.id, "--store", file_releases.store.url, "--to",
-                          str(root))
-    assert code == 0, err
-    assert "already here" not in text and "pulled " in text
-    assert "big.bin: xxh3-128 differs from the manifest" in err
+    ran = invoke("pull", release.id, "--store", file_releases.store.url, "--to",
+                 str(root))
+    assert "already here" not in ran.stdout and "pulled " in ran.stdout
+    assert "big.bin: xxh3-128 differs from the manifest" in ran.stderr
     final = check_copy(root, file_releases.store, release)
     assert (final / "big.bin").read_bytes() == BIG
 
@@ -179,11 +180,10 @@ def test_first_pull_a_planted_partial_with_a_forged_file_and_its_log_line_is_not
     release = file_releases.release(extra={"big.bin": BIG})
     root = tmp_path / "cache"
     partial = plant_partial(file_releases.store, release, root)
-    code, out, err = k3a("pull", release.id, "--store", file_releases.store.url, "--to",
-                         str(root), "--json")
-    assert code == 0, err
-    assert f"{partial / 'big.bin'}: xxh3-128 differs from the manifest; fetching it again" in err
-    served_as_the_store_has_it(file_releases.store, release, root, json.loads(out))
+    ran = invoke("pull", release.id, "--store", file_releases.store.url, "--to",
+                 str(root), "--json")
+    assert f"{partial / 'big.bin'}: xxh3-128 differs from the manifest; fetching it again" in ran.stderr
+    served_as_the_store_has_it(file_releases.store, release, root, json.loads(ran.stdout))
     final = CacheLayout(root).final_dir(rev_of(release))
     assert sorted(p.name for p in (final / ".k3a").iterdir()) == ["manifest.json",
                                                                    "verified.json"]
@@ -213,13 +213,12 @@ def test_first_pull_a_decoy_revision_holding_a_forged_file_is_not_linked_in(
     release = file_releases.release(extra={"big.bin": BIG})
     root = tmp_path / "cache"
     decoy = plant_decoy(file_releases.store, release, root)
-    code, out, err = k3a("pull", release.id, "--store", file_releases.store.url, "--to",
-                         str(root), "--json")
-    assert code == 0, err
-    result = json.loads(out)
+    ran = invoke("pull", release.id, "--store", file_releases.store.url, "--to",
+                 str(root), "--json")
+    result = json.loads(ran.stdout)
     assert result["files_linked"] == 0 and result["bytes_reused"] == 0
-    assert "big.bin in cached revision evil/decoy@" in err and "not reused" in err
-    assert "reused 1 file" not in err
+    assert "big.bin in cached revision evil/decoy@" in ran.stderr and "not reused" in ran.stderr
+    assert "reused 1 file" not in ran.stderr
     served_as_the_store_has_it(file_releases.store, release, root, result)
     final = CacheLayout(root).final_dir(rev_of(release))
     assert (final / "big.bin").stat().st_ino != (decoy / "big.bin").stat().st_ino
@@ -248,11 +247,10 @@ def test_forged_parts_with_a_record_claiming_them_fetch_the_whole_file_again(
     (partial / ".big.bin.part.json").write_text(json.dumps(
         {"size": record.size, "xxh3_128": record.xxh3_128, "part_size": MiB,
          "done": list(range(parts))}))
-    code, out, err = k3a("pull", release.id, "--store", file_releases.store.url, "--to",
-                         str(root), "--part-size", "1MiB", "--json")
-    assert code == 0, err
-    assert "big.bin: the parts an earlier run left on disk do not verify" in err
-    result = json.loads(out)
+    ran = invoke("pull", release.id, "--store", file_releases.store.url, "--to",
+                 str(root), "--part-size", "1MiB", "--json")
+    assert "big.bin: the parts an earlier run left on disk do not verify" in ran.stderr
+    result = json.loads(ran.stdout)
     assert result["bytes_fetched"] >= len(BIG)
     served_as_the_store_has_it(file_releases.store, release, root, result)
 
@@ -284,10 +282,9 @@ def test_a_forged_copy_under_a_running_server_is_exit_4_and_left_for_the_operato
         [*k3a_cmd, "cache", "lease", str(rev), "--root", str(root), "--", "sleep", "60"],
         env=k3a_env)
     try:
-        _wait_for(lambda: locks.is_leased(layout, rev), "the lease")
-        code, _, err = k3a("pull", release.id, "--store", file_releases.store.url, "--to",
-                           str(root))
-        assert code == 4, err
+        wait_until(lambda: locks.is_leased(layout, rev), "the lease", timeout=60)
+        err = invoke("pull", release.id, "--store", file_releases.store.url, "--to",
+                     str(root), expect=4).stderr
         assert "big.bin: xxh3-128 differs from the manifest" in err
         assert "next: a server leases it: stop the server" in err
         assert (final / "big.bin").read_bytes() == forged  # not pulled from under it

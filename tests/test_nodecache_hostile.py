@@ -14,11 +14,13 @@ import uuid
 from pathlib import Path
 
 import pytest
-from test_nodecache import BIG, MiB, _wait_for, check_copy, k3a, paused_pull, pull_json
+from test_nodecache import BIG, MiB, check_copy, paused_pull, pull_json
 
 from k3artifacts.nodecache.layout import CacheLayout, Revision
 from k3artifacts.stores.file import FileStore
+from tests.support.cli import Ran, invoke
 from tests.support.releases import Releases
+from tests.support.waiting import wait_until
 
 SECRET = b"bytes a pull must never touch\n"
 
@@ -48,9 +50,9 @@ def rev_of(release) -> Revision:
     return Revision(release.binding.weights.repo_id, release.binding.weights.commit)
 
 
-def pull(store, release, root: Path, *extra: str) -> tuple[int, str, str]:
-    return k3a("pull", release.id, "--store", store.url, "--to", str(root),
-               "--part-size", "1MiB", "--concurrency", "2", *extra)
+def pull(store, release, root: Path, *extra: str, expect: int = 0) -> Ran:
+    return invoke("pull", release.id, "--store", store.url, "--to", str(root),
+                  "--part-size", "1MiB", "--concurrency", "2", *extra, expect=expect)
 
 
 def test_a_link_at_the_partial_directory_is_refused_and_nothing_lands_outside(
@@ -60,9 +62,8 @@ def test_a_link_at_the_partial_directory_is_refused_and_nothing_lands_outside(
     partial = layout.partial_dir(rev_of(release))
     partial.parent.mkdir(parents=True)
     partial.symlink_to(outside)
-    code, out, err = pull(file_releases.store, release, layout.root)
-    assert code == 9, err
-    assert f"{partial} is a symbolic link" in err and "next:" in err
+    ran = pull(file_releases.store, release, layout.root, expect=9)
+    assert f"{partial} is a symbolic link" in ran.stderr and "next:" in ran.stderr
     untouched(outside)
     assert partial.is_symlink() and not os.path.lexists(layout.final_dir(rev_of(release)))
 
@@ -74,9 +75,8 @@ def test_a_link_at_a_part_file_is_refused_and_its_target_keeps_bytes_and_mode(
     partial = layout.partial_dir(rev_of(release))
     partial.mkdir(parents=True)
     (partial / ".big.bin.part").symlink_to(outside / "secret")
-    code, out, err = pull(file_releases.store, release, layout.root)
-    assert code == 9, err
-    assert f"{partial / '.big.bin.part'} is a symbolic link" in err
+    ran = pull(file_releases.store, release, layout.root, expect=9)
+    assert f"{partial / '.big.bin.part'} is a symbolic link" in ran.stderr
     untouched(outside)
     assert not os.path.lexists(layout.final_dir(rev_of(release)))
 
@@ -90,12 +90,11 @@ def test_a_link_at_the_final_directory_or_above_is_refused(
     at = final if planted == "final" else final.parent.parent
     at.parent.mkdir(parents=True)
     at.symlink_to(outside)
-    code, out, err = pull(file_releases.store, release, layout.root)
-    assert code == 9, err
-    assert f"{at} is a symbolic link" in err
+    ran = pull(file_releases.store, release, layout.root, expect=9)
+    assert f"{at} is a symbolic link" in ran.stderr
     untouched(outside)
-    code, out, err = k3a("cache", "ls", "--root", str(layout.root))
-    assert code == 9 and f"{at} is a symbolic link" in err
+    err = invoke("cache", "ls", "--root", str(layout.root), expect=9).stderr
+    assert f"{at} is a symbolic link" in err
 
 
 def test_a_link_planted_inside_a_finished_revision_is_refused_on_re_pull(
@@ -107,9 +106,8 @@ def test_a_link_planted_inside_a_finished_revision_is_refused_on_re_pull(
     final.chmod(0o755)
     (final / "big.bin").unlink()
     (final / "big.bin").symlink_to(outside / "secret")
-    code, out, err = pull(file_releases.store, release, root)
-    assert code == 9, err
-    assert f"{final / 'big.bin'} is a symbolic link" in err
+    ran = pull(file_releases.store, release, root, expect=9)
+    assert f"{final / 'big.bin'} is a symbolic link" in ran.stderr
     untouched(outside)
 
 
@@ -129,8 +127,7 @@ def test_a_finished_revision_is_read_only_whatever_the_umask(file_releases, tmp_
         == 0o444
     assert set(modes.values()) == {0o555, 0o444}
     # Read-only is no obstacle to eviction.
-    code, _, err = k3a("cache", "rm", str(rev_of(release)), "--root", str(root))
-    assert code == 0, err
+    invoke("cache", "rm", str(rev_of(release)), "--root", str(root))
     assert not final.exists()
 
 
@@ -154,10 +151,9 @@ def small_fs(where: Path, size: str):
 def test_too_little_space_is_refused_before_the_first_byte(file_releases, tmp_path):
     release = file_releases.release(extra={"big.bin": BIG})
     with small_fs(tmp_path / "small", "4m") as root:
-        code, out, err = pull(file_releases.store, release, root)
-        assert code == 8, err
-        assert "need " in err and ", have " in err and "on tmpfs mounted at " in err
-        assert "nothing was fetched" in err and "k3a cache gc" in err
+        ran = pull(file_releases.store, release, root, expect=8)
+        assert "need " in ran.stderr and ", have " in ran.stderr and "on tmpfs mounted at " in ran.stderr
+        assert "nothing was fetched" in ran.stderr and "k3a cache gc" in ran.stderr
         assert not list(root.rglob("*.part"))
 
 
@@ -175,8 +171,8 @@ def test_a_disk_that_fills_during_the_pull_is_exit_8_and_the_partial_is_listed_a
                  str(root), "--part-size", "1MiB", "-q"],
                 env=env, stderr=errf, stdout=subprocess.DEVNULL)
         try:
-            _wait_for(lambda: b"paused at pull-planned" in err_path.read_bytes()
-                      or proc.poll() is not None, "the space check")
+            wait_until(lambda: b"paused at pull-planned" in err_path.read_bytes()
+                       or proc.poll() is not None, "the space check", timeout=60)
             # Someone else fills the disk between our check and our writes.
             filler = root / f"filler-{uuid.uuid4().hex}"
             with open(filler, "wb") as fh, contextlib.suppress(OSError):
@@ -193,9 +189,8 @@ def test_a_disk_that_fills_during_the_pull_is_exit_8_and_the_partial_is_listed_a
         assert "the node cache's disk is full (tmpfs mounted at" in err, err
         assert ".part: No space left on device (preallocating" in err
         assert "k3a cache list" in err and "Traceback" not in err
-        code, out, _ = k3a("cache", "ls", "--root", str(root), "--json")
-        listed = json.loads(out)
-        assert code == 0 and [(c["revision"], c["partial"]) for c in listed] == [
+        listed = invoke("cache", "ls", "--root", str(root), "--json").json
+        assert [(c["revision"], c["partial"]) for c in listed] == [
             (str(rev), True)]
         filler.unlink()
         out = pull_json(file_releases.store.url, release.id, root)  # resumes
@@ -210,11 +205,11 @@ def test_gc_frees_an_unfinished_pull(file_releases, tmp_path):
     partial = CacheLayout(root).partial_dir(rev)
     partial.mkdir(parents=True)
     (partial / ".big.bin.part").write_bytes(BIG[:MiB])
-    code, out, _ = k3a("cache", "ls", "--root", str(root), "--json")
+    out = invoke("cache", "ls", "--root", str(root), "--json").stdout
     [entry] = json.loads(out)
     assert entry["partial"] and entry["revision"] == str(rev) and entry["bytes"] >= MiB
-    code, out, _ = k3a("cache", "gc", "--keep", "1", "--root", str(root), "--json")
-    assert code == 0 and json.loads(out)["partials"] == [str(rev)]
+    out = invoke("cache", "gc", "--keep", "1", "--root", str(root), "--json").stdout
+    assert json.loads(out)["partials"] == [str(rev)]
     assert not partial.exists()
 
 
@@ -250,8 +245,7 @@ def test_a_planted_tree_too_deep_to_walk_is_refused_not_a_recursion_error(
     partial = layout.partial_dir(rev_of(release))
     deep = partial.joinpath(*["d"] * 100)
     deep.mkdir(parents=True)
-    code, _, err = pull(file_releases.store, release, layout.root)
-    assert code == 9, err
+    err = pull(file_releases.store, release, layout.root, expect=9).stderr
     assert "nests deeper than 64 directories" in err and "Traceback" not in err
 
 

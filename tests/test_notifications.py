@@ -29,6 +29,7 @@ from tests.flow_helpers import run_answered
 from tests.staging_helpers import REPO, small_release
 from tests.support.hubfaults import Fault
 from tests.support.ports import free_ports
+from tests.support.waiting import wait_until
 
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
 MARKER = "<!-- k3a:automation"
@@ -163,16 +164,10 @@ def store(tmp_path) -> FileStore:
     return FileStore(tmp_path / "store")
 
 
-def wait_for(what: str, found: Callable[[], Any], timeout: float = DELIVERY_S) -> Any:
-    """Poll ``found`` until it returns something truthy (delivery is asynchronous: the
-    client's events worker, the server's persister, then its triggers and actions)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = found()
-        if value:
-            return value
-        time.sleep(0.25)
-    pytest.fail(f"timed out after {timeout:g} s waiting for {what}")
+def delivered(found: Callable[[], Any], what: str) -> Any:
+    """Delivery is asynchronous (the client's events worker, the server's persister, then its
+    triggers and actions): wait for ``found``, as long as a loaded machine may need."""
+    return wait_until(found, what, timeout=DELIVERY_S, interval=0.25)
 
 
 def read_events(since: datetime, names: list[str]) -> list[Any]:
@@ -196,7 +191,7 @@ def events_by_name(since: datetime, expected: dict[str, Callable[[Any], bool]]
                 got[event.event] = event
         return got if len(got) == len(expected) else None
 
-    return wait_for(f"events {sorted(expected)} on the Prefect API", found)
+    return delivered(found, f"events {sorted(expected)} on the Prefect API")
 
 
 def related(event, role: str) -> list[str]:
@@ -265,7 +260,7 @@ def test_channel_flows_emit_their_events_and_the_readme_automation_posts_them(
                     "prefect.resource.id": f"k3a.test.{marker}", "prefect.resource.name": marker})
             return False
 
-        wait_for("the guide's automation to post a marker event", marker_posted)
+        delivered(marker_posted, "the guide's automation to post a marker event")
 
         since = datetime.now(UTC) - timedelta(seconds=1)
         # approval_timeout: a run these tests expect to refuse fails soon if it asks instead.
@@ -319,8 +314,9 @@ def test_channel_flows_emit_their_events_and_the_readme_automation_posts_them(
         names = {
             events.PROMOTION_BLOCKED: "staging", events.READINESS_FAILED: first.id,
             events.PROMOTED: "staging", events.ROLLED_BACK: "staging"}
-        wait_for("the webhook to receive every channel event", lambda: all(
-            f"{name}: {resource}" in receiver.subjects() for name, resource in names.items()))
+        delivered(lambda: all(f"{name}: {resource}" in receiver.subjects()
+                              for name, resource in names.items()),
+                  "the webhook to receive every channel event")
     finally:
         with get_client(sync_client=True) as client:
             client.delete_automation(automation_id)

@@ -17,11 +17,10 @@ import time
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
 
-from k3artifacts.cli import cli
 from k3artifacts.releases.tuples import tuple_key
 from tests.staging_helpers import REPO, small_release
+from tests.support.cli import invoke
 from tests.support.hubfaults import Fault
 
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
@@ -29,11 +28,6 @@ COMMIT = "0123456789abcdef0123456789abcdef01234567"
 
 def run(cmd, env, *args, timeout=120):
     return subprocess.run([*cmd, *args], env=env, capture_output=True, text=True, timeout=timeout)
-
-
-def invoke(env, *args):
-    result = CliRunner().invoke(cli, list(args), env=env, catch_exceptions=False)
-    return result.exit_code, result.stderr, result.stdout
 
 
 def next_line(stderr: str) -> str:
@@ -132,8 +126,8 @@ def test_unreachable_s3_fails_fast_naming_the_variable(k3a_env, tmp_path):
            "AWS_REGION": "us-east-1"}
     env.pop("AWS_MAX_ATTEMPTS", None)
     started = time.monotonic()
-    code, stderr, _ = invoke(env, "revision", "list", REPO, "--store", "s3://k3a-bucket/k3a")
-    assert code == 8, stderr
+    stderr = invoke("revision", "list", REPO, "--store", "s3://k3a-bucket/k3a", env=env,
+                    expect=8).stderr
     assert time.monotonic() - started < 5
     assert "k3a-no-such-host.invalid:9000" in stderr
     assert "K3A_S3_ENDPOINT_URL" in next_line(stderr)
@@ -157,26 +151,23 @@ def test_unreachable_s3_fails_fast_naming_the_variable(k3a_env, tmp_path):
 )
 def test_a_missing_store_is_an_error_for_read_commands(k3a_env, tmp_path, args):
     missing = tmp_path / "no" / "such-store"
-    code, stderr, stdout = invoke(k3a_env, *args, "--store", f"file://{missing}")
-    assert code == 7, stderr
-    assert f"no store at file://{missing}" in stderr
-    assert "K3A_STORE" in next_line(stderr)
-    assert stdout == "" and not missing.exists()
+    refused = invoke(*args, "--store", f"file://{missing}", env=k3a_env, expect=7)
+    assert f"no store at file://{missing}" in refused.stderr
+    assert "K3A_STORE" in next_line(refused.stderr)
+    assert refused.stdout == "" and not missing.exists()
 
 
 @pytest.mark.s3
 def test_a_missing_bucket_is_an_error(s3_env):
-    code, stderr, _ = invoke(s3_env, "channel", "list", "--store", "s3://k3a-no-such-bucket/k3a")
-    assert code == 7, stderr
+    stderr = invoke("channel", "list", "--store", "s3://k3a-no-such-bucket/k3a", env=s3_env,
+                    expect=7).stderr
     assert "no store at s3://k3a-no-such-bucket/k3a" in stderr
 
 
 def test_an_empty_existing_store_is_fine(k3a_env, tmp_path):
     (tmp_path / "store").mkdir()
-    code, stderr, stdout = invoke(k3a_env, "channel", "list", "--store",
-                                  f"file://{tmp_path / 'store'}")
-    assert code == 0, stderr
-    assert "no channels yet" in stdout
+    listed = invoke("channel", "list", "--store", f"file://{tmp_path / 'store'}", env=k3a_env)
+    assert "no channels yet" in listed.stdout
 
 
 # ---- each error with its own advice -----------------------------------------------------------
@@ -203,8 +194,7 @@ def test_a_tampered_tuple_has_its_own_advice(k3a_env, tampered, command):
     store, release = tampered
     args = [*command[:1], release.id, *command[1:]] if command[0] == "render" else [
         *command, release.id]
-    code, stderr, _ = invoke(k3a_env, *args, "--store", store.url)
-    assert code == 4, stderr
+    stderr = invoke(*args, "--store", store.url, env=k3a_env, expect=4).stderr
     assert "1 record(s) refused" in stderr and "tuple-tampered" in stderr
     advice = next_line(stderr)
     assert "changed outside k3a" in advice and "restore" in advice
@@ -215,24 +205,23 @@ def test_rollback_of_a_channel_the_policy_refuses_does_not_suggest_promoting(
     k3a_env, tampered
 ):
     store, _ = tampered  # no policy recorded yet: the packaged defaults name the channels
-    code, stderr, _ = invoke(k3a_env, "rollback", "canary", "--store", store.url)
-    assert code == 7, stderr
+    stderr = invoke("rollback", "canary", "--store", store.url, env=k3a_env, expect=7).stderr
     advice = next_line(stderr)
     assert "not a channel of the gate policy" in advice and "production, staging" in advice
     assert "k3a promote" not in advice
     # A channel the policy allows but nobody promoted to yet: promoting is the way.
-    code, stderr, _ = invoke(k3a_env, "rollback", "staging", "--store", store.url)
-    assert code == 7 and "k3a promote <tuple-id> staging" in next_line(stderr)
-    code, stderr, _ = invoke(k3a_env, "channel", "history", "canary", "--store", store.url)
-    assert code == 7 and "not a channel of the gate policy" in next_line(stderr)
+    stderr = invoke("rollback", "staging", "--store", store.url, env=k3a_env, expect=7).stderr
+    assert "k3a promote <tuple-id> staging" in next_line(stderr)
+    stderr = invoke("channel", "history", "canary", "--store", store.url, env=k3a_env,
+                    expect=7).stderr
+    assert "not a channel of the gate policy" in next_line(stderr)
 
 
 @pytest.mark.parametrize("digest", ["deadbeef", "sha256:" + "a" * 64, "A" * 64])
 def test_a_malformed_expected_digest_is_a_usage_error(k3a_env, tmp_path, digest):
     (tmp_path / "store").mkdir()
-    code, stderr, _ = invoke(k3a_env, "verify", f"{REPO}@{COMMIT}", "--expect-digest", digest,
-                             "--store", f"file://{tmp_path / 'store'}")
-    assert code == 2, stderr
+    stderr = invoke("verify", f"{REPO}@{COMMIT}", "--expect-digest", digest,
+                    "--store", f"file://{tmp_path / 'store'}", env=k3a_env, expect=2).stderr
     assert "is not a manifest digest" in stderr and "64 hex" in next_line(stderr)
     assert "re-stage" not in stderr
 
@@ -240,9 +229,8 @@ def test_a_malformed_expected_digest_is_a_usage_error(k3a_env, tmp_path, digest)
 @pytest.mark.parametrize("bad_id", ["k3t-xyz", "K3T-" + "a" * 24])
 def test_a_malformed_tuple_id_is_a_usage_error(k3a_env, tmp_path, bad_id):
     (tmp_path / "store").mkdir()
-    code, stderr, _ = invoke(k3a_env, "tuple", "show", bad_id, "--store",
-                             f"file://{tmp_path / 'store'}")
-    assert code == 2, stderr
+    stderr = invoke("tuple", "show", bad_id, "--store",
+                    f"file://{tmp_path / 'store'}", env=k3a_env, expect=2).stderr
     assert "k3t-<24 hex>" in next_line(stderr)
 
 
@@ -267,9 +255,8 @@ def test_a_bad_evaluation_report_is_explained_in_plain_words(
     release = Releases(store, tmp_path / "scratch").release()
     path = tmp_path / "report.json"
     path.write_text(json.dumps(report))
-    code, stderr, _ = invoke(k3a_env, "eval", "attach", release.id, str(path), "--store",
-                             store.url)
-    assert code == 9, stderr
+    stderr = invoke("eval", "attach", release.id, str(path), "--store",
+                    store.url, env=k3a_env, expect=9).stderr
     assert str(path) in stderr
     for word in words:
         assert word in stderr
@@ -286,9 +273,8 @@ def test_verify_counts_only_files_of_the_manifest(k3a_env, tmp_path):
     root = store.local_path(f"models/{published.repo_id}/{published.commit}")
     root.chmod(0o755)
     (root / "stray.bin").write_bytes(b"not listed")
-    code, stderr, _ = invoke(k3a_env, "verify", f"{published.repo_id}@{published.commit}",
-                             "--store", store.url, "-q")
-    assert code == 4, stderr
+    stderr = invoke("verify", f"{published.repo_id}@{published.commit}",
+                    "--store", store.url, "-q", env=k3a_env, expect=4).stderr
     assert "1 file(s) not in the manifest" in stderr
     assert " of " not in stderr.splitlines()[0], "no file of the manifest is wrong"
 
@@ -360,11 +346,10 @@ def test_s3_errors_after_first_contact_are_retried_and_logged(s3_env, s3_store, 
     manifest = Releases(s3_store, tmp_path / "scratch").publish()
     s3_fault_proxy.add("GetObject", "*/.k3a/manifest.json", times=2)
     env = {**s3_env, "K3A_S3_ENDPOINT_URL": s3_fault_proxy.endpoint}
-    code, stderr, stdout = invoke(env, "revision", "list", manifest.repo_id, "--store", s3_url, "--json")
-    assert code == 0, stderr
-    assert [r["commit"] for r in json.loads(stdout)] == [manifest.commit]
-    logged = [line for line in stderr.splitlines() if "retrying per policy" in line]
-    assert len(logged) == 2 and all("HTTP 503" in line for line in logged), stderr
+    listed = invoke("revision", "list", manifest.repo_id, "--store", s3_url, "--json", env=env)
+    assert [r["commit"] for r in listed.json] == [manifest.commit]
+    logged = [line for line in listed.stderr.splitlines() if "retrying per policy" in line]
+    assert len(logged) == 2 and all("HTTP 503" in line for line in logged), listed.stderr
 
 
 # ---- the demo's path --------------------------------------------------------------------------
@@ -373,9 +358,7 @@ def test_s3_errors_after_first_contact_are_retried_and_logged(s3_env, s3_store, 
 def test_demo_keeps_its_files_with_the_store_and_points_down_the_offline_path(k3a_env, tmp_path):
     store = tmp_path / "elsewhere" / "store"
     env = {**k3a_env, "K3A_STORE": f"file://{store}"}
-    code, stderr, stdout = invoke(env, "demo", "--size", "2MiB", "--shards", "2", "--json", "-q")
-    assert code == 0, stderr
-    out = json.loads(stdout)
+    out = invoke("demo", "--size", "2MiB", "--shards", "2", "--json", "-q", env=env).json
     assert (store / ".k3a-demo").is_dir()
     assert not (Path(k3a_env["XDG_DATA_HOME"]) / "k3artifacts" / "demo").exists()
     steps = out["next"]
@@ -394,10 +377,9 @@ def test_an_unreachable_registry_suggests_offline(k3a_env, tmp_path):
 
     store = FileStore(tmp_path / "store")
     manifest = Releases(store, tmp_path / "scratch").publish()
-    code, stderr, _ = invoke(k3a_env, "tuple", "create", f"{manifest.repo_id}@{manifest.commit}",
-                             "--image", "127.0.0.1:9/vllm:v1", "--profile", "p6-b300-tp8",
-                             "--store", store.url)
-    assert code == 8, stderr
+    stderr = invoke("tuple", "create", f"{manifest.repo_id}@{manifest.commit}",
+                    "--image", "127.0.0.1:9/vllm:v1", "--profile", "p6-b300-tp8",
+                    "--store", store.url, env=k3a_env, expect=8).stderr
     assert "--offline" in next_line(stderr) and "@sha256:" in next_line(stderr)
 
 

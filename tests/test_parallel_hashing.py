@@ -98,10 +98,8 @@ def test_sha256_maps_in_processes_where_each_worker_has_enough_to_hash():
 
 
 def test_a_fifo_planted_in_a_revision_directory_is_named_not_waited_on(tmp_path):
-    from click.testing import CliRunner
-
-    from k3artifacts.cli import cli
     from k3artifacts.stores.file import FileStore
+    from tests.support.cli import invoke
     from tests.support.releases import Releases
 
     store = FileStore(tmp_path / "store")
@@ -111,8 +109,7 @@ def test_a_fifo_planted_in_a_revision_directory_is_named_not_waited_on(tmp_path)
     revision.chmod(0o755)
     big.unlink()
     os.mkfifo(big)
-    result = CliRunner().invoke(cli, ["verify", str(revision), "--full"])
-    assert result.exit_code == 4, result.output
+    result = invoke("verify", str(revision), "--full", expect=4)
     assert "big.bin: unreadable" in result.stderr and "is not a regular file" in result.stderr
 
 

@@ -34,8 +34,8 @@ from k3artifacts.trust.identities import Identity, KeyEntry, identities_yaml
 from k3artifacts.trust.pins import require_pin
 from tests.fixtures import people
 from tests.fixtures.any_store import overwrite, remove
-from tests.fixtures.any_store import run_k3a as k3a
 from tests.fixtures.moves import with_people
+from tests.support.cli import invoke
 from tests.support.releases import Releases
 
 ALICE, BOB = "alice", "bob"
@@ -171,7 +171,7 @@ def _refused_everywhere(as_alice, any_store, tmp_path, reason: str) -> None:
     release = Releases(any_store, scratch / str(len(list(scratch.glob("*"))))).release()
     for args in (*READERS, ["gates", release.id, "staging"],
                  ["promote", release.id, "staging"], ["render", "staging", "--target", "eks"]):
-        refused = k3a(as_alice, *args, expect=4)
+        refused = invoke(*args, expect=4, env=as_alice)
         assert f"refused ({reason})" in refused.stderr, (args, refused.stderr)
         assert "Traceback" not in refused.stderr
 
@@ -253,12 +253,12 @@ def test_a_stricter_change_needs_one_root_identity_and_readers_follow_the_root(
     """alice alone tightens under root v2 (threshold 2); a reader that pinned root v1 follows
     the rotation and verifies both versions, each under the root it names."""
     two_roots(any_store, policies)
-    proposed = k3a(as_alice, "policy", "propose", str(_stricter_dir(any_store, tmp_path)), "--json")
+    proposed = invoke("policy", "propose", str(_stricter_dir(any_store, tmp_path)), "--json", env=as_alice)
     request = json.loads(proposed.stdout)
     assert request["needs"] == []
-    assert json.loads(k3a(as_alice, "policy", "apply", request["id"], "--json").stdout)[
+    assert invoke("policy", "apply", request["id"], "--json", env=as_alice).json[
         "version"] == 2
-    listed = json.loads(k3a(as_alice, "policy", "history", "--json").stdout)
+    listed = invoke("policy", "history", "--json", env=as_alice).json
     assert [(c["version"], c["root_version"], c["signed_by"]) for c in listed] == [
         (1, 1, [ALICE]), (2, 2, [ALICE])]
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import logging
-import time
 
 import pytest
 
@@ -19,6 +18,7 @@ from k3artifacts.reporting.progress import (
 )
 from k3artifacts.revisions.manifest import FileRecord
 from k3artifacts.staging.hub import RemoteFile
+from tests.support.waiting import wait_until
 
 
 def remote(path: str, size: int) -> RemoteFile:
@@ -71,7 +71,12 @@ def test_lines_come_on_a_steady_clock_even_when_stalled(captured):
     with reporter:
         reporter.set_total(nbytes=1000, files=1)
         reporter.advance(400)
-        time.sleep(0.4)  # stalled: lines still come, rate falls to 0
+
+        def stalled_lines():  # no more bytes: lines still come, the rate falls to 0
+            periodic = [d for d in captured if d.get("event") == "progress" and not d["final"]]
+            return len(periodic) >= 4 and periodic[-1]["rate_bytes_per_s"] == 0
+
+        wait_until(stalled_lines, "four progress lines, the last at rate 0", timeout=10)
     lines = [d for d in captured if d.get("event") == "progress"]
     periodic = [d for d in lines if not d["final"]]
     assert len(periodic) >= 4

@@ -12,9 +12,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from click.testing import CliRunner
 
-from k3artifacts.cli import cli
 from k3artifacts.errors import GateFailed, UntrustedRecord
 from k3artifacts.readiness.markdown import report_markdown
 from k3artifacts.readiness.record import evaluate
@@ -30,6 +28,7 @@ from k3artifacts.stores.file import FileStore
 from tests.fixtures.moves import check_gates, promote, use_policy
 from tests.fixtures.people import person
 from tests.fixtures.releases import REPO_ROOT, staged_for
+from tests.support.cli import invoke
 from tests.support.openai_server import start
 from tests.support.ports import free_ports
 from tests.support.releases import Releases
@@ -273,17 +272,15 @@ def test_smoke_of_an_endpoint_started_from_another_tuple_fails_models(store, tmp
     assert served_name(wanted) == served_name(running)  # one profile: one served model name
     env = dict(k3a_env, K3A_STORE=store.url, K3A_ACTOR="ci")
     s = server(served_names(running))
-    result = CliRunner().invoke(cli, ["smoke", s.url, "--tuple", wanted.id, "--max-concurrency",
-                                      "1", "--json"], env=env)
-    assert result.exit_code == 5, result.stderr
-    report = json.loads(result.stdout)["report"]
+    result = invoke("smoke", s.url, "--tuple", wanted.id, "--max-concurrency",
+                    "1", "--json", env=env, expect=5)
+    report = result.json["report"]
     models = report["checks"][0]
     assert models["name"] == "models" and not models["passed"]
     assert f"serves tuple(s) {running.id}, not {wanted.id}" in models["detail"]
     assert report["expected_model"] == wanted.id
-    ok = CliRunner().invoke(cli, ["smoke", s.url, "--tuple", running.id, "--max-concurrency",
-                                  "1", "--json"], env=env)
-    assert ok.exit_code == 0, ok.stderr
+    ok = invoke("smoke", s.url, "--tuple", running.id, "--max-concurrency",
+                "1", "--json", env=env)
     assert json.loads(ok.stdout)["report"]["served_models"] == served_names(running)
 
 
@@ -347,23 +344,21 @@ def test_long_context_is_sized_in_the_endpoints_own_tokens(store, tmp_path, serv
 def test_smoke_cli_reports_json_and_a_dead_endpoint_exits_8(store, tmp_path, server, k3a_env):
     release = Releases(store, tmp_path / "scratch").release()
     env = dict(k3a_env, K3A_STORE=store.url)
-    runner = CliRunner()
     s = server(served_names(release))
-    ok = runner.invoke(cli, ["smoke", s.url.removesuffix("/v1"), "--tuple", release.id,
-                             "--max-concurrency", "2", "--json"], env=env)
-    assert ok.exit_code == 0, ok.stderr
-    body = json.loads(ok.stdout)
+    ok = invoke("smoke", s.url.removesuffix("/v1"), "--tuple", release.id,
+                "--max-concurrency", "2", "--json", env=env)
+    body = ok.json
     assert body["passed"] and body["report"]["kind"] == "smoke" and body["written"]
     assert "readiness pass sweep" in ok.stderr  # log lines when stderr is not a terminal
 
     (port,) = free_ports(1)
     began = time.monotonic()
-    dead = runner.invoke(cli, ["smoke", f"http://127.0.0.1:{port}", "--tuple", release.id,
-                               "--retries", "0"], env=env)
-    assert dead.exit_code == 8 and time.monotonic() - began < 5
+    dead = invoke("smoke", f"http://127.0.0.1:{port}", "--tuple", release.id,
+                  "--retries", "0", env=env, expect=8)
+    assert time.monotonic() - began < 5
     assert f"127.0.0.1:{port}/v1 is unreachable: connection refused" in dead.stderr
     assert "next:" in dead.stderr
-    listed = runner.invoke(cli, ["eval", "list", release.id], env=env)
+    listed = invoke("eval", "list", release.id, env=env)
     assert listed.stdout.count(" run ") == 2  # both runs recorded, the dead one too
 
 
@@ -428,29 +423,26 @@ def test_eval_run_cli_names_the_failed_checks_and_exits_5(store, tmp_path, fast_
     use_policy(store, fast_policies)
     env = dict(k3a_env, K3A_STORE=store.url, K3A_POLICIES=str(fast_policies))
     s = server(served_names(release), malformed_json=True)
-    result = CliRunner().invoke(cli, ["eval", "run", s.url, "--tuple", release.id,
-                                      "--suite", str(fast_policies / SUITE)], env=env)
-    assert result.exit_code == 5, result.stderr
+    result = invoke("eval", "run", s.url, "--tuple", release.id,
+                    "--suite", str(fast_policies / SUITE), env=env, expect=5)
     assert ("evaluation failed for " + release.id + ": structured_output, tool_call, "
             "structured-invoice, tool-weather") in result.stderr
     assert "pass rate: 81.8% (9/11; suite threshold 95.0%)" in result.stdout
     assert "NOT READY" in result.stdout
-    gates = CliRunner().invoke(cli, ["gates", release.id, "production"], env=env)
-    assert gates.exit_code == 5 and "check structured_output failed" in gates.stdout
+    gates = invoke("gates", release.id, "production", env=env, expect=5)
+    assert "check structured_output failed" in gates.stdout
 
 
 def test_eval_run_names_an_unknown_suite_and_a_channel_without_one(store, tmp_path, k3a_env):
     release = Releases(store, tmp_path / "scratch").release()
     env = dict(k3a_env, K3A_STORE=store.url)
     url = f"http://127.0.0.1:{free_ports(1)[0]}"
-    unknown = CliRunner().invoke(cli, ["eval", "run", url, "--tuple", release.id, "--suite",
-                                       "k3-kore"], env=env)
-    assert unknown.exit_code == 7, unknown.output
+    unknown = invoke("eval", "run", url, "--tuple", release.id, "--suite",
+                     "k3-kore", env=env, expect=7)
     assert "no suite 'k3-kore': not a file, and policy packaged defaults" in unknown.stderr
     assert "has no eval-suites/k3-kore.yaml" in unknown.stderr
     assert "suites of the policy: k3-core" in unknown.stderr
-    none = CliRunner().invoke(cli, ["eval", "run", url, "--tuple", release.id, "--channel",
-                                    "staging"], env=env)
-    assert none.exit_code == 9, none.output
+    none = invoke("eval", "run", url, "--tuple", release.id, "--channel",
+                  "staging", env=env, expect=9)
     assert "channel 'staging' of policy packaged defaults" in none.stderr
     assert "names no evaluation suite" in none.stderr

@@ -5,13 +5,12 @@
 
 from __future__ import annotations
 
-import json
-import subprocess
 from pathlib import Path
 
 import pytest
 
 from tests.staging_helpers import CARD, LICENSE
+from tests.support.cli import run_process
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -51,10 +50,7 @@ def greedy(model, tokenizer) -> list[int]:
 
 
 def k3a(k3a_cmd, env, *args: str) -> dict:
-    proc = subprocess.run([*k3a_cmd, *args, "--json"], env=env, capture_output=True, text=True,
-                          timeout=300)
-    assert proc.returncode == 0, proc.stderr
-    return json.loads(proc.stdout)
+    return run_process(*args, "--json", env=env, cmd=k3a_cmd, timeout=300).json
 
 
 @pytest.mark.slow

@@ -7,9 +7,7 @@ from datetime import UTC, datetime, timedelta
 
 import boto3
 import pytest
-from click.testing import CliRunner
 
-from k3artifacts.cli import cli
 from k3artifacts.errors import ConfigError, GateFailed, UntrustedRecord
 from k3artifacts.releases.channels import current, history
 from k3artifacts.releases.reviewing import review_license
@@ -17,6 +15,7 @@ from k3artifacts.releases.reviews import review_key
 from tests.fixtures.moves import check_gates, promote, use_policy
 from tests.fixtures.people import key_file, person
 from tests.fixtures.releases import passing_run, staged_for
+from tests.support.cli import invoke
 from tests.support.releases import Releases
 
 
@@ -157,14 +156,11 @@ def test_on_s3_the_actor_is_the_key_whatever_the_credentials_or_a_flag_say(
     releases = Releases(s3_store, tmp_path / "scratch")
     release = releases.release()
     env = dict(s3_env, K3A_STORE=s3_store.url, K3A_ACTOR="mallory")
-    runner = CliRunner()
 
     def k3a(*args, credentials, key, expect=0):
-        result = runner.invoke(cli, list(args), env={
+        return invoke(*args, expect=expect, env={
             **env, **_assumed(moto_endpoint, credentials),
-            "K3A_IDENTITY_KEY": str(key_file(key, tmp_path))}, catch_exceptions=False)
-        assert result.exit_code == expect, (result.stdout, result.stderr)
-        return result
+            "K3A_IDENTITY_KEY": str(key_file(key, tmp_path))})
 
     typed = k3a("review", "license", release.id, "--by", "alice", credentials="rita", key="rita",
                 expect=9)

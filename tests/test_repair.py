@@ -8,15 +8,15 @@ import os
 
 import pytest
 
-from tests.faults.faultkit import run_k3a
 from tests.flow_helpers import resolve_gets
 from tests.staging_helpers import REPO, run_stage, small_release
+from tests.support.cli import run_process
 
 SHARD = "model-00001-of-00002.safetensors"
 
 
 @pytest.fixture(params=["file", pytest.param("s3", marks=pytest.mark.s3)])
-def store(request):
+def file_or_s3_store(request):
     return request.getfixturevalue("file_store" if request.param == "file" else "s3_store")
 
 
@@ -39,16 +39,16 @@ def _damage(store, commit: str) -> None:
 
 
 def test_repair_puts_back_the_damaged_file_with_the_same_digest(
-        request, local_hub, store, tmp_path, k3a_cmd, k3a_env):
+        request, local_hub, file_or_s3_store, tmp_path, k3a_cmd, k3a_env):
     from k3artifacts.stores.s3 import S3Store
 
-    env = request.getfixturevalue("s3_env") if isinstance(store, S3Store) else k3a_env
+    env = request.getfixturevalue("s3_env") if isinstance(file_or_s3_store, S3Store) else k3a_env
     commit = local_hub.hub.add_commit(REPO, small_release(tmp_path))
-    digest = run_stage(local_hub.endpoint, store, tmp_path / "q").manifest_digest
-    _damage(store, commit)
+    digest = run_stage(local_hub.endpoint, file_or_s3_store, tmp_path / "q").manifest_digest
+    _damage(file_or_s3_store, commit)
 
     def k3a(*args: str):
-        return run_k3a(k3a_cmd, env, *args, "--store", store.url)
+        return run_process(*args, "--store", file_or_s3_store.url, env=env, cmd=k3a_cmd, expect=None)
 
     broken = k3a("verify", f"{REPO}@{commit}", "--full")
     assert broken.returncode == 4 and SHARD in broken.stdout + broken.stderr
@@ -67,7 +67,7 @@ def test_repair_puts_back_the_damaged_file_with_the_same_digest(
     assert resolve_gets(local_hub.hub, mark) == [SHARD]  # ...--repair fetches only the damage
     ok = k3a("verify", f"{REPO}@{commit}", "--full", "--expect-digest", digest)
     assert ok.returncode == 0, ok.stdout + ok.stderr
-    assert store.read_manifest(REPO, commit).digest() == digest
+    assert file_or_s3_store.read_manifest(REPO, commit).digest() == digest
 
     nothing = k3a("stage", REPO, "--revision", commit, "--endpoint", local_hub.endpoint,
                   "--quarantine", str(tmp_path / "q"), "--repair", "--json")

@@ -15,6 +15,7 @@ from k3artifacts.revisions.manifest import manifest_key
 from k3artifacts.stores.registry import open_store
 from k3artifacts.stores.s3 import META_SHA256, META_XXH3, MiB, S3Store, TransferTuning
 from tests.support.revisions import REPO, manifest_for, publish, record_for, write_revision
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.s3
 
@@ -309,7 +310,6 @@ def test_killed_upload_leaves_nothing_visible_and_is_cleaned(
 ) -> None:
     import subprocess
     import sys
-    import time
 
     files = write_revision(tmp_path / "q", {"model.safetensors": os.urandom(24 * MiB)})
     rec, local = files["model.safetensors"]
@@ -317,13 +317,15 @@ def test_killed_upload_leaves_nothing_visible_and_is_cleaned(
         [sys.executable, "-c", _KILLED_WRITER, s3_url, moto_endpoint, str(local), C1],
         cwd=Path(__file__).resolve().parent.parent,
     )
+    def a_part_landed():
+        for upload in s3_client.list_multipart_uploads(Bucket=s3_bucket).get("Uploads", []):
+            if s3_client.list_parts(Bucket=s3_bucket, Key=upload["Key"],
+                                    UploadId=upload["UploadId"]).get("Parts"):
+                return True
+        return False
+
     try:
-        deadline = time.monotonic() + 60
-        while "Uploads" not in s3_client.list_multipart_uploads(Bucket=s3_bucket):
-            assert proc.poll() is None, "writer ended before it started a multipart upload"
-            assert time.monotonic() < deadline
-            time.sleep(0.05)
-        time.sleep(0.5)  # let a part or two land
+        wait_until(a_part_landed, "the writer to upload a part", timeout=60, proc=proc)
     finally:
         proc.kill()
         proc.wait()

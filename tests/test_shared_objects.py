@@ -18,9 +18,7 @@ import threading
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
 
-from k3artifacts.cli import cli
 from k3artifacts.errors import Conflict
 from k3artifacts.policy.model import load_gate_policy
 from k3artifacts.releases.binding import bind
@@ -28,6 +26,7 @@ from k3artifacts.releases.retention import plan, retire
 from k3artifacts.stores.base import OBJECT_RECORDS_REL
 from k3artifacts.stores.verify import verify_revision
 from tests.staging_helpers import REPO, run_stage, small_release
+from tests.support.cli import invoke
 from tests.support.releases import Releases
 from tests.support.revisions import REPO as WRITER_REPO
 from tests.support.revisions import manifest_for, publish, write_revision
@@ -73,10 +72,8 @@ def two_commits(local_hub, store, tmp_path: Path):
 
 
 def pull(store, ref: str, root: Path) -> dict:
-    result = CliRunner().invoke(cli, ["pull", ref, "--store", store.url, "--to", str(root),
-                                      "--part-size", "1MiB", "--json"])
-    assert result.exit_code == 0, result.output
-    return json.loads(result.stdout)
+    return invoke("pull", ref, "--store", store.url, "--to", str(root), "--part-size", "1MiB",
+                  "--json").json
 
 
 def pulled_matches(local_hub, commit: str, out: dict) -> None:
@@ -114,8 +111,7 @@ def test_gc_of_the_source_keeps_every_object_the_new_commit_reads(
     pulled_matches(local_hub, c2, pull(store, f"{REPO}@{c2}", tmp_path / "cache"))
     # What no kept revision reads is gone: c1's version of the changed shard.
     assert old_shard2 not in store.list_keys(f"models/{REPO}/{c1}/")
-    result = CliRunner().invoke(cli, ["verify", f"{REPO}@{c2}", "--store", store.url, "--full"])
-    assert result.exit_code == 0, result.output
+    invoke("verify", f"{REPO}@{c2}", "--store", store.url, "--full")
 
 
 @pytest.mark.s3

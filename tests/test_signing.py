@@ -36,6 +36,7 @@ from k3artifacts.stores.file import FileStore
 from tests.conftest import REPO_ROOT
 from tests.fixtures.moves import use_policy
 from tests.fixtures.softhsm import SOFTHSM
+from tests.support.cli import run_process
 from tests.support.releases import Releases
 
 MODEL_SIGNING = str(Path(sys.executable).parent / "model_signing")
@@ -112,11 +113,6 @@ def _upstream_verify(directory: Path, public_key: Path) -> subprocess.CompletedP
     )
 
 
-def _k3a(k3a_cmd, k3a_env, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([*k3a_cmd, *args], capture_output=True, text=True, env=k3a_env,
-                          timeout=120)
-
-
 def _signed_release(releases: Releases, keys: dict[str, Path], key: str = "release"):
     manifest = releases.publish(code={"modeling_k3.py": b"class K3: pass\n"})
     signer = load_signer(str(keys[key]))
@@ -130,8 +126,8 @@ def test_k3a_sign_then_upstream_and_k3a_verify_accept(releases, keys, policies, 
     manifest = releases.publish(code={"sub/a.py": b"a", "sub.x/b.py": b"b"})
     ref = f"{manifest.repo_id}@{manifest.commit}"
     store = releases.store.url
-    signed = _k3a(k3a_cmd, k3a_env, "sign", ref, "--signing-key", str(keys["release"]),
-                  "--store", store, "--json")
+    signed = run_process("sign", ref, "--signing-key", str(keys["release"]), "--store", store,
+                         "--json", env=k3a_env, cmd=k3a_cmd, expect=None)
     assert signed.returncode == 0, signed.stderr
     out = json.loads(signed.stdout)
     assert out["new"] and out["signature"].endswith("/.k3a/model.sig")
@@ -146,22 +142,22 @@ def test_k3a_sign_then_upstream_and_k3a_verify_accept(releases, keys, policies, 
     assert upstream.returncode == 0, upstream.stdout + upstream.stderr
     assert "Verification succeeded" in upstream.stdout
 
-    checked = _k3a(k3a_cmd, k3a_env, "verify", "--signature", ref, "--store", store,
-                   "--channel", "production", "--json")
+    checked = run_process("verify", "--signature", ref, "--store", store, "--channel", "production",
+                          "--json", env=k3a_env, cmd=k3a_cmd, expect=None)
     assert checked.returncode == 0, checked.stderr
     report = json.loads(checked.stdout)
     assert report["ok"] and report["signed_by"] == "release"
     assert report["algorithm"] == "xxh3-128" and report["manifest_digest"] == manifest.digest()
     # A node verifies a directory (an FSx mount) the same way.
-    by_path = _k3a(k3a_cmd, k3a_env, "verify", "--signature", str(directory),
-                   "--store", store, "-q")
+    by_path = run_process("verify", "--signature", str(directory), "--store", store, "-q",
+                          env=k3a_env, cmd=k3a_cmd, expect=None)
     assert by_path.returncode == 0, by_path.stderr
 
-    again = _k3a(k3a_cmd, k3a_env, "sign", ref, "--signing-key", str(keys["release"]),
-                 "--store", store, "--json")
+    again = run_process("sign", ref, "--signing-key", str(keys["release"]), "--store", store,
+                        "--json", env=k3a_env, cmd=k3a_cmd, expect=None)
     assert again.returncode == 0 and not json.loads(again.stdout)["new"]
-    other = _k3a(k3a_cmd, k3a_env, "sign", ref, "--signing-key", str(keys["release384"]),
-                 "--store", store)
+    other = run_process("sign", ref, "--signing-key", str(keys["release384"]), "--store", store,
+                        env=k3a_env, cmd=k3a_cmd, expect=None)
     assert other.returncode == 6 and "already exists" in other.stderr
 
 
@@ -220,9 +216,9 @@ def test_altered_revision_is_refused_by_k3a_gate_and_upstream(
     _writable(directory)
     named = tamper(directory, manifest)
 
-    checked = _k3a(k3a_cmd, k3a_env, "verify", "--signature",
-                   f"{manifest.repo_id}@{manifest.commit}", "--store", releases.store.url,
-                   "--json")
+    checked = run_process("verify", "--signature", f"{manifest.repo_id}@{manifest.commit}",
+                          "--store", releases.store.url, "--json", env=k3a_env, cmd=k3a_cmd,
+                          expect=None)
     assert checked.returncode == 4, checked.stdout + checked.stderr
     problems = json.loads(checked.stdout)["problems"]
     assert named in {p["path"] for p in problems}, problems
@@ -242,8 +238,8 @@ def test_edited_tuple_body_with_its_signature_kept_is_refused(
     manifest, release = _signed_release(releases, keys)
     trusted = load_trusted_keys(policies).for_channel("production")
     assert check_tuple_signature(releases.store, release.id, trusted) == "release"
-    ok = _k3a(k3a_cmd, k3a_env, "verify", "--signature", release.id, "--store",
-              releases.store.url, "--json")
+    ok = run_process("verify", "--signature", release.id, "--store", releases.store.url, "--json",
+                     env=k3a_env, cmd=k3a_cmd, expect=None)
     assert ok.returncode == 0, ok.stderr
     assert json.loads(ok.stdout)["tuple_signed_by"] == "release"
 
@@ -256,8 +252,8 @@ def test_edited_tuple_body_with_its_signature_kept_is_refused(
 
     with pytest.raises(TupleSignatureRefused, match=rf"{release.id}\.sig: the signature is over"):
         check_tuple_signature(releases.store, release.id, trusted)
-    refused = _k3a(k3a_cmd, k3a_env, "verify", "--signature", release.id, "--store",
-                   releases.store.url)
+    refused = run_process("verify", "--signature", release.id, "--store", releases.store.url,
+                          env=k3a_env, cmd=k3a_cmd, expect=None)
     assert refused.returncode == 4 and f"{release.id}.sig" in refused.stderr
     gate = signature_gate(releases.store, release, "production", policies)
     assert not gate.passed and f"{release.id}.sig" in gate.reason
@@ -274,8 +270,8 @@ def test_key_not_listed_in_policies_is_refused(releases, keys, policies, k3a_cmd
     # The signature itself is sound: upstream, given the intruder's own key, accepts it.
     directory = _revision_dir(releases.store, manifest)
     assert _upstream_verify(directory, keys["intruder"].with_suffix(".pub.pem")).returncode == 0
-    refused = _k3a(k3a_cmd, k3a_env, "verify", "--signature",
-                   f"{manifest.repo_id}@{manifest.commit}", "--store", releases.store.url)
+    refused = run_process("verify", "--signature", f"{manifest.repo_id}@{manifest.commit}",
+                          "--store", releases.store.url, env=k3a_env, cmd=k3a_cmd, expect=None)
     assert refused.returncode == 4
     assert ".k3a/model.sig: signed by an untrusted key" in refused.stderr
     gate = signature_gate(releases.store, release, "production", policies)
@@ -309,10 +305,10 @@ def test_checkout_policy_fails_closed_until_a_key_is_listed(releases, keys):
 
 def test_tuple_create_signs_with_signing_key(releases, keys, policies, k3a_cmd, k3a_env):
     manifest = releases.publish()
-    created = _k3a(k3a_cmd, k3a_env, "tuple", "create", f"{manifest.repo_id}@{manifest.commit}",
-                   "--image", "registry.example.com/vllm@sha256:" + "1" * 64, "--offline",
-                   "--profile", "p6-b300-tp8", "--store", releases.store.url,
-                   "--signing-key", str(keys["release"]), "--json")
+    created = run_process("tuple", "create", f"{manifest.repo_id}@{manifest.commit}", "--image",
+                          "registry.example.com/vllm@sha256:" + "1" * 64, "--offline", "--profile",
+                          "p6-b300-tp8", "--store", releases.store.url, "--signing-key",
+                          str(keys["release"]), "--json", env=k3a_env, cmd=k3a_cmd, expect=None)
     assert created.returncode == 0, created.stderr
     out = json.loads(created.stdout)
     tuple_id = out["tuple"]["id"]

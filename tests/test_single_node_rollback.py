@@ -29,6 +29,7 @@ from tests.fixtures.moves import as_acting, promote, use_policy
 from tests.fixtures.people import person
 from tests.support.openai_server import start
 from tests.support.releases import Releases
+from tests.support.waiting import wait_until
 from tests.support.witness import RecordingServer, tree_snapshot
 
 QUICK = SmokeSettings(long_context_tokens=64,
@@ -87,10 +88,7 @@ def _in_flight(url: str, model: str, n: int) -> list[float]:
 
 
 def _wait_running(metrics: str, n: int):
-    deadline = time.monotonic() + 20
-    while running_requests(metrics) != n:
-        assert time.monotonic() < deadline, "requests never in flight"
-        time.sleep(0.05)
+    wait_until(lambda: running_requests(metrics) == n, f"{n} requests in flight", timeout=20)
 
 
 def test_steps_in_order_after_the_node_drained(tmp_path, cluster, channel):
@@ -142,10 +140,8 @@ def test_a_drain_that_times_out_changes_nothing_and_reopens(tmp_path, cluster, c
             store, "staging", kube=KubeAPI(config), name="kimi", namespace="serving",
             endpoint=node.url, metrics_url=metrics, acting=as_acting("oncall"), settings=QUICK,
             poll_s=0.1, drain_timeout_s=0.5).report
-        deadline = time.monotonic() + 20  # the slow request ends on its own, answered
-        while not finished:
-            assert time.monotonic() < deadline, "the in-flight request never finished"
-            time.sleep(0.05)
+        # the slow request ends on its own, answered
+        wait_until(lambda: finished, "the in-flight request to finish", timeout=20)
     finally:
         node.stop()
     assert [(s.name, s.passed) for s in report.steps] == [

@@ -21,9 +21,11 @@ from k3artifacts.staging.download import Ranges, fetch
 from k3artifacts.staging.hub import HubSource
 from k3artifacts.stores.s3 import STREAM_LAG, MiB, S3Store, TransferTuning
 from k3artifacts.stores.verify import verify_revision
-from tests.faults.faultkit import SHARD1, run_k3a, start_k3a, wait_for
+from tests.faults.faultkit import SHARD1, start_k3a
 from tests.staging_helpers import REPO, run_stage, small_release
+from tests.support.cli import run_process
 from tests.support.own_usage import launched, read_usage
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -48,7 +50,8 @@ def _seaweed_store(seaweed, bucket: str, monkeypatch, *, multipart: int) -> S3St
 
 
 @pytest.fixture
-def store(seaweed, seaweed_bucket, monkeypatch):
+def streaming_store(seaweed, seaweed_bucket, monkeypatch):
+    """SeaweedFS with 5 MiB parts both ways: what a shard streams to in many parts."""
     return _seaweed_store(seaweed, seaweed_bucket, monkeypatch, multipart=5 * MiB)
 
 
@@ -59,28 +62,28 @@ def _bytes(files, path: str) -> bytes:
 
 @pytest.mark.parametrize("ranges", [Ranges(streams=1), Ranges(streams=3, size=2 * MiB)],
                          ids=["one-stream", "ranges"])
-def test_shards_stream_to_s3_once_and_read_back_whole(local_hub, store, tmp_path, ranges):
+def test_shards_stream_to_s3_once_and_read_back_whole(local_hub, streaming_store, tmp_path, ranges):
     """Parts leave as the file's whole prefix grows, whether one stream writes it front to
     back or several write ranges out of order."""
     files = small_release(tmp_path, shard_bytes=SHARD_BYTES)
     commit = local_hub.hub.add_commit(REPO, files)
-    result = run_stage(local_hub.endpoint, store, tmp_path / "q", ranges=ranges)
+    result = run_stage(local_hub.endpoint, streaming_store, tmp_path / "q", ranges=ranges)
     assert result.commit == commit
     total = sum(len(_bytes(files, p)) for p in files)
     # Every byte crossed to S3 once: no second upload of a shard after it was verified.
-    assert store.counters.bytes_uploaded == total
+    assert streaming_store.counters.bytes_uploaded == total
     for path in files:
         want = _bytes(files, path)
-        got = store.client.get_object(Bucket=store.bucket, Key=store.key(
+        got = streaming_store.client.get_object(Bucket=streaming_store.bucket, Key=streaming_store.key(
             f"models/{REPO}/{commit}/{path}"), ChecksumMode="ENABLED")
         assert got["Body"].read() == want, path
         if path.endswith(".safetensors"):
             assert got["ChecksumCRC64NVME"] == _crc(want)
             assert got["ChecksumType"] == "FULL_OBJECT"
-    assert verify_revision(store=store, repo_id=REPO, commit=commit, full=True).ok
+    assert verify_revision(store=streaming_store, repo_id=REPO, commit=commit, full=True).ok
 
 
-def test_parts_read_before_the_bytes_were_right_are_not_completed(store, tmp_path):
+def test_parts_read_before_the_bytes_were_right_are_not_completed(streaming_store, tmp_path):
     """Parts whose bytes are not the verified ones (read too early, or a download that started
     over) never become an object: the CRCs of the parts sent do not combine to the CRC of the
     bytes verified. Here the file held zeros while it was sent and the good bytes were verified
@@ -90,27 +93,27 @@ def test_parts_read_before_the_bytes_were_right_are_not_completed(store, tmp_pat
     local.write_bytes(b"\0" * len(good))
     record = FileRecord(path="w.safetensors", size=len(good), kind="weights",
                         sha256=hashlib.sha256(good).hexdigest(), xxh3_128="0" * 32)
-    writer = store.begin_revision(REPO, "a" * 40)
+    writer = streaming_store.begin_revision(REPO, "a" * 40)
     upload = writer.begin_put(record.path, record.size, record.sha256, local)
     upload.written(record.size + STREAM_LAG)  # both whole parts go out, zeros
     assert upload.finish(record, {"crc64nvme": _crc(good)}, local) is None
-    key = store.key(f"models/{REPO}/{'a' * 40}/{record.path}")
-    assert store.client.list_multipart_uploads(Bucket=store.bucket).get("Uploads", []) == []
-    assert "Contents" not in store.client.list_objects_v2(Bucket=store.bucket, Prefix=key)
+    key = streaming_store.key(f"models/{REPO}/{'a' * 40}/{record.path}")
+    assert streaming_store.client.list_multipart_uploads(Bucket=streaming_store.bucket).get("Uploads", []) == []
+    assert "Contents" not in streaming_store.client.list_objects_v2(Bucket=streaming_store.bucket, Prefix=key)
     # The caller's fallback: the verified file, whole.
     local.write_bytes(good)
     receipt = writer.put_file(record, local, checksums={"crc64nvme": _crc(good)})
     assert receipt.checksum_crc64nvme == _crc(good)
-    assert store.client.get_object(Bucket=store.bucket, Key=key)["Body"].read() == good
+    assert streaming_store.client.get_object(Bucket=streaming_store.bucket, Key=key)["Body"].read() == good
 
 
-def test_each_file_in_flight_gets_its_own_parts_in_flight(store, tmp_path, monkeypatch):
+def test_each_file_in_flight_gets_its_own_parts_in_flight(streaming_store, tmp_path, monkeypatch):
     """``max_concurrency`` is per file: three files put at once send six parts at once (one
     pool sized for one file kept every download waiting on its last parts). Every part waits
     at a barrier of six before it is sent: a pool with fewer threads never fills it. Parts go
     without a payload signature, their CRC64NVME header being the check, each in one block
     from its buffer."""
-    writer = store.begin_revision(REPO, "b" * 40)
+    writer = streaming_store.begin_revision(REPO, "b" * 40)
     writer.expect_files(3)
     barrier = threading.Barrier(6, timeout=30)
     client = writer.part_client()
@@ -206,11 +209,11 @@ def test_killed_with_parts_sent_then_rerun_completes(local_hub, seaweed, seaweed
                         K3A_FAULT_PAUSE=f"downloaded@{SHARD1}:60")
     running.wait_line("paused at downloaded")
     # Sent while the shard downloaded: the parts are in S3 before it was even checked.
-    wait_for(parts_sent, "parts of the shard in S3 before its verification", proc=running.proc)
+    wait_until(parts_sent, "parts of the shard in S3 before its verification", proc=running.proc)
     running.kill9()
     assert store.list_revisions(REPO) == []
 
-    done = run_k3a(k3a_cmd, env, *args)
+    done = run_process(*args, env=env, cmd=k3a_cmd, expect=None)
     assert done.returncode == 0, done.stderr
     assert client.list_multipart_uploads(Bucket=seaweed_bucket).get("Uploads", []) == []
     key = store.key(f"models/{REPO}/{commit}/{SHARD1}")

@@ -16,11 +16,9 @@ from pathlib import Path
 
 import pytest
 import yaml
-from click.testing import CliRunner
 from cryptography.hazmat.primitives import serialization
 
 from k3artifacts.canonical import canonical_digest, canonical_json
-from k3artifacts.cli import cli
 from k3artifacts.policy.approvals import Decision, decision_key
 from k3artifacts.policy.model import InfrastructurePolicy, TrafficPolicy
 from k3artifacts.policy.record import in_force
@@ -40,6 +38,7 @@ from k3artifacts.trust.identities import ROLES, Identities, Identity, KeyEntry, 
 from tests.fixtures.moves import check_gate, use_policy
 from tests.fixtures.people import ME, PEOPLE, key_file, person, signer_of
 from tests.fixtures.releases import REPO_ROOT, passing_report, staged_for
+from tests.support.cli import invoke
 from tests.support.releases import Releases
 
 #: What production's eleven gates need, each family of evidence under its own name.
@@ -99,9 +98,7 @@ def judged(request, tmp_path, k3a_env):
 def k3a(env: dict[str, str], who: str, tmp_path: Path, *args: str, expect: int = 0):
     """`k3a ARGS --json` signing with ``who``'s key; the one JSON document it prints."""
     env = dict(env, K3A_IDENTITY_KEY=str(key_file(who, tmp_path)))
-    result = CliRunner().invoke(cli, [*args, "--json"], env=env, catch_exceptions=False)
-    assert result.exit_code == expect, (result.exit_code, result.stdout, result.stderr)
-    return json.loads(result.stdout)
+    return invoke(*args, "--json", env=env, expect=expect).json
 
 
 def unsigned(data: bytes) -> bytes:
@@ -400,13 +397,11 @@ def test_a_kms_service_identity_signs_an_evaluation_the_gate_accepts(
     release = Releases(store, tmp_path / "scratch").release()
     server = start(served_names(release), tmp_path / "openai.log")
     try:
-        ran = CliRunner().invoke(cli, [
-            "eval", "run", server.url, "--tuple", release.id, "--json"],
-            env=dict(env, K3A_IDENTITY_KEY=f"kms:{arn}"), catch_exceptions=False)
+        ran = invoke("eval", "run", server.url, "--tuple", release.id, "--json",
+                     env=dict(env, K3A_IDENTITY_KEY=f"kms:{arn}"))
     finally:
         server.stop()
-    assert ran.exit_code == 0, (ran.stdout, ran.stderr)
-    key = f"{evaluations_prefix(release.id)}{json.loads(ran.stdout)['report_sha256']}.json"
+    key = f"{evaluations_prefix(release.id)}{ran.json['report_sha256']}.json"
     stored = json.loads(store.read(key).data)
     assert stored["body"]["attached_by"] == "eval-ci"
     accepted = check_gate(store, release, "production", "evaluation")

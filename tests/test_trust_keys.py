@@ -5,10 +5,8 @@ SoftHSM token through PKCS#11."""
 
 from __future__ import annotations
 
-import json
 import os
 import stat
-import subprocess
 
 import pytest
 from cryptography.hazmat.primitives import serialization
@@ -23,6 +21,7 @@ from k3artifacts.trust.keys import (
     key_id,
     personal_key_path,
 )
+from tests.support.cli import run_process
 from tests.trust_helpers import identities, signer
 
 KEY = "releases/evaluations/k3t-0123456789abcdef01234567/report.json"
@@ -71,26 +70,24 @@ def test_a_pem_key_file_signs_records_its_identity_verifies(kind, tmp_path, monk
 
 
 def test_the_personal_key_is_made_on_first_use_private_and_said_where(k3a_cmd, k3a_env):
-    def k3a(*args):
-        return subprocess.run([*k3a_cmd, *args], env=k3a_env, capture_output=True, text=True,
-                              check=False)
+    def k3a(*args, expect=0):
+        return run_process(*args, env=k3a_env, cmd=k3a_cmd, expect=expect)
 
-    shown = k3a("key", "show")
-    assert shown.returncode == 7 and "k3a key create" in shown.stderr
+    shown = k3a("key", "show", expect=7)
+    assert "k3a key create" in shown.stderr
     made = k3a("key", "create")
-    assert made.returncode == 0, made.stderr
     keys = os.path.join(k3a_env["XDG_CONFIG_HOME"], "k3artifacts", "keys")
     assert f"Your identity key has been saved in {keys}/personal.pem" in made.stdout
     assert f"Your public key has been saved in {keys}/personal.pub.pem" in made.stdout
     modes = {name: stat.S_IMODE(os.stat(os.path.join(keys, name)).st_mode)
              for name in ("", "personal.pem", "personal.pub.pem")}
     assert modes == {"": 0o700, "personal.pem": 0o600, "personal.pub.pem": 0o644}
-    view = json.loads(k3a("key", "show", "--json").stdout)
+    view = k3a("key", "show", "--json").json
     public = open(os.path.join(keys, "personal.pub.pem")).read()
     assert (view["kind"], view["public_key"]) == ("ed25519", public)
     assert view["key_id"] in made.stdout and view["entry"] == {"pem": public}
-    again = k3a("key", "create", "--json")
-    assert again.returncode == 6 and json.loads(again.stdout)["exit_code"] == 6
+    again = k3a("key", "create", "--json", expect=6)
+    assert again.json["exit_code"] == 6
 
 
 def test_a_process_that_signs_makes_the_personal_key_once(config_home):

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -32,6 +31,7 @@ from k3artifacts.trust.root import (
     sign_root,
     verify_root_rotation,
 )
+from tests.support.cli import run_process
 from tests.trust_helpers import signer
 
 ALICE, BOB, CAROL, MALLORY = signer(), signer("ecdsa-p256"), signer(), signer()
@@ -215,10 +215,9 @@ def test_the_cli_walks_first_use_a_second_account_joining_and_a_cosigned_rotatio
     env = {**k3a_env, "K3A_STORE": f"file://{store}"}
 
     def k3a(who: str, *args: str, code: int = 0) -> dict:
-        done = subprocess.run([*k3a_cmd, *args, "--json"], capture_output=True, text=True,
-                              env={**env, "XDG_CONFIG_HOME": str(tmp_path / who)}, check=False)
-        assert done.returncode == code, done.stdout + done.stderr
-        return json.loads(done.stdout)
+        """`k3a ARGS --json` as ``who`` (their own configuration, so their own key)."""
+        return run_process(*args, "--json", env={**env, "XDG_CONFIG_HOME": str(tmp_path / who)},
+                           cmd=k3a_cmd, expect=code).json
 
     first = k3a("alice", "trust", "init", "--name", "alice")
     fingerprint = first["root"]["fingerprint"]

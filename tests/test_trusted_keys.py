@@ -17,8 +17,8 @@ from k3artifacts.signing.keys import load_signer
 from k3artifacts.signing.revision import sign_revision
 from k3artifacts.trust.pins import pin_name
 from tests.conftest import REPO_ROOT
-from tests.fixtures.any_store import run_k3a as k3a
 from tests.fixtures.moves import use_policy
+from tests.support.cli import invoke
 from tests.support.releases import Releases
 
 
@@ -56,16 +56,16 @@ def test_a_trusted_key_in_a_local_directory_is_ignored(any_store, any_env, tmp_p
     sign_tuple(any_store, tuple_.id, signer)
     pointed = dict(any_env, K3A_POLICIES=str(local))
 
-    refused = k3a(pointed, "verify", "--signature", tuple_.id, expect=4)
+    refused = invoke("verify", "--signature", tuple_.id, expect=4, env=pointed)
     assert "untrusted key" in refused.stderr
-    flagged = k3a(any_env, "verify", "--signature", tuple_.id, "--policies", str(local), expect=9)
+    flagged = invoke("verify", "--signature", tuple_.id, "--policies", str(local), expect=9, env=any_env)
     assert "trusted release keys come from the store's policy (" in flagged.stderr
 
-    rendered = json.loads(k3a(pointed, "render", tuple_.id, "--target", "eks",
-                              "--verify-signature", "--json").stdout)
+    rendered = json.loads(invoke("render", tuple_.id, "--target", "eks",
+                              "--verify-signature", "--json", env=pointed).stdout)
     (config_map,) = [d for d in rendered["documents"] if d["kind"] == "ConfigMap"]
     assert set(config_map["data"]) == {"trusted-keys.yaml", "release.pub.pem",
                                        pin_name("file:///k3a-store")}
     assert "intruder" not in json.dumps(config_map)
-    k3a(any_env, "render", tuple_.id, "--target", "eks", "--verify-signature", "--policies",
-        str(local), expect=9)
+    invoke("render", tuple_.id, "--target", "eks", "--verify-signature", "--policies",
+        str(local), expect=9, env=any_env)

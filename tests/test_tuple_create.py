@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import subprocess
 from datetime import UTC, datetime
 
 import pytest
@@ -13,6 +12,7 @@ from k3artifacts.releases.binding import create_tuple
 from k3artifacts.releases.tuples import ImageRef, TupleStore, diff_bindings, tuple_key
 from k3artifacts.revisions.refs import parse_revision_ref
 from k3artifacts.serving.profiles import load_profile, serving_spec
+from tests.support.cli import run_process
 
 IMAGE = ImageRef(repository="registry.example.com/vllm", digest="sha256:" + "1" * 64, tag="k3")
 
@@ -84,15 +84,6 @@ def test_tampered_tuple_is_refused_on_read(published_revision):
 # ---- through the CLI ------------------------------------------------------------------------
 
 
-def k3a(cmd, env, *args, ok=True):
-    proc = subprocess.run(  # noqa: PLW1510 (exit code asserted below)
-        [*cmd, *args], env=env, capture_output=True, text=True, timeout=120
-    )
-    if ok:
-        assert proc.returncode == 0, proc.stderr
-    return proc
-
-
 def test_cli_tuple_create_end_to_end(published_revision, oci_registry, k3a_cmd, k3a_env):
     p = published_revision
     pushed = oci_registry.push("k3a/vllm", "k3-cli")
@@ -111,28 +102,30 @@ def test_cli_tuple_create_end_to_end(published_revision, oci_registry, k3a_cmd, 
         "--store",
         store,
     ]
-    first = json.loads(k3a(k3a_cmd, k3a_env, *args, "--json").stdout)
+    first = json.loads(run_process(*args, "--json", env=k3a_env, cmd=k3a_cmd).stdout)
     assert first["created"] is True
     release = first["tuple"]
     assert release["binding"]["image"]["digest"] == pushed.digest
     assert release["binding"]["serving"]["resources"]["verifier_image"] == (
         f"{oci_registry.host}/k3a/pipeline@{worker.digest}"
     )
-    human = k3a(k3a_cmd, k3a_env, *args).stdout
+    human = run_process(*args, env=k3a_env, cmd=k3a_cmd).stdout
     assert human.splitlines()[0] == f"{release['id']} (already exists)"
 
-    listed = json.loads(k3a(k3a_cmd, k3a_env, "tuples", "list", "--store", store, "--json").stdout)
+    listed = json.loads(
+        run_process("tuples", "list", "--store", store, "--json", env=k3a_env, cmd=k3a_cmd).stdout
+    )
     assert [t["id"] for t in listed["tuples"]] == [release["id"]]
     shown = json.loads(
-        k3a(k3a_cmd, k3a_env, "tuples", "show", release["id"], "--store", store, "--json").stdout
+        run_process(
+            "tuples", "show", release["id"], "--store", store, "--json", env=k3a_env, cmd=k3a_cmd
+        ).stdout
     )
     assert shown == release
 
     # A second tuple, the same revision on another profile, diffed against the first.
     second = json.loads(
-        k3a(
-            k3a_cmd,
-            k3a_env,
+        run_process(
             "tuple",
             "create",
             p.revision,
@@ -143,12 +136,12 @@ def test_cli_tuple_create_end_to_end(published_revision, oci_registry, k3a_cmd, 
             "--store",
             store,
             "--json",
+            env=k3a_env,
+            cmd=k3a_cmd,
         ).stdout
     )
     diff = json.loads(
-        k3a(
-            k3a_cmd,
-            k3a_env,
+        run_process(
             "tuples",
             "diff",
             release["id"],
@@ -156,6 +149,8 @@ def test_cli_tuple_create_end_to_end(published_revision, oci_registry, k3a_cmd, 
             "--store",
             store,
             "--json",
+            env=k3a_env,
+            cmd=k3a_cmd,
         ).stdout
     )
     fields = {c["field"] for c in diff["changes"]}
@@ -165,9 +160,7 @@ def test_cli_tuple_create_end_to_end(published_revision, oci_registry, k3a_cmd, 
 
 def test_cli_refuses_tag_only_offline(published_revision, k3a_cmd, k3a_env):
     p = published_revision
-    proc = k3a(
-        k3a_cmd,
-        k3a_env,
+    proc = run_process(
         "tuple",
         "create",
         p.revision,
@@ -178,7 +171,9 @@ def test_cli_refuses_tag_only_offline(published_revision, k3a_cmd, k3a_env):
         "--offline",
         "--store",
         f"file://{p.store.root}",
-        ok=False,
+        env=k3a_env,
+        cmd=k3a_cmd,
+        expect=None,
     )
     assert proc.returncode == 9
     assert "tag and no digest" in proc.stderr
@@ -187,9 +182,7 @@ def test_cli_refuses_tag_only_offline(published_revision, k3a_cmd, k3a_env):
 
 def test_cli_unpublished_revision_exit_7(file_store, k3a_cmd, k3a_env):
     file_store.root.mkdir(parents=True)  # the store is there; the revision is not
-    proc = k3a(
-        k3a_cmd,
-        k3a_env,
+    proc = run_process(
         "tuple",
         "create",
         "moonshotai/Kimi-K3@" + "e" * 40,
@@ -199,7 +192,9 @@ def test_cli_unpublished_revision_exit_7(file_store, k3a_cmd, k3a_env):
         "p6-b300-tp8",
         "--store",
         f"file://{file_store.root}",
-        ok=False,
+        env=k3a_env,
+        cmd=k3a_cmd,
+        expect=None,
     )
     assert proc.returncode == 7
     assert "not published" in proc.stderr and "next:" in proc.stderr
@@ -213,9 +208,7 @@ def test_cli_unknown_flag_in_profile_exit_9(published_revision, k3a_cmd, k3a_env
     data["args"] = ["--tensor-paralel-size=8"]
     bad.write_text(json.dumps(data))
     p = published_revision
-    proc = k3a(
-        k3a_cmd,
-        k3a_env,
+    proc = run_process(
         "tuple",
         "create",
         p.revision,
@@ -226,7 +219,9 @@ def test_cli_unknown_flag_in_profile_exit_9(published_revision, k3a_cmd, k3a_env
         "--offline",
         "--store",
         f"file://{p.store.root}",
-        ok=False,
+        env=k3a_env,
+        cmd=k3a_cmd,
+        expect=None,
     )
     assert proc.returncode == 9
     assert str(bad) in proc.stderr and "--tensor-paralel-size" in proc.stderr

@@ -14,11 +14,9 @@ from pathlib import Path
 
 import pytest
 import yaml
-from click.testing import CliRunner
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
-from k3artifacts.cli import cli
 from k3artifacts.errors import ConfigError
 from k3artifacts.nodecache import locks
 from k3artifacts.nodecache.layout import CacheLayout
@@ -33,6 +31,7 @@ from k3artifacts.warm.node import _lock_rev, list_warm
 from k3artifacts.warm.trust import WarmTrust
 from tests.fixtures.moves import seed_people, use_policy
 from tests.fixtures.people import person
+from tests.support.cli import invoke
 from tests.support.releases import Releases
 from tests.test_warm import GPU, OPEN, _capture, cache_tree
 
@@ -104,8 +103,8 @@ def test_partial_pulls_are_listed_collected_and_never_block_a_pull(captured, tmp
     (partial,) = list_warm(root)
     assert partial.partial and partial.layout == "tp8" and partial.revision == ""
     assert partial.path == str(layer / ".tp8.k3a-partial")
-    ls = CliRunner().invoke(cli, ["cache", "ls", "--to", str(root)])
-    assert ls.exit_code == 0 and "tp8" in ls.output and "partial" in ls.output, ls.output
+    ls = invoke("cache", "ls", "--to", str(root))
+    assert "tp8" in ls.stdout and "partial" in ls.stdout, ls.stdout
     # The pull clears it and lands the artifact.
     pulled = prewarm.fetch(store, release, root, gpu=GPU, trust=OPEN(store))
     assert pulled.ok, pulled.line()
@@ -116,14 +115,13 @@ def test_partial_pulls_are_listed_collected_and_never_block_a_pull(captured, tmp
     _deep_tree(layer / ".tp4.k3a-partial", depth=3)
     layout = CacheLayout(root)
     with locks.exclusive(layout, _lock_rev(release.id, GPU, "tp4")):
-        gc = CliRunner().invoke(cli, ["cache", "gc", "--keep", "1", "--to", str(root), "--json"])
-        assert gc.exit_code == 0, gc.output
-        assert json.loads(gc.output)["warm_partials_removed"] == [
+        gc = invoke("cache", "gc", "--keep", "1", "--to", str(root), "--json")
+        assert gc.json["warm_partials_removed"] == [
             str(other / ".tp8.k3a-partial")]
         assert not (other / ".tp8.k3a-partial").exists()
         assert (layer / ".tp4.k3a-partial").is_dir()
-    gc = CliRunner().invoke(cli, ["cache", "gc", "--keep", "1", "--to", str(root)])
-    assert f"removed unfinished warm pull {layer / '.tp4.k3a-partial'}" in gc.output
+    gc = invoke("cache", "gc", "--keep", "1", "--to", str(root))
+    assert f"removed unfinished warm pull {layer / '.tp4.k3a-partial'}" in gc.stdout + gc.stderr
     assert not any(c.partial for c in list_warm(root))
 
 

@@ -11,7 +11,7 @@ import ssl
 import subprocess
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -19,6 +19,7 @@ from k3artifacts.staging.quarantine import Quarantine
 from k3artifacts.stores.base import Store
 from k3artifacts.stores.file import FileStore
 from tests.staging_helpers import REPO
+from tests.support.waiting import wait_until
 
 SHARD1 = "model-00001-of-00002.safetensors"
 SHARD2 = "model-00002-of-00002.safetensors"
@@ -60,21 +61,6 @@ def send_slowly(wfile, data: bytes, seconds: float = 0.1) -> None:
         time.sleep(seconds)
 
 
-def wait_for(predicate: Callable[[], object], what: str, timeout: float = WAIT,
-              proc: subprocess.Popen | None = None) -> object:
-    """Poll ``predicate`` until truthy; fail naming ``what`` (and the process's stderr)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if proc is not None and proc.poll() is not None:
-            raise AssertionError(f"k3a exited with {proc.returncode} before {what}")
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.02)
-
-
 @dataclass
 class Running:
     """A ``k3a`` subprocess whose stderr is collected line by line as it arrives."""
@@ -95,9 +81,9 @@ class Running:
         return "".join(self.lines)
 
     def wait_line(self, text: str, timeout: float = WAIT) -> str:
-        return wait_for(
+        return wait_until(
             lambda: next((line for line in self.lines if text in line), None),
-            f"{text!r} on stderr", timeout, self.proc,
+            f"{text!r} on stderr", timeout, proc=self.proc,
         )
 
     def kill9(self) -> None:
@@ -122,14 +108,6 @@ def start_k3a(k3a_cmd: list[str], env: dict[str, str], *args: str, **extra_env: 
         text=True,
     )
     return Running(proc)
-
-
-def run_k3a(k3a_cmd: list[str], env: dict[str, str], *args: str, timeout: float = 120,
-            **extra_env: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [*k3a_cmd, *args], env={**env, **extra_env}, stdin=subprocess.DEVNULL,
-        capture_output=True, text=True, timeout=timeout, check=False,
-    )
 
 
 def stage_args(endpoint: str, store: Store, quarantine: Path, *more: str) -> list[str]:

@@ -15,10 +15,11 @@ import pytest
 from k3artifacts.errors import GateFailed, ReleaseRefused
 from k3artifacts.releases.channels import current, history
 from k3artifacts.releases.reviewing import review_code, review_license
-from tests.faults.faultkit import SHARD1, assert_nothing_published, run_k3a, stage_args
+from tests.faults.faultkit import SHARD1, assert_nothing_published, stage_args
 from tests.fixtures.moves import check_gates, promote
 from tests.fixtures.people import person
 from tests.staging_helpers import LICENSE, REPO, raw_safetensors, run_stage, small_release
+from tests.support.cli import run_process
 from tests.support.releases import Releases
 
 pytestmark = pytest.mark.faults
@@ -129,7 +130,8 @@ def test_several_refusals_reach_the_shell_named(local_hub, file_store, tmp_path,
     files["pytorch_model.bin"] = b"\x80\x02}q\x00."
     files["../../etc/cron.d/k3a"] = b"* * * * * root sh\n"
     local_hub.hub.add_commit(REPO, files)
-    proc = run_k3a(k3a_cmd, k3a_env, *stage_args(local_hub.endpoint, file_store, tmp_path / "q"))
+    proc = run_process(*stage_args(local_hub.endpoint, file_store, tmp_path / "q"),
+                       env=k3a_env, cmd=k3a_cmd, expect=None)
     assert proc.returncode == 3, proc.stderr
     assert "2 file(s) refused" in proc.stderr
     assert "../../etc/cron.d/k3a: [unsafe-path]" in proc.stderr

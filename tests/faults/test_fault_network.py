@@ -4,7 +4,6 @@ named where the bytes are wrong; never published unverified."""
 
 from __future__ import annotations
 
-import subprocess
 import time
 
 import pytest
@@ -23,6 +22,7 @@ from tests.faults.faultkit import (
     serving,
 )
 from tests.staging_helpers import REPO, run_stage, small_release
+from tests.support.cli import run_process
 from tests.support.hubfaults import Fault
 
 pytestmark = pytest.mark.faults
@@ -387,12 +387,11 @@ def test_listing_pages_on_another_host_get_no_token(make_local_hub, file_store, 
 def test_hostile_hub_cases_through_the_cli(k3a_cmd, k3a_env, local_hub, tmp_path, release):
     """What a release engineer sees: the exit code and the message for each hostile answer."""
     hub = local_hub.hub
-    base = [*k3a_cmd, "stage", REPO, "--endpoint", local_hub.endpoint,
-            "--store", f"file://{tmp_path / 'store'}", "-q", "--retries", "2"]
+    stage = ["stage", REPO, "--endpoint", local_hub.endpoint,
+             "--store", f"file://{tmp_path / 'store'}", "-q", "--retries", "2"]
 
     def k3a(*args):
-        return subprocess.run([*base, *args], env=k3a_env, capture_output=True, text=True,
-                              timeout=120)
+        return run_process(*stage, *args, env=k3a_env, cmd=k3a_cmd, expect=None)
 
     hub.faults.add(SHARD1, Fault.trickle(64, 0.05))
     trickle = k3a("--rate-window", "0.3")

@@ -11,11 +11,9 @@ where those commands live (see README.md in this directory).
 from __future__ import annotations
 
 import pytest
-from click.testing import CliRunner
 
-from k3artifacts.cli import cli
-from tests.faults.faultkit import run_k3a
 from tests.staging_helpers import REPO
+from tests.support.cli import Ran, invoke, run_process
 
 pytestmark = pytest.mark.faults
 
@@ -24,18 +22,16 @@ COMMIT = "0123456789abcdef0123456789abcdef01234567"
 
 @pytest.fixture
 def k3a(k3a_env, tmp_path):
-    runner = CliRunner()
-
-    def run(*args: str):
-        result = runner.invoke(cli, list(args), env={**k3a_env, "K3A_QUARANTINE": str(tmp_path / "q")},
-                               catch_exceptions=False)
-        return result.exit_code, result.stderr
+    def run(*args: str) -> Ran:
+        return invoke(*args, env={**k3a_env, "K3A_QUARANTINE": str(tmp_path / "q")},
+                      expect=None)
 
     return run
 
 
-def assert_told(code: int, stderr: str, expect: int, *words: str) -> None:
-    assert code == expect, stderr
+def assert_told(ran: Ran, expect: int, *words: str) -> None:
+    ran.expect(expect)
+    stderr = ran.stderr
     lines = stderr.strip().splitlines()
     assert lines[0].startswith("error: ") and lines[-1].startswith("next: "), stderr
     assert "Traceback" not in stderr
@@ -65,7 +61,7 @@ def test_malformed_store_url(k3a, local_hub, tmp_path, url, words, command):
         args = ["stage", REPO, "--endpoint", local_hub.endpoint, "--store", url, "-q"]
     else:
         args = ["verify", f"{REPO}@{COMMIT}", "--store", url, "-q"]
-    assert_told(*k3a(*args), 9, *words)
+    assert_told(k3a(*args), 9, *words)
     assert local_hub.hub.requests == []
     assert_untouched(tmp_path, "q", "home/data")
 
@@ -73,10 +69,9 @@ def test_malformed_store_url(k3a, local_hub, tmp_path, url, words, command):
 def test_unreachable_s3_endpoint(k3a, s3_env, tmp_path, monkeypatch):
     # boto3 retries a refused connection (10 attempts by default, about 30 s): two here.
     env = {**s3_env, "K3A_S3_ENDPOINT_URL": "http://127.0.0.1:9", "AWS_MAX_ATTEMPTS": "2"}
-    result = CliRunner().invoke(cli, ["verify", f"{REPO}@{COMMIT}", "--store", "s3://k3a-x/p"],
-                                env=env, catch_exceptions=False)
-    assert_told(result.exit_code, result.stderr, 8, "cannot reach the endpoint",
-                "K3A_S3_ENDPOINT_URL")
+    result = invoke("verify", f"{REPO}@{COMMIT}", "--store", "s3://k3a-x/p", env=env,
+                    expect=None)
+    assert_told(result, 8, "cannot reach the endpoint", "K3A_S3_ENDPOINT_URL")
 
 
 @pytest.mark.parametrize(
@@ -89,8 +84,7 @@ def test_unreachable_s3_endpoint(k3a, s3_env, tmp_path, monkeypatch):
     ids=["endpoint-without-scheme", "endpoint-bad-port", "hub-unreachable"],
 )
 def test_bad_hub_endpoint(k3a, file_store, tmp_path, args, expect, words):
-    code, stderr = k3a("stage", REPO, "--store", file_store.url, "-q", *args)
-    assert_told(code, stderr, expect, *words)
+    assert_told(k3a("stage", REPO, "--store", file_store.url, "-q", *args), expect, *words)
     assert not file_store.root.exists()
 
 
@@ -108,9 +102,8 @@ def test_bad_repo_or_revision(k3a, local_hub, file_store, tmp_path, repo, revisi
     from tests.staging_helpers import small_release
 
     local_hub.hub.add_commit(REPO, small_release(tmp_path))
-    code, stderr = k3a("stage", repo, "--revision", revision, "--endpoint", local_hub.endpoint,
-                       "--store", file_store.url, "--retries", "1", "-q")
-    assert_told(code, stderr, expect, *words)
+    assert_told(k3a("stage", repo, "--revision", revision, "--endpoint", local_hub.endpoint,
+                    "--store", file_store.url, "--retries", "1", "-q"), expect, *words)
     assert not [r for r in local_hub.hub.requests if "/resolve/" in r.url]
     assert not file_store.root.exists()
 
@@ -127,11 +120,11 @@ def test_bad_repo_or_revision(k3a, local_hub, file_store, tmp_path, repo, revisi
 )
 def test_bad_verify_target(k3a, file_store, target, expect, words):
     file_store.root.mkdir(parents=True)  # an empty store: the target, not the store, is wrong
-    code, stderr = k3a("verify", target, "--store", file_store.url, "-q")
-    assert_told(code, stderr, expect, *words)
+    assert_told(k3a("verify", target, "--store", file_store.url, "-q"), expect, *words)
 
 
 def test_exit_code_and_hint_reach_the_shell(k3a_cmd, k3a_env, tmp_path):
-    proc = run_k3a(k3a_cmd, k3a_env, "stage", REPO, "--store", "file://host/x", "-q")
-    assert_told(proc.returncode, proc.stderr, 9, "file:///path")
+    proc = run_process("stage", REPO, "--store", "file://host/x", "-q",
+                       env=k3a_env, cmd=k3a_cmd, expect=None)
+    assert_told(proc, 9, "file:///path")
     assert proc.stdout == ""

@@ -15,14 +15,14 @@ from tests.faults.faultkit import (
     assert_not_visible,
     file_gets,
     quarantine_of,
-    run_k3a,
     stage_args,
     start_k3a,
     verified_paths,
-    wait_for,
 )
 from tests.staging_helpers import REPO, small_release
+from tests.support.cli import run_process
 from tests.support.hubfaults import Fault
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.faults
 
@@ -44,7 +44,8 @@ def k3a(k3a_unprivileged):
 
 def rerun_and_check(local_hub, file_store, quarantine, k3a, k3a_env, commit):
     mark = len(local_hub.hub.requests)
-    done = run_k3a(k3a, k3a_env, *stage_args(local_hub.endpoint, file_store, quarantine))
+    done = run_process(*stage_args(local_hub.endpoint, file_store, quarantine),
+                       env=k3a_env, cmd=k3a, expect=None)
     assert done.returncode == 0, done.stderr
     assert f"published {len(local_hub.hub.files(REPO))} files" in done.stdout
     assert verify_revision(store=file_store, repo_id=REPO, commit=commit, full=True).ok
@@ -59,10 +60,11 @@ def test_kill_mid_download_resumes_partial_file(local_hub, file_store, tmp_path,
     run = start_k3a(k3a, k3a_env, *stage_args(local_hub.endpoint, file_store, quarantine))
     # The shard is stalled after STALL_AT bytes (at most one write buffer of them still in the
     # process) and every other file is verified: the kill lands mid-download.
-    wait_for(lambda: part.exists() and part.stat().st_size >= STALL_AT - 8192,
-             "the partial shard to reach the stall", proc=run.proc)
-    wait_for(lambda: len(verified_paths(quarantine, commit)) == len(local_hub.hub.files(REPO)) - 1,
-             "the other files to verify", proc=run.proc)
+    wait_until(lambda: part.exists() and part.stat().st_size >= STALL_AT - 8192,
+               "the partial shard to reach the stall", proc=run.proc)
+    others = len(local_hub.hub.files(REPO)) - 1
+    wait_until(lambda: len(verified_paths(quarantine, commit)) == others,
+               "the other files to verify", proc=run.proc)
     run.kill9()
 
     assert_not_visible(file_store, commit)
@@ -79,8 +81,9 @@ def test_kill_after_download_before_checks_reuses_complete_file(local_hub, file_
     run = start_k3a(k3a, k3a_env, *stage_args(local_hub.endpoint, file_store, quarantine),
                     K3A_FAULT_PAUSE=f"downloaded@{SHARD1}:60")
     run.wait_line(f"paused at downloaded {SHARD1}")
-    wait_for(lambda: len(verified_paths(quarantine, commit)) == len(local_hub.hub.files(REPO)) - 1,
-             "the other files to verify", proc=run.proc)
+    others = len(local_hub.hub.files(REPO)) - 1
+    wait_until(lambda: len(verified_paths(quarantine, commit)) == others,
+               "the other files to verify", proc=run.proc)
     run.kill9()
 
     assert_not_visible(file_store, commit)
@@ -101,7 +104,8 @@ def test_kill_mid_publish_leaves_nothing_visible(local_hub, file_store, tmp_path
 
     # The hidden staging directory holds every file and the manifest; readers see none of it.
     assert_not_visible(file_store, commit)
-    not_yet = run_k3a(k3a, k3a_env, "verify", f"{REPO}@{commit}", "--store", file_store.url)
+    not_yet = run_process("verify", f"{REPO}@{commit}", "--store", file_store.url,
+                          env=k3a_env, cmd=k3a, expect=None)
     assert not_yet.returncode == 7, not_yet.stderr
     assert "not published" in not_yet.stderr
 

@@ -22,15 +22,15 @@ from k3artifacts.serving.profiles import load_profile, serving_spec
 from k3artifacts.stores.s3 import S3Store
 from k3artifacts.stores.verify import verify_revision
 from tests.faults.faultkit import (
-    run_k3a,
     stage_args,
     start_k3a,
-    wait_for,
 )
 from tests.fixtures.moves import promote, use_policy
 from tests.fixtures.people import person
 from tests.staging_helpers import REPO, small_release
+from tests.support.cli import run_process
 from tests.support.releases import REPO_ID, Releases
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.faults
 
@@ -56,8 +56,8 @@ def test_two_stagings_of_one_revision_into_one_file_store(local_hub, file_store,
     first.wait_line("paused at publish")
     second = start_k3a(k3a_cmd, k3a_env,
                        *stage_args(local_hub.endpoint, file_store, tmp_path / "q2"))
-    wait_for(lambda: second.proc.poll() is not None or waiting_on_a_lock(second.proc.pid),
-             "the second staging to finish or wait for the first")
+    wait_until(lambda: second.proc.poll() is not None or waiting_on_a_lock(second.proc.pid),
+               "the second staging to finish or wait for the first")
     go.touch()
 
     assert first.finish() == 0, first.stderr
@@ -140,7 +140,7 @@ def test_two_stagings_of_one_revision_sharing_a_quarantine(local_hub, file_store
     first = start_k3a(k3a_cmd, k3a_env, *args,
                       K3A_FAULT_PAUSE="publish:60", K3A_FAULT_RESUME=str(go))
     first.wait_line("paused at publish")
-    second = run_k3a(k3a_cmd, k3a_env, *args)
+    second = run_process(*args, env=k3a_env, cmd=k3a_cmd, expect=None)
     assert second.returncode == 6, second.stderr
     assert "another k3a process is staging this revision" in second.stderr
     go.touch()

@@ -12,13 +12,13 @@ from tests.faults.faultkit import (
     SHARD1,
     SHARD2,
     file_gets,
-    run_k3a,
     stage_args,
     start_k3a,
     verified_paths,
-    wait_for,
 )
 from tests.staging_helpers import REPO, run_stage, small_release
+from tests.support.cli import run_process
+from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.faults, pytest.mark.s3]
 
@@ -126,7 +126,7 @@ def test_kill_mid_put_object_then_rerun(local_hub, s3_fault_proxy, s3_url, s3_en
                       quarantine)
     proxy.add("PutObject", f"*/{SHARD1}", action="stall")
     run = start_k3a(k3a_cmd, env, *args)
-    wait_for(proxy.stalled.is_set, "the shard upload to reach the proxy", proc=run.proc)
+    wait_until(proxy.stalled.is_set, "the shard upload to reach the proxy", proc=run.proc)
     run.kill9()
 
     store = S3Store.from_url(s3_url, endpoint_url=proxy.endpoint)
@@ -136,7 +136,7 @@ def test_kill_mid_put_object_then_rerun(local_hub, s3_fault_proxy, s3_url, s3_en
 
     proxy.release()
     hub_mark = len(local_hub.hub.requests)
-    done = run_k3a(k3a_cmd, env, *args)
+    done = run_process(*args, env=env, cmd=k3a_cmd, expect=None)
     assert done.returncode == 0, done.stderr
     assert published_ok(store, commit)
     assert not verified & {g.target for g in file_gets(local_hub.hub, hub_mark)}
@@ -152,7 +152,7 @@ def test_kill_between_parts_then_rerun_aborts_stale_upload(
     proxy.add("UploadPart", f"*/{SHARD1}", part=2, action="stall")
     run = start_k3a([k3a_cmd[0], "-m", "tests.faults.stage_runner"], env,
                     s3_url, local_hub.endpoint, str(quarantine))
-    wait_for(proxy.stalled.is_set, "part 2 of the shard to reach the proxy", proc=run.proc)
+    wait_until(proxy.stalled.is_set, "part 2 of the shard to reach the proxy", proc=run.proc)
     run.kill9()
 
     store = S3Store.from_url(s3_url, endpoint_url=proxy.endpoint)
@@ -160,7 +160,8 @@ def test_kill_between_parts_then_rerun_aborts_stale_upload(
     assert any(k.endswith(SHARD1) for k in multipart_uploads(s3_client, s3_bucket))
 
     proxy.release()
-    done = run_k3a(k3a_cmd, env, *stage_args(local_hub.endpoint, store, quarantine))
+    done = run_process(*stage_args(local_hub.endpoint, store, quarantine),
+                       env=env, cmd=k3a_cmd, expect=None)
     assert done.returncode == 0, done.stderr
     assert published_ok(store, release)
     assert multipart_uploads(s3_client, s3_bucket) == []

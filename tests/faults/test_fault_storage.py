@@ -15,11 +15,11 @@ from tests.faults.faultkit import (
     SHARD2,
     assert_nothing_published,
     file_gets,
-    run_k3a,
     stage_args,
     verified_paths,
 )
 from tests.staging_helpers import REPO, run_stage, small_release
+from tests.support.cli import run_process
 
 pytestmark = pytest.mark.faults
 
@@ -61,7 +61,7 @@ def test_full_quarantine_disk_names_file_and_resumes_after_space_freed(
     quarantine = small_disk("quarantine", "1m")
     args = stage_args(local_hub.endpoint, store, quarantine, "--workers", "2")
 
-    full = run_k3a(k3a_cmd, k3a_env, *args)
+    full = run_process(*args, env=k3a_env, cmd=k3a_cmd, expect=None)
     assert full.returncode == 8, full.stderr
     assert "Traceback" not in full.stderr
     first = full.stderr.splitlines()[0]
@@ -73,7 +73,7 @@ def test_full_quarantine_disk_names_file_and_resumes_after_space_freed(
 
     grow(quarantine, "8m")
     mark = len(local_hub.hub.requests)
-    again = run_k3a(k3a_cmd, k3a_env, *args)
+    again = run_process(*args, env=k3a_env, cmd=k3a_cmd, expect=None)
     assert again.returncode == 0, again.stderr
     assert store.read_manifest(REPO, local_hub.hub.resolve(REPO, "main")) is not None
     # What reached the disk before it filled up was resumed, not fetched again.
@@ -88,7 +88,7 @@ def test_full_store_disk_names_store_and_keeps_quarantine(local_hub, tmp_path, s
     quarantine = tmp_path / "quarantine"
     args = stage_args(local_hub.endpoint, store, quarantine)
 
-    full = run_k3a(k3a_cmd, k3a_env, *args)
+    full = run_process(*args, env=k3a_env, cmd=k3a_cmd, expect=None)
     assert full.returncode == 8, full.stderr
     assert "Traceback" not in full.stderr
     first = full.stderr.splitlines()[0]
@@ -100,7 +100,7 @@ def test_full_store_disk_names_store_and_keeps_quarantine(local_hub, tmp_path, s
 
     grow(store.root, "8m")
     mark = len(local_hub.hub.requests)
-    again = run_k3a(k3a_cmd, k3a_env, *args)
+    again = run_process(*args, env=k3a_env, cmd=k3a_cmd, expect=None)
     assert again.returncode == 0, again.stderr
     # What was verified in quarantine before the store filled up is not fetched again.
     assert not verified & {g.target for g in file_gets(local_hub.hub, mark)}
@@ -126,7 +126,8 @@ def test_published_files_changed_behind_our_back_are_found_by_verify(
     _writable(revision / "config.json").unlink()
     (revision / "extra.py").write_text("import os\n")
 
-    proc = run_k3a(k3a_cmd, k3a_env, "verify", f"{REPO}@{commit}", "--store", file_store.url, "-q")
+    proc = run_process("verify", f"{REPO}@{commit}", "--store", file_store.url, "-q",
+                       env=k3a_env, cmd=k3a_cmd, expect=None)
     assert proc.returncode == 4, proc.stderr
     problems = {line.split(":")[0].strip(): line for line in proc.stderr.splitlines()[1:5]}
     assert "xxh3-128" in problems[SHARD1]
@@ -146,7 +147,8 @@ def test_edited_manifest_is_caught_by_expected_digest(local_hub, file_store, tmp
     # Whoever swaps a shard can rewrite the manifest to match; the digest a tuple pinned cannot.
     manifest.write_bytes(manifest.read_bytes().replace(b'"config"', b'"other"', 1))
 
-    proc = run_k3a(k3a_cmd, k3a_env, "verify", f"{REPO}@{commit}", "--store", file_store.url,
-                   "--expect-digest", result.manifest_digest, "-q")
+    proc = run_process("verify", f"{REPO}@{commit}", "--store", file_store.url,
+                       "--expect-digest", result.manifest_digest, "-q",
+                       env=k3a_env, cmd=k3a_cmd, expect=None)
     assert proc.returncode == 4, proc.stderr
     assert f"expected {result.manifest_digest}" in proc.stderr

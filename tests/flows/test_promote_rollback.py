@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 import pwd
 import threading
-import time
 
 import pytest
 
@@ -22,6 +21,7 @@ from tests.fixtures.moves import promote, use_policy
 from tests.fixtures.people import person
 from tests.flow_helpers import run_answered
 from tests.support.releases import Releases
+from tests.support.waiting import wait_until
 
 ME = pwd.getpwuid(os.getuid()).pw_name
 
@@ -101,16 +101,15 @@ def test_rollback_with_and_without_approval(store, releases, policies, reviewed)
 def _answer_with_k3a(store, user, k3a_env, box):
     """Wait for the flow's request, then answer it with the real `k3a approve`, as ``user``."""
     def run():
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            keys = [k for k in store.list_keys(PREFIX) if k.endswith("/request.json")]
-            if keys:
-                request_id = keys[0].split("/")[-2]
-                box.append(k3a_as(user, store, "approve", request_id, "--reason", "ok",
-                                  env=k3a_env))
-                return
-            time.sleep(0.2)
-        box.append(TimeoutError("no request"))
+        try:
+            keys = wait_until(
+                lambda: [k for k in store.list_keys(PREFIX) if k.endswith("/request.json")],
+                "the flow's approval request", timeout=120, interval=0.2)
+            request_id = keys[0].split("/")[-2]
+            box.append(k3a_as(user, store, "approve", request_id, "--reason", "ok",
+                              env=k3a_env))
+        except Exception as exc:  # noqa: BLE001 - handed to the test (a timeout included)
+            box.append(exc)
     thread = threading.Thread(target=run, daemon=True)
     thread.start()
     return thread

@@ -4,10 +4,10 @@ the same results as `k3a stage` through the same engine."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -22,6 +22,7 @@ from k3artifacts.stores.verify import verify_revision
 from tests.fixtures.s3_fault_proxy import S3FaultProxy
 from tests.flow_helpers import resolve_gets
 from tests.staging_helpers import REPO, run_stage, small_release
+from tests.support.waiting import wait_until
 
 MiB = 1 << 20
 FAST = {"attempts": 3, "backoff": 0.01, "task_retries": 1, "task_retry_delay": 0}
@@ -142,16 +143,18 @@ def test_dask_workers_without_shared_disk_survive_a_worker_killed_mid_shard(
 
         killed: list[int] = []
 
+        def holding_the_victim() -> Path | None:
+            for part in workers_dir.glob(f"w-*/*/*/partial/{victim_part}"):
+                if part.stat().st_size >= 6 * MiB:  # fully downloaded, paused there
+                    return part
+            return None
+
         def kill_the_worker_holding_the_victim() -> None:
-            deadline = time.monotonic() + 120
-            while time.monotonic() < deadline and not killed:
-                for part in workers_dir.glob(f"w-*/*/*/partial/{victim_part}"):
-                    if part.stat().st_size >= 6 * MiB:  # fully downloaded, paused there
-                        pid = int(part.parents[3].name[2:])
-                        os.kill(pid, signal.SIGKILL)
-                        killed.append(pid)
-                        return
-                time.sleep(0.05)
+            with contextlib.suppress(AssertionError):  # never seen: the test says so below
+                part = wait_until(holding_the_victim, "a worker holding the shard", 120)
+                pid = int(part.parents[3].name[2:])
+                os.kill(pid, signal.SIGKILL)
+                killed.append(pid)
 
         killer = threading.Thread(target=kill_the_worker_holding_the_victim, daemon=True)
         killer.start()

@@ -13,7 +13,6 @@ import shutil
 import subprocess
 import sys
 import threading
-import time
 import urllib.request
 from pathlib import Path
 
@@ -29,6 +28,7 @@ from k3artifacts.stores.file import FileStore
 from tests.fixtures.prefect_api import _free_port, _healthy
 from tests.staging_helpers import REPO, small_release
 from tests.support.hubfaults import Fault
+from tests.support.waiting import wait_until
 
 pytestmark = [
     pytest.mark.slow,
@@ -53,11 +53,11 @@ def ui_server(tmp_path):
                              "127.0.0.1", "--port", str(port)], env=env, stdout=log,
                             stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
     try:
-        deadline = time.monotonic() + 120
-        while not _healthy(f"{base}/api"):
-            assert proc.poll() is None and time.monotonic() < deadline, \
-                (tmp_path / "server.log").read_text()[-3000:]
-            time.sleep(0.25)
+        try:
+            wait_until(lambda: _healthy(f"{base}/api"), "the Prefect server to answer", 120,
+                       interval=0.25, proc=proc)
+        except AssertionError as exc:
+            raise AssertionError((tmp_path / "server.log").read_text()[-3000:]) from exc
         with urllib.request.urlopen(base, timeout=10) as resp:  # the UI is served
             assert resp.status == 200
         with temporary_settings({PREFECT_API_URL: f"{base}/api"}):
@@ -133,10 +133,13 @@ def test_run_pages_show_names_tags_and_decisions(ui_server, local_hub, tmp_path,
                       return_state=True)),))
     thread.start()
     status = f"{slug('k3a', REPO, commit[:12])}-status"
-    deadline = time.monotonic() + 60
-    while "% staged" not in _latest_data(status) or "(0 of" in _latest_data(status):
-        assert time.monotonic() < deadline and thread.is_alive(), _latest_data(status)
-        time.sleep(0.2)
+
+    def bytes_staged() -> bool:
+        assert thread.is_alive(), _latest_data(status)
+        data = _latest_data(status)
+        return "% staged" in data and "(0 of" not in data
+
+    wait_until(bytes_staged, "the live status to show bytes staged", 60, interval=0.2)
     dom = browse(artifact_page(ui_server, status), tmp_path / "stage-live-status.png")
     thread.join(120)
     assert outcome and outcome[0].is_completed()
