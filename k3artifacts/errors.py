@@ -109,6 +109,15 @@ class StoredRecordRefused(K3AError):
             "restore it from a backup (or S3 versioning) and find who can write to the store")
 
 
+class CorruptManifest(StoredRecordRefused, ValueError):
+    """A revision manifest that does not parse (truncated, edited, not a manifest). Also a
+    ValueError, as pydantic's error was: a node reading its own cached copy treats one that
+    does not parse as absent and fetches the revision's manifest again."""
+
+    hint = ("do not serve this revision: its manifest was changed outside k3a; restore it from "
+            "a backup (or S3 versioning), or stage the revision again into another store")
+
+
 class TamperedRecord(StoredRecordRefused):
     """Stored release records (tuples) whose body no longer derives its id, or does not
     parse: edited in the store, outside k3a. Each one is a :class:`Refusal`, as for release

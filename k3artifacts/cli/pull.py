@@ -49,8 +49,8 @@ root_option = click.option(
 
 @exits(
     (0, "done"),
-    (4, "a file (named) read from the store does not match the manifest, or the copy here does "
-        "not and a server leases it (left as it is)"),
+    (4, "a file (named) read from the store does not match the manifest, the manifest does not "
+        "parse, or the copy here does not match and a server leases it (left as it is)"),
     (7, "unknown tuple or revision"),
     (8, "store unreachable, or not enough space / the disk filled (re-run: parts on disk are "
         "kept)"),

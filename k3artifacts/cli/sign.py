@@ -16,7 +16,8 @@ from k3artifacts.cli.exits import exits
 
 
 @exits((0, "signed, or already signed by this key"),
-       (4, "the tuple's body does not match its id (edited in the store)"),
+       (4, "the tuple's body does not match its id, or the revision's manifest does not "
+           "parse (edited in the store)"),
        (6, "already signed by another key"), (7, "not a published revision or tuple"),
        (9, "the signing key refused"))
 @click.command("sign")

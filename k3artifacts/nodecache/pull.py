@@ -319,7 +319,8 @@ def _read_manifest(target: PullTarget) -> tuple[bytes, ShardManifest]:
     raw = target.store.published_manifest_bytes(
         rev.repo_id, rev.commit,
         hint="check the tuple's store (--store) or stage the revision first")
-    manifest = ShardManifest.parse(raw)
+    manifest = ShardManifest.parse(
+        raw, f"the manifest of {rev.repo_id}@{rev.commit} in {target.store.url}")
     if target.manifest_digest is not None and not manifest.answers_to(target.manifest_digest):
         raise VerifyMismatch(
             f"{rev} in {target.store.url}: manifest digest {manifest.digest()}, the tuple "

@@ -85,7 +85,8 @@ def plan_sign(store: Store, target: str, signing_key: str | None) -> SignPlan:
     ref = match_revision_ref(target)
     if ref is not None:
         raw = published_manifest_bytes(store, ref.repo_id, ref.commit)
-        statement = revision_statement(ShardManifest.parse(raw), raw)
+        statement = revision_statement(ShardManifest.parse(
+            raw, f"the manifest of {ref.repo_id}@{ref.commit} in {store.url}"), raw)
         key = signature_key(ref.repo_id, ref.commit)
         return SignPlan(str(ref), "revision", signer, key,
                         _same_revision_signature(store, key, signer, statement),

@@ -22,9 +22,17 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, model_serializer
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializerFunctionWrapHandler,
+    ValidationError,
+    model_serializer,
+)
 
 from k3artifacts.canonical import canonical_digest, canonical_json
+from k3artifacts.errors import CorruptManifest, plain_validation_errors
 
 MANIFEST_SCHEMA = 1
 META_DIR = ".k3a"
@@ -187,8 +195,15 @@ class ShardManifest(Frozen):
         return None
 
     @classmethod
-    def parse(cls, data: bytes) -> ShardManifest:
-        return cls.model_validate_json(data)
+    def parse(cls, data: bytes, where: str = "the revision manifest") -> ShardManifest:
+        """The manifest in ``data``; CorruptManifest (exit 4) naming ``where`` (its store key
+        or path) when it does not parse."""
+        try:
+            return cls.model_validate_json(data)
+        except ValidationError as exc:
+            raise CorruptManifest(
+                f"{where} does not parse as a revision manifest: "
+                f"{plain_validation_errors(exc)}") from None
 
 
 def revision_prefix(repo_id: str, commit: str) -> str:

@@ -95,7 +95,8 @@ def published_manifest_bytes(store: Store, repo_id: str, commit: str) -> bytes:
 def sign_revision(store: Store, repo_id: str, commit: str, signer: Signer) -> RevisionSignature:
     """Sign a published revision and store ``.k3a/model.sig``; reads only its manifest."""
     raw = published_manifest_bytes(store, repo_id, commit)
-    statement = revision_statement(ShardManifest.parse(raw), raw)
+    statement = revision_statement(
+        ShardManifest.parse(raw, f"the manifest of {repo_id}@{commit} in {store.url}"), raw)
     key = signature_key(repo_id, commit)
     files = len(statement["predicate"]["resources"])
     try:

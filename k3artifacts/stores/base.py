@@ -76,8 +76,10 @@ class Store(RecordStore, RevisionStore):
         )
 
     def read_manifest(self, repo_id: str, commit: str) -> ShardManifest | None:
-        found = self.read(manifest_key(repo_id, commit))
-        return None if found is None else ShardManifest.parse(found.data)
+        key = manifest_key(repo_id, commit)
+        found = self.read(key)
+        return None if found is None else ShardManifest.parse(
+            found.data, f"{self.url.rstrip('/')}/{key}")
 
     def read_provenance(self, repo_id: str, commit: str) -> Provenance | None:
         found = self.read(provenance_key(repo_id, commit))

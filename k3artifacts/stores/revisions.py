@@ -18,6 +18,7 @@ from typing import BinaryIO
 
 from k3artifacts.errors import NotFound, VerifyMismatch
 from k3artifacts.revisions.manifest import (
+    MANIFEST_NAME,
     META_DIR,
     FileRecord,
     Provenance,
@@ -323,7 +324,8 @@ class RevisionStore(ABC):
     def published_manifest(self, repo_id: str, commit: str, *,
                            hint: str | None = None) -> ShardManifest:
         """A revision's manifest; raises :class:`NotPublished`."""
-        return ShardManifest.parse(self.published_manifest_bytes(repo_id, commit, hint=hint))
+        return ShardManifest.parse(self.published_manifest_bytes(repo_id, commit, hint=hint),
+                                   f"{self.location(repo_id, commit)}/{META_DIR}/{MANIFEST_NAME}")
 
     # ---- files ---------------------------------------------------------------------------
     @abstractmethod

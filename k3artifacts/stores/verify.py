@@ -178,7 +178,7 @@ def verify_revision(
         target = f"{repo_id}@{commit} in {store.url}"
     if raw is None:
         raw = reader.manifest_bytes()
-    manifest = ShardManifest.parse(raw)
+    manifest = ShardManifest.parse(raw, f"the manifest of {target}")
     digest = manifest.digest()
     algorithm = "sha256" if full else "xxh3-128"
     report = VerifyReport(target, digest, len(manifest.files), manifest.total_bytes, algorithm)

@@ -7,7 +7,7 @@ from datetime import UTC, datetime
 from functools import cached_property
 from pathlib import Path
 
-from k3artifacts.errors import NotFound
+from k3artifacts.errors import CorruptManifest, NotFound
 from k3artifacts.policy.actor import Actor
 from k3artifacts.policy.model import ChannelPolicy
 from k3artifacts.policy.signed import RecordTrust
@@ -43,8 +43,8 @@ class GateContext:
         key = manifest_key(w.repo_id, w.commit)
         try:
             return tuple_manifest(self.store, self.release), ""
-        except ValueError as exc:
-            return None, f"{key} in {self.store.url} is malformed: {str(exc).splitlines()[0]}"
+        except CorruptManifest as exc:  # names where it was read
+            return None, str(exc).splitlines()[0]
         except NotFound:
             return (
                 None,
