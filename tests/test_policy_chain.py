@@ -24,6 +24,7 @@ from k3artifacts.policy.record import (
     PolicyChange,
     change_key,
     changes,
+    document_key,
     in_force,
     seed,
 )
@@ -234,6 +235,18 @@ def test_a_removed_change_is_refused(any_store, as_alice, policies, tmp_path):
     _three_versions(any_store, policies)
     remove(any_store, change_key(2))
     _refused_everywhere(as_alice, any_store, tmp_path, "gap")
+
+
+def test_a_removed_document_is_refused_by_name(any_store, as_alice, policies, tmp_path):
+    """The document the head of the history names, deleted: every reader refuses it as a
+    stored record (exit 4), naming the key, rather than as an unknown name."""
+    _three_versions(any_store, policies)
+    key = document_key(in_force(any_store).digest)
+    remove(any_store, key)
+    release = Releases(any_store, tmp_path / "scratch").release()
+    for args in (*READERS, ["gates", release.id, "staging"], ["promote", release.id, "staging"]):
+        refused = invoke(*args, expect=4, env=as_alice)
+        assert f"{key} is missing from" in refused.stderr, (args, refused.stderr)
 
 
 def test_a_forked_change_is_refused(any_store, as_alice, policies, tmp_path):

@@ -53,7 +53,6 @@ from k3artifacts.errors import (
     AlreadyExists,
     ConfigError,
     Conflict,
-    NotFound,
     StoredRecordRefused,
     UntrustedRecord,
 )
@@ -190,10 +189,14 @@ def channel_section(store: RecordStore, channel: str, section: str, example: str
 
 
 def read_document(store: RecordStore, digest: str) -> PolicyDocument:
+    """The policy document ``digest`` names. Every digest read here comes from a record of the
+    store (a change, a request, a pointer), so a document that is missing is a stored record
+    refused (exit 4), not an unknown name."""
     key = document_key(digest)
     found = store.read(key)
     if found is None:
-        raise NotFound(f"no policy document {digest} in {store.url}")
+        raise CorruptPolicy(f"{key} is missing from {store.url}, though a record of the "
+                            "store names it")
     try:
         document = PolicyDocument.model_validate_json(found.data)
     except ValidationError as exc:
