@@ -120,6 +120,22 @@ def test_an_exec_plugin_token_reaches_an_api_that_refuses_everything_else(tmp_pa
     assert runs.read_text().count("run") == 1
 
 
+def test_a_token_file_is_read_for_the_bearer_token(tmp_path):
+    """A kubeconfig user with ``tokenFile`` (what a projected token or a CI secret mount
+    gives): its content, trimmed as kubectl trims it, is the credential; a file holding a
+    second line is refused by name, never sent as a header."""
+    api = Api("file-t0ken")
+    (tmp_path / "token").write_text("file-t0ken\n")
+    with api_server(api) as url:
+        nodes = list_nodes(kubeconfig(tmp_path / "k", url, {"tokenFile": str(tmp_path / "token")}))
+    assert [n["metadata"]["name"] for n in nodes] == [NODE["metadata"]["name"]]
+    assert api.seen == ["Bearer file-t0ken"]
+    (tmp_path / "token").write_text("file-t0ken\nX-Injected: 1\n")
+    with pytest.raises(ConfigError, match="token holds a line break"):
+        list_nodes(kubeconfig(tmp_path / "k", "http://127.0.0.1:9",
+                              {"tokenFile": str(tmp_path / "token")}))
+
+
 def test_an_expiring_exec_token_is_fetched_again(tmp_path):
     """A token that expires within the client's skew (5 min) is renewed before each use."""
     api = Api("exec-t0ken")

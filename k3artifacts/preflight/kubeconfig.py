@@ -75,10 +75,17 @@ def load_target(kubeconfig: Path | None, context: str | None = None) -> KubeTarg
         if plugin is not None:
             return plugin.authorization()
         try:
-            return config.get_api_key_with_prefix("BearerToken", alias="authorization")
+            value = config.get_api_key_with_prefix("BearerToken", alias="authorization")
         except ConfigException as exc:
             raise ConfigError(f"{source}: the credential cannot be renewed: {exc}",
                               hint=KUBECONFIG_HINT) from None
+        # A token file ends in a newline more often than not; kubectl trims it (client-go's
+        # TrimSpace), the Python client does not. What is left must fit in a header.
+        value = value.strip() if value else value
+        if value and not value.isprintable():
+            raise ConfigError(f"{source}: the user's token holds a line break or a control "
+                              "character", hint=KUBECONFIG_HINT)
+        return value
 
     return KubeTarget(
         server=server, namespace=namespace, source=source, ca_file=config.ssl_ca_cert,
