@@ -191,20 +191,33 @@ def test_the_traffic_gate_never_passes_a_stored_value_outside_its_meaning(releas
     assert "e2e_latency refused: -1 is negative; a latency cannot be" in verdict.reason
 
 
+@pytest.mark.parametrize("spoiled", ["negative", "trickled"])
 def test_traffic_analyze_exits_8_naming_prometheus_and_records_nothing(
-        prometheus, released, tmp_path, k3a_cmd, k3a_env):
+        prometheus, released, tmp_path, k3a_cmd, k3a_env, spoiled):
+    """`k3a traffic analyze` against a Prometheus that answers a negative latency, or that
+    trickles its answer past the whole-answer deadline: exit 8 naming it, nothing recorded."""
     url, answers = prometheus
     store, release = released
-    answers.by_metric["time_to_first_token"] = "-3"
+    env = dict(k3a_env)
+    if spoiled == "negative":
+        answers.by_metric["time_to_first_token"] = "-3"
+        said = (f"Prometheus at {url} answered time_to_first_token = -3 is negative; a latency "
+                "cannot be")
+    else:
+        answers.trickle = True
+        env.update(K3A_HTTP_DEADLINE="1", K3A_HTTP_READ_TIMEOUT="5", K3A_HTTP_ATTEMPTS="2",
+                   K3A_HTTP_BACKOFF="0.01")
+        said = "not complete within its deadline (after 2 attempts)"
+    started = time.monotonic()
     run = subprocess.run(
         [*k3a_cmd, "traffic", "analyze", release.id, "--prometheus", url, "--channel",
          "production", "--step", "0", "--json", "--store", store.url],
-        env=k3a_env, capture_output=True, text=True, timeout=120)
+        env=env, capture_output=True, text=True, timeout=120)
     assert run.returncode == 8, run.stderr
+    assert time.monotonic() - started < 30
     out = json.loads(run.stdout)
     assert out["exit_code"] == 8
-    assert (f"Prometheus at {url} answered time_to_first_token = -3 is negative; a latency "
-            "cannot be") in out["error"]
+    assert said in out["error"] and f"Prometheus at {url}" in out["error"], out["error"]
     assert "Traceback" not in run.stderr
     assert not list((tmp_path / "store").rglob("releases/traffic/**/*.json"))
 
