@@ -99,9 +99,14 @@ def wait_for_approval(store: Store, request: ApprovalRequest, *, timeout: int,
     return decision
 
 
-def rejected(decision: Decision, what: str) -> State:
+def rejected(decision: Decision, what: str, *, heading: str, key: str,
+             details: str = "") -> State:
     """The run's final state after a rejection: Cancelled, named Rejected. Nobody failed, and
-    nothing was written; the message says who decided and why."""
+    nothing was written; the message says who decided and why, and so does the artifact
+    (``heading``, then the message, then ``details``) under the move's ``-refused`` key."""
     because = f": {decision.reason}" if decision.reason else ""
-    return Cancelled(name="Rejected",
-                     message=f"{what} rejected by {decision.by.label()}{because}")
+    state = Cancelled(name="Rejected",
+                      message=f"{what} rejected by {decision.by.label()}{because}")
+    body = f"{heading}\n\n{state.message}" + (f"\n\n{details}" if details else "")
+    create_markdown_artifact(body, key=f"{key}-refused", description=f"{what}: rejected")
+    return state

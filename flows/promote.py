@@ -139,11 +139,9 @@ def promote_release(
         if isinstance(decision, State):
             return decision
         if decision.decision == "rejected":
-            final = rejected(decision, f"promotion of {tuple_id} to {channel}")
-            create_markdown_artifact(f"# {tuple_id} -> {channel}: rejected\n\n{final.message}\n\n"
-                                     f"{channel} was not changed.\n\n{table}", key=f"{key}-refused",
-                                     description=f"promotion of {tuple_id} to {channel}: rejected")
-            return final
+            return rejected(decision, f"promotion of {tuple_id} to {channel}",
+                            heading=f"# {tuple_id} -> {channel}: rejected", key=key,
+                            details=f"{channel} was not changed.\n\n{table}")
         approval = request.id
     result = move_pointer(store, tuple_id, channel, reason=reason, overrides=overrides,
                           approval=approval)

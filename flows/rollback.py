@@ -97,11 +97,8 @@ def rollback_channel(
         if isinstance(decision, State):
             return decision
         if decision.decision == "rejected":
-            final = rejected(decision, f"rollback of {channel}")
-            create_markdown_artifact(f"# {channel}: rollback rejected\n\n{final.message}",
-                                     key=f"{key}-refused",
-                                     description=f"rollback of {channel}: rejected")
-            return final
+            return rejected(decision, f"rollback of {channel}",
+                            heading=f"# {channel}: rollback rejected", key=key)
         request_id = request.id
     result = move_back(store, channel, to=to, reason=reason, approval=request_id)
     if isinstance(result, Refused):
