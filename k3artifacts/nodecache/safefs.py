@@ -260,3 +260,41 @@ def remove_tree(parent: Dir, name: str, depth: int = 0) -> None:
             else:
                 os.unlink(child, dir_fd=top.fd)
     os.rmdir(name, dir_fd=parent.fd)
+
+
+def remove_any_depth(parent: Dir, name: str) -> None:
+    """Delete ``name`` under ``parent`` (a file, or a whole directory, whose links are removed
+    as links; a link at ``name`` itself is refused, as everywhere here), however deep it
+    nests. :func:`remove_tree` stops at ``MAX_DEPTH`` so that a planted tree cannot exhaust the
+    stack or the descriptors; here a deeper tree is flattened instead: each directory two
+    levels down is moved up beside its grandparent (a rename inside the tree, no link
+    followed) until the top holds only files and empty directories, two descriptors open at a
+    time."""
+    st = parent.lstat(name)
+    if st is None:
+        return
+    if not stat.S_ISDIR(st.st_mode):
+        parent.unlink(name)
+        return
+    with parent.sub(name) as top:
+        os.fchmod(top.fd, 0o755)
+        hoisted = 0
+        while children := list(top.entries()):
+            for child, cst in children:
+                if not stat.S_ISDIR(cst.st_mode):
+                    os.unlink(child, dir_fd=top.fd)
+                    continue
+                with top.sub(child) as sub:
+                    os.fchmod(sub.fd, 0o755)
+                    for grand, gst in list(sub.entries()):
+                        if not stat.S_ISDIR(gst.st_mode):
+                            os.unlink(grand, dir_fd=sub.fd)
+                            continue
+                        with sub.sub(grand) as moving:  # a moved directory rewrites its ".."
+                            os.fchmod(moving.fd, 0o755)
+                        while top.lstat(f".k3a-flat-{hoisted}") is not None:
+                            hoisted += 1
+                        sub.replace(grand, top, f".k3a-flat-{hoisted}")
+                        hoisted += 1
+                os.rmdir(child, dir_fd=top.fd)
+    os.rmdir(name, dir_fd=parent.fd)

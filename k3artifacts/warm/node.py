@@ -10,15 +10,15 @@ ROOT/warm/<tuple-id>/<gpu-slug>/.<layout>.k3a-partial/      a pull in progress
 
 Everything under ROOT is reached through :mod:`k3artifacts.nodecache.safefs` (directory
 descriptors, ``O_NOFOLLOW``; a planted link is refused, never followed). A directory k3a
-removes here goes however deep it nests (:func:`remove_any_depth`): a partial pull left by an
-older k3a, or planted by another pod, never blocks a later pull, and ``k3a cache ls`` lists and
-``k3a cache gc`` removes every partial pull no running pull holds. A pull assembles the
-artifact in its partial directory, each file's sha256 and xxh3-128 checked as its bytes
-arrive, and renames it into place only when complete. A use re-reads every file of that copy
-while writing it into the server's cache directory (xxh3-128, one read): a file changed on
-the node after the pull is a miss at use, and what was copied is removed before the server
-starts. The server's directories are writable copies, never the cache's read-only files: the
-server adds what it compiles that the artifact did not hold.
+removes here goes however deep it nests (:func:`~k3artifacts.nodecache.safefs.remove_any_depth`):
+a partial pull left by an older k3a, or planted by another pod, never blocks a later pull, and
+``k3a cache ls`` lists and ``k3a cache gc`` removes every partial pull no running pull holds.
+A pull assembles the artifact in its partial directory, each file's sha256 and xxh3-128 checked
+as its bytes arrive, and renames it into place only when complete. A use re-reads every file of
+that copy while writing it into the server's cache directory (xxh3-128, one read): a file
+changed on the node after the pull is a miss at use, and what was copied is removed before the
+server starts. The server's directories are writable copies, never the cache's read-only files:
+the server adds what it compiles that the artifact did not hold.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from pydantic import BaseModel, ConfigDict
 from k3artifacts.errors import K3AError, NotFound, UnsafeCacheEntry
 from k3artifacts.nodecache import locks, safefs
 from k3artifacts.nodecache.layout import CacheLayout, Revision
-from k3artifacts.nodecache.safefs import Dir
+from k3artifacts.nodecache.safefs import Dir, remove_any_depth
 from k3artifacts.releases.tuples import ReleaseTuple
 from k3artifacts.revisions.hashing import MultiHasher
 from k3artifacts.revisions.manifest import META_DIR
@@ -72,44 +72,6 @@ class WarmMarker(BaseModel):
 
 def _parts(release_id: str, gpu: str) -> list[str]:
     return [WARM_DIR, release_id, gpu_slug(gpu)]
-
-
-def remove_any_depth(parent: Dir, name: str) -> None:
-    """Delete ``name`` under ``parent`` (a file, or a whole directory, whose links are removed
-    as links; a link at ``name`` itself is refused, as :mod:`~k3artifacts.nodecache.safefs`
-    refuses one), however deep it nests. :func:`~k3artifacts.nodecache.safefs.remove_tree` stops at
-    ``MAX_DEPTH`` so that a planted tree cannot exhaust the stack or the descriptors; here a
-    deeper tree is flattened instead: each directory two levels down is moved up beside its
-    grandparent (a rename inside the tree, no link followed) until the top holds only files
-    and empty directories, two descriptors open at a time."""
-    st = parent.lstat(name)
-    if st is None:
-        return
-    if not stat.S_ISDIR(st.st_mode):
-        parent.unlink(name)
-        return
-    with parent.sub(name) as top:
-        os.fchmod(top.fd, 0o755)
-        hoisted = 0
-        while children := list(top.entries()):
-            for child, cst in children:
-                if not stat.S_ISDIR(cst.st_mode):
-                    os.unlink(child, dir_fd=top.fd)
-                    continue
-                with top.sub(child) as sub:
-                    os.fchmod(sub.fd, 0o755)
-                    for grand, gst in list(sub.entries()):
-                        if not stat.S_ISDIR(gst.st_mode):
-                            os.unlink(grand, dir_fd=sub.fd)
-                            continue
-                        with sub.sub(grand) as moving:  # a moved directory rewrites its ".."
-                            os.fchmod(moving.fd, 0o755)
-                        while top.lstat(f".k3a-flat-{hoisted}") is not None:
-                            hoisted += 1
-                        sub.replace(grand, top, f".k3a-flat-{hoisted}")
-                        hoisted += 1
-                os.rmdir(child, dir_fd=top.fd)
-    os.rmdir(name, dir_fd=parent.fd)
 
 
 def artifact_dir(root: Path, tuple_id: str, gpu: str, layout: str) -> Path:
