@@ -125,14 +125,19 @@ def test_capture_pull_use_on_every_store(any_store, tmp_path):
     assert cached.tuple_id == release.id and cached.files == result.files
 
 
-@pytest.fixture
-def captured(tmp_path):
+def a_release_and_its_caches(tmp_path: Path, *, small: int):
+    """(store, releases, a tuple, the server's cache directories holding ``small`` small
+    files) on a file store seeded with the packaged policy."""
     store = FileStore(tmp_path / "store")
     seed_people(store, packaged_document())
     releases = Releases(store, tmp_path / "scratch")
     release = releases.release()
-    dirs = cache_tree(tmp_path / "caches", small=40)
-    return store, releases, release, dirs
+    return store, releases, release, cache_tree(tmp_path / "caches", small=small)
+
+
+@pytest.fixture
+def captured(tmp_path):
+    return a_release_and_its_caches(tmp_path, small=40)
 
 
 def test_foreign_gpu_other_layout_and_absent_are_named_misses(captured, tmp_path):

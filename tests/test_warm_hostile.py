@@ -20,31 +20,24 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from k3artifacts.errors import ConfigError
 from k3artifacts.nodecache import locks
 from k3artifacts.nodecache.layout import CacheLayout
-from k3artifacts.policy.record import packaged_document
 from k3artifacts.policy.signed import record_trust
 from k3artifacts.signing.keys import KeySigner
-from k3artifacts.stores.file import FileStore
 from k3artifacts.warm import prewarm
 from k3artifacts.warm.claim import AlreadyCaptured
 from k3artifacts.warm.model import artifact_key, gpu_slug
 from k3artifacts.warm.node import _lock_rev, list_warm
 from k3artifacts.warm.trust import WarmTrust
-from tests.fixtures.moves import seed_people, use_policy
+from tests.fixtures.moves import use_policy
 from tests.fixtures.people import person
 from tests.support.cli import invoke
-from tests.support.releases import Releases
-from tests.test_warm import GPU, OPEN, _capture, cache_tree
+from tests.test_warm import GPU, OPEN, _capture, a_release_and_its_caches
 
 DEEP = 120
 
 
 @pytest.fixture
 def captured(tmp_path):
-    store = FileStore(tmp_path / "store")
-    seed_people(store, packaged_document())
-    releases = Releases(store, tmp_path / "scratch")
-    release = releases.release()
-    return store, releases, release, cache_tree(tmp_path / "caches", small=6)
+    return a_release_and_its_caches(tmp_path, small=6)
 
 
 def _deep_tree(top: Path, depth: int = DEEP) -> Path:
