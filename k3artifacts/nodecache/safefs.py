@@ -243,14 +243,23 @@ def make_writable(top: Dir, depth: int = 0) -> None:
                 make_writable(child, depth + 1)
 
 
+def _a_directory_to_empty(parent: Dir, name: str) -> bool:
+    """Whether ``name`` under ``parent`` is a directory whose entries are to go first; a file
+    is unlinked here (a link refused, by :meth:`Dir.unlink`), and nothing there is nothing to
+    do."""
+    st = parent.lstat(name)
+    if st is None:
+        return False
+    if not stat.S_ISDIR(st.st_mode):
+        parent.unlink(name)
+        return False
+    return True
+
+
 def remove_tree(parent: Dir, name: str, depth: int = 0) -> None:
     """Delete the directory ``name`` and everything in it; links in it are removed as links,
     never followed."""
-    st = parent.lstat(name)
-    if st is None:
-        return
-    if not stat.S_ISDIR(st.st_mode):
-        parent.unlink(name)
+    if not _a_directory_to_empty(parent, name):
         return
     with parent.sub_within(name, depth) as top:
         os.fchmod(top.fd, 0o755)
@@ -270,11 +279,7 @@ def remove_any_depth(parent: Dir, name: str) -> None:
     levels down is moved up beside its grandparent (a rename inside the tree, no link
     followed) until the top holds only files and empty directories, two descriptors open at a
     time."""
-    st = parent.lstat(name)
-    if st is None:
-        return
-    if not stat.S_ISDIR(st.st_mode):
-        parent.unlink(name)
+    if not _a_directory_to_empty(parent, name):
         return
     with parent.sub(name) as top:
         os.fchmod(top.fd, 0o755)
