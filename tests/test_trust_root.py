@@ -11,7 +11,13 @@ from pathlib import Path
 import pytest
 
 from k3artifacts.canonical import canonical_json
-from k3artifacts.errors import ConfigError, TrustRootError, UntrustedRecord, UsageError
+from k3artifacts.errors import (
+    ConfigError,
+    HistoryRewound,
+    TrustRootError,
+    UntrustedRecord,
+    UsageError,
+)
 from k3artifacts.stores.file import FileStore
 from k3artifacts.trust import enrol, rotation
 from k3artifacts.trust.envelope import add_signature
@@ -248,3 +254,21 @@ def test_the_cli_walks_first_use_a_second_account_joining_and_a_cosigned_rotatio
     (store / "releases/trust/root/0000000003.json").write_bytes(canonical_json(record))
     assert pinned.exists()
     assert "root-mismatch" in k3a("alice", "trust", "show", code=4)["error"]
+
+
+def test_a_root_rotation_deleted_from_the_store_is_refused_by_a_client_that_followed_it(
+        store, client):
+    """Root v2 removed from the store (a restored copy from before the rotation): a client
+    pinning v2 refuses it, naming both heads; one that never saw v2 reads v1 as before."""
+    pin, _ = enrol.first_use(store, ALICE, "alice")
+    client("bob")
+    enrol.join(store, pin.root.fingerprint)
+    client("alice")
+    done = rotation.rotate(store, pin, ALICE, add=keys(bob=BOB), remove=[], threshold=None)
+    store.delete(root_key(2))
+    caught = refused("rewound", follow, store, require_pin(store.url))
+    assert isinstance(caught, HistoryRewound)
+    assert f"the store's root: this client verified v2 ({done.root.fingerprint[:12]})" \
+        in str(caught)
+    client("bob")
+    assert follow(store, require_pin(store.url))[0].root == pin.root

@@ -53,6 +53,7 @@ from k3artifacts.errors import (
     AlreadyExists,
     ConfigError,
     Conflict,
+    HistoryRewound,
     StoredRecordRefused,
     UntrustedRecord,
 )
@@ -61,13 +62,12 @@ from k3artifacts.policy.document import IDENTITIES_FILE, PolicyDocument
 from k3artifacts.policy.loosening import loosening
 from k3artifacts.policy.results import policy_label
 from k3artifacts.stores.records import RecordStore
-from k3artifacts.trust import enrol
+from k3artifacts.trust import enrol, heads
 from k3artifacts.trust.chain import (
     Chain,
     ChainEntry,
     ChainLayout,
     append,
-    logged_seqs,
     verify_chain,
 )
 from k3artifacts.trust.envelope import is_unsigned
@@ -297,19 +297,25 @@ def in_force(store: RecordStore) -> InForce:
     (version 0) while it has none."""
     found = store.read(POINTER_KEY)
     if found is None:
-        seqs = logged_seqs(store, LAYOUT)
-        if seqs:
+        if store.read(change_key(1)) is not None:
             raise UntrustedRecord(POINTER_KEY, "rewound", f"{LAYOUT.name} has no head, but "
-                                  f"its log holds changes up to #{seqs[-1]}: the pointer was "
-                                  "removed")
+                                  "its log holds changes: the pointer was removed")
+        seen = heads.seen(store.url, LAYOUT.name)
+        if seen is not None:
+            raise HistoryRewound(POINTER_KEY, "rewound", LAYOUT.name,
+                                 f"v{seen.seq} ({seen.digest[:12]})", "no policy at all")
         document = packaged_document()
         return InForce(0, document.digest, document, legacy=_unrooted(store))
     if unsigned_pointer(found.data) and _unrooted(store):
         return _as_legacy(store, found.data)
     roots = trusted_roots(store)
+    # Walked whole (a policy has a few versions, not a channel's thousands of moves): every
+    # version's digest is what a channel entry's judge is looked up in.
     chain = verify_chain(store, LAYOUT, PolicyChange, keyring=_keyring_for(roots), roles=None,
-                         checkpoint_keyring=roots.current.keyring(), legacy_head=legacy_head)
+                         checkpoint_keyring=roots.current.keyring(), legacy_head=legacy_head,
+                         last_seen=heads.seen(store.url, LAYOUT.name), full=True)
     _authorize(store, chain, roots)
+    heads.remember(store.url, LAYOUT.name, chain.mark)
     head = chain.head
     assert head is not None
     return InForce(head.seq, head.entry.digest, read_document(store, head.entry.digest), chain,

@@ -141,8 +141,11 @@ def pin_root(store: RecordReader, root: Root, how: How, *,
 
 
 def follow(store: RecordReader, pin: Pin, *, now: datetime | None = None) -> tuple[Pin, bool]:
-    """``pin`` moved to the last root the store holds after it, each rotation verified."""
-    chain = walk_rotations(store, pin.root)
+    """``pin`` moved to the last root the store holds after it, each rotation verified. The
+    pinned root itself must still be there, unless it is a team's first root pinned before
+    the store's first use (:func:`~k3artifacts.trust.enrol.pin_keys`)."""
+    held = not (pin.how == "init" and pin.root.version == 1)
+    chain = walk_rotations(store, pin.root, held=held)
     if not chain:
         return pin, False
     moved = Pin(store=pin.store, how="rotation", pinned_at=now or datetime.now(UTC),
