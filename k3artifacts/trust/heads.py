@@ -31,7 +31,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from k3artifacts.canonical import canonical_json
 from k3artifacts.errors import TrustRootError
 from k3artifacts.trust.chain import Mark
-from k3artifacts.trust.localfiles import private_dir, problem, write_replacing
+from k3artifacts.trust.localfiles import private_dir, read_shared, write_replacing
 from k3artifacts.trust.pins import pin_name, trust_dir
 
 
@@ -65,18 +65,9 @@ def heads_path(store_url: str) -> Path:
 def load_heads(store_url: str) -> Heads:
     """The heads this client verified of ``store_url``'s histories (none yet: empty)."""
     path = heads_path(store_url)
-    try:
-        data = path.read_bytes()
-    except FileNotFoundError:
+    data = read_shared(path, "remembered heads", why="make this client forget what it verified")
+    if data is None:
         return Heads(store=store_url)
-    except OSError as exc:
-        raise TrustRootError(f"remembered heads {path}: {exc.strerror or exc}") from None
-    unsafe = problem(path, secret=False)
-    if unsafe:
-        raise TrustRootError(
-            f"remembered heads {path} refused: {unsafe}",
-            hint="whoever could write it could make this client forget what it verified: "
-            f"check who did, then `chmod 644 {path}; chmod 700 {path.parent}`")
     try:
         heads = Heads.model_validate_json(data)
     except ValidationError as exc:
