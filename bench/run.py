@@ -93,6 +93,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="alternating rounds of the verify figure (best and median of each)")
     p.add_argument("--floor-runs", type=int, default=5,
                    help="rounds of the floor figure (median and fastest of each side)")
+    p.add_argument("--history-delay-ms", type=float, default=5.0,
+                   help="history figure: each S3 request held this long before SeaweedFS")
     p.add_argument("--baseline-code", type=Path, default=None,
                    help="floor figure: also run k3a from this checkout (PYTHONPATH), the code "
                    "before a change, in the same rounds")
@@ -127,6 +129,7 @@ def main(argv: list[str] | None = None) -> int:
                    nodes=args.nodes, stream_size=args.stream_size,
                    stream_rate=args.stream_rate, start_runs=args.start_runs, device=args.device,
                    verify_runs=args.verify_runs, floor_runs=args.floor_runs,
+                   history_delay_ms=args.history_delay_ms,
                    baseline_code=None if args.baseline_code is None
                    else str(args.baseline_code))
     names = args.only or list(FIGURES)

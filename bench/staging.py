@@ -37,6 +37,8 @@ class Options:
     #: Rounds of the floor figure (issue 36), and the checkout its baseline k3a runs from.
     floor_runs: int = 5
     baseline_code: str | None = None
+    #: The history figure (issue 41): how far S3 is, each request held this long.
+    history_delay_ms: float = 5.0
 
 
 def stage_child(bench: Bench, endpoint: str, store_url: str, repo_id: str = REPO,

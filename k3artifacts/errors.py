@@ -179,6 +179,15 @@ class HistoryRewound(UntrustedRecord):
                 self.__dict__)
 
 
+class StaleStore(StoredRecordRefused):
+    """The store's signed freshness head is missing or expired: a frozen or restored copy of
+    the store, or one nobody refreshed within the lifetime its policy sets."""
+
+    hint = ("do not act on it: if this is the live store, one of its root identities (or an "
+            "identity holding `freshness`) runs `k3a trust refresh` (the `refresh-freshness` "
+            "deployment does it daily); if it is a copy, read the live store instead")
+
+
 #: Every ``UntrustedRecord.reason``, each a check a record can fail.
 RECORD_REFUSALS = (
     # one record (trust/envelope.py)

@@ -7,9 +7,7 @@ from __future__ import annotations
 
 import json
 import shutil
-import tempfile
 from datetime import UTC, datetime
-from pathlib import Path
 
 import pytest
 
@@ -25,52 +23,18 @@ from k3artifacts.releases.channels import (
     pointer_key,
     read_state,
 )
-from k3artifacts.releases.reviewing import review_code, review_license
 from k3artifacts.stores.file import FileStore
 from k3artifacts.trust.chain import Link
 from k3artifacts.trust.envelope import sign_record
 from tests.fixtures import people
 from tests.fixtures.any_store import overwrite, remove
-from tests.fixtures.moves import promote, use_policy
-from tests.fixtures.releases import REVIEWER
+from tests.fixtures.channel_moves import CHANNEL, fresh_reader
 from tests.support.cli import invoke
-from tests.support.releases import Releases
-
-CHANNEL = "staging"
 
 
 @pytest.fixture
-def releases(any_store, tmp_path):
-    return Releases(any_store, tmp_path / "scratch")
-
-
-@pytest.fixture
-def served(any_store, releases, policies):
-    """Three tuples moved onto staging in turn by ci (entries #1, #2, #3)."""
-    moved = []
-    for _ in range(3):
-        release = releases.release()
-        use_policy(any_store, policies)
-        review_license(any_store, release.id, by=people.person(REVIEWER))
-        review_code(any_store, release.id, by=people.person(REVIEWER))
-        promote(any_store, release.id, CHANNEL, actor="ci")
-        moved.append(release)
-    assert [e.seq for e in history(any_store, CHANNEL)] == [1, 2, 3]
-    return moved
-
-
-def fresh_reader(any_env, tmp_path) -> dict[str, str]:
-    """``any_env`` as another client of the same account: the same pinned root and key, no
-    head remembered (a reader that remembers verifies only what is new to it:
-    tests/test_trust_heads.py)."""
-    mine = Path(any_env["XDG_CONFIG_HOME"]) / "k3artifacts"
-    home = Path(tempfile.mkdtemp(prefix="fresh-config-", dir=tmp_path))
-    theirs = home / "k3artifacts"
-    theirs.mkdir(parents=True, mode=0o700)
-    shutil.copytree(mine / "keys", theirs / "keys", copy_function=shutil.copy2)
-    shutil.copytree(mine / "trust", theirs / "trust", copy_function=shutil.copy2,
-                    ignore=shutil.ignore_patterns("*.heads.json", ".*"))
-    return {**any_env, "XDG_CONFIG_HOME": str(home)}
+def releases(any_releases):
+    return any_releases
 
 
 def refused_by_every_reader(any_env, served, tmp_path, reason: str, where: str) -> None:

@@ -41,7 +41,8 @@ identity's signature and signs the next version (:mod:`.migrate`).
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any, Literal
 
@@ -59,6 +60,8 @@ from k3artifacts.errors import (
 )
 from k3artifacts.policy.actor import Acting, Actor
 from k3artifacts.policy.document import IDENTITIES_FILE, PolicyDocument
+from k3artifacts.policy.freshness import Freshness, renew
+from k3artifacts.policy.freshness import check as check_freshness
 from k3artifacts.policy.loosening import loosening
 from k3artifacts.policy.results import policy_label
 from k3artifacts.stores.records import RecordStore
@@ -67,11 +70,13 @@ from k3artifacts.trust.chain import (
     Chain,
     ChainEntry,
     ChainLayout,
+    Mark,
     append,
     verify_chain,
 )
 from k3artifacts.trust.envelope import is_unsigned
 from k3artifacts.trust.identities import Keyring, identities_yaml
+from k3artifacts.trust.keys import RecordSigner
 from k3artifacts.trust.pins import Roots, load_pin, trusted_roots
 from k3artifacts.trust.root import root_key
 
@@ -165,6 +170,8 @@ class InForce:
     legacy: bool = False
     #: Every version's document digest, by digest, as the history holds them.
     versions: dict[str, int] = field(default_factory=dict)
+    #: The store's signed freshness head, checked (None where the policy asks for none).
+    freshness: Freshness | None = None
 
     def __post_init__(self) -> None:
         self.document.shown_as(f"policy v{self.version} ({self.digest[:12]})" if self.version
@@ -293,8 +300,31 @@ def _as_legacy(store: RecordStore, found_data: bytes) -> InForce:
 
 
 def in_force(store: RecordStore) -> InForce:
-    """The store's policy in force, its history verified (module doc); the packaged defaults
-    (version 0) while it has none."""
+    """The store's policy in force, its history verified (module doc), and the store's
+    freshness head where the policy asks for one (:mod:`.freshness`: StaleStore once expired);
+    the packaged defaults (version 0) while it has none."""
+    policy = unchecked_freshness(store)
+    if policy.chain is None or policy.roots is None or policy.chain.mark is None:
+        return policy
+    fresh = check_freshness(store, policy.document, policy.roots, policy.label(),
+                            policy.chain.mark, LAYOUT.name,
+                            {e.seq: e.digest for e in policy.chain.entries})
+    return replace(policy, freshness=fresh)
+
+
+def renewed(store: RecordStore, signer: RecordSigner,
+            channels: Mapping[str, Mark] | None = None) -> InForce:
+    """The policy in force after a move of ``signer``'s, the store's freshness head re-signed
+    by it first where it may sign one (``channels``: the heads of channels it moved)."""
+    policy = unchecked_freshness(store)
+    if policy.chain is not None and policy.roots is not None and policy.chain.mark is not None:
+        renew(store, policy.document, policy.roots, signer, policy_head=policy.chain.mark,
+              channels=channels or {})
+    return in_force(store)
+
+
+def unchecked_freshness(store: RecordStore) -> InForce:
+    """:func:`in_force` but for the freshness head: for the moves that re-sign it."""
     found = store.read(POINTER_KEY)
     if found is None:
         if store.read(change_key(1)) is not None:
@@ -380,7 +410,7 @@ def seed(store: RecordStore, document: PolicyDocument, *, acting: Acting,
     except Conflict:
         raise Conflict(f"{store.url} was given a policy by someone else meanwhile; nothing "
                        "was written", hint="`k3a policy show`") from None
-    return in_force(store)
+    return renewed(store, acting.signer)
 
 
 def ensure_seeded(store: RecordStore, *, acting: Acting,

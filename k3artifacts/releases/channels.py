@@ -71,8 +71,9 @@ from k3artifacts.errors import (
     UntrustedRecord,
 )
 from k3artifacts.policy.actor import Acting
+from k3artifacts.policy.freshness import not_behind
 from k3artifacts.policy.model import CHANNEL_NAME
-from k3artifacts.policy.record import MIGRATE_HINT, InForce, in_force, read_document
+from k3artifacts.policy.record import MIGRATE_HINT, InForce, in_force, read_document, renewed
 from k3artifacts.policy.results import GateResult, Override
 from k3artifacts.releases.tuples import TUPLE_ID
 from k3artifacts.stores.records import RecordStore
@@ -403,6 +404,9 @@ def _verified(store: RecordStore, channel: str, policy: InForce, *,
                          legacy_keyring=roots.current.keyring(), legacy_head=_legacy_head,
                          last_seen=heads.seen(store.url, where.name), full=full)
     _consistent(chain, channel, policy)
+    if policy.freshness is not None:
+        not_behind(where.name, where.pointer_key, policy.freshness.channels.get(channel),
+                   chain.mark, {e.seq: e.digest for e in chain.entries})
     heads.remember(store.url, where.name, chain.mark)
     further = None if chain.whole else _Further(store, channel, policy, chain, keyring)
     return ChannelState(channel, tuple(e.entry for e in chain.entries), chain.token, chain,
@@ -565,6 +569,8 @@ def commit_move(store: RecordStore, state: ChannelState, entry: HistoryEntry, *,
     except Conflict:
         raise _lost_race(store, state, entry) from None
     heads.remember(store.url, chain.layout.name, moved.mark)
+    assert moved.mark is not None
+    renewed(store, acting.signer, {state.channel: moved.mark})
     if entry.seq % CHECKPOINT_EVERY == 0:
         # A fresh reader's walk starts here, not at #1: what a read costs stays bounded. A
         # checkpoint lost to a race only leaves the walk longer.
