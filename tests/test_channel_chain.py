@@ -1,7 +1,9 @@
 """Channel histories as signed chains (k3artifacts/releases/channels.py), on a file store and on
 SeaweedFS: every reader (render, pull, history, smoke, gates, promote, rollback, channel list)
-verifies the whole chain and refuses, by name, a forged next pointer, an edited, deleted or
-forked entry; rollback takes its targets from the verified chain alone."""
+verifies the chain (a client that never read it, to its start or its newest checkpoint; one
+that did, from the head it remembers: only what is new) and refuses, by name, a forged next
+pointer, an edited, deleted or forked entry, and a rewind or fork behind the head it saw;
+rollback takes its targets from the verified chain alone."""
 
 from __future__ import annotations
 
