@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import shutil
 import statistics
+import uuid
 from pathlib import Path
 
 from tests.support.seaweed import SeaweedS3
@@ -120,7 +121,8 @@ def history(bench: Bench, opts: Options, shared: dict) -> list[Row]:
     delay = opts.history_delay_ms / 1e3
     results: dict[int, dict[str, dict[str, float]]] = {}
     with SeaweedS3(scratch / "weed") as s3, DelayProxy(s3.endpoint) as proxy:
-        bucket = s3.create_bucket("k3a-history")
+        # A bucket of its own each run: the bench's client remembers what it read of the last.
+        bucket = s3.create_bucket(f"k3a-history-{uuid.uuid4().hex[:12]}")
         bench.env.update(s3.env)
         bench.env["K3A_S3_ENDPOINT_URL"] = proxy.endpoint
         bench.env["K3A_STORE"] = f"s3://{bucket}/k3a"
