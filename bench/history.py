@@ -19,11 +19,11 @@ Target (issue 41): at the 120th move within 1.5x of the 20th.
 
 from __future__ import annotations
 
-import shutil
 import statistics
 import uuid
 from pathlib import Path
 
+from tests.support.clients import fresh_config
 from tests.support.seaweed import SeaweedS3
 
 from .delayproxy import DelayProxy
@@ -82,14 +82,8 @@ print(json.dumps({"tuple": chain.head.entry.tuple_id, "seq": chain.head.seq}))
 
 def _fresh_client(bench: Bench, where: Path) -> dict[str, str]:
     """The bench's account as a client that never read the store: its key and pin only."""
-    mine = Path(bench.env["XDG_CONFIG_HOME"]) / "k3artifacts"
-    shutil.rmtree(where, ignore_errors=True)
-    theirs = where / "k3artifacts"
-    theirs.mkdir(parents=True, mode=0o700)
-    shutil.copytree(mine / "keys", theirs / "keys", copy_function=shutil.copy2)
-    shutil.copytree(mine / "trust", theirs / "trust", copy_function=shutil.copy2,
-                    ignore=shutil.ignore_patterns("*.heads.json", ".*"))
-    return dict(bench.env, XDG_CONFIG_HOME=str(where))
+    config = fresh_config(Path(bench.env["XDG_CONFIG_HOME"]), where)
+    return dict(bench.env, XDG_CONFIG_HOME=str(config))
 
 
 def _commands(tuple_id: str, cache: Path) -> dict[str, list[str]]:
