@@ -429,3 +429,20 @@ def test_eval_run_without_bubblewrap_lists_the_code_cases_as_not_run_and_says_ho
     assert "apt-get install bubblewrap" in out["next"] and out["exit_code"] == 5, out
     cases = {c["name"]: c for c in out["report"]["cases"]}
     assert "bwrap) is not installed" in cases["code-is-prime"]["skipped"]
+
+
+@needs_bwrap
+@needs_accounts
+def test_root_without_capabilities_is_told_to_run_as_another_account(tmp_path):
+    """A container's root: uid 0 with no capability, which bubblewrap cannot make
+    namespaces with (and, as root, it takes no user namespace)."""
+    with tempfile.TemporaryDirectory(dir="/tmp") as scratch:
+        where = _copy_of_code_run(Path(scratch))
+        done = subprocess.run(
+            ["setpriv", "--inh-caps=-all", "--bounding-set=-all", "--", "env", "-i",
+             "PATH=/usr/bin:/bin", "/usr/bin/python3", "-c", _AS_ACCOUNT, str(where),
+             str(tmp_path), "null"], cwd="/", capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    refused = json.loads(done.stdout)
+    assert "root without CAP_SYS_ADMIN, as in a container" in refused["refused"], refused
+    assert "runAsNonRoot" in refused["next"] and "seccompProfile" in refused["next"], refused

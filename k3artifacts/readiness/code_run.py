@@ -300,6 +300,12 @@ def _judge_probe(status: int | None, out: str, err: str, *, root: bool,
     """Why the probe's sandbox is not the one :func:`command` asks for (None: it is)."""
     if status != 0:
         last = (err.strip().splitlines() or [f"exit status {status}"])[-1][:300]
+        if _NAMESPACE_REFUSED.search(err) and root:
+            return NoSandbox(f"bubblewrap is refused the namespaces it needs here (root without "
+                             f"CAP_SYS_ADMIN, as in a container): {last}",
+                             "run the evaluation as an account that is not root (a pod: "
+                             "securityContext.runAsNonRoot and runAsUser) and "
+                             + USER_NAMESPACES)
         if _NAMESPACE_REFUSED.search(err):
             return NoSandbox(f"bubblewrap is refused the namespaces it needs here (unprivileged "
                              f"user namespaces): {last}", USER_NAMESPACES)
