@@ -396,12 +396,6 @@ def test_where_user_namespaces_are_refused_the_reason_names_what_to_allow():
 
 def test_eval_run_without_bubblewrap_lists_the_code_cases_as_not_run_and_says_how_to_install(
         tmp_path, policies, k3a_env, no_bwrap):
-    suite = policies / SUITE
-    fast = yaml.safe_load(suite.read_text())
-    fast["smoke"] = {"request_timeout_s": 5, "max_retries": 1,
-                     "slo": {"ttft_p99_s": 0.5, "e2e_p99_s": 2.0, "max_error_rate": 0.01},
-                     "sweep": {"max_concurrency": 2, "requests_per_worker": 2, "max_tokens": 16}}
-    suite.write_text(yaml.safe_dump(fast, sort_keys=False))
     store = FileStore(tmp_path / "store")
     release = Releases(store, tmp_path / "scratch").release()
     use_policy(store, policies)

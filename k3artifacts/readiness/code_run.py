@@ -84,6 +84,9 @@ USER_NAMESPACES = (
     "a Localhost profile: RuntimeDefault refuses them) and AppArmor unconfined, on nodes that "
     "allow them; or run the evaluation where they are allowed")
 
+_SEE_WHY = "run `bwrap --unshare-all --ro-bind / / true` as this account to see why " \
+    "bubblewrap fails here"
+
 #: The harness, in the answer's process: it calls the entry on each input and writes the
 #: values, with the run's nonce, to the descriptor named by its argument.
 _HARNESS = r"""
@@ -309,13 +312,11 @@ def _judge_probe(status: int | None, out: str, err: str, *, root: bool,
         if _NAMESPACE_REFUSED.search(err):
             return NoSandbox(f"bubblewrap is refused the namespaces it needs here (unprivileged "
                              f"user namespaces): {last}", USER_NAMESPACES)
-        return NoSandbox(f"the sandbox does not start here: {last}",
-                         "run `bwrap --unshare-all --ro-bind / / true` as this account to see "
-                         "why bubblewrap fails here")
+        return NoSandbox(f"the sandbox does not start here: {last}", _SEE_WHY)
     try:
         seen = json.loads(out.strip().splitlines()[-1])
     except (ValueError, IndexError):
-        return NoSandbox(f"the sandbox's probe printed {out[:200]!r}", INSTALL)
+        return NoSandbox(f"the sandbox's probe printed {out[:200]!r}", _SEE_WHY)
     wrong = []
     # Root's setpriv clears the groups; any other account keeps its own, which the user
     # namespace shows as the overflow gid (what they open is checked from outside).
