@@ -38,10 +38,11 @@ case runs (:class:`NoSandbox`, with the reason and the next step), and the evalu
 inputs, never the expected values; the harness inside calls the function on each input and
 writes the values, with a nonce drawn for this run, to a file k3a gave it (not stdout or
 stderr, which only feed the detail). k3a compares them with the expected values in its own
-process. An answer that prints a result line of its own, writes anything to any descriptor and
-exits, or kills the harness, leaves no reply with the nonce and fails. What an answer can still
-do is send values for the inputs it was given: that is what any answer does, and they are
-judged as its values.
+process. An answer that prints a result line of its own, or writes anything to any descriptor,
+and exits before its function has returned leaves no reply with the nonce and fails. The
+answer's code shares the harness's process, so code written to reach into the harness could
+still send values of its own for the inputs it was given; they are judged like any answer's
+values, against expected values it never saw.
 """
 
 from __future__ import annotations
