@@ -11,7 +11,10 @@ and this environment's packages (``tests/support/wheel_venv.py``) where the guid
 install .`` (which would reach the network), and in a scratch directory instead of
 ``/opt/k3a-venv`` (the path is replaced in every command). Every command must exit 0; at the
 end production serves the tuple, judged by the policy the second account approved, promoted
-by this account, and the checkout is as the walk found it.
+by this account, and the checkout is as the walk found it. The evaluation is the second
+account's (``as_second eval run``): a login with its supplementary group runs every code case
+in bubblewrap, and production is reached with no override and no policy letting code cases go
+unrun.
 """
 
 from __future__ import annotations
@@ -32,7 +35,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+from k3artifacts.policy.record import in_force
 from k3artifacts.releases.channels import history
+from k3artifacts.releases.evaluations import list_evaluations
 from k3artifacts.stores.file import FileStore
 from tests.conftest import REPO_ROOT
 from tests.support.wheel_venv import wheel_venv
@@ -125,11 +130,12 @@ def test_the_walk_parses_into_the_steps_it_names():
                  "openssl ecparam", "as_second key create",
                  "as_second trust init --fingerprint", "as_second key show --entry k3a-second",
                  "k3a trust rotate --add", "k3a policy propose", "as_second approve",
-                 "k3a policy apply", "as_second review license", "k3a eval run",
+                 "k3a policy apply", "as_second review license", "as_second eval run",
                  "k3a promote \"$TUPLE\" production"):
         assert step in joined, step
     # What a reader's shell would not do on its own is not in the guide either.
     assert "chmod 777" not in joined and "umask 0000" not in joined and "sudo" not in joined
+    assert "--override-gate" not in joined and "allow_unsandboxed_code" not in joined
     assert any(c.startswith("cat > ") and c.endswith("\nYAML") for _, cs in blocks for c in cs)
 
 
@@ -139,6 +145,8 @@ def require_two_accounts() -> None:
         pytest.skip("the guide's step 0 makes two accounts and a group: it needs root")
     if shutil.which("runuser") is None:
         pytest.skip("the guide runs the second account's commands with util-linux's runuser")
+    if shutil.which("bwrap") is None:
+        pytest.skip("the guide's evaluation runs the model's code in bubblewrap (bwrap)")
     if not Path(SYSTEM_PYTHON).is_file():
         pytest.skip(f"the guide makes the venv with {SYSTEM_PYTHON}, which is not here")
     found = subprocess.run([SYSTEM_PYTHON, "-c", "import sys; print(sys.version_info[:2])"],
@@ -198,10 +206,13 @@ def test_demo_to_production_walk_runs_as_written(k3a_env, monkeypatch):
         except (KeyError, FileNotFoundError):
             pass  # no such account yet (step 0 makes it), or it never used k3a
         run_step_zero(shell, scratch, venv)
+        evaluated = ""
         for kind, commands in walk_blocks(GUIDE.read_text()):
             if kind == "walk":
                 for command in commands:
-                    shell.run(command.replace(VENV, str(venv)))
+                    said = shell.run(command.replace(VENV, str(venv)))
+                    if command.startswith("as_second eval run"):
+                        evaluated = said
         store_url = shell.run('echo "$K3A_STORE"').strip()
         tuple_id = shell.run('echo "$TUPLE"').strip()
         walk = Path(shell.run('echo "$WALK"').strip())
@@ -211,6 +222,18 @@ def test_demo_to_production_walk_runs_as_written(k3a_env, monkeypatch):
         me = pwd.getpwuid(os.getuid()).pw_name
         entry = history(store, "production")[-1]
         assert (entry.tuple_id, entry.who, entry.policy_version) == (tuple_id, me, 3)
+        # The second account evaluated, every code case ran in its sandbox, and the policy
+        # that judged production lets none go unrun.
+        assert "code ran in: bubblewrap" in evaluated and "(user namespace)" in evaluated, \
+            evaluated
+        assert "NOT RUN" not in evaluated and "ready" in evaluated.splitlines()[-1], evaluated
+        run = [r for r in list_evaluations(store, tuple_id) if r.origin == "run"][-1]
+        assert run.attached_by == "k3a-second"
+        cases = run.readiness().cases
+        code = [c for c in cases if c.kind == "code"]
+        assert len(code) == 2 and all(c.passed and c.skipped is None for c in code), code
+        rule = in_force(store).document.gates.channels["production"].evaluation
+        assert rule is not None and rule.allow_unsandboxed_code is False
         rendered = list((walk / "deploy").glob("*.eks.yaml"))
         assert len(rendered) == 1
         objects = [o for o in yaml.safe_load_all(rendered[0].read_text()) if o]
