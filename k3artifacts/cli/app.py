@@ -222,7 +222,7 @@ def print_failure(message: str, hint: str | None) -> None:
         click.echo(f"next: {hint}", err=True)
 
 
-@exits(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 130)
+@exits(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 130)
 @click.group(
     cls=K3AGroup,
     context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},

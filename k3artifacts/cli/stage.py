@@ -128,6 +128,8 @@ def print_plan(plan: StagePlan) -> None:
     (7, "repo/revision not found (or not published, for --repair)"),
     (8, "hub or store unreachable (within seconds if it never answered), silent past "
         "--read-timeout, answering past K3A_HTTP_DEADLINE, or slower than --min-rate"),
+    (9, "a store URL or path that cannot be used or made"),
+    (10, "the hub refused HF_TOKEN (401), or a gated repo's terms are not accepted (403)"),
     (130, "Ctrl-C"),
 )
 @click.command("stage")
