@@ -22,6 +22,8 @@ from k3artifacts import __version__
 from k3artifacts.cli.exits import exits
 from k3artifacts.errors import K3AError
 
+#: What a path given on the command line that cannot be used raises (PermissionError apart).
+UNUSABLE_PATH = (FileNotFoundError, NotADirectoryError, IsADirectoryError, FileExistsError)
 #: ``ctx.meta`` key set by ``--json`` (see :data:`k3artifacts.cli.common.json_option`).
 JSON_META = "k3a.json"
 #: ``ctx.meta`` key of the JSON document a command made (:func:`k3artifacts.cli.common.emit`).
@@ -161,14 +163,25 @@ class K3AGroup(click.Group):
             _fail(ctx, f"this account may not use {where}: {exc.strerror or exc}", 9,
                   f"see who may (`ls -ld {where}`), or choose a path this account owns",
                   as_json=_wants_json(ctx, raw_args))
-        except click.ClickException as exc:
-            # A usage error, or a malformed variable met computing a default: only --json
-            # changes how it looks; click prints it otherwise.
-            if not _wants_json(ctx, raw_args):
+        except UNUSABLE_PATH as exc:
+            # A path given (an --out, --dir or key file) that is not there or not what it
+            # must be: named with its cause, as a store path that cannot be made is.
+            if exc.filename is None:
                 raise
+            _fail(ctx, f"cannot use {exc.filename}: {exc.strerror or exc}", 9,
+                  f"check the path (`ls -ld {exc.filename}`), or choose another",
+                  as_json=_wants_json(ctx, raw_args))
+        except click.exceptions.NoArgsIsHelpError:
+            raise  # a group named alone: its help, as click prints it
+        except click.ClickException as exc:
+            # A usage error, or a malformed variable met computing a default: the message and
+            # the next step as every other failure says them (with --json, as a document).
             where = getattr(exc, "ctx", None) or ctx
             hint = getattr(exc, "hint", None) or f"see `{where.command_path} --help`"
-            _fail(ctx, exc.format_message(), exc.exit_code, hint, as_json=True)
+            as_json = _wants_json(ctx, raw_args)
+            if isinstance(exc, click.UsageError) and not as_json:
+                click.echo(where.get_usage(), err=True)
+            _fail(ctx, exc.format_message(), exc.exit_code, hint, as_json=as_json)
         document = ctx.meta.pop(DOCUMENT_META, _NONE)
         if document is not _NONE:
             print_document(document)

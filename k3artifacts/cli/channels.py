@@ -23,6 +23,7 @@ from k3artifacts.cli.common import (
     typed_actor_option,
 )
 from k3artifacts.cli.exits import exits
+from k3artifacts.cli.params import CHANNEL, TUPLE_ID
 from k3artifacts.cli.single_node import run_single_node, single_node_options
 
 if TYPE_CHECKING:
@@ -91,8 +92,8 @@ def _requested(request: ApprovalRequest, then: str, as_json: bool) -> None:
     (9, "bad override, or a local --policies"),
 )
 @click.command("promote")
-@click.argument("tuple_id")
-@click.argument("channel")
+@click.argument("tuple_id", type=TUPLE_ID)
+@click.argument("channel", type=CHANNEL)
 @click.option(
     "--override-gate",
     "override_gates",
@@ -181,11 +182,12 @@ def promote_cmd(
     (9, "(--single-node) the node's options are missing"),
 )
 @click.command("rollback")
-@click.argument("channel")
+@click.argument("channel", type=CHANNEL)
 @click.option(
     "--to",
     "to",
     metavar="TUPLE_ID",
+    type=TUPLE_ID,
     default=None,
     help="A tuple this channel served before (default: the previous distinct one).",
 )
@@ -313,7 +315,7 @@ def channel_group() -> None:
 
 @exits(0, (4, "the pointer does not match its history"), (7, "unknown channel"))
 @channel_group.command("history")
-@click.argument("channel")
+@click.argument("channel", type=CHANNEL)
 @store_option
 @json_option
 def history_cmd(channel: str, store_url: str, as_json: bool) -> None:
@@ -375,8 +377,8 @@ def channels_list(store_url: str, as_json: bool) -> None:
     (9, "a local --policies"),
 )
 @click.command("gates")
-@click.argument("tuple_id")
-@click.argument("channel")
+@click.argument("tuple_id", type=TUPLE_ID)
+@click.argument("channel", type=CHANNEL)
 @by_option
 @local_policies_option
 @store_option
@@ -425,7 +427,7 @@ def review_group() -> None:
     (9, "your key is no identity of the policy, or lacks the role review"),
 )
 @review_group.command("license")
-@click.argument("tuple_id")
+@click.argument("tuple_id", type=TUPLE_ID)
 @by_option
 @click.option("--note", default=None, help="Anything the next reader should know.")
 @click.option("--show", is_flag=True, help="Print the license text to read; record nothing.")
@@ -474,7 +476,7 @@ def review_license_cmd(
     (9, "your key is no identity of the policy, or lacks the role review"),
 )
 @review_group.command("code")
-@click.argument("tuple_id")
+@click.argument("tuple_id", type=TUPLE_ID)
 @by_option
 @click.option("--note", default=None, help="Anything the next reader should know.")
 @store_option

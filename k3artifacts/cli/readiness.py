@@ -20,6 +20,7 @@ from k3artifacts.cli.common import (
     typed_actor_option,
 )
 from k3artifacts.cli.exits import exits
+from k3artifacts.cli.params import TUPLE_ID, TUPLE_OR_CHANNEL
 from k3artifacts.errors import GateFailed, Unavailable
 
 if TYPE_CHECKING:
@@ -29,7 +30,7 @@ if TYPE_CHECKING:
 
 
 tuple_option = click.option(
-    "--tuple", "tuple_name", required=True, metavar="ID|CHANNEL",
+    "--tuple", "tuple_name", required=True, metavar="ID|CHANNEL", type=TUPLE_OR_CHANNEL,
     help="The tuple the endpoint serves: a tuple id, or a channel naming one.")
 
 
@@ -241,7 +242,7 @@ def eval_run(endpoint: str, tuple_name: str, suite: str | None, channel: str,
         "evaluate"),
 )
 @eval_group.command("attach")
-@click.argument("tuple_id")
+@click.argument("tuple_id", type=TUPLE_ID)
 @click.argument("report", type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @typed_actor_option
 @store_option
@@ -279,7 +280,7 @@ def eval_attach(tuple_id: str, report: Path, by: str | None, store_url: str,
         "not evaluate)"),
 )
 @eval_group.command("list")
-@click.argument("tuple_id")
+@click.argument("tuple_id", type=TUPLE_ID)
 @store_option
 @json_option
 def eval_list(tuple_id: str, store_url: str, as_json: bool) -> None:

@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from k3artifacts.stores.base import Store
 
 from k3artifacts.cli.exits import exits
+from k3artifacts.cli.params import REPO_ID
 from k3artifacts.reporting.progress import DEFAULT_INTERVAL
 
 
@@ -133,7 +134,7 @@ def print_plan(plan: StagePlan) -> None:
     (130, "Ctrl-C"),
 )
 @click.command("stage")
-@click.argument("repo_id")
+@click.argument("repo_id", type=REPO_ID)
 @click.option("--revision", default="main", show_default=True, help="Branch, tag or commit.")
 @store_option
 @click.option(
