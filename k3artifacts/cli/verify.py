@@ -150,7 +150,8 @@ def _verify_signed(target, store_url, full, expect_digest, channel, workers, qui
                   log_format=log_format) as progress:
         bar = BytesProgress(progress)
         kwargs = dict(full=full, workers=workers, on_bytes=bar,
-                      on_manifest=lambda m: bar.set_total(m.total_bytes, len(m.files)))
+                      on_manifest=lambda m: bar.set_total(m.total_bytes, len(m.files)),
+                      on_file=bar.file_done)
         if isinstance(parsed, Path):
             checked = verify_signed_revision(trusted, directory=parsed, **kwargs)
         else:
