@@ -76,6 +76,37 @@ def _move_summary(result: MoveResult) -> None:
     )
 
 
+dry_run_option = click.option(
+    "--dry-run", is_flag=True,
+    help="Plan the move as it would run (who moves, the checks, the pointer it would swap) and "
+    "print the plan; write nothing (no record, no pin, no key).")
+
+
+def _planned(as_json: bool, *, channel: str, current: str | None, target: str,
+             checks: list[GateResult], policy: str, action: str) -> None:
+    """A move's plan, as `--dry-run` prints it."""
+    moves = current != target
+    plan = {"dry_run": True, "action": action, "channel": channel, "from": current,
+            "to": target, "moves": moves, "policy": policy,
+            "checks": [check.model_dump(mode="json") for check in checks]}
+
+    def human() -> None:
+        if checks:
+            _gate_table(checks)
+        said = (f"would move {channel}: {current or '(empty)'} -> {target}" if moves
+                else f"{channel} already points at {target}: nothing to move")
+        click.echo(f"dry run ({action}): {said}; judged by {policy}; nothing written")
+
+    emit(as_json, plan, human)
+
+
+def _dry_run_alone(dry_run: bool, **others: bool) -> None:
+    given = [f"--{name.replace('_', '-')}" for name, on in others.items() if on]
+    if dry_run and given:
+        raise click.UsageError(f"--dry-run plans the move itself; it does not go with "
+                               f"{', '.join(given)}")
+
+
 def _requested(request: ApprovalRequest, then: str, as_json: bool) -> None:
     emit(as_json, request, lambda: click.echo(
         f"requested: {request.subject()} as {request.id}\n"
@@ -114,6 +145,7 @@ def _requested(request: ApprovalRequest, then: str, as_json: bool) -> None:
 @click.option("--request-approval", "request_approval_", is_flag=True,
               help="Run the gates, record a request for approval of this promotion (the one "
               "the promote flow records) and print its id; moves nothing.")
+@dry_run_option
 @by_option
 @local_policies_option
 @store_option
@@ -126,6 +158,7 @@ def promote_cmd(
     why: str | None,
     approval: str | None,
     request_approval_: bool,
+    dry_run: bool,
     by: str | None,
     local_policies: Path | None,
     store_url: str,
@@ -151,10 +184,14 @@ def promote_cmd(
     """
     if len(override_gates) != len(override_reasons):
         raise click.UsageError("give exactly one --reason for each --override-gate")
+    _dry_run_alone(dry_run, request_approval=request_approval_)
     overrides = dict(zip(override_gates, override_reasons, strict=True))
     store = get_store(store_url)
     _refuse_local_policies(local_policies, store)
     me = _acting(store, by)
+    if dry_run:
+        _promote_dry_run(store, tuple_id, channel, me, why, overrides, approval, as_json)
+        return
     if request_approval_:
         from k3artifacts.promotion.requests import request_move
         _, request = request_move(store, "promote", channel, tuple_id=tuple_id,
@@ -170,6 +207,22 @@ def promote_cmd(
         _move_summary(result)
 
     emit(as_json, result, human)
+
+
+def _promote_dry_run(store: Store, tuple_id: str, channel: str, me: Acting, why: str | None,
+                     overrides: dict[str, str], approval: str | None, as_json: bool) -> None:
+    from k3artifacts.errors import GatesRefused
+    from k3artifacts.promotion.moves import plan_promote
+    try:
+        plan = plan_promote(store, tuple_id, channel, acting=me, reason=why, overrides=overrides,
+                            approval=approval)
+    except GatesRefused as refused:
+        # The plan stops at its gates: the whole table beside the refusal, as `k3a gates`.
+        report = refused.report
+        emit(as_json, report, lambda: _gate_table(report.results))
+        raise
+    _planned(as_json, channel=channel, current=plan.state.tuple_id, target=tuple_id,
+             checks=plan.gates, policy=plan.policy.label(), action="promote")
 
 
 @exits(
@@ -199,6 +252,7 @@ def promote_cmd(
 @click.option("--request-approval", "request_approval_", is_flag=True,
               help="Record a request for approval of this rollback (the one the rollback flow "
               "records) and print its id; moves nothing.")
+@dry_run_option
 @by_option
 @local_policies_option
 @store_option
@@ -209,6 +263,7 @@ def rollback_cmd(
     why: str | None,
     approval: str | None,
     request_approval_: bool,
+    dry_run: bool,
     by: str | None,
     local_policies: Path | None,
     store_url: str,
@@ -225,9 +280,16 @@ def rollback_cmd(
     approval record: `--request-approval` records the request and prints its id, another
     release engineer runs `k3a approve REQUEST`, then `--approval REQUEST` moves the channel.
     """
+    _dry_run_alone(dry_run, request_approval=request_approval_, single_node=node["single_node"])
     store = get_store(store_url)
     _refuse_local_policies(local_policies, store)
     me = _acting(store, by)
+    if dry_run:
+        from k3artifacts.promotion.rollback import plan_rollback
+        plan = plan_rollback(store, channel, to=to, acting=me, reason=why, approval=approval)
+        _planned(as_json, channel=channel, current=plan.state.tuple_id, target=plan.tuple_id,
+                 checks=plan.checks, policy=plan.policy.label(), action="rollback")
+        return
     if node["single_node"]:
         run_single_node(store, channel, to=to, why=why, acting=me, approval=approval,
                         as_json=as_json, **node)

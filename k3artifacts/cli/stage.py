@@ -206,7 +206,7 @@ def print_plan(plan: StagePlan) -> None:
               help="Re-hash (xxh3-128) each file reused from a published revision after the "
               "store copied it, where the store keeps no checksum (a file tree; S3 always "
               "checks its CRC64NVME).")
-@click.option("--plan", "plan_only", is_flag=True,
+@click.option("--plan", "--dry-run", "plan_only", is_flag=True,
               help="Print what would be downloaded, reused (from which revision) or is already "
               "there, per file and in total, and change nothing.")
 @click.option("--repair", is_flag=True,
@@ -272,6 +272,9 @@ def stage_cmd(repo_id, revision, store_url, quarantine, endpoint, workers, strea
         signing_key=signing_key,
         reverify_reused=reverify_reused,
     )
+    if repair and plan_only:
+        raise click.UsageError("--repair puts files back; --plan (--dry-run) changes nothing: "
+                               "choose one")
     if repair:
         source = HubSource(endpoint=endpoint, retry=options.retry)
         commit = source.resolve(repo_id, revision)
