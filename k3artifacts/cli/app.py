@@ -101,6 +101,9 @@ COMMANDS: dict[str, Entry] = {
     "fsx": Entry("aws:fsx_group", "FSx for Lustre file systems linked to the bucket.",
                  OPERATIONS),
     "docker": Entry("docker:docker_group", "Inputs for the images in docker/.", OPERATIONS),
+    "config": Entry("config:config_group",
+                    "Named contexts (store, key, channel): list, show, use, set-context.",
+                    OPERATIONS),
     # Old spellings.
     "tuples": Entry("tuples:tuple_group"),
     "channels": Entry("channels:channel_group"),
@@ -235,12 +238,25 @@ def print_failure(message: str, hint: str | None) -> None:
         click.echo(f"next: {hint}", err=True)
 
 
+def _choose_context(ctx: click.Context, param: click.Parameter, name: str | None) -> None:
+    # Called without the flag too: a process running several commands (tests, a flow) must
+    # not keep the previous one's choice.
+    from k3artifacts.settings import choose_context
+
+    choose_context(name)
+
+
 @exits(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 130)
 @click.group(
     cls=K3AGroup,
     context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},
 )
 @click.version_option(__version__, prog_name="k3a")
+@click.option("--context", metavar="NAME", default=None, expose_value=False, is_eager=True,
+              callback=_choose_context,
+              help="Read the store, identity key and channel from this context of "
+              "$XDG_CONFIG_HOME/k3a/config.yaml (else K3A_CONTEXT, else its current-context); "
+              "flags and variables override it. `k3a config list` shows them.")
 def cli() -> None:
     """Stage Kimi K3 (or any Hugging Face safetensors model) into a verified, pinned release.
 

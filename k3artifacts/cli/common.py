@@ -74,7 +74,8 @@ store_option = click.option(
     "--store",
     "store_url",
     default=from_settings(default_store_url),
-    show_default="$K3A_STORE or ~/.local/share/k3artifacts/store",
+    show_default="$K3A_STORE, else the context's store (`k3a config show`), else "
+    "~/.local/share/k3artifacts/store",
     help="Release store: file:///path (local disk or FSx mount) or s3://bucket/prefix.",
 )
 
@@ -172,8 +173,8 @@ def get_store(url: str, *, must_exist: bool = True) -> Store:
     elif not store.exists():
         raise NotFound(
             f"no store at {store.url}",
-            hint="check --store / K3A_STORE (a typo?); a store is created by its first "
-            "`k3a stage` (or `k3a demo`)",
+            hint="check --store / K3A_STORE / the context's store (`k3a config show`; a "
+            "typo?); a store is created by its first `k3a stage` (or `k3a demo`)",
         )
     return store
 

@@ -199,7 +199,8 @@ def eval_group() -> None:
               help="A suite of the policy in force by name (k3-core: its "
                    "eval-suites/k3-core.yaml), or a suite file  [default: the suite --channel's "
                    "policy names].")
-@click.option("--channel", default="production", show_default=True,
+@click.option("--channel", default=from_settings(lambda: load().channel or "production"),
+              show_default="$K3A_CHANNEL or the context's channel, else production",
               help="The channel the evaluation is for: its policy names the default suite and "
                    "says whether code cases may go unrun without a sandbox; the run is compared "
                    "with the latest run of the same suite for the tuple on it.")
