@@ -118,3 +118,25 @@ def test_a_config_file_of_another_account_is_refused(tmp_path):
     os.chown(path, 65534, 65534)
     ran = invoke("config", "list", expect=9)
     assert f"config file {path} belongs to uid 65534, not to you" in ran.stderr
+
+
+def test_a_contexts_identity_key_signs_unless_the_variable_names_another(tmp_path):
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ed25519
+
+    keys = {}
+    for name in ("team", "mine"):
+        path = tmp_path / f"{name}.pem"
+        path.write_bytes(ed25519.Ed25519PrivateKey.generate().private_bytes(
+            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption()))
+        path.chmod(0o600)
+        keys[name] = str(path)
+    invoke("config", "set-context", "team", "--identity-key", keys["team"])
+    unset = {"K3A_IDENTITY_KEY": None, "K3A_CONTEXT": None}
+    assert invoke("--context", "team", "key", "show", "--json", env=unset).json["source"] \
+        == keys["team"]
+    assert invoke("--context", "team", "key", "show", "--json",
+                  env={"K3A_IDENTITY_KEY": keys["mine"]}).json["source"] == keys["mine"]
+    # Without a context chosen, the personal key (none made yet: not found, nothing made).
+    invoke("key", "show", env=unset, expect=7)
