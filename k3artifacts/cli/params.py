@@ -60,57 +60,41 @@ def _repos(store: Store) -> list[str]:
             if key.count("/") >= 3]
 
 
-class TupleId(click.ParamType):
-    """``k3t-`` and 24 hex; completes the store's tuples."""
+def _tuple_id(value: str) -> str:
+    from k3artifacts.releases.tuples import check_tuple_id
 
-    name = "tuple_id"
-
-    def convert(self, value: Any, param: Any, ctx: Any) -> str:
-        from k3artifacts.releases.tuples import check_tuple_id
-
-        return check_tuple_id(value)
-
-    def shell_complete(self, ctx: click.Context, param: click.Parameter, incomplete: str
-                       ) -> list[CompletionItem]:
-        return _complete(ctx, incomplete, _tuple_ids)
+    return check_tuple_id(value)
 
 
-class Channel(click.ParamType):
-    """A channel's name; completes the channels the store has pointers for."""
+def _repo_id(value: str) -> str:
+    from k3artifacts.revisions.refs import check_repo_id
 
-    name = "channel"
-
-    def shell_complete(self, ctx: click.Context, param: click.Parameter, incomplete: str
-                       ) -> list[CompletionItem]:
-        return _complete(ctx, incomplete, _channels)
+    return check_repo_id(value)
 
 
-class TupleOrChannel(click.ParamType):
-    """A tuple id or a channel (each command resolves which); completes both."""
+class StoreNoun(click.ParamType):
+    """A noun of the store on the command line: its shape checked by ``check`` (a named
+    refusal, exit 2) as click parses it, its values completed from the store's ``listings``."""
 
-    name = "tuple_or_channel"
-
-    def shell_complete(self, ctx: click.Context, param: click.Parameter, incomplete: str
-                       ) -> list[CompletionItem]:
-        return _complete(ctx, incomplete, _tuple_ids, _channels)
-
-
-class RepoId(click.ParamType):
-    """``org/name``; completes the repos the store has published revisions of."""
-
-    name = "repo_id"
+    def __init__(self, name: str, check: Callable[[str], str] | None,
+                 *listings: Callable[[Store], list[str]]):
+        self.name = name
+        self.check = check
+        self.listings = listings
 
     def convert(self, value: Any, param: Any, ctx: Any) -> str:
-        from k3artifacts.revisions.refs import check_repo_id
-
-        return check_repo_id(value)
+        return value if self.check is None else self.check(value)
 
     def shell_complete(self, ctx: click.Context, param: click.Parameter, incomplete: str
                        ) -> list[CompletionItem]:
-        return _complete(ctx, incomplete, _repos)
+        return _complete(ctx, incomplete, *self.listings)
 
 
-TUPLE_ID = TupleId()
-CHANNEL = Channel()
-TUPLE_OR_CHANNEL = TupleOrChannel()
-REPO_ID = RepoId()
+#: ``k3t-`` and 24 hex; completes the store's tuples.
+TUPLE_ID = StoreNoun("tuple_id", _tuple_id, _tuple_ids)
+#: A channel's name; completes the channels the store has pointers for.
+CHANNEL = StoreNoun("channel", None, _channels)
+#: A tuple id or a channel (each command resolves which); completes both.
+TUPLE_OR_CHANNEL = StoreNoun("tuple_or_channel", None, _tuple_ids, _channels)
+#: ``org/name``; completes the repos the store has published revisions of.
+REPO_ID = StoreNoun("repo_id", _repo_id, _repos)
