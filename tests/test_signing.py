@@ -148,6 +148,11 @@ def test_k3a_sign_then_upstream_and_k3a_verify_accept(releases, keys, policies, 
     report = json.loads(checked.stdout)
     assert report["ok"] and report["signed_by"] == "release"
     assert report["algorithm"] == "xxh3-128" and report["manifest_digest"] == manifest.digest()
+    # Its last progress line counts the files it hashed (it said `files 0/12` at 100%).
+    final = [line for line in checked.stderr.splitlines()
+             if "verifying:" in line and "done in" in line]
+    files = len(manifest.files)
+    assert final and f"files {files}/{files}" in final[-1], checked.stderr
     # A node verifies a directory (an FSx mount) the same way.
     by_path = run_process("verify", "--signature", str(directory), "--store", store, "-q",
                           env=k3a_env, cmd=k3a_cmd, expect=None)

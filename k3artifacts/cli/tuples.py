@@ -17,6 +17,7 @@ from k3artifacts.cli.common import (
     store_option,
 )
 from k3artifacts.cli.exits import exits
+from k3artifacts.cli.params import TUPLE_ID, TUPLE_OR_CHANNEL
 from k3artifacts.errors import ConfigError, TamperedRecord
 
 if TYPE_CHECKING:
@@ -169,7 +170,7 @@ def tuples_list(store_url: str, as_json: bool) -> None:
        (4, "the tuple's body does not match its id (edited in the store)"),
        (7, "no such tuple or no store there"), 8)
 @tuple_group.command("show")
-@click.argument("tuple_id")
+@click.argument("tuple_id", type=TUPLE_ID)
 @store_option
 @json_option
 def tuples_show(tuple_id: str, store_url: str, as_json: bool) -> None:
@@ -201,8 +202,8 @@ def tuples_show(tuple_id: str, store_url: str, as_json: bool) -> None:
        (4, "a tuple's body does not match its id (edited in the store)"),
        (7, "no such tuple or no store there"), 8)
 @tuple_group.command("diff")
-@click.argument("a")
-@click.argument("b")
+@click.argument("a", type=TUPLE_ID)
+@click.argument("b", type=TUPLE_ID)
 @store_option
 @json_option
 def tuples_diff(a: str, b: str, store_url: str, as_json: bool) -> None:
@@ -247,7 +248,7 @@ class RenderTarget(click.ParamType):
         "or (--verify-signature) no root pinned for the store"),
 )
 @click.command("render")
-@click.argument("tuple_or_channel")
+@click.argument("tuple_or_channel", type=TUPLE_OR_CHANNEL)
 @click.option(
     "--target",
     type=RenderTarget(),

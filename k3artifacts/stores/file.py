@@ -166,6 +166,30 @@ class FileStore(Store):
     def exists(self) -> bool:
         return self.root.is_dir()
 
+    @guarded("make")
+    def refuse_unmakeable(self) -> None:
+        if self.exists():
+            return
+        # The nearest ancestor that is there: the store's directories are made under it.
+        base = self.root
+        while not base.exists() and base != base.parent:
+            base = base.parent
+        why = "it is not a directory" if not base.is_dir() else None
+        if why is None:
+            # Asked of the file system itself: permission bits say nothing of /proc, a
+            # read-only mount or root's squashed NFS. The probe is removed at once.
+            try:
+                os.rmdir(tempfile.mkdtemp(prefix=".k3a-probe-", dir=base))
+            except OSError as exc:
+                why = f"a directory cannot be made there ({exc.strerror or exc})"
+        if why is not None:
+            raise ConfigError(
+                f"no store at {self.url}, and none can be made there: {base} is where it would "
+                f"start, and {why}",
+                hint="choose a store path this account can create (a directory you own, or a "
+                "shared store's mount: `k3a bootstrap file:///PATH --group GROUP`), and pass it "
+                "as --store file:///PATH or K3A_STORE")
+
     def _path(self, key: str) -> Path:
         parts = key.split("/")
         if key.startswith("/") or any(p in ("", ".", "..") for p in parts):

@@ -34,6 +34,15 @@ class RecordStore(ABC):
         an empty store. Raises :class:`~k3artifacts.errors.Unavailable` when it cannot tell
         (an S3 endpoint that does not answer)."""
 
+    def refuse_unmakeable(self) -> None:
+        """Raise a named refusal (:class:`~k3artifacts.errors.ConfigError`) when the store is
+        not there and could not be made where its URL says, before a command that makes stores
+        (stage, demo) fetches or makes anything. A store that cannot tell ahead checks nothing
+        here."""
+        # A bucket cannot: whether a prefix may be written is its policy's answer to the first
+        # write, and a probe object would be a write.
+        return None
+
     @abstractmethod
     def read(self, key: str) -> Versioned | None: ...
 

@@ -17,9 +17,10 @@ written by hand, or signed by an identity that may not evaluate, is refused by n
 
 from __future__ import annotations
 
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 from k3artifacts.errors import ConfigError
+from k3artifacts.policy.document import SUITES_DIR
 from k3artifacts.policy.model import EvaluationPolicy
 from k3artifacts.policy.results import GateResult
 from k3artifacts.policy.signed import RecordTrust
@@ -75,8 +76,18 @@ def _missing(release: ReleaseTuple, records: list[EvaluationRecord], policy: Eva
             f"{len(attached)} report(s) attached by hand (latest by {attached[-1].attached_by}) "
             f"are not runs: accept one only with `--override-gate {NAME} --reason ...`")
     parts.append(f"run `k3a eval run ENDPOINT --tuple {release.id} --suite "
-                 f"{'policies/' + policy.suite_file if policy.suite_file else 'SUITE'}`")
+                 f"{_suite_spec(policy.suite_file) if policy.suite_file else 'SUITE'}`")
     return _fail("; ".join(parts))
+
+
+def _suite_spec(suite_file: str) -> str:
+    """How `k3a eval run --suite` names the policy's suite file: by its name where it is one
+    of the policy's suites (found in the store's policy from any directory), else its file in
+    the policy. Never a checkout path: the policy in force is the store's."""
+    path = PurePosixPath(suite_file)
+    if path.parent == PurePosixPath(SUITES_DIR) and path.suffix == ".yaml":
+        return path.stem
+    return suite_file
 
 
 def check(ctx: GateContext) -> GateResult:
