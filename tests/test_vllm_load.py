@@ -225,3 +225,62 @@ def test_each_file_is_hashed_by_exactly_one_rank_of_the_node(tmp_path):
             hashers = [r for r in range(count) if shares[r][i].xxh3_128 is not None]
             assert hashers and len(hashers) == 1, (count, shard.rel)
             assert all(shares[r][i].rel == shard.rel for r in range(count))
+
+
+_RANK = """
+import json, sys
+import torch.distributed as dist
+from pathlib import Path
+from k3artifacts.errors import VerifyMismatch
+from k3artifacts.loading.share import agree, node_position, node_share
+from k3artifacts.loading.stream import Shard, stream_tensors
+
+rank, init, plan = int(sys.argv[1]), sys.argv[2], json.loads(sys.argv[3])
+dist.init_process_group("gloo", init_method=init, rank=rank, world_size=2)
+index, count = node_position(dist.group.WORLD)
+mine = node_share([Shard(s["rel"], Path(s["path"]), s["size"], s["xxh3"]) for s in plan],
+                  index, count)
+refusal, names = None, []
+try:
+    names = [n for n, _ in stream_tensors(mine, "cpu")]
+except VerifyMismatch as exc:
+    refusal = exc
+try:
+    agree(refusal, dist.group.WORLD)
+    print(json.dumps({"hashed": [s.rel for s in mine if s.xxh3_128], "ok": names}))
+except VerifyMismatch as exc:
+    print(json.dumps({"hashed": [s.rel for s in mine if s.xxh3_128], "refused": str(exc)}))
+"""
+
+
+def _ranks(tmp_path: Path, shards: list[Shard], k3a_env) -> list[dict]:
+    plan = json.dumps([{"rel": s.rel, "path": str(s.path), "size": s.size, "xxh3": s.xxh3_128}
+                       for s in shards])
+    init = f"file://{tmp_path / 'rendezvous'}"
+    procs = [subprocess.Popen([sys.executable, "-c", _RANK, str(r), init, plan], env=k3a_env,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for r in range(2)]
+    outs = [p.communicate(timeout=120) for p in procs]
+    assert all(p.returncode == 0 for p in procs), [e for _, e in outs]
+    return [json.loads(o.strip().splitlines()[-1]) for o, _ in outs]
+
+
+@pytest.mark.slow
+def test_two_ranks_of_a_node_each_hash_half_and_both_refuse_a_bad_file(tmp_path, k3a_env):
+    shards = [_file(tmp_path, f"m{i}.safetensors", {f"t{i}": torch.full((1000 + i,), float(i))})
+              for i in range(4)]
+    clean = _ranks(tmp_path, shards, k3a_env)
+    assert sorted(clean[0]["hashed"] + clean[1]["hashed"]) == [s.rel for s in shards]
+    assert clean[0]["hashed"] and clean[1]["hashed"]  # each rank hashes a share, not all
+    assert clean[0]["ok"] == clean[1]["ok"] == ["t0", "t1", "t2", "t3"]
+
+    victim = shards[[s.rel for s in shards].index(clean[1]["hashed"][0])]
+    data = bytearray(victim.path.read_bytes())
+    data[-3] ^= 0x10
+    victim.path.write_bytes(bytes(data))
+    (tmp_path / "rendezvous").unlink(missing_ok=True)
+    refused = _ranks(tmp_path, shards, k3a_env)
+    assert victim.rel in refused[1]["refused"] and "xxh3-128" in refused[1]["refused"]
+    # Rank 0 read the file unhashed, yet refuses too: the rank that hashed it said no.
+    assert victim.rel not in refused[0]["hashed"]
+    assert "another rank of this server refused" in refused[0]["refused"]
