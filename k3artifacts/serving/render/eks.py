@@ -8,6 +8,7 @@ and, for the record, the signing policy as rendered."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,6 +27,7 @@ from k3artifacts.serving.render.common import (
     env_list,
     gpu_resources,
     labels,
+    loads_verified,
     probes,
     serving_args,
     slug,
@@ -189,14 +191,41 @@ def _pod_spec(
             "name": verifier.name,
             "items": [{"key": verifier.pin_key, "path": f"k3artifacts/trust/{verifier.pin_key}"}],
         }})
+    if loads_verified(release):  # vLLM verifies as it reads: no pass over the weights before
+        _load_verified(release, vol, container, verifier)
+        init = {}
+    else:
+        init = {"initContainers": [
+            verify_container(release, res, vol, signed=verifier is not None)]}
     return {
-        "initContainers": [verify_container(release, res, vol, signed=verifier is not None)],
+        **init,
         "containers": [container],
         "volumes": volumes,
         "nodeSelector": {"node.kubernetes.io/instance-type": res.node_instance_type},
         "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
         "terminationGracePeriodSeconds": 120,
     }
+
+
+def _load_verified(release: ReleaseTuple, vol: WeightsVolume, container: dict,
+                   verifier: VerifierMap | None) -> None:
+    """vLLM with ``--load-format k3a``: told the tuple and the store (mounted read-only, as
+    the verifier would see it), with the pinned root where ``k3a verify --signature`` finds it.
+    Every rank loads, so the worker containers of a multi-node group get the same mounts."""
+    if verifier is None:
+        raise ConfigError(
+            f"tuple {release.id} loads with --load-format k3a, which checks the tuple's "
+            "signatures under the root this client pins: the pod needs that pin",
+            hint="render with --verify-signature",
+        )
+    if "args" in container:
+        extra = {"tuple": release.id, "store": f"file://{STORE_MOUNT}"}
+        container["args"] = [*container["args"], "--model-loader-extra-config",
+                             json.dumps(extra, sort_keys=True, separators=(",", ":"))]
+    container["env"] = [*container["env"], {"name": "XDG_CONFIG_HOME", "value": VERIFIER_CONFIG}]
+    container["volumeMounts"] = [
+        *container["volumeMounts"], _mount(STORE_MOUNT, vol.store_subpath),
+        {"name": VERIFIER_VOLUME, "mountPath": VERIFIER_CONFIG, "readOnly": True}]
 
 
 def _vllm_container(
