@@ -14,7 +14,8 @@ alternating rounds (best and median of ``--load-runs``):
 
 Each side ends when every tensor is in GPU memory (a device synchronise). Beside them, the
 machine's pinned host-to-device copy rate, measured in the same run: the ceiling any loader
-from host memory has.
+from host memory has. ``--device cpu`` loads into host memory (no GPU, no fastsafetensors): the
+hashing's cost on a machine without one.
 
     python -m bench --only load [--load-size 16GiB --load-shards 16] [--load-runs 3] [--cold]
 """
@@ -91,25 +92,32 @@ def checkpoint(bench: Bench, size: int, shards: int):
             for name, xxh in sorted(digests.items())]
 
 
-def _k3a(shards, hashing: bool, threads: int):
+def _sync(device: str) -> None:
     import torch
 
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def _k3a(shards, hashing: bool, threads: int, device: str):
     from k3artifacts.loading.stream import stream_tensors
 
     def side() -> None:
-        for _name, _tensor in stream_tensors(shards, "cuda", threads=threads, hashing=hashing):
+        for _name, _tensor in stream_tensors(shards, device, threads=threads, hashing=hashing):
             pass
-        torch.cuda.synchronize()
+        _sync(device)
 
     return side
 
 
-def _load_file(shards, threads: int):
+def _load_file(shards, threads: int, device: str):
     import safetensors.torch
-    import torch
 
     def one(shard) -> None:
-        safetensors.torch.load_file(shard.path, device="cuda")
+        # On the CPU load_file maps the file: touch every byte, as a copy into memory would.
+        for tensor in safetensors.torch.load_file(shard.path, device=device).values():
+            if device == "cpu":
+                tensor.clone()
 
     def side() -> None:
         if threads == 1:
@@ -118,7 +126,7 @@ def _load_file(shards, threads: int):
         else:
             with ThreadPoolExecutor(threads) as pool:
                 list(pool.map(one, shards))
-        torch.cuda.synchronize()
+        _sync(device)
 
     return side
 
@@ -161,22 +169,25 @@ def pinned_copy_rate(nbytes: int = 1 << 30, runs: int = 5) -> float:
 def load(bench: Bench, opts, shared: dict) -> list[Row]:
     import torch
 
-    if not torch.cuda.is_available():
-        raise SystemExit("the load figure loads into GPU memory: no CUDA device here")
+    device = opts.device
+    if device == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("the load figure loads into GPU memory: no CUDA device here "
+                         "(--device cpu loads into host memory instead)")
     shards = checkpoint(bench, opts.load_size, opts.load_shards)
     total = sum(s.size for s in shards)
     threads = opts.load_threads
     sides = {
-        "k3a verified": _k3a(shards, True, threads),
-        "k3a, no hashing": _k3a(shards, False, threads),
-        "safetensors load_file": _load_file(shards, 1),
-        "safetensors load_file, 4 threads": _load_file(shards, 4),
+        "k3a verified": _k3a(shards, True, threads, device),
+        "k3a, no hashing": _k3a(shards, False, threads, device),
+        "safetensors load_file": _load_file(shards, 1, device),
+        "safetensors load_file, 4 threads": _load_file(shards, 4, device),
     }
-    try:
-        sides["fastsafetensors"] = _fastsafetensors(shards)
-    except ImportError as exc:
-        bench.log(f"load: fastsafetensors not installed ({exc}); its side is left out")
-    h2d = pinned_copy_rate()
+    if device == "cuda":
+        try:
+            sides["fastsafetensors"] = _fastsafetensors(shards)
+        except ImportError as exc:
+            bench.log(f"load: fastsafetensors not installed ({exc}); its side is left out")
+    h2d = pinned_copy_rate() if device == "cuda" else None
     times: dict[str, list[float]] = {name: [] for name in sides}
     for round_ in range(opts.load_runs):
         for name, side in sides.items():
@@ -184,7 +195,8 @@ def load(bench: Bench, opts, shared: dict) -> list[Row]:
             start = time.perf_counter()
             side()
             times[name].append(time.perf_counter() - start)
-            torch.cuda.empty_cache()
+            if device == "cuda":
+                torch.cuda.empty_cache()
             bench.log(f"load round {round_ + 1}: {name} {times[name][-1]:.2f} s")
     best = {name: min(t) for name, t in times.items()}
     rate = {name: total / t / GB for name, t in best.items()}
@@ -193,10 +205,11 @@ def load(bench: Bench, opts, shared: dict) -> list[Row]:
     note = (f"{len(shards)} shards, {total / GB:.2f} GB bf16, {threads} threads, "
             f"{cache_note(bench)}; best of {opts.load_runs} (medians: "
             + ", ".join(f"{n} {m:.2f} s" for n, m in medians.items())
-            + f"); {torch.cuda.get_device_name()}")
+            + "); " + (torch.cuda.get_device_name() if device == "cuda" else "into host memory"))
     rows = [
-        Row("load: k3a verified into GPU memory", rate["k3a verified"], "GB/s",
-            "pinned host-to-device copy", h2d, rate["k3a verified"] / h2d, note=note),
+        Row(f"load: k3a verified into {device} memory", rate["k3a verified"], "GB/s",
+            "pinned host-to-device copy" if h2d else "", h2d,
+            rate["k3a verified"] / h2d if h2d else None, note=note),
         Row("load: verified / same loader unhashed", verified, "s", "k3a, no hashing",
             best["k3a, no hashing"], verified / best["k3a, no hashing"], "<= 1.05",
             verified / best["k3a, no hashing"] <= 1.05),

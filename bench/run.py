@@ -110,7 +110,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="k3a stage --streams for every staging leg (default: k3a stage's)")
     p.add_argument("--device", choices=["cuda", "cpu"], default="cuda",
                    help="warm-start figure: compile on the GPU (max-autotune, Triton) or, to "
-                   "exercise the script without one, on the CPU (inductor C++ codegen)")
+                   "exercise the script without one, on the CPU (inductor C++ codegen); load "
+                   "figure: into GPU or host memory")
     p.add_argument("--only", action="append", choices=sorted(FIGURES),
                    help="run only this figure (repeatable)")
     p.add_argument("--cold", action="store_true",

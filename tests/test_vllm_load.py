@@ -35,6 +35,7 @@ from tests.staging_helpers import CARD, LICENSE
 from tests.support.cli import run_process
 from tests.support.releases import Releases
 from tests.test_signing import _write_key
+from tests.test_trusted_keys import _policies
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -62,19 +63,6 @@ def _tiny_llama(where: Path) -> None:
         bos_token_id=1, eos_token_id=2, tie_word_embeddings=False)
     transformers.LlamaForCausalLM(config).save_pretrained(where, safe_serialization=True,
                                                           max_shard_size="1MB")
-
-
-def _policies(root: Path, key: Path) -> Path:
-    import yaml
-
-    (root / "signing" / "keys").mkdir(parents=True)
-    shutil.copy(REPO_ROOT / "policies" / "promotion-gates.yaml", root)
-    shutil.copytree(REPO_ROOT / "policies" / "eval-suites", root / "eval-suites")
-    shutil.copy(key.with_suffix(".pub.pem"), root / "signing" / "keys" / "release.pub.pem")
-    (root / "signing" / "trusted-keys.yaml").write_text(yaml.safe_dump({
-        "schema_version": 1, "keys": {"release": "keys/release.pub.pem"},
-        "channels": {"production": {"required": True}}}))
-    return root
 
 
 def _writable_copy(source: Path, to: Path) -> Path:
@@ -106,7 +94,7 @@ def test_k3a_load_format_matches_vllm_and_refuses_each_tampering(
     keys.mkdir()
     release_key = _write_key(keys / "release.pem", ec.SECP256R1())
     intruder = _write_key(keys / "intruder.pem", ec.SECP256R1())
-    use_policy(store, _policies(tmp_path / "policies", release_key))
+    use_policy(store, _policies(tmp_path / "policies", "release", release_key))
     signer = load_signer(str(release_key))
     sign_revision(store, REPO, commit, signer)
     manifest = ShardManifest.parse(store.published_manifest_bytes(REPO, commit))
