@@ -67,6 +67,13 @@ class _Buffers:
                      for _ in range(2 if self.cuda else 0)]
         self.done = [None, None]
 
+    def own(self, block: torch.Tensor) -> None:
+        """Before the first copy into a freshly allocated block: the allocator may hand out
+        memory that work queued on the allocating stream (a consumer's copy out of an earlier
+        file's block) still reads."""
+        if self.stream is not None:
+            self.stream.wait_stream(torch.cuda.current_stream(block.device))
+
     def take(self, i: int) -> torch.Tensor:
         if self.done[i] is not None:  # the copy out of this buffer must finish first
             self.done[i].synchronize()
@@ -117,6 +124,7 @@ def _load_file(shard: Shard, device: torch.device, read_bytes: int, buffer_bytes
         digest = xxhash.xxh3_128() if hashing and shard.xxh3_128 is not None else None
         block = torch.empty(size, dtype=torch.uint8, device=device)
         buffers = _Buffers(device, buffer_bytes)
+        buffers.own(block)
         head = bytearray()
         offset, turn = 0, 0
         while offset < size:
