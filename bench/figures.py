@@ -361,6 +361,12 @@ def _streams(bench: Bench, opts: Options, shared: dict) -> list[Row]:
     return cdn_streams(bench, opts, shared)
 
 
+def _load(bench: Bench, opts: Options, shared: dict) -> list[Row]:
+    from .load import load
+
+    return load(bench, opts, shared)
+
+
 FIGURES = {
     "staging": staging,  # 1 and 2
     "s3": s3,  # 3
@@ -377,4 +383,5 @@ FIGURES = {
     "streams": _streams,  # 14
     "cli-start": cli_start,  # 12
     "warm": warm_start,  # 13
+    "load": _load,  # issue 42
 }

@@ -16,7 +16,8 @@ if TYPE_CHECKING:
 
 
 def serving_build_args(release: ReleaseTuple) -> dict[str, str]:
-    """What docker/serving/Dockerfile takes: the tuple's image by digest, and its identity."""
+    """What docker/serving/Dockerfile takes: the tuple's image by digest, its identity, and
+    the worker image whose k3a it installs."""
     b = release.binding
     return {
         "VLLM_IMAGE": b.image.reference,
@@ -25,6 +26,8 @@ def serving_build_args(release: ReleaseTuple) -> dict[str, str]:
         "K3A_MANIFEST_DIGEST": b.weights.manifest_digest,
         "K3A_LICENSE_SHA256": b.license_sha256 or "",
         "K3A_PROFILE": b.serving.profile,
+        # Whose k3a wheel the image installs (the verified load's plugin).
+        "K3A_WORKER_IMAGE": b.serving.resources.get("verifier_image") or "",
     }
 
 

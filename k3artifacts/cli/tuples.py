@@ -287,7 +287,9 @@ class RenderTarget(click.ParamType):
     is_flag=True,
     help="eks: the init container checks the tuple's and the revision's signatures before the "
     "bytes, with the keys the store's signed policy in force trusts, verified under the root "
-    "this client pins (rendered into a ConfigMap with the signing policy as it is now).",
+    "this client pins (rendered into a ConfigMap with the signing policy as it is now). A "
+    "profile with --load-format=k3a needs it (vLLM checks them, and the bytes as it loads: no "
+    "init container), on eks and eks-node-cache.",
 )
 @click.option(
     "--rollout-channel",

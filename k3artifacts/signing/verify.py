@@ -38,6 +38,9 @@ class SignedReport:
     #: Name of the trusted key that signed, when the signature verified.
     key_name: str | None = None
     key_hint: str | None = None
+    #: The manifest read beside the signature: trusted only once :meth:`raise_for_problems`
+    #: passed.
+    manifest: ShardManifest | None = None
 
     def raise_for_problems(self) -> None:
         problems = self.report.problems
@@ -128,6 +131,7 @@ def verify_signed_revision(
     except BundleError as exc:
         return refuse(SIGNATURE_REL, str(exc))
     early.key_name, early.key_hint = verified.key_name, verified.key_hint
+    early.manifest = manifest
     for problem in check_revision_statement(verified.statement, manifest, raw):
         early.report.problems.append(Problem(problem.path, problem.reason))
     allowed = {MANIFEST_REL, *IGNORED}
@@ -144,4 +148,4 @@ def verify_signed_revision(
         report.target = target
     else:
         report = verify_revision(store=store, repo_id=repo_id, commit=commit, **kwargs)
-    return SignedReport(report, verified.key_name, verified.key_hint)
+    return SignedReport(report, verified.key_name, verified.key_hint, manifest)
