@@ -296,6 +296,14 @@ class Settings(BaseModel):
         "K3A_WORKERS", "Output and runs",
         "Files a Prefect staging flow downloads at once with its thread-pool runner "
         "(`k3a stage` has `--workers`).", shown="one per core, 2 to 8", ge=1)
+    hash_in: Literal["threads", "processes"] | None = var(
+        "K3A_HASH_IN", "Output and runs",
+        "Where `k3a verify` and `k3a pull` hash files on this machine: `threads` of one "
+        "process or `processes` (one per worker, each fed open files). Unset, k3a chooses by "
+        "algorithm, workers and bytes, as measured on a 16-core machine (threads up to 8 "
+        "workers; beyond, processes for at least 1 GiB of xxh3-128 or 256 MiB of sha256): "
+        "set it where `python -m bench --only verify` shows the other side faster.",
+        shown="chosen per run")
     dask_address: str | None = var(
         "K3A_DASK_ADDRESS", "Output and runs",
         "Dask scheduler (`tcp://host:8786`): a Prefect staging flow runs its per-file tasks "
