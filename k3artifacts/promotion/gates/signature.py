@@ -2,10 +2,10 @@
 if its revision and the tuple itself are signed by keys the channel trusts.
 
 Policy: ``signing/trusted-keys.yaml`` of the store's policy in force (which channels require
-signatures, which keys each trusts, and whether the gate re-reads the weights). With ``verify_bytes`` (the default)
-the revision's bytes are checked once with xxh3-128 against the signed manifest, as a node
-does before serving: a byte changed in the store after signing is caught here, before the
-channel moves, not on the first node that pulls it.
+signatures, which keys each trusts, and whether the gate re-reads the weights). With
+``verify_bytes`` (the default) the revision's bytes are checked once with xxh3-128 against the
+signed manifest, as a node does before serving: a byte changed in the store after signing is
+caught here, before the channel moves, not on the first node that pulls it.
 """
 
 from __future__ import annotations
