@@ -38,7 +38,8 @@ PAGES = [REPO_ROOT / "README.md", *sorted((REPO_ROOT / "docs").rglob("*.md"))]
 #: A shell without this machine's own PATH: the reader's venv comes first.
 CLEAN_PATH = "/usr/local/bin:/usr/bin:/bin"
 #: Pages whose walk takes more than ~20 s here.
-SLOW = {"docs/guides/signing.md", "docs/guides/warm-start.md"}
+SLOW = {"docs/guides/signing.md", "docs/guides/warm-start.md",
+        "docs/guides/releases-and-promotion.md"}
 
 
 def name(page: Path) -> str:
