@@ -15,14 +15,13 @@ from __future__ import annotations
 
 import re
 import subprocess
-import uuid
 from pathlib import Path
 
 import pytest
 import yaml
 
 from tests.conftest import REPO_ROOT
-from tests.support.doc_blocks import commands_of, fresh_clone, git_status
+from tests.support.doc_blocks import Shell, commands_of, fresh_clone, git_status
 
 MARKER = "<!-- k3a:no-network-path"
 #: What the README's first screen installs with; the clone's .venv is already this environment.
@@ -60,35 +59,16 @@ def run_in_one_shell(commands: list[str], *, cwd: Path, env: dict[str, str],
     """Feed ``commands`` one at a time to one bash process, as a reader's shell runs them; each
     must exit 0. Returns the shell's variables named in ``report``, as it holds them at the end;
     each command's output (stdout and stderr) is appended to ``transcript``."""
-    shell = subprocess.Popen(["bash", "--noprofile", "--norc"], cwd=cwd, env=env,
-                             stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                             stderr=subprocess.STDOUT, text=True)
+    shell = Shell(cwd, env)
     try:
-        shell.stdin.write("set -o pipefail\n")
+        shell.run("set -o pipefail")
         for command in commands:
-            sentinel = f"__k3a_done_{uuid.uuid4().hex}"
-            shell.stdin.write(f"{command}\necho {sentinel} $?\n")
-            shell.stdin.flush()
-            output = []
-            for line in shell.stdout:
-                if line.startswith(sentinel):
-                    status = int(line.split()[1])
-                    break
-                output.append(line)
-            else:
-                raise AssertionError(f"bash ended during {command!r}:\n{''.join(output)}")
-            assert status == 0, f"{command!r} exited {status}:\n{''.join(output)}"
+            said = shell.run(command)
             if transcript is not None:
-                transcript.append("".join(output))
-        for name in report:
-            shell.stdin.write(f'echo "{name}=${name}"\n')
-        shell.stdin.close()
-        values = dict(line.rstrip("\n").split("=", 1) for line in shell.stdout if "=" in line)
+                transcript.append(said)
+        return {name: shell.run(f'echo "${name}"').rstrip("\n") for name in report}
     finally:
-        if shell.poll() is None:
-            shell.kill()
-        shell.wait()
-    return values
+        shell.close()
 
 
 @pytest.fixture(scope="module")
