@@ -37,6 +37,21 @@ RUNNERS = {
 PAGES = [REPO_ROOT / "README.md", *sorted((REPO_ROOT / "docs").rglob("*.md"))]
 #: A shell without this machine's own PATH: the reader's venv comes first.
 CLEAN_PATH = "/usr/local/bin:/usr/bin:/bin"
+#: What a page's walk must have printed: the outcome its prose promises, not only exit 0.
+SAYS = {
+    "docs/guides/signing.md": ["refused, exit 9: the store's policy trusts no key yet",
+                               "in force: policy version 2", "signature: ok, signed by release"],
+    "docs/guides/warm-start.md": ["warm start miss", "has no release signature",
+                                  "--signing-key", "kernel.cubin"],
+    "docs/guides/s3-and-fsx.md": ["s3://k3a-demo/k3a/models/demo/Kimi-K3-synthetic/",
+                                  "verify:          ok"],
+    "docs/guides/staging.md": ["file(s) put back", "download:       0 file(s)"],
+    "docs/guides/serving-and-node-cache.md": ["--build-arg K3A_TUPLE_ID=k3t-",
+                                              "passed for resource daemonset/"],
+    "docs/guides/releases-and-promotion.md": ["(rollback #3", "pass rate: 100.0%",
+                                              "production's gates: exit 5"],
+    "docs/policy-and-identity.md": ["Your identity key has been saved in", "key id: "],
+}
 #: Pages whose walk takes more than ~20 s here.
 SLOW = {"docs/guides/signing.md", "docs/guides/warm-start.md",
         "docs/guides/releases-and-promotion.md"}
@@ -96,12 +111,16 @@ def test_the_page_runs_as_written(page, tmp_path):
     home.mkdir()
     scratch.mkdir()
     shell = Shell(clone, reader_env(home, clone, scratch))
+    said = []
     try:
         for block in blocks_of(clone / name(page)):
             if block.marker == "page":
                 for command in block.commands:
-                    shell.run(command)
+                    said.append(shell.run(command))
     finally:
         shell.close()
+    transcript = "".join(said)
+    for expected in SAYS[name(page)]:
+        assert expected in transcript, f"{name(page)} never printed {expected!r}:\n{transcript}"
     assert git_status(clone) == "", "the page left files in the checkout"
     shutil.rmtree(tmp_path / "k3artifacts", ignore_errors=True)
