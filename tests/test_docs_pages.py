@@ -120,6 +120,7 @@ def test_the_page_runs_as_written(page, tmp_path):
     finally:
         shell.close()
     transcript = "".join(said)
+    assert SAYS.get(name(page)), f"name in SAYS what {name(page)}'s walk must print"
     for expected in SAYS[name(page)]:
         assert expected in transcript, f"{name(page)} never printed {expected!r}:\n{transcript}"
     assert git_status(clone) == "", "the page left files in the checkout"
