@@ -84,12 +84,12 @@ def cli_markdown() -> str:
              + REGENERATE.format(page="cli", file="cli.md")
              + "`); do not edit by hand. Old spellings (`k3a tuples`, `k3a channels`, "
              "`k3a history`, `k3a revisions`, `k3a gc`, `k3a cache ls`) still run and are not "
-             "listed.", "", *CONVENIENCES, "## k3a", "", "```", cli.get_help(root), "```", ""]
+             "listed.", "", *CONVENIENCES, "## k3a", "", "```text", cli.get_help(root), "```", ""]
     for name, entry in COMMANDS.items():
         if entry.section is None:
             continue
         for path, text in _walk(entry.load(), ["k3a", name], root):
-            lines += [f"{'#' * min(len(path), 4)} {' '.join(path)}", "", "```", text, "```", ""]
+            lines += [f"{'#' * min(len(path), 4)} {' '.join(path)}", "", "```text", text, "```", ""]
     return "\n".join(lines)
 
 

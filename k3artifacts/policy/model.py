@@ -86,7 +86,7 @@ class RetentionPolicy(_Strict):
 
 class WarmStartPolicy(_Strict):
     """Whether pods on this channel may start from a warm-start artifact (``k3artifacts.warm``)
-    and what it must carry. The channel's signing policy (``policies/signing/``) already
+    and what it must carry. The channel's signing policy (the policy's ``signing/``) already
     requires a trusted signature where it requires one for the tuple."""
 
     enabled: bool = True

@@ -1,15 +1,17 @@
-"""Which keys are trusted, and which channels require signatures: ``policies/signing/``.
+"""Which keys are trusted, and which channels require signatures: ``signing/`` of the store's
+policy in force (the packaged defaults: ``policies/signing/``).
 
-``policies/signing/trusted-keys.yaml``::
+``signing/trusted-keys.yaml``::
 
     schema_version: 1
-    keys:                      # name -> PEM public key file, relative to policies/signing/
+    keys:                      # name -> PEM public key file, relative to signing/
       release-2026: keys/release-2026.pub.pem
     channels:                  # a channel not listed requires nothing and trusts every key
       production: {required: true, keys: [release-2026], verify_bytes: true}
 
 A channel's ``keys`` are the only ones whose signatures count for it (empty: every key listed
-above). Reviewed and committed like code: adding a key is a change someone approves.
+above). Changed like the rest of the policy (``k3a policy propose`` / ``apply``): trusting a
+key loosens it, so it needs the root's threshold of signatures.
 """
 
 from __future__ import annotations

@@ -182,12 +182,15 @@ def check_manifest(store: Store, release: ReleaseTuple, *, gpu: str | None, tp: 
     signature = store.read(signature_key(key))
     sig = signature.data if signature is not None else None
     signed_by = None
+    # Without a channel (a candidate pre-warmed) the rule is every channel's at once.
+    whose = (f"channel {trust.channel}" if trust.channel is not None
+             else "a channel of the policy (none named: the strictest applies)")
     if sig is None and trust.require_signature:
-        raise WarmMiss("unsigned", f"{key} is not signed and channel {trust.channel} requires "
-                       "signatures")
+        raise WarmMiss("unsigned", f"{key} has no release signature and {whose} requires "
+                       "one (capture with --signing-key KEY, a key the policy trusts)")
     if sig is not None and trust.require_signature and not trust.trusted:
         raise WarmMiss("bad-signature", f"{signature_key(key)}: the signing policy trusts no "
-                       f"key for channel {trust.channel}")
+                       f"key for {whose}")
     if sig is not None and trust.trusted:
         try:
             signed_by = verify_statement(

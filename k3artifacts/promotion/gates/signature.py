@@ -1,11 +1,11 @@
 """The ``signature`` gate: a tuple moves onto a channel whose signing policy requires it only
 if its revision and the tuple itself are signed by keys the channel trusts.
 
-Policy: ``policies/signing/trusted-keys.yaml`` (which channels require signatures, which keys
-each trusts, and whether the gate re-reads the weights). With ``verify_bytes`` (the default)
-the revision's bytes are checked once with xxh3-128 against the signed manifest, as a node
-does before serving: a byte changed in the store after signing is caught here, before the
-channel moves, not on the first node that pulls it.
+Policy: ``signing/trusted-keys.yaml`` of the store's policy in force (which channels require
+signatures, which keys each trusts, and whether the gate re-reads the weights). With
+``verify_bytes`` (the default) the revision's bytes are checked once with xxh3-128 against the
+signed manifest, as a node does before serving: a byte changed in the store after signing is
+caught here, before the channel moves, not on the first node that pulls it.
 """
 
 from __future__ import annotations
