@@ -176,6 +176,11 @@ def _maker(record: BaseModel, field: str) -> str:
     return value if isinstance(value, str) else value.name
 
 
+def made_by(record: BaseModel, family: Family[Any]) -> str:
+    """The identity a record read through :func:`parse_signed` counts for."""
+    return _maker(record, family.maker)
+
+
 def parse_signed(data: bytes, *, key: str, family: Family[Model], trust: RecordTrust,
                  roles: Collection[str] | None = None, now: datetime | None = None) -> Model:
     """The record stored at ``key`` as ``family``'s model, signed by an identity ``trust``

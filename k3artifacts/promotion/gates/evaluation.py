@@ -17,6 +17,7 @@ written by hand, or signed by an identity that may not evaluate, is refused by n
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 from k3artifacts.errors import ConfigError
@@ -27,6 +28,7 @@ from k3artifacts.promotion.gates.context import GateContext
 from k3artifacts.readiness.suite import file_sha256
 from k3artifacts.releases.channels import read_state
 from k3artifacts.releases.evaluations import (
+    EVALUATIONS,
     Baseline,
     EvaluationRecord,
     baseline_of,
@@ -82,7 +84,8 @@ def _missing(release: ReleaseTuple, records: list[EvaluationRecord], policy: Eva
 def check(ctx: GateContext) -> GateResult:
     assert ctx.policy.evaluation is not None  # ChannelPolicy refuses the gate without settings
     return evaluation_gate(ctx.store, ctx.release, ctx.policy.evaluation, channel=ctx.channel,
-                           policies_dir=ctx.policies_dir, trust=ctx.trust)
+                           policies_dir=ctx.policies_dir, trust=ctx.trust,
+                           only=lambda records: ctx.signed_here(records, EVALUATIONS))
 
 
 def evaluation_gate(
@@ -93,6 +96,7 @@ def evaluation_gate(
     channel: str,
     policies_dir: Path,
     trust: RecordTrust,
+    only: Callable[[list[EvaluationRecord]], list[EvaluationRecord]] = list,
 ) -> GateResult:
     try:
         suite_sha = (
@@ -100,7 +104,7 @@ def evaluation_gate(
         )
     except ConfigError as exc:
         return _fail(f"the policy's {exc}")
-    records = list_evaluations(store, release.id, trust=trust)
+    records = only(list_evaluations(store, release.id, trust=trust))
     runs = _candidates(records, policy, suite_sha)
     if not runs:
         return _missing(release, records, policy, suite_sha)

@@ -34,6 +34,7 @@ from k3artifacts.promotion.gates import (
     traffic,
 )
 from k3artifacts.promotion.gates.context import GateContext
+from k3artifacts.promotion.gates.evidence import judge_signers
 from k3artifacts.releases.channels import check_channel
 from k3artifacts.releases.tuples import ReleaseTuple
 from k3artifacts.serving.render import TARGETS
@@ -94,6 +95,6 @@ def judging(store: Store, release: ReleaseTuple, channel: str, policy: InForce,
 
 
 def run_gates(ctx: GateContext, policy: InForce) -> GateReport:
-    results = [CHECKS[name](ctx) for name in ctx.policy.gates]
+    results = judge_signers(ctx, [CHECKS[name](ctx) for name in ctx.policy.gates], CHECKS)
     return GateReport(tuple_id=ctx.release.id, channel=ctx.channel, results=results,
                       policy_digest=policy.digest, policy_version=policy.version)
