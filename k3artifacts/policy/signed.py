@@ -36,6 +36,7 @@ from typing import Any, Generic, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
+from k3artifacts.canonical import parse_json
 from k3artifacts.errors import AlreadyExists, UntrustedRecord, plain_validation_errors
 from k3artifacts.policy.actor import Acting, RoleRefused
 from k3artifacts.policy.document import PolicyDocument
@@ -113,9 +114,9 @@ def _unsigned(data: bytes) -> dict[str, Any] | None:
     """The record as written before k3a signed records (plain JSON of its model), or None for
     anything else (a signed record, or bytes the envelope's parser names)."""
     try:
-        plain = json.loads(data)
+        plain = parse_json(data)
     except (UnicodeDecodeError, ValueError):
-        return None
+        return None  # the envelope's parser names what is wrong with it
     if isinstance(plain, dict) and "schema" not in plain and "envelope" not in plain:
         return plain
     return None
