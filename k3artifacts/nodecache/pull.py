@@ -71,7 +71,7 @@ from k3artifacts.revisions.manifest import (
 )
 from k3artifacts.revisions.refs import match_revision_ref
 from k3artifacts.stores.base import Store
-from k3artifacts.stores.registry import open_store, weights_placement
+from k3artifacts.stores.registry import weights_store
 
 
 @dataclass(frozen=True)
@@ -97,12 +97,11 @@ def resolve_target(store: Store, name: str) -> PullTarget:
     release = resolve_tuple(store, name)
     weights = release.binding.weights
     try:
-        url = weights_placement(weights.location, weights.repo_id, weights.commit).store_url
+        where = weights_store(weights.location, weights.repo_id, weights.commit, beside=store)
     except ConfigError as exc:
         raise ConfigError(f"tuple {release.id}: {exc}") from None
-    weights_store = store if url.rstrip("/") == store.url.rstrip("/") else open_store(url)
     return PullTarget(Revision(weights.repo_id, weights.commit), weights.manifest_digest,
-                      release.id, weights_store)
+                      release.id, where)
 
 
 @dataclass
