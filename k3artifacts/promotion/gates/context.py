@@ -10,7 +10,7 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel
 
-from k3artifacts.errors import CorruptManifest, NotFound
+from k3artifacts.errors import CorruptManifest, NotFound, VerifyMismatch
 from k3artifacts.policy.actor import Actor
 from k3artifacts.policy.model import ChannelPolicy
 from k3artifacts.policy.signed import Family, RecordTrust, made_by
@@ -57,7 +57,7 @@ class GateContext:
         key = manifest_key(w.repo_id, w.commit)
         try:
             return tuple_manifest(self.store, self.release), ""
-        except CorruptManifest as exc:  # names where it was read
+        except (CorruptManifest, VerifyMismatch) as exc:  # names where it was read
             return None, str(exc).splitlines()[0]
         except NotFound:
             return (
