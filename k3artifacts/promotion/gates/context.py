@@ -5,13 +5,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from functools import cached_property
-from pathlib import Path
 from typing import Any, TypeVar
 
 from pydantic import BaseModel
 
 from k3artifacts.errors import CorruptManifest, NotFound, VerifyMismatch
 from k3artifacts.policy.actor import Actor
+from k3artifacts.policy.document import PolicyDocument
 from k3artifacts.policy.model import ChannelPolicy
 from k3artifacts.policy.signed import Family, RecordTrust, made_by
 from k3artifacts.releases.tuples import ReleaseTuple, tuple_manifest
@@ -30,8 +30,8 @@ class GateContext:
     channel: str
     #: The channel's section of the store's policy in force: each gate reads its own settings.
     policy: ChannelPolicy
-    #: That policy's files, written out for this judgement (suites, trusted keys).
-    policies_dir: Path
+    #: That policy's files (suites, trusted keys), read in memory.
+    document: PolicyDocument
     #: Who that policy trusts to have signed the evidence the gates read (reviews,
     #: evaluations, scans, preflights, traffic analyses): every record is read through it.
     trust: RecordTrust

@@ -18,14 +18,13 @@ written by hand, or signed by an identity that may not evaluate, is refused by n
 from __future__ import annotations
 
 from collections.abc import Callable
-from pathlib import Path
 
 from k3artifacts.errors import ConfigError
+from k3artifacts.policy.document import PolicyDocument
 from k3artifacts.policy.model import EvaluationPolicy
 from k3artifacts.policy.results import GateResult
 from k3artifacts.policy.signed import RecordTrust
 from k3artifacts.promotion.gates.context import GateContext
-from k3artifacts.readiness.suite import file_sha256
 from k3artifacts.releases.channels import read_state
 from k3artifacts.releases.evaluations import (
     EVALUATIONS,
@@ -84,7 +83,7 @@ def _missing(release: ReleaseTuple, records: list[EvaluationRecord], policy: Eva
 def check(ctx: GateContext) -> GateResult:
     assert ctx.policy.evaluation is not None  # ChannelPolicy refuses the gate without settings
     return evaluation_gate(ctx.store, ctx.release, ctx.policy.evaluation, channel=ctx.channel,
-                           policies_dir=ctx.policies_dir, trust=ctx.trust,
+                           document=ctx.document, trust=ctx.trust,
                            only=lambda records: ctx.signed_here(records, EVALUATIONS))
 
 
@@ -94,13 +93,13 @@ def evaluation_gate(
     policy: EvaluationPolicy,
     *,
     channel: str,
-    policies_dir: Path,
+    document: PolicyDocument,
     trust: RecordTrust,
     only: Callable[[list[EvaluationRecord]], list[EvaluationRecord]] = list,
 ) -> GateResult:
     try:
         suite_sha = (
-            file_sha256(Path(policies_dir) / policy.suite_file) if policy.suite_file else None
+            document.file_sha256(policy.suite_file) if policy.suite_file else None
         )
     except ConfigError as exc:
         return _fail(f"the policy's {exc}")
