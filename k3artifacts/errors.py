@@ -165,6 +165,7 @@ class UntrustedRecord(StoredRecordRefused):
 RECORD_REFUSALS = (
     # one record (trust/envelope.py)
     "unreadable",       # not UTF-8 JSON (truncated, garbled)
+    "oversized",        # larger than any record k3a writes: refused before it is read
     "malformed",        # JSON, but not a signed record, or a signed body that does not parse
     "unsigned",         # no signature at all
     "untrusted-key",    # signed only by keys the policy does not name

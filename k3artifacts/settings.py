@@ -197,6 +197,12 @@ class Settings(BaseModel):
         "call, Prometheus, the Kubernetes API, a registry, a `/metrics` page): a peer that "
         "trickles bytes just fast enough to beat the read timeout is cut here.",
         default=60.0, gt=0)
+    http_call_deadline: float = var(
+        "K3A_HTTP_CALL_DEADLINE", "Network",
+        "Seconds for one small call in all (Prometheus, the Kubernetes API, the Hub API, a "
+        "registry), its retries and the waits between them included: a peer that trickles "
+        "every answer is given up on here (exit 8), not after every attempt's deadline.",
+        default=120.0, gt=0)
     http_attempts: int = var(
         "K3A_HTTP_ATTEMPTS", "Network",
         "Attempts of one call (idempotent methods only) or one transfer that bring no new "

@@ -134,3 +134,14 @@ def test_rollback_targets_come_from_the_verified_chain(any_store, any_env, serve
     entries = history(any_store, CHANNEL)
     assert [e.tuple_id for e in entries] == [first.id, second.id, third.id, second.id]
     assert entries[-1].who == people.ME
+
+
+def test_a_deleted_pointer_is_noticed_by_channel_list(any_store, any_env, served, tmp_path):
+    """The issue's case: `channel list` listed pointers only, so a channel whose pointer was
+    deleted (its history still there) was silently left out, exit 0. Every reader, the list
+    too, finds the history and refuses the channel by name."""
+    remove(any_store, pointer_key(CHANNEL))
+    refused = invoke("channel", "list", "--json", expect=4, env=any_env)
+    assert refused.json["error"] == (
+        f"{pointer_key(CHANNEL)}: refused (rewound): channel {CHANNEL} has no head, but its log "
+        "holds entries up to #3: the pointer was removed")

@@ -248,3 +248,37 @@ def test_the_cli_walks_first_use_a_second_account_joining_and_a_cosigned_rotatio
     (store / "releases/trust/root/0000000003.json").write_bytes(canonical_json(record))
     assert pinned.exists()
     assert "root-mismatch" in k3a("alice", "trust", "show", code=4)["error"]
+
+
+def test_a_proposal_signed_before_a_root_rotation_is_exit_6_as_the_docs_say(
+        k3a_cmd, k3a_env, tmp_path):
+    """The issue's case: a policy change alice proposed (and signed) under root v1, applied
+    after the root rotated to v2, was refused as "tampered" (exit 4); docs/reference/
+    exit-codes.md and docs/policy-and-identity.md say a proposal whose root rotated since is
+    a lost race (exit 6): propose again. Proposed again, it applies."""
+    store = tmp_path / "store"
+    store.mkdir()
+    env = {**k3a_env, "K3A_STORE": f"file://{store}"}
+
+    def k3a(who: str, *args: str, code: int = 0) -> dict:
+        return run_process(*args, "--json", env={**env, "XDG_CONFIG_HOME": str(tmp_path / who)},
+                           cmd=k3a_cmd, expect=code).json
+
+    k3a("alice", "policy", "init")
+    fingerprint = k3a("alice", "trust", "show")["root"]["fingerprint"]
+    policies = tmp_path / "policies"
+    k3a("alice", "policy", "show", "--out", str(policies))
+    gates = policies / "promotion-gates.yaml"
+    gates.write_text(gates.read_text().replace("  keep: 2\n", "  keep: 3\n"))
+    stale = k3a("alice", "policy", "propose", str(policies), "--why", "keep three")["id"]
+    bob_key = k3a("bob", "key", "create")["public_path"]
+    k3a("bob", "trust", "init", "--fingerprint", fingerprint)
+    assert k3a("alice", "trust", "rotate", "--add", f"bob={bob_key}")["published"]
+
+    refused = k3a("alice", "policy", "apply", stale, code=6)
+    assert refused["exit_code"] == 6
+    assert refused["error"] == (f"{stale} was signed under root v1; the root rotated to v2 "
+                                "since; nothing was written")
+    assert "propose the change again" in refused["next"]
+    again = k3a("alice", "policy", "propose", str(policies), "--why", "keep three")["id"]
+    assert k3a("alice", "policy", "apply", again)["version"] == 2

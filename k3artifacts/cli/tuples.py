@@ -242,7 +242,8 @@ class RenderTarget(click.ParamType):
 @exits(
     (0, "rendered"),
     (4, "the tuple's body was edited in the store, its signature (--verify-signature) or the "
-        "channel's or the policy's history does not verify"),
+        "channel's or the policy's history does not verify, or (hyperpod) the weights' place "
+        "does not serve the revision as published (an object replaced)"),
     (7, "tuple or channel not found"),
     (9, "the tuple cannot be served on this target (reason and fix printed), a local --policies, "
         "or (--verify-signature) no root pinned for the store"),
@@ -321,6 +322,7 @@ def render_cmd(
     from k3artifacts.policy.signing_keys import verifier_trust
     from k3artifacts.releases.lookup import resolve_with_move
     from k3artifacts.serving.render import render
+    from k3artifacts.serving.render.placed import check_place
     from k3artifacts.traffic.analysis import channel_traffic
 
     if weights == "node-cache":
@@ -334,6 +336,7 @@ def render_cmd(
     refuse_local_policies(local_policies, store, "trusted release keys come from")
     traffic = None if rollout_channel is None else channel_traffic(store, rollout_channel)
     release, move = resolve_with_move(store, tuple_or_channel)
+    check_place(store, release, target)
     rendered = render(release, target, name=name, namespace=namespace,
                       verifier=verifier_trust(store) if verify_signature else None,
                       traffic=traffic)

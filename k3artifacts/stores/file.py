@@ -43,6 +43,7 @@ from k3artifacts.stores.base import (
     Versioned,
 )
 from k3artifacts.stores.file_modes import guarded, make_dirs, open_lock, record_mode
+from k3artifacts.stores.records import MAX_RECORD_BYTES, oversized
 
 READ_ONLY_FILE = stat.S_IRUSR | stat.S_IRGRP | stat.S_IROTH
 READ_ONLY_DIR = READ_ONLY_FILE | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH
@@ -202,9 +203,14 @@ class FileStore(Store):
     @guarded("read")
     def read(self, key: str) -> Versioned | None:
         try:
-            data = self._path(key).read_bytes()
+            fh = open(self._path(key), "rb")  # noqa: SIM115 - closed below
         except FileNotFoundError:
             return None
+        with fh:
+            size = os.fstat(fh.fileno()).st_size
+            data = fh.read(MAX_RECORD_BYTES + 1) if size <= MAX_RECORD_BYTES else b""
+            if size > MAX_RECORD_BYTES or len(data) > MAX_RECORD_BYTES:
+                raise oversized(key, max(size, len(data)))
         return Versioned(data, _token(data))
 
     def _tmp_sibling(self, path: Path) -> Path:

@@ -34,7 +34,6 @@ from k3artifacts.policy.signed import Family, RecordTrust, parse_signed
 from k3artifacts.releases.tuples import ReleaseTuple
 from k3artifacts.signing.attestation import verify_statement
 from k3artifacts.signing.dsse import BundleError
-from k3artifacts.signing.policy import load_trusted_keys
 from k3artifacts.stores.base import Store
 from k3artifacts.warm.model import (
     ARTIFACT_PREFIX,
@@ -95,11 +94,10 @@ def warm_trust(policy: InForce, channel: str | None) -> WarmTrust:
     gates = document.gates
     rule = gates.channels.get(channel) if channel else None
     warm = rule.warm_start if rule is not None else None
-    with document.written_to() as policies_dir:
-        try:
-            keys = load_trusted_keys(policies_dir)
-        except ConfigError:
-            keys = None
+    try:
+        keys = document.trusted_keys()
+    except ConfigError:
+        keys = None
     if keys is None:
         required, trusted = False, {}
     else:
