@@ -355,6 +355,12 @@ def _floor(bench: Bench, opts: Options, shared: dict) -> list[Row]:
     return floor(bench, opts, shared)
 
 
+def _history(bench: Bench, opts: Options, shared: dict) -> list[Row]:
+    from .history import history
+
+    return history(bench, opts, shared)
+
+
 def _streams(bench: Bench, opts: Options, shared: dict) -> list[Row]:
     from .cdn_streams import cdn_streams
 
@@ -384,4 +390,5 @@ FIGURES = {
     "cli-start": cli_start,  # 12
     "warm": warm_start,  # 13
     "load": _load,  # issue 42
+    "history": _history,  # issue 41
 }

@@ -42,6 +42,8 @@ class Options:
     load_shards: int = 16
     load_runs: int = 3
     load_threads: int = 8
+    #: The history figure (issue 41): how far S3 is, each request held this long.
+    history_delay_ms: float = 5.0
 
 
 def stage_child(bench: Bench, endpoint: str, store_url: str, repo_id: str = REPO,

@@ -19,6 +19,7 @@ from __future__ import annotations
 import os
 import re
 import sys
+from datetime import datetime
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -298,6 +299,10 @@ class Settings(BaseModel):
         "Seconds between progress lines when stderr is not a terminal (a Job, CI), and "
         "between updates of a flow's live artifacts. `--progress-interval` overrides it.",
         default=30.0, ge=0.05)
+    now: datetime | None = var(
+        "K3A_NOW", "Output and runs",
+        "The time a store's signed freshness head is judged and issued at (an ISO 8601 "
+        "instant with its offset), for drills and tests; unset: the system clock.")
     workers: int | None = var(
         "K3A_WORKERS", "Output and runs",
         "Files a Prefect staging flow downloads at once with its thread-pool runner "
@@ -333,6 +338,13 @@ class Settings(BaseModel):
     @classmethod
     def _any_value(cls, value: object) -> bool:
         return bool(value)  # "NO_COLOR=0" asks for no colour too: presence is what counts
+
+    @field_validator("now")
+    @classmethod
+    def _zoned(cls, value: datetime | None) -> datetime | None:
+        if value is not None and value.tzinfo is None:
+            raise ValueError("give the instant with its offset (2026-07-01T00:00:00Z)")
+        return value
 
     @field_validator("fault_pause")
     @classmethod

@@ -466,6 +466,7 @@ def test_eks_init_container_checks_signatures_before_vllm(
     from k3artifacts.policy.signing_keys import verifier_trust
     from k3artifacts.serving.render import render
     from k3artifacts.serving.render.eks import VERIFIER_CONFIG
+    from k3artifacts.trust.heads import Heads, heads_name, load_heads
     from k3artifacts.trust.pins import Pin, load_pin, pin_name
     from tests.test_render import make, validate_k8s
 
@@ -479,15 +480,21 @@ def test_eks_init_container_checks_signatures_before_vllm(
     validate_k8s(docs)
     (config_map,) = [d for d in docs if d["kind"] == "ConfigMap"]
     pod_pin = pin_name("file:///k3a-store")
+    pod_heads = heads_name("file:///k3a-store")
     assert set(config_map["data"]) == {"trusted-keys.yaml", "release.pub.pem",
-                                       "release384.pub.pem", pod_pin}
+                                       "release384.pub.pem", pod_pin, pod_heads}
+    # The pod pins the heads its render saw: the policy's, as this client verified it.
+    seen = Heads.model_validate_json(config_map["data"][pod_heads])
+    assert seen.store == "file:///k3a-store"
+    assert seen.heads == load_heads(p.store.url).heads and "the store's policy" in seen.heads
     pinned = Pin.model_validate_json(config_map["data"][pod_pin])
     assert pinned.store == "file:///k3a-store"
     assert pinned.root == load_pin(p.store.url).root  # the root this client pins
     pod = next(d for d in docs if d["kind"] == "Deployment")["spec"]["template"]["spec"]
     volume = next(v for v in pod["volumes"] if "configMap" in v)
     assert volume["configMap"] == {"name": config_map["metadata"]["name"], "items": [
-        {"key": pod_pin, "path": f"k3artifacts/trust/{pod_pin}"}]}
+        {"key": pod_pin, "path": f"k3artifacts/trust/{pod_pin}"},
+        {"key": pod_heads, "path": f"k3artifacts/trust/{pod_heads}"}]}
     (init,) = pod["initContainers"]
     command = init["command"]
     assert command[3:7] == ["k3a", "verify", release.id, "--signature"]

@@ -20,7 +20,8 @@ traffic step or window, a Prometheus URL, a region, a suite's text, a key's desc
   kinds kept apart before still apart (a kind added to a group, a group split or added);
 * ``warm_start`` (absent: enabled, no signature asked): disabled, or ``require_signature``
   turned on;
-* ``retention``: ``keep``, ``keep_days``, ``rollback_window`` larger;
+* ``retention``: ``keep``, ``keep_days``, ``rollback_window`` larger; ``freshness``: added,
+  ``lifetime_hours`` shorter;
   ``identity.claimed_actor_on_file_stores`` and ``unsigned.read_before_migration`` turned off;
 * identities (``identities.yaml``): an identity, a key or a role removed
   (:func:`k3artifacts.trust.identities.loosening` names what is added);
@@ -130,7 +131,17 @@ _CHANNEL: dict[Path, Rule] = {
     ("warm_start", "require_signature"): _turned_on,
 }
 
+def _bounded(old: Any, new: Any) -> bool | None:
+    """A bound added where there was none is stricter; two bounds are compared field by
+    field; a bound removed loosens."""
+    if old is None:
+        return True
+    return None if new is not None else False
+
+
 _GATES: dict[Path, Rule] = {
+    ("freshness",): _bounded,
+    ("freshness", "lifetime_hours"): _lower,
     ("retention", "keep"): _higher,
     ("retention", "keep_days"): _higher,
     ("retention", "rollback_window"): _higher,

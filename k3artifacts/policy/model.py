@@ -84,6 +84,14 @@ class RetentionPolicy(_Strict):
     rollback_window: int = Field(default=10, ge=1)
 
 
+class FreshnessPolicy(_Strict):
+    """How long the store's signed freshness head holds (``policy/freshness.py``): once it
+    is older, every reader refuses the store until it is re-signed (a move, or `k3a trust
+    refresh`). Longer loosens."""
+
+    lifetime_hours: float = Field(gt=0.0, le=24.0 * 366)
+
+
 class WarmStartPolicy(_Strict):
     """Whether pods on this channel may start from a warm-start artifact (``k3artifacts.warm``)
     and what it must carry. The channel's signing policy (the policy's ``signing/``) already
@@ -223,6 +231,9 @@ class GatePolicy(_Strict):
     identity: IdentityPolicy = IdentityPolicy()
     unsigned: UnsignedPolicy = UnsignedPolicy()
     retention: RetentionPolicy = RetentionPolicy()
+    #: None (a policy written before freshness heads): a frozen copy of the store is not
+    #: bounded for a client that never read it.
+    freshness: FreshnessPolicy | None = None
     channels: dict[str, ChannelPolicy]
 
     @field_validator("channels")

@@ -54,9 +54,10 @@ from k3artifacts.trust.keys import (
 #: approval requests; ``evaluate``, ``scan``, ``preflight``, ``traffic``: evidence records the
 #: gates read (evaluation reports, image scans, infrastructure preflights, canary analyses);
 #: ``promote``: channel moves (history entries and pointers) and the approval requests they
-#: make; ``policy``: policy proposals; ``warm``: warm-start manifests.
+#: make; ``policy``: policy proposals; ``warm``: warm-start manifests; ``freshness``: the
+#: store's signed freshness head (``policy/freshness.py``: a scheduled refresh's identity).
 Role = Literal["review", "approve", "evaluate", "scan", "preflight", "traffic", "promote",
-               "policy", "warm"]
+               "policy", "warm", "freshness"]
 ROLES: tuple[Role, ...] = get_args(Role)
 
 IDENTITY_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._@:/+=-]{0,127}$")
