@@ -194,6 +194,8 @@ def _pin_file(store, client) -> Path:
     (lambda p: p.write_text(json.dumps({**json.loads(p.read_text()), "store": "file:///x"})),
      "is for file:///x"),
 ])
+
+
 def test_a_pin_another_account_could_write_or_that_does_not_parse_is_refused(
         store, client, spoil, why):
     path = _pin_file(store, client)
@@ -315,6 +317,8 @@ def test_a_root_rotation_deleted_from_the_store_is_refused_by_a_client_that_foll
     (lambda p: p.write_text(json.dumps({**json.loads(p.read_text()), "store": "file:///x"})),
      "are for file:///x"),
 ])
+
+
 def test_remembered_heads_another_account_could_write_or_that_do_not_parse_are_refused(
         store, client, spoil, why):
     """Whoever could write them could make this client forget what it verified."""
