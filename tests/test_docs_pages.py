@@ -50,6 +50,7 @@ SAYS = {
                                               "passed for resource daemonset/"],
     "docs/guides/releases-and-promotion.md": ["(rollback #3", "pass rate: 100.0%",
                                               "production's gates: exit 5"],
+    "docs/guides/rollout.md": ["passed for resource ingress/", "kind Rollout"],
     "docs/policy-and-identity.md": ["Your identity key has been saved in", "key id: "],
 }
 #: Pages whose walk takes more than ~20 s here.
