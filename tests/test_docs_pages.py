@@ -51,7 +51,8 @@ SAYS = {
     "docs/guides/releases-and-promotion.md": ["(rollback #3", "pass rate: 100.0%",
                                               "production's gates: exit 5"],
     "docs/guides/rollout.md": ["passed for resource ingress/", "kind Rollout"],
-    "docs/policy-and-identity.md": ["Your identity key has been saved in", "key id: "],
+    "docs/policy-and-identity.md": ["Your identity key has been saved in", "threshold: 1 of 1",
+                                    "in force: policy version 2", "v2 "],
 }
 #: Pages whose walk takes more than ~20 s here.
 SLOW = {"docs/guides/signing.md", "docs/guides/warm-start.md",
