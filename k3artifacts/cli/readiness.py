@@ -84,6 +84,12 @@ def _finish(outcome: Recorded, as_json: bool, what: str) -> None:
         if report.baseline:
             click.echo(f"against {report.baseline.tuple_id} ({report.baseline.channel}): "
                        + ("; ".join(report.regressions) or "no regression"))
+        if report.comparison:
+            click.echo(f"latency: {report.comparison.line} (advisory: the evaluation gate "
+                       "judges the recorded samples by the policy in force)")
+        elif report.latency:
+            click.echo(f"latency: {len(report.latency.e2e)} samples recorded, nothing to "
+                       "compare them with")
         if outcome.suite_source:
             click.echo(f"suite: {report.suite} ({outcome.suite_source}, sha256 "
                        f"{report.suite_sha256[:12]})")

@@ -33,6 +33,8 @@ class Criteria(BaseModel):
     floor_ms: float = Field(default=1.0, ge=0)
     #: Fewer samples than this on either side: inconclusive.
     min_samples: int = Field(default=40, ge=2)
+    #: What an inconclusive judgement counts as, once no more samples will come.
+    inconclusive: Literal["fail", "pass"] = "fail"
 
 
 def _ms(seconds: float) -> float:
@@ -65,8 +67,15 @@ class Judgement(BaseModel):
     p_value: float | None = None
 
     @property
+    def passed(self) -> bool:
+        return self.outcome == "pass" or (
+            self.outcome == "inconclusive" and self.criteria.inconclusive == "pass")
+
+    @property
     def line(self) -> str:
-        return f"{self.outcome}: {self.reason}"
+        counted = (f" (counted as {self.criteria.inconclusive}, as the policy says)"
+                   if self.outcome == "inconclusive" else "")
+        return f"{self.outcome}{counted}: {self.reason}"
 
 
 def compare(baseline: list[float], candidate: list[float], criteria: Criteria,

@@ -10,6 +10,9 @@ traffic step or window, a Prometheus URL, a region, a suite's text, a key's desc
   ``rollback_approval``: turned on; ``rollback_window``: larger;
 * ``evaluation``: added; ``min_pass_rate`` higher; ``latency`` added, its ``max_e2e_p99_s``
   lower; ``max_regression`` added or lower; ``allow_unsandboxed_code`` turned off;
+  ``latency_regression``: a higher ``alpha``, a lower ``margin`` and ``floor_ms``,
+  ``inconclusive`` made ``fail`` (``min_samples`` and ``max_samples`` have no direction that is
+  stricter whatever the rest says: any change to them loosens);
 * ``order``: added; ``min_hours`` longer; ``passed`` a superset; ``duties``: added,
   ``not_reviewer_of`` a superset;
 * ``traffic.thresholds``: a higher quantile, lower ``max_e2e_s``, ``max_ttft_s`` and
@@ -81,6 +84,10 @@ def _capped(old: Any, new: Any) -> bool:
     return new is not None and (old is None or new <= old)
 
 
+def _made_fail(old: Any, new: Any) -> bool:
+    return new == "fail"
+
+
 _CHANNEL: dict[Path, Rule] = {
     ("gates",): _kept_in_order,
     ("targets",): _more,
@@ -92,6 +99,10 @@ _CHANNEL: dict[Path, Rule] = {
     ("evaluation", "latency", "max_e2e_p99_s"): _lower,
     ("evaluation", "max_regression"): _capped,
     ("evaluation", "allow_unsandboxed_code"): _turned_off,
+    ("evaluation", "latency_regression", "alpha"): _higher,
+    ("evaluation", "latency_regression", "margin"): _lower,
+    ("evaluation", "latency_regression", "floor_ms"): _lower,
+    ("evaluation", "latency_regression", "inconclusive"): _made_fail,
     ("order",): _added,
     ("order", "min_hours"): _higher,
     ("order", "passed"): _more,

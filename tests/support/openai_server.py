@@ -450,7 +450,6 @@ class Handler(BaseHTTPRequestHandler):
 
     def _stream(self, cid: str, req: dict[str, Any], tool: str | None, text: str,
                 words: list[str], finish: str, usage: dict[str, int]) -> None:
-        cfg = self.server.cfg
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")
         self.send_header("Cache-Control", "no-cache")
