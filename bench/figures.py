@@ -10,6 +10,7 @@ from pathlib import Path
 
 from .cli_start import cli_start
 from .env import MB, Bench, Row, cache_note, force_rmtree
+from .eval_latency import eval_latency
 from .pull import pull
 from .staging import REPO, Options, published_release, stage_child
 from .warm_start import warm_start
@@ -377,4 +378,5 @@ FIGURES = {
     "streams": _streams,  # 14
     "cli-start": cli_start,  # 12
     "warm": warm_start,  # 13
+    "eval-latency": eval_latency,  # issue 40
 }

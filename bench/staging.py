@@ -37,6 +37,9 @@ class Options:
     #: Rounds of the floor figure (issue 36), and the checkout its baseline k3a runs from.
     floor_runs: int = 5
     baseline_code: str | None = None
+    #: The eval-latency figure (issue 40): the test server's fixed delay before the first
+    #: token, in ms, under the 0-5 ms jitter (0: the server as it is).
+    eval_first_token_ms: float = 0.0
 
 
 def stage_child(bench: Bench, endpoint: str, store_url: str, repo_id: str = REPO,

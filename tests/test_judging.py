@@ -95,3 +95,14 @@ def test_a_large_shift_the_test_cannot_confirm_is_inconclusive():
     cand = [0.009, 0.030, 0.031, 0.032]
     verdict = compare(base, cand, Criteria(min_samples=4, alpha=0.01))
     assert verdict.outcome == "inconclusive", verdict.reason
+
+
+def test_counted_observations_are_judged_as_the_samples_they_count():
+    """A histogram's buckets (each bound with its count) judge as those samples would."""
+    from k3artifacts.judging.compare import compare_counts
+
+    base = {0.01: 30.0, 0.02: 10.0}
+    cand = {0.02: 25.0, 0.04: 15.0}
+    expanded = compare([0.01] * 30 + [0.02] * 10, [0.02] * 25 + [0.04] * 15, Criteria())
+    counted = compare_counts(base, cand, Criteria())
+    assert counted == expanded and counted.outcome == "fail"

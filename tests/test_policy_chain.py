@@ -126,6 +126,9 @@ LOOSENING = [
                                                                   "alpha: 0.001")),
     ("latency inconclusive", None, gates("inconclusive: fail", "inconclusive: pass")),
     ("latency samples", None, gates("min_samples: 40", "min_samples: 20")),
+    ("canary against stable", gates("min_requests: 20}", "min_requests: 20}\n      "
+                                    "against_stable: {margin: 0.05}"),
+     gates("against_stable: {margin: 0.05}", "against_stable: null")),
     ("serving targets", gates("targets: [hyperpod]", "targets: [hyperpod, eks]"),
      gates("targets: [hyperpod, eks]", "targets: [hyperpod]")),
     ("typed names", None, gates("claimed_actor_on_file_stores: false",

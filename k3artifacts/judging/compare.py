@@ -12,12 +12,17 @@ tolerance, whatever the test says). Each judgement carries its numbers, for the 
 
 from __future__ import annotations
 
-import statistics
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from k3artifacts.judging.utest import candidate_slower, shift
+from k3artifacts.judging.utest import (
+    Counts,
+    candidate_slower_counts,
+    counted,
+    shift_counts,
+    weighted_quantile,
+)
 
 Outcome = Literal["pass", "fail", "inconclusive"]
 
@@ -39,11 +44,6 @@ class Criteria(BaseModel):
 
 def _ms(seconds: float) -> float:
     return round(seconds * 1000, 3)
-
-
-def _quantile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
 class Judgement(BaseModel):
@@ -81,15 +81,23 @@ class Judgement(BaseModel):
 def compare(baseline: list[float], candidate: list[float], criteria: Criteria,
             what: str = "latency") -> Judgement:
     """Judge ``candidate`` against ``baseline`` (samples in seconds; larger is worse)."""
-    n, m = len(baseline), len(candidate)
+    return compare_counts(counted(baseline), counted(candidate), criteria, what)
+
+
+def compare_counts(baseline: Counts, candidate: Counts, criteria: Criteria,
+                   what: str = "latency") -> Judgement:
+    """:func:`compare` of observations counted by value (a histogram's buckets: each
+    bucket's upper bound with the requests it counts)."""
+    n, m = round(sum(baseline.values())), round(sum(candidate.values()))
     if min(n, m) < criteria.min_samples:
         return Judgement(outcome="inconclusive", criteria=criteria, n_baseline=n, n_candidate=m,
                          reason=f"{what}: {n} baseline and {m} candidate samples, fewer than "
                                 f"the {criteria.min_samples} a side the policy asks for")
-    base50, cand50 = statistics.median(baseline), statistics.median(candidate)
-    moved = shift(baseline, candidate)
+    base50 = weighted_quantile(baseline, 0.5)
+    cand50 = weighted_quantile(candidate, 0.5)
+    moved = shift_counts(baseline, candidate)
     tolerance = max(criteria.margin * base50, criteria.floor_ms / 1000)
-    test = candidate_slower(baseline, candidate)
+    test = candidate_slower_counts(baseline, candidate)
     significant = test.p_value < criteria.alpha
     numbers = (f"{what} shift {_ms(moved):+.2f} ms (p50 {_ms(base50):.2f} -> {_ms(cand50):.2f} "
                f"ms; tolerance {_ms(tolerance):.2f} ms = max({criteria.margin:.0%} of the "
@@ -106,7 +114,7 @@ def compare(baseline: list[float], candidate: list[float], criteria: Criteria,
         outcome=outcome, reason=f"{why}: {numbers}", criteria=criteria,
         n_baseline=n, n_candidate=m,
         baseline_p50_ms=_ms(base50), candidate_p50_ms=_ms(cand50),
-        baseline_p90_ms=_ms(_quantile(baseline, 0.9)),
-        candidate_p90_ms=_ms(_quantile(candidate, 0.9)),
+        baseline_p90_ms=_ms(weighted_quantile(baseline, 0.9)),
+        candidate_p90_ms=_ms(weighted_quantile(candidate, 0.9)),
         shift_ms=_ms(moved), tolerance_ms=_ms(tolerance),
         u=test.u, p_value=round(test.p_value, 6))

@@ -15,8 +15,13 @@ judge decides on no fewer than its minimum samples (40 a side by default), where
 from __future__ import annotations
 
 import math
-import statistics
+from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass
+
+#: Observations as value -> how many times it was seen: raw samples (each value once or a
+#: few times) or a histogram's buckets (each bucket's bound, with its count).
+Counts = Mapping[float, float]
 
 
 @dataclass(frozen=True)
@@ -27,6 +32,10 @@ class UTest:
     z: float
     #: P(U >= u) if both came from one distribution: small means "the candidate is slower".
     p_value: float
+
+
+def counted(values: list[float]) -> dict[float, float]:
+    return dict(Counter(values))
 
 
 def ranks(values: list[float]) -> tuple[list[float], float]:
@@ -48,13 +57,19 @@ def ranks(values: list[float]) -> tuple[list[float], float]:
     return out, ties
 
 
-def candidate_slower(baseline: list[float], candidate: list[float]) -> UTest:
-    """H1: the candidate's values tend to be larger than the baseline's."""
-    n, m = len(baseline), len(candidate)
-    if n == 0 or m == 0:
+def candidate_slower_counts(baseline: Counts, candidate: Counts) -> UTest:
+    """H1: the candidate's values tend to be larger than the baseline's. Each distinct value
+    is one group of ties, so a histogram's buckets are judged as the samples they count
+    (every observation in a bucket tied with the others there)."""
+    n, m = sum(baseline.values()), sum(candidate.values())
+    if n <= 0 or m <= 0:
         raise ValueError("both sides need samples")
-    r, ties = ranks([*baseline, *candidate])
-    u = sum(r[n:]) - m * (m + 1) / 2
+    u = ties = below = 0.0  # below: baseline observations under the current value
+    for value in sorted(set(baseline) | set(candidate)):
+        b, c = baseline.get(value, 0.0), candidate.get(value, 0.0)
+        u += c * (below + b / 2)
+        below += b
+        ties += (b + c) ** 3 - (b + c)
     total = n + m
     variance = n * m / 12 * ((total + 1) - ties / (total * (total - 1)))
     if variance <= 0:  # every value equal: no evidence either way
@@ -63,8 +78,36 @@ def candidate_slower(baseline: list[float], candidate: list[float]) -> UTest:
     return UTest(u, z, 0.5 * math.erfc(z / math.sqrt(2)))
 
 
-def shift(baseline: list[float], candidate: list[float]) -> float:
+def candidate_slower(baseline: list[float], candidate: list[float]) -> UTest:
+    return candidate_slower_counts(counted(baseline), counted(candidate))
+
+
+def weighted_quantile(counts: Counts, q: float) -> float:
+    """The value with ``q`` of the weight at or below it; where that falls exactly between
+    two values, their mean (a median of an even count, as :func:`statistics.median`)."""
+    ordered = sorted(counts)
+    target = q * sum(counts.values())
+    seen = 0.0
+    for i, value in enumerate(ordered):
+        seen += counts[value]
+        if seen > target:
+            return value
+        if seen == target and i + 1 < len(ordered):
+            return (value + ordered[i + 1]) / 2
+    return ordered[-1]
+
+
+def shift_counts(baseline: Counts, candidate: Counts) -> float:
     """Hodges-Lehmann: the median of every pairwise difference candidate - baseline, the
     shift U tests for (robust to the outliers a median of each side would also ignore, and
-    less noisy than the difference of the two medians)."""
-    return statistics.median(c - b for b in baseline for c in candidate)
+    less noisy than the difference of the two medians); each pair weighted by how often its
+    two values were seen."""
+    pairs: dict[float, float] = {}
+    for b, nb in baseline.items():
+        for c, nc in candidate.items():
+            pairs[c - b] = pairs.get(c - b, 0.0) + nb * nc
+    return weighted_quantile(pairs, 0.5)
+
+
+def shift(baseline: list[float], candidate: list[float]) -> float:
+    return shift_counts(counted(baseline), counted(candidate))

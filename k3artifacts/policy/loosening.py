@@ -16,7 +16,8 @@ traffic step or window, a Prometheus URL, a region, a suite's text, a key's desc
 * ``order``: added; ``min_hours`` longer; ``passed`` a superset; ``duties``: added,
   ``not_reviewer_of`` a superset;
 * ``traffic.thresholds``: a higher quantile, lower ``max_e2e_s``, ``max_ttft_s`` and
-  ``max_error_rate``, more ``min_requests``;
+  ``max_error_rate``, more ``min_requests``; ``traffic.against_stable``: added, and its fields
+  as ``latency_regression``'s;
 * ``infrastructure``: added; ``max_age_hours`` and ``max_load_seconds`` lower; ``warmup_hours``,
   ``soak_hours`` and ``production_hours`` longer;
 * ``warm_start`` (absent: enabled, no signature asked): disabled, or ``require_signature``
@@ -103,6 +104,11 @@ _CHANNEL: dict[Path, Rule] = {
     ("evaluation", "latency_regression", "margin"): _lower,
     ("evaluation", "latency_regression", "floor_ms"): _lower,
     ("evaluation", "latency_regression", "inconclusive"): _made_fail,
+    ("traffic", "against_stable"): _added,
+    ("traffic", "against_stable", "alpha"): _higher,
+    ("traffic", "against_stable", "margin"): _lower,
+    ("traffic", "against_stable", "floor_ms"): _lower,
+    ("traffic", "against_stable", "inconclusive"): _made_fail,
     ("order",): _added,
     ("order", "min_hours"): _higher,
     ("order", "passed"): _more,

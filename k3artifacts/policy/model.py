@@ -18,9 +18,8 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from k3artifacts.errors import ConfigError, plain_validation_errors
-from k3artifacts.judging.compare import Criteria
 from k3artifacts.policy.gates import GATE_RULES
-from k3artifacts.policy.rollout import InfrastructurePolicy, TrafficPolicy
+from k3artifacts.policy.rollout import ComparisonPolicy, InfrastructurePolicy, TrafficPolicy
 
 GATES_FILE = "promotion-gates.yaml"
 
@@ -38,25 +37,15 @@ class LatencyPolicy(_Strict):
     max_e2e_p99_s: float = Field(gt=0)
 
 
-class LatencyRegressionPolicy(_Strict):
+class LatencyRegressionPolicy(ComparisonPolicy):
     """How an eval run's per-request latencies are compared with those of the latest run of
-    the tuple now on the channel (:mod:`k3artifacts.judging`): fail only when a one-sided
-    Mann-Whitney U test says slower at ``alpha`` AND the Hodges-Lehmann shift exceeds both
-    ``margin`` of the baseline's median and ``floor_ms``."""
+    the tuple now on the channel (:class:`ComparisonPolicy`), and how many a run draws."""
 
-    #: The test's false-alarm rate (one-sided): higher fails more.
-    alpha: float = Field(default=0.01, gt=0.0, lt=0.5)
-    #: The shift tolerated, as a fraction of the baseline's median end-to-end latency...
-    margin: float = Field(default=0.10, ge=0.0)
-    #: ...and in milliseconds: a shift must exceed both to fail.
-    floor_ms: float = Field(default=1.0, ge=0.0)
     #: Requests a run sends one at a time to sample latency, and the fewest a side the judge
     #: decides on (fewer: inconclusive).
     min_samples: int = Field(default=40, ge=8)
     #: An inconclusive comparison draws ``min_samples`` more, up to this many in all.
     max_samples: int = Field(default=160, ge=8)
-    #: What an inconclusive comparison counts as, once no more samples come.
-    inconclusive: Literal["fail", "pass"] = "fail"
 
     @model_validator(mode="after")
     def _bound(self) -> LatencyRegressionPolicy:
@@ -64,10 +53,6 @@ class LatencyRegressionPolicy(_Strict):
             raise ValueError(f"max_samples ({self.max_samples}) is below min_samples "
                              f"({self.min_samples})")
         return self
-
-    def criteria(self) -> Criteria:
-        return Criteria(alpha=self.alpha, margin=self.margin, floor_ms=self.floor_ms,
-                        min_samples=self.min_samples, inconclusive=self.inconclusive)
 
 
 class EvaluationPolicy(_Strict):
