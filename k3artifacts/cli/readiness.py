@@ -224,7 +224,10 @@ def eval_run(endpoint: str, tuple_name: str, suite: str | None, channel: str,
     is looked up in the store's policy in force (`k3a policy show`; the packaged defaults
     while the store has none), whatever the working directory. A model's code (code cases)
     runs only in a bubblewrap sandbox; where none can be had those cases are not run, and the
-    run fails unless the channel's policy says `allow_unsandboxed_code: true`.
+    run fails unless the channel's policy says `allow_unsandboxed_code: true`. The run also
+    records per-request latencies (the policy's `latency_regression.min_samples`, one request
+    at a time) and judges them against the latest run of the tuple on --channel; that verdict
+    is advisory: the gate judges the recorded samples again by the policy in force.
 
     \b
     Examples:
