@@ -324,6 +324,12 @@ def test_a_stricter_sample_size_makes_recorded_evidence_inconclusive(
     lenient = _policy_with(fast_policies, tmp_path, "lenient", latency_regression={
         "min_samples": drawn + 8, "max_samples": drawn + 8, "inconclusive": "pass"})
     assert _gate(store, cand, lenient).passed
+    # A candidate run recorded before samples were (none) is inconclusive too: run it again.
+    record_run(store, outcome.report.model_copy(update={"latency": None}), by=person("ci"))
+    defaults = _policy_with(fast_policies, tmp_path, "defaults", latency_regression={})
+    gate = _gate(store, cand, defaults)
+    assert not gate.passed
+    assert "0 candidate samples, fewer than the 40 a side" in gate.reason
 
 
 def test_a_baseline_run_from_before_samples_is_not_compared_by_latency(
