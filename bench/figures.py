@@ -10,6 +10,7 @@ from pathlib import Path
 
 from .cli_start import cli_start
 from .env import MB, Bench, Row, cache_note, force_rmtree
+from .eval_latency import eval_latency
 from .pull import pull
 from .staging import REPO, Options, published_release, stage_child
 from .warm_start import warm_start
@@ -367,6 +368,12 @@ def _streams(bench: Bench, opts: Options, shared: dict) -> list[Row]:
     return cdn_streams(bench, opts, shared)
 
 
+def _load(bench: Bench, opts: Options, shared: dict) -> list[Row]:
+    from .load import load
+
+    return load(bench, opts, shared)
+
+
 FIGURES = {
     "staging": staging,  # 1 and 2
     "s3": s3,  # 3
@@ -383,5 +390,7 @@ FIGURES = {
     "streams": _streams,  # 14
     "cli-start": cli_start,  # 12
     "warm": warm_start,  # 13
+    "load": _load,  # issue 42
     "history": _history,  # issue 41
+    "eval-latency": eval_latency,  # issue 40
 }

@@ -30,6 +30,9 @@ EXIT_CODES: dict[int, str] = {
     # a malformed store URL, profile, policy, image reference, a link planted in the node
     # cache (UnsafeCacheEntry), a file store path this account may not read or write
     9: "bad configuration",
+    # the upstream refused the credentials this process sent (HTTP 401/403): a wrong, expired
+    # or unscoped token, or a gated repo whose terms the token's account has not accepted
+    10: "credentials refused",
     # set by the CLI on Ctrl-C, not an error class
     130: "interrupted (re-run resumes)",
 }
@@ -192,6 +195,7 @@ class StaleStore(StoredRecordRefused):
 RECORD_REFUSALS = (
     # one record (trust/envelope.py)
     "unreadable",       # not UTF-8 JSON (truncated, garbled)
+    "oversized",        # larger than any record k3a writes: refused before it is read
     "malformed",        # JSON, but not a signed record, or a signed body that does not parse
     "unsigned",         # no signature at all
     "untrusted-key",    # signed only by keys the policy does not name
@@ -255,6 +259,13 @@ class BadAnswer(Unavailable):
 
 class ConfigError(K3AError):
     exit_code = 9
+
+
+class CredentialsRefused(K3AError):
+    """An upstream that answered, and refused who this process said it was (HTTP 401/403):
+    not an outage, so never retried and never "check network access"."""
+
+    exit_code = 10
 
 
 class TrustRootError(ConfigError):

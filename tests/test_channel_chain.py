@@ -132,6 +132,15 @@ def test_rollback_targets_come_from_the_verified_chain(any_store, any_env, serve
     assert entries[-1].who == people.ME
 
 
+def test_a_deleted_pointer_is_noticed_by_channel_list(any_store, any_env, served, tmp_path):
+    """The issue's case: `channel list` listed pointers only, so a channel whose pointer was
+    deleted (its history still there) was silently left out, exit 0. Every reader, the list
+    too, finds the history and refuses the channel by name."""
+    remove(any_store, pointer_key(CHANNEL))
+    refused = invoke("channel", "list", "--json", expect=4, env=any_env)
+    assert refused.json["error"] == (
+        f"{pointer_key(CHANNEL)}: refused (rewound): channel {CHANNEL} has no head, but its log "
+        "holds entries: the pointer was removed")
 def _rewind(any_store) -> None:
     """The newest entry deleted and entry #2, a validly signed move, copied over the pointer:
     a history whole as far as it goes."""

@@ -12,7 +12,7 @@ from datetime import datetime
 
 from k3artifacts.errors import ConfigError
 from k3artifacts.policy.record import InForce, in_force
-from k3artifacts.signing.policy import TrustedKeys, config_map_files, load_trusted_keys
+from k3artifacts.signing.policy import TrustedKeys, config_map_files
 from k3artifacts.stores.records import RecordStore
 from k3artifacts.trust import pins
 from k3artifacts.trust.heads import Heads, load_heads
@@ -34,8 +34,7 @@ def _signed(store: RecordStore) -> InForce:
 def trusted_keys(store: RecordStore) -> TrustedKeys:
     """The signing policy and keys of the store's policy in force, its history verified."""
     policy = _signed(store)
-    with policy.document.written_to() as root:
-        return load_trusted_keys(root)
+    return policy.document.trusted_keys()
 
 
 @dataclass(frozen=True)
@@ -63,7 +62,6 @@ class VerifierTrust:
 def verifier_trust(store: RecordStore) -> VerifierTrust:
     policy = _signed(store)
     assert policy.roots is not None
-    with policy.document.written_to() as root:
-        signing = config_map_files(root)
+    signing = config_map_files(policy.document.trusted_keys())
     return VerifierTrust(policy.roots.current, policy.roots.pin.pinned_at, signing,
                          load_heads(store.url))

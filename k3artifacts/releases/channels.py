@@ -487,13 +487,16 @@ def _read_entry(store: RecordStore, channel: str, seq: int) -> HistoryEntry:
 
 
 def channel_names(store: RecordStore) -> list[str]:
-    """Channels that have a pointer in ``store``."""
-    names = []
+    """Channels that have a pointer or a history in ``store``: one whose pointer is gone
+    while its history is there is listed, for its reader to refuse, never left out."""
+    names = set()
     for key in store.list_keys(CHANNELS_PREFIX):
         rest = key[len(CHANNELS_PREFIX) :]
-        if "/" not in rest and rest.endswith(".json") and CHANNEL_NAME.match(rest[:-5]):
-            names.append(rest[:-5])
-    return names
+        name, slash, _ = rest.partition("/")
+        name = name if slash else name.removesuffix(".json")
+        if (slash or rest.endswith(".json")) and CHANNEL_NAME.match(name):
+            names.add(name)
+    return sorted(names)
 
 
 def unknown_channel(

@@ -14,10 +14,14 @@ changed only as the policy is: :mod:`k3artifacts.policy.record`)::
               MCowBQYDK2VwAyEA...
               -----END PUBLIC KEY-----
       eval-ci:
-        roles: [evaluate, scan, preflight, traffic, warm]
+        roles: [evaluate, scan, warm]
         keys:
           - pem: "-----BEGIN PUBLIC KEY-----\\n..."
             kms: arn:aws:kms:us-east-1:111122223333:key/1234abcd-...
+      cluster-ops:
+        roles: [preflight, traffic]
+        keys:
+          - pem: "-----BEGIN PUBLIC KEY-----\\n..."
 
 A record is trusted only when signed by a key listed here under an identity holding the role
 that kind of record needs (:data:`ROLES`). One key belongs to one identity: a key shared by two
