@@ -10,7 +10,8 @@ re-signed after each (``k3a trust refresh``'s library call).
 Timed, with every request held ``--history-delay-ms`` (5) before it reaches SeaweedFS: each
 command a whole process, the median of 3, for a client that read the channel before (its
 remembered head is the newest: it verifies what is new, here nothing) and for a fresh one (its
-pinned root only: it verifies back to the newest checkpoint).
+pinned root only: it verifies back to the newest checkpoint); beside each, the S3 requests it
+made (the proxy's count: what a busy machine's noise does not blur).
 
     python -m bench --only history
 
@@ -19,10 +20,11 @@ Target (issue 41): at the 120th move within 1.5x of the 20th.
 
 from __future__ import annotations
 
-import shutil
 import statistics
+import uuid
 from pathlib import Path
 
+from tests.support.clients import fresh_config
 from tests.support.seaweed import SeaweedS3
 
 from .delayproxy import DelayProxy
@@ -81,14 +83,8 @@ print(json.dumps({"tuple": chain.head.entry.tuple_id, "seq": chain.head.seq}))
 
 def _fresh_client(bench: Bench, where: Path) -> dict[str, str]:
     """The bench's account as a client that never read the store: its key and pin only."""
-    mine = Path(bench.env["XDG_CONFIG_HOME"]) / "k3artifacts"
-    shutil.rmtree(where, ignore_errors=True)
-    theirs = where / "k3artifacts"
-    theirs.mkdir(parents=True, mode=0o700)
-    shutil.copytree(mine / "keys", theirs / "keys", copy_function=shutil.copy2)
-    shutil.copytree(mine / "trust", theirs / "trust", copy_function=shutil.copy2,
-                    ignore=shutil.ignore_patterns("*.heads.json", ".*"))
-    return dict(bench.env, XDG_CONFIG_HOME=str(where))
+    config = fresh_config(Path(bench.env["XDG_CONFIG_HOME"]), where)
+    return dict(bench.env, XDG_CONFIG_HOME=str(config))
 
 
 def _commands(tuple_id: str, cache: Path) -> dict[str, list[str]]:
@@ -97,30 +93,35 @@ def _commands(tuple_id: str, cache: Path) -> dict[str, list[str]]:
             "gates": ["gates", tuple_id, CHANNEL]}
 
 
-def _timed(bench: Bench, tuple_id: str, scratch: Path) -> dict[str, dict[str, float]]:
-    """Median seconds of each command, for the remembered and the fresh client."""
-    out: dict[str, dict[str, float]] = {}
+def _timed(bench: Bench, proxy: DelayProxy, tuple_id: str,
+           scratch: Path) -> dict[str, dict[str, tuple[float, int]]]:
+    """Each command's median seconds and its S3 requests (the proxy's count, the same every
+    run: the figure a busy machine does not blur), for the remembered and the fresh client."""
+    out: dict[str, dict[str, tuple[float, int]]] = {}
     for client in ("remembered", "fresh"):
         cache = scratch / f"node-{client}"
         out[client] = {}
         for name, argv in _commands(tuple_id, cache).items():
-            times = []
+            times, requests = [], 0
             for _ in range(RUNS):
                 env = _fresh_client(bench, scratch / "fresh-config") if client == "fresh" \
                     else bench.env
                 if client == "remembered" and not times:
                     bench.k3a(*argv, env=env)  # reads what is new once: the head, remembered
+                before = proxy.requests
                 times.append(bench.k3a(*argv, env=env).seconds)
-            out[client][name] = statistics.median(times)
+                requests = proxy.requests - before
+            out[client][name] = (statistics.median(times), requests)
     return out
 
 
 def history(bench: Bench, opts: Options, shared: dict) -> list[Row]:
     scratch = bench.fresh("history")
     delay = opts.history_delay_ms / 1e3
-    results: dict[int, dict[str, dict[str, float]]] = {}
+    results: dict[int, dict[str, dict[str, tuple[float, int]]]] = {}
     with SeaweedS3(scratch / "weed") as s3, DelayProxy(s3.endpoint) as proxy:
-        bucket = s3.create_bucket("k3a-history")
+        # A bucket of its own each run: the bench's client remembers what it read of the last.
+        bucket = s3.create_bucket(f"k3a-history-{uuid.uuid4().hex[:12]}")
         bench.env.update(s3.env)
         bench.env["K3A_S3_ENDPOINT_URL"] = proxy.endpoint
         bench.env["K3A_STORE"] = f"s3://{bucket}/k3a"
@@ -131,7 +132,7 @@ def history(bench: Bench, opts: Options, shared: dict) -> list[Row]:
                                      str(length)).json()
                 bench.log(f"history: staging at #{grown['seq']}")
                 proxy.delay = delay
-                results[length] = _timed(bench, grown["tuple"], scratch)
+                results[length] = _timed(bench, proxy, grown["tuple"], scratch)
         finally:
             for name in ("K3A_S3_ENDPOINT_URL", "K3A_STORE", *s3.env):
                 bench.env.pop(name, None)
@@ -139,14 +140,16 @@ def history(bench: Bench, opts: Options, shared: dict) -> list[Row]:
     first = LENGTHS[0]
     for client in ("remembered", "fresh"):
         for name in ("render", "pull", "gates"):
-            base = results[first][client][name]
+            base, base_requests = results[first][client][name]
             for length in LENGTHS[1:]:
-                value = results[length][client][name]
+                value, requests = results[length][client][name]
                 target = "<= 1.5x move 20" if length == 120 else ""
                 rows.append(Row(
                     f"k3a {name} at move {length:,}, {client} client", value * 1e3, "ms",
                     f"move {first}", base * 1e3, base / value, target,
                     value / base <= 1.5 if length == 120 else None,
-                    note=f"S3 (SeaweedFS) {opts.history_delay_ms:g} ms a request away; "
-                         f"median of {RUNS} whole processes"))
+                    note=f"{requests} S3 requests (move {first}: {base_requests}); S3 "
+                         f"(SeaweedFS) {opts.history_delay_ms:g} ms a request away; median of "
+                         f"{RUNS} whole processes",
+                    extra={"requests": requests, "baseline_requests": base_requests}))
     return rows

@@ -8,7 +8,6 @@ rollback takes its targets from the verified chain alone."""
 from __future__ import annotations
 
 import json
-import shutil
 from datetime import UTC, datetime
 
 import pytest
@@ -32,6 +31,7 @@ from tests.fixtures import people
 from tests.fixtures.any_store import overwrite, remove
 from tests.fixtures.channel_moves import CHANNEL, fresh_reader
 from tests.support.cli import invoke
+from tests.support.clients import fresh_config
 
 
 @pytest.fixture
@@ -218,9 +218,7 @@ def test_a_remembered_reader_reads_what_is_new_a_fresh_one_from_the_checkpoint(
     _moves(any_store, served, 21)
     assert [e.seq for e in read_state(any_store, CHANNEL).entries] == [24]
     assert cost() == short
-    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "fresh"))
-    shutil.copytree(tmp_path / "home" / "config" / "k3artifacts" / "trust",
-                    tmp_path / "fresh" / "k3artifacts" / "trust",
-                    ignore=shutil.ignore_patterns("*.heads.json", ".*"))
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(fresh_config(tmp_path / "home" / "config",
+                                                           tmp_path / "fresh")))
     assert cost() == short + 8  # entries #23 down to #16, the checkpoint's
     assert [e.seq for e in read_state(any_store, CHANNEL).entries] == [24]
