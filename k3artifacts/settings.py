@@ -289,9 +289,9 @@ class Settings(BaseModel):
         "K3A_HASH_IN", "Output and runs",
         "Where `k3a verify` and `k3a pull` hash files on this machine: `threads` of one "
         "process or `processes` (one per worker, each fed open files). Unset, k3a chooses by "
-        "algorithm, workers and bytes, as measured on a 16-core machine (threads up to 8 "
-        "workers; beyond, processes for at least 1 GiB of xxh3-128 or 256 MiB of sha256): "
-        "set it where `python -m bench --only verify` shows the other side faster.",
+        "algorithm, workers and bytes as measured (processes from 1 GiB of xxh3-128; for "
+        "sha256, beyond 8 workers or with 512 MiB each): set it where `python -m bench "
+        "--only verify` shows the other side faster.",
         shown="chosen per run")
     dask_address: str | None = var(
         "K3A_DASK_ADDRESS", "Output and runs",
