@@ -355,10 +355,22 @@ def _floor(bench: Bench, opts: Options, shared: dict) -> list[Row]:
     return floor(bench, opts, shared)
 
 
+def _history(bench: Bench, opts: Options, shared: dict) -> list[Row]:
+    from .history import history
+
+    return history(bench, opts, shared)
+
+
 def _streams(bench: Bench, opts: Options, shared: dict) -> list[Row]:
     from .cdn_streams import cdn_streams
 
     return cdn_streams(bench, opts, shared)
+
+
+def _load(bench: Bench, opts: Options, shared: dict) -> list[Row]:
+    from .load import load
+
+    return load(bench, opts, shared)
 
 
 FIGURES = {
@@ -377,4 +389,6 @@ FIGURES = {
     "streams": _streams,  # 14
     "cli-start": cli_start,  # 12
     "warm": warm_start,  # 13
+    "load": _load,  # issue 42
+    "history": _history,  # issue 41
 }

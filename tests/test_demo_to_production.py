@@ -23,11 +23,9 @@ import os
 import pwd
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
-import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -40,6 +38,7 @@ from k3artifacts.releases.channels import history
 from k3artifacts.releases.evaluations import list_evaluations
 from k3artifacts.stores.file import FileStore
 from tests.conftest import REPO_ROOT
+from tests.support.doc_blocks import Shell, commands_of
 from tests.support.wheel_venv import wheel_venv
 
 pytestmark = pytest.mark.slow
@@ -51,67 +50,9 @@ VENV = "/opt/k3a-venv"
 SYSTEM_PYTHON = "/usr/bin/python3"
 
 
-def commands_of(block: str) -> list[str]:
-    """A block's commands: a line ending in a backslash continues, and a here-document runs
-    to its terminator."""
-    commands: list[str] = []
-    current, heredoc = "", None
-    for line in block.splitlines():
-        if heredoc is not None:
-            current += "\n" + line
-            if line == heredoc:
-                commands.append(current)
-                current, heredoc = "", None
-            continue
-        if "<<'" in line:
-            heredoc = line.split("<<'", 1)[1].split("'", 1)[0]
-            current += line
-            continue
-        current += line[:-1] + " " if line.endswith("\\") else line
-        if not line.endswith("\\"):
-            if current.strip():
-                commands.append(current.strip())
-            current = ""
-    return commands
-
-
 def walk_blocks(text: str) -> list[tuple[str, list[str]]]:
     """Every marked block, in order: (its marker, its commands)."""
     return [(kind, commands_of(block)) for kind, block in MARKER.findall(text)]
-
-
-class Shell:
-    """One bash process fed a command at a time; each must exit 0."""
-
-    def __init__(self, cwd: Path, env: dict[str, str]):
-        self.proc = subprocess.Popen(["bash", "--noprofile", "--norc"], cwd=cwd, env=env,
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     stderr=subprocess.STDOUT, text=True,
-                                     start_new_session=True)
-
-    def run(self, command: str) -> str:
-        sentinel = f"__k3a_done_{uuid.uuid4().hex}"
-        self.proc.stdin.write(f"{command}\necho {sentinel} $?\n")
-        self.proc.stdin.flush()
-        output = []
-        for line in self.proc.stdout:
-            if line.startswith(sentinel):
-                status = int(line.split()[1])
-                break
-            output.append(line)
-        else:
-            raise AssertionError(f"bash ended during {command!r}:\n{''.join(output)}")
-        assert status == 0, f"{command!r} exited {status}:\n{''.join(output)}"
-        return "".join(output)
-
-    def close(self) -> None:
-        # The walk's own processes (its endpoint, if a step failed before stopping it) are in
-        # this shell's session: end them by its id.
-        try:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-        except ProcessLookupError:
-            pass
-        self.proc.wait()
 
 
 def git_status() -> str:

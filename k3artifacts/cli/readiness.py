@@ -20,6 +20,7 @@ from k3artifacts.cli.common import (
     typed_actor_option,
 )
 from k3artifacts.cli.exits import exits
+from k3artifacts.cli.params import TUPLE_ID, TUPLE_OR_CHANNEL
 from k3artifacts.errors import GateFailed, Unavailable
 
 if TYPE_CHECKING:
@@ -29,7 +30,7 @@ if TYPE_CHECKING:
 
 
 tuple_option = click.option(
-    "--tuple", "tuple_name", required=True, metavar="ID|CHANNEL",
+    "--tuple", "tuple_name", required=True, metavar="ID|CHANNEL", type=TUPLE_OR_CHANNEL,
     help="The tuple the endpoint serves: a tuple id, or a channel naming one.")
 
 
@@ -218,7 +219,8 @@ def eval_group() -> None:
               help="A suite of the policy in force by name (k3-core: its "
                    "eval-suites/k3-core.yaml), or a suite file  [default: the suite --channel's "
                    "policy names].")
-@click.option("--channel", default="production", show_default=True,
+@click.option("--channel", default=from_settings(lambda: load().channel or "production"),
+              show_default="$K3A_CHANNEL or the context's channel, else production",
               help="The channel the evaluation is for: its policy names the default suite and "
                    "says whether code cases may go unrun without a sandbox; the run is compared "
                    "with the latest run of the same suite for the tuple on it.")
@@ -261,7 +263,7 @@ def eval_run(endpoint: str, tuple_name: str, suite: str | None, channel: str,
         "evaluate"),
 )
 @eval_group.command("attach")
-@click.argument("tuple_id")
+@click.argument("tuple_id", type=TUPLE_ID)
 @click.argument("report", type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @typed_actor_option
 @store_option
@@ -299,7 +301,7 @@ def eval_attach(tuple_id: str, report: Path, by: str | None, store_url: str,
         "not evaluate)"),
 )
 @eval_group.command("list")
-@click.argument("tuple_id")
+@click.argument("tuple_id", type=TUPLE_ID)
 @store_option
 @json_option
 def eval_list(tuple_id: str, store_url: str, as_json: bool) -> None:

@@ -306,13 +306,19 @@ def unreachable(endpoint: str, exc: Exception) -> Unavailable:
     )
 
 
-def translate(exc: bex.BotoCoreError | bex.ClientError, what: str) -> K3AError:
-    """A K3A error (with exit code and next step) for an AWS failure while doing ``what``."""
+#: Where the S3 endpoint is set, for a hint naming what to check.
+S3_ENDPOINT_SETTINGS = f"--endpoint-url / {S3_ENDPOINT_ENV} / AWS_ENDPOINT_URL_S3"
+
+
+def translate(exc: bex.BotoCoreError | bex.ClientError, what: str, *,
+              endpoint_settings: str = S3_ENDPOINT_SETTINGS) -> K3AError:
+    """A K3A error (with exit code and next step) for an AWS failure while doing ``what``, its
+    hint naming ``endpoint_settings``: the flag and variables that set the service's endpoint."""
     if isinstance(exc, _CONNECTION_ERRORS):
         return Unavailable(
             f"{what}: cannot reach the endpoint ({exc})",
-            hint=f"check the network and the endpoint (--endpoint-url / {S3_ENDPOINT_ENV} / "
-            "AWS_ENDPOINT_URL*); transient failures were already retried",
+            hint=f"check the network and the endpoint ({endpoint_settings}); transient "
+            "failures were already retried",
         )
     if isinstance(exc, (bex.NoCredentialsError, bex.PartialCredentialsError)):
         return ConfigError(
@@ -350,9 +356,9 @@ def translate(exc: bex.BotoCoreError | bex.ClientError, what: str) -> K3AError:
 
 
 @contextlib.contextmanager
-def aws_errors(what: str) -> Iterator[None]:
+def aws_errors(what: str, *, endpoint_settings: str = S3_ENDPOINT_SETTINGS) -> Iterator[None]:
     """Translate botocore failures raised inside the block; K3A errors pass through."""
     try:
         yield
     except (bex.BotoCoreError, bex.ClientError) as exc:
-        raise translate(exc, what) from exc
+        raise translate(exc, what, endpoint_settings=endpoint_settings) from exc
