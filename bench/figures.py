@@ -10,6 +10,7 @@ from pathlib import Path
 
 from .cli_start import cli_start
 from .env import MB, Bench, Row, cache_note, force_rmtree
+from .eval_latency import eval_latency
 from .pull import pull
 from .staging import REPO, Options, published_release, stage_child
 from .warm_start import warm_start
@@ -391,4 +392,5 @@ FIGURES = {
     "warm": warm_start,  # 13
     "load": _load,  # issue 42
     "history": _history,  # issue 41
+    "eval-latency": eval_latency,  # issue 40
 }

@@ -106,6 +106,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--baseline-code", type=Path, default=None,
                    help="floor figure: also run k3a from this checkout (PYTHONPATH), the code "
                    "before a change, in the same rounds")
+    p.add_argument("--eval-first-token-ms", type=float, default=0.0,
+                   help="eval-latency figure: the test server's fixed delay before the first "
+                   "token (ms), under its 0-5 ms jitter (default 0: the server as it is)")
     p.add_argument("--workers", type=int, default=default_workers(),
                    help="concurrent files (default: k3a stage's, one per core from 2 to 8)")
     p.add_argument("--streams", type=int, default=None,
@@ -141,6 +144,7 @@ def main(argv: list[str] | None = None) -> int:
                    load_size=args.load_size, load_shards=args.load_shards,
                    load_runs=args.load_runs, load_threads=args.load_threads,
                    history_delay_ms=args.history_delay_ms,
+                   eval_first_token_ms=args.eval_first_token_ms,
                    baseline_code=None if args.baseline_code is None
                    else str(args.baseline_code))
     names = args.only or list(FIGURES)

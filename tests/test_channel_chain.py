@@ -140,7 +140,7 @@ def test_a_deleted_pointer_is_noticed_by_channel_list(any_store, any_env, served
     refused = invoke("channel", "list", "--json", expect=4, env=any_env)
     assert refused.json["error"] == (
         f"{pointer_key(CHANNEL)}: refused (rewound): channel {CHANNEL} has no head, but its log "
-        "holds entries up to #3: the pointer was removed")
+        "holds entries: the pointer was removed")
 def _rewind(any_store) -> None:
     """The newest entry deleted and entry #2, a validly signed move, copied over the pointer:
     a history whole as far as it goes."""

@@ -20,8 +20,9 @@ from k3artifacts.errors import BadAnswer, ConfigError, Unavailable
 from k3artifacts.policy.rollout import TrafficPolicy
 from k3artifacts.releases.analyses import MetricResult, TrafficAnalysis, record_analysis
 from k3artifacts.stores.file import FileStore
-from k3artifacts.traffic.analysis import analyze_step
+from k3artifacts.traffic.analysis import analyze_step, per_bucket
 from k3artifacts.traffic.prometheus import Prometheus
+from k3artifacts.traffic.queries import TTFT, histogram_query
 from tests.faults.faultkit import send_slowly, serving
 from tests.fixtures.moves import check_gate, use_policy
 from tests.fixtures.people import person
@@ -230,3 +231,34 @@ def test_traffic_analyze_exits_8_naming_prometheus_and_records_nothing(
     assert "Traceback" not in run.stderr
     assert not list((tmp_path / "store").rglob("releases/traffic/**/*.json"))
 
+
+
+def _series(*pairs: tuple[str | None, str]) -> dict:
+    return {"status": "success", "data": {"resultType": "vector", "result": [
+        {"metric": {} if le is None else {"le": le}, "value": [1.0, count]}
+        for le, count in pairs]}}
+
+
+@pytest.mark.parametrize("answer,words", [
+    (_series(("0.1", "5"), ("+Inf", "3")), "not a histogram"),
+    (_series(("0.1", "-1"), ("+Inf", "3")), "not a histogram"),
+    (_series(("0.1", "NaN")), "not a histogram"),
+    (_series((None, "5")), "without a bucket bound"),
+    (_series(("0.1", "abc")), "the value 'abc', not a number"),
+], ids=["falling", "negative", "nan", "no-le", "not-a-number"])
+def test_bucket_counts_that_are_no_histogram_are_refused(prometheus, answer, words):
+    """The histograms a canary is compared with the stable pods by are read as hostile too."""
+    url, answers = prometheus
+    answers.by_metric["requests"] = answer  # the histogram query reads increase(), as it does
+    with pytest.raises(BadAnswer) as err:
+        Prometheus(url).buckets(histogram_query(TTFT, "k3t-" + "0" * 24, "1m"), AT)
+    assert words in str(err.value) and err.value.exit_code == 8
+
+
+def test_bucket_counts_become_requests_per_bucket(prometheus):
+    url, answers = prometheus
+    answers.by_metric["requests"] = _series(("0.01", "4"), ("0.02", "10.5"), ("0.04", "10.5"),
+                                            ("+Inf", "12"))
+    counts = Prometheus(url).buckets(histogram_query(TTFT, "k3t-" + "0" * 24, "1m"), AT)
+    # Beyond the last finite bound counts at it; empty buckets are left out.
+    assert per_bucket(counts) == [(0.01, 4.0), (0.02, 6.5), (0.04, 1.5)]

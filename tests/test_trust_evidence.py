@@ -153,17 +153,24 @@ def production_evidence(store, release, policies: Path, *, cluster: str = "ops"
     return keys
 
 
+def reviewed_and_staged(store, policies: Path, tmp_path: Path):
+    """A tuple under ``policies``, reviewed by rita and on staging long enough: what production
+    asks of it before its evidence."""
+    use_policy(store, policies)
+    release = Releases(store, tmp_path / "scratch").release()
+    review_license(store, release.id, by=person("rita"))
+    review_code(store, release.id, by=person("rita"))
+    staged_for(store, release, policies)
+    return release
+
+
 def test_hand_written_evidence_moves_no_gate_and_the_signed_evidence_passes_all_eleven(
         judged, full_policies, tmp_path):
     """The issue's case: a run, a scan, a preflight and an analysis for every canary step,
     written by hand, made all eleven production gates pass. Each is refused by name, alone or
     together; the same records signed by an identity that may make them pass."""
     store, env, insider = judged
-    use_policy(store, full_policies)
-    release = Releases(store, tmp_path / "scratch").release()
-    review_license(store, release.id, by=person("rita"))
-    review_code(store, release.id, by=person("rita"))
-    staged_for(store, release, full_policies)
+    release = reviewed_and_staged(store, full_policies, tmp_path)
     keys = production_evidence(store, release, full_policies)
     signed = {key: store.read(key).data for family in FAMILIES for key in keys[family]}
 
@@ -197,11 +204,7 @@ def test_one_stolen_ci_key_does_not_pass_every_evidence_gate(judged, full_polici
     pass the evaluation and scan gates' own checks but not the rule: the move is refused (exit
     5) naming it; the same records with the cluster's half signed by ``ops`` move."""
     store, env, _ = judged
-    use_policy(store, full_policies)
-    release = Releases(store, tmp_path / "scratch").release()
-    review_license(store, release.id, by=person("rita"))
-    review_code(store, release.id, by=person("rita"))
-    staged_for(store, release, full_policies)
+    release = reviewed_and_staged(store, full_policies, tmp_path)
     production_evidence(store, release, full_policies, cluster="ci")
 
     refused = k3a(env, "pat", tmp_path, "promote", release.id, "production", "--why", "forged",

@@ -194,6 +194,8 @@ def _pin_file(store, client) -> Path:
     (lambda p: p.write_text(json.dumps({**json.loads(p.read_text()), "store": "file:///x"})),
      "is for file:///x"),
 ])
+
+
 def test_a_pin_another_account_could_write_or_that_does_not_parse_is_refused(
         store, client, spoil, why):
     path = _pin_file(store, client)
@@ -216,16 +218,23 @@ def test_the_pin_renders_as_configmap_data_a_verifier_loads(store, client):
     assert load_pin(store.url) == pin
 
 
-def test_the_cli_walks_first_use_a_second_account_joining_and_a_cosigned_rotation(
-        k3a_cmd, k3a_env, tmp_path):
-    store = tmp_path / "store"
+def accounts(store: Path, k3a_cmd, k3a_env, tmp_path: Path):
+    """A new file store at ``store``, and `k3a ARGS --json` on it as ``who`` (their own
+    configuration, so their own key): ``k3a(who, *args, code=0)``, its JSON document."""
     store.mkdir()
     env = {**k3a_env, "K3A_STORE": f"file://{store}"}
 
     def k3a(who: str, *args: str, code: int = 0) -> dict:
-        """`k3a ARGS --json` as ``who`` (their own configuration, so their own key)."""
         return run_process(*args, "--json", env={**env, "XDG_CONFIG_HOME": str(tmp_path / who)},
                            cmd=k3a_cmd, expect=code).json
+
+    return k3a
+
+
+def test_the_cli_walks_first_use_a_second_account_joining_and_a_cosigned_rotation(
+        k3a_cmd, k3a_env, tmp_path):
+    store = tmp_path / "store"
+    k3a = accounts(store, k3a_cmd, k3a_env, tmp_path)
 
     first = k3a("alice", "trust", "init", "--name", "alice")
     fingerprint = first["root"]["fingerprint"]
@@ -264,13 +273,7 @@ def test_a_proposal_signed_before_a_root_rotation_is_exit_6_as_the_docs_say(
     after the root rotated to v2, was refused as "tampered" (exit 4); docs/reference/
     exit-codes.md and docs/policy-and-identity.md say a proposal whose root rotated since is
     a lost race (exit 6): propose again. Proposed again, it applies."""
-    store = tmp_path / "store"
-    store.mkdir()
-    env = {**k3a_env, "K3A_STORE": f"file://{store}"}
-
-    def k3a(who: str, *args: str, code: int = 0) -> dict:
-        return run_process(*args, "--json", env={**env, "XDG_CONFIG_HOME": str(tmp_path / who)},
-                           cmd=k3a_cmd, expect=code).json
+    k3a = accounts(tmp_path / "store", k3a_cmd, k3a_env, tmp_path)
 
     k3a("alice", "policy", "init")
     fingerprint = k3a("alice", "trust", "show")["root"]["fingerprint"]
@@ -315,6 +318,8 @@ def test_a_root_rotation_deleted_from_the_store_is_refused_by_a_client_that_foll
     (lambda p: p.write_text(json.dumps({**json.loads(p.read_text()), "store": "file:///x"})),
      "are for file:///x"),
 ])
+
+
 def test_remembered_heads_another_account_could_write_or_that_do_not_parse_are_refused(
         store, client, spoil, why):
     """Whoever could write them could make this client forget what it verified."""

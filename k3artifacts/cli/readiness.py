@@ -94,6 +94,12 @@ def _finish(outcome: Recorded, as_json: bool, what: str) -> None:
         if report.baseline:
             click.echo(f"against {report.baseline.tuple_id} ({report.baseline.channel}): "
                        + ("; ".join(report.regressions) or "no regression"))
+        if report.comparison:
+            click.echo(f"latency: {report.comparison.line} (advisory: the evaluation gate "
+                       "judges the recorded samples by the policy in force)")
+        elif report.latency:
+            click.echo(f"latency: {len(report.latency.e2e)} samples recorded, nothing to "
+                       "compare them with")
         if outcome.suite_source:
             click.echo(f"suite: {report.suite} ({outcome.suite_source}, sha256 "
                        f"{report.suite_sha256[:12]})")
@@ -240,7 +246,10 @@ def eval_run(endpoint: str, tuple_name: str, suite: str | None, channel: str,
     is looked up in the store's policy in force (`k3a policy show`; the packaged defaults
     while the store has none), whatever the working directory. A model's code (code cases)
     runs only in a bubblewrap sandbox; where none can be had those cases are not run, and the
-    run fails unless the channel's policy says `allow_unsandboxed_code: true`.
+    run fails unless the channel's policy says `allow_unsandboxed_code: true`. The run also
+    records per-request latencies (the policy's `latency_regression.min_samples`, one request
+    at a time) and judges them against the latest run of the tuple on --channel; that verdict
+    is advisory: the gate judges the recorded samples again by the policy in force.
 
     \b
     Examples:

@@ -83,6 +83,9 @@ def analyze_cmd(tuple_or_channel: str, prometheus_url: str, channel: str, step: 
         for m in analysis.metrics:
             mark = "ok  " if m.passed else "FAIL"
             click.echo(f"  {mark} {describe(m)}")
+        for c in analysis.against_stable:
+            mark = "ok  " if c.judgement.passed else "FAIL"
+            click.echo(f"  {mark} {c.judgement.line}")
         verb = "recorded" if written else "already recorded"
         click.echo(f"{verb}: analysis {record.analysis_sha256[:12]} of {analysis.tuple_id}, step "
                    f"{step} ({analysis.weight}%) on {channel}, window {analysis.window} ending "
@@ -93,7 +96,9 @@ def analyze_cmd(tuple_or_channel: str, prometheus_url: str, channel: str, step: 
     emit(as_json, payload, human)
     if not analysis.passed:
         # Raised, not exited: the group prints the document with the error merged in.
-        failed = ", ".join(m.name for m in analysis.metrics if not m.passed)
+        failed = ", ".join([m.name for m in analysis.metrics if not m.passed]
+                           + [f"{c.name} against {c.stable_tuple_id}"
+                              for c in analysis.against_stable if not c.judgement.passed])
         raise GateFailed(f"step {step} of {analysis.tuple_id} on {channel} failed: {failed}",
                          hint="abort the rollout (kubectl argo rollouts abort NAME) and keep "
                          "the stable tuple")

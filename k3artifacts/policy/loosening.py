@@ -10,10 +10,14 @@ traffic step or window, a Prometheus URL, a region, a suite's text, a key's desc
   ``rollback_approval``: turned on; ``rollback_window``: larger;
 * ``evaluation``: added; ``min_pass_rate`` higher; ``latency`` added, its ``max_e2e_p99_s``
   lower; ``max_regression`` added or lower; ``allow_unsandboxed_code`` turned off;
+  ``latency_regression``: a higher ``alpha``, a lower ``margin`` and ``floor_ms``,
+  ``inconclusive`` made ``fail`` (``min_samples`` and ``max_samples`` have no direction that is
+  stricter whatever the rest says: any change to them loosens);
 * ``order``: added; ``min_hours`` longer; ``passed`` a superset; ``duties``: added,
   ``not_reviewer_of`` a superset;
 * ``traffic.thresholds``: a higher quantile, lower ``max_e2e_s``, ``max_ttft_s`` and
-  ``max_error_rate``, more ``min_requests``;
+  ``max_error_rate``, more ``min_requests``; ``traffic.against_stable``: added, and its fields
+  as ``latency_regression``'s;
 * ``infrastructure``: added; ``max_age_hours`` and ``max_load_seconds`` lower; ``warmup_hours``,
   ``soak_hours`` and ``production_hours`` longer;
 * ``evidence``: added; ``signers``: no kind's number lower (absent: 1); ``apart``: every two
@@ -97,6 +101,10 @@ def _still_apart(old: Any, new: Any) -> bool:
     return _apart_pairs(old) <= _apart_pairs(new)
 
 
+def _made_fail(old: Any, new: Any) -> bool:
+    return new == "fail"
+
+
 _CHANNEL: dict[Path, Rule] = {
     ("gates",): _kept_in_order,
     ("targets",): _more,
@@ -108,6 +116,15 @@ _CHANNEL: dict[Path, Rule] = {
     ("evaluation", "latency", "max_e2e_p99_s"): _lower,
     ("evaluation", "max_regression"): _capped,
     ("evaluation", "allow_unsandboxed_code"): _turned_off,
+    ("evaluation", "latency_regression", "alpha"): _higher,
+    ("evaluation", "latency_regression", "margin"): _lower,
+    ("evaluation", "latency_regression", "floor_ms"): _lower,
+    ("evaluation", "latency_regression", "inconclusive"): _made_fail,
+    ("traffic", "against_stable"): _added,
+    ("traffic", "against_stable", "alpha"): _higher,
+    ("traffic", "against_stable", "margin"): _lower,
+    ("traffic", "against_stable", "floor_ms"): _lower,
+    ("traffic", "against_stable", "inconclusive"): _made_fail,
     ("order",): _added,
     ("order", "min_hours"): _higher,
     ("order", "passed"): _more,

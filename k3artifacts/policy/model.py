@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from k3artifacts.errors import ConfigError, plain_validation_errors
 from k3artifacts.policy.gates import GATE_RULES
-from k3artifacts.policy.rollout import InfrastructurePolicy, TrafficPolicy
+from k3artifacts.policy.rollout import ComparisonPolicy, InfrastructurePolicy, TrafficPolicy
 
 GATES_FILE = "promotion-gates.yaml"
 
@@ -37,6 +37,24 @@ class LatencyPolicy(_Strict):
     max_e2e_p99_s: float = Field(gt=0)
 
 
+class LatencyRegressionPolicy(ComparisonPolicy):
+    """How an eval run's per-request latencies are compared with those of the latest run of
+    the tuple now on the channel (:class:`ComparisonPolicy`), and how many a run draws."""
+
+    #: Requests a run sends one at a time to sample latency, and the fewest a side the judge
+    #: decides on (fewer: inconclusive).
+    min_samples: int = Field(default=40, ge=8)
+    #: An inconclusive comparison draws ``min_samples`` more, up to this many in all.
+    max_samples: int = Field(default=160, ge=8)
+
+    @model_validator(mode="after")
+    def _bound(self) -> LatencyRegressionPolicy:
+        if self.max_samples < self.min_samples:
+            raise ValueError(f"max_samples ({self.max_samples}) is below min_samples "
+                             f"({self.min_samples})")
+        return self
+
+
 class EvaluationPolicy(_Strict):
     min_pass_rate: float = Field(ge=0.0, le=1.0)
     #: Only reports of this suite count; None: any suite.
@@ -45,9 +63,11 @@ class EvaluationPolicy(_Strict):
     #: is compared with the report's, so a report of an edited or other suite is refused.
     suite_file: str | None = None
     latency: LatencyPolicy | None = None
-    #: No regression beyond this against the report of the tuple now on the channel: pass rate
-    #: may drop by at most this much (absolute), the p99 grow by at most this fraction.
+    #: No regression against the latest run of the tuple now on the channel: the pass rate
+    #: may drop by at most this much (absolute), and the latency is judged by
+    #: ``latency_regression``. None: no comparison at all.
     max_regression: float | None = Field(default=None, ge=0.0)
+    latency_regression: LatencyRegressionPolicy = LatencyRegressionPolicy()
     #: A model's code runs only in a sandbox (bubblewrap); where none can be had, the suite's
     #: code cases are not run and the report names why. false: such a report never passes;
     #: true: it is judged on the cases that ran.
