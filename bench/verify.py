@@ -15,8 +15,8 @@ Against it, in the same rounds (sides alternate; best and median of ``--verify-r
 - a pod start on a node that holds the revision: what the rendered init containers run,
   ``k3a pull`` then ``k3a verify DIR --expect-digest``, two whole processes;
 - threads against processes for each algorithm (``hash_files`` with each, same files), the
-  measurement behind where each algorithm hashes (``parallel.in_processes``: beyond 8 workers
-  and 1 GiB, xxh3-128 too runs in processes; each row's note says which k3a chose).
+  measurement behind where each algorithm hashes (``parallel.in_processes``: xxh3-128 from
+  1 GiB runs in processes; each row's note says which k3a chose).
 
     python -m bench --only verify [--size 4GiB --shards 64] [--verify-runs 5]
 """

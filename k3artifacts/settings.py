@@ -311,9 +311,9 @@ class Settings(BaseModel):
         "K3A_HASH_IN", "Output and runs",
         "Where `k3a verify` and `k3a pull` hash files on this machine: `threads` of one "
         "process or `processes` (one per worker, each fed open files). Unset, k3a chooses by "
-        "algorithm, workers and bytes, as measured on a 16-core machine (threads up to 8 "
-        "workers; beyond, processes for at least 1 GiB of xxh3-128 or 256 MiB of sha256): "
-        "set it where `python -m bench --only verify` shows the other side faster.",
+        "algorithm, workers and bytes as measured (processes from 1 GiB of xxh3-128; for "
+        "sha256, beyond 8 workers or with 512 MiB each): set it where `python -m bench "
+        "--only verify` shows the other side faster.",
         shown="chosen per run")
     dask_address: str | None = var(
         "K3A_DASK_ADDRESS", "Output and runs",
@@ -460,13 +460,11 @@ def read_config_file() -> ConfigFile:
     """The config file, checked: refused (ConfigError, exit 9) naming the file when anyone
     but its owner could write it (it chooses the key records are signed with and the store
     moves go to), when it is not this account's, or when it is not what it should be."""
-    import yaml
-
     path = config_file()
     try:
         st = path.stat()
     except FileNotFoundError:
-        return ConfigFile()
+        return ConfigFile()  # without importing YAML: every command asks, most have no file
     except OSError as exc:
         raise ConfigError(f"config file {path}: {exc.strerror or exc}",
                           hint=f"check it (`ls -l {path}`)") from None
@@ -481,6 +479,8 @@ def read_config_file() -> ConfigFile:
     if st.st_size > MAX_CONFIG_BYTES:
         raise ConfigError(f"config file {path} is {st.st_size} bytes: not a config file",
                           hint=f"check {path}")
+    import yaml
+
     try:
         raw = yaml.safe_load(path.read_text(encoding="utf-8"))
         return ConfigFile.model_validate(raw if raw is not None else {})

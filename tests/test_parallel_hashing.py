@@ -90,18 +90,20 @@ def test_a_file_that_shrinks_while_it_is_hashed_is_its_own_error(tmp_path, proce
     assert results["large"].digest == hashlib.sha256(data).hexdigest()
 
 
-def test_beyond_eight_workers_every_algorithm_hashes_in_processes():
-    for algorithm, least in PROCESS_MIN_BYTES.items():
-        assert in_processes(algorithm, THREADS_ENOUGH + 1, least)
-        assert not in_processes(algorithm, THREADS_ENOUGH + 1, least - 1)
-        assert not in_processes(algorithm, 16, least - 1)
-    assert not in_processes("xxh3-128", THREADS_ENOUGH, 1 << 40)
+def test_xxh3_hashes_in_processes_from_a_gibibyte_at_any_number_of_workers():
+    least = PROCESS_MIN_BYTES["xxh3-128"]
+    for workers in (1, 2, THREADS_ENOUGH, 16):
+        assert in_processes("xxh3-128", workers, least)
+        assert not in_processes("xxh3-128", workers, least - 1)
 
 
-def test_sha256_maps_in_processes_where_each_worker_has_enough_to_hash():
+def test_sha256_maps_in_processes_beyond_eight_workers_or_with_enough_each():
+    least = PROCESS_MIN_BYTES["sha256"]
+    assert in_processes("sha256", THREADS_ENOUGH + 1, least)
+    assert not in_processes("sha256", THREADS_ENOUGH + 1, least - 1)
+    assert not in_processes("sha256", THREADS_ENOUGH, THREADS_ENOUGH * MAPPED_MIN_BYTES - 1)
     assert not in_processes("sha256", 2, 2 * MAPPED_MIN_BYTES - 1)
     assert in_processes("sha256", 2, 2 * MAPPED_MIN_BYTES)
-    assert not in_processes("xxh3-128", 2, 1 << 40)
 
 
 @pytest.mark.parametrize("hash_in", ["threads", "processes"])

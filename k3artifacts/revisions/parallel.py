@@ -6,20 +6,21 @@ buffer (a thread) or a mapped window (a hashing process) at a time (:mod:`.hashw
 memory is one of those per worker, whatever the files' sizes, and no byte is read twice.
 
 Where a worker hashes depends on the algorithm, the number of workers and the bytes, as
-measured on the 16-core machine (bench/RESULTS.md, issues 35, 36 and 42). Threads of one
-process hash with no process to start, and up to :data:`THREADS_ENOUGH` workers they kept up
-(8 sha256 threads against 8 processes: 10.7 GB/s each way; 2 of either on the 2-core machine).
-Beyond that they do not: 16 threads reading xxh3-128 into their buffers gave half of what 16
-hashing processes gave (23.8 against 48.2 GB/s; most likely the GIL, which each 512 KiB
-read and hash take back, every 40 microseconds or so of xxh3), and 16 sha256 threads a third
-less on one host. So beyond :data:`THREADS_ENOUGH` workers both algorithms run in
-hashing processes (:mod:`.hashworker`), which map the file; sha256 also wherever each worker
-has :data:`MAPPED_MIN_BYTES` to hash (a thread's copy costs it about 8% more CPU per byte,
-xxh3-128 nothing measurable). Below :data:`PROCESS_MIN_BYTES` of an algorithm, processes are
-not worth their start (:func:`in_processes`). ``K3A_HASH_IN`` overrides the choice on a
-machine where ``python -m bench --only verify`` shows the other side faster. A hashing process
-is fed one open descriptor at a time over a socket: the caller opens every file (link-safe
-where it must be), a process never resolves a path.
+measured in fresh processes, the way `k3a verify` and `k3a pull` hash (bench/RESULTS.md, issues
+35, 36 and 42). A thread reads into its own buffer (never a mapping, below); a hashing process
+(:mod:`.hashworker`) maps the file. For xxh3-128 the read is what costs: 16 threads gave half
+of what 16 hashing processes gave on the 16-core machine (23.8 against 48.2 GB/s), and 2
+threads 0.36-0.45 of 2 processes on the 2-core one, where a process's first threaded pass
+took 4-5x the system time of its second (threads were ahead only in a process that had
+hashed the same files before). So xxh3-128 runs in hashing processes wherever there are
+:data:`PROCESS_MIN_BYTES` to hash. For sha256, 8 threads kept up with 8 processes (10.7 GB/s
+each way), 16 gave a third less on one host and 7-10% more on another, and the copy costs it
+about 8% more CPU per byte: it runs in processes beyond :data:`THREADS_ENOUGH` workers and
+wherever each worker has :data:`MAPPED_MIN_BYTES` to hash. Below :data:`PROCESS_MIN_BYTES` of
+an algorithm, processes are not worth their start (:func:`in_processes`). ``K3A_HASH_IN``
+overrides the choice on a machine where ``python -m bench --only verify`` shows the other side
+faster. A hashing process is fed one open descriptor at a time over a socket: the caller opens
+every file (link-safe where it must be), a process never resolves a path.
 
 A file that something else truncates while it is hashed (whoever can write where it lies: a
 pod sharing the node cache's hostPath) is that file's problem, "changed while it was read",
@@ -44,11 +45,13 @@ from pathlib import Path
 from k3artifacts import settings
 from k3artifacts.revisions.hashworker import ALGORITHMS, CHANGED, ChangedWhileRead, hash_fd
 
-#: Total bytes from which hashing processes are worth their start, by algorithm: a process
-#: starts in 0.01-0.03 s on 16 cores, where 16 threads lose 0.02 s a GB of xxh3-128 to them
-#: (1/23.8 - 1/48.2 s) and about 0.02 s every 256 MiB of sha256.
+#: Total bytes from which hashing processes are worth their start, by algorithm. A process
+#: starts in 0.01-0.03 s on 16 cores, and 16 threads lose about 0.02 s a GB of xxh3-128 to 16
+#: processes (1/23.8 - 1/48.2 s): from 1 GiB the processes are even or ahead (on 2 cores,
+#: 2.8x ahead at 1 GiB). sha256's is issue 36's, where its start was a larger share than what
+#: threads lose to each other.
 PROCESS_MIN_BYTES = {"sha256": 256 << 20, "xxh3-128": 1 << 30}
-#: Workers up to which threads keep up with hashing processes (8 did, 16 did not).
+#: Workers up to which sha256 threads keep up with hashing processes (8 did, 16 did not).
 THREADS_ENOUGH = 8
 #: Bytes per worker from which sha256 goes to hashing processes at any number of workers:
 #: reading a mapping spares the copy a thread makes. 2 workers on the 2-core machine, GB of
@@ -96,8 +99,8 @@ def in_processes(algorithm: str, workers: int, total: int) -> bool:
     (the module's docstring says why)."""
     if total < PROCESS_MIN_BYTES[algorithm]:
         return False
-    return workers > THREADS_ENOUGH or (
-        algorithm == "sha256" and total >= workers * MAPPED_MIN_BYTES)
+    return algorithm == "xxh3-128" or workers > THREADS_ENOUGH or \
+        total >= workers * MAPPED_MIN_BYTES
 
 
 def hash_files(files: Iterable[FileToHash], algorithm: str, *, workers: int | None = None,
