@@ -17,7 +17,7 @@ from tests.conftest import REPO_ROOT
 def _blocks(section: str) -> list[str]:
     text = (REPO_ROOT / "docs" / "reference" / "cli.md").read_text()
     body = text.split(f"\n## {section}\n", 1)[1].split("\n## ", 1)[0]
-    return re.findall(r"```bash\n(.*?)```", body, re.DOTALL)
+    return re.findall(r"<!-- k3a:cli-reference -->\n```bash\n(.*?)```", body, re.DOTALL)
 
 
 def test_completion_and_context_blocks_run_as_written(tmp_path):

@@ -33,6 +33,7 @@ RUNNERS = {
     "walk": "tests/test_demo_to_production.py",
     "prefect-loopback": "tests/flows/test_prefect_guide.py",
     "automation": "tests/test_notifications.py",
+    "cli-reference": "tests/test_cli_reference_blocks.py",
 }
 PAGES = [REPO_ROOT / "README.md", *sorted((REPO_ROOT / "docs").rglob("*.md"))]
 #: A shell without this machine's own PATH: the reader's venv comes first.

@@ -42,7 +42,7 @@ CONVENIENCES = [
     "tuple ids, channels and repos: from the store named by `--store` on the line, else "
     "`K3A_STORE` or the context's. A store that cannot be read completes nothing (never an "
     "error in the prompt). Put the line of your shell in its start-up file:", "",
-    "```bash",
+    "<!-- k3a:cli-reference -->", "```bash",
     'eval "$(_K3A_COMPLETE=bash_source k3a)"    # bash: ~/.bashrc',
     '# zsh (~/.zshrc):                 eval "$(_K3A_COMPLETE=zsh_source k3a)"',
     "# fish (~/.config/fish/completions/k3a.fish):   _K3A_COMPLETE=fish_source k3a | source",
@@ -56,7 +56,7 @@ CONVENIENCES = [
     "context, the context over the default; `k3a config show` says which gave each value. The "
     "file is refused (exit 9) when anyone but its owner may write it. Variables: "
     "[environment.md](environment.md).", "",
-    "```bash",
+    "<!-- k3a:cli-reference -->", "```bash",
     'k3a config set-context demo --store "file://${XDG_DATA_HOME:-$HOME/.local/share}/'
     'k3artifacts/store" --channel staging',
     "k3a config use demo",
