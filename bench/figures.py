@@ -356,10 +356,22 @@ def _floor(bench: Bench, opts: Options, shared: dict) -> list[Row]:
     return floor(bench, opts, shared)
 
 
+def _history(bench: Bench, opts: Options, shared: dict) -> list[Row]:
+    from .history import history
+
+    return history(bench, opts, shared)
+
+
 def _streams(bench: Bench, opts: Options, shared: dict) -> list[Row]:
     from .cdn_streams import cdn_streams
 
     return cdn_streams(bench, opts, shared)
+
+
+def _load(bench: Bench, opts: Options, shared: dict) -> list[Row]:
+    from .load import load
+
+    return load(bench, opts, shared)
 
 
 FIGURES = {
@@ -379,4 +391,6 @@ FIGURES = {
     "cli-start": cli_start,  # 12
     "warm": warm_start,  # 13
     "eval-latency": eval_latency,  # issue 40
+    "load": _load,  # issue 42
+    "history": _history,  # issue 41
 }

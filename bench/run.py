@@ -93,6 +93,16 @@ def main(argv: list[str] | None = None) -> int:
                    help="alternating rounds of the verify figure (best and median of each)")
     p.add_argument("--floor-runs", type=int, default=5,
                    help="rounds of the floor figure (median and fastest of each side)")
+    p.add_argument("--load-size", type=parse_size, default=parse_size("16GiB"),
+                   help="load figure: synthetic bf16 checkpoint size (default 16GiB)")
+    p.add_argument("--load-shards", type=int, default=16,
+                   help="load figure: shards of that checkpoint (default 16)")
+    p.add_argument("--load-runs", type=int, default=3,
+                   help="load figure: alternating rounds (best and median of each side)")
+    p.add_argument("--load-threads", type=int, default=8,
+                   help="load figure: files k3a's reader reads at once (default 8)")
+    p.add_argument("--history-delay-ms", type=float, default=5.0,
+                   help="history figure: each S3 request held this long before SeaweedFS")
     p.add_argument("--baseline-code", type=Path, default=None,
                    help="floor figure: also run k3a from this checkout (PYTHONPATH), the code "
                    "before a change, in the same rounds")
@@ -105,7 +115,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="k3a stage --streams for every staging leg (default: k3a stage's)")
     p.add_argument("--device", choices=["cuda", "cpu"], default="cuda",
                    help="warm-start figure: compile on the GPU (max-autotune, Triton) or, to "
-                   "exercise the script without one, on the CPU (inductor C++ codegen)")
+                   "exercise the script without one, on the CPU (inductor C++ codegen); load "
+                   "figure: into GPU or host memory")
     p.add_argument("--only", action="append", choices=sorted(FIGURES),
                    help="run only this figure (repeatable)")
     p.add_argument("--cold", action="store_true",
@@ -131,6 +142,9 @@ def main(argv: list[str] | None = None) -> int:
                    stream_rate=args.stream_rate, start_runs=args.start_runs, device=args.device,
                    verify_runs=args.verify_runs, floor_runs=args.floor_runs,
                    eval_first_token_ms=args.eval_first_token_ms,
+                   load_size=args.load_size, load_shards=args.load_shards,
+                   load_runs=args.load_runs, load_threads=args.load_threads,
+                   history_delay_ms=args.history_delay_ms,
                    baseline_code=None if args.baseline_code is None
                    else str(args.baseline_code))
     names = args.only or list(FIGURES)

@@ -40,6 +40,13 @@ class Options:
     #: The eval-latency figure (issue 40): the test server's fixed delay before the first
     #: token, in ms, under the 0-5 ms jitter (0: the server as it is).
     eval_first_token_ms: float = 0.0
+    #: The load figure (issue 42): checkpoint size and shards, rounds, reader threads.
+    load_size: int = 16 << 30
+    load_shards: int = 16
+    load_runs: int = 3
+    load_threads: int = 8
+    #: The history figure (issue 41): how far S3 is, each request held this long.
+    history_delay_ms: float = 5.0
 
 
 def stage_child(bench: Bench, endpoint: str, store_url: str, repo_id: str = REPO,

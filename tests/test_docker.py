@@ -105,6 +105,11 @@ def test_build_args_come_from_the_tuple(releases, store, k3a_cmd, k3a_env):
     assert parser.baseimage == args["VLLM_IMAGE"]
     assert parser.labels["io.k3artifacts.tuple-id"] == release.id
     assert parser.labels["io.k3artifacts.manifest-digest"] == release.binding.weights.manifest_digest
+    # The verified load's plugin: k3a's wheel from the tuple's own worker image, installed.
+    assert args["K3A_WORKER_IMAGE"] == release.binding.serving.resources["verifier_image"]
+    stages = [i["value"] for i in parser.structure if i["instruction"] == "FROM"]
+    assert stages == ["${K3A_WORKER_IMAGE} AS k3a", "${VLLM_IMAGE}"]
+    assert any(i["instruction"] == "RUN" and "k3artifacts-" in i["value"] for i in parser.structure)
 
     plain = subprocess.run([*k3a_cmd, "docker", "build-args", release.id, "--store", store.url],
                            env=k3a_env, capture_output=True, text=True, check=False)

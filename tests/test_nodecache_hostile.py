@@ -275,3 +275,36 @@ def test_a_part_file_truncated_before_the_pull_hashes_it_is_exit_4_named(
             f"it had reached byte {MiB:,}") in said
     assert "find and stop it, then re-run `k3a pull`" in said and "Traceback" not in said
     assert not CacheLayout(root).final_dir(rev_of(release)).exists()
+
+
+def test_an_already_hashed_part_rewritten_before_the_seal_is_exit_4_named(
+        file_releases, tmp_path, k3a_cmd, k3a_env):
+    """The issue's case: bytes of a part the pull had already hashed are rewritten (and the
+    mtime put back) while later parts arrive. The running hash never reads them again, so the
+    pull used to print "verified" and `k3a verify --expect-digest` then exited 4. Now the
+    re-check before the seal names the file (exit 4) and nothing reaches the final path."""
+    release = file_releases.release(extra={"big.bin": BIG})
+    root = tmp_path / "cache"
+    resume = tmp_path / "resume"
+    env = dict(k3a_env, K3A_FAULT_PAUSE="pull-part@big.bin#1:120", K3A_FAULT_RESUME=str(resume))
+    err_path = tmp_path / "stderr"
+    proc = paused_pull(k3a_cmd, env, file_releases.store.url, release.id, root, err_path)
+    try:
+        part = CacheLayout(root).partial_dir(rev_of(release)) / ".big.bin.part"
+        before = part.stat()
+        with open(part, "r+b") as f:  # part 0: written and hashed before part 1 paused
+            f.seek(1000)
+            f.write(b"\0" if BIG[1000] else b"\1")
+        os.utime(part, ns=(before.st_atime_ns, before.st_mtime_ns))
+        resume.touch()
+        proc.wait(120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+    said = err_path.read_text()
+    assert proc.returncode == 4, said
+    assert ("big.bin: changed in the node cache after this pull hashed it, before the revision "
+            "was sealed; nothing was put at the final path") in said
+    assert "find and stop it, then re-run `k3a pull`" in said and "Traceback" not in said
+    assert not CacheLayout(root).final_dir(rev_of(release)).exists()

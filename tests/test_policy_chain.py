@@ -295,3 +295,18 @@ def _stricter_dir(any_store, tmp_path):
     path.write_text(path.read_text().replace("min_pass_rate: 0.95", "min_pass_rate: 0.99"))
     assert yaml.safe_load(path.read_text())
     return out
+
+
+def test_a_rewound_policy_is_refused_by_every_reader_that_saw_the_newer_version(
+        any_store, as_alice, policies, tmp_path):
+    """Version 3 deleted and version 2's validly signed change copied over the pointer: the
+    history is whole as far as it goes, and this client, which verified version 3, refuses
+    it naming both heads."""
+    _three_versions(any_store, policies)
+    seen = in_force(any_store).chain.head.digest
+    remove(any_store, change_key(3))
+    overwrite(any_store, POINTER_KEY, any_store.read(change_key(2)).data)
+    _refused_everywhere(as_alice, any_store, tmp_path, "rewound")
+    refused = invoke("policy", "show", expect=4, env=as_alice).stderr
+    assert f"the store's policy: this client verified #3 ({seen[:12]}) before; the store " \
+        "now shows #2 (" in refused

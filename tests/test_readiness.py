@@ -240,7 +240,13 @@ ENDPOINT = {"slow_first_token": 0.1, "jitter_ms": "0-5"}
 
 def _on_production(store, tmp_path, fast_policies, server, reviewed, **candidate_faults):
     """A tuple evaluated and promoted to production on the fixture server with ``ENDPOINT``,
-    and a candidate evaluated against another such server, with ``candidate_faults``."""
+    and a candidate evaluated against another such server, with ``candidate_faults``; the
+    suite's TTFT bound is 2 s, so a 3x slower first token on a loaded machine passes every
+    check and only the comparison with production can fail it."""
+    path = fast_policies / SUITE
+    suite = yaml.safe_load(path.read_text())
+    suite["smoke"]["slo"]["ttft_p99_s"] = 2.0
+    path.write_text(yaml.safe_dump(suite, sort_keys=False))
     releases = Releases(store, tmp_path / "scratch")
     prod, cand = releases.release(), releases.release()
     for r in (prod, cand):
@@ -516,7 +522,7 @@ def test_eval_run_cli_names_the_failed_checks_and_exits_5(store, tmp_path, fast_
                     "--suite", str(fast_policies / SUITE), env=env, expect=5)
     assert ("evaluation failed for " + release.id + ": structured_output, tool_call, "
             "structured-invoice, tool-weather") in result.stderr
-    assert "pass rate: 81.8% (9/11; suite threshold 95.0%)" in result.stdout
+    assert "pass rate: 81.8% (9/11 that ran; suite threshold 95.0%)" in result.stdout
     assert "NOT READY" in result.stdout
     gates = invoke("gates", release.id, "production", env=env, expect=5)
     assert "check structured_output failed" in gates.stdout

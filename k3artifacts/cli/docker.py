@@ -8,6 +8,7 @@ import click
 
 from k3artifacts.cli.common import emit, get_store, json_option, store_option
 from k3artifacts.cli.exits import exits
+from k3artifacts.cli.params import TUPLE_OR_CHANNEL
 
 if TYPE_CHECKING:
     from k3artifacts.releases.tuples import ReleaseTuple
@@ -15,7 +16,8 @@ if TYPE_CHECKING:
 
 
 def serving_build_args(release: ReleaseTuple) -> dict[str, str]:
-    """What docker/serving/Dockerfile takes: the tuple's image by digest, and its identity."""
+    """What docker/serving/Dockerfile takes: the tuple's image by digest, its identity, and
+    the worker image whose k3a it installs."""
     b = release.binding
     return {
         "VLLM_IMAGE": b.image.reference,
@@ -24,6 +26,8 @@ def serving_build_args(release: ReleaseTuple) -> dict[str, str]:
         "K3A_MANIFEST_DIGEST": b.weights.manifest_digest,
         "K3A_LICENSE_SHA256": b.license_sha256 or "",
         "K3A_PROFILE": b.serving.profile,
+        # Whose k3a wheel the image installs (the verified load's plugin).
+        "K3A_WORKER_IMAGE": b.serving.resources.get("verifier_image") or "",
     }
 
 
@@ -38,7 +42,7 @@ def docker_group() -> None:
     (7, "unknown tuple or channel"),
 )
 @docker_group.command("build-args")
-@click.argument("tuple_or_channel")
+@click.argument("tuple_or_channel", type=TUPLE_OR_CHANNEL)
 @store_option
 @json_option
 def build_args(tuple_or_channel: str, store_url: str, as_json: bool) -> None:

@@ -15,6 +15,7 @@ from k3artifacts.cli.common import (
     typed_actor_option,
 )
 from k3artifacts.cli.exits import exits
+from k3artifacts.cli.params import TUPLE_OR_CHANNEL
 from k3artifacts.errors import ConfigError, GateFailed
 
 
@@ -38,7 +39,7 @@ def traffic_group() -> None:
         "role traffic"),
 )
 @traffic_group.command("analyze")
-@click.argument("tuple_or_channel")
+@click.argument("tuple_or_channel", type=TUPLE_OR_CHANNEL)
 @click.option("--prometheus", "prometheus_url", required=True, metavar="URL",
               help="Prometheus base URL reachable from here (e.g. a port-forward: "
               "http://127.0.0.1:9090).")

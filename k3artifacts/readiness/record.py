@@ -25,6 +25,7 @@ from k3artifacts.policy.actor import Acting
 from k3artifacts.policy.model import LatencyRegressionPolicy
 from k3artifacts.policy.record import in_force
 from k3artifacts.policy.signed import require_role
+from k3artifacts.readiness.code_run import NoSandbox, missing
 from k3artifacts.readiness.latency import Sampling
 from k3artifacts.readiness.run import Observer, run_readiness
 from k3artifacts.readiness.suite import SmokeSettings, Suite
@@ -56,6 +57,8 @@ class Recorded:
     written: bool
     #: Where an eval run's suite came from (the policy version and file, or a path).
     suite_source: str | None = None
+    #: Why code cases were not run: no sandbox here, and what gives this machine one.
+    no_sandbox: NoSandbox | None = None
 
 
 @dataclass(frozen=True)
@@ -125,7 +128,8 @@ def act_readiness(store: Store, plan: ReadinessPlan, *, observer: Observer | Non
                            allow_unsandboxed_code=plan.allow_unsandboxed_code,
                            sampling=plan.sampling)
     record, written = record_run(store, report, by=plan.by)
-    return Recorded(report, record, written, plan.suite_source)
+    return Recorded(report, record, written, plan.suite_source,
+                    missing() if report.skipped else None)
 
 
 def smoke(store: Store, endpoint: str, name: str, settings: SmokeSettings, *, by: Acting,

@@ -203,7 +203,8 @@ class ReadinessReport(BaseModel):
 
     @property
     def failed(self) -> list[CheckResult]:
-        return [c for c in [*self.checks, *self.cases] if not c.passed]
+        """What ran and failed (a case not run is in :attr:`skipped`, never here)."""
+        return [c for c in [*self.checks, *self.cases] if not c.passed and c.skipped is None]
 
     @property
     def verdict(self) -> str:
@@ -406,7 +407,8 @@ def judge(report: ReadinessReport, *, min_pass_rate: float, baseline: Baseline |
     if len(failed) > 4:
         problems.append(f"and {len(failed) - 4} more failed checks")
     if report.pass_rate < min_pass_rate:
-        failed_cases = ", ".join(c.name for c in report.cases if not c.passed)
+        failed_cases = ", ".join(c.name for c in report.cases
+                                 if not c.passed and c.skipped is None)
         problems.append(f"{report.verdict} is below the required {min_pass_rate:.1%}"
                         + (f" (failed: {failed_cases})" if failed_cases else ""))
     if latency is not None:

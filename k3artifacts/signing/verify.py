@@ -38,6 +38,9 @@ class SignedReport:
     #: Name of the trusted key that signed, when the signature verified.
     key_name: str | None = None
     key_hint: str | None = None
+    #: The manifest read beside the signature: trusted only once :meth:`raise_for_problems`
+    #: passed.
+    manifest: ShardManifest | None = None
 
     def raise_for_problems(self) -> None:
         problems = self.report.problems
@@ -86,6 +89,7 @@ def verify_signed_revision(
     workers: int | None = None,
     on_bytes: Callable[[int], None] | None = None,
     on_manifest: Callable[[ShardManifest], None] | None = None,
+    on_file: Callable[..., None] | None = None,
 ) -> SignedReport:
     """Signature, manifest against the signed digests, then (``read_weights``) every byte.
 
@@ -127,6 +131,7 @@ def verify_signed_revision(
     except BundleError as exc:
         return refuse(SIGNATURE_REL, str(exc))
     early.key_name, early.key_hint = verified.key_name, verified.key_hint
+    early.manifest = manifest
     for problem in check_revision_statement(verified.statement, manifest, raw):
         early.report.problems.append(Problem(problem.path, problem.reason))
     allowed = {MANIFEST_REL, *IGNORED}
@@ -137,10 +142,10 @@ def verify_signed_revision(
         return early
     # The manifest's bytes are the signed ones: now one pass over the weights against it.
     kwargs = dict(full=full, expect_digest=manifest.digest(), workers=workers,
-                  on_bytes=on_bytes, on_manifest=on_manifest)
+                  on_bytes=on_bytes, on_manifest=on_manifest, on_file=on_file)
     if directory is not None:
         report = verify_revision(directory=directory, **kwargs)
         report.target = target
     else:
         report = verify_revision(store=store, repo_id=repo_id, commit=commit, **kwargs)
-    return SignedReport(report, verified.key_name, verified.key_hint)
+    return SignedReport(report, verified.key_name, verified.key_hint, manifest)

@@ -155,8 +155,12 @@ def verify_revision(
     on_bytes: Callable[[int], None] | None = None,
     on_manifest: Callable[[ShardManifest], None] | None = None,
     on_file: Callable[[FileRecord], None] | None = None,
+    leave: Callable[[FileRecord], bool] | None = None,
 ) -> VerifyReport:
     """Hash every file of a published revision and compare with its manifest.
+
+    ``leave``: files the caller hashes itself as it reads them (the verified loader,
+    :mod:`k3artifacts.loading`); they are neither read nor reported here.
 
     ``workers``: files hashed at once (default: one per usable core on a local disk, at least
     :data:`REMOTE_STREAMS` from a remote store). ``on_bytes`` sees bytes as they are hashed,
@@ -195,7 +199,21 @@ def verify_revision(
         on_manifest(manifest)
 
     check = _check_local if reader.directory is not None else _check_remote
-    report.problems += check(reader, manifest, full, workers, on_bytes, on_file)
+    hashed = manifest if leave is None else manifest.model_copy(
+        update={"files": [r for r in manifest.files if not leave(r)]})
+    report.problems += check(reader, hashed, full, workers, on_bytes, on_file)
+    if reader.store is not None:
+        # Read through the object records, the bytes are the versions recorded at
+        # publication; a server reading the prefix itself (HyperPod's s3Storage, a mount)
+        # gets what is current there, which an insider may have replaced since.
+        # A file read by reference from another revision's objects is not under the prefix
+        # until a tuple materializes it: nothing is served there to be replaced yet.
+        served = store.check_served(repo_id, commit, manifest)
+        report.problems += [
+            Problem(path, f"as served where the revision is placed: {why}")
+            for path, why in served.items()
+            if (record := reader.records.get(path)) is None
+            or record.key == f"{reader.prefix}/{path}"]
     for extra in reader.extra_files(manifest):
         report.problems.append(Problem(extra, "not in the manifest", kind="extra"))
     report.problems.sort(key=lambda p: p.path)

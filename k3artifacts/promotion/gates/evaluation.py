@@ -23,16 +23,18 @@ written by hand, or signed by an identity that may not evaluate, is refused by n
 
 from __future__ import annotations
 
-from pathlib import Path
+from collections.abc import Callable
+from pathlib import PurePosixPath
 
 from k3artifacts.errors import ConfigError
+from k3artifacts.policy.document import SUITES_DIR, PolicyDocument
 from k3artifacts.policy.model import EvaluationPolicy
 from k3artifacts.policy.results import GateResult
 from k3artifacts.policy.signed import RecordTrust
 from k3artifacts.promotion.gates.context import GateContext
-from k3artifacts.readiness.suite import file_sha256
 from k3artifacts.releases.channels import read_state
 from k3artifacts.releases.evaluations import (
+    EVALUATIONS,
     Baseline,
     EvaluationRecord,
     ReadinessReport,
@@ -83,14 +85,25 @@ def _missing(release: ReleaseTuple, records: list[EvaluationRecord], policy: Eva
             f"{len(attached)} report(s) attached by hand (latest by {attached[-1].attached_by}) "
             f"are not runs: accept one only with `--override-gate {NAME} --reason ...`")
     parts.append(f"run `k3a eval run ENDPOINT --tuple {release.id} --suite "
-                 f"{'policies/' + policy.suite_file if policy.suite_file else 'SUITE'}`")
+                 f"{_suite_spec(policy.suite_file) if policy.suite_file else 'SUITE'}`")
     return _fail("; ".join(parts))
+
+
+def _suite_spec(suite_file: str) -> str:
+    """How `k3a eval run --suite` names the policy's suite file: by its name where it is one
+    of the policy's suites (found in the store's policy from any directory), else its file in
+    the policy. Never a checkout path: the policy in force is the store's."""
+    path = PurePosixPath(suite_file)
+    if path.parent == PurePosixPath(SUITES_DIR) and path.suffix == ".yaml":
+        return path.stem
+    return suite_file
 
 
 def check(ctx: GateContext) -> GateResult:
     assert ctx.policy.evaluation is not None  # ChannelPolicy refuses the gate without settings
     return evaluation_gate(ctx.store, ctx.release, ctx.policy.evaluation, channel=ctx.channel,
-                           policies_dir=ctx.policies_dir, trust=ctx.trust)
+                           document=ctx.document, trust=ctx.trust,
+                           only=lambda records: ctx.signed_here(records, EVALUATIONS))
 
 
 def evaluation_gate(
@@ -99,16 +112,17 @@ def evaluation_gate(
     policy: EvaluationPolicy,
     *,
     channel: str,
-    policies_dir: Path,
+    document: PolicyDocument,
     trust: RecordTrust,
+    only: Callable[[list[EvaluationRecord]], list[EvaluationRecord]] = list,
 ) -> GateResult:
     try:
         suite_sha = (
-            file_sha256(Path(policies_dir) / policy.suite_file) if policy.suite_file else None
+            document.file_sha256(policy.suite_file) if policy.suite_file else None
         )
     except ConfigError as exc:
         return _fail(f"the policy's {exc}")
-    records = list_evaluations(store, release.id, trust=trust)
+    records = only(list_evaluations(store, release.id, trust=trust))
     runs = _candidates(records, policy, suite_sha)
     if not runs:
         return _missing(release, records, policy, suite_sha)

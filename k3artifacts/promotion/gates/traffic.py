@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from k3artifacts.policy.results import GateResult
 from k3artifacts.promotion.gates.context import GateContext, summarize
-from k3artifacts.releases.analyses import list_analyses
+from k3artifacts.releases.analyses import ANALYSES, list_analyses
 from k3artifacts.traffic.analysis import describe
 
 NAME = "traffic"
@@ -21,8 +21,9 @@ def check(ctx: GateContext) -> GateResult:
     traffic = ctx.policy.traffic
     if traffic is None:  # the policy model refuses this; a clear reason all the same
         return GateResult(name=NAME, passed=False, reason="the channel has no traffic policy")
+    analyses = list_analyses(ctx.store, ctx.release.id, ctx.channel, trust=ctx.trust)
     records = [
-        r for r in list_analyses(ctx.store, ctx.release.id, ctx.channel, trust=ctx.trust)
+        r for r in ctx.signed_here(analyses, ANALYSES)
         if r.analysis.window == traffic.window and r.analysis.thresholds == traffic.thresholds
     ]
     problems, missing, shown = [], [], []

@@ -52,7 +52,7 @@ TARGETS: dict[str, Callable[..., list[dict]]] = {
 
 
 #: Targets whose pods run our verifier, and so can check signatures before serving.
-SIGNATURE_TARGETS = ("eks", "eks-rollout")
+SIGNATURE_TARGETS = ("eks", "eks-rollout", "eks-node-cache")
 
 #: Targets rolled out in steps: they take the channel's traffic policy.
 TRAFFIC_TARGETS = ("eks-rollout",)

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from k3artifacts.errors import ConfigError
+from k3artifacts.loading.vllm_plugin import LOAD_FORMAT
 from k3artifacts.releases.tuples import ReleaseTuple
 from k3artifacts.serving.profiles import ServingResources
 from k3artifacts.stores.registry import weights_placement
@@ -88,6 +89,15 @@ def weights_volume(release: ReleaseTuple, res: ServingResources) -> WeightsVolum
             "mountName": fsx.mount_name,
         },
     )
+
+
+def loads_verified(release: ReleaseTuple) -> bool:
+    """Whether the tuple's vLLM loads with ``--load-format k3a`` (its image carries k3a's
+    plugin, :mod:`k3artifacts.loading`): the weights are verified as vLLM reads them, and the
+    pod runs no verify container before it."""
+    args = release.binding.serving.args
+    return f"--load-format={LOAD_FORMAT}" in args or any(
+        a == "--load-format" and b == LOAD_FORMAT for a, b in zip(args, args[1:], strict=False))
 
 
 def slug(text: str) -> str:

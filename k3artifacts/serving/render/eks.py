@@ -8,6 +8,7 @@ and, for the record, the signing policy as rendered."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,6 +27,7 @@ from k3artifacts.serving.render.common import (
     env_list,
     gpu_resources,
     labels,
+    loads_verified,
     probes,
     serving_args,
     slug,
@@ -107,28 +109,33 @@ VERIFIER_VOLUME = "verifier-trust"
 
 @dataclass(frozen=True)
 class VerifierMap:
-    """The rendered ConfigMap the verifier mounts, and its key holding the pin."""
+    """The rendered ConfigMap the verifier mounts, and its keys holding the pin and heads."""
 
     document: dict[str, Any]
-    pin_key: str
+    #: The keys holding the pin and the heads its render saw.
+    trust_keys: tuple[str, ...]
+    #: The store's URL as the pod reaches it, the one the pin names.
+    store: str = f"file://{STORE_MOUNT}"
 
     @property
     def name(self) -> str:
         return str(self.document["metadata"]["name"])
 
 
-def verifier_config_map(name: str, namespace: str | None, trust: VerifierTrust) -> VerifierMap:
-    """The verifier's ConfigMap: this client's root pinned for the store as the pod mounts it,
-    and the signing policy in force (trusted-keys.yaml and its public keys) as rendered."""
-    pin = trust.pin_for(f"file://{STORE_MOUNT}")
+def verifier_config_map(name: str, namespace: str | None, trust: VerifierTrust,
+                        store: str = f"file://{STORE_MOUNT}") -> VerifierMap:
+    """The verifier's ConfigMap: this client's root pinned for the store as the pod reaches
+    it (``store``: mounted, by default), the heads of its histories this client verified (the
+    pod refuses a store set back behind them), and the signing policy in force
+    (trusted-keys.yaml and its public keys) as rendered."""
+    pin = trust.pin_for(store)
     meta: dict[str, Any] = {"name": f"{name}-{VERIFIER_VOLUME}"}
     if namespace:
         meta["namespace"] = namespace
     meta["labels"] = {"app.kubernetes.io/managed-by": "k3a"}
     document = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": meta,
                 "data": {**trust.signing, **pin}}
-    (pin_key,) = pin
-    return VerifierMap(document, pin_key)
+    return VerifierMap(document, tuple(pin), store)
 
 
 def verify_container(
@@ -187,16 +194,44 @@ def _pod_spec(
     if verifier is not None:  # only the pin is mounted: the pod reads keys from the store
         volumes.append({"name": VERIFIER_VOLUME, "configMap": {
             "name": verifier.name,
-            "items": [{"key": verifier.pin_key, "path": f"k3artifacts/trust/{verifier.pin_key}"}],
+            "items": [{"key": key, "path": f"k3artifacts/trust/{key}"}
+                      for key in verifier.trust_keys],
         }})
+    if loads_verified(release):  # vLLM verifies as it reads: no pass over the weights before
+        _load_verified(release, vol, container, verifier)
+        init = {}
+    else:
+        init = {"initContainers": [
+            verify_container(release, res, vol, signed=verifier is not None)]}
     return {
-        "initContainers": [verify_container(release, res, vol, signed=verifier is not None)],
+        **init,
         "containers": [container],
         "volumes": volumes,
         "nodeSelector": {"node.kubernetes.io/instance-type": res.node_instance_type},
         "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
         "terminationGracePeriodSeconds": 120,
     }
+
+
+def _load_verified(release: ReleaseTuple, vol: WeightsVolume, container: dict,
+                   verifier: VerifierMap | None) -> None:
+    """vLLM with ``--load-format k3a``: told the tuple and the store (mounted read-only, as
+    the verifier would see it), with the pinned root where ``k3a verify --signature`` finds it.
+    Every rank loads, so the worker containers of a multi-node group get the same mounts."""
+    if verifier is None:
+        raise ConfigError(
+            f"tuple {release.id} loads with --load-format k3a, which checks the tuple's "
+            "signatures under the root this client pins: the pod needs that pin",
+            hint="render with --verify-signature",
+        )
+    if "args" in container:
+        extra = {"tuple": release.id, "store": verifier.store}
+        container["args"] = [*container["args"], "--model-loader-extra-config",
+                             json.dumps(extra, sort_keys=True, separators=(",", ":"))]
+    container["env"] = [*container["env"], {"name": "XDG_CONFIG_HOME", "value": VERIFIER_CONFIG}]
+    container["volumeMounts"] = [
+        *container["volumeMounts"], _mount(STORE_MOUNT, vol.store_subpath),
+        {"name": VERIFIER_VOLUME, "mountPath": VERIFIER_CONFIG, "readOnly": True}]
 
 
 def _vllm_container(
@@ -227,17 +262,19 @@ def render_eks(
     name: str,
     namespace: str | None,
     verifier: VerifierTrust | None = None,
+    pod_store: str = f"file://{STORE_MOUNT}",
 ) -> list[dict]:
     """``verifier``: the store's root and signing policy as this client trusts them
     (:func:`k3artifacts.policy.signing_keys.verifier_trust`); given, the init container checks
-    the tuple's and the revision's signatures first."""
+    the tuple's and the revision's signatures first (with ``--load-format k3a``, vLLM does).
+    ``pod_store``: the store's URL as the pods reach it, which the pin names."""
     b = release.binding
     res = serving_resources(b.serving, f"tuple {release.id}")
     vol = weights_volume(release, res)
     cluster_objects, volume = _volume_objects(release, vol, name, namespace)
     signing_map = None
     if verifier is not None:
-        signing_map = verifier_config_map(name, namespace, verifier)
+        signing_map = verifier_config_map(name, namespace, verifier, pod_store)
         cluster_objects.append(signing_map.document)
     meta_base: dict[str, Any] = {"name": name}
     if namespace:

@@ -21,6 +21,7 @@ import copy
 from typing import Any
 
 from k3artifacts.errors import ConfigError
+from k3artifacts.policy.signing_keys import VerifierTrust
 from k3artifacts.releases.tuples import ReleaseTuple
 from k3artifacts.serving.profiles import ServingResources, serving_resources
 from k3artifacts.serving.render.common import (
@@ -29,6 +30,7 @@ from k3artifacts.serving.render.common import (
     WeightsVolume,
     annotations,
     labels,
+    loads_verified,
     slug,
     weights_volume,
 )
@@ -76,6 +78,8 @@ def _cache_volume() -> dict[str, Any]:
 
 def _init_containers(release: ReleaseTuple, res: ServingResources,
                      vol: WeightsVolume) -> list[dict]:
+    """``k3a pull``, then ``k3a verify`` of the pulled copy unless vLLM loads it with
+    ``--load-format k3a``, which hashes every byte as it reads it."""
     _need_verifier(release, res)
     w = release.binding.weights
     store_url, store_mounts, env = _store_access(vol)
@@ -103,7 +107,7 @@ def _init_containers(release: ReleaseTuple, res: ServingResources,
         "resources": {"requests": {"cpu": "4", "memory": "8Gi"}, "limits": {"memory": "8Gi"}},
         "volumeMounts": [{"name": CACHE_VOLUME, "mountPath": CACHE_MOUNT, "readOnly": True}],
     }
-    return [pull, verify]
+    return [pull] if loads_verified(release) else [pull, verify]
 
 
 def _need_verifier(release: ReleaseTuple, res: ServingResources) -> None:
@@ -119,6 +123,9 @@ def _serve_from_cache(pod: dict, release: ReleaseTuple, res: ServingResources,
                       vol: WeightsVolume) -> None:
     model_path = release.binding.serving.model_path
     store_url, store_mounts, env = _store_access(vol)
+    # The verified load reads the tuple's records from the store: S3 itself (no volume), or
+    # the store volume it keeps mounted.
+    keep = {STORE_MOUNT} if loads_verified(release) and vol.kind != "s3" else set()
     pod["initContainers"] = [
         *_init_containers(release, res, vol),
         use_container(release, res, store_url, store_mounts, env, CACHE_VOLUME, CACHE_MOUNT,
@@ -129,19 +136,30 @@ def _serve_from_cache(pod: dict, release: ReleaseTuple, res: ServingResources,
         container["volumeMounts"] = [
             {"name": CACHE_VOLUME, "mountPath": model_path, "subPath": _revision_dir(release),
              "readOnly": True}
-            if m["name"] == VOLUME else m
+            if m["name"] == VOLUME and m["mountPath"] == model_path else m
             for m in container["volumeMounts"]
+            if m["name"] != VOLUME or m["mountPath"] in keep | {model_path}
         ] + [{"name": CACHE_VOLUME, "mountPath": CACHE_MOUNT, "readOnly": True}]
+        if loads_verified(release):
+            container["env"] = [*container["env"], *env]
         container["command"] = ["flock", "-s", _lease_path(release), *container["command"]]
     volumes = [v for v in pod["volumes"] if v["name"] != VOLUME or vol.kind != "s3"]
     pod["volumes"] = [_cache_volume(), *volumes]
 
 
-def render_eks_node_cache(release: ReleaseTuple, *, name: str,
-                          namespace: str | None) -> list[dict]:
+def render_eks_node_cache(release: ReleaseTuple, *, name: str, namespace: str | None,
+                          verifier: VerifierTrust | None = None) -> list[dict]:
+    """``verifier`` (the pinned root and signing policy): only for a tuple that loads with
+    ``--load-format k3a``, the one way these pods check signatures (vLLM does, as it loads)."""
     res = serving_resources(release.binding.serving, f"tuple {release.id}")
     vol = weights_volume(release, res)
-    docs = copy.deepcopy(render_eks(release, name=name, namespace=namespace))
+    if verifier is not None and not loads_verified(release):
+        raise ConfigError(
+            f"target eks-node-cache checks signatures in the pod only with --load-format k3a; "
+            f"tuple {release.id}'s profile loads otherwise",
+            hint="render without --verify-signature, or use a profile with --load-format=k3a")
+    docs = copy.deepcopy(render_eks(release, name=name, namespace=namespace, verifier=verifier,
+                                    pod_store=_store_access(vol)[0]))
     if vol.kind == "s3":  # vLLM no longer mounts the bucket; the pull reads S3 itself
         docs = [d for d in docs if d["kind"] not in ("PersistentVolume", "PersistentVolumeClaim")]
     for doc in docs:
