@@ -100,8 +100,12 @@ def _judged(endpoint: _Endpoint, against: _Endpoint) -> list[Judgement]:
 
 
 def _whole_eval(bench: Bench, store: FileStore, url: str, tuple_id: str) -> float:
+    # A new account's first eval: its own key, and no root pinned for this store's URL (a
+    # scratch path an earlier bench run may have used for another store).
     home = bench.fresh("eval-home")
-    env = {**bench.env, "HOME": str(home), "K3A_STORE": store.url}
+    env = {**bench.env, "HOME": str(home), "XDG_CONFIG_HOME": str(home / "config"),
+           "XDG_DATA_HOME": str(home / "data"), "XDG_CACHE_HOME": str(home / "cache"),
+           "K3A_STORE": store.url}
     child = bench.k3a("eval", "run", url, "--tuple", tuple_id, "--channel", "production",
                       env=env)
     return child.seconds

@@ -240,7 +240,13 @@ ENDPOINT = {"slow_first_token": 0.1, "jitter_ms": "0-5"}
 
 def _on_production(store, tmp_path, fast_policies, server, reviewed, **candidate_faults):
     """A tuple evaluated and promoted to production on the fixture server with ``ENDPOINT``,
-    and a candidate evaluated against another such server, with ``candidate_faults``."""
+    and a candidate evaluated against another such server, with ``candidate_faults``; the
+    suite's TTFT bound is 2 s, so a 3x slower first token on a loaded machine passes every
+    check and only the comparison with production can fail it."""
+    path = fast_policies / SUITE
+    suite = yaml.safe_load(path.read_text())
+    suite["smoke"]["slo"]["ttft_p99_s"] = 2.0
+    path.write_text(yaml.safe_dump(suite, sort_keys=False))
     releases = Releases(store, tmp_path / "scratch")
     prod, cand = releases.release(), releases.release()
     for r in (prod, cand):

@@ -172,10 +172,11 @@ def test_a_canary_slower_than_the_stable_pods_fails_under_the_bounds(
                               lambda r: bool(r) and float(r[0]["value"][1]) == REQUESTS + 1,
                               f"{REQUESTS + 1} first tokens of {tuple_id}")
 
-            def analyze(release):
+            def analyze(release, step=0):
                 run = subprocess.run(
                     [*k3a_cmd, "traffic", "analyze", release.id, "--prometheus", prom.url,
-                     "--channel", "production", "--step", "0", "--json", "--store", store.url],
+                     "--channel", "production", "--step", str(step), "--json",
+                     "--store", store.url],
                     env=k3a_env, capture_output=True, text=True, timeout=120)
                 return run.returncode, json.loads(run.stdout), run.stderr
 
@@ -186,6 +187,11 @@ def test_a_canary_slower_than_the_stable_pods_fails_under_the_bounds(
             assert set(compared) == {"e2e_latency", "time_to_first_token"}
             assert compared["time_to_first_token"]["stable_tuple_id"] == stable.id
             assert all(c["judgement"]["outcome"] == "pass" for c in compared.values())
+
+            # At 100% the stable pods get no traffic: that step is judged by its bounds.
+            code, out, err = analyze(equal, step=1)
+            assert code == 0, err
+            assert out["analysis"]["against_stable"] == []
 
             code, out, err = analyze(slower)
             assert code == 5, err
@@ -199,9 +205,9 @@ def test_a_canary_slower_than_the_stable_pods_fails_under_the_bounds(
     finally:
         for server in servers.values():
             server.stop()
-    # The equal canary passed step 0 against the stable pods; step 1 was not analysed.
-    assert "no analysis under the current bounds of step 1 (100%)" in check_gate(
-        store, equal, "production", "traffic").reason
+    passed = check_gate(store, equal, "production", "traffic")
+    assert passed.passed, passed.reason
+    assert f"1% (not slower than {stable.id})" in passed.reason
     verdict = check_gate(store, slower, "production", "traffic")
     assert not verdict.passed
     assert "time_to_first_token against the stable pods" in verdict.reason

@@ -15,7 +15,8 @@ U test sees the two distributions at the buckets' resolution (a shift inside one
 invisible, and a shift across buckets is seen in every request that moved), and the
 Hodges-Lehmann shift is a difference of bounds. Quantiles interpolated inside buckets
 (``histogram_quantile``) would invent a precision the histogram does not have. The bucket
-counts are recorded, so the gate judges them again by the policy in force.
+counts are recorded, so the gate judges them again by the policy in force. The last step
+(100%) sends the stable pods nothing, so it is judged by its bounds alone.
 """
 
 from __future__ import annotations
@@ -121,7 +122,9 @@ def analyze_step(
                             f"{q.promql!r}; nothing was recorded")
         metrics.append(MetricResult(name=q.name, query=q.promql, bound=q.bound, limit=q.limit,
                                     value=value, passed=value is not None and q.holds(value)))
-    compared = [] if stable is None or traffic.against_stable is None else [
+    # At 100% the stable pods get no traffic in the window: nothing to compare with.
+    compared = [] if (stable is None or traffic.against_stable is None
+                      or traffic.steps[step].weight >= 100) else [
         _against_stable(prometheus, name, metric, tuple_id, stable, traffic, at)
         for name, metric in COMPARED]
     return TrafficAnalysis(
