@@ -10,6 +10,7 @@ from pathlib import Path
 
 from .cli_start import cli_start
 from .env import MB, Bench, Row, cache_note, force_rmtree
+from .eval_latency import eval_latency
 from .pull import pull
 from .staging import REPO, Options, published_release, stage_child
 from .warm_start import warm_start
@@ -355,6 +356,12 @@ def _floor(bench: Bench, opts: Options, shared: dict) -> list[Row]:
     return floor(bench, opts, shared)
 
 
+def _history(bench: Bench, opts: Options, shared: dict) -> list[Row]:
+    from .history import history
+
+    return history(bench, opts, shared)
+
+
 def _streams(bench: Bench, opts: Options, shared: dict) -> list[Row]:
     from .cdn_streams import cdn_streams
 
@@ -384,4 +391,6 @@ FIGURES = {
     "cli-start": cli_start,  # 12
     "warm": warm_start,  # 13
     "load": _load,  # issue 42
+    "history": _history,  # issue 41
+    "eval-latency": eval_latency,  # issue 40
 }

@@ -101,9 +101,14 @@ def main(argv: list[str] | None = None) -> int:
                    help="load figure: alternating rounds (best and median of each side)")
     p.add_argument("--load-threads", type=int, default=8,
                    help="load figure: files k3a's reader reads at once (default 8)")
+    p.add_argument("--history-delay-ms", type=float, default=5.0,
+                   help="history figure: each S3 request held this long before SeaweedFS")
     p.add_argument("--baseline-code", type=Path, default=None,
                    help="floor figure: also run k3a from this checkout (PYTHONPATH), the code "
                    "before a change, in the same rounds")
+    p.add_argument("--eval-first-token-ms", type=float, default=0.0,
+                   help="eval-latency figure: the test server's fixed delay before the first "
+                   "token (ms), under its 0-5 ms jitter (default 0: the server as it is)")
     p.add_argument("--workers", type=int, default=default_workers(),
                    help="concurrent files (default: k3a stage's, one per core from 2 to 8)")
     p.add_argument("--streams", type=int, default=None,
@@ -138,6 +143,8 @@ def main(argv: list[str] | None = None) -> int:
                    verify_runs=args.verify_runs, floor_runs=args.floor_runs,
                    load_size=args.load_size, load_shards=args.load_shards,
                    load_runs=args.load_runs, load_threads=args.load_threads,
+                   history_delay_ms=args.history_delay_ms,
+                   eval_first_token_ms=args.eval_first_token_ms,
                    baseline_code=None if args.baseline_code is None
                    else str(args.baseline_code))
     names = args.only or list(FIGURES)

@@ -42,6 +42,11 @@ class Options:
     load_shards: int = 16
     load_runs: int = 3
     load_threads: int = 8
+    #: The history figure (issue 41): how far S3 is, each request held this long.
+    history_delay_ms: float = 5.0
+    #: The eval-latency figure (issue 40): the test server's fixed delay before the first
+    #: token, in ms, under the 0-5 ms jitter (0: the server as it is).
+    eval_first_token_ms: float = 0.0
 
 
 def stage_child(bench: Bench, endpoint: str, store_url: str, repo_id: str = REPO,

@@ -15,7 +15,8 @@ Against it, in the same rounds (sides alternate; best and median of ``--verify-r
 - a pod start on a node that holds the revision: what the rendered init containers run,
   ``k3a pull`` then ``k3a verify DIR --expect-digest``, two whole processes;
 - threads against processes for each algorithm (``hash_files`` with each, same files), the
-  measurement behind where each algorithm hashes.
+  measurement behind where each algorithm hashes (``parallel.in_processes``: beyond 8 workers
+  and 1 GiB, xxh3-128 too runs in processes; each row's note says which k3a chose).
 
     python -m bench --only verify [--size 4GiB --shards 64] [--verify-runs 5]
 """
@@ -168,10 +169,15 @@ def verify(bench: Bench, opts: Options, shared: dict) -> list[Row]:
 
 def _rows(times: dict[str, list[float]], total: int, files: int, cores: int,
           bench: Bench) -> list[Row]:
+    from k3artifacts import settings
     from k3artifacts.revisions.parallel import in_processes
 
-    def chosen(algorithm: str) -> bool:
-        return in_processes(algorithm, min(files, cores), total)
+    def chosen(algorithm: str) -> str:
+        """Where k3a's own hashing ran in this run: ``K3A_HASH_IN``, else its rule."""
+        forced = settings.load().hash_in
+        if forced is not None:
+            return f"{forced} (K3A_HASH_IN)"
+        return "processes" if in_processes(algorithm, min(files, cores), total) else "threads"
 
     def rate(name: str) -> tuple[float, float]:
         best, median = _stats(times[name])
@@ -192,7 +198,8 @@ def _rows(times: dict[str, list[float]], total: int, files: int, cores: int,
             label, best, "MB/s", f"one {algorithm} process per core", lbest, best / lbest,
             f">= {target}", best / lbest >= target,
             note=f"{common}; median {median:,.0f} vs {lmedian:,.0f} MB/s "
-                 f"({median / lmedian:.3f}); the limit: {cores} `python -c` processes over "
+                 f"({median / lmedian:.3f}); k3a hashed in {chosen(algorithm)}; the limit: "
+                 f"{cores} `python -c` processes over "
                  "disjoint files, from the moment all had started to the last exit (with "
                  f"their starts: best {total / min(times[limit + ' whole']) / MB:,.0f} MB/s)",
             extra={"seconds": times[ours], "limit_seconds": times[limit]}))
@@ -213,7 +220,7 @@ def _rows(times: dict[str, list[float]], total: int, files: int, cores: int,
             f"4 hash_files {algorithm}: threads vs processes", tb, "MB/s",
             f"{cores} hashing processes", pb, tb / pb, "", None,
             note=f"same files, library call; medians {tm:,.0f} vs {pm:,.0f} MB/s; k3a uses "
-                 f"{'processes' if chosen(algorithm) else 'threads'} here",
+                 f"{chosen(algorithm)} here",
             extra={"threads_seconds": times[f"threads {algorithm}"],
                    "processes_seconds": times[f"processes {algorithm}"]}))
     return rows

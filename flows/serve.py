@@ -1,4 +1,5 @@
-"""One-box setup: serve the four flows from this process, the watcher on a cron schedule.
+"""One-box setup: serve the five flows from this process, the watcher and the freshness
+refresh on cron schedules.
 
     python -m flows.serve --store s3://bucket/k3a --cron "7 * * * *"
 
@@ -15,11 +16,14 @@ import argparse
 from prefect import serve
 
 from .promote import promote_release
+from .refresh import refresh_freshness
 from .rollback import rollback_channel
 from .stage_release import DEFAULT_REPO, stage_release
 from .watch_upstream import watch_upstream
 
 HOURLY = "7 * * * *"
+#: Well inside the packaged policy's freshness lifetime (168 h): a few missed runs are fine.
+DAILY = "17 3 * * *"
 
 
 def deployments(*, repo_id: str = DEFAULT_REPO, branches: list[str] | None = None,
@@ -37,6 +41,8 @@ def deployments(*, repo_id: str = DEFAULT_REPO, branches: list[str] | None = Non
                                       tags=["k3a", "step:promote"]),
         rollback_channel.to_deployment(name="default", parameters=common,
                                        tags=["k3a", "step:rollback"]),
+        refresh_freshness.to_deployment(name="daily", cron=DAILY, parameters=common,
+                                        tags=["k3a", "step:refresh"]),
     ]
 
 

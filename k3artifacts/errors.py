@@ -30,6 +30,9 @@ EXIT_CODES: dict[int, str] = {
     # a malformed store URL, profile, policy, image reference, a link planted in the node
     # cache (UnsafeCacheEntry), a file store path this account may not read or write
     9: "bad configuration",
+    # the upstream refused the credentials this process sent (HTTP 401/403): a wrong, expired
+    # or unscoped token, or a gated repo whose terms the token's account has not accepted
+    10: "credentials refused",
     # set by the CLI on Ctrl-C, not an error class
     130: "interrupted (re-run resumes)",
 }
@@ -158,10 +161,41 @@ class UntrustedRecord(StoredRecordRefused):
         return (type(self), (self.key, self.reason, self.detail), self.__dict__)
 
 
+class HistoryRewound(UntrustedRecord):
+    """A history that went back behind the head this client verified before (the newest
+    entries deleted and an older signed pointer copied over the current one, a frozen or
+    restored copy of the store), lost an entry this client saw, or holds another entry where
+    this client saw one (a fork): refused naming the history and both heads."""
+
+    def __init__(self, key: str, reason: str, history: str, seen: str, found: str, *,
+                 hint: str | None = None):
+        super().__init__(key, reason, f"{history}: this client verified {seen} before; the "
+                         f"store now shows {found}", hint=hint or (
+                             "do not act on it: someone set the store back or rewrote this "
+                             "history; compare with another client's view (`k3a channel "
+                             "history`, `k3a policy history`, `k3a trust show`) and restore the "
+                             "newer records from a backup (or S3 versioning)"))
+        self.history, self.seen, self.found = history, seen, found
+
+    def __reduce__(self):
+        return (type(self), (self.key, self.reason, self.history, self.seen, self.found),
+                self.__dict__)
+
+
+class StaleStore(StoredRecordRefused):
+    """The store's signed freshness head is missing or expired: a frozen or restored copy of
+    the store, or one nobody refreshed within the lifetime its policy sets."""
+
+    hint = ("do not act on it: if this is the live store, one of its root identities (or an "
+            "identity holding `freshness`) runs `k3a trust refresh` (the `refresh-freshness` "
+            "deployment does it daily); if it is a copy, read the live store instead")
+
+
 #: Every ``UntrustedRecord.reason``, each a check a record can fail.
 RECORD_REFUSALS = (
     # one record (trust/envelope.py)
     "unreadable",       # not UTF-8 JSON (truncated, garbled)
+    "oversized",        # larger than any record k3a writes: refused before it is read
     "malformed",        # JSON, but not a signed record, or a signed body that does not parse
     "unsigned",         # no signature at all
     "untrusted-key",    # signed only by keys the policy does not name
@@ -225,6 +259,13 @@ class BadAnswer(Unavailable):
 
 class ConfigError(K3AError):
     exit_code = 9
+
+
+class CredentialsRefused(K3AError):
+    """An upstream that answered, and refused who this process said it was (HTTP 401/403):
+    not an outage, so never retried and never "check network access"."""
+
+    exit_code = 10
 
 
 class TrustRootError(ConfigError):

@@ -19,6 +19,7 @@ from __future__ import annotations
 import os
 import re
 import sys
+from datetime import datetime
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -115,6 +116,17 @@ class Settings(BaseModel):
         "XDG_DATA_HOME", "Where things live",
         "Base of the default store and node cache (the XDG base directory convention).",
         shown="`~/.local/share`")
+    context: str | None = var(
+        "K3A_CONTEXT", "Where things live",
+        "The context of the config file (`$XDG_CONFIG_HOME/k3a/config.yaml`) to read the "
+        "store, identity key and channel from; `k3a --context NAME` overrides it, and a "
+        "variable or flag of its own overrides what the context says.",
+        shown="the file's `current-context` (`k3a config use NAME`), else none")
+    channel: str | None = var(
+        "K3A_CHANNEL", "Where things live",
+        "Default `--channel` of `k3a verify --signature` (whose trusted keys count) and "
+        "`k3a eval run` (the channel evaluated for). The option overrides it.",
+        shown="none (each command's own)")
     xdg_config_home: Path | None = var(
         "XDG_CONFIG_HOME", "Where things live",
         "Base of this client's own configuration: its personal signing key "
@@ -186,6 +198,12 @@ class Settings(BaseModel):
         "call, Prometheus, the Kubernetes API, a registry, a `/metrics` page): a peer that "
         "trickles bytes just fast enough to beat the read timeout is cut here.",
         default=60.0, gt=0)
+    http_call_deadline: float = var(
+        "K3A_HTTP_CALL_DEADLINE", "Network",
+        "Seconds for one small call in all (Prometheus, the Kubernetes API, the Hub API, a "
+        "registry), its retries and the waits between them included: a peer that trickles "
+        "every answer is given up on here (exit 8), not after every attempt's deadline.",
+        default=120.0, gt=0)
     http_attempts: int = var(
         "K3A_HTTP_ATTEMPTS", "Network",
         "Attempts of one call (idempotent methods only) or one transfer that bring no new "
@@ -281,10 +299,22 @@ class Settings(BaseModel):
         "Seconds between progress lines when stderr is not a terminal (a Job, CI), and "
         "between updates of a flow's live artifacts. `--progress-interval` overrides it.",
         default=30.0, ge=0.05)
+    now: datetime | None = var(
+        "K3A_NOW", "Output and runs",
+        "The time a store's signed freshness head is judged and issued at (an ISO 8601 "
+        "instant with its offset), for drills and tests; unset: the system clock.")
     workers: int | None = var(
         "K3A_WORKERS", "Output and runs",
         "Files a Prefect staging flow downloads at once with its thread-pool runner "
         "(`k3a stage` has `--workers`).", shown="one per core, 2 to 8", ge=1)
+    hash_in: Literal["threads", "processes"] | None = var(
+        "K3A_HASH_IN", "Output and runs",
+        "Where `k3a verify` and `k3a pull` hash files on this machine: `threads` of one "
+        "process or `processes` (one per worker, each fed open files). Unset, k3a chooses by "
+        "algorithm, workers and bytes, as measured on a 16-core machine (threads up to 8 "
+        "workers; beyond, processes for at least 1 GiB of xxh3-128 or 256 MiB of sha256): "
+        "set it where `python -m bench --only verify` shows the other side faster.",
+        shown="chosen per run")
     dask_address: str | None = var(
         "K3A_DASK_ADDRESS", "Output and runs",
         "Dask scheduler (`tcp://host:8786`): a Prefect staging flow runs its per-file tasks "
@@ -309,6 +339,13 @@ class Settings(BaseModel):
     def _any_value(cls, value: object) -> bool:
         return bool(value)  # "NO_COLOR=0" asks for no colour too: presence is what counts
 
+    @field_validator("now")
+    @classmethod
+    def _zoned(cls, value: datetime | None) -> datetime | None:
+        if value is not None and value.tzinfo is None:
+            raise ValueError("give the instant with its offset (2026-07-01T00:00:00Z)")
+        return value
+
     @field_validator("fault_pause")
     @classmethod
     def _fault_spec(cls, value: str | None) -> str | None:
@@ -326,7 +363,7 @@ class Settings(BaseModel):
 #: The variables, in field order.
 VARIABLES = tuple(str(f.validation_alias) for f in Settings.model_fields.values())
 
-_last: tuple[tuple[str | None, ...], Settings] | None = None
+_last: tuple[tuple[Any, ...], Settings] | None = None
 
 
 def load() -> Settings:
@@ -335,13 +372,17 @@ def load() -> Settings:
     Validating costs about a millisecond and fault points ask once per file part, so the
     last answer is kept while the variables it was read from are unchanged."""
     global _last
-    key = tuple(map(os.environ.get, VARIABLES))
+    key = (*map(os.environ.get, VARIABLES), _chosen_context, _file_state(config_file()))
     if _last is not None and _last[0] == key:
         return _last[1]
+    # An empty value counts as unset; names are matched exactly (case-sensitive).
+    values = {name: value for name, value in zip(VARIABLES, key, strict=False) if value}
+    # What the context says, under what the environment says (a flag overrides both).
+    _, chosen = current_context()
+    for name, value in ({} if chosen is None else chosen.variables()).items():
+        values.setdefault(name, value)
     try:
-        # An empty value counts as unset; names are matched exactly (case-sensitive).
-        settings = Settings.model_validate(
-            {name: value for name, value in zip(VARIABLES, key, strict=True) if value})
+        settings = Settings.model_validate(values)
     except ValidationError as exc:
         raise ConfigError(
             f"bad environment: {_by_variable(exc)}",
@@ -352,6 +393,140 @@ def load() -> Settings:
 
 
 # ---- values derived from the variables ----------------------------------------------------------
+
+
+# ---- the config file: named contexts ------------------------------------------------------
+
+#: Largest config file read: a few contexts fit in a kilobyte.
+MAX_CONFIG_BYTES = 1 << 20
+
+
+class Context(BaseModel):
+    """One named context of the config file: where a team's store is, which key signs, which
+    channel it works with. A variable or flag of its own overrides each."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+    store: str | None = Field(None, description="Store URL (`K3A_STORE`, `--store`).")
+    identity_key: str | None = Field(
+        None, alias="identity-key",
+        description="Key records are signed with (`K3A_IDENTITY_KEY`): a PEM file, `kms:KEY`, "
+        "`pkcs11:` URI.")
+    channel: str | None = Field(None, description="Default `--channel` (`K3A_CHANNEL`).")
+
+    def variables(self) -> dict[str, str]:
+        """The variables this context stands in for, by name."""
+        by_field = {"store": "K3A_STORE", "identity_key": "K3A_IDENTITY_KEY",
+                    "channel": "K3A_CHANNEL"}
+        return {by_field[name]: value for name, value in self.model_dump().items()
+                if value is not None}
+
+
+class ConfigFile(BaseModel):
+    """``$XDG_CONFIG_HOME/k3a/config.yaml``: contexts by name and the one in use, as kubectl's
+    contexts and AWS's profiles are kept."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+    current_context: str | None = Field(None, alias="current-context")
+    contexts: dict[Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")],
+                   Context] = {}
+
+
+_chosen_context: str | None = None
+
+
+def choose_context(name: str | None) -> None:
+    """``k3a --context NAME``: this process reads that context, whatever ``K3A_CONTEXT`` or
+    the file's ``current-context`` say."""
+    global _chosen_context
+    _chosen_context = name
+
+
+def config_file() -> Path:
+    base = os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
+    return Path(base) / "k3a" / "config.yaml"
+
+
+def _file_state(path: Path) -> tuple[int, int, int] | None:
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    return st.st_mtime_ns, st.st_size, st.st_mode
+
+
+def read_config_file() -> ConfigFile:
+    """The config file, checked: refused (ConfigError, exit 9) naming the file when anyone
+    but its owner could write it (it chooses the key records are signed with and the store
+    moves go to), when it is not this account's, or when it is not what it should be."""
+    import yaml
+
+    path = config_file()
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        return ConfigFile()
+    except OSError as exc:
+        raise ConfigError(f"config file {path}: {exc.strerror or exc}",
+                          hint=f"check it (`ls -l {path}`)") from None
+    fix = f"`chmod go-w {path}` (and `chown` it to yourself) if its content is yours"
+    if st.st_uid != os.getuid():
+        raise ConfigError(f"config file {path} belongs to uid {st.st_uid}, not to you: it "
+                          "could choose your store and signing key", hint=fix)
+    if st.st_mode & 0o022:
+        raise ConfigError(f"config file {path} is writable by others (mode "
+                          f"{st.st_mode & 0o777:o}): it could choose your store and signing "
+                          "key", hint=fix)
+    if st.st_size > MAX_CONFIG_BYTES:
+        raise ConfigError(f"config file {path} is {st.st_size} bytes: not a config file",
+                          hint=f"check {path}")
+    try:
+        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+        return ConfigFile.model_validate(raw if raw is not None else {})
+    except (yaml.YAMLError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"config file {path} is not YAML: {str(exc)[:200]}",
+                          hint=f"fix {path} (docs/reference/environment.md, 'Config file')"
+                          ) from None
+    except ValidationError as exc:
+        raise ConfigError(f"config file {path}: {plain_validation_errors(exc)}",
+                          hint=f"fix {path}: its keys are current-context and contexts "
+                          "(each: store, identity-key, channel)") from None
+
+
+def current_context() -> tuple[str | None, Context | None]:
+    """The context this process reads (flag, else ``K3A_CONTEXT``, else the file's
+    ``current-context``) and what it says; ConfigError for one the file does not hold."""
+    config = read_config_file()
+    name = _chosen_context or os.environ.get("K3A_CONTEXT") or config.current_context
+    if name is None:
+        return None, None
+    if name not in config.contexts:
+        known = ", ".join(sorted(config.contexts)) or "none"
+        raise ConfigError(f"no context {name!r} in {config_file()} (contexts: {known})",
+                          hint="`k3a config list` shows them; `k3a config set-context NAME "
+                          "--store URL` makes one")
+    return name, config.contexts[name]
+
+
+def context_values() -> dict[str, tuple[str | None, str]]:
+    """What a context stands in for, as this process reads it, and where each value comes
+    from (``environment (VAR)``, ``context NAME`` or ``default``), for `k3a config show`."""
+    name, context = current_context()
+    given = {} if context is None else context.variables()
+    settings = load()
+    shown: dict[str, tuple[str | None, str]] = {}
+    for field, variable in (("store", "K3A_STORE"), ("identity_key", "K3A_IDENTITY_KEY"),
+                            ("channel", "K3A_CHANNEL")):
+        value = getattr(settings, field)
+        if os.environ.get(variable):
+            source = f"environment ({variable})"
+        elif variable in given:
+            source = f"context {name}"
+        else:
+            source = "default"
+        shown[field] = (default_store_url() if field == "store" else value, source)
+    return shown
 
 
 def no_color() -> bool:
@@ -458,6 +633,16 @@ def markdown() -> str:
         "Every variable k3a reads, read in one place (`k3artifacts/settings.py`). An empty value "
         "counts as unset; a malformed one is refused (exit 9) naming the variable. A command "
         "line option, where there is one, wins over its variable.",
+        "",
+        "Named contexts (a team's staging and production stores) live in "
+        "`$XDG_CONFIG_HOME/k3a/config.yaml` (`k3a config set-context NAME --store URL`, "
+        "`k3a config use NAME`, `list`, `show`): each context's `store`, `identity-key` and "
+        "`channel` stand in for `K3A_STORE`, `K3A_IDENTITY_KEY` and `K3A_CHANNEL`. The context "
+        "read is `k3a --context NAME ...`, else `K3A_CONTEXT`, else the file's "
+        "`current-context`; a flag wins over its variable, a variable over the context, the "
+        "context over the default. The file is refused (exit 9, naming it) when anyone but its "
+        "owner may write it, when another account owns it, or when it holds a key it should "
+        "not or a value of the wrong type.",
         "",
         "No variable names who is acting: who acts is the identity of the store's policy "
         "whose key signs (`K3A_IDENTITY_KEY` chooses the key, never whose it is); `LOGNAME`, "

@@ -16,6 +16,7 @@ pytest_plugins: list[str] = [
     "tests.fixtures.registry",
     "tests.fixtures.revisions",
     "tests.fixtures.releases",
+    "tests.fixtures.channel_moves",
     "tests.fixtures.prefect_api",
     "tests.fixtures.s3_fault_proxy",
     "tests.fixtures.seaweedfs",

@@ -84,3 +84,25 @@ def test_a_missing_profile_is_a_config_error(monkeypatch) -> None:
     with pytest.raises(ConfigError, match="no-such-profile") as err:
         awsclients.s3_client("http://127.0.0.1:1", profile="no-such-profile")
     assert "AWS_PROFILE" in (err.value.hint or "")
+
+
+def test_the_shared_loader_reads_the_models_botocore_reads(tmp_path) -> None:
+    """k3a's loader skips listing every service and parses into plain dicts: the same
+    models and the same refusal of a service botocore does not know, AWS_DATA_PATH included."""
+    from botocore.exceptions import UnknownServiceError
+    from botocore.loaders import create_loader
+
+    extra = tmp_path / "data" / "k3a-test" / "2026-01-01"
+    extra.mkdir(parents=True)
+    (extra / "service-2.json").write_text('{"metadata": {"protocol": "json"}, "b": 1, "a": 2}')
+    ours, stock = awsclients._shared_loader(str(tmp_path / "data")), \
+        create_loader(str(tmp_path / "data"))
+    for service, kind in (("s3", "service-2"), ("s3", "endpoint-rule-set-1"),
+                          ("kms", "service-2"), ("k3a-test", "service-2")):
+        model = ours.load_service_model(service, kind)
+        assert model == stock.load_service_model(service, kind)
+        assert list(model) == list(stock.load_service_model(service, kind))  # same order
+    assert ours.load_data("endpoints") == stock.load_data("endpoints")
+    with pytest.raises(UnknownServiceError, match="no-such-service") as err:
+        ours.load_service_model("no-such-service", "service-2")
+    assert "s3, " in str(err.value) and "k3a-test" in str(err.value)  # the full listing

@@ -1,56 +1,52 @@
 """Channel histories as signed chains (k3artifacts/releases/channels.py), on a file store and on
 SeaweedFS: every reader (render, pull, history, smoke, gates, promote, rollback, channel list)
-verifies the whole chain and refuses, by name, a forged next pointer, an edited, deleted or
-forked entry; rollback takes its targets from the verified chain alone."""
+verifies the chain (a client that never read it, to its start or its newest checkpoint; one
+that did, from the head it remembers: only what is new) and refuses, by name, a forged next
+pointer, an edited, deleted or forked entry, and a rewind or fork behind the head it saw;
+rollback takes its targets from the verified chain alone."""
 
 from __future__ import annotations
 
 import json
+import shutil
+from datetime import UTC, datetime
 
 import pytest
 
 from k3artifacts.canonical import canonical_digest, canonical_json
+from k3artifacts.policy.record import in_force
 from k3artifacts.releases.channels import (
     ENTRY_KIND,
     ChannelPointer,
+    HistoryEntry,
+    commit_move,
     history,
     history_key,
     pointer_key,
+    read_state,
 )
-from k3artifacts.releases.reviewing import review_code, review_license
+from k3artifacts.stores.file import FileStore
 from k3artifacts.trust.chain import Link
 from k3artifacts.trust.envelope import sign_record
 from tests.fixtures import people
 from tests.fixtures.any_store import overwrite, remove
-from tests.fixtures.moves import promote, use_policy
-from tests.fixtures.releases import REVIEWER
+from tests.fixtures.channel_moves import CHANNEL, fresh_reader
 from tests.support.cli import invoke
-from tests.support.releases import Releases
-
-CHANNEL = "staging"
 
 
 @pytest.fixture
-def releases(any_store, tmp_path):
-    return Releases(any_store, tmp_path / "scratch")
-
-
-@pytest.fixture
-def served(any_store, releases, policies):
-    """Three tuples moved onto staging in turn by ci (entries #1, #2, #3)."""
-    moved = []
-    for _ in range(3):
-        release = releases.release()
-        use_policy(any_store, policies)
-        review_license(any_store, release.id, by=people.person(REVIEWER))
-        review_code(any_store, release.id, by=people.person(REVIEWER))
-        promote(any_store, release.id, CHANNEL, actor="ci")
-        moved.append(release)
-    assert [e.seq for e in history(any_store, CHANNEL)] == [1, 2, 3]
-    return moved
+def releases(any_releases):
+    return any_releases
 
 
 def refused_by_every_reader(any_env, served, tmp_path, reason: str, where: str) -> None:
+    """Every reader of a client that never read the channel refuses: it verifies the whole
+    history (there is no checkpoint yet)."""
+    readers(fresh_reader(any_env, tmp_path), served, tmp_path, reason, where)
+
+
+def readers(any_env, served, tmp_path, reason: str, where: str) -> None:
+    """Every reader of the channel, as the client of ``any_env``, refuses."""
     first, _, third = served
     cache = tmp_path / "node-cache"
     for args in (["render", CHANNEL, "--target", "eks"],
@@ -134,3 +130,97 @@ def test_rollback_targets_come_from_the_verified_chain(any_store, any_env, serve
     entries = history(any_store, CHANNEL)
     assert [e.tuple_id for e in entries] == [first.id, second.id, third.id, second.id]
     assert entries[-1].who == people.ME
+
+
+def test_a_deleted_pointer_is_noticed_by_channel_list(any_store, any_env, served, tmp_path):
+    """The issue's case: `channel list` listed pointers only, so a channel whose pointer was
+    deleted (its history still there) was silently left out, exit 0. Every reader, the list
+    too, finds the history and refuses the channel by name."""
+    remove(any_store, pointer_key(CHANNEL))
+    refused = invoke("channel", "list", "--json", expect=4, env=any_env)
+    assert refused.json["error"] == (
+        f"{pointer_key(CHANNEL)}: refused (rewound): channel {CHANNEL} has no head, but its log "
+        "holds entries: the pointer was removed")
+def _rewind(any_store) -> None:
+    """The newest entry deleted and entry #2, a validly signed move, copied over the pointer:
+    a history whole as far as it goes."""
+    remove(any_store, history_key(CHANNEL, 3))
+    overwrite(any_store, pointer_key(CHANNEL), any_store.read(history_key(CHANNEL, 2)).data)
+
+
+def test_a_rewound_channel_is_refused_by_every_reader_that_saw_the_newer_head(
+        any_store, any_env, served, tmp_path):
+    """This client moved staging to #3 (and so verified it): after the rewind every one of
+    its readers refuses, naming the channel and both heads. A client that never read the
+    channel sees only a shorter history (the store's freshness bounds that one)."""
+    seen = _digest(any_store, 3)
+    _rewind(any_store)
+    readers(any_env, served, tmp_path, "rewound", pointer_key(CHANNEL))
+    refused = invoke("render", CHANNEL, "--target", "eks", expect=4, env=any_env).stderr
+    assert f"channel staging: this client verified #3 ({seen[:12]}) before; the store now " \
+        "shows #2 (" in refused
+
+
+def test_a_history_forked_past_what_a_reader_saw_is_refused(any_store, any_env, served,
+                                                            tmp_path):
+    """#3 replaced by another move validly signed by ci, pointer and log alike: a client that
+    verified the first #3 refuses the second, naming both."""
+    body = _body(any_store, 3)
+    body["entry"]["why"] = "another move #3"
+    forked = sign_record(key=history_key(CHANNEL, 3), kind=ENTRY_KIND, body=body,
+                         signer=people.signer_of("ci"), identity="ci")
+    overwrite(any_store, history_key(CHANNEL, 3), forked)
+    overwrite(any_store, pointer_key(CHANNEL), forked)
+    readers(any_env, served, tmp_path, "fork", history_key(CHANNEL, 3))
+
+
+def _moves(any_store, served, count: int) -> None:
+    """``count`` more moves of staging between the served tuples, committed as a promotion
+    commits them (its gates are another test's subject)."""
+    policy = in_force(any_store)
+    ci = people.person("ci")
+    for _ in range(count):
+        state = read_state(any_store, CHANNEL)
+        after = next(r.id for r in served if r.id != state.tuple_id)
+        commit_move(any_store, state, HistoryEntry(
+            channel=CHANNEL, seq=state.next_seq, action="promote", tuple_id=after,
+            previous_tuple_id=state.tuple_id, who="ci", who_source="key",
+            when=datetime.now(UTC), policy_digest=policy.digest,
+            policy_version=policy.version), acting=ci)
+
+
+def _counted(store, calls: list[str]) -> None:
+    """Each request ``store`` makes appended to ``calls``: botocore's own for S3; each read
+    and listing the file store is asked for."""
+    if isinstance(store, FileStore):
+        for name in ("read", "list_keys"):
+            method = getattr(store, name)
+            setattr(store, name, lambda *a, _m=method, _n=name, **k: calls.append(_n) or _m(*a, **k))
+    else:
+        store.client.meta.events.register(
+            "before-call.s3", lambda model, **_: calls.append(model.name))
+
+
+def test_a_remembered_reader_reads_what_is_new_a_fresh_one_from_the_checkpoint(
+        any_store, served, tmp_path, monkeypatch):
+    """The store requests one read of the channel makes: a reader that verified the head
+    reads the same few whatever the history's length. A fresh reader reads back to the newest
+    checkpoint (every 16 moves), then remembers."""
+    calls: list[str] = []
+    _counted(any_store, calls)
+
+    def cost(**kwargs) -> int:
+        calls.clear()
+        read_state(any_store, CHANNEL, **kwargs)
+        return len(calls)
+
+    short = cost()
+    _moves(any_store, served, 21)
+    assert [e.seq for e in read_state(any_store, CHANNEL).entries] == [24]
+    assert cost() == short
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "fresh"))
+    shutil.copytree(tmp_path / "home" / "config" / "k3artifacts" / "trust",
+                    tmp_path / "fresh" / "k3artifacts" / "trust",
+                    ignore=shutil.ignore_patterns("*.heads.json", ".*"))
+    assert cost() == short + 8  # entries #23 down to #16, the checkpoint's
+    assert [e.seq for e in read_state(any_store, CHANNEL).entries] == [24]

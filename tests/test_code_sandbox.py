@@ -2,9 +2,11 @@
 report: `k3a eval run` against a local endpoint answering every request with hostile code
 (reads the parent's environment and the AWS credentials file and prints them, writes files,
 connects to a loopback listener, double-forks a process meant to outlive the run, overwrites
-the old harness's globals), with fake secrets in k3a's environment; and where no sandbox can
-be had, the code cases are not run and the evaluation fails closed unless the policy says
-otherwise."""
+the old harness's globals), with fake secrets in k3a's environment; an answer cannot forge
+its own verdict; the sandbox works for a real login with supplementary groups (made with
+useradd, run under runuser) and its groups open nothing inside; and where no sandbox can be
+had, the code cases are not run, said so with the next step, and the evaluation fails closed
+unless the policy says otherwise."""
 
 from __future__ import annotations
 
@@ -14,18 +16,23 @@ import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 import yaml
 
+from k3artifacts.readiness import code_run
 from k3artifacts.readiness.code_run import NoSandbox, run_cases, sandbox
 from k3artifacts.readiness.record import evaluate
 from k3artifacts.serving.render.common import served_names
 from k3artifacts.stores.file import FileStore
 from tests.fixtures.moves import check_gates, use_policy
 from tests.fixtures.people import person
+from tests.support.cli import invoke
 from tests.support.openai_server import start
 from tests.support.releases import Releases
 
@@ -166,7 +173,7 @@ def no_bwrap(monkeypatch, tmp_path):
     empty = tmp_path / "empty-bin"
     empty.mkdir()
     monkeypatch.setenv("PATH", str(empty))
-    with pytest.raises(NoSandbox, match="bwrap is not installed"):
+    with pytest.raises(NoSandbox, match=r"bubblewrap \(bwrap\) is not installed"):
         sandbox()
 
 
@@ -195,7 +202,7 @@ def test_without_a_sandbox_code_cases_are_not_run_and_the_gate_fails_closed(
         server.stop()
     skipped = {c.name: c.skipped for c in report.cases if c.skipped}
     assert set(skipped) == {"code-reverse-words", "code-is-prime"}
-    assert all("bwrap is not installed" in why for why in skipped.values()), skipped
+    assert all("bwrap) is not installed" in why for why in skipped.values()), skipped
     assert report.pass_rate == 1.0 and not report.passed and report.code_sandbox is None
     assert any("2 code case(s) not run" in p and "allow_unsandboxed_code" in p
                for p in report.problems()), report.problems()
@@ -226,27 +233,210 @@ def test_a_policy_that_allows_it_judges_the_cases_that_ran_until_it_no_longer_do
     assert not gate.passed and "2 code case(s) not run" in gate.reason, gate.reason
 
 
+
+REVERSE = [(["a b c"], "c b a"), (["one"], "one")]
+
+
 @needs_bwrap
-@pytest.mark.skipif(os.geteuid() != 0 or not Path("/usr/bin/python3").is_file(),
-                    reason="runs the sandbox as another account: needs root and /usr/bin/python3")
-def test_the_sandbox_works_for_an_account_that_is_not_root():
-    """As any other account bwrap takes a user namespace instead of setpriv. code_run.py needs
-    only the standard library, so the system Python of an unprivileged account runs it."""
-    import tempfile
+def test_an_answer_cannot_forge_its_own_result_and_an_honest_one_passes():
+    """The old harness printed `K3A-CODE-RESULT <values>` from the answer's own process: an
+    answer printed that line itself and exited. Now the values come back over a file of their
+    own, with a nonce the answer's source never held, and k3a compares them."""
+    box = sandbox()
+    forged_line = ("import os\nprint('K3A-CODE-RESULT ' + '[\"c b a\", \"one\"]', flush=True)\n"
+                   "os._exit(0)\n")
+    every_fd = ("import os, json\n"
+                "for forged in (json.dumps({'values': ['c b a', 'one']}), '[\"c b a\", \"one\"]',"
+                " 'K3A-CODE-RESULT [\"c b a\", \"one\"]'):\n"
+                "    for fd in range(64):\n"
+                "        try:\n"
+                "            os.write(fd, (forged + '\\n').encode())\n"
+                "        except OSError:\n"
+                "            pass\n"
+                "os._exit(0)\n"
+                "def reverse_words(s):\n    return 'never called'\n")
+    exit_early = ("import sys\nprint('[\"c b a\", \"one\"]')\n"
+                  "def reverse_words(s):\n    return ' '.join(reversed(s.split()))\nsys.exit(0)\n")
+    for what, answer in (("forged line", forged_line), ("every descriptor", every_fd),
+                         ("exit before the call", exit_early)):
+        ok, detail = run_cases(box, answer, "reverse_words", REVERSE, 10)
+        assert not ok and "never called to the end" in detail, (what, detail)
+    ok, detail = run_cases(box, 'def reverse_words(s): return " ".join(reversed(s.split()))',
+                           "reverse_words", REVERSE, 10)
+    assert ok and detail == "reverse_words right on 2 input(s)", detail
 
-    from k3artifacts.readiness import code_run
 
-    with tempfile.TemporaryDirectory(dir="/tmp") as where:
-        os.chmod(where, 0o755)
-        shutil.copy(code_run.__file__, Path(where) / "code_run.py")
-        script = ("import sys; sys.path.insert(0, sys.argv[1]); import code_run as c; "
-                  "box = c.sandbox(); print(box.description); "
-                  "print(c.run_cases(box, 'import os\\ndef f(x):\\n    return os.getuid()', "
-                  "'f', [([1], 65534)], 10))")
-        done = subprocess.run(
-            ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "env", "-i",
-             "PATH=/usr/bin:/bin", "/usr/bin/python3", "-c", script, where],
-            cwd="/", capture_output=True, text=True, timeout=60)
+@needs_bwrap
+def test_the_expected_values_never_enter_the_sandbox():
+    expected = "expected-" + uuid.uuid4().hex
+    spy = ("import sys, gc\n"
+           "def f(x):\n"
+           "    seen, frame = [sys.stdin.read()], sys._getframe()\n"
+           "    while frame:\n"
+           "        seen, frame = [*seen, repr(frame.f_locals)], frame.f_back\n"
+           "    seen += [repr(o) for o in gc.get_objects() if isinstance(o, (str, dict))]\n"
+           "    return str(sum(1 for s in seen if '" + expected[:9] + "' + '"
+           + expected[9:] + "' in s))\n")
+    ok, detail = run_cases(sandbox(), spy, "f", [([1], expected)], 10)
+    assert not ok and detail.startswith("f(1) = '0', expected"), detail
+
+
+def _copy_of_code_run(where: Path) -> Path:
+    """code_run.py where any account may read it: it needs only the standard library, so the
+    system Python of any account runs it."""
+    os.chmod(where, 0o755)
+    shutil.copy(code_run.__file__, where / "code_run.py")
+    return where
+
+
+_AS_ACCOUNT = r"""
+import json, sys
+sys.path.insert(0, sys.argv[1])
+import code_run as c
+try:
+    box = c.sandbox()
+except c.NoSandbox as exc:
+    print(json.dumps({"refused": str(exc), "next": exc.next_step}))
+    raise SystemExit(0)
+code = "import os\ndef f(path):\n    try:\n        read = open(path).read()\n    except OSError as e:\n        read = type(e).__name__\n    return [os.getuid(), sorted(set(os.getgroups())), read]"
+print(json.dumps({"sandbox": box.description,
+                  "run": c.run_cases(box, code, "f", [([sys.argv[2]], json.loads(sys.argv[3]))], 10)}))
+"""
+
+
+def _as_account(user: str, where: Path, secret: Path, expect: object,
+                wrap: list[str] = ()) -> dict:
+    """code_run as ``user``, logged in as runuser makes it (its groups, as a login has them)."""
+    done = subprocess.run(["runuser", "-u", user, "--", *wrap, "env", "-i", "PATH=/usr/bin:/bin",
+                           "/usr/bin/python3", "-c", _AS_ACCOUNT, str(where), str(secret),
+                           json.dumps(expect)],
+                          cwd="/", capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
-    assert "(user namespace): uid 65534" in done.stdout
-    assert "(True, 'f right on 1 input(s)')" in done.stdout
+    return json.loads(done.stdout)
+
+
+@contextmanager
+def _account_in_a_group() -> Iterator[tuple[str, str]]:
+    """A real account (useradd) with a supplementary group (groupadd): removed after."""
+    tag = uuid.uuid4().hex[:8]
+    user, group = f"k3a-sbx-{tag}", f"k3a-sbx-team-{tag}"
+    subprocess.run(["groupadd", group], check=True, capture_output=True)
+    try:
+        subprocess.run(["useradd", "--no-create-home", "--shell", "/usr/sbin/nologin",
+                        "--groups", group, user], check=True, capture_output=True)
+        try:
+            yield user, group
+        finally:
+            subprocess.run(["userdel", user], check=True, capture_output=True)
+    finally:
+        subprocess.run(["groupdel", group], check=True, capture_output=True)
+
+
+needs_accounts = pytest.mark.skipif(
+    os.geteuid() != 0 or not Path("/usr/bin/python3").is_file() or shutil.which("runuser") is None
+    or shutil.which("useradd") is None,
+    reason="makes a real account with useradd and runs as it with runuser: needs root, "
+           "util-linux and /usr/bin/python3")
+
+
+@needs_bwrap
+@needs_accounts
+def test_a_login_with_a_supplementary_group_runs_code_its_group_cannot_help():
+    """A login keeps its supplementary groups (no --clear-groups: no login, runuser, ssh
+    session or pod gives one): inside they show as the overflow gid and still open nothing of
+    the group's; a group-only file the sandbox would show refuses the sandbox, by name."""
+    with _account_in_a_group() as (user, group), \
+            tempfile.TemporaryDirectory(dir="/tmp") as scratch:
+        where = _copy_of_code_run(Path(scratch))
+        secret = where / "team-only.txt"
+        secret.write_text("the team's\n")
+        shutil.chown(secret, group=group)
+        secret.chmod(0o640)
+        # The account itself, outside the sandbox, reads it through its group.
+        outside = subprocess.run(["runuser", "-u", user, "--", "cat", str(secret)],
+                                 capture_output=True, text=True, timeout=30)
+        assert outside.returncode == 0 and outside.stdout == "the team's\n", outside.stderr
+        ran = _as_account(user, where, secret, [65534, [65534], "FileNotFoundError"])
+        assert "(user namespace): uid 65534" in ran["sandbox"], ran
+        assert ran["run"] == [True, "f right on 1 input(s)"], ran
+
+        # The same kind of file where the sandbox shows the host (/usr).
+        shown = Path("/usr/local/share") / f"k3a-sandbox-test-{uuid.uuid4().hex}"
+        shown.mkdir(parents=True)
+        try:
+            visible = shown / "team-only.txt"
+            visible.write_text("the team's\n")
+            shutil.chown(visible, group=group)
+            visible.chmod(0o640)
+            refused = _as_account(user, where, visible, "unused")
+        finally:
+            shutil.rmtree(shown)
+        assert "open to it and not to everyone" in refused["refused"], refused
+        assert str(visible) in refused["refused"] and "-rw-r-----" in refused["refused"]
+        assert "neither owns them nor is in their groups" in refused["next"], refused
+
+
+@needs_bwrap
+@needs_accounts
+def test_where_user_namespaces_are_refused_the_reason_names_what_to_allow():
+    """A pod or machine that refuses unprivileged user namespaces (here: the account inside a
+    bubblewrap whose user namespace allows no other, as a locked-down pod's seccomp does)."""
+    with _account_in_a_group() as (user, _group), \
+            tempfile.TemporaryDirectory(dir="/tmp") as scratch:
+        where = _copy_of_code_run(Path(scratch))
+        pod = ["bwrap", "--unshare-user", "--disable-userns", "--ro-bind", "/", "/",
+               "--tmpfs", "/tmp", "--ro-bind", str(where), str(where), "--proc", "/proc",
+               "--dev", "/dev", "--"]
+        refused = _as_account(user, where, where / "none", "unused", wrap=pod)
+    assert "refused the namespaces it needs here (unprivileged user namespaces)" in \
+        refused["refused"], refused
+    for what in ("user.max_user_namespaces", "seccompProfile", "AppArmor"):
+        assert what in refused["next"], refused
+
+
+def test_eval_run_without_bubblewrap_lists_the_code_cases_as_not_run_and_says_how_to_install(
+        tmp_path, policies, k3a_env, no_bwrap):
+    store = FileStore(tmp_path / "store")
+    release = Releases(store, tmp_path / "scratch").release()
+    use_policy(store, policies)
+    env = dict(k3a_env, K3A_STORE=store.url, PATH=os.environ["PATH"])
+    server = start(served_names(release), tmp_path / "openai.log")
+    try:
+        text = invoke("eval", "run", server.url, "--tuple", release.id, env=env, expect=5)
+        data = invoke("eval", "run", server.url, "--tuple", release.id, "--json", env=env,
+                      expect=5)
+    finally:
+        server.stop()
+    assert "pass rate: 100.0% (9/9 that ran; 2 not run; suite threshold 95.0%)" in text.stdout
+    assert ("NOT RUN (skipped, no sandbox): code-reverse-words, code-is-prime: bubblewrap "
+            "(bwrap) is not installed") in text.stdout
+    assert "NOT RUN code-is-prime: bubblewrap (bwrap) is not installed" in text.stderr
+    for name in ("code-reverse-words", "code-is-prime"):
+        assert f"FAIL {name}" not in text.stderr and f"pass {name}" not in text.stderr
+    assert (f"error: evaluation failed for {release.id}: 2 code case(s) not run (bubblewrap "
+            "(bwrap) is not installed)") in text.stderr, text.stderr
+    assert "next: install bubblewrap (Debian and Ubuntu: apt-get install bubblewrap" \
+        in text.stderr and "fix the endpoint" not in text.stderr, text.stderr
+    out = data.json
+    assert out["not_run"] == ["code-reverse-words", "code-is-prime"], out["not_run"]
+    assert out["pass_rate"] == {"rate": 1.0, "passed": 9, "ran": 9}
+    assert "apt-get install bubblewrap" in out["next"] and out["exit_code"] == 5, out
+    cases = {c["name"]: c for c in out["report"]["cases"]}
+    assert "bwrap) is not installed" in cases["code-is-prime"]["skipped"]
+
+
+@needs_bwrap
+@needs_accounts
+def test_root_without_capabilities_is_told_to_run_as_another_account(tmp_path):
+    """A container's root: uid 0 with no capability, which bubblewrap cannot make
+    namespaces with (and, as root, it takes no user namespace)."""
+    with tempfile.TemporaryDirectory(dir="/tmp") as scratch:
+        where = _copy_of_code_run(Path(scratch))
+        done = subprocess.run(
+            ["setpriv", "--inh-caps=-all", "--bounding-set=-all", "--", "env", "-i",
+             "PATH=/usr/bin:/bin", "/usr/bin/python3", "-c", _AS_ACCOUNT, str(where),
+             str(tmp_path), "null"], cwd="/", capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    refused = json.loads(done.stdout)
+    assert "root without CAP_SYS_ADMIN, as in a container" in refused["refused"], refused
+    assert "runAsNonRoot" in refused["next"] and "seccompProfile" in refused["next"], refused

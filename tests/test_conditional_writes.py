@@ -239,3 +239,37 @@ def test_the_file_store_hashes_small_files_and_headers_of_what_it_serves(file_st
     assert "config.json as served: xxh3-128" in reason
     with pytest.raises(VerifyMismatch, match="config.json"):
         file_store.materialize(manifest.repo_id, commit)
+
+
+@pytest.mark.s3
+def test_a_replaced_shard_fails_verify_and_the_hyperpod_render(seaweed, tmp_path, monkeypatch,
+                                                               k3a_env):
+    """The issue's case: after an S3 shard object was replaced, `k3a verify` (reading the
+    recorded versions) said ok and the HyperPod render pointed at the replaced object. Both
+    now check what the place serves: exit 4, naming the shard."""
+    from tests.support.cli import invoke
+
+    for name, value in seaweed.env.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.delenv("AWS_SESSION_TOKEN", raising=False)
+    bucket = seaweed.create_bucket(f"k3a-replaced-{os.getpid()}", versioned=True)
+    store = S3Store.from_url(f"s3://{bucket}/k3a", endpoint_url=seaweed.endpoint, tuning=TUNING)
+    releases = Releases(store, tmp_path / "scratch")
+    manifest = releases.publish()
+    release = releases.tuple_for(manifest)
+    revision = f"{manifest.repo_id}@{manifest.commit}"
+    env = {**k3a_env, **seaweed.env, "K3A_STORE": store.url,
+           "AWS_ENDPOINT_URL_S3": seaweed.endpoint}
+    env.pop("AWS_SESSION_TOKEN", None)
+    invoke("verify", revision, env=env)
+    invoke("render", release.id, "--target", "hyperpod", env=env)
+
+    shard = manifest.files[1].path
+    _overwrite(store, f"models/{manifest.repo_id}/{manifest.commit}/{shard}")
+    verified = invoke("verify", revision, env=env, expect=4)
+    assert (f"{shard}: as served where the revision is placed: the current object is version"
+            in verified.stderr + verified.stdout)
+    assert "replaced after publication" in verified.stderr + verified.stdout
+    rendered = invoke("render", release.id, "--target", "hyperpod", env=env, expect=4)
+    assert f"does not serve {revision} as published: {shard}: the current object is version" \
+        in rendered.stderr

@@ -11,7 +11,10 @@ and this environment's packages (``tests/support/wheel_venv.py``) where the guid
 install .`` (which would reach the network), and in a scratch directory instead of
 ``/opt/k3a-venv`` (the path is replaced in every command). Every command must exit 0; at the
 end production serves the tuple, judged by the policy the second account approved, promoted
-by this account, and the checkout is as the walk found it.
+by this account, and the checkout is as the walk found it. The evaluation is the second
+account's (``as_second eval run``): a login with its supplementary group runs every code case
+in bubblewrap, and production is reached with no override and no policy letting code cases go
+unrun.
 """
 
 from __future__ import annotations
@@ -20,11 +23,9 @@ import os
 import pwd
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
-import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -32,9 +33,12 @@ from pathlib import Path
 import pytest
 import yaml
 
+from k3artifacts.policy.record import in_force
 from k3artifacts.releases.channels import history
+from k3artifacts.releases.evaluations import list_evaluations
 from k3artifacts.stores.file import FileStore
 from tests.conftest import REPO_ROOT
+from tests.support.doc_blocks import Shell, commands_of
 from tests.support.wheel_venv import wheel_venv
 
 pytestmark = pytest.mark.slow
@@ -46,67 +50,9 @@ VENV = "/opt/k3a-venv"
 SYSTEM_PYTHON = "/usr/bin/python3"
 
 
-def commands_of(block: str) -> list[str]:
-    """A block's commands: a line ending in a backslash continues, and a here-document runs
-    to its terminator."""
-    commands: list[str] = []
-    current, heredoc = "", None
-    for line in block.splitlines():
-        if heredoc is not None:
-            current += "\n" + line
-            if line == heredoc:
-                commands.append(current)
-                current, heredoc = "", None
-            continue
-        if "<<'" in line:
-            heredoc = line.split("<<'", 1)[1].split("'", 1)[0]
-            current += line
-            continue
-        current += line[:-1] + " " if line.endswith("\\") else line
-        if not line.endswith("\\"):
-            if current.strip():
-                commands.append(current.strip())
-            current = ""
-    return commands
-
-
 def walk_blocks(text: str) -> list[tuple[str, list[str]]]:
     """Every marked block, in order: (its marker, its commands)."""
     return [(kind, commands_of(block)) for kind, block in MARKER.findall(text)]
-
-
-class Shell:
-    """One bash process fed a command at a time; each must exit 0."""
-
-    def __init__(self, cwd: Path, env: dict[str, str]):
-        self.proc = subprocess.Popen(["bash", "--noprofile", "--norc"], cwd=cwd, env=env,
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     stderr=subprocess.STDOUT, text=True,
-                                     start_new_session=True)
-
-    def run(self, command: str) -> str:
-        sentinel = f"__k3a_done_{uuid.uuid4().hex}"
-        self.proc.stdin.write(f"{command}\necho {sentinel} $?\n")
-        self.proc.stdin.flush()
-        output = []
-        for line in self.proc.stdout:
-            if line.startswith(sentinel):
-                status = int(line.split()[1])
-                break
-            output.append(line)
-        else:
-            raise AssertionError(f"bash ended during {command!r}:\n{''.join(output)}")
-        assert status == 0, f"{command!r} exited {status}:\n{''.join(output)}"
-        return "".join(output)
-
-    def close(self) -> None:
-        # The walk's own processes (its endpoint, if a step failed before stopping it) are in
-        # this shell's session: end them by its id.
-        try:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-        except ProcessLookupError:
-            pass
-        self.proc.wait()
 
 
 def git_status() -> str:
@@ -125,11 +71,12 @@ def test_the_walk_parses_into_the_steps_it_names():
                  "openssl ecparam", "as_second key create",
                  "as_second trust init --fingerprint", "as_second key show --entry k3a-second",
                  "k3a trust rotate --add", "k3a policy propose", "as_second approve",
-                 "k3a policy apply", "as_second review license", "k3a eval run",
+                 "k3a policy apply", "as_second review license", "as_second eval run",
                  "k3a promote \"$TUPLE\" production"):
         assert step in joined, step
     # What a reader's shell would not do on its own is not in the guide either.
     assert "chmod 777" not in joined and "umask 0000" not in joined and "sudo" not in joined
+    assert "--override-gate" not in joined and "allow_unsandboxed_code" not in joined
     assert any(c.startswith("cat > ") and c.endswith("\nYAML") for _, cs in blocks for c in cs)
 
 
@@ -139,6 +86,8 @@ def require_two_accounts() -> None:
         pytest.skip("the guide's step 0 makes two accounts and a group: it needs root")
     if shutil.which("runuser") is None:
         pytest.skip("the guide runs the second account's commands with util-linux's runuser")
+    if shutil.which("bwrap") is None:
+        pytest.skip("the guide's evaluation runs the model's code in bubblewrap (bwrap)")
     if not Path(SYSTEM_PYTHON).is_file():
         pytest.skip(f"the guide makes the venv with {SYSTEM_PYTHON}, which is not here")
     found = subprocess.run([SYSTEM_PYTHON, "-c", "import sys; print(sys.version_info[:2])"],
@@ -198,10 +147,13 @@ def test_demo_to_production_walk_runs_as_written(k3a_env, monkeypatch):
         except (KeyError, FileNotFoundError):
             pass  # no such account yet (step 0 makes it), or it never used k3a
         run_step_zero(shell, scratch, venv)
+        evaluated = ""
         for kind, commands in walk_blocks(GUIDE.read_text()):
             if kind == "walk":
                 for command in commands:
-                    shell.run(command.replace(VENV, str(venv)))
+                    said = shell.run(command.replace(VENV, str(venv)))
+                    if command.startswith("as_second eval run"):
+                        evaluated = said
         store_url = shell.run('echo "$K3A_STORE"').strip()
         tuple_id = shell.run('echo "$TUPLE"').strip()
         walk = Path(shell.run('echo "$WALK"').strip())
@@ -211,6 +163,18 @@ def test_demo_to_production_walk_runs_as_written(k3a_env, monkeypatch):
         me = pwd.getpwuid(os.getuid()).pw_name
         entry = history(store, "production")[-1]
         assert (entry.tuple_id, entry.who, entry.policy_version) == (tuple_id, me, 3)
+        # The second account evaluated, every code case ran in its sandbox, and the policy
+        # that judged production lets none go unrun.
+        assert "code ran in: bubblewrap" in evaluated and "(user namespace)" in evaluated, \
+            evaluated
+        assert "NOT RUN" not in evaluated and "ready" in evaluated.splitlines()[-1], evaluated
+        run = [r for r in list_evaluations(store, tuple_id) if r.origin == "run"][-1]
+        assert run.attached_by == "k3a-second"
+        cases = run.readiness().cases
+        code = [c for c in cases if c.kind == "code"]
+        assert len(code) == 2 and all(c.passed and c.skipped is None for c in code), code
+        rule = in_force(store).document.gates.channels["production"].evaluation
+        assert rule is not None and rule.allow_unsandboxed_code is False
         rendered = list((walk / "deploy").glob("*.eks.yaml"))
         assert len(rendered) == 1
         objects = [o for o in yaml.safe_load_all(rendered[0].read_text()) if o]

@@ -13,6 +13,8 @@ import pytest
 from botocore.validate import validate_parameters
 
 from k3artifacts.stores.fsx import PRELOAD_TASK_TYPE, covering_repository, preload_request
+from tests.conftest import REPO_ROOT
+from tests.support.ports import free_ports
 from tests.support.revisions import REPO, publish, write_revision
 
 COMMIT = "c" * 40
@@ -83,3 +85,25 @@ def test_preload_checks_revision_and_file_system(k3a_cmd, fsx_env, fsx, s3_store
 
     bad_ref = preload(k3a_cmd, fsx_env, f"{REPO}@main", "--file-system-id", windows)
     assert bad_ref.returncode == 2
+
+
+@pytest.mark.s3
+def test_an_unreachable_fsx_endpoint_names_the_settings_that_set_it(k3a_cmd, s3_env, s3_store,
+                                                                     s3_url, tmp_path: Path):
+    """The store is reachable (moto) and FSx is not: the hint names what points FSx elsewhere
+    (the flag this command has, and boto3's variable), not the S3 store's settings."""
+    publish(s3_store, COMMIT, write_revision(tmp_path / "q", {"config.json": b"{}"}))
+    [closed] = free_ports(1)
+    done = preload(k3a_cmd, {**s3_env, "AWS_ENDPOINT_URL_FSX": f"http://127.0.0.1:{closed}"},
+                   f"{REPO}@{COMMIT}", "--file-system-id", "fs-0123456789abcdef0",
+                   "--store", s3_url)
+    assert done.returncode == 8, done.stderr
+    assert "--fsx-endpoint-url / AWS_ENDPOINT_URL_FSX" in done.stderr, done.stderr
+    assert "K3A_S3_ENDPOINT_URL" not in done.stderr and "Traceback" not in done.stderr
+
+
+def test_the_help_points_at_the_guide_section_that_exists(k3a_cmd) -> None:
+    shown = subprocess.run([*k3a_cmd, "fsx", "preload", "--help"], capture_output=True,
+                           text=True, check=True).stdout
+    assert 'docs/guides/s3-and-fsx.md, "FSx for Lustre"' in " ".join(shown.split())
+    assert "\n## FSx for Lustre\n" in (REPO_ROOT / "docs/guides/s3-and-fsx.md").read_text()

@@ -254,15 +254,47 @@ def test_a_part_file_truncated_before_the_pull_hashes_it_is_exit_4_named(
     """A pod sharing the cache's hostPath cuts a part file the pull wrote but has not hashed
     yet: the pull names the file as changed while it was read (exit 4), no traceback, no
     SIGBUS, and nothing reaches the final path."""
+    said, root, release = _pull_spoiled_at(file_releases, tmp_path, k3a_cmd, k3a_env, 0,
+                                           lambda part: os.truncate(part, 0))
+    assert ("big.bin: the partial copy changed while it was read: it ended at byte 0, where "
+            f"it had reached byte {MiB:,}") in said
+    assert "find and stop it, then re-run `k3a pull`" in said and "Traceback" not in said
+    assert not CacheLayout(root).final_dir(rev_of(release)).exists()
+
+
+def test_an_already_hashed_part_rewritten_before_the_seal_is_exit_4_named(
+        file_releases, tmp_path, k3a_cmd, k3a_env):
+    """The issue's case: bytes of a part the pull had already hashed are rewritten (and the
+    mtime put back) while later parts arrive. The running hash never reads them again, so the
+    pull used to print "verified" and `k3a verify --expect-digest` then exited 4. Now the
+    re-check before the seal names the file (exit 4) and nothing reaches the final path."""
+    def rewrite(part: Path) -> None:
+        before = part.stat()
+        with open(part, "r+b") as f:  # part 0: written and hashed before part 1 paused
+            f.seek(1000)
+            f.write(b"\0" if BIG[1000] else b"\1")
+        os.utime(part, ns=(before.st_atime_ns, before.st_mtime_ns))
+
+    said, root, release = _pull_spoiled_at(file_releases, tmp_path, k3a_cmd, k3a_env, 1, rewrite)
+    assert ("big.bin: changed in the node cache after this pull hashed it, before the revision "
+            "was sealed; nothing was put at the final path") in said
+    assert "find and stop it, then re-run `k3a pull`" in said and "Traceback" not in said
+    assert not CacheLayout(root).final_dir(rev_of(release)).exists()
+
+
+def _pull_spoiled_at(file_releases, tmp_path, k3a_cmd, k3a_env, part_index: int, spoil):
+    """A pull of big.bin paused once part ``part_index`` is written, its part file handed to
+    ``spoil`` (as another process on the node would touch it), then let go: (its stderr, the
+    cache root, the release), once it exited 4."""
     release = file_releases.release(extra={"big.bin": BIG})
     root = tmp_path / "cache"
     resume = tmp_path / "resume"
-    env = dict(k3a_env, K3A_FAULT_PAUSE="pull-part@big.bin#0:120", K3A_FAULT_RESUME=str(resume))
+    env = dict(k3a_env, K3A_FAULT_PAUSE=f"pull-part@big.bin#{part_index}:120",
+               K3A_FAULT_RESUME=str(resume))
     err_path = tmp_path / "stderr"
     proc = paused_pull(k3a_cmd, env, file_releases.store.url, release.id, root, err_path)
     try:
-        part = CacheLayout(root).partial_dir(rev_of(release)) / ".big.bin.part"
-        os.truncate(part, 0)
+        spoil(CacheLayout(root).partial_dir(rev_of(release)) / ".big.bin.part")
         resume.touch()
         proc.wait(120)
     finally:
@@ -271,7 +303,4 @@ def test_a_part_file_truncated_before_the_pull_hashes_it_is_exit_4_named(
             proc.wait(10)
     said = err_path.read_text()
     assert proc.returncode == 4, said
-    assert ("big.bin: the partial copy changed while it was read: it ended at byte 0, where "
-            f"it had reached byte {MiB:,}") in said
-    assert "find and stop it, then re-run `k3a pull`" in said and "Traceback" not in said
-    assert not CacheLayout(root).final_dir(rev_of(release)).exists()
+    return said, root, release

@@ -19,6 +19,7 @@ from k3artifacts.revisions.parallel import (
     MAPPED_MIN_BYTES,
     PROCESS_MIN_BYTES,
     PROGRESS_STEP,
+    THREADS_ENOUGH,
     FileToHash,
     hash_files,
     in_processes,
@@ -89,12 +90,50 @@ def test_a_file_that_shrinks_while_it_is_hashed_is_its_own_error(tmp_path, proce
     assert results["large"].digest == hashlib.sha256(data).hexdigest()
 
 
+def test_beyond_eight_workers_every_algorithm_hashes_in_processes():
+    for algorithm, least in PROCESS_MIN_BYTES.items():
+        assert in_processes(algorithm, THREADS_ENOUGH + 1, least)
+        assert not in_processes(algorithm, THREADS_ENOUGH + 1, least - 1)
+        assert not in_processes(algorithm, 16, least - 1)
+    assert not in_processes("xxh3-128", THREADS_ENOUGH, 1 << 40)
+
+
 def test_sha256_maps_in_processes_where_each_worker_has_enough_to_hash():
-    assert not in_processes("xxh3-128", 16, 1 << 40)
     assert not in_processes("sha256", 2, 2 * MAPPED_MIN_BYTES - 1)
     assert in_processes("sha256", 2, 2 * MAPPED_MIN_BYTES)
-    assert not in_processes("sha256", 16, PROCESS_MIN_BYTES - 1)
-    assert in_processes("sha256", 16, PROCESS_MIN_BYTES)
+    assert not in_processes("xxh3-128", 2, 1 << 40)
+
+
+@pytest.mark.parametrize("hash_in", ["threads", "processes"])
+def test_k3a_verify_in_hashing_processes_passes_a_revision_and_names_a_flipped_byte(
+        tmp_path, k3a_env, hash_in):
+    """The same verdicts wherever `k3a verify` hashes: the published revision passes (every
+    digest as the manifest's, xxh3-128 and sha256), and a byte flipped in a shard fails the
+    check naming that shard and both digests."""
+    from k3artifacts.stores.file import FileStore
+    from tests.support.cli import run_process
+    from tests.support.releases import Releases
+
+    store = FileStore(tmp_path / "store")
+    manifest = Releases(store, tmp_path / "scratch").publish(shards=3)
+    revision = store.root / "models" / manifest.repo_id / manifest.commit
+    env = {**k3a_env, "K3A_HASH_IN": hash_in}
+    for full in ([], ["--full"]):
+        run_process("verify", str(revision), "--workers", "3", *full, env=env)
+    shard = next(r for r in manifest.files if r.path.endswith(".safetensors"))
+    path = revision / shard.path
+    revision.chmod(0o755)
+    path.chmod(0o644)
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 1
+    path.write_bytes(bytes(data))
+    for full, algorithm, want in (([], "xxh3-128", shard.xxh3_128),
+                                  (["--full"], "sha256", shard.sha256)):
+        failed = run_process("verify", str(revision), "--workers", "3", *full, env=env,
+                             expect=4)
+        assert f"{shard.path}: {algorithm} " in failed.stderr, failed.stderr
+        assert f"manifest says {want}" in failed.stderr
+        assert "1 of " in failed.stderr and "Traceback" not in failed.stderr
 
 
 def test_a_fifo_planted_in_a_revision_directory_is_named_not_waited_on(tmp_path):
@@ -155,53 +194,82 @@ def _cpu_ticks(pid: int) -> int:
     return int(fields[11]) + int(fields[12])
 
 
-def _truncate_mid_read(proc: subprocess.Popen, victim: Path) -> bool:
-    """Truncate ``victim`` to nothing once ``proc`` holds it open and has spent two clock
-    ticks of CPU since (hashing, however it reads: a mapping or a read); False if ``proc``
-    ended first."""
-    fds = Path(f"/proc/{proc.pid}/fd")
+def _children(pid: int) -> list[int]:
+    """The processes ``pid``'s threads started (its hashing processes)."""
+    return [int(child) for task in Path(f"/proc/{pid}/task").iterdir()
+            for child in (task / "children").read_text().split()]
+
+
+def _reading(pid: int, victim: Path, mapped: bool) -> bool:
+    """Whether ``pid`` holds ``victim`` open and, where a hashing process reads it
+    (``mapped``), one of its children has mapped it."""
+    if str(victim) not in [os.readlink(fd) for fd in Path(f"/proc/{pid}/fd").iterdir()]:
+        return False
+    return not mapped or any(str(victim) in Path(f"/proc/{child}/maps").read_text()
+                             for child in _children(pid))
+
+
+def _truncate_mid_read(proc: subprocess.Popen, victim: Path, mapped: bool = False) -> bool:
+    """Truncate ``victim`` to nothing once ``proc`` reads it (:func:`_reading`) and it and
+    its hashing processes have spent two clock ticks of CPU since (hashing, however they
+    read: a mapping or a read); False if ``proc`` ended first."""
     opened_at = None
+
+    def ticks() -> int:
+        return sum(map(_cpu_ticks, [proc.pid, *_children(proc.pid)]))
+
     while proc.poll() is None:
         try:
             if opened_at is None:
-                if str(victim) in [os.readlink(fd) for fd in fds.iterdir()]:
-                    opened_at = _cpu_ticks(proc.pid)
-            elif _cpu_ticks(proc.pid) - opened_at >= 2:
+                if _reading(proc.pid, victim, mapped):
+                    opened_at = ticks()
+            elif ticks() - opened_at >= 2:
                 os.truncate(victim, 0)
                 return True
         except (FileNotFoundError, ProcessLookupError):
-            continue  # a descriptor closed under the listing, or the process just ended
+            continue  # a descriptor closed under the listing, or a process just ended
         os.sched_yield()
     return False
 
 
+@pytest.mark.parametrize("hash_in", ["threads", "processes"])
 @pytest.mark.parametrize("full", [False, True], ids=["xxh3-128", "sha256"])
 def test_a_file_truncated_while_k3a_verify_hashes_it_is_a_named_refusal(
-        tmp_path, k3a_env, sparse_digests, full):
+        tmp_path, k3a_env, sparse_digests, full, hash_in):
     """Whoever can write where a revision lies (a pod sharing the node cache's hostPath) cuts
-    a file while `k3a verify` reads it: the file is named as changed while it was read (exit
-    4), never a SIGBUS that kills the check. Retried until the cut lands mid-hash (after the
-    file's first bytes were read, before its last)."""
+    a file while `k3a verify` reads it, in its threads or in the hashing processes that map
+    it: the file is named as changed while it was read (exit 4), never a SIGBUS that kills
+    the check. Retried until the cut lands mid-hash (after the file's first bytes were read,
+    before its last)."""
     revision = _revision_with_victim(tmp_path, sparse_digests)
     victim = revision / "big.bin"
     command = [sys.executable, "-m", "k3artifacts", "verify", str(revision), "-q",
                *(["--full"] if full else [])]
+    env = {**k3a_env, "K3A_HASH_IN": hash_in}
+    # A thread reads short and says where the file ended; a hashing process finds the next
+    # window past the end, or dies of SIGBUS on a page past it.
+    said = "it ended at byte " if hash_in == "threads" else "changed while it was read: it "
     for _ in range(20):
         os.truncate(victim, VICTIM_SIZE)  # zeros again: the manifest's bytes
-        proc = subprocess.Popen(command, env=k3a_env, stdout=subprocess.PIPE,
+        proc = subprocess.Popen(command, env=env, stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, text=True)
-        cut = _truncate_mid_read(proc, victim)
+        cut = _truncate_mid_read(proc, victim, mapped=hash_in == "processes")
         _, stderr = proc.communicate(timeout=120)
         assert proc.returncode != -signal.SIGBUS, "k3a verify was killed by SIGBUS"
-        if cut and "changed while it was read: it ended at byte " in stderr:
+        if cut and said in stderr:
             break
     else:
         pytest.fail("the truncation never landed while the file was hashed")
     assert proc.returncode == 4, stderr
     assert "1 of 3 file(s) do not match the manifest" in stderr
+    assert "find what can write there and stop it, then run again" in stderr
+    assert "Traceback" not in stderr
+    if hash_in == "processes":
+        assert "big.bin: changed while it was read: it shrank under the hashing process, " \
+            "which died of SIGBUS" in stderr or "big.bin: changed while it was read: it " \
+            "ended before byte " in stderr, stderr
+        return
     ended = int(stderr.split("it ended at byte ")[1].split()[0].replace(",", ""))
     assert 0 < ended < VICTIM_SIZE  # mid-hash: neither before the first byte nor after the last
     assert f"big.bin: changed while it was read: it ended at byte {ended:,}, where it had " \
            f"reached byte {VICTIM_SIZE:,}" in stderr
-    assert "find what can write there and stop it, then run again" in stderr
-    assert "Traceback" not in stderr

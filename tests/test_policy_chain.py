@@ -117,6 +117,18 @@ LOOSENING = [
         "channels:\n", "channels:\n  canary:\n    gates: [artifact]\n", 1))),
     ("evaluation settings", None, gates("min_pass_rate: 0.95", "min_pass_rate: 0.5")),
     ("promotion order", None, gates("min_hours: 24", "min_hours: 1")),
+    ("regression comparison", None, gates("max_regression: 0.05", "max_regression: null")),
+    ("latency margin", gates("margin: 0.10", "margin: 0.05"), gates("margin: 0.05",
+                                                                     "margin: 0.20")),
+    ("latency floor", gates("floor_ms: 1.0", "floor_ms: 0.5"), gates("floor_ms: 0.5",
+                                                                     "floor_ms: 5")),
+    ("latency alpha", gates("alpha: 0.01", "alpha: 0.05"), gates("alpha: 0.05",
+                                                                  "alpha: 0.001")),
+    ("latency inconclusive", None, gates("inconclusive: fail", "inconclusive: pass")),
+    ("latency samples", None, gates("min_samples: 40", "min_samples: 20")),
+    ("canary against stable", gates("min_requests: 20}", "min_requests: 20}\n      "
+                                    "against_stable: {margin: 0.05}"),
+     gates("against_stable: {margin: 0.05}", "against_stable: null")),
     ("serving targets", gates("targets: [hyperpod]", "targets: [hyperpod, eks]"),
      gates("targets: [hyperpod, eks]", "targets: [hyperpod]")),
     ("typed names", None, gates("claimed_actor_on_file_stores: false",
@@ -283,3 +295,18 @@ def _stricter_dir(any_store, tmp_path):
     path.write_text(path.read_text().replace("min_pass_rate: 0.95", "min_pass_rate: 0.99"))
     assert yaml.safe_load(path.read_text())
     return out
+
+
+def test_a_rewound_policy_is_refused_by_every_reader_that_saw_the_newer_version(
+        any_store, as_alice, policies, tmp_path):
+    """Version 3 deleted and version 2's validly signed change copied over the pointer: the
+    history is whole as far as it goes, and this client, which verified version 3, refuses
+    it naming both heads."""
+    _three_versions(any_store, policies)
+    seen = in_force(any_store).chain.head.digest
+    remove(any_store, change_key(3))
+    overwrite(any_store, POINTER_KEY, any_store.read(change_key(2)).data)
+    _refused_everywhere(as_alice, any_store, tmp_path, "rewound")
+    refused = invoke("policy", "show", expect=4, env=as_alice).stderr
+    assert f"the store's policy: this client verified #3 ({seen[:12]}) before; the store " \
+        "now shows #2 (" in refused

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import itertools
+import json
 import threading
 
 import pytest
 
-from k3artifacts.errors import ConfigError, GateFailed, NotFound, UntrustedRecord
+from k3artifacts.canonical import canonical_json
+from k3artifacts.errors import ConfigError, GateFailed, NotFound, UntrustedRecord, VerifyMismatch
 from k3artifacts.releases.channels import (
     Approval,
     ChannelMoved,
@@ -19,6 +21,8 @@ from k3artifacts.releases.channels import (
 )
 from k3artifacts.releases.evaluations import attach_evaluation
 from k3artifacts.releases.reviewing import review_code, review_license
+from k3artifacts.revisions.manifest import manifest_key
+from tests.fixtures.any_store import overwrite
 from tests.fixtures.moves import check_gates, promote, rollback, use_policy
 from tests.fixtures.people import person
 from tests.fixtures.releases import ATOMIC_STORES, require_atomic_cas, staged_for
@@ -371,6 +375,37 @@ def test_rollback_refuses_targets_it_cannot_serve(store, releases, policies, rev
     assert "k3a stage" in gone.value.hint
     assert current(store, "staging").tuple_id == t2.id
     assert len(history(store, "staging")) == 2
+
+
+def test_rollback_reads_the_manifest_as_the_gates_do(store, releases, policies, reviewed):
+    """The issue's case: a rollback held the manifest's raw sha256 to the tuple's digest where
+    the gates and the pull ask ``answers_to`` (canonical, or as stored). A revision published
+    with provenance inside its manifest (a file marked reused), cited by its canonical digest:
+    the gates pass it, and rolling back to it now does too; one whose manifest was replaced
+    is refused by every reader alike."""
+    t1, t2 = releases.release(), releases.release()
+    for r in (t1, t2):
+        reviewed(r)
+        _promote(store, r, "staging", policies)
+    w = t1.binding.weights
+    key = manifest_key(w.repo_id, w.commit)
+    data = json.loads(store.read(key).data)
+    data["files"][0].update(source="reused", reused_from=t2.binding.weights.commit)
+    overwrite(store, key, canonical_json(data))
+    assert check_gates(store, t1.id, "staging").passed
+    back = rollback(store, "staging", actor="bob")
+    assert back.changed and back.tuple_id == t1.id
+
+    w2 = t2.binding.weights
+    replaced = json.loads(store.read(manifest_key(w2.repo_id, w2.commit)).data)
+    replaced["files"][0]["size"] += 1
+    overwrite(store, manifest_key(w2.repo_id, w2.commit), canonical_json(replaced))
+    with pytest.raises(VerifyMismatch, match=f"cannot roll staging back to {t2.id}: .* is not "
+                       f"the tuple's {w2.manifest_digest}"):
+        rollback(store, "staging", to=t2.id, actor="bob")
+    report = check_gates(store, t2.id, "staging")
+    artifact = next(r for r in report.results if r.name == "artifact")
+    assert not artifact.passed and f"is not the tuple's {w2.manifest_digest}" in artifact.reason
 
 
 def test_unknown_names_and_nothing_to_roll_back(store, releases, policies, reviewed):

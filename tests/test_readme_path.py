@@ -15,32 +15,19 @@ from __future__ import annotations
 
 import re
 import subprocess
-import sys
-import uuid
 from pathlib import Path
 
 import pytest
 import yaml
 
 from tests.conftest import REPO_ROOT
+from tests.support.doc_blocks import Shell, commands_of, fresh_clone, git_status
 
 MARKER = "<!-- k3a:no-network-path"
 #: What the README's first screen installs with; the clone's .venv is already this environment.
 INSTALL = re.compile(r"^python3 -m venv \.venv && |^\.venv/bin/pip install [^&]*&& ")
 #: A shell as the README's first command leaves it: the venv not activated.
 CLEAN_PATH = "/usr/local/bin:/usr/bin:/bin"
-
-
-def commands_of(block: str) -> list[str]:
-    """A block's commands; a line ending in a backslash continues."""
-    commands, current = [], ""
-    for line in block.splitlines():
-        current += line[:-1] + " " if line.endswith("\\") else line
-        if not line.endswith("\\"):
-            if current.strip():
-                commands.append(current.strip())
-            current = ""
-    return commands
 
 
 def readme_commands(text: str) -> list[str]:
@@ -51,12 +38,12 @@ def readme_commands(text: str) -> list[str]:
 
 
 def runnable_blocks(text: str) -> list[list[str]]:
-    """Every bash block a reader runs on this machine, in order, install commands left out;
-    not the suite's own command, nor the block that stages the real model."""
+    """Every bash block a reader runs on this machine, in order (those marked
+    ``<!-- k3a:readme -->`` or ``<!-- k3a:no-network-path``), install commands left out; the
+    others (the suite's own command, the real model's staging) say on the page why not."""
     blocks = []
-    for block in re.findall(r"```bash\n(.*?)```", text, flags=re.S):
-        if "pytest" in block or "HF_TOKEN" in block:
-            continue
+    for block in re.findall(r"<!-- k3a:(?:readme|no-network-path)\b[^\n]*-->\n```bash\n(.*?)```",
+                            text, flags=re.S):
         commands = []
         for command in commands_of(block):
             while INSTALL.match(command):
@@ -72,64 +59,28 @@ def run_in_one_shell(commands: list[str], *, cwd: Path, env: dict[str, str],
     """Feed ``commands`` one at a time to one bash process, as a reader's shell runs them; each
     must exit 0. Returns the shell's variables named in ``report``, as it holds them at the end;
     each command's output (stdout and stderr) is appended to ``transcript``."""
-    shell = subprocess.Popen(["bash", "--noprofile", "--norc"], cwd=cwd, env=env,
-                             stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                             stderr=subprocess.STDOUT, text=True)
+    shell = Shell(cwd, env)
     try:
-        shell.stdin.write("set -o pipefail\n")
+        shell.run("set -o pipefail")
         for command in commands:
-            sentinel = f"__k3a_done_{uuid.uuid4().hex}"
-            shell.stdin.write(f"{command}\necho {sentinel} $?\n")
-            shell.stdin.flush()
-            output = []
-            for line in shell.stdout:
-                if line.startswith(sentinel):
-                    status = int(line.split()[1])
-                    break
-                output.append(line)
-            else:
-                raise AssertionError(f"bash ended during {command!r}:\n{''.join(output)}")
-            assert status == 0, f"{command!r} exited {status}:\n{''.join(output)}"
+            said = shell.run(command)
             if transcript is not None:
-                transcript.append("".join(output))
-        for name in report:
-            shell.stdin.write(f'echo "{name}=${name}"\n')
-        shell.stdin.close()
-        values = dict(line.rstrip("\n").split("=", 1) for line in shell.stdout if "=" in line)
+                transcript.append(said)
+        return {name: shell.run(f'echo "${name}"').rstrip("\n") for name in report}
     finally:
-        if shell.poll() is None:
-            shell.kill()
-        shell.wait()
-    return values
+        shell.close()
 
 
 @pytest.fixture(scope="module")
 def clone(tmp_path_factory) -> Path:
-    """A fresh clone of this checkout as it stands (edits to tracked files included: applied
-    and committed in the clone, so that it starts clean), its .venv this test environment."""
-    where = tmp_path_factory.mktemp("clone") / "k3artifacts"
-    # A commit needs an author, which a CI machine may not have configured.
-    git = ["git", "-c", "user.name=k3a-tests", "-c", "user.email=k3a@localhost"]
-    subprocess.run([*git, "clone", "-q", str(REPO_ROOT), str(where)], check=True)
-    edits = subprocess.run(["git", "-C", str(REPO_ROOT), "diff", "--binary", "HEAD"],
-                           check=True, capture_output=True).stdout
-    if edits:
-        subprocess.run([*git, "-C", str(where), "apply", "--index"], input=edits, check=True)
-        subprocess.run([*git, "-C", str(where), "commit", "-q", "-m", "uncommitted edits"],
-                       check=True)
-    (where / ".venv").symlink_to(Path(sys.executable).parent.parent)
-    return where
+    """A fresh clone of this checkout as it stands, its .venv this test environment."""
+    return fresh_clone(REPO_ROOT, tmp_path_factory.mktemp("clone") / "k3artifacts")
 
 
 def reader_env(k3a_env: dict[str, str], tmp_path: Path, clone: Path) -> dict[str, str]:
     """A reader's environment: their own home, the clone's code, no k3a on PATH."""
     return {**k3a_env, "PYTHONPATH": str(clone), "PATH": CLEAN_PATH, "USER": "reader",
             "TMPDIR": str(tmp_path)}
-
-
-def git_status(checkout: Path) -> str:
-    return subprocess.run(["git", "-C", str(checkout), "status", "--porcelain"], check=True,
-                          capture_output=True, text=True).stdout
 
 
 def test_the_blocks_are_found_and_walk_the_whole_path():

@@ -19,6 +19,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 
 from k3artifacts.errors import AlreadyExists, ConfigError
+from k3artifacts.policy.document import PolicyDocument
 from k3artifacts.promotion.gates.signature import signature_gate
 from k3artifacts.releases.signatures import (
     TupleSignatureRefused,
@@ -29,7 +30,6 @@ from k3artifacts.releases.signatures import (
 from k3artifacts.releases.tuples import tuple_key
 from k3artifacts.revisions.manifest import FileRecord, LicenseRecord, ShardManifest
 from k3artifacts.signing.keys import load_signer
-from k3artifacts.signing.policy import load_trusted_keys
 from k3artifacts.signing.revision import SIGNATURE_REL, sign_revision
 from k3artifacts.signing.verify import verify_signed_revision
 from k3artifacts.stores.file import FileStore
@@ -40,6 +40,11 @@ from tests.support.cli import run_process
 from tests.support.releases import Releases
 
 MODEL_SIGNING = str(Path(sys.executable).parent / "model_signing")
+
+
+def keys_in(policies):
+    """The signing policy of a policies directory, as the signature gate is handed it."""
+    return lambda: PolicyDocument.from_dir(policies).trusted_keys()
 
 
 def _write_key(path: Path, curve: ec.EllipticCurve) -> Path:
@@ -148,6 +153,11 @@ def test_k3a_sign_then_upstream_and_k3a_verify_accept(releases, keys, policies, 
     report = json.loads(checked.stdout)
     assert report["ok"] and report["signed_by"] == "release"
     assert report["algorithm"] == "xxh3-128" and report["manifest_digest"] == manifest.digest()
+    # Its last progress line counts the files it hashed (it said `files 0/12` at 100%).
+    final = [line for line in checked.stderr.splitlines()
+             if "verifying:" in line and "done in" in line]
+    files = len(manifest.files)
+    assert final and f"files {files}/{files}" in final[-1], checked.stderr
     # A node verifies a directory (an FSx mount) the same way.
     by_path = run_process("verify", "--signature", str(directory), "--store", store, "-q",
                           env=k3a_env, cmd=k3a_cmd, expect=None)
@@ -212,7 +222,7 @@ def test_altered_revision_is_refused_by_k3a_gate_and_upstream(
 ):
     manifest, release = _signed_release(releases, keys)
     directory = _revision_dir(releases.store, manifest)
-    assert signature_gate(releases.store, release, "production", policies).passed
+    assert signature_gate(releases.store, release, "production", keys_in(policies)).passed
     _writable(directory)
     named = tamper(directory, manifest)
 
@@ -224,7 +234,7 @@ def test_altered_revision_is_refused_by_k3a_gate_and_upstream(
     assert named in {p["path"] for p in problems}, problems
     assert named in checked.stderr
 
-    gate = signature_gate(releases.store, release, "production", policies)
+    gate = signature_gate(releases.store, release, "production", keys_in(policies))
     assert not gate.passed and named in gate.reason
 
     upstream = _upstream_verify(directory, keys["release"].with_suffix(".pub.pem"))
@@ -236,7 +246,7 @@ def test_edited_tuple_body_with_its_signature_kept_is_refused(
     releases, keys, policies, k3a_cmd, k3a_env
 ):
     manifest, release = _signed_release(releases, keys)
-    trusted = load_trusted_keys(policies).for_channel("production")
+    trusted = keys_in(policies)().for_channel("production")
     assert check_tuple_signature(releases.store, release.id, trusted) == "release"
     ok = run_process("verify", "--signature", release.id, "--store", releases.store.url, "--json",
                      env=k3a_env, cmd=k3a_cmd, expect=None)
@@ -255,13 +265,13 @@ def test_edited_tuple_body_with_its_signature_kept_is_refused(
     refused = run_process("verify", "--signature", release.id, "--store", releases.store.url,
                           env=k3a_env, cmd=k3a_cmd, expect=None)
     assert refused.returncode == 4 and f"{release.id}.sig" in refused.stderr
-    gate = signature_gate(releases.store, release, "production", policies)
+    gate = signature_gate(releases.store, release, "production", keys_in(policies))
     assert not gate.passed and f"{release.id}.sig" in gate.reason
 
     # A changed binding no longer derives its id: refused before the signature is read.
     body["binding"]["image"]["digest"] = "sha256:" + "9" * 64
     path.write_bytes(json.dumps(body, sort_keys=True, separators=(",", ":")).encode())
-    gate = signature_gate(releases.store, release, "production", policies)
+    gate = signature_gate(releases.store, release, "production", keys_in(policies))
     assert not gate.passed and "tuple-tampered" in gate.reason
 
 
@@ -274,32 +284,32 @@ def test_key_not_listed_in_policies_is_refused(releases, keys, policies, k3a_cmd
                           "--store", releases.store.url, env=k3a_env, cmd=k3a_cmd, expect=None)
     assert refused.returncode == 4
     assert ".k3a/model.sig: signed by an untrusted key" in refused.stderr
-    gate = signature_gate(releases.store, release, "production", policies)
+    gate = signature_gate(releases.store, release, "production", keys_in(policies))
     assert not gate.passed and "untrusted key" in gate.reason
     with pytest.raises(TupleSignatureRefused, match="untrusted key"):
         check_tuple_signature(releases.store, release.id,
-                              load_trusted_keys(policies).for_channel("production"))
+                              keys_in(policies)().for_channel("production"))
 
 
 def test_missing_signatures_are_refused_and_only_where_required(releases, keys, policies):
     manifest = releases.publish()
     release = releases.tuple_for(manifest)
-    gate = signature_gate(releases.store, release, "production", policies)
+    gate = signature_gate(releases.store, release, "production", keys_in(policies))
     assert not gate.passed and ".k3a/model.sig: missing" in gate.reason
-    assert signature_gate(releases.store, release, "staging", policies).passed
+    assert signature_gate(releases.store, release, "staging", keys_in(policies)).passed
     sign_revision(releases.store, manifest.repo_id, manifest.commit,
                   load_signer(str(keys["release384"])))
-    gate = signature_gate(releases.store, release, "production", policies)
+    gate = signature_gate(releases.store, release, "production", keys_in(policies))
     assert not gate.passed and f"{signature_key(release.id)}: missing" in gate.reason
     sign_tuple(releases.store, release.id, load_signer(str(keys["release384"])))
-    gate = signature_gate(releases.store, release, "production", policies)
+    gate = signature_gate(releases.store, release, "production", keys_in(policies))
     assert gate.passed, gate.reason
 
 
 def test_checkout_policy_fails_closed_until_a_key_is_listed(releases, keys):
     manifest, release = _signed_release(releases, keys)
     checkout = Path(__file__).resolve().parents[1] / "policies"
-    gate = signature_gate(releases.store, release, "production", checkout)
+    gate = signature_gate(releases.store, release, "production", keys_in(checkout))
     assert not gate.passed and "lists no trusted signing key" in gate.reason
 
 
@@ -313,7 +323,7 @@ def test_tuple_create_signs_with_signing_key(releases, keys, policies, k3a_cmd, 
     out = json.loads(created.stdout)
     tuple_id = out["tuple"]["id"]
     assert out["signature"] == signature_key(tuple_id)
-    trusted = load_trusted_keys(policies).for_channel("production")
+    trusted = keys_in(policies)().for_channel("production")
     assert check_tuple_signature(releases.store, tuple_id, trusted) == "release"
 
 
@@ -375,11 +385,11 @@ def test_sign_and_verify_on_every_store(store, keys, policies, tmp_path):
     scratch.mkdir()
     releases = Releases(store, scratch)
     manifest, release = _signed_release(releases, keys)
-    trusted = load_trusted_keys(policies).for_channel("production")
+    trusted = keys_in(policies)().for_channel("production")
     checked = verify_signed_revision(trusted, store=store, repo_id=manifest.repo_id,
                                      commit=manifest.commit)
     assert checked.report.ok and checked.key_name == "release"
-    assert signature_gate(store, release, "production", policies).passed
+    assert signature_gate(store, release, "production", keys_in(policies)).passed
     with pytest.raises(AlreadyExists):
         sign_revision(store, manifest.repo_id, manifest.commit,
                       load_signer(str(keys["release384"])))
@@ -396,7 +406,7 @@ def test_signed_verification_hashes_with_verify_s_per_core_default(releases, key
     sign_revision(releases.store, manifest.repo_id, manifest.commit,
                   load_signer(str(keys["release"])))
     directory = _revision_dir(releases.store, manifest)
-    trusted = load_trusted_keys(policies).for_channel("production")
+    trusted = keys_in(policies)().for_channel("production")
 
     def hashing_threads(check) -> set[str]:
         seen: set[str] = set()
@@ -433,7 +443,7 @@ def test_k3a_stage_signs_at_publication(local_hub, tmp_path, keys, policies, k3a
     directory = store.local_path(f"models/{REPO}/{commit}")
     upstream = _upstream_verify(directory, keys["release"].with_suffix(".pub.pem"))
     assert upstream.returncode == 0, upstream.stdout + upstream.stderr
-    trusted = load_trusted_keys(policies).for_channel("production")
+    trusted = keys_in(policies)().for_channel("production")
     assert verify_signed_revision(trusted, directory=directory).report.ok
 
 
@@ -456,6 +466,7 @@ def test_eks_init_container_checks_signatures_before_vllm(
     from k3artifacts.policy.signing_keys import verifier_trust
     from k3artifacts.serving.render import render
     from k3artifacts.serving.render.eks import VERIFIER_CONFIG
+    from k3artifacts.trust.heads import Heads, heads_name, load_heads
     from k3artifacts.trust.pins import Pin, load_pin, pin_name
     from tests.test_render import make, validate_k8s
 
@@ -469,15 +480,21 @@ def test_eks_init_container_checks_signatures_before_vllm(
     validate_k8s(docs)
     (config_map,) = [d for d in docs if d["kind"] == "ConfigMap"]
     pod_pin = pin_name("file:///k3a-store")
+    pod_heads = heads_name("file:///k3a-store")
     assert set(config_map["data"]) == {"trusted-keys.yaml", "release.pub.pem",
-                                       "release384.pub.pem", pod_pin}
+                                       "release384.pub.pem", pod_pin, pod_heads}
+    # The pod pins the heads its render saw: the policy's, as this client verified it.
+    seen = Heads.model_validate_json(config_map["data"][pod_heads])
+    assert seen.store == "file:///k3a-store"
+    assert seen.heads == load_heads(p.store.url).heads and "the store's policy" in seen.heads
     pinned = Pin.model_validate_json(config_map["data"][pod_pin])
     assert pinned.store == "file:///k3a-store"
     assert pinned.root == load_pin(p.store.url).root  # the root this client pins
     pod = next(d for d in docs if d["kind"] == "Deployment")["spec"]["template"]["spec"]
     volume = next(v for v in pod["volumes"] if "configMap" in v)
     assert volume["configMap"] == {"name": config_map["metadata"]["name"], "items": [
-        {"key": pod_pin, "path": f"k3artifacts/trust/{pod_pin}"}]}
+        {"key": pod_pin, "path": f"k3artifacts/trust/{pod_pin}"},
+        {"key": pod_heads, "path": f"k3artifacts/trust/{pod_heads}"}]}
     (init,) = pod["initContainers"]
     command = init["command"]
     assert command[3:7] == ["k3a", "verify", release.id, "--signature"]
@@ -533,7 +550,7 @@ def test_pkcs11_key_signs_revision_and_tuple(softhsm_uri, releases, policies, tm
     sign_revision(releases.store, manifest.repo_id, manifest.commit, signer)
     release = releases.tuple_for(manifest)
     sign_tuple(releases.store, release.id, signer)
-    gate = signature_gate(releases.store, release, "production", policies)
+    gate = signature_gate(releases.store, release, "production", keys_in(policies))
     assert gate.passed and "key hsm" in gate.reason, gate.reason
     public = tmp_path / "hsm.pub.pem"
     public.write_bytes(pem)

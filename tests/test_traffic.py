@@ -17,7 +17,7 @@ import yaml
 from k3artifacts.releases.analyses import list_analyses
 from k3artifacts.serving.render.common import served_name
 from k3artifacts.stores.file import FileStore
-from tests.fixtures.moves import check_gate, use_policy
+from tests.fixtures.moves import check_gate, promote, use_policy
 from tests.fixtures.prometheus import prometheus, prometheus_binary
 from tests.support.openai_server import start
 from tests.support.releases import Releases
@@ -133,3 +133,76 @@ def test_analysis_passes_the_good_canary_and_fails_the_degrading_one(
     assert not verdict.passed
     assert "step 0 (1%)" in verdict.reason and "time_to_first_token" in verdict.reason
     assert "step 1 (100%)" in verdict.reason
+
+
+def test_a_canary_slower_than_the_stable_pods_fails_under_the_bounds(
+    tmp_path: Path, policies: Path, k3a_cmd, k3a_env
+):
+    """Stable, an equal canary and a canary whose first token is 50 ms late (well under the
+    200 ms bound): the same window of each, compared by vLLM's TTFT and e2e histograms."""
+    prometheus_binary()
+    gate_file = policies / "promotion-gates.yaml"
+    gate_policy = yaml.safe_load(gate_file.read_text())
+    production = gate_policy["channels"]["production"]
+    production.update(gates=["artifact"], traffic=TRAFFIC)
+    gate_file.write_text(yaml.safe_dump(gate_policy))
+    store = FileStore(tmp_path / "store")
+    rel = Releases(store, tmp_path / "scratch")
+    stable, equal, slower = rel.release(), rel.release(), rel.release()
+    promote(store, stable.id, "production", actor="alice", policies_dir=policies)
+    model = served_name(stable)
+    servers = {
+        stable.id: start(model, tmp_path / "stable.log", token_delay=0.01),
+        equal.id: start(model, tmp_path / "equal.log", token_delay=0.01),
+        slower.id: start(model, tmp_path / "slower.log", token_delay=0.01,
+                         slow_first_token=0.05),
+    }
+    try:
+        targets = {f"127.0.0.1:{s.port}": {"k3a_io_tuple_id": t} for t, s in servers.items()}
+        with prometheus(tmp_path / "prometheus", targets) as prom:
+            for tuple_id, server in servers.items():
+                assert _drive(server.url, model, 1) == (1, 0)
+                prom.wait_for(f'sum(http_requests_total{{k3a_io_tuple_id="{tuple_id}"}})',
+                              lambda r: bool(r), f"the first request of {tuple_id}")
+            for server in servers.values():
+                assert _drive(server.url, model) == (REQUESTS, 0)
+            for tuple_id in servers:
+                prom.wait_for(f'vllm:time_to_first_token_seconds_count{{k3a_io_tuple_id='
+                              f'"{tuple_id}"}}',
+                              lambda r: bool(r) and float(r[0]["value"][1]) == REQUESTS + 1,
+                              f"{REQUESTS + 1} first tokens of {tuple_id}")
+
+            def analyze(release):
+                run = subprocess.run(
+                    [*k3a_cmd, "traffic", "analyze", release.id, "--prometheus", prom.url,
+                     "--channel", "production", "--step", "0", "--json", "--store", store.url],
+                    env=k3a_env, capture_output=True, text=True, timeout=120)
+                return run.returncode, json.loads(run.stdout), run.stderr
+
+            code, out, err = analyze(equal)
+            assert code == 0, err
+            assert all(m["passed"] for m in out["analysis"]["metrics"])
+            compared = {c["name"]: c for c in out["analysis"]["against_stable"]}
+            assert set(compared) == {"e2e_latency", "time_to_first_token"}
+            assert compared["time_to_first_token"]["stable_tuple_id"] == stable.id
+            assert all(c["judgement"]["outcome"] == "pass" for c in compared.values())
+
+            code, out, err = analyze(slower)
+            assert code == 5, err
+            # Every absolute bound holds: only the comparison with the stable pods fails.
+            assert all(m["passed"] for m in out["analysis"]["metrics"])
+            ttft = next(c for c in out["analysis"]["against_stable"]
+                        if c["name"] == "time_to_first_token")
+            assert ttft["judgement"]["outcome"] == "fail", ttft["judgement"]["reason"]
+            assert ttft["judgement"]["n_candidate"] >= REQUESTS
+            assert sum(count for _, count in ttft["stable"]) >= REQUESTS
+    finally:
+        for server in servers.values():
+            server.stop()
+    # The equal canary passed step 0 against the stable pods; step 1 was not analysed.
+    assert "no analysis under the current bounds of step 1 (100%)" in check_gate(
+        store, equal, "production", "traffic").reason
+    verdict = check_gate(store, slower, "production", "traffic")
+    assert not verdict.passed
+    assert "time_to_first_token against the stable pods" in verdict.reason
+    assert "slower beyond tolerance" in verdict.reason

@@ -20,8 +20,9 @@ from k3artifacts.errors import BadAnswer, ConfigError, Unavailable
 from k3artifacts.policy.rollout import TrafficPolicy
 from k3artifacts.releases.analyses import MetricResult, TrafficAnalysis, record_analysis
 from k3artifacts.stores.file import FileStore
-from k3artifacts.traffic.analysis import analyze_step
+from k3artifacts.traffic.analysis import analyze_step, per_bucket
 from k3artifacts.traffic.prometheus import Prometheus
+from k3artifacts.traffic.queries import TTFT, histogram_query
 from tests.faults.faultkit import send_slowly, serving
 from tests.fixtures.moves import check_gate, use_policy
 from tests.fixtures.people import person
@@ -191,11 +192,14 @@ def test_the_traffic_gate_never_passes_a_stored_value_outside_its_meaning(releas
     assert "e2e_latency refused: -1 is negative; a latency cannot be" in verdict.reason
 
 
-@pytest.mark.parametrize("spoiled", ["negative", "trickled"])
+@pytest.mark.parametrize("spoiled", ["negative", "trickled", "trickled-every-attempt"])
 def test_traffic_analyze_exits_8_naming_prometheus_and_records_nothing(
         prometheus, released, tmp_path, k3a_cmd, k3a_env, spoiled):
     """`k3a traffic analyze` against a Prometheus that answers a negative latency, or that
-    trickles its answer past the whole-answer deadline: exit 8 naming it, nothing recorded."""
+    trickles its answer past the whole-answer deadline: exit 8 naming it, nothing recorded.
+    Trickled on every attempt, the call's total deadline (K3A_HTTP_CALL_DEADLINE, 120 s by
+    default) ends it: each attempt was cut at its deadline and the next one tried, 8 of them,
+    so a Prometheus trickling under the 60 s default failed only after about 10 minutes."""
     url, answers = prometheus
     store, release = released
     env = dict(k3a_env)
@@ -203,21 +207,58 @@ def test_traffic_analyze_exits_8_naming_prometheus_and_records_nothing(
         answers.by_metric["time_to_first_token"] = "-3"
         said = (f"Prometheus at {url} answered time_to_first_token = -3 is negative; a latency "
                 "cannot be")
-    else:
+    elif spoiled == "trickled":
         answers.trickle = True
         env.update(K3A_HTTP_DEADLINE="1", K3A_HTTP_READ_TIMEOUT="5", K3A_HTTP_ATTEMPTS="2",
                    K3A_HTTP_BACKOFF="0.01")
         said = "not complete within its deadline (after 2 attempts)"
+    if spoiled == "trickled-every-attempt":
+        answers.trickle = True
+        env.update(K3A_HTTP_DEADLINE="2", K3A_HTTP_READ_TIMEOUT="5", K3A_HTTP_ATTEMPTS="8",
+                   K3A_HTTP_BACKOFF="0.01", K3A_HTTP_CALL_DEADLINE="3")
+        said = "no answer within 3 s in all (after 2 attempts), the call's deadline"
     started = time.monotonic()
     run = subprocess.run(
         [*k3a_cmd, "traffic", "analyze", release.id, "--prometheus", url, "--channel",
          "production", "--step", "0", "--json", "--store", store.url],
         env=env, capture_output=True, text=True, timeout=120)
     assert run.returncode == 8, run.stderr
-    assert time.monotonic() - started < 30
+    # 8 attempts of 2 s each would be 16 s and more.
+    assert time.monotonic() - started < (12 if spoiled == "trickled-every-attempt" else 30)
     out = json.loads(run.stdout)
     assert out["exit_code"] == 8
     assert said in out["error"] and f"Prometheus at {url}" in out["error"], out["error"]
     assert "Traceback" not in run.stderr
     assert not list((tmp_path / "store").rglob("releases/traffic/**/*.json"))
 
+
+
+def _series(*pairs: tuple[str | None, str]) -> dict:
+    return {"status": "success", "data": {"resultType": "vector", "result": [
+        {"metric": {} if le is None else {"le": le}, "value": [1.0, count]}
+        for le, count in pairs]}}
+
+
+@pytest.mark.parametrize("answer,words", [
+    (_series(("0.1", "5"), ("+Inf", "3")), "not a histogram"),
+    (_series(("0.1", "-1"), ("+Inf", "3")), "not a histogram"),
+    (_series(("0.1", "NaN")), "not a histogram"),
+    (_series((None, "5")), "without a bucket bound"),
+    (_series(("0.1", "abc")), "the value 'abc', not a number"),
+], ids=["falling", "negative", "nan", "no-le", "not-a-number"])
+def test_bucket_counts_that_are_no_histogram_are_refused(prometheus, answer, words):
+    """The histograms a canary is compared with the stable pods by are read as hostile too."""
+    url, answers = prometheus
+    answers.by_metric["requests"] = answer  # the histogram query reads increase(), as it does
+    with pytest.raises(BadAnswer) as err:
+        Prometheus(url).buckets(histogram_query(TTFT, "k3t-" + "0" * 24, "1m"), AT)
+    assert words in str(err.value) and err.value.exit_code == 8
+
+
+def test_bucket_counts_become_requests_per_bucket(prometheus):
+    url, answers = prometheus
+    answers.by_metric["requests"] = _series(("0.01", "4"), ("0.02", "10.5"), ("0.04", "10.5"),
+                                            ("+Inf", "12"))
+    counts = Prometheus(url).buckets(histogram_query(TTFT, "k3t-" + "0" * 24, "1m"), AT)
+    # Beyond the last finite bound counts at it; empty buckets are left out.
+    assert per_bucket(counts) == [(0.01, 4.0), (0.02, 6.5), (0.04, 1.5)]

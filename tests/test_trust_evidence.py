@@ -20,6 +20,8 @@ from cryptography.hazmat.primitives import serialization
 
 from k3artifacts.canonical import canonical_digest, canonical_json
 from k3artifacts.policy.approvals import Decision, decision_key
+from k3artifacts.policy.document import PolicyDocument
+from k3artifacts.policy.loosening import loosening
 from k3artifacts.policy.model import InfrastructurePolicy, TrafficPolicy
 from k3artifacts.policy.record import in_force
 from k3artifacts.policy.signed import read_signed
@@ -35,7 +37,7 @@ from k3artifacts.releases.scans import ImageScan, record_scan
 from k3artifacts.stores.file import FileStore
 from k3artifacts.trust.envelope import sign_record
 from k3artifacts.trust.identities import ROLES, Identities, Identity, KeyEntry, identities_yaml
-from tests.fixtures.moves import check_gate, use_policy
+from tests.fixtures.moves import check_gate, check_gates, use_policy
 from tests.fixtures.people import ME, PEOPLE, key_file, person, signer_of
 from tests.fixtures.releases import REPO_ROOT, passing_report, staged_for
 from tests.support.cli import invoke
@@ -107,12 +109,14 @@ def unsigned(data: bytes) -> bytes:
     return canonical_json(json.loads(data)["body"])
 
 
-def production_evidence(store, release, policies: Path) -> dict[str, list[str]]:
+def production_evidence(store, release, policies: Path, *, cluster: str = "ops"
+                        ) -> dict[str, list[str]]:
     """Records a run, a scan, a preflight and every canary step's analysis that pass
-    production's gates, each signed by ``ci``; their keys by family."""
+    production's gates, the run and the scan signed by ``ci``, the preflight and the analyses
+    by ``cluster`` (the packaged policy keeps the two apart); their keys by family."""
     channel = yaml.safe_load((policies / "promotion-gates.yaml").read_text())["channels"][
         "production"]
-    ci, now = person("ci"), datetime.now(UTC)
+    ci, ops, now = person("ci"), person(cluster), datetime.now(UTC)
     keys: dict[str, list[str]] = {family: [] for family in FAMILIES}
     record, _ = record_run(store, passing_report(release), by=ci)
     keys["evaluation"].append(f"{evaluations_prefix(release.id)}{record.report_sha256}.json")
@@ -126,7 +130,7 @@ def production_evidence(store, release, policies: Path) -> dict[str, list[str]]:
         policy=InfrastructurePolicy.model_validate(channel["infrastructure"]),
         checks=[CheckOutcome(name=name, passed=True, reason="ok", evidence={})
                 for name in CHECKS]).model_dump(mode="json")
-    record_preflight(store, release.id, "production", report, by=ci)
+    record_preflight(store, release.id, "production", report, by=ops)
     keys["preflight"].append(
         f"releases/preflight/{release.id}/production/{canonical_digest(report)}.json")
     traffic = TrafficPolicy.model_validate(channel["traffic"])
@@ -143,10 +147,21 @@ def production_evidence(store, release, policies: Path) -> dict[str, list[str]]:
                              value=0.3, passed=True),
                 MetricResult(name="error_rate", query="q", bound="max", limit=0.01, value=0.0,
                              passed=True)])
-        record_analysis(store, analysis, by=ci)
+        record_analysis(store, analysis, by=ops)
         keys["traffic"].append(f"releases/traffic/{release.id}/production/{step}/"
                                f"{canonical_digest(analysis)}.json")
     return keys
+
+
+def reviewed_and_staged(store, policies: Path, tmp_path: Path):
+    """A tuple under ``policies``, reviewed by rita and on staging long enough: what production
+    asks of it before its evidence."""
+    use_policy(store, policies)
+    release = Releases(store, tmp_path / "scratch").release()
+    review_license(store, release.id, by=person("rita"))
+    review_code(store, release.id, by=person("rita"))
+    staged_for(store, release, policies)
+    return release
 
 
 def test_hand_written_evidence_moves_no_gate_and_the_signed_evidence_passes_all_eleven(
@@ -155,11 +170,7 @@ def test_hand_written_evidence_moves_no_gate_and_the_signed_evidence_passes_all_
     written by hand, made all eleven production gates pass. Each is refused by name, alone or
     together; the same records signed by an identity that may make them pass."""
     store, env, insider = judged
-    use_policy(store, full_policies)
-    release = Releases(store, tmp_path / "scratch").release()
-    review_license(store, release.id, by=person("rita"))
-    review_code(store, release.id, by=person("rita"))
-    staged_for(store, release, full_policies)
+    release = reviewed_and_staged(store, full_policies, tmp_path)
     keys = production_evidence(store, release, full_policies)
     signed = {key: store.read(key).data for family in FAMILIES for key in keys[family]}
 
@@ -184,6 +195,93 @@ def test_hand_written_evidence_moves_no_gate_and_the_signed_evidence_passes_all_
     assert moved["changed"] and moved["entry"]["tuple_id"] == release.id
     gates = {g["name"]: g for g in moved["entry"]["gates"]}
     assert len(gates) == 11 and all(g["passed"] and not g["overridden"] for g in gates.values())
+
+
+def test_one_stolen_ci_key_does_not_pass_every_evidence_gate(judged, full_policies, tmp_path):
+    """The issue's case: the documented CI identity held evaluate, scan, preflight and traffic,
+    so with its key forged records of all four passed every evidence gate together. Under the
+    packaged production policy (evidence.apart) records that all verify, all signed by ``ci``,
+    pass the evaluation and scan gates' own checks but not the rule: the move is refused (exit
+    5) naming it; the same records with the cluster's half signed by ``ops`` move."""
+    store, env, _ = judged
+    release = reviewed_and_staged(store, full_policies, tmp_path)
+    production_evidence(store, release, full_policies, cluster="ci")
+
+    refused = k3a(env, "pat", tmp_path, "promote", release.id, "production", "--why", "forged",
+                  expect=5)
+    assert refused["exit_code"] == 5 and "4 gate(s) failed" in refused["error"]
+    for kind in ("evaluation", "scan", "preflight", "traffic"):
+        assert f"{kind} evidence passes as signed by ci only" in refused["error"]
+    report = check_gates(store, release.id, "production", actor="pat")
+    gates = {g.name: g for g in report.results}
+    for name in ("evaluation", "image_scan", "infrastructure", "traffic"):
+        assert not gates[name].passed, name
+        assert "signed by ci only" in gates[name].reason
+        assert "evidence.apart keeps evaluation, scan | preflight, traffic" in gates[name].reason
+    assert [g.name for g in report.failed] == ["evaluation", "image_scan", "infrastructure",
+                                                "traffic"]
+
+    production_evidence(store, release, full_policies)
+    moved = k3a(env, "pat", tmp_path, "promote", release.id, "production", "--why", "apart")
+    assert moved["changed"] and all(g["passed"] for g in moved["entry"]["gates"])
+
+
+def test_evidence_signers_asks_distinct_identities_and_relaxing_it_loosens(
+        policies, tmp_path):
+    """``evidence.signers: {scan: 2}``: one identity's passing scan is not enough, a second
+    identity's makes it; lowering the number back is a loosening (two root identities)."""
+    from k3artifacts.policy.document import PolicyDocument
+    from k3artifacts.policy.loosening import loosening
+    store = FileStore(tmp_path / "store")
+    gates = {"schema_version": 1, "channels": {"staging": {
+        "gates": ["image_scan"], "evidence": {"signers": {"scan": 2}}}}}
+    (policies / "promotion-gates.yaml").write_text(yaml.safe_dump(gates))
+    write_identities(policies)
+    use_policy(store, policies)
+    release = Releases(store, tmp_path / "scratch").release()
+    scan = ImageScan(tuple_id=release.id, image_digest=release.binding.image.digest,
+                     scanner="trivy", counts=dict.fromkeys(
+                         ("CRITICAL", "HIGH", "MEDIUM", "LOW", "UNKNOWN"), 0), critical=[])
+    record_scan(store, scan, by=person("ci"))
+    report = check_gates(store, release.id, "staging")
+    assert not report.passed
+    assert "signed by 1 identity (ci); the channel's evidence.signers asks 2" \
+        in report.results[0].reason
+    record_scan(store, scan.model_copy(update={"scanner": "grype"}), by=person("ops"))
+    assert check_gates(store, release.id, "staging").passed
+
+    stricter = PolicyDocument.from_dir(policies)
+    gates["channels"]["staging"]["evidence"] = {"signers": {"scan": 1}}
+    (policies / "promotion-gates.yaml").write_text(yaml.safe_dump(gates))
+    assert loosening(stricter, PolicyDocument.from_dir(policies)) == [
+        "changes channel staging: evidence.signers ({scan: 2} -> {scan: 1})"]
+    gates["channels"]["staging"]["evidence"] = {"signers": {"scan": 3}}
+    (policies / "promotion-gates.yaml").write_text(yaml.safe_dump(gates))
+    assert loosening(stricter, PolicyDocument.from_dir(policies)) == []
+
+
+def test_relaxing_evidence_apart_loosens_the_policy(policies):
+    """Kinds kept apart stay apart in a stricter policy: merging the two groups, dropping a
+    kind or the rule loosens; splitting a group or adding a kind to one does not."""
+    shutil.copy(REPO_ROOT / "policies" / "promotion-gates.yaml",
+                policies / "promotion-gates.yaml")
+    packaged = PolicyDocument.from_dir(policies)
+    gates = yaml.safe_load((policies / "promotion-gates.yaml").read_text())
+
+    def change(evidence):
+        gates["channels"]["production"]["evidence"] = evidence
+        (policies / "promotion-gates.yaml").write_text(yaml.safe_dump(gates))
+        return loosening(packaged, PolicyDocument.from_dir(policies))
+
+    assert change({"apart": [["evaluation"], ["scan"], ["preflight", "traffic"]]}) == []
+    assert change({"apart": [["evaluation", "scan"], ["preflight", "traffic"]],
+                   "signers": {"traffic": 2}}) == []
+    merged = change({"apart": [["evaluation", "scan", "preflight"], ["traffic"]]})
+    assert merged and merged[0].startswith("changes channel production: evidence.apart")
+    assert change({"apart": [["evaluation"], ["preflight", "traffic"]]})
+    dropped = change(None)
+    assert len(dropped) == 1 and dropped[0].startswith("changes channel production: evidence (")
+    assert dropped[0].endswith("-> null)")
 
 
 def test_evidence_copied_from_another_tuples_key_is_refused(judged, full_policies, tmp_path):

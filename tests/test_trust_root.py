@@ -11,10 +11,18 @@ from pathlib import Path
 import pytest
 
 from k3artifacts.canonical import canonical_json
-from k3artifacts.errors import ConfigError, TrustRootError, UntrustedRecord, UsageError
+from k3artifacts.errors import (
+    ConfigError,
+    HistoryRewound,
+    TrustRootError,
+    UntrustedRecord,
+    UsageError,
+)
 from k3artifacts.stores.file import FileStore
 from k3artifacts.trust import enrol, rotation
+from k3artifacts.trust.chain import Mark
 from k3artifacts.trust.envelope import add_signature
+from k3artifacts.trust.heads import heads_path, remember, seen
 from k3artifacts.trust.identities import KeyEntry
 from k3artifacts.trust.pins import (
     config_map_files,
@@ -186,6 +194,8 @@ def _pin_file(store, client) -> Path:
     (lambda p: p.write_text(json.dumps({**json.loads(p.read_text()), "store": "file:///x"})),
      "is for file:///x"),
 ])
+
+
 def test_a_pin_another_account_could_write_or_that_does_not_parse_is_refused(
         store, client, spoil, why):
     path = _pin_file(store, client)
@@ -208,16 +218,23 @@ def test_the_pin_renders_as_configmap_data_a_verifier_loads(store, client):
     assert load_pin(store.url) == pin
 
 
-def test_the_cli_walks_first_use_a_second_account_joining_and_a_cosigned_rotation(
-        k3a_cmd, k3a_env, tmp_path):
-    store = tmp_path / "store"
+def accounts(store: Path, k3a_cmd, k3a_env, tmp_path: Path):
+    """A new file store at ``store``, and `k3a ARGS --json` on it as ``who`` (their own
+    configuration, so their own key): ``k3a(who, *args, code=0)``, its JSON document."""
     store.mkdir()
     env = {**k3a_env, "K3A_STORE": f"file://{store}"}
 
     def k3a(who: str, *args: str, code: int = 0) -> dict:
-        """`k3a ARGS --json` as ``who`` (their own configuration, so their own key)."""
         return run_process(*args, "--json", env={**env, "XDG_CONFIG_HOME": str(tmp_path / who)},
                            cmd=k3a_cmd, expect=code).json
+
+    return k3a
+
+
+def test_the_cli_walks_first_use_a_second_account_joining_and_a_cosigned_rotation(
+        k3a_cmd, k3a_env, tmp_path):
+    store = tmp_path / "store"
+    k3a = accounts(store, k3a_cmd, k3a_env, tmp_path)
 
     first = k3a("alice", "trust", "init", "--name", "alice")
     fingerprint = first["root"]["fingerprint"]
@@ -248,3 +265,72 @@ def test_the_cli_walks_first_use_a_second_account_joining_and_a_cosigned_rotatio
     (store / "releases/trust/root/0000000003.json").write_bytes(canonical_json(record))
     assert pinned.exists()
     assert "root-mismatch" in k3a("alice", "trust", "show", code=4)["error"]
+
+
+def test_a_proposal_signed_before_a_root_rotation_is_exit_6_as_the_docs_say(
+        k3a_cmd, k3a_env, tmp_path):
+    """The issue's case: a policy change alice proposed (and signed) under root v1, applied
+    after the root rotated to v2, was refused as "tampered" (exit 4); docs/reference/
+    exit-codes.md and docs/policy-and-identity.md say a proposal whose root rotated since is
+    a lost race (exit 6): propose again. Proposed again, it applies."""
+    k3a = accounts(tmp_path / "store", k3a_cmd, k3a_env, tmp_path)
+
+    k3a("alice", "policy", "init")
+    fingerprint = k3a("alice", "trust", "show")["root"]["fingerprint"]
+    policies = tmp_path / "policies"
+    k3a("alice", "policy", "show", "--out", str(policies))
+    gates = policies / "promotion-gates.yaml"
+    gates.write_text(gates.read_text().replace("  keep: 2\n", "  keep: 3\n"))
+    stale = k3a("alice", "policy", "propose", str(policies), "--why", "keep three")["id"]
+    bob_key = k3a("bob", "key", "create")["public_path"]
+    k3a("bob", "trust", "init", "--fingerprint", fingerprint)
+    assert k3a("alice", "trust", "rotate", "--add", f"bob={bob_key}")["published"]
+
+    refused = k3a("alice", "policy", "apply", stale, code=6)
+    assert refused["exit_code"] == 6
+    assert refused["error"] == (f"{stale} was signed under root v1; the root rotated to v2 "
+                                "since; nothing was written")
+    assert "propose the change again" in refused["next"]
+    again = k3a("alice", "policy", "propose", str(policies), "--why", "keep three")["id"]
+    assert k3a("alice", "policy", "apply", again)["version"] == 2
+def test_a_root_rotation_deleted_from_the_store_is_refused_by_a_client_that_followed_it(
+        store, client):
+    """Root v2 removed from the store (a restored copy from before the rotation): a client
+    pinning v2 refuses it, naming both heads; one that never saw v2 reads v1 as before."""
+    pin, _ = enrol.first_use(store, ALICE, "alice")
+    client("bob")
+    enrol.join(store, pin.root.fingerprint)
+    client("alice")
+    done = rotation.rotate(store, pin, ALICE, add=keys(bob=BOB), remove=[], threshold=None)
+    store.delete(root_key(2))
+    caught = refused("rewound", follow, store, require_pin(store.url))
+    assert isinstance(caught, HistoryRewound)
+    assert f"the store's root: this client verified v2 ({done.root.fingerprint[:12]})" \
+        in str(caught)
+    client("bob")
+    assert follow(store, require_pin(store.url))[0].root == pin.root
+
+
+@pytest.mark.parametrize("spoil, why", [
+    (lambda p: p.chmod(0o666), "can be written by other accounts"),
+    (lambda p: os.chown(p, 54321, -1), "belongs to uid 54321"),
+    (lambda p: p.write_text("{"), "malformed"),
+    (lambda p: p.write_text(json.dumps({**json.loads(p.read_text()), "store": "file:///x"})),
+     "are for file:///x"),
+])
+
+
+def test_remembered_heads_another_account_could_write_or_that_do_not_parse_are_refused(
+        store, client, spoil, why):
+    """Whoever could write them could make this client forget what it verified."""
+    enrol.first_use(store, ALICE, "alice")
+    remember(store.url, "channel staging", Mark(3, "a" * 64))
+    path = heads_path(store.url)
+    assert path.stat().st_mode & 0o777 == 0o644 and seen(store.url, "channel staging").seq == 3
+    remember(store.url, "channel staging", Mark(2, "b" * 64))  # a head only moves forward
+    assert seen(store.url, "channel staging") == Mark(3, "a" * 64)
+    if "belongs" in why and os.getuid() != 0:
+        pytest.skip("giving a file to another uid needs root")
+    spoil(path)
+    with pytest.raises(TrustRootError, match=why):
+        seen(store.url, "channel staging")

@@ -332,6 +332,8 @@ def test_cli_capture_pull_and_cache_ls(captured, tmp_path, policies):
     assert json.loads(strict.stdout)["warm"]["reason"] == "unsigned"
     # Said once: the log line where the miss was found, not again as a summary.
     assert strict.stderr.count("warm start miss") == 1 and ": unsigned: " in strict.stderr
+    # No channel named: the miss says whose rule it is and how to capture one that passes.
+    assert "channel None" not in strict.stderr and "--signing-key" in strict.stderr
     use_policy(store, policies)  # one that requires no signature
     root = tmp_path / "node"
     pulled = subprocess.run([*k3a, "pull", release.id, "--to", str(root), "--gpu", GPU,

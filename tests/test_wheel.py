@@ -13,11 +13,13 @@ import hashlib
 import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from tests.conftest import REPO_ROOT
+from tests.support.doc_blocks import Shell, blocks_of
 from tests.support.wheel_venv import wheel_venv
 from tests.test_readme_path import readme_commands, run_in_one_shell
 
@@ -98,3 +100,25 @@ def test_the_packaged_suite_runs_by_name_from_the_wheel(installed, elsewhere, tm
             assert hashlib.sha256(packaged).hexdigest()[:12] in done.stdout
     finally:
         server.stop()
+
+
+def test_the_signing_guide_runs_from_the_wheel(installed, elsewhere):
+    """docs/guides/signing.md's blocks, from a directory that is no checkout: trusting the key
+    starts from `k3a policy show --out`, the packaged defaults as the wheel carries them."""
+    workdir, env = elsewhere
+    (workdir / ".venv").symlink_to(installed.parent)
+    # The upstream tool the page checks with is the reader's own install, after the wheel's k3a.
+    upstream = Path(shutil.which("model_signing") or sys.executable).parent
+    env = {**env, "PATH": f"{env['PATH']}{os.pathsep}{upstream}", "TMPDIR": str(workdir.parent)}
+    shell = Shell(workdir, env)
+    try:
+        for block in blocks_of(REPO_ROOT / "docs" / "guides" / "signing.md"):
+            if block.marker == "page":
+                for command in block.commands:
+                    shell.run(command)
+        written = Path(shell.run('echo "$WORK"').strip()) / "policy"
+    finally:
+        shell.close()
+    packaged = (REPO_ROOT / "policies" / "promotion-gates.yaml").read_text()
+    assert (written / "promotion-gates.yaml").read_text() == packaged
+    assert sorted(p.name for p in workdir.iterdir()) == [".venv"]

@@ -22,6 +22,8 @@ from k3artifacts import __version__
 from k3artifacts.cli.exits import exits
 from k3artifacts.errors import K3AError
 
+#: What a path given on the command line that cannot be used raises (PermissionError apart).
+UNUSABLE_PATH = (FileNotFoundError, NotADirectoryError, IsADirectoryError, FileExistsError)
 #: ``ctx.meta`` key set by ``--json`` (see :data:`k3artifacts.cli.common.json_option`).
 JSON_META = "k3a.json"
 #: ``ctx.meta`` key of the JSON document a command made (:func:`k3artifacts.cli.common.emit`).
@@ -99,6 +101,9 @@ COMMANDS: dict[str, Entry] = {
     "fsx": Entry("aws:fsx_group", "FSx for Lustre file systems linked to the bucket.",
                  OPERATIONS),
     "docker": Entry("docker:docker_group", "Inputs for the images in docker/.", OPERATIONS),
+    "config": Entry("config:config_group",
+                    "Named contexts (store, key, channel): list, show, use, set-context.",
+                    OPERATIONS),
     # Old spellings.
     "tuples": Entry("tuples:tuple_group"),
     "channels": Entry("channels:channel_group"),
@@ -161,14 +166,25 @@ class K3AGroup(click.Group):
             _fail(ctx, f"this account may not use {where}: {exc.strerror or exc}", 9,
                   f"see who may (`ls -ld {where}`), or choose a path this account owns",
                   as_json=_wants_json(ctx, raw_args))
-        except click.ClickException as exc:
-            # A usage error, or a malformed variable met computing a default: only --json
-            # changes how it looks; click prints it otherwise.
-            if not _wants_json(ctx, raw_args):
+        except UNUSABLE_PATH as exc:
+            # A path given (an --out, --dir or key file) that is not there or not what it
+            # must be: named with its cause, as a store path that cannot be made is.
+            if exc.filename is None:
                 raise
+            _fail(ctx, f"cannot use {exc.filename}: {exc.strerror or exc}", 9,
+                  f"check the path (`ls -ld {exc.filename}`), or choose another",
+                  as_json=_wants_json(ctx, raw_args))
+        except click.exceptions.NoArgsIsHelpError:
+            raise  # a group named alone: its help, as click prints it
+        except click.ClickException as exc:
+            # A usage error, or a malformed variable met computing a default: the message and
+            # the next step as every other failure says them (with --json, as a document).
             where = getattr(exc, "ctx", None) or ctx
             hint = getattr(exc, "hint", None) or f"see `{where.command_path} --help`"
-            _fail(ctx, exc.format_message(), exc.exit_code, hint, as_json=True)
+            as_json = _wants_json(ctx, raw_args)
+            if isinstance(exc, click.UsageError) and not as_json:
+                click.echo(where.get_usage(), err=True)
+            _fail(ctx, exc.format_message(), exc.exit_code, hint, as_json=as_json)
         document = ctx.meta.pop(DOCUMENT_META, _NONE)
         if document is not _NONE:
             print_document(document)
@@ -222,12 +238,25 @@ def print_failure(message: str, hint: str | None) -> None:
         click.echo(f"next: {hint}", err=True)
 
 
-@exits(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 130)
+def _choose_context(ctx: click.Context, param: click.Parameter, name: str | None) -> None:
+    # Called without the flag too: a process running several commands (tests, a flow) must
+    # not keep the previous one's choice.
+    from k3artifacts.settings import choose_context
+
+    choose_context(name)
+
+
+@exits(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 130)
 @click.group(
     cls=K3AGroup,
     context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},
 )
 @click.version_option(__version__, prog_name="k3a")
+@click.option("--context", metavar="NAME", default=None, expose_value=False, is_eager=True,
+              callback=_choose_context,
+              help="Read the store, identity key and channel from this context of "
+              "$XDG_CONFIG_HOME/k3a/config.yaml (else K3A_CONTEXT, else its current-context); "
+              "flags and variables override it. `k3a config list` shows them.")
 def cli() -> None:
     """Stage Kimi K3 (or any Hugging Face safetensors model) into a verified, pinned release.
 

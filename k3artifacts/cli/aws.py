@@ -151,8 +151,8 @@ def fsx_preload(ref: str, file_system_id: str, store_url: str, fsx_endpoint_url:
     Starts an IMPORT_METADATA_FROM_REPOSITORY data repository task for the revision's S3
     prefix, so its files appear on the file system now rather than whenever automatic import
     gets to them. File contents still load on first read: hydrate them from a node that mounts
-    the file system (README, "S3 and FSx"), then run `k3a verify` on the mounted path as the
-    readiness check.
+    the file system (docs/guides/s3-and-fsx.md, "FSx for Lustre"), then run `k3a verify` on the
+    mounted path as the readiness check.
     """
     from k3artifacts.revisions.refs import match_revision_ref
     from k3artifacts.stores.fsx import start_preload

@@ -23,6 +23,7 @@ from k3artifacts.cli.common import (
     typed_actor_option,
 )
 from k3artifacts.cli.exits import exits
+from k3artifacts.cli.params import CHANNEL, TUPLE_ID
 from k3artifacts.cli.single_node import run_single_node, single_node_options
 
 if TYPE_CHECKING:
@@ -75,6 +76,37 @@ def _move_summary(result: MoveResult) -> None:
     )
 
 
+dry_run_option = click.option(
+    "--dry-run", is_flag=True,
+    help="Plan the move as it would run (who moves, the checks, the pointer it would swap) and "
+    "print the plan; write nothing (no record, no pin, no key).")
+
+
+def _planned(as_json: bool, *, channel: str, current: str | None, target: str,
+             checks: list[GateResult], policy: str, action: str) -> None:
+    """A move's plan, as `--dry-run` prints it."""
+    moves = current != target
+    plan = {"dry_run": True, "action": action, "channel": channel, "from": current,
+            "to": target, "moves": moves, "policy": policy,
+            "checks": [check.model_dump(mode="json") for check in checks]}
+
+    def human() -> None:
+        if checks:
+            _gate_table(checks)
+        said = (f"would move {channel}: {current or '(empty)'} -> {target}" if moves
+                else f"{channel} already points at {target}: nothing to move")
+        click.echo(f"dry run ({action}): {said}; judged by {policy}; nothing written")
+
+    emit(as_json, plan, human)
+
+
+def _dry_run_alone(dry_run: bool, **others: bool) -> None:
+    given = [f"--{name.replace('_', '-')}" for name, on in others.items() if on]
+    if dry_run and given:
+        raise click.UsageError(f"--dry-run plans the move itself; it does not go with "
+                               f"{', '.join(given)}")
+
+
 def _requested(request: ApprovalRequest, then: str, as_json: bool) -> None:
     emit(as_json, request, lambda: click.echo(
         f"requested: {request.subject()} as {request.id}\n"
@@ -91,8 +123,8 @@ def _requested(request: ApprovalRequest, then: str, as_json: bool) -> None:
     (9, "bad override, or a local --policies"),
 )
 @click.command("promote")
-@click.argument("tuple_id")
-@click.argument("channel")
+@click.argument("tuple_id", type=TUPLE_ID)
+@click.argument("channel", type=CHANNEL)
 @click.option(
     "--override-gate",
     "override_gates",
@@ -113,6 +145,7 @@ def _requested(request: ApprovalRequest, then: str, as_json: bool) -> None:
 @click.option("--request-approval", "request_approval_", is_flag=True,
               help="Run the gates, record a request for approval of this promotion (the one "
               "the promote flow records) and print its id; moves nothing.")
+@dry_run_option
 @by_option
 @local_policies_option
 @store_option
@@ -125,6 +158,7 @@ def promote_cmd(
     why: str | None,
     approval: str | None,
     request_approval_: bool,
+    dry_run: bool,
     by: str | None,
     local_policies: Path | None,
     store_url: str,
@@ -150,10 +184,14 @@ def promote_cmd(
     """
     if len(override_gates) != len(override_reasons):
         raise click.UsageError("give exactly one --reason for each --override-gate")
+    _dry_run_alone(dry_run, request_approval=request_approval_)
     overrides = dict(zip(override_gates, override_reasons, strict=True))
     store = get_store(store_url)
     _refuse_local_policies(local_policies, store)
     me = _acting(store, by)
+    if dry_run:
+        _promote_dry_run(store, tuple_id, channel, me, why, overrides, approval, as_json)
+        return
     if request_approval_:
         from k3artifacts.promotion.requests import request_move
         _, request = request_move(store, "promote", channel, tuple_id=tuple_id,
@@ -171,6 +209,22 @@ def promote_cmd(
     emit(as_json, result, human)
 
 
+def _promote_dry_run(store: Store, tuple_id: str, channel: str, me: Acting, why: str | None,
+                     overrides: dict[str, str], approval: str | None, as_json: bool) -> None:
+    from k3artifacts.errors import GatesRefused
+    from k3artifacts.promotion.moves import plan_promote
+    try:
+        plan = plan_promote(store, tuple_id, channel, acting=me, reason=why, overrides=overrides,
+                            approval=approval)
+    except GatesRefused as refused:
+        # The plan stops at its gates: the whole table beside the refusal, as `k3a gates`.
+        report = refused.report
+        emit(as_json, report, lambda: _gate_table(report.results))
+        raise
+    _planned(as_json, channel=channel, current=plan.state.tuple_id, target=tuple_id,
+             checks=plan.gates, policy=plan.policy.label(), action="promote")
+
+
 @exits(
     (0, "moved (or already there, or a request recorded)"),
     (4, "target's manifest changed or the pointer does not match its history"),
@@ -181,11 +235,12 @@ def promote_cmd(
     (9, "(--single-node) the node's options are missing"),
 )
 @click.command("rollback")
-@click.argument("channel")
+@click.argument("channel", type=CHANNEL)
 @click.option(
     "--to",
     "to",
     metavar="TUPLE_ID",
+    type=TUPLE_ID,
     default=None,
     help="A tuple this channel served before (default: the previous distinct one).",
 )
@@ -197,6 +252,7 @@ def promote_cmd(
 @click.option("--request-approval", "request_approval_", is_flag=True,
               help="Record a request for approval of this rollback (the one the rollback flow "
               "records) and print its id; moves nothing.")
+@dry_run_option
 @by_option
 @local_policies_option
 @store_option
@@ -207,6 +263,7 @@ def rollback_cmd(
     why: str | None,
     approval: str | None,
     request_approval_: bool,
+    dry_run: bool,
     by: str | None,
     local_policies: Path | None,
     store_url: str,
@@ -223,9 +280,16 @@ def rollback_cmd(
     approval record: `--request-approval` records the request and prints its id, another
     release engineer runs `k3a approve REQUEST`, then `--approval REQUEST` moves the channel.
     """
+    _dry_run_alone(dry_run, request_approval=request_approval_, single_node=node["single_node"])
     store = get_store(store_url)
     _refuse_local_policies(local_policies, store)
     me = _acting(store, by)
+    if dry_run:
+        from k3artifacts.promotion.rollback import plan_rollback
+        plan = plan_rollback(store, channel, to=to, acting=me, reason=why, approval=approval)
+        _planned(as_json, channel=channel, current=plan.state.tuple_id, target=plan.tuple_id,
+                 checks=plan.checks, policy=plan.policy.label(), action="rollback")
+        return
     if node["single_node"]:
         run_single_node(store, channel, to=to, why=why, acting=me, approval=approval,
                         as_json=as_json, **node)
@@ -313,7 +377,7 @@ def channel_group() -> None:
 
 @exits(0, (4, "the pointer does not match its history"), (7, "unknown channel"))
 @channel_group.command("history")
-@click.argument("channel")
+@click.argument("channel", type=CHANNEL)
 @store_option
 @json_option
 def history_cmd(channel: str, store_url: str, as_json: bool) -> None:
@@ -375,8 +439,8 @@ def channels_list(store_url: str, as_json: bool) -> None:
     (9, "a local --policies"),
 )
 @click.command("gates")
-@click.argument("tuple_id")
-@click.argument("channel")
+@click.argument("tuple_id", type=TUPLE_ID)
+@click.argument("channel", type=CHANNEL)
 @by_option
 @local_policies_option
 @store_option
@@ -425,7 +489,7 @@ def review_group() -> None:
     (9, "your key is no identity of the policy, or lacks the role review"),
 )
 @review_group.command("license")
-@click.argument("tuple_id")
+@click.argument("tuple_id", type=TUPLE_ID)
 @by_option
 @click.option("--note", default=None, help="Anything the next reader should know.")
 @click.option("--show", is_flag=True, help="Print the license text to read; record nothing.")
@@ -474,7 +538,7 @@ def review_license_cmd(
     (9, "your key is no identity of the policy, or lacks the role review"),
 )
 @review_group.command("code")
-@click.argument("tuple_id")
+@click.argument("tuple_id", type=TUPLE_ID)
 @by_option
 @click.option("--note", default=None, help="Anything the next reader should know.")
 @store_option

@@ -74,7 +74,8 @@ store_option = click.option(
     "--store",
     "store_url",
     default=from_settings(default_store_url),
-    show_default="$K3A_STORE or ~/.local/share/k3artifacts/store",
+    show_default="$K3A_STORE, else the context's store (`k3a config show`), else "
+    "~/.local/share/k3artifacts/store",
     help="Release store: file:///path (local disk or FSx mount) or s3://bucket/prefix.",
 )
 
@@ -167,11 +168,13 @@ def get_store(url: str, *, must_exist: bool = True) -> Store:
     from k3artifacts.stores.registry import open_store
 
     store = open_store(url)
-    if must_exist and not store.exists():
+    if not must_exist:
+        store.refuse_unmakeable()
+    elif not store.exists():
         raise NotFound(
             f"no store at {store.url}",
-            hint="check --store / K3A_STORE (a typo?); a store is created by its first "
-            "`k3a stage` (or `k3a demo`)",
+            hint="check --store / K3A_STORE / the context's store (`k3a config show`; a "
+            "typo?); a store is created by its first `k3a stage` (or `k3a demo`)",
         )
     return store
 
@@ -192,9 +195,20 @@ def acting_here(store: Store, by: str | None = None) -> Acting:
             hint="drop --by: `k3a key show` says which key you sign with and whose it is; to "
             "act as another identity, sign with its key (K3A_IDENTITY_KEY)")
     me = acting(store)
-    if me.made_key is not None:
-        click.echo(f"made your personal key: {me.made_key} (public half beside it; "
-                   "`k3a key show`)", err=True)
+    made = me.made_key
+    if made is not None:
+        # The key is written at its first signature: said once the command is done, and
+        # only if it signed (a refused move leaves no key behind).
+        def said() -> None:
+            if Path(made).exists():
+                click.echo(f"made your personal key: {made} (public half beside it; "
+                           "`k3a key show`)", err=True)
+
+        ctx = click.get_current_context(silent=True)
+        if ctx is None:
+            said()
+        else:
+            ctx.call_on_close(said)
     return me
 
 

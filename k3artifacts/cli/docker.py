@@ -8,6 +8,7 @@ import click
 
 from k3artifacts.cli.common import emit, get_store, json_option, store_option
 from k3artifacts.cli.exits import exits
+from k3artifacts.cli.params import TUPLE_OR_CHANNEL
 
 if TYPE_CHECKING:
     from k3artifacts.releases.tuples import ReleaseTuple
@@ -41,7 +42,7 @@ def docker_group() -> None:
     (7, "unknown tuple or channel"),
 )
 @docker_group.command("build-args")
-@click.argument("tuple_or_channel")
+@click.argument("tuple_or_channel", type=TUPLE_OR_CHANNEL)
 @store_option
 @json_option
 def build_args(tuple_or_channel: str, store_url: str, as_json: bool) -> None:

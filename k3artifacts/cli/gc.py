@@ -17,14 +17,16 @@ if TYPE_CHECKING:
 @exits((0, "done (or plan shown)"), (8, "store unreachable"), (9, "bad policy"))
 @click.command("gc")
 @click.option("--apply", "apply_", is_flag=True, help="Delete what the plan retires.")
+@click.option("--dry-run", is_flag=True,
+              help="Print the plan and delete nothing (what runs without --apply, said).")
 @click.option("--keep", type=click.IntRange(min=1), default=None,
               help="Keep the newest N revisions of each repo. Default: retention.keep.")
 @click.option("--keep-days", type=click.FloatRange(min=0), default=None,
               help="Keep revisions published less than D days ago. Default: retention.keep_days.")
 @store_option
 @json_option
-def gc_cmd(apply_: bool, keep: int | None, keep_days: float | None, store_url: str,
-           as_json: bool) -> None:
+def gc_cmd(apply_: bool, dry_run: bool, keep: int | None, keep_days: float | None,
+           store_url: str, as_json: bool) -> None:
     """Retire published revisions by the retention section of the store's policy
     (`k3a policy show`).
 
@@ -35,6 +37,8 @@ def gc_cmd(apply_: bool, keep: int | None, keep_days: float | None, store_url: s
     promotion racing gc is refused or keeps the revision. On S3 the current versions go; the
     noncurrent ones expire by the lifecycle rule `k3a bootstrap --noncurrent-days` sets.
     """
+    if apply_ and dry_run:
+        raise click.UsageError("--dry-run and --apply: choose one (without either, a dry run)")
     from k3artifacts.releases.retention import plan_gc
     from k3artifacts.warm.retention import gc
     store = get_store(store_url)

@@ -35,6 +35,42 @@ def _walk(command: click.Command, path: list[str],
                 yield from _walk(sub, [*path, name], ctx)
 
 
+#: The page's hand-written part: what every command shares and no --help says.
+CONVENIENCES = [
+    "## Shell completion", "",
+    "Commands, subcommands and options complete in bash, zsh and fish, and so do the store's "
+    "tuple ids, channels and repos: from the store named by `--store` on the line, else "
+    "`K3A_STORE` or the context's. A store that cannot be read completes nothing (never an "
+    "error in the prompt). Put the line of your shell in its start-up file:", "",
+    "```bash",
+    'eval "$(_K3A_COMPLETE=bash_source k3a)"    # bash: ~/.bashrc',
+    '# zsh (~/.zshrc):                 eval "$(_K3A_COMPLETE=zsh_source k3a)"',
+    "# fish (~/.config/fish/completions/k3a.fish):   _K3A_COMPLETE=fish_source k3a | source",
+    "```", "",
+    "## Contexts", "",
+    "A context names a store, the identity key records are signed with and a default channel "
+    "(`--channel` of `verify --signature` and `eval run`), kept in "
+    "`$XDG_CONFIG_HOME/k3a/config.yaml`, as kubectl keeps its contexts and AWS its profiles. "
+    "`k3a --context NAME COMMAND ...` chooses one for a command, `K3A_CONTEXT` for a shell, "
+    "`k3a config use NAME` from now on. A flag wins over its variable, a variable over the "
+    "context, the context over the default; `k3a config show` says which gave each value. The "
+    "file is refused (exit 9) when anyone but its owner may write it. Variables: "
+    "[environment.md](environment.md).", "",
+    "```bash",
+    'k3a config set-context demo --store "file://${XDG_DATA_HOME:-$HOME/.local/share}/'
+    'k3artifacts/store" --channel staging',
+    "k3a config use demo",
+    "k3a config list",
+    "k3a config show",
+    "```", "",
+    "## Dry runs", "",
+    "`--dry-run` on `stage` (also `--plan`), `promote`, `rollback` and `revision gc` prints the "
+    "plan of the move (what would be downloaded or reused; the gates and the pointer it would "
+    "swap; the revisions gc would retire) and writes nothing: no record, no pin, no key. With "
+    "`--json` the plan is one document. `k3a gates TUPLE CHANNEL` shows the gates alone.", "",
+]
+
+
 def cli_markdown() -> str:
     from k3artifacts.cli.app import COMMANDS, cli
 
@@ -48,12 +84,12 @@ def cli_markdown() -> str:
              + REGENERATE.format(page="cli", file="cli.md")
              + "`); do not edit by hand. Old spellings (`k3a tuples`, `k3a channels`, "
              "`k3a history`, `k3a revisions`, `k3a gc`, `k3a cache ls`) still run and are not "
-             "listed.", "", "## k3a", "", "```", cli.get_help(root), "```", ""]
+             "listed.", "", *CONVENIENCES, "## k3a", "", "```text", cli.get_help(root), "```", ""]
     for name, entry in COMMANDS.items():
         if entry.section is None:
             continue
         for path, text in _walk(entry.load(), ["k3a", name], root):
-            lines += [f"{'#' * min(len(path), 4)} {' '.join(path)}", "", "```", text, "```", ""]
+            lines += [f"{'#' * min(len(path), 4)} {' '.join(path)}", "", "```text", text, "```", ""]
     return "\n".join(lines)
 
 

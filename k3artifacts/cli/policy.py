@@ -49,7 +49,8 @@ def policy_group() -> None:
 @store_option
 @json_option
 def show_cmd(out_dir: Path | None, store_url: str, as_json: bool) -> None:
-    """The policy in force: version, digest, and its gate policy text."""
+    """The policy in force: version, digest, and its gate policy text; with `--out DIR`, its
+    files written to DIR instead of the text (what to edit, then `k3a policy propose DIR`)."""
     from k3artifacts.errors import ConfigError
     from k3artifacts.policy.change import policy_in_force
     policy = policy_in_force(get_store(store_url))
@@ -60,10 +61,14 @@ def show_cmd(out_dir: Path | None, store_url: str, as_json: bool) -> None:
         policy.document.write_dir(out_dir)
     out = {"version": policy.version, "digest": policy.digest,
            "files": sorted(policy.document.files), "policy": policy.document.gates}
+    head = f"policy {policy.label()}\nfiles: {', '.join(sorted(policy.document.files))}\n"
+    if out_dir is not None:
+        emit(as_json, out, lambda: click.echo(
+            f"{head}written to: {out_dir}\nnext: edit the files there, then "
+            f"`k3a policy propose {out_dir}`"))
+        return
     emit(as_json, out, lambda: click.echo(
-        f"policy {policy.label()}\nfiles: {', '.join(sorted(policy.document.files))}\n"
-        + (f"written to: {out_dir}\n" if out_dir else "") + "\n"
-        + policy.document.files["promotion-gates.yaml"]))
+        f"{head}\n{policy.document.files['promotion-gates.yaml']}"))
 
 
 @exits(

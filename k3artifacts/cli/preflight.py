@@ -16,6 +16,7 @@ from k3artifacts.cli.common import (
     typed_actor_option,
 )
 from k3artifacts.cli.exits import exits
+from k3artifacts.cli.params import TUPLE_OR_CHANNEL
 from k3artifacts.errors import GateFailed
 
 
@@ -27,7 +28,7 @@ from k3artifacts.errors import GateFailed
         "policy or lacks the role preflight"),
 )
 @click.command("preflight")
-@click.argument("tuple_or_channel")
+@click.argument("tuple_or_channel", type=TUPLE_OR_CHANNEL)
 @click.option("--channel", required=True,
               help="The channel about to serve the tuple: its `infrastructure:` policy says "
               "where (region, subnets, role, window, load target).")

@@ -20,6 +20,7 @@ from k3artifacts.cli.common import (
     typed_actor_option,
 )
 from k3artifacts.cli.exits import exits
+from k3artifacts.cli.params import TUPLE_ID, TUPLE_OR_CHANNEL
 from k3artifacts.errors import GateFailed, Unavailable
 
 if TYPE_CHECKING:
@@ -29,7 +30,7 @@ if TYPE_CHECKING:
 
 
 tuple_option = click.option(
-    "--tuple", "tuple_name", required=True, metavar="ID|CHANNEL",
+    "--tuple", "tuple_name", required=True, metavar="ID|CHANNEL", type=TUPLE_OR_CHANNEL,
     help="The tuple the endpoint serves: a tuple id, or a channel naming one.")
 
 
@@ -59,6 +60,13 @@ def _observer() -> Observer:
             click.echo(f"{stamp} readiness {'pass' if ok else 'FAIL'} {text}", err=True)
 
     def check(r: CheckResult) -> None:
+        if r.skipped is not None:  # not run is no failure, and no pass either
+            if tty:
+                click.secho(f"  SKIP {r.name}: NOT RUN: {r.skipped}", fg="yellow", err=True)
+            else:
+                stamp = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+                click.echo(f"{stamp} readiness NOT RUN {r.name}: {r.skipped}", err=True)
+            return
         say(r.passed, f"{r.name} ({r.seconds:.2f} s): {r.detail}")
 
     def point(p: SweepPoint) -> None:
@@ -79,17 +87,25 @@ def _finish(outcome: Recorded, as_json: bool, what: str) -> None:
             knee = s.knee if s.knee is not None else "none (concurrency 1 breaks the SLO)"
             click.echo(f"knee: {knee}")
         if report.cases:
+            not_run = f"; {len(report.skipped)} not run" if report.skipped else ""
             click.echo(f"pass rate: {report.pass_rate:.1%} ({report.passed_count}/"
-                       f"{len(report.cases)}; suite threshold {report.min_pass_rate:.1%})")
+                       f"{len(report.judged)} that ran{not_run}; suite threshold "
+                       f"{report.min_pass_rate:.1%})")
         if report.baseline:
             click.echo(f"against {report.baseline.tuple_id} ({report.baseline.channel}): "
                        + ("; ".join(report.regressions) or "no regression"))
+        if report.comparison:
+            click.echo(f"latency: {report.comparison.line} (advisory: the evaluation gate "
+                       "judges the recorded samples by the policy in force)")
+        elif report.latency:
+            click.echo(f"latency: {len(report.latency.e2e)} samples recorded, nothing to "
+                       "compare them with")
         if outcome.suite_source:
             click.echo(f"suite: {report.suite} ({outcome.suite_source}, sha256 "
                        f"{report.suite_sha256[:12]})")
         if report.skipped:
-            click.echo(f"not run: {len(report.skipped)} code case(s): "
-                       f"{report.skipped[0].skipped}")
+            click.echo(f"NOT RUN (skipped, no sandbox): "
+                       f"{', '.join(c.name for c in report.skipped)}: {report.skipped[0].skipped}")
         elif report.code_sandbox:
             click.echo(f"code ran in: {report.code_sandbox}")
         verb = "recorded" if outcome.written else "already recorded"
@@ -98,17 +114,28 @@ def _finish(outcome: Recorded, as_json: bool, what: str) -> None:
 
     emit(as_json, {"written": outcome.written, "report_sha256": outcome.record.report_sha256,
                    "passed": report.passed, "suite_source": outcome.suite_source,
+                   "pass_rate": {"rate": report.pass_rate, "passed": report.passed_count,
+                                 "ran": len(report.judged)},
+                   "not_run": [c.name for c in report.skipped],
                    "report": report.model_dump(mode="json")}, human)
     if report.unreachable:
         raise Unavailable(
             f"{report.endpoint} is unreachable: {report.checks[0].detail}",
             hint="check the URL and port, and that the pods are Ready; the report was recorded")
     if not report.passed:  # the judgement the evaluation gate re-applies
-        names = ", ".join(c.name for c in report.failed) or "thresholds"
-        raise GateFailed(f"{what} failed for {report.tuple_id}: {names}"
+        unsandboxed = bool(report.skipped) and not report.allow_unsandboxed_code
+        names = [c.name for c in report.failed]
+        if unsandboxed:
+            names.append(f"{len(report.skipped)} code case(s) not run "
+                         f"({report.skipped[0].skipped})")
+        steps = [outcome.no_sandbox.next_step] if unsandboxed and outcome.no_sandbox else []
+        if report.failed or report.regressions or not steps:
+            steps.append("fix the endpoint (or the release)")
+        raise GateFailed(f"{what} failed for {report.tuple_id}: "
+                         f"{', '.join(names) or 'thresholds'}"
                          + (f"; regressions: {'; '.join(report.regressions)}"
                             if report.regressions else ""),
-                         hint="fix the endpoint (or the release) and run it again")
+                         hint="; ".join(steps) + " and run it again")
 
 
 @exits(
@@ -198,7 +225,8 @@ def eval_group() -> None:
               help="A suite of the policy in force by name (k3-core: its "
                    "eval-suites/k3-core.yaml), or a suite file  [default: the suite --channel's "
                    "policy names].")
-@click.option("--channel", default="production", show_default=True,
+@click.option("--channel", default=from_settings(lambda: load().channel or "production"),
+              show_default="$K3A_CHANNEL or the context's channel, else production",
               help="The channel the evaluation is for: its policy names the default suite and "
                    "says whether code cases may go unrun without a sandbox; the run is compared "
                    "with the latest run of the same suite for the tuple on it.")
@@ -218,7 +246,10 @@ def eval_run(endpoint: str, tuple_name: str, suite: str | None, channel: str,
     is looked up in the store's policy in force (`k3a policy show`; the packaged defaults
     while the store has none), whatever the working directory. A model's code (code cases)
     runs only in a bubblewrap sandbox; where none can be had those cases are not run, and the
-    run fails unless the channel's policy says `allow_unsandboxed_code: true`.
+    run fails unless the channel's policy says `allow_unsandboxed_code: true`. The run also
+    records per-request latencies (the policy's `latency_regression.min_samples`, one request
+    at a time) and judges them against the latest run of the tuple on --channel; that verdict
+    is advisory: the gate judges the recorded samples again by the policy in force.
 
     \b
     Examples:
@@ -241,7 +272,7 @@ def eval_run(endpoint: str, tuple_name: str, suite: str | None, channel: str,
         "evaluate"),
 )
 @eval_group.command("attach")
-@click.argument("tuple_id")
+@click.argument("tuple_id", type=TUPLE_ID)
 @click.argument("report", type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @typed_actor_option
 @store_option
@@ -279,7 +310,7 @@ def eval_attach(tuple_id: str, report: Path, by: str | None, store_url: str,
         "not evaluate)"),
 )
 @eval_group.command("list")
-@click.argument("tuple_id")
+@click.argument("tuple_id", type=TUPLE_ID)
 @store_option
 @json_option
 def eval_list(tuple_id: str, store_url: str, as_json: bool) -> None:

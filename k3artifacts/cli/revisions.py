@@ -8,6 +8,7 @@ import click
 from k3artifacts.cli.common import emit, get_store, json_option, store_option
 from k3artifacts.cli.exits import exits
 from k3artifacts.cli.gc import gc_cmd
+from k3artifacts.cli.params import REPO_ID
 
 
 @click.group("revision")
@@ -19,7 +20,7 @@ def revision_group() -> None:
 @exits((0, "listed (an empty list is not an error)"), (2, "a malformed repo id"),
        (7, "no store there"), 8)
 @revision_group.command("list")
-@click.argument("repo_id")
+@click.argument("repo_id", type=REPO_ID)
 @store_option
 @json_option
 def revision_list(repo_id, store_url, as_json):

@@ -17,6 +17,7 @@ from k3artifacts.cli.common import (
     typed_actor_option,
 )
 from k3artifacts.cli.exits import exits
+from k3artifacts.cli.params import TUPLE_OR_CHANNEL
 
 if TYPE_CHECKING:
     from k3artifacts.releases.scanning import Scanned
@@ -49,7 +50,7 @@ def _show(done: Scanned, as_json: bool) -> None:
         "store's policy or lacks the role scan"),
 )
 @scan_group.command("attach")
-@click.argument("tuple_or_channel")
+@click.argument("tuple_or_channel", type=TUPLE_OR_CHANNEL)
 @click.option("--report", "report_path", required=True,
               type=click.Path(dir_okay=False, exists=True, path_type=Path),
               help="Trivy (`trivy image --format json`) or Grype (`grype -o json`) report of "
@@ -77,7 +78,7 @@ def attach_cmd(tuple_or_channel: str, report_path: Path, by: str | None,
         "scan"),
 )
 @scan_group.command("ecr")
-@click.argument("tuple_or_channel")
+@click.argument("tuple_or_channel", type=TUPLE_OR_CHANNEL)
 @click.option("--repository", default=None,
               help="ECR repository name (default: the tuple image's path after the registry).")
 @click.option("--region", default=None, help="The registry's region (default: from the host).")

@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from k3artifacts.stores.base import Store
 
 from k3artifacts.cli.exits import exits
+from k3artifacts.cli.params import REPO_ID
 from k3artifacts.reporting.progress import DEFAULT_INTERVAL
 
 
@@ -64,15 +65,15 @@ def run_stage(
         )
 
 
-def print_stage_result(result: StageResult) -> None:
+def print_stage_result(result: StageResult, unreviewed: list[str]) -> None:
+    """The summary of a stage; ``unreviewed``: its remote-code files no review covers yet."""
     if result.already_published:
         click.echo(f"already published (no-op): {result.location}")
     else:
-        rate = result.downloaded_bytes / result.seconds / 1e6 if result.seconds else 0.0
         click.echo(
             f"published {result.files} files, {result.total_bytes:,} bytes "
             f"({result.downloaded_bytes:,} downloaded, {result.reused_files} reused) "
-            f"in {result.seconds:.1f}s ({rate:.0f} MB/s)"
+            f"in {result.seconds:.1f}s ({_download_rate(result)})"
         )
         click.echo(f"location:        {result.location}")
         stats = result.store_stats
@@ -102,10 +103,34 @@ def print_stage_result(result: StageResult) -> None:
     if result.signature:
         click.echo(f"signature:       {result.signature}")
     if result.remote_code:
-        click.echo(
-            f"remote code:     {len(result.remote_code)} file(s) need review before promotion: "
-            + ", ".join(result.remote_code)
-        )
+        reviewed = [path for path in result.remote_code if path not in unreviewed]
+        said = []
+        if unreviewed:
+            said.append(f"{len(unreviewed)} file(s) need review before promotion: "
+                        + ", ".join(unreviewed))
+        if reviewed:
+            said.append(f"{len(reviewed)} file(s) already reviewed (same sha256): "
+                        + ", ".join(reviewed))
+        click.echo("remote code:     " + "; ".join(said))
+
+
+def _download_rate(result: StageResult) -> str:
+    """What the Hub's bytes came at, in a unit that says it (a small incremental stage moves
+    kilobytes: "0 MB/s" would read as a stall)."""
+    from k3artifacts.reporting.progress import human_size
+
+    if not result.downloaded_bytes:
+        return "nothing downloaded"
+    if result.seconds <= 0:
+        return "downloaded at once"
+    return f"{human_size(result.downloaded_bytes / result.seconds)}/s averaged over the run"
+
+
+def unreviewed_code(store: Store, result: StageResult) -> list[str]:
+    """:func:`k3artifacts.releases.reviewing.unreviewed_code` of what was staged."""
+    from k3artifacts.releases.reviewing import unreviewed_code as pending
+
+    return pending(store, result.repo_id, result.commit) if result.remote_code else []
 
 
 def print_plan(plan: StagePlan) -> None:
@@ -128,10 +153,12 @@ def print_plan(plan: StagePlan) -> None:
     (7, "repo/revision not found (or not published, for --repair)"),
     (8, "hub or store unreachable (within seconds if it never answered), silent past "
         "--read-timeout, answering past K3A_HTTP_DEADLINE, or slower than --min-rate"),
+    (9, "a store URL or path that cannot be used or made"),
+    (10, "the hub refused HF_TOKEN (401), or a gated repo's terms are not accepted (403)"),
     (130, "Ctrl-C"),
 )
 @click.command("stage")
-@click.argument("repo_id")
+@click.argument("repo_id", type=REPO_ID)
 @click.option("--revision", default="main", show_default=True, help="Branch, tag or commit.")
 @store_option
 @click.option(
@@ -179,7 +206,7 @@ def print_plan(plan: StagePlan) -> None:
               help="Re-hash (xxh3-128) each file reused from a published revision after the "
               "store copied it, where the store keeps no checksum (a file tree; S3 always "
               "checks its CRC64NVME).")
-@click.option("--plan", "plan_only", is_flag=True,
+@click.option("--plan", "--dry-run", "plan_only", is_flag=True,
               help="Print what would be downloaded, reused (from which revision) or is already "
               "there, per file and in total, and change nothing.")
 @click.option("--repair", is_flag=True,
@@ -245,6 +272,9 @@ def stage_cmd(repo_id, revision, store_url, quarantine, endpoint, workers, strea
         signing_key=signing_key,
         reverify_reused=reverify_reused,
     )
+    if repair and plan_only:
+        raise click.UsageError("--repair puts files back; --plan (--dry-run) changes nothing: "
+                               "choose one")
     if repair:
         source = HubSource(endpoint=endpoint, retry=options.retry)
         commit = source.resolve(repo_id, revision)
@@ -269,4 +299,5 @@ def stage_cmd(repo_id, revision, store_url, quarantine, endpoint, workers, strea
         options=options, as_json=as_json, quiet=quiet, progress_interval=progress_interval,
         log_format=log_format,
     )
-    emit(as_json, result.__dict__, lambda: print_stage_result(result))
+    emit(as_json, result.__dict__,
+         lambda: print_stage_result(result, unreviewed_code(store, result)))

@@ -15,6 +15,7 @@ from k3artifacts.cli.common import (
     typed_actor_option,
 )
 from k3artifacts.cli.exits import exits
+from k3artifacts.cli.params import TUPLE_OR_CHANNEL
 from k3artifacts.errors import ConfigError, GateFailed
 
 
@@ -38,7 +39,7 @@ def traffic_group() -> None:
         "role traffic"),
 )
 @traffic_group.command("analyze")
-@click.argument("tuple_or_channel")
+@click.argument("tuple_or_channel", type=TUPLE_OR_CHANNEL)
 @click.option("--prometheus", "prometheus_url", required=True, metavar="URL",
               help="Prometheus base URL reachable from here (e.g. a port-forward: "
               "http://127.0.0.1:9090).")
@@ -82,6 +83,9 @@ def analyze_cmd(tuple_or_channel: str, prometheus_url: str, channel: str, step: 
         for m in analysis.metrics:
             mark = "ok  " if m.passed else "FAIL"
             click.echo(f"  {mark} {describe(m)}")
+        for c in analysis.against_stable:
+            mark = "ok  " if c.judgement.passed else "FAIL"
+            click.echo(f"  {mark} {c.judgement.line}")
         verb = "recorded" if written else "already recorded"
         click.echo(f"{verb}: analysis {record.analysis_sha256[:12]} of {analysis.tuple_id}, step "
                    f"{step} ({analysis.weight}%) on {channel}, window {analysis.window} ending "
@@ -92,7 +96,9 @@ def analyze_cmd(tuple_or_channel: str, prometheus_url: str, channel: str, step: 
     emit(as_json, payload, human)
     if not analysis.passed:
         # Raised, not exited: the group prints the document with the error merged in.
-        failed = ", ".join(m.name for m in analysis.metrics if not m.passed)
+        failed = ", ".join([m.name for m in analysis.metrics if not m.passed]
+                           + [f"{c.name} against {c.stable_tuple_id}"
+                              for c in analysis.against_stable if not c.judgement.passed])
         raise GateFailed(f"step {step} of {analysis.tuple_id} on {channel} failed: {failed}",
                          hint="abort the rollout (kubectl argo rollouts abort NAME) and keep "
                          "the stable tuple")

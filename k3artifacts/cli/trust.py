@@ -1,5 +1,6 @@
-"""``k3a key create | show`` and ``k3a trust init | show | rotate``: the key this account signs
-with, and the root of trust this client pins for a store (docs/policy-and-identity.md)."""
+"""``k3a key create | show`` and ``k3a trust init | show | rotate | migrate | refresh``: the key
+this account signs with, the root of trust this client pins for a store, and the store's
+freshness (docs/policy-and-identity.md)."""
 
 from __future__ import annotations
 
@@ -394,3 +395,34 @@ def trust_migrate_cmd(dry_run: bool, store_url: str, as_json: bool) -> None:
 
     emit(as_json, view, human)
 
+
+
+@exits(
+    (0, "re-signed"),
+    (4, "a history of the store refused (set back behind what this client verified, edited, "
+        "forked): never vouched for"),
+    (9, "your key is no root identity and holds no `freshness` role, or the store's policy asks "
+        "for no freshness head"),
+)
+@trust_group.command("refresh")
+@store_option
+@json_option
+def trust_refresh_cmd(store_url: str, as_json: bool) -> None:
+    """Re-sign the store's freshness head: the root, the policy and every channel verified
+    first, their heads named, valid for the lifetime the store's policy sets (`freshness:
+    lifetime_hours`). Readers refuse the store once it expires; every move re-signs it too, and
+    the `refresh-freshness` deployment runs this daily.
+    """
+    from k3artifacts.releases.freshness import refresh
+    from k3artifacts.trust.keys import identity_signer
+
+    store = get_store(store_url)
+    fresh = refresh(store, identity_signer(create=False).signer)
+    view = {"store": store.url, **fresh.model_dump(mode="json")}
+
+    def human() -> None:
+        click.echo(f"refreshed: {store.url} until {fresh.expires:%Y-%m-%d %H:%M} UTC (policy "
+                   f"#{fresh.policy.seq}, root v{fresh.root_version}, "
+                   f"{len(fresh.channels)} channel(s))")
+
+    emit(as_json, view, human)

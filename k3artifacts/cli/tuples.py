@@ -17,6 +17,7 @@ from k3artifacts.cli.common import (
     store_option,
 )
 from k3artifacts.cli.exits import exits
+from k3artifacts.cli.params import TUPLE_ID, TUPLE_OR_CHANNEL
 from k3artifacts.errors import ConfigError, TamperedRecord
 
 if TYPE_CHECKING:
@@ -169,7 +170,7 @@ def tuples_list(store_url: str, as_json: bool) -> None:
        (4, "the tuple's body does not match its id (edited in the store)"),
        (7, "no such tuple or no store there"), 8)
 @tuple_group.command("show")
-@click.argument("tuple_id")
+@click.argument("tuple_id", type=TUPLE_ID)
 @store_option
 @json_option
 def tuples_show(tuple_id: str, store_url: str, as_json: bool) -> None:
@@ -201,8 +202,8 @@ def tuples_show(tuple_id: str, store_url: str, as_json: bool) -> None:
        (4, "a tuple's body does not match its id (edited in the store)"),
        (7, "no such tuple or no store there"), 8)
 @tuple_group.command("diff")
-@click.argument("a")
-@click.argument("b")
+@click.argument("a", type=TUPLE_ID)
+@click.argument("b", type=TUPLE_ID)
 @store_option
 @json_option
 def tuples_diff(a: str, b: str, store_url: str, as_json: bool) -> None:
@@ -241,13 +242,14 @@ class RenderTarget(click.ParamType):
 @exits(
     (0, "rendered"),
     (4, "the tuple's body was edited in the store, its signature (--verify-signature) or the "
-        "channel's or the policy's history does not verify"),
+        "channel's or the policy's history does not verify, or (hyperpod) the weights' place "
+        "does not serve the revision as published (an object replaced)"),
     (7, "tuple or channel not found"),
     (9, "the tuple cannot be served on this target (reason and fix printed), a local --policies, "
         "or (--verify-signature) no root pinned for the store"),
 )
 @click.command("render")
-@click.argument("tuple_or_channel")
+@click.argument("tuple_or_channel", type=TUPLE_OR_CHANNEL)
 @click.option(
     "--target",
     type=RenderTarget(),
@@ -320,6 +322,7 @@ def render_cmd(
     from k3artifacts.policy.signing_keys import verifier_trust
     from k3artifacts.releases.lookup import resolve_with_move
     from k3artifacts.serving.render import render
+    from k3artifacts.serving.render.placed import check_place
     from k3artifacts.traffic.analysis import channel_traffic
 
     if weights == "node-cache":
@@ -333,6 +336,7 @@ def render_cmd(
     refuse_local_policies(local_policies, store, "trusted release keys come from")
     traffic = None if rollout_channel is None else channel_traffic(store, rollout_channel)
     release, move = resolve_with_move(store, tuple_or_channel)
+    check_place(store, release, target)
     rendered = render(release, target, name=name, namespace=namespace,
                       verifier=verifier_trust(store) if verify_signature else None,
                       traffic=traffic)

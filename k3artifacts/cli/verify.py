@@ -8,8 +8,10 @@ import click
 
 from k3artifacts.cli.common import (
     emit,
+    from_settings,
     get_store,
     json_option,
+    load,
     local_policies_option,
     progress_options,
     refuse_local_policies,
@@ -64,7 +66,8 @@ def parse_target(target: str, *, tuples: bool = False) -> tuple[str, str] | Path
     "this client pins), then the bytes against the signed manifest. TARGET may then be a "
     "tuple id: its own signature is checked too.",
 )
-@click.option("--channel", default=None,
+@click.option("--channel", default=from_settings(lambda: load().channel),
+              show_default="$K3A_CHANNEL or the context's channel, else none",
               help="With --signature: trust only the keys this channel's signing policy lists.")
 @local_policies_option
 @click.option("--workers", type=click.IntRange(min=1), default=None,
@@ -150,7 +153,8 @@ def _verify_signed(target, store_url, full, expect_digest, channel, workers, qui
                   log_format=log_format) as progress:
         bar = BytesProgress(progress)
         kwargs = dict(full=full, workers=workers, on_bytes=bar,
-                      on_manifest=lambda m: bar.set_total(m.total_bytes, len(m.files)))
+                      on_manifest=lambda m: bar.set_total(m.total_bytes, len(m.files)),
+                      on_file=bar.file_done)
         if isinstance(parsed, Path):
             checked = verify_signed_revision(trusted, directory=parsed, **kwargs)
         else:

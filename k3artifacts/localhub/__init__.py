@@ -52,16 +52,26 @@ class LocalHub:
 
     ``token``: when set, every request to the hub must carry ``Authorization: Bearer <token>``
     (401 otherwise, as the Hub answers for a private repo); the CDN refuses any request that
-    carries one. ``page_size``: entries per page of a tree listing (the Hub uses 1000; make it
-    small to exercise pagination). ``redirects``: LFS files go through the CDN (the default,
+    carries one. ``tokens``: the accounts' tokens the hub knows (``token`` among them): any
+    other token sent is answered 401 ``Invalid credentials in Authorization header``, as
+    huggingface.co answers a wrong token on any repo. ``gated``: repos whose files are served
+    only to tokens granted access (:meth:`grant`): 401 ``GatedRepo`` to an anonymous request,
+    403 to a token not granted; their metadata and listing stay open, as on huggingface.co.
+    ``page_size``: entries per page of a tree listing (the Hub uses 1000; make it small to
+    exercise pagination). ``redirects``: LFS files go through the CDN (the default,
     as on huggingface.co). ``link_ttl``: seconds a signed CDN URL stays valid.
     """
 
     def __init__(self, root: Path, *, token: str | None = None, page_size: int = 1000,
                  redirects: bool = True, link_ttl: float = 3600.0,
-                 stream_rate: float | None = None):
+                 stream_rate: float | None = None, tokens: Collection[str] = (),
+                 gated: Collection[str] = ()):
         self.repos = RepoStore(Path(root))
         self.token = token
+        self.tokens = {*tokens, *([token] if token else [])}
+        self.gated = set(gated)
+        #: Gated repo -> the tokens granted access to it.
+        self.granted: dict[str, set[str]] = {}
         self.page_size = page_size
         self.redirects = redirects
         self.link_ttl = link_ttl
@@ -98,6 +108,11 @@ class LocalHub:
         exact set of LFS paths.
         """
         return self.repos.add_commit(repo_id, files, branch=branch, lfs=lfs, message=message)
+
+    def grant(self, repo_id: str, token: str) -> None:
+        """The account of ``token`` accepted ``repo_id``'s terms and was granted access."""
+        self.tokens.add(token)
+        self.granted.setdefault(repo_id, set()).add(token)
 
     def add_tag(self, repo_id: str, tag: str, commit: str) -> None:
         self.repos.set_ref(repo_id, "tags", tag, commit)

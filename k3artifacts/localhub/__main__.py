@@ -1,6 +1,7 @@
 """Serve a local hub root in the foreground (for the demo, benchmarks and manual poking).
 
     python -m k3artifacts.localhub --root /tmp/hub [--port 8765] [--token hf_x]
+    python -m k3artifacts.localhub --root /tmp/hub --gated org/name --granted hf_ok
     python -m k3artifacts.localhub --root /tmp/hub --synthetic moonshotai/Kimi-K3 \\
         --total-bytes 2G --shards 4
 
@@ -39,6 +40,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--root", type=Path, required=True, help="hub root (created if missing)")
     ap.add_argument("--port", type=int, default=0, help="port on 127.0.0.1 (default: a free one)")
     ap.add_argument("--token", help="require 'Authorization: Bearer TOKEN' on every request")
+    ap.add_argument("--gated", metavar="REPO_ID", action="append", default=[],
+                    help="serve this repo's files only to tokens granted access (repeatable)")
+    ap.add_argument("--granted", metavar="TOKEN", action="append", default=[],
+                    help="a token granted access to every gated repo; any other token sent is "
+                    "answered 401, as huggingface.co answers a wrong one (repeatable)")
     ap.add_argument("--page-size", type=int, default=1000, help="tree listing page size")
     ap.add_argument("--synthetic", metavar="REPO_ID", help="commit a synthetic release first")
     ap.add_argument("--total-bytes", type=_size, default=64 << 20, help="synthetic tensor bytes")
@@ -46,7 +52,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0, help="synthetic seed")
     args = ap.parse_args(argv)
 
-    hub = LocalHub(args.root, token=args.token, page_size=args.page_size)
+    hub = LocalHub(args.root, token=args.token, page_size=args.page_size,
+                   tokens=args.granted, gated=args.gated)
+    for repo_id in args.gated:
+        for token in args.granted:
+            hub.grant(repo_id, token)
     if args.synthetic:
         from k3artifacts.localhub.synthetic import write_release
 

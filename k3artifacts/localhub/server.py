@@ -216,15 +216,29 @@ class _Handler(BaseHTTPRequestHandler):
             )
 
     def _check_auth(self, token: str | None) -> None:
-        if token is None:
-            return
+        st = self.server.state
         got = self.headers.get("Authorization")
-        if got == f"Bearer {token}":
-            return
-        if got is None:
+        if got is not None and st.tokens and got.removeprefix("Bearer ") not in st.tokens:
+            # huggingface.co answers a token it does not know so on any repo, public too.
+            raise HubError(401, None, "Invalid credentials in Authorization header")
+        if token is not None and got is None:
             # What the Hub says to an anonymous request for a private repo.
             raise HubError(401, "RepoNotFound", "Repository not found")
-        raise HubError(401, None, "Invalid credentials in Authorization header")
+
+    def _check_gate(self, repo_id: str) -> None:
+        """A gated repo's file: only for a token granted access, as huggingface.co serves it."""
+        st = self.server.state
+        if repo_id not in st.gated:
+            return
+        got = self.headers.get("Authorization")
+        if got is None:
+            raise HubError(401, "GatedRepo", f"Access to model {repo_id} is restricted. You "
+                           "must have access to it and be authenticated to access it. Please "
+                           "log in.")
+        if got.removeprefix("Bearer ") not in st.granted.get(repo_id, set()):
+            raise HubError(403, "GatedRepo", f"Access to model {repo_id} is restricted and you "
+                           f"are not in the authorized list. Visit {st.endpoint}/{repo_id} to "
+                           "ask for access.")
 
     def _route(self, raw: str, *, head: bool) -> None:
         if raw.startswith("/api/models/"):
@@ -311,7 +325,7 @@ class _Handler(BaseHTTPRequestHandler):
             "createdAt": commit.date,
             "private": self.server.state.token is not None,
             "disabled": False,
-            "gated": False,
+            "gated": "auto" if commit.repo_id in self.server.state.gated else False,
             "downloads": 0,
             "likes": 0,
             "tags": [],
@@ -394,6 +408,7 @@ class _Handler(BaseHTTPRequestHandler):
         entry = commit.files.get(path)
         if entry is None:
             raise HubError(404, "EntryNotFound", f"{path} does not exist on {revision}", commit.id)
+        self._check_gate(commit.repo_id)
         st = self.server.state
         redirect = entry.lfs and st.redirects
         try:

@@ -2,7 +2,8 @@
 API, a vLLM ``/metrics`` page.
 
 The answer's headers and its whole body arrive within the policy's deadline, at most
-``limit`` bytes. An idempotent call is retried after a failed connection, a timeout, 408/425/
+``limit`` bytes, and the call, retries and the waits between them included, within its
+``call_deadline``. An idempotent call is retried after a failed connection, a timeout, 408/425/
 429 or a 5xx, waiting what the server asked (capped) or a backoff, each retry logged with the
 peer named; a host that never answered gets one quick second chance. What is left is an
 :class:`~k3artifacts.errors.Unavailable` (exit 8) naming the peer by its redacted URL.
@@ -71,11 +72,19 @@ def call(method: str, url: str, peer: Peer, *, headers: Mapping[str, str] | None
     :class:`BadAnswer` for an answer no retry changes (too large, a redirect loop)."""
     policy = policy or RetryPolicy()
     retryable = method.upper() in IDEMPOTENT if idempotent is None else idempotent
+    with deadline.within(policy.call_deadline):
+        return _until_answered(method, url, peer, headers or {}, body, policy, pool,
+                               auth_origin or url, limit, retryable)
+
+
+def _until_answered(method: str, url: str, peer: Peer, headers: Mapping[str, str],
+                    body: bytes | None, policy: RetryPolicy, pool: urllib3.PoolManager | None,
+                    auth_origin: str, limit: int, retryable: bool) -> Answer:
     attempt = first_tries = 0
     while True:
         try:
-            return _once(method, url, headers or {}, body, policy, pool,
-                         auth_origin or url, limit, retryable)
+            return _once(method, url, headers, body, policy, pool, auth_origin, limit,
+                         retryable)
         except PermanentError as exc:
             raise BadAnswer(f"{peer.name}: {redact_text(str(exc))}", hint=peer.hint) from None
         except TransientError as exc:
@@ -85,16 +94,24 @@ def call(method: str, url: str, peer: Peer, *, headers: Mapping[str, str] | None
                 if first_tries >= 2 or not retryable:
                     raise Unavailable(f"{peer.name} unavailable (first contact): {detail}",
                                       hint=peer.unreachable or peer.hint) from None
-                time.sleep(FIRST_CONTACT_RETRY_S)
-                continue
-            attempt += 1
-            if not retryable or attempt >= policy.attempts:
-                tries = f" (after {attempt} attempts)" if attempt > 1 else ""
-                raise Unavailable(f"{peer.name} unavailable: {detail}{tries}",
-                                  hint=peer.hint) from None
-            delay = policy.delay(attempt - 1, exc.wait)
-            log.warning("%s: %s; attempt %d of %d, retrying in %.1fs",
-                        peer.name, detail, attempt, policy.attempts, delay)
+                delay, attempts = FIRST_CONTACT_RETRY_S, first_tries
+            else:
+                attempt += 1
+                if not retryable or attempt >= policy.attempts:
+                    tries = f" (after {attempt} attempts)" if attempt > 1 else ""
+                    raise Unavailable(f"{peer.name} unavailable: {detail}{tries}",
+                                      hint=peer.hint) from None
+                delay, attempts = policy.delay(attempt - 1, exc.wait), attempt
+            left = deadline.left()
+            if left is not None and left <= delay:
+                raise Unavailable(
+                    f"{peer.name} unavailable: {detail}; no answer within "
+                    f"{policy.call_deadline:g} s in all (after {attempts} attempt"
+                    f"{'s' if attempts > 1 else ''}), the call's deadline",
+                    hint=peer.hint) from None
+            if not exc.first_contact:
+                log.warning("%s: %s; attempt %d of %d, retrying in %.1fs",
+                            peer.name, detail, attempt, policy.attempts, delay)
             time.sleep(delay)
 
 

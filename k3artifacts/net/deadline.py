@@ -43,6 +43,12 @@ def within(seconds: float) -> Iterator[None]:
         _local.deadline = outer
 
 
+def left() -> float | None:
+    """Seconds until this thread's current deadline (None: none set)."""
+    deadline = getattr(_local, "deadline", None)
+    return None if deadline is None else deadline - time.monotonic()
+
+
 def expired() -> bool:
     """Whether the last :func:`within` of this thread ended a read (not a plain timeout)."""
     return bool(getattr(_local, "expired", False))

@@ -51,6 +51,10 @@ class RetryPolicy:
     read_timeout: float = _setting("http_read_timeout")
     #: The headers of an answer, and the whole of a small answer, within this long in all.
     deadline: float = _setting("http_deadline")
+    #: One small call, every attempt and every wait between them, within this long in all:
+    #: a peer that trickles each answer to just under :attr:`deadline` is cut here, not after
+    #: ``attempts`` deadlines.
+    call_deadline: float = _setting("http_call_deadline")
     max_redirects: int = 5
     #: A transfer slower than this many bytes/s over ``rate_window`` seconds is a trickle.
     min_rate: float = _setting("http_min_rate")

@@ -29,16 +29,19 @@ from k3artifacts.revisions.parallel import FileToHash, hash_files
 
 @dataclass(frozen=True)
 class Identity:
-    """A file as it was when this run hashed it (never written anywhere)."""
+    """A file as it was when this run hashed it (never written anywhere). Its ctime is the
+    kernel's, moved by every write, chmod and utime: whoever rewrites a byte and puts the
+    mtime back still changes it."""
 
     dev: int
     ino: int
     size: int
     mtime_ns: int
+    ctime_ns: int
 
     @classmethod
     def of(cls, st: os.stat_result) -> Identity:
-        return cls(st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+        return cls(st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
 
 def split_path(rel: str) -> list[str]:

@@ -14,7 +14,10 @@ node: the second waits, then finds the first's complete copy):
    and the linked bytes hash to the manifest in this run, else fetched (:mod:`.fetch`: ranged
    reads, hashed as they arrive, resumed part by part, a file whose resumed parts do not
    verify fetched again whole);
-4. the partial directory gets the manifest and a verified marker, is made read-only and is
+4. every file is re-checked: a kept or linked one is still the inode hashed, untouched since
+   (ctime), a fetched one is hashed again from the disk (a part hashed as it landed could be
+   rewritten while later parts arrived): a change is an exit-4 refusal naming the files;
+5. the partial directory gets the manifest and a verified marker, is made read-only and is
    renamed onto ``models/<org>/<name>/<commit>``: the revision appears complete or not at all.
 
 Nothing on the disk is evidence (the root is a hostPath other pods can write): markers, part
@@ -68,7 +71,7 @@ from k3artifacts.revisions.manifest import (
 )
 from k3artifacts.revisions.refs import match_revision_ref
 from k3artifacts.stores.base import Store
-from k3artifacts.stores.registry import open_store, weights_placement
+from k3artifacts.stores.registry import weights_store
 
 
 @dataclass(frozen=True)
@@ -94,12 +97,11 @@ def resolve_target(store: Store, name: str) -> PullTarget:
     release = resolve_tuple(store, name)
     weights = release.binding.weights
     try:
-        url = weights_placement(weights.location, weights.repo_id, weights.commit).store_url
+        where = weights_store(weights.location, weights.repo_id, weights.commit, beside=store)
     except ConfigError as exc:
         raise ConfigError(f"tuple {release.id}: {exc}") from None
-    weights_store = store if url.rstrip("/") == store.url.rstrip("/") else open_store(url)
     return PullTarget(Revision(weights.repo_id, weights.commit), weights.manifest_digest,
-                      release.id, weights_store)
+                      release.id, where)
 
 
 @dataclass
@@ -429,9 +431,32 @@ def _fill(target: PullTarget, layout: CacheLayout, repo: Dir, partial: Dir,
         good = {r.path for r in linked}
         _fetch(target, layout, repo, dirs, [r for r, _ in candidates if r.path not in good],
                tuning, observer, result)
+        held = {r.path: hashed[r.path] for r in unchanged} | kept.good | {
+            r.path: checking.result().good[r.path] for r in linked}
+        _recheck(dirs, manifest, held)
     finally:
         dirs.close()
     return result
+
+
+def _recheck(dirs: Dirs, manifest: ShardManifest, held: dict[str, Identity]) -> None:
+    """Before the seal, every file is still what this run hashed: a kept or linked file the
+    same inode, untouched since (its ctime), and a fetched file hashed once more from the disk:
+    its parts were hashed as they landed, and a part already hashed could be rewritten while
+    later ones arrived (by whoever shares this account on the node). VerifyMismatch (exit 4)
+    names them; the partial revision is left unsealed."""
+    changed = [record.path for record in manifest.files if record.path in held
+               and not still_as_hashed(dirs.lstat(record.path), held[record.path])]
+    fetched = [record for record in manifest.files if record.path not in held]
+    again = hash_on_disk(dirs, fetched)
+    changed += sorted(again.bad)
+    if changed:
+        raise VerifyMismatch(
+            f"{', '.join(changed)}: changed in the node cache after this pull hashed "
+            f"{'it' if len(changed) == 1 else 'them'}, before the revision was sealed; nothing "
+            "was put at the final path",
+            hint="something other than k3a writes the cache's directory as this account (a pod "
+            "sharing its hostPath): find and stop it, then re-run `k3a pull`")
 
 
 def _sort_on_disk(dirs: Dirs, manifest: ShardManifest, hashed: dict[str, Identity]

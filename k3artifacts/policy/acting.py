@@ -49,10 +49,10 @@ class UnknownIdentity(ConfigError):
 
 def acting(store: RecordStore) -> Acting:
     """The identity this process acts as on ``store``: its key (the personal key is made now
-    if absent) matched against the policy in force. UnknownIdentity (exit 9) for a key the
-    policy does not name; TrustRootError (exit 9) on a store with no policy yet whose root
-    this client has not pinned, or does not belong to."""
-    key = identity_signer(create=True)
+    if absent, and written at its first signature) matched against the policy in force.
+    UnknownIdentity (exit 9) for a key the policy does not name; TrustRootError (exit 9) on a
+    store with no policy yet whose root this client has not pinned, or does not belong to."""
+    key = identity_signer(create=True, on_first_signature=True)
     made = key.signer.source if key.created else None
     return identify(store, key.signer, made_key=made)
 

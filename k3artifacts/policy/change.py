@@ -39,6 +39,7 @@ from k3artifacts.policy.record import (
     in_force,
     packaged_document,
     read_document,
+    renewed,
     seed,
     seeding_document,
     store_document,
@@ -224,7 +225,7 @@ def act_apply(store: RecordStore, plan: ApplyPlan) -> InForce:
             f"the policy of {store.url} changed to {now.label()} while this change was made; "
             "nothing was written",
             hint="review `k3a policy show` and propose again against it") from None
-    return in_force(store)
+    return renewed(store, plan.by.signer)
 
 
 def apply(store: RecordStore, request_id: str, *, by: Acting) -> InForce:

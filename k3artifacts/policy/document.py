@@ -6,18 +6,14 @@ names, ``identities.yaml`` (who may sign which records, :mod:`k3artifacts.trust.
 and the evaluation suites (``eval-suites/*.yaml``, which the channels name). The document
 carries exactly those files' text, so its sha256 (of canonical JSON) names everything the gates
 read, and a loose file beside them can change nothing. The gates that read files (a suite's
-sha256, the trusted keys) read the document's copies, written out for the judgement
-(:meth:`PolicyDocument.written_to`). What a gate or an error says about those copies names the
-policy and the file in it ("policy v2 (1f3a...) signing/trusted-keys.yaml"), never the
-temporary directory (``policy/written.py``).
+sha256, the trusted keys) read them from the document in memory, and what a gate or an error
+says about them names the policy and the file in it ("policy v2 (1f3a...)
+signing/trusted-keys.yaml").
 """
 
 from __future__ import annotations
 
 import hashlib
-import tempfile
-from collections.abc import Iterator
-from contextlib import contextmanager
 from functools import cached_property
 from pathlib import Path, PurePosixPath
 from typing import Literal
@@ -26,10 +22,15 @@ import yaml
 from pydantic import BaseModel, ConfigDict, PrivateAttr, ValidationError, model_validator
 
 from k3artifacts.canonical import canonical_json
-from k3artifacts.errors import ConfigError, K3AError, plain_validation_errors
+from k3artifacts.errors import ConfigError, plain_validation_errors
 from k3artifacts.policy.model import GATES_FILE, GatePolicy, load_gate_policy
-from k3artifacts.policy.written import named, naming
-from k3artifacts.signing.policy import SIGNING_DIR, TRUSTED_KEYS_FILE, SigningPolicy
+from k3artifacts.signing.policy import (
+    SIGNING_DIR,
+    TRUSTED_KEYS_FILE,
+    SigningPolicy,
+    TrustedKeys,
+    trusted_keys_of,
+)
 from k3artifacts.trust.identities import Identities
 
 SIGNING_FILE = f"{SIGNING_DIR}/{TRUSTED_KEYS_FILE}"
@@ -153,17 +154,19 @@ class PolicyDocument(BaseModel):
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(text, encoding="utf-8")
 
-    @contextmanager
-    def written_to(self) -> Iterator[Path]:
-        """The document as a policy directory, for the length of one judgement. A gate
-        result made (:class:`~.results.GateResult`) or an error raised meanwhile names the
-        policy's files (:func:`~.written.named`)."""
-        with tempfile.TemporaryDirectory(prefix="k3a-policy-") as tmp:
-            root = Path(tmp)
-            self.write_dir(root)
-            with naming(str(root), self._shown or f"policy {self.digest[:12]}"):
-                try:
-                    yield root
-                except K3AError as exc:
-                    exc.args = (named(str(exc)), *exc.args[1:])
-                    raise
+    @property
+    def label(self) -> str:
+        """How messages name this document ("policy v2 (1f3a...)")."""
+        return self._shown or f"policy {self.digest[:12]}"
+
+    def trusted_keys(self) -> TrustedKeys:
+        """Its signing policy and release keys, read from the document itself."""
+        return trusted_keys_of(self.files, f"{self.label} ")
+
+    def file_sha256(self, rel: str) -> str:
+        """sha256 of one of its files as a policy directory holds it (an evaluation suite's,
+        which a report names); ConfigError naming the file when the document has none."""
+        text = self.files.get(rel)
+        if text is None:
+            raise ConfigError(f"{self.label} {rel} is not in the policy")
+        return hashlib.sha256(text.encode("utf-8")).hexdigest()

@@ -10,15 +10,22 @@ traffic step or window, a Prometheus URL, a region, a suite's text, a key's desc
   ``rollback_approval``: turned on; ``rollback_window``: larger;
 * ``evaluation``: added; ``min_pass_rate`` higher; ``latency`` added, its ``max_e2e_p99_s``
   lower; ``max_regression`` added or lower; ``allow_unsandboxed_code`` turned off;
+  ``latency_regression``: a higher ``alpha``, a lower ``margin`` and ``floor_ms``,
+  ``inconclusive`` made ``fail`` (``min_samples`` and ``max_samples`` have no direction that is
+  stricter whatever the rest says: any change to them loosens);
 * ``order``: added; ``min_hours`` longer; ``passed`` a superset; ``duties``: added,
   ``not_reviewer_of`` a superset;
 * ``traffic.thresholds``: a higher quantile, lower ``max_e2e_s``, ``max_ttft_s`` and
-  ``max_error_rate``, more ``min_requests``;
+  ``max_error_rate``, more ``min_requests``; ``traffic.against_stable``: added, and its fields
+  as ``latency_regression``'s;
 * ``infrastructure``: added; ``max_age_hours`` and ``max_load_seconds`` lower; ``warmup_hours``,
   ``soak_hours`` and ``production_hours`` longer;
+* ``evidence``: added; ``signers``: no kind's number lower (absent: 1); ``apart``: every two
+  kinds kept apart before still apart (a kind added to a group, a group split or added);
 * ``warm_start`` (absent: enabled, no signature asked): disabled, or ``require_signature``
   turned on;
-* ``retention``: ``keep``, ``keep_days``, ``rollback_window`` larger;
+* ``retention``: ``keep``, ``keep_days``, ``rollback_window`` larger; ``freshness``: added,
+  ``lifetime_hours`` shorter;
   ``identity.claimed_actor_on_file_stores`` and ``unsigned.read_before_migration`` turned off;
 * identities (``identities.yaml``): an identity, a key or a role removed
   (:func:`k3artifacts.trust.identities.loosening` names what is added);
@@ -81,6 +88,23 @@ def _capped(old: Any, new: Any) -> bool:
     return new is not None and (old is None or new <= old)
 
 
+def _no_fewer_signers(old: Any, new: Any) -> bool:
+    return all((new or {}).get(kind, 1) >= n for kind, n in (old or {}).items())
+
+
+def _apart_pairs(groups: Any) -> set[frozenset[str]]:
+    return {frozenset((a, b)) for i, group in enumerate(groups or ())
+            for other in (groups or ())[i + 1:] for a in group for b in other}
+
+
+def _still_apart(old: Any, new: Any) -> bool:
+    return _apart_pairs(old) <= _apart_pairs(new)
+
+
+def _made_fail(old: Any, new: Any) -> bool:
+    return new == "fail"
+
+
 _CHANNEL: dict[Path, Rule] = {
     ("gates",): _kept_in_order,
     ("targets",): _more,
@@ -92,6 +116,15 @@ _CHANNEL: dict[Path, Rule] = {
     ("evaluation", "latency", "max_e2e_p99_s"): _lower,
     ("evaluation", "max_regression"): _capped,
     ("evaluation", "allow_unsandboxed_code"): _turned_off,
+    ("evaluation", "latency_regression", "alpha"): _higher,
+    ("evaluation", "latency_regression", "margin"): _lower,
+    ("evaluation", "latency_regression", "floor_ms"): _lower,
+    ("evaluation", "latency_regression", "inconclusive"): _made_fail,
+    ("traffic", "against_stable"): _added,
+    ("traffic", "against_stable", "alpha"): _higher,
+    ("traffic", "against_stable", "margin"): _lower,
+    ("traffic", "against_stable", "floor_ms"): _lower,
+    ("traffic", "against_stable", "inconclusive"): _made_fail,
     ("order",): _added,
     ("order", "min_hours"): _higher,
     ("order", "passed"): _more,
@@ -108,11 +141,24 @@ _CHANNEL: dict[Path, Rule] = {
     ("infrastructure", "warmup_hours"): _higher,
     ("infrastructure", "soak_hours"): _higher,
     ("infrastructure", "production_hours"): _higher,
+    ("evidence",): _added,
+    ("evidence", "signers"): _no_fewer_signers,
+    ("evidence", "apart"): _still_apart,
     ("warm_start", "enabled"): _turned_off,
     ("warm_start", "require_signature"): _turned_on,
 }
 
+def _bounded(old: Any, new: Any) -> bool | None:
+    """A bound added where there was none is stricter; two bounds are compared field by
+    field; a bound removed loosens."""
+    if old is None:
+        return True
+    return None if new is not None else False
+
+
 _GATES: dict[Path, Rule] = {
+    ("freshness",): _bounded,
+    ("freshness", "lifetime_hours"): _lower,
     ("retention", "keep"): _higher,
     ("retention", "keep_days"): _higher,
     ("retention", "rollback_window"): _higher,

@@ -21,10 +21,11 @@ from k3artifacts.policy.record import (
     LegacyPointer,
     PolicyChange,
     change_key,
-    in_force,
     legacy_head,
     read_document,
+    renewed,
     store_document,
+    unchecked_freshness,
     unsigned_pointer,
 )
 from k3artifacts.stores.records import RecordStore
@@ -72,7 +73,8 @@ class PolicyMigrator:
             entries.append(record.data)
         signer, name = who.acting.signer, who.acting.name
         vouch_legacy(store, LAYOUT, entries, signer=signer, identity=name)
-        current = in_force(store)
+        # Not yet fresh: this move signs the freshness head once the version is in force.
+        current = unchecked_freshness(store)
         assert current.chain is not None
         document = current.document
         if not document.identities.identities:
@@ -85,6 +87,7 @@ class PolicyMigrator:
             why="signed into force by `k3a trust migrate`",
             root_version=who.roots.current.version)
         append(store, current.chain, change, signer=signer, identity=name)
+        renewed(store, signer)
 
 
 MIGRATOR = PolicyMigrator()

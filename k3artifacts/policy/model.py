@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from k3artifacts.errors import ConfigError, plain_validation_errors
 from k3artifacts.policy.gates import GATE_RULES
-from k3artifacts.policy.rollout import InfrastructurePolicy, TrafficPolicy
+from k3artifacts.policy.rollout import ComparisonPolicy, InfrastructurePolicy, TrafficPolicy
 
 GATES_FILE = "promotion-gates.yaml"
 
@@ -37,6 +37,24 @@ class LatencyPolicy(_Strict):
     max_e2e_p99_s: float = Field(gt=0)
 
 
+class LatencyRegressionPolicy(ComparisonPolicy):
+    """How an eval run's per-request latencies are compared with those of the latest run of
+    the tuple now on the channel (:class:`ComparisonPolicy`), and how many a run draws."""
+
+    #: Requests a run sends one at a time to sample latency, and the fewest a side the judge
+    #: decides on (fewer: inconclusive).
+    min_samples: int = Field(default=40, ge=8)
+    #: An inconclusive comparison draws ``min_samples`` more, up to this many in all.
+    max_samples: int = Field(default=160, ge=8)
+
+    @model_validator(mode="after")
+    def _bound(self) -> LatencyRegressionPolicy:
+        if self.max_samples < self.min_samples:
+            raise ValueError(f"max_samples ({self.max_samples}) is below min_samples "
+                             f"({self.min_samples})")
+        return self
+
+
 class EvaluationPolicy(_Strict):
     min_pass_rate: float = Field(ge=0.0, le=1.0)
     #: Only reports of this suite count; None: any suite.
@@ -45,9 +63,11 @@ class EvaluationPolicy(_Strict):
     #: is compared with the report's, so a report of an edited or other suite is refused.
     suite_file: str | None = None
     latency: LatencyPolicy | None = None
-    #: No regression beyond this against the report of the tuple now on the channel: pass rate
-    #: may drop by at most this much (absolute), the p99 grow by at most this fraction.
+    #: No regression against the latest run of the tuple now on the channel: the pass rate
+    #: may drop by at most this much (absolute), and the latency is judged by
+    #: ``latency_regression``. None: no comparison at all.
     max_regression: float | None = Field(default=None, ge=0.0)
+    latency_regression: LatencyRegressionPolicy = LatencyRegressionPolicy()
     #: A model's code runs only in a sandbox (bubblewrap); where none can be had, the suite's
     #: code cases are not run and the report names why. false: such a report never passes;
     #: true: it is judged on the cases that ran.
@@ -84,14 +104,64 @@ class RetentionPolicy(_Strict):
     rollback_window: int = Field(default=10, ge=1)
 
 
+class FreshnessPolicy(_Strict):
+    """How long the store's signed freshness head holds (``policy/freshness.py``): once it
+    is older, every reader refuses the store until it is re-signed (a move, or `k3a trust
+    refresh`). Longer loosens."""
+
+    lifetime_hours: float = Field(gt=0.0, le=24.0 * 366)
+
+
 class WarmStartPolicy(_Strict):
     """Whether pods on this channel may start from a warm-start artifact (``k3artifacts.warm``)
-    and what it must carry. The channel's signing policy (``policies/signing/``) already
+    and what it must carry. The channel's signing policy (the policy's ``signing/``) already
     requires a trusted signature where it requires one for the tuple."""
 
     enabled: bool = True
     #: Ask for a trusted signature even where the signing policy does not.
     require_signature: bool = False
+
+
+#: Evidence a gate reads, by kind, and the gate that reads it.
+EVIDENCE_GATES: dict[str, str] = {"evaluation": "evaluation", "scan": "image_scan",
+                                  "preflight": "infrastructure", "traffic": "traffic"}
+EvidenceKind = Literal["evaluation", "scan", "preflight", "traffic"]
+
+
+class EvidencePolicy(_Strict):
+    """Who must have signed the evidence the evaluation, image_scan, infrastructure and traffic
+    gates read, so that one stolen key does not carry them all. A gate counts an identity when
+    that identity's own newest records of the kind pass it."""
+
+    #: Per kind: how many distinct identities' records must each pass the kind's gate
+    #: (default 1: the newest record, whoever signed it).
+    signers: dict[EvidenceKind, int] = Field(default_factory=dict)
+    #: Groups of kinds kept apart: the identities counted for the kinds of one group are none
+    #: of those counted for another's (a service that evaluates and scans cannot also carry
+    #: the preflight and the traffic analyses).
+    apart: list[list[EvidenceKind]] = Field(default_factory=list)
+
+    @field_validator("signers")
+    @classmethod
+    def _positive(cls, value: dict[str, int]) -> dict[str, int]:
+        if any(n < 1 for n in value.values()):
+            raise ValueError("evidence.signers: at least 1 identity per kind")
+        return value
+
+    @field_validator("apart")
+    @classmethod
+    def _groups(cls, value: list[list[str]]) -> list[list[str]]:
+        kinds = [kind for group in value for kind in group]
+        if len(set(kinds)) != len(kinds):
+            raise ValueError("evidence.apart: a kind is in one group at most")
+        if value and (len(value) < 2 or not all(value)):
+            raise ValueError("evidence.apart: two groups or more, none empty")
+        return value
+
+    def kinds(self) -> list[str]:
+        """Every kind this policy says something about, in the gates' order."""
+        named = set(self.signers) | {kind for group in self.apart for kind in group}
+        return [kind for kind in EVIDENCE_GATES if kind in named]
 
 
 class ChannelPolicy(_Strict):
@@ -114,6 +184,10 @@ class ChannelPolicy(_Strict):
     #: Warm starts (compile caches bound to the tuple); absent: allowed, signed as the
     #: signing policy says.
     warm_start: WarmStartPolicy | None = None
+    #: Who must have signed the evidence gates' records (absent: anyone the policy lets make
+    #: them, one identity carrying them all). A kind whose gate the channel does not list is
+    #: not judged.
+    evidence: EvidencePolicy | None = None
 
     @model_validator(mode="after")
     def _evaluation_configured(self) -> ChannelPolicy:
@@ -177,6 +251,9 @@ class GatePolicy(_Strict):
     identity: IdentityPolicy = IdentityPolicy()
     unsigned: UnsignedPolicy = UnsignedPolicy()
     retention: RetentionPolicy = RetentionPolicy()
+    #: None (a policy written before freshness heads): a frozen copy of the store is not
+    #: bounded for a client that never read it.
+    freshness: FreshnessPolicy | None = None
     channels: dict[str, ChannelPolicy]
 
     @field_validator("channels")

@@ -20,6 +20,7 @@ from k3artifacts.errors import Conflict, UntrustedRecord
 from k3artifacts.policy.actor import Acting
 from k3artifacts.policy.approvals import ApprovalRequest
 from k3artifacts.policy.record import KIND, PREFIX, InForce, PolicyChange, change_key
+from k3artifacts.policy.signed import claimed_body
 from k3artifacts.stores.records import RecordStore
 from k3artifacts.trust.chain import Link, next_link
 from k3artifacts.trust.envelope import sign_record, verify_record
@@ -41,6 +42,16 @@ def expected_link(request: ApprovalRequest, current: InForce) -> Link:
     return next_link(current.chain, change)
 
 
+def _root_version(data: bytes) -> int | None:
+    """The root version a stored proposal says it was signed under, unverified (for naming a
+    stale proposal as such before its signatures are checked against today's root); None
+    when it says none."""
+    claimed = claimed_body(data)
+    entry = claimed.get("entry") if claimed is not None else None
+    version = entry.get("root_version") if isinstance(entry, dict) else None
+    return version if isinstance(version, int) else None
+
+
 @dataclass(frozen=True)
 class Pending:
     data: bytes
@@ -59,6 +70,14 @@ def pending(store: RecordStore, request: ApprovalRequest, current: InForce) -> P
         return None
     link = expected_link(request, current)
     assert current.roots is not None
+    signed_under = _root_version(found.data)
+    if signed_under is not None and signed_under != current.roots.current.version:
+        # Signed under a root since rotated: its signatures were a root's that is no longer
+        # the one in force, and it follows a change the store moved past (the docs' exit 6).
+        raise Conflict(f"{request.id} was signed under root v{signed_under}; the root rotated "
+                       f"to v{current.roots.current.version} since; nothing was written",
+                       hint="propose the change again (`k3a policy propose DIR`): the root in "
+                       "force signs it")
     verified = verify_record(found.data, key=change_key(link.seq), kind=KIND,
                              keyring=current.roots.current.keyring(), roles=None)
     if verified.digest != canonical_digest(link):

@@ -41,7 +41,8 @@ identity's signature and signs the next version (:mod:`.migrate`).
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any, Literal
 
@@ -53,25 +54,29 @@ from k3artifacts.errors import (
     AlreadyExists,
     ConfigError,
     Conflict,
+    HistoryRewound,
     StoredRecordRefused,
     UntrustedRecord,
 )
 from k3artifacts.policy.actor import Acting, Actor
 from k3artifacts.policy.document import IDENTITIES_FILE, PolicyDocument
+from k3artifacts.policy.freshness import Freshness, renew
+from k3artifacts.policy.freshness import check as check_freshness
 from k3artifacts.policy.loosening import loosening
 from k3artifacts.policy.results import policy_label
 from k3artifacts.stores.records import RecordStore
-from k3artifacts.trust import enrol
+from k3artifacts.trust import enrol, heads
 from k3artifacts.trust.chain import (
     Chain,
     ChainEntry,
     ChainLayout,
+    Mark,
     append,
-    logged_seqs,
     verify_chain,
 )
 from k3artifacts.trust.envelope import is_unsigned
 from k3artifacts.trust.identities import Keyring, identities_yaml
+from k3artifacts.trust.keys import RecordSigner
 from k3artifacts.trust.pins import Roots, load_pin, trusted_roots
 from k3artifacts.trust.root import root_key
 
@@ -165,6 +170,8 @@ class InForce:
     legacy: bool = False
     #: Every version's document digest, by digest, as the history holds them.
     versions: dict[str, int] = field(default_factory=dict)
+    #: The store's signed freshness head, checked (None where the policy asks for none).
+    freshness: Freshness | None = None
 
     def __post_init__(self) -> None:
         self.document.shown_as(f"policy v{self.version} ({self.digest[:12]})" if self.version
@@ -293,23 +300,52 @@ def _as_legacy(store: RecordStore, found_data: bytes) -> InForce:
 
 
 def in_force(store: RecordStore) -> InForce:
-    """The store's policy in force, its history verified (module doc); the packaged defaults
-    (version 0) while it has none."""
+    """The store's policy in force, its history verified (module doc), and the store's
+    freshness head where the policy asks for one (:mod:`.freshness`: StaleStore once expired);
+    the packaged defaults (version 0) while it has none."""
+    policy = unchecked_freshness(store)
+    if policy.chain is None or policy.roots is None or policy.chain.mark is None:
+        return policy
+    fresh = check_freshness(store, policy.document, policy.roots, policy.label(),
+                            policy.chain.mark, LAYOUT.name,
+                            {e.seq: e.digest for e in policy.chain.entries})
+    return replace(policy, freshness=fresh)
+
+
+def renewed(store: RecordStore, signer: RecordSigner,
+            channels: Mapping[str, Mark] | None = None) -> InForce:
+    """The policy in force after a move of ``signer``'s, the store's freshness head re-signed
+    by it first where it may sign one (``channels``: the heads of channels it moved)."""
+    policy = unchecked_freshness(store)
+    if policy.chain is not None and policy.roots is not None and policy.chain.mark is not None:
+        renew(store, policy.document, policy.roots, signer, policy_head=policy.chain.mark,
+              channels=channels or {})
+    return in_force(store)
+
+
+def unchecked_freshness(store: RecordStore) -> InForce:
+    """:func:`in_force` but for the freshness head: for the moves that re-sign it."""
     found = store.read(POINTER_KEY)
     if found is None:
-        seqs = logged_seqs(store, LAYOUT)
-        if seqs:
+        if store.read(change_key(1)) is not None:
             raise UntrustedRecord(POINTER_KEY, "rewound", f"{LAYOUT.name} has no head, but "
-                                  f"its log holds changes up to #{seqs[-1]}: the pointer was "
-                                  "removed")
+                                  "its log holds changes: the pointer was removed")
+        seen = heads.seen(store.url, LAYOUT.name)
+        if seen is not None:
+            raise HistoryRewound(POINTER_KEY, "rewound", LAYOUT.name,
+                                 f"v{seen.seq} ({seen.digest[:12]})", "no policy at all")
         document = packaged_document()
         return InForce(0, document.digest, document, legacy=_unrooted(store))
     if unsigned_pointer(found.data) and _unrooted(store):
         return _as_legacy(store, found.data)
     roots = trusted_roots(store)
+    # Walked whole (a policy has a few versions, not a channel's thousands of moves): every
+    # version's digest is what a channel entry's judge is looked up in.
     chain = verify_chain(store, LAYOUT, PolicyChange, keyring=_keyring_for(roots), roles=None,
-                         checkpoint_keyring=roots.current.keyring(), legacy_head=legacy_head)
+                         checkpoint_keyring=roots.current.keyring(), legacy_head=legacy_head,
+                         last_seen=heads.seen(store.url, LAYOUT.name), full=True)
     _authorize(store, chain, roots)
+    heads.remember(store.url, LAYOUT.name, chain.mark)
     head = chain.head
     assert head is not None
     return InForce(head.seq, head.entry.digest, read_document(store, head.entry.digest), chain,
@@ -374,7 +410,7 @@ def seed(store: RecordStore, document: PolicyDocument, *, acting: Acting,
     except Conflict:
         raise Conflict(f"{store.url} was given a policy by someone else meanwhile; nothing "
                        "was written", hint="`k3a policy show`") from None
-    return in_force(store)
+    return renewed(store, acting.signer)
 
 
 def ensure_seeded(store: RecordStore, *, acting: Acting,

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field, computed_field, field_validator
-
-from k3artifacts.policy.written import named
+from pydantic import BaseModel, ConfigDict, Field, computed_field
 
 
 class _Frozen(BaseModel):
@@ -17,12 +15,6 @@ class GateResult(_Frozen):
     reason: str
     #: Failed, but the mover overrode it with a reason (see ``HistoryEntry.overrides``).
     overridden: bool = False
-
-    @field_validator("reason")
-    @classmethod
-    def _policy_files_named(cls, reason: str) -> str:
-        # A gate reads the policy's files from a directory that lives for one judgement.
-        return named(reason)
 
 
 class Override(_Frozen):

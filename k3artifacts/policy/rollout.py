@@ -6,8 +6,11 @@ same object, so the cluster's AnalysisTemplate and the recorded evidence judge a
 from __future__ import annotations
 
 import re
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from k3artifacts.judging.compare import Criteria
 
 #: A Go duration as Argo Rollouts accepts in ``pause.duration`` and a PromQL range: whole
 #: seconds, minutes or hours (one unit, so both parsers read it the same way).
@@ -55,6 +58,27 @@ class TrafficThresholds(_Strict):
     min_requests: int = Field(default=20, ge=1)
 
 
+class ComparisonPolicy(_Strict):
+    """How a candidate's latencies are judged against a baseline's (:mod:`k3artifacts.judging`):
+    fail only when a one-sided Mann-Whitney U test says slower at ``alpha`` AND the
+    Hodges-Lehmann shift exceeds both ``margin`` of the baseline's median and ``floor_ms``."""
+
+    #: The test's false-alarm rate (one-sided): higher fails more.
+    alpha: float = Field(default=0.01, gt=0.0, lt=0.5)
+    #: The shift tolerated, as a fraction of the baseline's median...
+    margin: float = Field(default=0.10, ge=0.0)
+    #: ...and in milliseconds: a shift must exceed both to fail.
+    floor_ms: float = Field(default=1.0, ge=0.0)
+    #: The fewest observations a side the judge decides on (fewer: inconclusive).
+    min_samples: int = Field(default=20, ge=2)
+    #: What an inconclusive comparison counts as.
+    inconclusive: Literal["fail", "pass"] = "fail"
+
+    def criteria(self) -> Criteria:
+        return Criteria(alpha=self.alpha, margin=self.margin, floor_ms=self.floor_ms,
+                        min_samples=self.min_samples, inconclusive=self.inconclusive)
+
+
 class TrafficPolicy(_Strict):
     steps: list[TrafficStep] = Field(min_length=1)
     #: The range each step's queries read (PromQL ``[window]``), ending at the measurement.
@@ -62,6 +86,9 @@ class TrafficPolicy(_Strict):
     #: Prometheus as the Argo Rollouts controller reaches it (in-cluster address).
     prometheus: str = Field(pattern=r"^https?://[^\s]+$")
     thresholds: TrafficThresholds
+    #: Each step's canary latencies (vLLM's e2e and TTFT histograms) against the stable pods'
+    #: in the same window; null: bounds only.
+    against_stable: ComparisonPolicy | None = ComparisonPolicy()
 
     @field_validator("window")
     @classmethod

@@ -36,6 +36,7 @@ from typing import Any, Generic, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
+from k3artifacts.canonical import parse_json
 from k3artifacts.errors import AlreadyExists, UntrustedRecord, plain_validation_errors
 from k3artifacts.policy.actor import Acting, RoleRefused
 from k3artifacts.policy.document import PolicyDocument
@@ -113,9 +114,9 @@ def _unsigned(data: bytes) -> dict[str, Any] | None:
     """The record as written before k3a signed records (plain JSON of its model), or None for
     anything else (a signed record, or bytes the envelope's parser names)."""
     try:
-        plain = json.loads(data)
+        plain = parse_json(data)
     except (UnicodeDecodeError, ValueError):
-        return None
+        return None  # the envelope's parser names what is wrong with it
     if isinstance(plain, dict) and "schema" not in plain and "envelope" not in plain:
         return plain
     return None
@@ -174,6 +175,11 @@ def _parsed(key: str, family: Family[Model], body: dict[str, Any]) -> Model:
 def _maker(record: BaseModel, field: str) -> str:
     value = getattr(record, field)
     return value if isinstance(value, str) else value.name
+
+
+def made_by(record: BaseModel, family: Family[Any]) -> str:
+    """The identity a record read through :func:`parse_signed` counts for."""
+    return _maker(record, family.maker)
 
 
 def parse_signed(data: bytes, *, key: str, family: Family[Model], trust: RecordTrust,

@@ -12,9 +12,11 @@ from datetime import datetime
 
 from k3artifacts.errors import ConfigError
 from k3artifacts.policy.record import InForce, in_force
-from k3artifacts.signing.policy import TrustedKeys, config_map_files, load_trusted_keys
+from k3artifacts.signing.policy import TrustedKeys, config_map_files
 from k3artifacts.stores.records import RecordStore
 from k3artifacts.trust import pins
+from k3artifacts.trust.heads import Heads, load_heads
+from k3artifacts.trust.heads import config_map_files as heads_config_map_files
 from k3artifacts.trust.pins import Pin
 from k3artifacts.trust.root import Root
 
@@ -32,8 +34,7 @@ def _signed(store: RecordStore) -> InForce:
 def trusted_keys(store: RecordStore) -> TrustedKeys:
     """The signing policy and keys of the store's policy in force, its history verified."""
     policy = _signed(store)
-    with policy.document.written_to() as root:
-        return load_trusted_keys(root)
+    return policy.document.trusted_keys()
 
 
 @dataclass(frozen=True)
@@ -46,17 +47,21 @@ class VerifierTrust:
     root: Root
     pinned_at: datetime
     signing: dict[str, str]
+    #: The heads this client verified of the store's histories when it rendered: the pod
+    #: refuses a store set back behind what its render saw.
+    heads: Heads
 
     def pin_for(self, store_url: str) -> dict[str, str]:
-        """A pin of :attr:`root` for ``store_url`` as ConfigMap data (one file), to mount at
-        ``$XDG_CONFIG_HOME/k3artifacts/trust/``."""
-        return pins.config_map_files(
-            Pin(store=store_url, how="init", pinned_at=self.pinned_at, root=self.root))
+        """A pin of :attr:`root` for ``store_url``, and the heads its render saw, as ConfigMap
+        data (two files), to mount at ``$XDG_CONFIG_HOME/k3artifacts/trust/``."""
+        return {**pins.config_map_files(
+            Pin(store=store_url, how="init", pinned_at=self.pinned_at, root=self.root)),
+            **heads_config_map_files(store_url, self.heads)}
 
 
 def verifier_trust(store: RecordStore) -> VerifierTrust:
     policy = _signed(store)
     assert policy.roots is not None
-    with policy.document.written_to() as root:
-        signing = config_map_files(root)
-    return VerifierTrust(policy.roots.current, policy.roots.pin.pinned_at, signing)
+    signing = config_map_files(policy.document.trusted_keys())
+    return VerifierTrust(policy.roots.current, policy.roots.pin.pinned_at, signing,
+                         load_heads(store.url))

@@ -15,7 +15,6 @@ manifest read: the cost does not grow with the size of the release.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -42,7 +41,7 @@ from k3artifacts.releases.channels import (
     unknown_channel,
 )
 from k3artifacts.releases.retirement import check_not_retiring, pinned
-from k3artifacts.releases.tuples import ReleaseTuple, TupleStore, check_tuple_id
+from k3artifacts.releases.tuples import ReleaseTuple, TupleStore, check_tuple_id, tuple_manifest
 from k3artifacts.revisions.manifest import manifest_key
 from k3artifacts.stores.base import Store
 
@@ -114,26 +113,21 @@ def rollback_target(state: ChannelState, to: str | None) -> HistoryEntry | None:
 def weights_present(store: Store, release: ReleaseTuple, channel: str,
                     target: HistoryEntry) -> GateResult:
     """The one check a rollback makes: the target's manifest is in the store with the digest
-    the tuple binds. The raw bytes, not the parsed model: manifests are stored canonical, so
-    their sha256 is the manifest digest, and hashing ~1 MB is cheaper than parsing thousands of
-    records: a rollback costs the same whatever the release's file count."""
+    the tuple binds, read as every gate and pull reads it (:func:`tuple_manifest`)."""
     w = release.binding.weights
-    found = store.read(manifest_key(w.repo_id, w.commit))
-    if found is None:
+    try:
+        tuple_manifest(store, release)
+    except NotFound:
         raise NotFound(
             f"cannot roll {channel} back to {release.id}: its weights "
             f"{w.repo_id}@{w.commit} are no longer in {store.url} "
             f"(no {manifest_key(w.repo_id, w.commit)})",
             hint=f"re-stage them (`k3a stage {w.repo_id} --revision {w.commit}` gives the same "
             f"manifest digest), or roll back to another tuple with --to",
-        )
-    stored_digest = hashlib.sha256(found.data).hexdigest()
-    if stored_digest != w.manifest_digest:
-        raise VerifyMismatch(
-            f"cannot roll {channel} back to {release.id}: the manifest of "
-            f"{w.repo_id}@{w.commit} in {store.url} has digest {stored_digest}, the tuple "
-            f"binds {w.manifest_digest}"
-        )
+        ) from None
+    except VerifyMismatch as exc:
+        raise VerifyMismatch(f"cannot roll {channel} back to {release.id}: {exc}",
+                             hint=exc.hint) from None
     return GateResult(
         name="weights_present",
         passed=True,

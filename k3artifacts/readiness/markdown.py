@@ -39,6 +39,8 @@ def report_markdown(report: ReadinessReport) -> str:
         lines += ["", f"compared with {b.tuple_id} on {b.channel} (pass rate {b.pass_rate:.1%}, "
                       f"p99 {b.e2e_p99} s): "
                       + ("; ".join(report.regressions) or "no regression")]
+    if report.comparison:
+        lines += ["", f"latency: {_cell(report.comparison.line)}"]
     if report.sweep and report.sweep.points:
         worst = max((p.e2e_p99 or 0.0) for p in report.sweep.points) or 1.0
         lines += ["", f"## Latency against concurrency (knee: {report.sweep.knee})", "",

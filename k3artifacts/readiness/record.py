@@ -7,6 +7,12 @@ tuple, reads the suite file and the baseline run it is compared with; a refusal 
 missing role, an unknown tuple, a malformed suite) sends no request to the endpoint. The act
 runs the checks against the endpoint (:func:`k3artifacts.readiness.run.run_readiness`) and
 records the report, signed by the runner's key.
+
+An eval run samples per-request latency as the channel's policy says
+(``evaluation.latency_regression``: the samples a round, the bound on rounds) and judges them
+against the baseline's samples by that policy's criteria, recorded with the baseline so the
+run's printed verdict can be re-derived; the evaluation gate judges the same samples again by
+the policy in force when the tuple moves (the run's verdict is advisory).
 """
 
 from __future__ import annotations
@@ -16,8 +22,11 @@ from pathlib import Path
 from typing import Any
 
 from k3artifacts.policy.actor import Acting
+from k3artifacts.policy.model import LatencyRegressionPolicy
 from k3artifacts.policy.record import in_force
 from k3artifacts.policy.signed import require_role
+from k3artifacts.readiness.code_run import NoSandbox, missing
+from k3artifacts.readiness.latency import Sampling
 from k3artifacts.readiness.run import Observer, run_readiness
 from k3artifacts.readiness.suite import SmokeSettings, Suite
 from k3artifacts.readiness.suite_lookup import FoundSuite, channel_suite, find_suite
@@ -36,7 +45,8 @@ from k3artifacts.releases.lookup import resolve_tuple
 from k3artifacts.releases.tuples import ReleaseTuple, TupleStore, check_tuple_id
 from k3artifacts.stores.base import Store
 
-#: The regression margin of an eval run's own comparison (the gate uses the policy's).
+#: The pass-rate margin of an eval run's own comparison for a channel with no evaluation
+#: policy (the gate uses the policy's).
 DEFAULT_MARGIN = 0.05
 
 
@@ -47,6 +57,8 @@ class Recorded:
     written: bool
     #: Where an eval run's suite came from (the policy version and file, or a path).
     suite_source: str | None = None
+    #: Why code cases were not run: no sandbox here, and what gives this machine one.
+    no_sandbox: NoSandbox | None = None
 
 
 @dataclass(frozen=True)
@@ -65,6 +77,8 @@ class ReadinessPlan:
     allow_unsandboxed_code: bool = False
     #: Where an eval run's suite came from (the policy version and file, or a path).
     suite_source: str | None = None
+    #: Per-request latencies an eval run draws (None: a smoke run draws none).
+    sampling: Sampling | None = None
 
 
 def plan_smoke(store: Store, endpoint: str, name: str, settings: SmokeSettings, *,
@@ -76,7 +90,7 @@ def plan_smoke(store: Store, endpoint: str, name: str, settings: SmokeSettings, 
 
 
 def plan_evaluation(store: Store, endpoint: str, name: str, suite: str | Path | None, *,
-                    channel: str, by: Acting, margin: float = DEFAULT_MARGIN) -> ReadinessPlan:
+                    channel: str, by: Acting) -> ReadinessPlan:
     """Run a suite against ``endpoint`` for tuple ``name``, compared with the latest run of the
     same suite for the tuple now on ``channel`` (when another is there).
 
@@ -90,14 +104,20 @@ def plan_evaluation(store: Store, endpoint: str, name: str, suite: str | Path | 
     found: FoundSuite = (channel_suite(policy, channel) if suite is None
                          else find_suite(policy, str(suite)))
     rule = policy.document.gates.channels.get(channel)
-    allow = bool(rule and rule.evaluation and rule.evaluation.allow_unsandboxed_code)
+    settings = rule.evaluation if rule else None
+    allow = bool(settings and settings.allow_unsandboxed_code)
+    latency = settings.latency_regression if settings else LatencyRegressionPolicy()
+    # No policy for the channel: compare by the defaults; a policy without max_regression:
+    # compare nothing (the samples are still drawn, for the runs that come after).
+    margin = DEFAULT_MARGIN if settings is None else settings.max_regression
     current = read_state(store, channel).tuple_id
     base = None
-    if current is not None and current != release.id:
+    if margin is not None and current is not None and current != release.id:
         latest = latest_run(store, current, kind="eval", suite_sha256=found.sha256)
-        base = baseline_of(latest, channel, 1, margin) if latest else None
+        base = baseline_of(latest, channel, 1, margin, latency.criteria()) if latest else None
     return ReadinessPlan(release, endpoint, found.suite.smoke, found.suite, found.sha256, base,
-                         by, allow_unsandboxed_code=allow, suite_source=found.source)
+                         by, allow_unsandboxed_code=allow, suite_source=found.source,
+                         sampling=Sampling(latency.min_samples, latency.max_samples))
 
 
 def act_readiness(store: Store, plan: ReadinessPlan, *, observer: Observer | None = None,
@@ -105,9 +125,11 @@ def act_readiness(store: Store, plan: ReadinessPlan, *, observer: Observer | Non
     report = run_readiness(plan.endpoint, plan.release, plan.settings, suite=plan.suite,
                            suite_sha256=plan.suite_sha256, baseline=plan.baseline,
                            observer=observer, api_key=api_key,
-                           allow_unsandboxed_code=plan.allow_unsandboxed_code)
+                           allow_unsandboxed_code=plan.allow_unsandboxed_code,
+                           sampling=plan.sampling)
     record, written = record_run(store, report, by=plan.by)
-    return Recorded(report, record, written, plan.suite_source)
+    return Recorded(report, record, written, plan.suite_source,
+                    missing() if report.skipped else None)
 
 
 def smoke(store: Store, endpoint: str, name: str, settings: SmokeSettings, *, by: Acting,
@@ -118,10 +140,10 @@ def smoke(store: Store, endpoint: str, name: str, settings: SmokeSettings, *, by
 
 
 def evaluate(store: Store, endpoint: str, name: str, suite: str | Path | None, *, channel: str,
-             by: Acting, observer: Observer | None = None, api_key: str | None = None,
-             margin: float = DEFAULT_MARGIN) -> Recorded:
+             by: Acting, observer: Observer | None = None,
+             api_key: str | None = None) -> Recorded:
     """The evaluation-run move: :func:`plan_evaluation`, then :func:`act_readiness`."""
-    plan = plan_evaluation(store, endpoint, name, suite, channel=channel, by=by, margin=margin)
+    plan = plan_evaluation(store, endpoint, name, suite, channel=channel, by=by)
     return act_readiness(store, plan, observer=observer, api_key=api_key)
 
 

@@ -16,6 +16,7 @@ from k3artifacts.readiness import checks
 from k3artifacts.readiness.checks import Probe
 from k3artifacts.readiness.client import base_url, make_client
 from k3artifacts.readiness.code_run import NoSandbox, sandbox
+from k3artifacts.readiness.latency import Sampling, sample_latency
 from k3artifacts.readiness.loaded import loaded_check, tuple_max_len
 from k3artifacts.readiness.redact import Redactor
 from k3artifacts.readiness.suite import SmokeSettings, Suite
@@ -61,10 +62,12 @@ def run_readiness(
     observer: Observer | None = None,
     api_key: str | None = None,
     allow_unsandboxed_code: bool = False,
+    sampling: Sampling | None = None,
 ) -> ReadinessReport:
     """Smoke (``suite`` None) or eval run of ``endpoint`` for ``release``.
     ``allow_unsandboxed_code``: what the channel's policy says, recorded for the run's own
-    verdict (code cases are never run without a sandbox either way)."""
+    verdict (code cases are never run without a sandbox either way). ``sampling``: how many
+    per-request latencies an eval run draws (None: none)."""
     obs = observer or Observer()
     started, t0 = datetime.now(UTC), time.monotonic()
     model = release.id
@@ -84,6 +87,7 @@ def run_readiness(
     results.append(record(first))
     cases: list[CheckResult] = []
     run_sweep: Sweep | None = None
+    samples, comparison = None, None
     if not reachable:
         for name in CHECK_NAMES[1:]:
             results.append(record(CheckResult(
@@ -104,6 +108,10 @@ def run_readiness(
         results.append(record(checks.long_context_check(probe, tokens)))
         for case in suite.cases if suite else []:
             cases.append(record(checks.judge_case(probe, case, kind=case.check)))
+        if suite is not None and sampling is not None:
+            samples, comparison = sample_latency(
+                make_client(endpoint, settings, retries=0, api_key=api_key), model,
+                settings.sweep.max_tokens, sampling, baseline)
         sweep_result, run_sweep = _sweep_check(endpoint, probe, settings, obs, api_key)
         results.append(record(sweep_result))
     box = _code_sandbox(cases)
@@ -121,7 +129,9 @@ def run_readiness(
         cases=cases,
         min_pass_rate=suite.min_pass_rate if suite else 1.0,
         sweep=run_sweep,
+        latency=samples,
         baseline=baseline,
+        comparison=comparison,
         unreachable=not reachable,
         code_sandbox=box,
         allow_unsandboxed_code=allow_unsandboxed_code,

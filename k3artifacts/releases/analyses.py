@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from k3artifacts.canonical import canonical_digest
 from k3artifacts.errors import UntrustedRecord
+from k3artifacts.judging.compare import Criteria, Judgement, compare_counts
 from k3artifacts.policy.actor import Acting
 from k3artifacts.policy.rollout import TrafficThresholds, duration_seconds
 from k3artifacts.policy.signed import Family, RecordTrust, create_signed
@@ -66,6 +67,33 @@ class MetricResult(BaseModel):
     passed: bool
 
 
+class StableComparison(BaseModel):
+    """One of vLLM's latency histograms of the canary against the stable pods' over the same
+    window (:mod:`k3artifacts.judging`, each bucket a group of tied observations at its upper
+    bound; what fell beyond the last finite bound counts at that bound)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str
+    stable_tuple_id: str
+    canary_query: str
+    stable_query: str
+    #: (bucket upper bound in seconds, requests in that bucket over the window).
+    canary: list[tuple[float, float]]
+    stable: list[tuple[float, float]]
+    #: The judgement by the policy the analysis ran under (the gate judges again by its own).
+    judgement: Judgement
+
+    def judged(self, criteria: Criteria) -> Judgement:
+        return judge_histograms(self.name, self.stable, self.canary, criteria)
+
+
+def judge_histograms(name: str, stable: list[tuple[float, float]],
+                     canary: list[tuple[float, float]], criteria: Criteria) -> Judgement:
+    return compare_counts(dict(stable), dict(canary), criteria,
+                          what=f"{name} against the stable pods")
+
+
 class TrafficAnalysis(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -80,10 +108,14 @@ class TrafficAnalysis(BaseModel):
     at: datetime
     prometheus: str
     metrics: list[MetricResult]
+    #: The canary against the stable pods it replaces (none: no stable tuple on the channel,
+    #: comparison off, or an analysis from before comparisons).
+    against_stable: list[StableComparison] = Field(default_factory=list)
 
     @property
     def passed(self) -> bool:
-        return bool(self.metrics) and not self.failed
+        return bool(self.metrics) and not self.failed and all(
+            c.judgement.passed for c in self.against_stable)
 
     @property
     def failed(self) -> list[MetricResult]:

@@ -52,8 +52,9 @@ checkpoint vouches for, until the next move signs the one after it.
 
 from __future__ import annotations
 
+import contextlib
 import json
-from collections.abc import Collection, Iterator
+from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal
@@ -70,12 +71,23 @@ from k3artifacts.errors import (
     UntrustedRecord,
 )
 from k3artifacts.policy.actor import Acting
+from k3artifacts.policy.freshness import not_behind
 from k3artifacts.policy.model import CHANNEL_NAME
-from k3artifacts.policy.record import MIGRATE_HINT, InForce, in_force, read_document
+from k3artifacts.policy.record import MIGRATE_HINT, InForce, in_force, read_document, renewed
 from k3artifacts.policy.results import GateResult, Override
 from k3artifacts.releases.tuples import TUPLE_ID
 from k3artifacts.stores.records import RecordStore
-from k3artifacts.trust.chain import Chain, ChainLayout, append, logged_seqs, verify_chain
+from k3artifacts.trust import heads
+from k3artifacts.trust.chain import (
+    Chain,
+    ChainEntry,
+    ChainLayout,
+    append,
+    checkpoint,
+    entry_below,
+    logged_seqs,
+    verify_chain,
+)
 from k3artifacts.trust.identities import Keyring
 from k3artifacts.trust.pins import trusted_roots
 from k3artifacts.trust.storage import Found
@@ -83,6 +95,9 @@ from k3artifacts.trust.storage import Found
 CHANNEL_SCHEMA = 1
 CHANNELS_PREFIX = "releases/channels/"
 ENTRY_KIND = "channel-entry"
+#: A channel's mover signs a checkpoint every this many moves: a fresh reader verifies at
+#: most this many entries back from the head.
+CHECKPOINT_EVERY = 16
 #: Reads of a pointer that moves while its history is read, before a refusal is believed.
 _REREADS = 5
 
@@ -237,6 +252,9 @@ class ChannelState:
     #: The verified chain the next move appends to; None for a store older than signing,
     #: read as found (nothing is moved on it).
     chain: Chain[HistoryEntry] | None
+    #: Where :attr:`entries` are only what was new to this reader: the older ones, newest
+    #: first, read and verified on demand.
+    further: Callable[[], Iterator[HistoryEntry]] | None = None
 
     @property
     def pointer(self) -> ChannelPointer | None:
@@ -251,7 +269,11 @@ class ChannelState:
         return len(self.entries) + 1 if self.chain is None else self.chain.next_seq
 
     def newest_first(self) -> Iterator[HistoryEntry]:
-        return reversed(self.entries)
+        """Every entry, newest first: those verified, then older ones as they are asked for
+        (a rollback's target is mostly the one before the head)."""
+        yield from reversed(self.entries)
+        if self.further is not None:
+            yield from self.further()
 
     def require_signed(self) -> None:
         """MigrationNeeded (exit 9) for a channel of a store older than signing: it is read
@@ -289,42 +311,114 @@ class _Identities:
         return self._keyrings[digest]
 
 
+def _placed(link: ChainEntry[HistoryEntry], channel: str, policy: InForce,
+            key: str) -> int | None:
+    """The policy version entry ``link`` names (None: vouched for, older than signing),
+    once it says what its place says: this channel and its seq, judged by a version of the
+    verified policy history."""
+    e = link.entry
+    if (e.channel, e.seq) != (channel, link.seq) or (link.seq == 1) != (
+            e.previous_tuple_id is None):
+        raise UntrustedRecord(key, "edit", f"entry #{link.seq} of channel {channel} says "
+                              f"it is {e.channel}#{e.seq}, after {e.previous_tuple_id}")
+    if link.vouched:
+        return None
+    version = policy.versions.get(e.policy_digest or "")
+    if version is None or version != e.policy_version:
+        raise UntrustedRecord(key, "edit", f"entry #{link.seq} of channel {channel} names "
+                              f"policy v{e.policy_version}, not the version of its digest")
+    return version
+
+
+def _follows(below: ChainEntry[HistoryEntry], above: ChainEntry[HistoryEntry], channel: str,
+             versions: tuple[int | None, int | None], key: str) -> None:
+    """``above`` moves on from ``below``: from its tuple, by a policy version never older."""
+    e = above.entry
+    low, high = versions
+    if e.previous_tuple_id != below.entry.tuple_id:
+        raise UntrustedRecord(key, "edit", f"entry #{above.seq} of channel {channel} says it "
+                              f"is {e.channel}#{e.seq}, after {e.previous_tuple_id}")
+    if low is not None and high is not None and high < low:
+        raise UntrustedRecord(key, "edit", f"entry #{above.seq} of channel {channel} names "
+                              f"policy v{high}, out of order (#{below.seq} names v{low})")
+
+
 def _consistent(chain: Chain[HistoryEntry], channel: str, policy: InForce) -> None:
-    """The entries say what their places say: this channel, their seq, the tuple before,
-    and policy versions that only move forward."""
-    floor, before = 0, None
+    """The entries say what their places say (:func:`_placed`), each moving on from the one
+    before (:func:`_follows`)."""
+    before: tuple[ChainEntry[HistoryEntry], int | None] | None = None
     for link in chain.entries:
-        e, key = link.entry, chain.layout.entry_key(link.seq)
-        if (e.channel, e.seq) != (channel, link.seq) or e.previous_tuple_id != (
-                None if before is None else before.tuple_id):
-            raise UntrustedRecord(key, "edit", f"entry #{link.seq} of channel {channel} says "
-                                  f"it is {e.channel}#{e.seq}, after {e.previous_tuple_id}")
-        if not link.vouched:
-            version = policy.versions.get(e.policy_digest or "")
-            if version != e.policy_version or version < floor:
-                raise UntrustedRecord(key, "edit", f"entry #{link.seq} of channel {channel} "
-                                      f"names policy v{e.policy_version}, out of order or "
-                                      "not the version of its digest")
-            floor = version
-        before = e
+        key = chain.layout.entry_key(link.seq)
+        version = _placed(link, channel, policy, key)
+        if before is not None:
+            _follows(before[0], link, channel, (before[1], version), key)
+        before = (link, version)
 
 
-def _verified(store: RecordStore, channel: str, policy: InForce) -> ChannelState:
+@dataclass(frozen=True)
+class _Further:
+    """Reads a channel's history back past what a reader verified as new, each entry
+    verified as the one the entry above it follows."""
+
+    store: RecordStore
+    channel: str
+    policy: InForce
+    chain: Chain[HistoryEntry]
+    keyring: _Identities
+
+    def __call__(self) -> Iterator[HistoryEntry]:
+        above = self.chain.entries[0]
+        above_version = _placed(above, self.channel, self.policy,
+                                self.chain.layout.entry_key(above.seq))
+        while (below := entry_below(self.store, self.chain, above, HistoryEntry,
+                                    keyring=self.keyring, roles=["promote"])) is not None:
+            key = self.chain.layout.entry_key(below.seq)
+            version = _placed(below, self.channel, self.policy, key)
+            _follows(below, above, self.channel, (version, above_version),
+                     self.chain.layout.entry_key(above.seq))
+            yield below.entry
+            above, above_version = below, version
+        if above.seq > 1:
+            # At the floor: entries a checkpoint vouches for, read as the whole walk reads them.
+            whole = _verified(self.store, self.channel, self.policy, full=True)
+            yield from reversed([e for e in whole.entries if e.seq < above.seq])
+
+
+def _checkpointers(root: Keyring, policy: InForce) -> Keyring:
+    """Who may sign a channel's checkpoint: its movers (those holding ``promote`` in the
+    policy in force, as they sign its entries) and the root identities (a migration's)."""
+    movers = {} if policy.version == 0 else {
+        k: v for k, v in policy.document.identities.keyring().keys.items()
+        if "promote" in v.roles}
+    return Keyring({**root.keys, **movers})
+
+
+def _verified(store: RecordStore, channel: str, policy: InForce, *,
+              full: bool = False) -> ChannelState:
     where = layout(channel)
     # A store migrated before its first policy has roots and vouched histories, no policy yet.
     roots = policy.roots or trusted_roots(store)
-    chain = verify_chain(store, where, HistoryEntry,
-                         keyring=_Identities(store, policy, where.pointer_key),
-                         roles=["promote"], checkpoint_keyring=roots.current.keyring(),
-                         legacy_head=_legacy_head)
+    keyring = _Identities(store, policy, where.pointer_key)
+    chain = verify_chain(store, where, HistoryEntry, keyring=keyring, roles=["promote"],
+                         checkpoint_keyring=_checkpointers(roots.current.keyring(), policy),
+                         legacy_keyring=roots.current.keyring(), legacy_head=_legacy_head,
+                         last_seen=heads.seen(store.url, where.name), full=full)
     _consistent(chain, channel, policy)
-    return ChannelState(channel, tuple(e.entry for e in chain.entries), chain.token, chain)
+    if policy.freshness is not None:
+        not_behind(where.name, where.pointer_key, policy.freshness.channels.get(channel),
+                   chain.mark, {e.seq: e.digest for e in chain.entries})
+    heads.remember(store.url, where.name, chain.mark)
+    further = None if chain.whole else _Further(store, channel, policy, chain, keyring)
+    return ChannelState(channel, tuple(e.entry for e in chain.entries), chain.token, chain,
+                        further)
 
 
 def read_state(store: RecordStore, channel: str, *,
-               policy: InForce | None = None) -> ChannelState:
-    """The channel as every reader and mover sees it: its whole history verified (module
-    doc) against the store's policy in force (``policy``, if read already)."""
+               policy: InForce | None = None, full: bool = False) -> ChannelState:
+    """The channel as every reader and mover sees it, verified (module doc) against the
+    store's policy in force (``policy``, if read already): from the head this client verified
+    before (only what is new), else from its checkpoint or its start; ``full``: every entry
+    down to its checkpoint or its start, whatever this client saw."""
     check_channel(channel)
     policy = policy or in_force(store)
     key = pointer_key(channel)
@@ -333,7 +427,7 @@ def read_state(store: RecordStore, channel: str, *,
         try:
             if policy.legacy:
                 return read_as_found(store, channel, found)
-            return _verified(store, channel, policy)
+            return _verified(store, channel, policy, full=full)
         except (UntrustedRecord, PointerMismatch):
             # The pointer and the history are several reads: a mover that swapped the pointer
             # and logged its entry between them makes the history look ahead. Only a pointer
@@ -393,13 +487,16 @@ def _read_entry(store: RecordStore, channel: str, seq: int) -> HistoryEntry:
 
 
 def channel_names(store: RecordStore) -> list[str]:
-    """Channels that have a pointer in ``store``."""
-    names = []
+    """Channels that have a pointer or a history in ``store``: one whose pointer is gone
+    while its history is there is listed, for its reader to refuse, never left out."""
+    names = set()
     for key in store.list_keys(CHANNELS_PREFIX):
         rest = key[len(CHANNELS_PREFIX) :]
-        if "/" not in rest and rest.endswith(".json") and CHANNEL_NAME.match(rest[:-5]):
-            names.append(rest[:-5])
-    return names
+        name, slash, _ = rest.partition("/")
+        name = name if slash else name.removesuffix(".json")
+        if (slash or rest.endswith(".json")) and CHANNEL_NAME.match(name):
+            names.add(name)
+    return sorted(names)
 
 
 def unknown_channel(
@@ -437,13 +534,14 @@ def list_channels(store: RecordStore) -> list[ChannelPointer]:
 def history(
     store: RecordStore, channel: str, policy_channels: Collection[str] | None = None
 ) -> list[HistoryEntry]:
-    """Every move of ``channel``, oldest first, verified (seq 1..N, or from a checkpoint).
+    """Every move of ``channel``, oldest first, verified (seq 1..N, or from the entries a
+    migration's checkpoint vouches for).
     ``policy_channels`` shapes the advice when the channel is unknown
     (see :func:`unknown_channel`)."""
     state = read_state(store, channel)
     if not state.entries:
         raise unknown_channel(store, channel, policy_channels)
-    return list(state.entries)
+    return list(reversed(list(state.newest_first())))
 
 
 def commit_move(store: RecordStore, state: ChannelState, entry: HistoryEntry, *,
@@ -470,9 +568,17 @@ def commit_move(store: RecordStore, state: ChannelState, entry: HistoryEntry, *,
             raise _lost_race(store, state, entry)
     faultpoints.pause("channel-move", state.channel)
     try:
-        append(store, chain, entry, signer=acting.signer, identity=acting.name)
+        moved = append(store, chain, entry, signer=acting.signer, identity=acting.name)
     except Conflict:
         raise _lost_race(store, state, entry) from None
+    heads.remember(store.url, chain.layout.name, moved.mark)
+    assert moved.mark is not None
+    renewed(store, acting.signer, {state.channel: moved.mark})
+    if entry.seq % CHECKPOINT_EVERY == 0:
+        # A fresh reader's walk starts here, not at #1: what a read costs stays bounded. A
+        # checkpoint lost to a race only leaves the walk longer.
+        with contextlib.suppress(Conflict):
+            checkpoint(store, moved, signer=acting.signer, identity=acting.name)
     # If we die here the entry survives in the pointer; the next move logs it.
     return ChannelPointer.for_entry(entry)
 

@@ -27,6 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from k3artifacts.canonical import canonical_digest
 from k3artifacts.errors import ConfigError, UntrustedRecord, plain_validation_errors
+from k3artifacts.judging.compare import Criteria, Judgement, compare
 from k3artifacts.policy.actor import Acting
 from k3artifacts.policy.signed import Family, RecordTrust, create_signed
 from k3artifacts.releases.records import read_records
@@ -102,6 +103,21 @@ class Sweep(BaseModel):
         return next((p for p in self.points if p.concurrency == concurrency), None)
 
 
+class LatencySamples(BaseModel):
+    """Per-request latencies of an eval run, one request at a time (seconds, in the order
+    sent): the evidence the latency comparison judges (:mod:`k3artifacts.judging`)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    max_tokens: int = Field(gt=0)
+    e2e: list[float]
+    ttft: list[float]
+    #: Requests that failed (not in the samples).
+    errors: int = 0
+    #: Rounds drawn: a run whose comparison was inconclusive draws more, up to its bound.
+    rounds: int = Field(default=1, ge=1)
+
+
 class Baseline(BaseModel):
     """The report this run was compared with: the one of the tuple on the target channel,
     and how far this run may fall behind it."""
@@ -118,6 +134,11 @@ class Baseline(BaseModel):
     #: Pass rate may drop by at most this much (absolute), the p99 grow by this fraction.
     #: (Runs recorded before the margin was are judged by the one they were run with.)
     margin: float = Field(default=0.05, ge=0)
+    #: The baseline run's per-request end-to-end latencies (empty: it predates them).
+    e2e_samples: list[float] = Field(default_factory=list)
+    #: How the latency is judged (None: a comparison recorded before samples were, judged by
+    #: its p99 and ``margin`` as it was run).
+    criteria: Criteria | None = None
 
 
 class ReadinessReport(BaseModel):
@@ -146,7 +167,12 @@ class ReadinessReport(BaseModel):
     #: The suite's own threshold for the run's verdict; the gate applies the channel's.
     min_pass_rate: float = Field(default=1.0, ge=0, le=1)
     sweep: Sweep | None = None
+    #: Per-request latencies (eval runs; None: a run recorded before they were).
+    latency: LatencySamples | None = None
     baseline: Baseline | None = None
+    #: The run's own latency judgement against ``baseline`` (advisory: the gate re-judges the
+    #: samples under the policy in force).
+    comparison: Judgement | None = None
     #: How this run is worse than the baseline beyond its margin, as found when it ran (the
     #: verdict re-derives it: :func:`judge`).
     regressions: list[str] = Field(default_factory=list)
@@ -177,7 +203,8 @@ class ReadinessReport(BaseModel):
 
     @property
     def failed(self) -> list[CheckResult]:
-        return [c for c in [*self.checks, *self.cases] if not c.passed]
+        """What ran and failed (a case not run is in :attr:`skipped`, never here)."""
+        return [c for c in [*self.checks, *self.cases] if not c.passed and c.skipped is None]
 
     @property
     def verdict(self) -> str:
@@ -330,7 +357,7 @@ def latest_run(
 
 
 def baseline_of(record: EvaluationRecord, channel: str, concurrency: int,
-                margin: float) -> Baseline:
+                margin: float, criteria: Criteria) -> Baseline:
     run = record.readiness()
     point = run.sweep.at(concurrency) if run.sweep else None
     return Baseline(
@@ -341,7 +368,19 @@ def baseline_of(record: EvaluationRecord, channel: str, concurrency: int,
         e2e_p99=point.e2e_p99 if point else None,
         concurrency=concurrency,
         margin=margin,
+        e2e_samples=run.latency.e2e if run.latency else [],
+        criteria=criteria,
     )
+
+
+def latency_judgement(samples: LatencySamples | None, baseline: Baseline) -> Judgement | None:
+    """A candidate's per-request latencies against the baseline's, by the baseline's
+    criteria; None where the baseline has no samples (it predates them: nothing to judge
+    against). A candidate without samples is inconclusive (too few)."""
+    if baseline.criteria is None or not baseline.e2e_samples:
+        return None
+    return compare(baseline.e2e_samples, samples.e2e if samples else [], baseline.criteria,
+                   what="end-to-end latency")
 
 
 def judge(report: ReadinessReport, *, min_pass_rate: float, baseline: Baseline | None,
@@ -368,7 +407,8 @@ def judge(report: ReadinessReport, *, min_pass_rate: float, baseline: Baseline |
     if len(failed) > 4:
         problems.append(f"and {len(failed) - 4} more failed checks")
     if report.pass_rate < min_pass_rate:
-        failed_cases = ", ".join(c.name for c in report.cases if not c.passed)
+        failed_cases = ", ".join(c.name for c in report.cases
+                                 if not c.passed and c.skipped is None)
         problems.append(f"{report.verdict} is below the required {min_pass_rate:.1%}"
                         + (f" (failed: {failed_cases})" if failed_cases else ""))
     if latency is not None:
@@ -388,13 +428,20 @@ def judge(report: ReadinessReport, *, min_pass_rate: float, baseline: Baseline |
 def regressions(
     report: ReadinessReport, baseline: Baseline, *, margin: float, concurrency: int
 ) -> list[str]:
-    """How ``report`` is worse than ``baseline`` beyond ``margin`` (empty: no regression)."""
+    """How ``report`` is worse than ``baseline`` beyond ``margin`` (empty: no regression):
+    its pass rate, and its latency by the judge where the baseline carries criteria (else by
+    the p99 at ``concurrency``, as such a comparison was recorded)."""
     found = []
     if report.pass_rate < baseline.pass_rate - margin:
         found.append(
             f"pass rate {report.pass_rate:.1%} < {baseline.tuple_id}'s {baseline.pass_rate:.1%} "
             f"less the {margin:.1%} margin"
         )
+    if baseline.criteria is not None:
+        verdict = latency_judgement(report.latency, baseline)
+        if verdict is not None and not verdict.passed:
+            found.append(f"against {baseline.tuple_id}: {verdict.line}")
+        return found
     point = report.sweep.at(concurrency) if report.sweep else None
     if baseline.e2e_p99 is not None and point is not None and point.e2e_p99 is not None:
         limit = baseline.e2e_p99 * (1 + margin)

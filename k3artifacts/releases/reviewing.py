@@ -13,7 +13,7 @@ import hashlib
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from k3artifacts.errors import NotFound, VerifyMismatch
+from k3artifacts.errors import NotFound, StoredRecordRefused, VerifyMismatch
 from k3artifacts.policy.actor import Acting
 from k3artifacts.policy.signed import record_trust, require_role
 from k3artifacts.releases.reviews import (
@@ -149,3 +149,21 @@ def review_code(store: Store, tuple_id: str, *, by: Acting, note: str | None = N
                 now: datetime | None = None) -> CodeReviewOutcome:
     """The code-review move: :func:`plan_code_review`, then :func:`act_code_review`."""
     return act_code_review(store, plan_code_review(store, tuple_id, by=by, note=note, now=now))
+
+
+def unreviewed_code(store: Store, repo_id: str, commit: str) -> list[str]:
+    """The remote-code files of a published revision that no review the policy trusts covers
+    yet (by sha256: a file unchanged since a reviewed commit is reviewed): what the
+    ``remote_code`` gate would name. A review record that does not verify covers nothing."""
+    manifest = store.read_manifest(repo_id, commit)
+    if manifest is None or not manifest.remote_code:
+        return []
+    trust = record_trust(store)
+
+    def reviewed(sha256: str) -> bool:
+        try:
+            return read_review(store, "code", sha256, trust=trust) is not None
+        except StoredRecordRefused:
+            return False
+
+    return [entry.path for entry in manifest.remote_code if not reviewed(entry.sha256)]

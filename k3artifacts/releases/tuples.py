@@ -21,6 +21,7 @@ from k3artifacts.errors import (
     Refusal,
     TamperedRecord,
     UsageError,
+    VerifyMismatch,
 )
 from k3artifacts.revisions.manifest import ShardManifest, manifest_key
 from k3artifacts.stores.records import RecordStore
@@ -110,8 +111,10 @@ class ReleaseTuple(_Frozen):
 
 
 def tuple_manifest(store: RevisionStore, release: ReleaseTuple) -> ShardManifest:
-    """The published manifest of the revision ``release`` binds (the one reader every caller
-    uses); NotFound, saying to stage it, when the revision is not in ``store``."""
+    """The published manifest of the revision ``release`` binds, held to the digest the tuple
+    binds (``answers_to``: canonical or as stored): the one reader every gate, review, pull
+    and rollback uses. NotFound, saying to stage it, when the revision is not in ``store``;
+    VerifyMismatch (exit 4) when the store's manifest is another."""
     w = release.binding.weights
     manifest = store.read_manifest(w.repo_id, w.commit)
     if manifest is None:
@@ -120,6 +123,12 @@ def tuple_manifest(store: RevisionStore, release: ReleaseTuple) -> ShardManifest
             f"no {manifest_key(w.repo_id, w.commit)}",
             hint=f"stage the revision first: `k3a stage {w.repo_id} --revision {w.commit}`",
         )
+    if not manifest.answers_to(w.manifest_digest):
+        raise VerifyMismatch(
+            f"{w.repo_id}@{w.commit} in {store.url}: manifest digest {manifest.digest()} is not "
+            f"the tuple's {w.manifest_digest}",
+            hint="the store's manifest was replaced behind the tuple: do not serve it; "
+            "investigate the store")
     return manifest
 
 

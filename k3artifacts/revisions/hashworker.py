@@ -9,9 +9,10 @@ into a buffer, the same truncation is a short read, reported as :class:`ChangedW
 The buffer is small enough to stay in the core's cache, so the copy costs xxh3-128 nothing
 measurable (bench/RESULTS.md).
 
-A hashing process (for large sha256 work, where the copy would cost) runs :func:`serve`: it
-receives one open descriptor at a time with the algorithm's name over a ``SOCK_SEQPACKET``
-socket, hashes the file straight from the page cache through a mapping
+A hashing process (beyond 8 workers, where threads stop scaling, and for large sha256 work,
+where the copy would cost: :func:`k3artifacts.revisions.parallel.in_processes`) runs
+:func:`serve`: it receives one open descriptor at a time with the algorithm's name over a
+``SOCK_SEQPACKET`` socket, hashes the file straight from the page cache through a mapping
 (:func:`hash_mapped_fd`), answers ``P<bytes>`` as it goes, then ``D<size> <hex digest>``,
 ``C<detail>`` (the file changed while it was read) or ``E<reason>``. There a SIGBUS kills that
 process alone, and its parent reports the file as changed. It opens nothing by name: what it

@@ -5,19 +5,21 @@ so the last file to finish is a small one. Each worker reads its file from the p
 buffer (a thread) or a mapped window (a hashing process) at a time (:mod:`.hashworker`):
 memory is one of those per worker, whatever the files' sizes, and no byte is read twice.
 
-Where a worker hashes depends on the algorithm and the number of workers, as measured on the
-16-core machine (bench/RESULTS.md, issues 35 and 36). xxhash releases the GIL, and threads of
-one process hashed xxh3-128 as fast as one process per core or faster (92-101 against 82-90
-GB/s on one host, 45.8 against 45.6 on another), with no process to start: xxh3-128 runs in
-threads. hashlib's sha256 releases it too; 8 threads kept up with 8 processes (10.7 GB/s each
-way), but at 16 one host gave processes a third more (20 against 15 GB/s) and another gave
-threads 7-10% more. A thread reads into its own buffer (never a mapping, below), which costs
-sha256 about 8% more CPU per byte than a mapping, and xxh3-128 nothing measurable. So sha256
-runs in hashing processes (:mod:`.hashworker`), which map the file, beyond
-:data:`THREADS_ENOUGH` workers (the side once far ahead) and wherever each worker has
-:data:`MAPPED_MIN_BYTES` to hash (:func:`in_processes`). Each is fed one open descriptor at a
-time over a socket: the caller opens every file (link-safe where it must be), a process never
-resolves a path. Below :data:`PROCESS_MIN_BYTES` processes are not worth their start.
+Where a worker hashes depends on the algorithm, the number of workers and the bytes, as
+measured on the 16-core machine (bench/RESULTS.md, issues 35, 36 and 42). Threads of one
+process hash with no process to start, and up to :data:`THREADS_ENOUGH` workers they kept up
+(8 sha256 threads against 8 processes: 10.7 GB/s each way; 2 of either on the 2-core machine).
+Beyond that they do not: 16 threads reading xxh3-128 into their buffers gave half of what 16
+hashing processes gave (23.8 against 48.2 GB/s; most likely the GIL, which each 512 KiB
+read and hash take back, every 40 microseconds or so of xxh3), and 16 sha256 threads a third
+less on one host. So beyond :data:`THREADS_ENOUGH` workers both algorithms run in
+hashing processes (:mod:`.hashworker`), which map the file; sha256 also wherever each worker
+has :data:`MAPPED_MIN_BYTES` to hash (a thread's copy costs it about 8% more CPU per byte,
+xxh3-128 nothing measurable). Below :data:`PROCESS_MIN_BYTES` of an algorithm, processes are
+not worth their start (:func:`in_processes`). ``K3A_HASH_IN`` overrides the choice on a
+machine where ``python -m bench --only verify`` shows the other side faster. A hashing process
+is fed one open descriptor at a time over a socket: the caller opens every file (link-safe
+where it must be), a process never resolves a path.
 
 A file that something else truncates while it is hashed (whoever can write where it lies: a
 pod sharing the node cache's hostPath) is that file's problem, "changed while it was read",
@@ -39,12 +41,14 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from k3artifacts import settings
 from k3artifacts.revisions.hashworker import ALGORITHMS, CHANGED, ChangedWhileRead, hash_fd
 
-#: Total bytes from which sha256 goes to hashing processes: below, their start is a larger
-#: share than what threads lose to each other.
-PROCESS_MIN_BYTES = 256 << 20
-#: Workers up to which sha256 threads keep up with processes (8 did, 16 did not).
+#: Total bytes from which hashing processes are worth their start, by algorithm: a process
+#: starts in 0.01-0.03 s on 16 cores, where 16 threads lose 0.02 s a GB of xxh3-128 to them
+#: (1/23.8 - 1/48.2 s) and about 0.02 s every 256 MiB of sha256.
+PROCESS_MIN_BYTES = {"sha256": 256 << 20, "xxh3-128": 1 << 30}
+#: Workers up to which threads keep up with hashing processes (8 did, 16 did not).
 THREADS_ENOUGH = 8
 #: Bytes per worker from which sha256 goes to hashing processes at any number of workers:
 #: reading a mapping spares the copy a thread makes. 2 workers on the 2-core machine, GB of
@@ -90,16 +94,18 @@ def _changed(detail: str) -> str:
 def in_processes(algorithm: str, workers: int, total: int) -> bool:
     """Whether ``workers`` hashing ``total`` bytes with ``algorithm`` run in hashing processes
     (the module's docstring says why)."""
-    return algorithm == "sha256" and total >= PROCESS_MIN_BYTES and (
-        workers > THREADS_ENOUGH or total >= workers * MAPPED_MIN_BYTES)
+    if total < PROCESS_MIN_BYTES[algorithm]:
+        return False
+    return workers > THREADS_ENOUGH or (
+        algorithm == "sha256" and total >= workers * MAPPED_MIN_BYTES)
 
 
 def hash_files(files: Iterable[FileToHash], algorithm: str, *, workers: int | None = None,
                processes: bool | None = None, on_bytes: Callable[[int], None] | None = None,
                on_hashed: Callable[[Hashed], None] | None = None) -> dict[str, Hashed]:
     """Every file's digest, ``workers`` at a time (default: one per usable core).
-    ``processes``: hash in separate processes (default: for sha256 over enough bytes, see
-    the module's docstring). ``on_bytes`` sees bytes as they are hashed and ``on_hashed``
+    ``processes``: hash in separate processes (default: ``K3A_HASH_IN``, else
+    :func:`in_processes`). ``on_bytes`` sees bytes as they are hashed and ``on_hashed``
     each file once done, from the driving threads."""
     if algorithm not in ALGORITHMS:
         raise ValueError(f"unknown algorithm {algorithm!r}")
@@ -108,7 +114,9 @@ def hash_files(files: Iterable[FileToHash], algorithm: str, *, workers: int | No
         return {}
     workers = max(1, min(workers or usable_cores(), len(queue)))
     if processes is None:
-        processes = in_processes(algorithm, workers, sum(f.size for f in queue))
+        chosen = settings.load().hash_in
+        processes = in_processes(algorithm, workers, sum(f.size for f in queue)) \
+            if chosen is None else chosen == "processes"
     run = _Run(queue, algorithm, on_bytes, on_hashed)
     drivers = [threading.Thread(target=run.drive, args=(processes,), daemon=True,
                                 name=f"k3a-hash-{n}") for n in range(workers)]

@@ -158,15 +158,14 @@ def load_signer(spec: str) -> Signer:
     return KeySigner(key, str(path))
 
 
-def load_public_key(path: Path) -> ec.EllipticCurvePublicKey:
+def parse_public_key(pem: bytes, where: str) -> ec.EllipticCurvePublicKey:
+    """A trusted release key from its PEM text; ``where`` names it in errors."""
     try:
-        key = serialization.load_pem_public_key(path.read_bytes())
-    except OSError as exc:
-        raise ConfigError(f"trusted key {path}: {exc.strerror or exc}") from None
+        key = serialization.load_pem_public_key(pem)
     except ValueError as exc:
-        raise ConfigError(f"trusted key {path}: not a PEM public key ({exc})") from None
+        raise ConfigError(f"trusted key {where}: not a PEM public key ({exc})") from None
     if not isinstance(key, ec.EllipticCurvePublicKey) or key.curve.name not in CURVE_HASHES:
-        raise ConfigError(f"trusted key {path}: not an ECDSA public key on a sigstore curve")
+        raise ConfigError(f"trusted key {where}: not an ECDSA public key on a sigstore curve")
     return key
 
 

@@ -1,20 +1,22 @@
-"""Which keys are trusted, and which channels require signatures: ``policies/signing/``.
+"""Which keys are trusted, and which channels require signatures: ``signing/`` of the store's
+policy in force (the packaged defaults: ``policies/signing/``).
 
-``policies/signing/trusted-keys.yaml``::
+``signing/trusted-keys.yaml``::
 
     schema_version: 1
-    keys:                      # name -> PEM public key file, relative to policies/signing/
+    keys:                      # name -> PEM public key file, relative to signing/
       release-2026: keys/release-2026.pub.pem
     channels:                  # a channel not listed requires nothing and trusts every key
       production: {required: true, keys: [release-2026], verify_bytes: true}
 
 A channel's ``keys`` are the only ones whose signatures count for it (empty: every key listed
-above). Reviewed and committed like code: adding a key is a change someone approves.
+above). Changed like the rest of the policy (``k3a policy propose`` / ``apply``): trusting a
+key loosens it, so it needs the root's threshold of signatures.
 """
 
 from __future__ import annotations
 
-from pathlib import Path
+from collections.abc import Mapping
 from typing import Literal
 
 import yaml
@@ -23,7 +25,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from k3artifacts.errors import ConfigError
-from k3artifacts.signing.keys import load_public_key
+from k3artifacts.signing.keys import parse_public_key
 
 SIGNING_DIR = "signing"
 TRUSTED_KEYS_FILE = "trusted-keys.yaml"
@@ -60,10 +62,11 @@ class TrustedKeys:
     """The policy with its public keys loaded."""
 
     def __init__(self, policy: SigningPolicy, keys: dict[str, ec.EllipticCurvePublicKey],
-                 path: Path):
+                 shown: str):
         self.policy = policy
         self.keys = keys
-        self.path = path
+        #: The policy file, as messages name it.
+        self.shown = shown
 
     def required(self, channel: str) -> bool:
         rule = self.policy.channels.get(channel)
@@ -82,41 +85,43 @@ class TrustedKeys:
             trusted = {name: self.keys[name] for name in rule.keys}
         if not trusted:
             raise ConfigError(
-                f"{self.path} lists no trusted signing key"
+                f"{self.shown} lists no trusted signing key"
                 + (f" for channel {channel}" if channel else ""),
                 hint="add the release public key there (README, 'Signing')",
             )
         return trusted
 
 
-def policy_path(policies_dir: Path) -> Path:
-    return Path(policies_dir) / SIGNING_DIR / TRUSTED_KEYS_FILE
-
-
-def load_trusted_keys(policies_dir: Path) -> TrustedKeys:
-    path = policy_path(policies_dir)
+def trusted_keys_of(files: Mapping[str, str], where: str) -> TrustedKeys:
+    """The signing policy and its keys from a policy's files (path relative to the policies
+    directory -> text); ``where`` prefixes each path in messages (a directory and ``/``, or
+    ``policy v2 (1f3a...) ``)."""
+    shown = f"{where}{SIGNING_DIR}/{TRUSTED_KEYS_FILE}"
+    text = files.get(f"{SIGNING_DIR}/{TRUSTED_KEYS_FILE}")
+    if text is None:
+        raise ConfigError(f"{shown} not found: no trusted signing keys",
+                          hint="list the release public keys there (README, 'Signing')")
     try:
-        raw = yaml.safe_load(path.read_text())
-    except FileNotFoundError:
-        raise ConfigError(
-            f"{path} not found: no trusted signing keys",
-            hint="list the release public keys there (README, 'Signing')",
-        ) from None
+        raw = yaml.safe_load(text)
     except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: not YAML: {exc}") from None
+        raise ConfigError(f"{shown}: not YAML: {exc}") from None
     try:
         policy = SigningPolicy.model_validate(raw)
     except ValidationError as exc:
-        raise ConfigError(f"{path}: {exc}") from None
-    keys = {name: load_public_key(path.parent / rel) for name, rel in policy.keys.items()}
-    return TrustedKeys(policy, keys, path)
+        raise ConfigError(f"{shown}: {exc}") from None
+    keys = {}
+    for name, rel in policy.keys.items():
+        pem = files.get(f"{SIGNING_DIR}/{rel}")
+        if pem is None:
+            raise ConfigError(f"trusted key {where}{SIGNING_DIR}/{rel}: not found")
+        keys[name] = parse_public_key(pem.encode(), f"{where}{SIGNING_DIR}/{rel}")
+    return TrustedKeys(policy, keys, shown)
 
 
-def config_map_files(policies_dir: Path) -> dict[str, str]:
-    """``signing/`` of ``policies_dir`` as flat files for a Kubernetes ConfigMap (whose keys
-    cannot hold ``/``): the policy with each key file renamed ``<name>.pub.pem``, and those
-    files. Mounted at ``<policies>/signing``, it loads exactly like the original."""
-    trusted = load_trusted_keys(policies_dir)
+def config_map_files(trusted: TrustedKeys) -> dict[str, str]:
+    """``signing/`` of a policy as flat files for a Kubernetes ConfigMap (whose keys cannot
+    hold ``/``): the policy with each key file renamed ``<name>.pub.pem``, and those files.
+    Mounted at ``<policies>/signing``, it loads exactly like the original."""
     renamed = {name: f"{name}.pub.pem" for name in trusted.policy.keys}
     policy = trusted.policy.model_copy(update={"keys": renamed})
     files = {TRUSTED_KEYS_FILE: yaml.safe_dump(policy.model_dump(mode="json"), sort_keys=True)}

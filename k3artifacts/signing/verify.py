@@ -89,6 +89,7 @@ def verify_signed_revision(
     workers: int | None = None,
     on_bytes: Callable[[int], None] | None = None,
     on_manifest: Callable[[ShardManifest], None] | None = None,
+    on_file: Callable[..., None] | None = None,
 ) -> SignedReport:
     """Signature, manifest against the signed digests, then (``read_weights``) every byte.
 
@@ -141,7 +142,7 @@ def verify_signed_revision(
         return early
     # The manifest's bytes are the signed ones: now one pass over the weights against it.
     kwargs = dict(full=full, expect_digest=manifest.digest(), workers=workers,
-                  on_bytes=on_bytes, on_manifest=on_manifest)
+                  on_bytes=on_bytes, on_manifest=on_manifest, on_file=on_file)
     if directory is not None:
         report = verify_revision(directory=directory, **kwargs)
         report.target = target

@@ -37,11 +37,13 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
+from urllib.parse import unquote
 
 from pydantic import BaseModel, ConfigDict
 from urllib3.exceptions import HTTPError as Urllib3Error
 
-from k3artifacts.errors import ConfigError
+from k3artifacts.errors import ConfigError, CredentialsRefused
 from k3artifacts.net.attempt import (
     Opened,
     PermanentError,
@@ -53,6 +55,7 @@ from k3artifacts.net.policy import RETRY_STATUS, RetryPolicy, server_wait
 from k3artifacts.net.redact import redact_url
 from k3artifacts.net.transfer import Attempts, Stopped
 from k3artifacts.revisions.hashing import MultiHasher, feed_file, feed_range
+from k3artifacts.staging.hub_refusals import credentials_refused
 
 NET_CHUNK = 1 << 20
 #: A presigned URL that expired between attempts: ask the Hub for a fresh one.
@@ -219,6 +222,8 @@ class _Transfer:
         try:
             if start == self.hub_url:
                 check_hub_headers(opened.first_headers, self.size, self.expected)
+            if opened.url == self.hub_url and (refused := self._refused(resp)) is not None:
+                raise refused
             if resp.status in RETRY_STATUS:
                 raise TransientError(f"HTTP {resp.status} from {host}",
                                      server_wait(resp.headers), answered=True, host=host)
@@ -246,6 +251,15 @@ class _Transfer:
             # was asked before another stream found it expired must not bring it back.
             self.resume_url = opened.url if opened.url != self.hub_url else None
         return opened
+
+    def _refused(self, resp: Any) -> CredentialsRefused | None:
+        """The Hub's own 401/403 for this file: its credential error, named."""
+        page, _, rest = redact_url(self.hub_url).partition("/resolve/")
+        commit, _, path = rest.partition("/")
+        repo_id = "/".join(page.rsplit("/", 2)[-2:])
+        headers = {k.lower(): v for k, v in resp.headers.items()}
+        return credentials_refused(f"{repo_id}@{commit}: {unquote(path)}", resp.status,
+                                   headers, page)
 
     def body(self, opened: Opened, first: int, stop: int, sink: Callable[[bytes], None],
              tries: Attempts, halt: threading.Event | None = None) -> None:

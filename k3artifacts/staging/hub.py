@@ -37,6 +37,7 @@ from k3artifacts.net.policy import RetryPolicy
 from k3artifacts.net.redact import redact_url
 from k3artifacts.revisions.refs import COMMIT
 from k3artifacts.staging.download import Expected
+from k3artifacts.staging.hub_refusals import credentials_refused
 
 log = logging.getLogger(__name__)
 
@@ -131,11 +132,11 @@ class HubSource:
     def _raise_for(self, what: str, status: int, headers: dict[str, str], url: str) -> None:
         code = headers.get("x-error-code", "")
         message = headers.get("x-error-message", "")[:300]
-        if code == "GatedRepo":
-            raise NotFound(f"{what}: gated repository, access not granted ({message})",
-                           hint="accept the model's terms on the Hub and set HF_TOKEN")
-        if code == "RepoNotFound" or (status == 401 and "invalid credentials" not in
-                                      message.lower()):
+        repo_id = what.partition("@")[0]
+        refused = credentials_refused(what, status, headers, f"{self.shown}/{repo_id}")
+        if refused is not None:
+            raise refused
+        if code == "RepoNotFound" or status == 401:
             raise NotFound(f"{what}: repository not found at {self.shown}",
                            hint="check the repo id, HF_ENDPOINT and HF_TOKEN")
         if code == "RevisionNotFound":

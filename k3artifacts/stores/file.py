@@ -43,6 +43,7 @@ from k3artifacts.stores.base import (
     Versioned,
 )
 from k3artifacts.stores.file_modes import guarded, make_dirs, open_lock, record_mode
+from k3artifacts.stores.records import MAX_RECORD_BYTES, oversized
 
 READ_ONLY_FILE = stat.S_IRUSR | stat.S_IRGRP | stat.S_IROTH
 READ_ONLY_DIR = READ_ONLY_FILE | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH
@@ -166,6 +167,30 @@ class FileStore(Store):
     def exists(self) -> bool:
         return self.root.is_dir()
 
+    @guarded("make")
+    def refuse_unmakeable(self) -> None:
+        if self.exists():
+            return
+        # The nearest ancestor that is there: the store's directories are made under it.
+        base = self.root
+        while not base.exists() and base != base.parent:
+            base = base.parent
+        why = "it is not a directory" if not base.is_dir() else None
+        if why is None:
+            # Asked of the file system itself: permission bits say nothing of /proc, a
+            # read-only mount or root's squashed NFS. The probe is removed at once.
+            try:
+                os.rmdir(tempfile.mkdtemp(prefix=".k3a-probe-", dir=base))
+            except OSError as exc:
+                why = f"a directory cannot be made there ({exc.strerror or exc})"
+        if why is not None:
+            raise ConfigError(
+                f"no store at {self.url}, and none can be made there: {base} is where it would "
+                f"start, and {why}",
+                hint="choose a store path this account can create (a directory you own, or a "
+                "shared store's mount: `k3a bootstrap file:///PATH --group GROUP`), and pass it "
+                "as --store file:///PATH or K3A_STORE")
+
     def _path(self, key: str) -> Path:
         parts = key.split("/")
         if key.startswith("/") or any(p in ("", ".", "..") for p in parts):
@@ -178,9 +203,14 @@ class FileStore(Store):
     @guarded("read")
     def read(self, key: str) -> Versioned | None:
         try:
-            data = self._path(key).read_bytes()
+            fh = open(self._path(key), "rb")  # noqa: SIM115 - closed below
         except FileNotFoundError:
             return None
+        with fh:
+            size = os.fstat(fh.fileno()).st_size
+            data = fh.read(MAX_RECORD_BYTES + 1) if size <= MAX_RECORD_BYTES else b""
+            if size > MAX_RECORD_BYTES or len(data) > MAX_RECORD_BYTES:
+                raise oversized(key, max(size, len(data)))
         return Versioned(data, _token(data))
 
     def _tmp_sibling(self, path: Path) -> Path:

@@ -9,7 +9,8 @@ now, for exactly the revision's prefix. That is the task ``k3a fsx preload`` sta
 The other task types do not fit: ``EXPORT_TO_REPOSITORY`` goes the other way,
 ``RELEASE_DATA_FROM_FILESYSTEM`` evicts file contents, ``AUTO_RELEASE_DATA`` is for File Cache.
 No task type copies file *contents* in ahead of time: after the import finishes, hydrate the
-bytes from a client that mounts the file system (``lfs hsm_restore``, see the README) so the
+bytes from a client that mounts the file system (``lfs hsm_restore``, see
+docs/guides/s3-and-fsx.md) so the
 first pod does not pay for 1.5 TB of lazy loads.
 """
 
@@ -22,6 +23,8 @@ from k3artifacts.errors import ConfigError, NotFound
 from k3artifacts.stores.awsclients import aws_errors
 
 PRELOAD_TASK_TYPE = "IMPORT_METADATA_FROM_REPOSITORY"
+#: Where the FSx endpoint is set (``k3a fsx preload``), for a hint naming what to check.
+FSX_ENDPOINT_SETTINGS = "--fsx-endpoint-url / AWS_ENDPOINT_URL_FSX"
 
 
 def preload_request(file_system_id: str, s3_path: str) -> dict[str, Any]:
@@ -67,7 +70,8 @@ class PreloadStarted:
 
 
 def describe_lustre(client: Any, file_system_id: str) -> dict[str, Any]:
-    with aws_errors(f"describing FSx file system {file_system_id}"):
+    with aws_errors(f"describing FSx file system {file_system_id}",
+                    endpoint_settings=FSX_ENDPOINT_SETTINGS):
         found = client.describe_file_systems(FileSystemIds=[file_system_id])["FileSystems"]
     if not found:
         raise NotFound(f"FSx file system {file_system_id} does not exist in this account/region")
@@ -84,7 +88,8 @@ def start_preload(client: Any, file_system_id: str, s3_path: str) -> PreloadStar
     """Check the file system is Lustre and linked to ``s3_path``, then start the import."""
     request = preload_request(file_system_id, s3_path)
     describe_lustre(client, file_system_id)
-    with aws_errors(f"listing data repository associations of {file_system_id}"):
+    with aws_errors(f"listing data repository associations of {file_system_id}",
+                    endpoint_settings=FSX_ENDPOINT_SETTINGS):
         pages = client.get_paginator("describe_data_repository_associations").paginate(
             Filters=[{"Name": "file-system-id", "Values": [file_system_id]}]
         )
@@ -96,7 +101,8 @@ def start_preload(client: Any, file_system_id: str, s3_path: str) -> PreloadStar
             hint="link the bucket prefix to the file system (create-data-repository-association)"
             " or use a file system that is linked to this store",
         )
-    with aws_errors(f"starting the FSx import of {s3_path} into {file_system_id}"):
+    with aws_errors(f"starting the FSx import of {s3_path} into {file_system_id}",
+                    endpoint_settings=FSX_ENDPOINT_SETTINGS):
         task = client.create_data_repository_task(**request)["DataRepositoryTask"]
     return PreloadStarted(
         task_id=task["TaskId"],

@@ -14,6 +14,17 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from datetime import datetime
 
+from k3artifacts.errors import UntrustedRecord
+
+#: The largest record a store hands back: a manifest of a hundred thousand files fits; a
+#: planted record of hundreds of MB is refused before its bytes are read.
+MAX_RECORD_BYTES = 64 << 20
+
+
+def oversized(key: str, size: int) -> UntrustedRecord:
+    return UntrustedRecord(key, "oversized", f"{size:,} bytes, over the {MAX_RECORD_BYTES:,} "
+                           "of the largest record k3a reads; not read")
+
 
 @dataclass(frozen=True)
 class Versioned:
@@ -34,8 +45,19 @@ class RecordStore(ABC):
         an empty store. Raises :class:`~k3artifacts.errors.Unavailable` when it cannot tell
         (an S3 endpoint that does not answer)."""
 
+    def refuse_unmakeable(self) -> None:
+        """Raise a named refusal (:class:`~k3artifacts.errors.ConfigError`) when the store is
+        not there and could not be made where its URL says, before a command that makes stores
+        (stage, demo) fetches or makes anything. A store that cannot tell ahead checks nothing
+        here."""
+        # A bucket cannot: whether a prefix may be written is its policy's answer to the first
+        # write, and a probe object would be a write.
+        return None
+
     @abstractmethod
-    def read(self, key: str) -> Versioned | None: ...
+    def read(self, key: str) -> Versioned | None:
+        """``key``'s bytes and version, None when absent; one over :data:`MAX_RECORD_BYTES`
+        is :func:`oversized` (exit 4) before its bytes are read."""
 
     @abstractmethod
     def create(self, key: str, data: bytes) -> None:

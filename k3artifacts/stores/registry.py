@@ -69,3 +69,10 @@ def weights_placement(location: str, repo_id: str, commit: str) -> Placement:
     if not urlparse(store_url).scheme:
         raise ConfigError(f"unsupported weights location {location}")
     return _store_class(store_url).placement_at(store_url, suffix)
+
+
+def weights_store(location: str, repo_id: str, commit: str, *, beside: Store) -> Store:
+    """The store a tuple's weights are in (from the location its binding recorded): ``beside``,
+    the store that holds the tuple, when it is that one, else opened from the location."""
+    url = weights_placement(location, repo_id, commit).store_url
+    return beside if url.rstrip("/") == beside.url.rstrip("/") else open_store(url)

@@ -202,6 +202,18 @@ def verify_revision(
     hashed = manifest if leave is None else manifest.model_copy(
         update={"files": [r for r in manifest.files if not leave(r)]})
     report.problems += check(reader, hashed, full, workers, on_bytes, on_file)
+    if reader.store is not None:
+        # Read through the object records, the bytes are the versions recorded at
+        # publication; a server reading the prefix itself (HyperPod's s3Storage, a mount)
+        # gets what is current there, which an insider may have replaced since.
+        # A file read by reference from another revision's objects is not under the prefix
+        # until a tuple materializes it: nothing is served there to be replaced yet.
+        served = store.check_served(repo_id, commit, manifest)
+        report.problems += [
+            Problem(path, f"as served where the revision is placed: {why}")
+            for path, why in served.items()
+            if (record := reader.records.get(path)) is None
+            or record.key == f"{reader.prefix}/{path}"]
     for extra in reader.extra_files(manifest):
         report.problems.append(Problem(extra, "not in the manifest", kind="extra"))
     report.problems.sort(key=lambda p: p.path)

@@ -6,6 +6,16 @@ end; a refusal there asks Prometheus nothing. The act asks the step's queries (:
 the AnalysisTemplate's own) of Prometheus at the end of the window, judges each against the
 channel's bound and records the analysis create-once beside the tuple, signed
 (``releases/analyses.py``), pass or fail: the ``traffic`` gate reads these.
+
+Besides the bounds, each step compares the canary with the stable pods it replaces: the tuple
+on the channel now, whose pods carry its id as the rendered Rollout labels them. vLLM's e2e and
+TTFT histograms of both, over the same window, go to the one judge (:mod:`k3artifacts.judging`)
+as counted observations: each bucket's requests are tied at the bucket's upper bound, so the
+U test sees the two distributions at the buckets' resolution (a shift inside one bucket is
+invisible, and a shift across buckets is seen in every request that moved), and the
+Hodges-Lehmann shift is a difference of bounds. Quantiles interpolated inside buckets
+(``histogram_quantile``) would invent a precision the histogram does not have. The bucket
+counts are recorded, so the gate judges them again by the policy in force.
 """
 
 from __future__ import annotations
@@ -21,15 +31,18 @@ from k3artifacts.policy.signed import require_role
 from k3artifacts.releases.analyses import (
     AnalysisRecord,
     MetricResult,
+    StableComparison,
     TrafficAnalysis,
     implausible,
+    judge_histograms,
     record_analysis,
 )
+from k3artifacts.releases.channels import read_state
 from k3artifacts.releases.lookup import resolve_tuple
 from k3artifacts.releases.tuples import ReleaseTuple
 from k3artifacts.stores.base import Store
 from k3artifacts.traffic.prometheus import Prometheus
-from k3artifacts.traffic.queries import step_queries
+from k3artifacts.traffic.queries import COMPARED, histogram_query, step_queries
 
 
 @dataclass(frozen=True)
@@ -42,6 +55,8 @@ class AnalysisPlan:
     at: datetime
     prometheus_url: str
     by: Acting
+    #: The tuple the channel serves now (its pods are the stable ones), when another.
+    stable: str | None = None
 
 
 @dataclass(frozen=True)
@@ -75,9 +90,11 @@ def plan_analysis(store: Store, tuple_or_channel: str, channel: str, step: int, 
         raise ConfigError(f"the window's end {at.isoformat()} has no time zone",
                           hint="end it in Z or +00:00")
     release = resolve_tuple(store, tuple_or_channel)
+    current = read_state(store, channel).tuple_id
     return AnalysisPlan(release=release, channel=channel, traffic=traffic, step=step,
                         at=(at or datetime.now(UTC)).astimezone(UTC),
-                        prometheus_url=prometheus_url, by=by)
+                        prometheus_url=prometheus_url, by=by,
+                        stable=current if current != release.id else None)
 
 
 def analyze_step(
@@ -87,9 +104,11 @@ def analyze_step(
     traffic: TrafficPolicy,
     step: int,
     at: datetime,
+    stable: str | None = None,
 ) -> TrafficAnalysis:
     """The step's queries asked of ``prometheus`` at ``at``, each judged against its bound
-    (no data is a failure, never a pass)."""
+    (no data is a failure, never a pass), and the canary's latency histograms against those of
+    ``stable``'s pods (the tuple on the channel; None: nothing to compare with)."""
     metrics = []
     for q in step_queries(tuple_id, traffic.window, traffic.thresholds):
         value = prometheus.value(q.promql, at)
@@ -102,16 +121,46 @@ def analyze_step(
                             f"{q.promql!r}; nothing was recorded")
         metrics.append(MetricResult(name=q.name, query=q.promql, bound=q.bound, limit=q.limit,
                                     value=value, passed=value is not None and q.holds(value)))
+    compared = [] if stable is None or traffic.against_stable is None else [
+        _against_stable(prometheus, name, metric, tuple_id, stable, traffic, at)
+        for name, metric in COMPARED]
     return TrafficAnalysis(
         tuple_id=tuple_id, channel=channel, step=step, weight=traffic.steps[step].weight,
         window=traffic.window, thresholds=traffic.thresholds, at=at,
-        prometheus=prometheus.shown, metrics=metrics,
+        prometheus=prometheus.shown, metrics=metrics, against_stable=compared,
     )
+
+
+def per_bucket(cumulative: dict[float, float]) -> list[tuple[float, float]]:
+    """Cumulative counts under each bound as requests in each bucket, by its upper bound;
+    the ``+Inf`` bucket's counted at the last finite bound (a request beyond it took at least
+    that long). Empty buckets are left out."""
+    finite = sorted(b for b in cumulative if b != float("inf"))
+    out: list[tuple[float, float]] = []
+    below = 0.0
+    for bound in finite:
+        out.append((bound, round(max(0.0, cumulative[bound] - below), 3)))
+        below = max(below, cumulative[bound])
+    if finite and float("inf") in cumulative:
+        last, count = out[-1]
+        out[-1] = (last, round(count + max(0.0, cumulative[float("inf")] - below), 3))
+    return [(b, c) for b, c in out if c > 0]
+
+
+def _against_stable(prometheus: Prometheus, name: str, metric: str, tuple_id: str, stable: str,
+                    traffic: TrafficPolicy, at: datetime) -> StableComparison:
+    assert traffic.against_stable is not None
+    queries = [histogram_query(metric, t, traffic.window) for t in (tuple_id, stable)]
+    canary, base = (per_bucket(prometheus.buckets(q, at)) for q in queries)
+    return StableComparison(
+        name=name, stable_tuple_id=stable, canary_query=queries[0], stable_query=queries[1],
+        canary=canary, stable=base,
+        judgement=judge_histograms(name, base, canary, traffic.against_stable.criteria()))
 
 
 def act_analysis(store: Store, plan: AnalysisPlan) -> Analyzed:
     analysis = analyze_step(Prometheus(plan.prometheus_url), plan.release.id, plan.channel,
-                            plan.traffic, plan.step, plan.at)
+                            plan.traffic, plan.step, plan.at, stable=plan.stable)
     record, written = record_analysis(store, analysis, by=plan.by)
     return Analyzed(analysis, record, written)
 

@@ -56,6 +56,44 @@ class Prometheus:
                             f"{_shown(body.get('status'))}: not a Prometheus API answer")
         return body.get("data")
 
+    def _number(self, promql: str, sample: object) -> float:
+        if not (isinstance(sample, list) and len(sample) == 2 and isinstance(sample[1], str)):
+            raise BadAnswer(f"Prometheus at {self.shown} answered {promql!r} with a sample "
+                            f"{_shown(sample)}, not [time, \"value\"]")
+        try:
+            return float(sample[1])
+        except ValueError:
+            raise BadAnswer(f"Prometheus at {self.shown} answered {promql!r} with the value "
+                            f"{_shown(sample[1])}, not a number") from None
+
+    def buckets(self, promql: str, at: datetime) -> dict[float, float]:
+        """A ``sum by (le) (...)`` query's cumulative count under each bucket bound at ``at``
+        (``+Inf`` included); empty when there is no series. A count that is negative, NaN
+        or infinite, a bound that is not one, or counts falling as bounds rise, are refused
+        (BadAnswer): they are no histogram."""
+        data = self.get("/api/v1/query", query=promql, time=f"{at.timestamp():.3f}")
+        result = data.get("result") if isinstance(data, dict) else None
+        if not isinstance(data, dict) or data.get("resultType") != "vector" \
+                or not isinstance(result, list):
+            raise BadAnswer(f"Prometheus at {self.shown} answered {promql!r} with "
+                            f"{_shown(data)}, not a vector")
+        counts: dict[float, float] = {}
+        for series in result:
+            labels = series.get("metric") if isinstance(series, dict) else None
+            le = labels.get("le") if isinstance(labels, dict) else None
+            try:
+                bound = float(le)  # type: ignore[arg-type]
+            except (TypeError, ValueError):
+                raise BadAnswer(f"Prometheus at {self.shown} answered {promql!r} with a "
+                                f"series {_shown(series)} without a bucket bound") from None
+            counts[bound] = self._number(promql, series.get("value"))
+        ordered = [counts[b] for b in sorted(counts)]
+        if any(not math.isfinite(c) or c < 0 for c in ordered) or any(
+                b < a - 1e-6 * max(1.0, a) for a, b in zip(ordered, ordered[1:], strict=False)):
+            raise BadAnswer(f"Prometheus at {self.shown} answered {promql!r} with bucket "
+                            f"counts {_shown(ordered)}: not a histogram")
+        return counts
+
     def value(self, promql: str, at: datetime) -> float | None:
         """The query's one value at ``at``; None when there is none or it is NaN."""
         data = self.get("/api/v1/query", query=promql, time=f"{at.timestamp():.3f}")
@@ -80,14 +118,9 @@ class Prometheus:
             sample = result[0].get("value")
         else:
             raise ConfigError(f"{promql!r} returned a {_shown(kind)}, expected a vector")
-        if not (isinstance(sample, list) and len(sample) == 2 and isinstance(sample[1], str)):
-            raise bad(f"a sample {_shown(sample)}, not [time, \"value\"]")
-        try:
-            value = float(sample[1])
-        except ValueError:
-            raise bad(f"the value {_shown(sample[1])}, not a number") from None
+        value = self._number(promql, sample)
         if math.isnan(value):
             return None
         if math.isinf(value):
-            raise bad(f"the value {sample[1]!r}: infinite, not a measurement")
+            raise bad(f"the value {sample[1]!r}: infinite, not a measurement")  # type: ignore[index]
         return value

@@ -41,6 +41,15 @@ class Query:
         return f"len(result) == 1 && !isNaN(result[0]) && result[0] {op} {self.limit!r}"
 
 
+def histogram_query(metric: str, tuple_id: str, window: str) -> str:
+    """Requests under each bucket bound over ``window``, of the pods serving ``tuple_id``."""
+    return f'sum by (le) (increase({metric}_bucket{{{TUPLE_LABEL}="{tuple_id}"}}[{window}]))'
+
+
+#: The histograms a canary is compared with the stable pods by: (name, metric).
+COMPARED = (("e2e_latency", E2E), ("time_to_first_token", TTFT))
+
+
 def step_queries(tuple_id: str, window: str, t: TrafficThresholds) -> list[Query]:
     sel = f'{TUPLE_LABEL}="{tuple_id}"'
     http = f'{sel},handler=~"{COMPLETIONS_HANDLER}"'

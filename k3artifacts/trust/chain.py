@@ -58,7 +58,7 @@ from typing import Any, Generic, TypeVar
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from k3artifacts.canonical import canonical_digest, to_plain
-from k3artifacts.errors import AlreadyExists, Conflict, UntrustedRecord
+from k3artifacts.errors import AlreadyExists, Conflict, HistoryRewound, UntrustedRecord
 from k3artifacts.trust.envelope import Verified, parse_record, sign_record, verify_record
 from k3artifacts.trust.identities import Keyring
 from k3artifacts.trust.keys import RecordSigner
@@ -155,6 +155,14 @@ class Chain(Generic[T]):
     #: The head's signed record as the pointer holds it, and whether the log holds it yet.
     head_record: bytes | None
     head_logged: bool
+    #: The oldest signed entry (1, or the first after those a checkpoint vouches for):
+    #: :func:`entry_below` reads back down to it.
+    floor: int = 1
+
+    @property
+    def whole(self) -> bool:
+        """Whether :attr:`entries` go back as far as a walk may (not only what was new)."""
+        return not self.entries or self.entries[0].seq <= self.floor
 
     @property
     def head(self) -> ChainEntry[T] | None:
@@ -263,8 +271,8 @@ def _head_seq(data: bytes, key: str) -> int:
     return seq
 
 
-def _checkpoint(store: RecordReader, layout: ChainLayout,
-                keyring: Keyring) -> Checkpoint | None:
+def _checkpoint(store: RecordReader, layout: ChainLayout, keyring: Keyring,
+                legacy_keyring: Keyring | None) -> Checkpoint | None:
     if layout.checkpoint_key is None:
         return None
     found = store.read(layout.checkpoint_key)
@@ -273,10 +281,15 @@ def _checkpoint(store: RecordReader, layout: ChainLayout,
     verified = verify_record(found.data, key=layout.checkpoint_key, kind=layout.checkpoint_kind,
                              keyring=keyring, roles=None)
     try:
-        return Checkpoint.model_validate(verified.body)
+        point = Checkpoint.model_validate(verified.body)
     except ValidationError as exc:
         raise UntrustedRecord(layout.checkpoint_key, "malformed",
                               f"not a checkpoint: {exc.errors()[0]['msg']}") from None
+    if point.legacy is not None and legacy_keyring is not None:
+        # Vouching for unsigned entries is the root's alone, whoever may start a walk.
+        verify_record(found.data, key=layout.checkpoint_key, kind=layout.checkpoint_kind,
+                      keyring=legacy_keyring, roles=None)
+    return point
 
 
 def _plain(data: bytes, key: str) -> dict[str, Any]:
@@ -330,35 +343,47 @@ def _legacy_chain(store: RecordReader, layout: ChainLayout, model: type[T], foun
     return Chain(layout, tuple(entries), found.token, found.data, True)
 
 
+def _logged(store: RecordReader, layout: ChainLayout, seq: int) -> bool:
+    # One read, not a listing: a listing costs the whole history's length.
+    return store.read(layout.entry_key(seq)) is not None
+
+
+def _shown(mark: Mark) -> str:
+    return f"#{mark.seq} ({mark.digest[:12]})"
+
+
 def verify_chain(store: RecordReader, layout: ChainLayout, model: type[T], *,
                  keyring: KeyringFor, roles: Collection[str] | None,
                  checkpoint_keyring: Keyring | None = None,
                  legacy_head: LegacyHead | None = None,
-                 last_seen: Mark | None = None) -> Chain[T]:
-    """The history as the pointer names it, every entry down to the start (or checkpoint)
-    verified and linked; refused by name otherwise (module doc). ``checkpoint_keyring``: who
-    may sign its checkpoint (default: ``keyring``, when that is one keyring)."""
+                 last_seen: Mark | None = None, full: bool = False,
+                 legacy_keyring: Keyring | None = None) -> Chain[T]:
+    """The history as the pointer names it, verified and linked from its head down to
+    ``last_seen`` (the head this reader verified before: only what is new), else to the
+    checkpoint, else to the start (``full``: to the checkpoint or the start whatever the
+    reader saw); refused by name otherwise (module doc). ``checkpoint_keyring``: who may sign
+    its checkpoint (default: ``keyring``, when that is one keyring); ``legacy_keyring``: who
+    may sign one that vouches for entries older than signing, where that is fewer."""
     where = layout.pointer_key
     found = store.read(where)
-    seqs = logged_seqs(store, layout)
     if found is None:
-        if seqs:
+        if _logged(store, layout, 1):
             raise UntrustedRecord(where, "rewound", f"{layout.name} has no head, but its log "
-                                  f"holds entries up to #{seqs[-1]}: the pointer was removed")
+                                  "holds entries: the pointer was removed")
         if last_seen is not None:
-            raise UntrustedRecord(where, "rewound", f"{layout.name} has no head, but this "
-                                  f"reader verified #{last_seen.seq} of it before")
+            raise HistoryRewound(where, "rewound", layout.name, _shown(last_seen), "no head")
         return Chain(layout, (), None, None, False)
     if checkpoint_keyring is None:
         assert isinstance(keyring, Keyring), "a per-entry keyring needs a checkpoint_keyring"
         checkpoint_keyring = keyring
-    checkpoint = _checkpoint(store, layout, checkpoint_keyring)
+    checkpoint = _checkpoint(store, layout, checkpoint_keyring, legacy_keyring)
     try:
         seq = _head_seq(found.data, where)
     except UntrustedRecord as exc:
         if exc.reason != "unsigned" or legacy_head is None:
             raise _unsigned(exc, layout) from None
-        chain = _legacy_chain(store, layout, model, found, legacy_head, checkpoint, seqs)
+        chain = _legacy_chain(store, layout, model, found, legacy_head, checkpoint,
+                              logged_seqs(store, layout))
         _check_last_seen(chain, last_seen)
         return chain
     # The pointer's failures keep their own names: it is a forged or a foreign head.
@@ -368,53 +393,78 @@ def verify_chain(store: RecordReader, layout: ChainLayout, model: type[T], *,
     except UntrustedRecord as exc:
         raise UntrustedRecord(where, exc.reason, f"the head of {layout.name} (#{seq}): "
                               f"{exc.detail}", hint=exc.hint) from None
-    if seqs and seqs[-1] > seq:
+    if last_seen is not None and last_seen.seq > seq:
+        raise HistoryRewound(where, "rewound", layout.name, _shown(last_seen),
+                             f"#{seq} ({head.verified.digest[:12]}) as its head")
+    if _logged(store, layout, seq + 1):
         raise UntrustedRecord(where, "rewound", f"the head of {layout.name} is #{seq}, but its "
-                              f"log goes on to #{seqs[-1]}: the pointer was set back")
-    logged = seq in seqs
-    if logged:
-        key = layout.entry_key(seq)
-        copy = store.read(key)
-        if copy is None:
-            raise UntrustedRecord(key, "gap", f"entry #{seq} of {layout.name} vanished while "
-                                  "being read")
-        if _check_entry(copy.data, layout, seq, keyring, roles, where=key).verified.digest \
-                != head.verified.digest:
-            raise UntrustedRecord(key, "fork", f"the log's entry #{seq} of {layout.name} is "
-                                  "not the one its pointer holds")
+                              f"log goes on to #{seq + 1}: the pointer was set back")
+    key = layout.entry_key(seq)
+    copy = store.read(key)
+    logged = copy is not None
+    if copy is not None and _check_entry(copy.data, layout, seq, keyring, roles,
+                                         where=key).verified.digest != head.verified.digest:
+        raise UntrustedRecord(key, "fork", f"the log's entry #{seq} of {layout.name} is not "
+                              "the one its pointer holds")
     if checkpoint is not None and checkpoint.seq > seq:
         raise UntrustedRecord(layout.checkpoint_key or where, "rewound",
                               f"a checkpoint at #{checkpoint.seq} of {layout.name} is past its "
                               f"head #{seq}")
     legacy = checkpoint is not None and checkpoint.legacy is not None
     stop = 1 if checkpoint is None else checkpoint.seq + (1 if legacy else 0)
+    if last_seen is not None and not full and last_seen.seq >= stop:
+        stop = last_seen.seq  # what this reader verified before needs no second walk
     walked = [head]
-    for below in range(seq - 1, stop - 1, -1):
-        key = layout.entry_key(below)
-        entry = store.read(key)
-        if entry is None:
-            raise UntrustedRecord(key, "gap", f"entry #{below} of {layout.name} is missing "
-                                  f"(the head is #{seq})")
-        checked = _check_entry(entry.data, layout, below, keyring, roles, where=key)
-        if checked.verified.digest != walked[-1].link.previous:
-            raise UntrustedRecord(key, "fork", f"entry #{below} of {layout.name} is not the one "
-                                  f"entry #{below + 1} follows")
-        walked.append(checked)
+    for _ in range(seq - 1, stop - 1, -1):
+        walked.append(_below(store, layout, walked[-1].link.seq, walked[-1].link.previous,
+                             keyring, roles, head_seq=seq))
     entries = [_entry(c, model, layout.entry_key(c.link.seq)) for c in reversed(walked)]
-    if checkpoint is not None:
+    if checkpoint is not None and entries[0].seq <= checkpoint.seq + 1:
         if legacy:
             if entries[0].previous != checkpoint.digest:
                 raise UntrustedRecord(layout.entry_key(entries[0].seq), "fork",
                                       f"entry #{entries[0].seq} of {layout.name} does not follow "
                                       "the entries its checkpoint vouches for")
             entries = [*_vouched(store, layout, checkpoint, model, checkpoint.seq), *entries]
-        elif entries[0].digest != checkpoint.digest:
+        elif entries[0].seq == checkpoint.seq and entries[0].digest != checkpoint.digest:
             raise UntrustedRecord(layout.entry_key(checkpoint.seq), "fork",
                                   f"entry #{checkpoint.seq} of {layout.name} is not the one its "
                                   "checkpoint vouches for")
-    chain = Chain(layout, tuple(entries), found.token, found.data, logged)
+    # Below a checkpoint of signed entries they are still signed: read back on demand.
+    floor = checkpoint.seq + 1 if checkpoint is not None and legacy else 1
+    chain = Chain(layout, tuple(entries), found.token, found.data, logged, floor)
     _check_last_seen(chain, last_seen)
     return chain
+
+
+def _below(store: RecordReader, layout: ChainLayout, above: int, previous: str | None,
+           keyring: KeyringFor, roles: Collection[str] | None, *, head_seq: int) -> _Checked:
+    """The entry #``above`` follows, verified for its place and as the one it names
+    (``previous``)."""
+    below = above - 1
+    key = layout.entry_key(below)
+    entry = store.read(key)
+    if entry is None:
+        raise UntrustedRecord(key, "gap", f"entry #{below} of {layout.name} is missing "
+                              f"(the head is #{head_seq})")
+    checked = _check_entry(entry.data, layout, below, keyring, roles, where=key)
+    if checked.verified.digest != previous:
+        raise UntrustedRecord(key, "fork", f"entry #{below} of {layout.name} is not the one "
+                              f"entry #{below + 1} follows")
+    return checked
+
+
+def entry_below(store: RecordReader, chain: Chain[T], entry: ChainEntry[T], model: type[T], *,
+                keyring: KeyringFor, roles: Collection[str] | None) -> ChainEntry[T] | None:
+    """The signed entry ``entry`` follows, verified as :func:`verify_chain` would (for a
+    reader that verified only what was new and now reads further back); None at the chain's
+    floor."""
+    if entry.seq <= chain.floor:
+        return None
+    head = chain.head
+    checked = _below(store, chain.layout, entry.seq, entry.previous, keyring, roles,
+                     head_seq=entry.seq if head is None else head.seq)
+    return _entry(checked, model, chain.layout.entry_key(checked.link.seq))
 
 
 def _check_last_seen(chain: Chain[T], last_seen: Mark | None) -> None:
@@ -424,15 +474,13 @@ def _check_last_seen(chain: Chain[T], last_seen: Mark | None) -> None:
     head = chain.head
     assert head is not None
     if last_seen.seq > head.seq:
-        raise UntrustedRecord(layout.pointer_key, "rewound",
-                              f"the head of {layout.name} is #{head.seq}, but this reader "
-                              f"verified #{last_seen.seq} before: entries were removed and the "
-                              "pointer set back")
+        raise HistoryRewound(layout.pointer_key, "rewound", layout.name, _shown(last_seen),
+                             f"#{head.seq} ({head.digest[:12]}) as its head")
     by_seq = {e.seq: e.digest for e in chain.entries}
     if by_seq.get(last_seen.seq, last_seen.digest) != last_seen.digest:
-        raise UntrustedRecord(layout.entry_key(last_seen.seq), "fork",
-                              f"entry #{last_seen.seq} of {layout.name} is not the one this "
-                              "reader verified before: the history was rewritten from there")
+        raise HistoryRewound(layout.entry_key(last_seen.seq), "fork", layout.name,
+                             _shown(last_seen), f"#{last_seen.seq} ({by_seq[last_seen.seq][:12]})"
+                             " there: the history was rewritten from there")
 
 
 def _log(store: RecordStore, layout: ChainLayout, seq: int, data: bytes) -> None:
@@ -487,7 +535,7 @@ def append(store: RecordStore, chain: Chain[T], entry: T, *, signer: RecordSigne
     token = append_record(store, chain, record)
     made = ChainEntry(link.seq, canonical_digest(link), link.previous, entry, identity,
                       frozenset({identity}))
-    return Chain(layout, (*chain.entries, made), token, record, True)
+    return Chain(layout, (*chain.entries, made), token, record, True, chain.floor)
 
 
 def checkpoint(store: RecordStore, chain: Chain[T], *, signer: RecordSigner,

@@ -41,7 +41,13 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from k3artifacts.canonical import canonical_digest, canonical_json, to_plain
+from k3artifacts.canonical import (
+    NotCanonical,
+    canonical_digest,
+    canonical_json,
+    parse_json,
+    to_plain,
+)
 from k3artifacts.errors import ConfigError, UntrustedRecord
 from k3artifacts.signing.dsse import PAYLOAD_TYPE, STATEMENT_TYPE, pae
 from k3artifacts.trust.identities import IDENTITY_NAME, Keyring
@@ -149,10 +155,10 @@ def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
 def parse_record(data: bytes, *, key: str) -> SignedRecord:
     """The record's structure, nothing trusted yet; refuses bytes that are not one."""
     try:
-        plain = json.loads(data.decode("utf-8"), object_pairs_hook=_no_duplicates)
+        plain = parse_json(data.decode("utf-8"), object_pairs_hook=_no_duplicates)
     except UnicodeDecodeError as exc:
         raise UntrustedRecord(key, "unreadable", f"not UTF-8 ({exc.reason})") from None
-    except _Duplicate as exc:
+    except (_Duplicate, NotCanonical) as exc:
         raise UntrustedRecord(key, "malformed", str(exc)) from None
     except ValueError as exc:
         raise UntrustedRecord(key, "unreadable", f"not JSON ({exc})") from None

@@ -14,10 +14,14 @@ changed only as the policy is: :mod:`k3artifacts.policy.record`)::
               MCowBQYDK2VwAyEA...
               -----END PUBLIC KEY-----
       eval-ci:
-        roles: [evaluate, scan, preflight, traffic, warm]
+        roles: [evaluate, scan, warm]
         keys:
           - pem: "-----BEGIN PUBLIC KEY-----\\n..."
             kms: arn:aws:kms:us-east-1:111122223333:key/1234abcd-...
+      cluster-ops:
+        roles: [preflight, traffic]
+        keys:
+          - pem: "-----BEGIN PUBLIC KEY-----\\n..."
 
 A record is trusted only when signed by a key listed here under an identity holding the role
 that kind of record needs (:data:`ROLES`). One key belongs to one identity: a key shared by two
@@ -50,9 +54,10 @@ from k3artifacts.trust.keys import (
 #: approval requests; ``evaluate``, ``scan``, ``preflight``, ``traffic``: evidence records the
 #: gates read (evaluation reports, image scans, infrastructure preflights, canary analyses);
 #: ``promote``: channel moves (history entries and pointers) and the approval requests they
-#: make; ``policy``: policy proposals; ``warm``: warm-start manifests.
+#: make; ``policy``: policy proposals; ``warm``: warm-start manifests; ``freshness``: the
+#: store's signed freshness head (``policy/freshness.py``: a scheduled refresh's identity).
 Role = Literal["review", "approve", "evaluate", "scan", "preflight", "traffic", "promote",
-               "policy", "warm"]
+               "policy", "warm", "freshness"]
 ROLES: tuple[Role, ...] = get_args(Role)
 
 IDENTITY_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._@:/+=-]{0,127}$")

@@ -25,6 +25,7 @@ bundle names its key by (``signing/dsse.key_hint``), so one key has one id every
 from __future__ import annotations
 
 import dataclasses
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -248,17 +249,43 @@ def load_file_signer(path: Path) -> FileSigner:
 def create_personal_key(kind: KeyKind = "ed25519") -> FileSigner:
     """Make this account's personal key (and its ``.pub.pem`` beside it); FileExistsError
     when there is one already."""
-    path = personal_key_path()
-    private_dir(path.parent)
     key: PrivateKey = (ed25519.Ed25519PrivateKey.generate() if kind == "ed25519"
                        else ec.generate_private_key(_NEW_CURVES[kind]()))
+    _write_personal_key(key)
+    return FileSigner(key, str(personal_key_path()))
+
+
+def _write_personal_key(key: PrivateKey) -> None:
+    path = personal_key_path()
+    private_dir(path.parent)
     pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
                             serialization.NoEncryption())
     write_new(path, pem, mode=0o600)
     public = path.with_name(PERSONAL_PUBLIC)
     public.unlink(missing_ok=True)  # a stale half of a key removed by hand
     write_new(public, public_pem(key.public_key()).encode(), mode=0o644)
-    return FileSigner(key, str(path))
+
+
+@dataclass(frozen=True)
+class UnsavedPersonalKey(FileSigner):
+    """This account's personal key, made for a process that may sign with it and written to
+    its file at its first signature: a command refused before it signs anything (a channel
+    the policy lacks, a tuple not in the store) leaves no key behind."""
+
+    def sign(self, message: bytes) -> bytes:
+        with _SAVING:
+            if not Path(self.source).exists():
+                try:
+                    _write_personal_key(self.private_key)
+                except FileExistsError:
+                    raise ConfigError(
+                        f"another k3a of this account made your personal key ({self.source}) "
+                        "meanwhile: this one planned with a key of its own and signed nothing",
+                        hint="re-run the same command: it signs with the key now there") from None
+        return super().sign(message)
+
+
+_SAVING = threading.Lock()
 
 
 @dataclass(frozen=True)
@@ -268,9 +295,10 @@ class IdentityKey:
     created: bool = False
 
 
-def identity_signer(*, create: bool) -> IdentityKey:
+def identity_signer(*, create: bool, on_first_signature: bool = False) -> IdentityKey:
     """The key this process signs records with: ``K3A_IDENTITY_KEY``, else the personal key,
-    made now when absent and ``create`` is set."""
+    made now when absent and ``create`` is set (written to its file at once, or with
+    ``on_first_signature`` when it first signs: :class:`UnsavedPersonalKey`)."""
     spec = load().identity_key
     if spec is not None:
         if spec.startswith("kms:"):
@@ -280,6 +308,9 @@ def identity_signer(*, create: bool) -> IdentityKey:
         return IdentityKey(load_file_signer(Path(spec).expanduser()))
     path = personal_key_path()
     if create and not path.exists():
+        if on_first_signature:
+            return IdentityKey(UnsavedPersonalKey(ed25519.Ed25519PrivateKey.generate(),
+                                                  str(path)), created=True)
         try:
             return IdentityKey(create_personal_key(), created=True)
         except FileExistsError:

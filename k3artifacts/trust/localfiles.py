@@ -14,6 +14,8 @@ import os
 import stat
 from pathlib import Path
 
+from k3artifacts.errors import TrustRootError
+
 
 def problem(path: Path, *, secret: bool) -> str | None:
     """Why ``path`` (a file of ours) cannot be trusted, or None. It and the directory that
@@ -61,3 +63,21 @@ def write_replacing(path: Path, data: bytes, *, mode: int) -> None:
         temp.unlink()
     write_new(temp, data, mode=mode)
     os.replace(temp, path)
+
+
+def read_shared(path: Path, what: str, *, why: str) -> bytes | None:
+    """``path``'s bytes (None when absent), a file others may read but only this account (or
+    root) may write: TrustRootError naming ``what`` it is otherwise; ``why`` says what whoever
+    could write it would decide."""
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise TrustRootError(f"{what} {path}: {exc.strerror or exc}") from None
+    unsafe = problem(path, secret=False)
+    if unsafe:
+        raise TrustRootError(f"{what} {path} refused: {unsafe}", hint=f"whoever could write it "
+                             f"could {why}: check who did, then `chmod 644 {path}; chmod 700 "
+                             f"{path.parent}`")
+    return data

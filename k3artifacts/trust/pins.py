@@ -33,7 +33,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from k3artifacts.canonical import canonical_json
 from k3artifacts.errors import TrustRootError, UntrustedRecord
 from k3artifacts.settings import config_home
-from k3artifacts.trust.localfiles import private_dir, problem, write_replacing
+from k3artifacts.trust.localfiles import private_dir, read_shared, write_replacing
 from k3artifacts.trust.root import Root, root_key, stored_root, walk_rotations
 from k3artifacts.trust.storage import RecordReader
 
@@ -68,18 +68,10 @@ def pin_path(store_url: str) -> Path:
 def load_pin(store_url: str) -> Pin | None:
     """This client's pin for ``store_url``; None when it has none."""
     path = pin_path(store_url)
-    try:
-        data = path.read_bytes()
-    except FileNotFoundError:
+    data = read_shared(path, "pinned root", why="choose which keys you trust (`k3a trust show` "
+                       "shows it after fixing)")
+    if data is None:
         return None
-    except OSError as exc:
-        raise TrustRootError(f"pinned root {path}: {exc.strerror or exc}") from None
-    unsafe = problem(path, secret=False)
-    if unsafe:
-        raise TrustRootError(
-            f"pinned root {path} refused: {unsafe}",
-            hint=f"whoever could write it could choose which keys you trust: check it (`k3a "
-            f"trust show` after fixing), then `chmod 644 {path}; chmod 700 {path.parent}`")
     try:
         pin = Pin.model_validate_json(data)
     except ValidationError as exc:
@@ -141,8 +133,11 @@ def pin_root(store: RecordReader, root: Root, how: How, *,
 
 
 def follow(store: RecordReader, pin: Pin, *, now: datetime | None = None) -> tuple[Pin, bool]:
-    """``pin`` moved to the last root the store holds after it, each rotation verified."""
-    chain = walk_rotations(store, pin.root)
+    """``pin`` moved to the last root the store holds after it, each rotation verified. The
+    pinned root itself must still be there, unless it is a team's first root pinned before
+    the store's first use (:func:`~k3artifacts.trust.enrol.pin_keys`)."""
+    held = not (pin.how == "init" and pin.root.version == 1)
+    chain = walk_rotations(store, pin.root, held=held)
     if not chain:
         return pin, False
     moved = Pin(store=pin.store, how="rotation", pinned_at=now or datetime.now(UTC),

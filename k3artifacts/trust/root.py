@@ -30,6 +30,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from k3artifacts.canonical import canonical_digest
 from k3artifacts.errors import (
+    HistoryRewound,
     TrustRootError,
     UntrustedRecord,
     UsageError,
@@ -206,11 +207,17 @@ def verify_first_root(data: bytes, fingerprint: str) -> Root:
     return _root_body(verified.body, key)
 
 
-def walk_rotations(store: RecordReader, pinned: Root) -> list[Root]:
+def walk_rotations(store: RecordReader, pinned: Root, *, held: bool = False) -> list[Root]:
     """Every root after ``pinned`` that the store holds, each verified under the one before:
     the last is the root in force. Refuses a store whose root at the pinned version is another
-    one (``root-mismatch``)."""
+    one (``root-mismatch``), or, where the store is known to have ``held`` it, lacks it
+    (:class:`~k3artifacts.errors.HistoryRewound`: a store set back behind this client's pin)."""
     found = store.read(root_key(pinned.version))
+    if found is None and held:
+        newer = [k for k in store.list_keys(ROOT_PREFIX) if k.endswith(".json")]
+        raise HistoryRewound(root_key(pinned.version), "rewound", "the store's root",
+                             f"v{pinned.version} ({pinned.fingerprint[:12]})",
+                             f"{len(newer)} root(s), not v{pinned.version}")
     if found is not None:
         stored = stored_root(found.data, root_key(pinned.version))
         if stored.fingerprint != pinned.fingerprint:

@@ -34,7 +34,6 @@ from k3artifacts.policy.signed import Family, RecordTrust, parse_signed
 from k3artifacts.releases.tuples import ReleaseTuple
 from k3artifacts.signing.attestation import verify_statement
 from k3artifacts.signing.dsse import BundleError
-from k3artifacts.signing.policy import load_trusted_keys
 from k3artifacts.stores.base import Store
 from k3artifacts.warm.model import (
     ARTIFACT_PREFIX,
@@ -95,11 +94,10 @@ def warm_trust(policy: InForce, channel: str | None) -> WarmTrust:
     gates = document.gates
     rule = gates.channels.get(channel) if channel else None
     warm = rule.warm_start if rule is not None else None
-    with document.written_to() as policies_dir:
-        try:
-            keys = load_trusted_keys(policies_dir)
-        except ConfigError:
-            keys = None
+    try:
+        keys = document.trusted_keys()
+    except ConfigError:
+        keys = None
     if keys is None:
         required, trusted = False, {}
     else:
@@ -182,12 +180,15 @@ def check_manifest(store: Store, release: ReleaseTuple, *, gpu: str | None, tp: 
     signature = store.read(signature_key(key))
     sig = signature.data if signature is not None else None
     signed_by = None
+    # Without a channel (a candidate pre-warmed) the rule is every channel's at once.
+    whose = (f"channel {trust.channel}" if trust.channel is not None
+             else "a channel of the policy (none named: the strictest applies)")
     if sig is None and trust.require_signature:
-        raise WarmMiss("unsigned", f"{key} is not signed and channel {trust.channel} requires "
-                       "signatures")
+        raise WarmMiss("unsigned", f"{key} has no release signature and {whose} requires "
+                       "one (capture with --signing-key KEY, a key the policy trusts)")
     if sig is not None and trust.require_signature and not trust.trusted:
         raise WarmMiss("bad-signature", f"{signature_key(key)}: the signing policy trusts no "
-                       f"key for channel {trust.channel}")
+                       f"key for {whose}")
     if sig is not None and trust.trusted:
         try:
             signed_by = verify_statement(

@@ -38,14 +38,15 @@ def test_prefect_yaml_deploys_every_flow_with_valid_parameters():
         assert dep["work_pool"]["job_variables"]["image"] == "{{ $K3A_WORKER_IMAGE }}"
         names[f"{flow.name}/{dep['name']}"] = dep
     assert set(names) == {"watch-upstream/hourly", "stage-release/default", "promote/default",
-                          "rollback/default"}
+                          "rollback/default", "refresh-freshness/daily"}
+    assert names["refresh-freshness/daily"]["schedules"]
     watcher = names["watch-upstream/hourly"]
     assert watcher["schedules"] and watcher["parameters"]["deployment"] in names
 
 
-def test_serve_builds_the_same_four_deployments():
+def test_serve_builds_the_same_five_deployments():
     deps = deployments(store_url="file:///srv/k3a", cron="0 * * * *")
-    assert sorted(d.name for d in deps) == ["default", "default", "default", "hourly"]
+    assert sorted(d.name for d in deps) == ["daily", "default", "default", "default", "hourly"]
     assert all("k3a" in d.tags and any(t.startswith("step:") for t in d.tags) for d in deps)
     (watcher,) = [d for d in deps if d.name == "hourly"]
     assert watcher.schedules[0].schedule.cron == "0 * * * *"

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -43,13 +44,20 @@ def test_the_prefect_guide_runs_on_loopback_as_written(k3a_env, monkeypatch):
     require_two_accounts()
     [block] = BLOCK.findall(GUIDE.read_text())
     with walk_shell(k3a_env) as (shell, scratch, venv):
-        try:  # the second account's key is made on first use, as a new reader's
+        try:  # the second account's key is made anew, below
             shutil.rmtree(second_account_config())
         except (KeyError, FileNotFoundError):
             pass  # no such account yet (step 0 makes it), or it never used k3a
         run_step_zero(shell, scratch, venv)
+        # A reader who ran the walk first, as the guide tells them to: k3a-second has a key.
+        shell.run(f"runuser -u k3a-second -- {venv / 'bin' / 'k3a'} key create")
         for command in commands_of(block):
             shell.run(command.replace(VENV, str(venv)))
+        # Its last lines stopped everything it started: no job left, no flows still served.
+        assert shell.run("jobs -r") == ""
+        served = subprocess.run(["pgrep", "-s", str(shell.proc.pid), "-f", "flows.serve"],
+                                capture_output=True, text=True)
+        assert served.stdout == "", "flows.serve outlived the guide's stop lines"
         store = FileStore(shell.run('echo "${K3A_STORE#file://}"').strip())
         tuple_id = shell.run('echo "$TUPLE"').strip()
         # Read as the guide's first account: the root it pinned lives in its own home.

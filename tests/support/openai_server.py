@@ -34,6 +34,11 @@ another tuple);
 ``--text-only`` (image parts refused with vLLM's 400, as by a model without vision);
 ``--follow-injections`` (obeys "reply only with the word X" found in a tool result);
 ``--chatty`` (text answers start with a pleasantry, so exact answers and code break);
+``--jitter-ms LO-HI`` (a uniform random delay of LO to HI milliseconds before each completion's
+first token: run-to-run noise); ``--slowdown F`` (every completion takes F times as long as it
+otherwise would, whatever made it take that long: its first token and its end are each held
+back by F - 1 times the time spent before them, so every quantile of TTFT and end-to-end latency
+is F times larger; 1.3 is an endpoint 30% slower at p50 and p99);
 ``--answer TEXT`` (every completion answers TEXT: no tool call, no schema; an empty, refused,
 hostile or over-long answer); ``--echo-url`` (every completion answered 500 with a body quoting
 the URL it was sent to, credential included, as some proxies' error pages do); ``--model PATH`` (the ``root`` it reports; default
@@ -51,6 +56,7 @@ from __future__ import annotations
 import argparse
 import base64
 import json
+import random
 import re
 import subprocess
 import sys
@@ -97,6 +103,10 @@ class Config:
     #: Answer every completion HTTP 500 with an error body quoting the URL it was sent to,
     #: the credential it came with in the URL's userinfo (a proxy's error page does this).
     echo_url: bool = False
+    #: A uniform random delay before each completion's first token, in milliseconds (lo, hi).
+    jitter_ms: tuple[float, float] = (0.0, 0.0)
+    #: Every completion takes this many times as long (1.0: as it would).
+    slowdown: float = 1.0
 
 
 @dataclass
@@ -418,15 +428,28 @@ class Handler(BaseHTTPRequestHandler):
             return cfg.token_delay * inflight / cfg.capacity
         return cfg.token_delay
 
+    def _before_first_token(self) -> None:
+        cfg = self.server.cfg
+        time.sleep(cfg.slow_first_token + random.uniform(*cfg.jitter_ms) / 1000)
+        self._stretch(self._t0)
+
+    def _stretch(self, since: float) -> None:
+        """Hold back by ``slowdown - 1`` times the time spent since ``since``."""
+        extra = (self.server.cfg.slowdown - 1) * (time.monotonic() - since)
+        if extra > 0:
+            time.sleep(extra)
+
     def _pace(self, tokens: int) -> None:
         per_token = self._per_token()
-        time.sleep(self.server.cfg.slow_first_token + per_token)
+        time.sleep(per_token)
+        self._before_first_token()
         self._first_token()
+        first = time.monotonic()
         time.sleep(per_token * max(0, tokens - 1))
+        self._stretch(first)
 
     def _stream(self, cid: str, req: dict[str, Any], tool: str | None, text: str,
                 words: list[str], finish: str, usage: dict[str, int]) -> None:
-        cfg = self.server.cfg
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")
         self.send_header("Cache-Control", "no-cache")
@@ -440,12 +463,14 @@ class Handler(BaseHTTPRequestHandler):
                                           "finish_reason": reason}]}
             self._chunk(b"data: " + json.dumps(chunk).encode() + b"\n\n")
 
-        time.sleep(cfg.slow_first_token)
+        self._before_first_token()
         event({"role": "assistant", "content": ""})
         self._first_token()
+        first = time.monotonic()
         for delta in self._deltas(tool, text, words):
             time.sleep(self._per_token())
             event(delta)
+        self._stretch(first)
         event({}, finish)
         if (req.get("stream_options") or {}).get("include_usage"):
             self._chunk(b"data: " + json.dumps({**base, "choices": [], "usage": usage}).encode()
@@ -501,13 +526,26 @@ def _parse(argv: list[str]) -> tuple[int, Config]:
     p.add_argument("--model", default=Config.model)
     p.add_argument("--answer", default=None)
     p.add_argument("--echo-url", action="store_true")
+    p.add_argument("--jitter-ms", type=_span, default=(0.0, 0.0), metavar="LO-HI")
+    p.add_argument("--slowdown", type=float, default=1.0)
     a = p.parse_args(argv)
     return a.port, Config(a.served_names, a.max_model_len, a.token_delay, a.slow_first_token,
                           a.rate_limit, a.max_inflight, a.malformed_json, a.capacity,
                           error_rate=a.error_rate, text_only=a.text_only,
                           follow_injections=a.follow_injections, chatty=a.chatty,
                           chars_per_token=a.chars_per_token, model=a.model, answer=a.answer,
-                          echo_url=a.echo_url)
+                          echo_url=a.echo_url, jitter_ms=a.jitter_ms, slowdown=a.slowdown)
+
+
+def _span(text: str) -> tuple[float, float]:
+    lo, _, hi = text.partition("-")
+    try:
+        span = (float(lo), float(hi or lo))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not LO-HI in milliseconds") from None
+    if not 0 <= span[0] <= span[1]:
+        raise argparse.ArgumentTypeError(f"{text!r}: need 0 <= LO <= HI")
+    return span
 
 
 @dataclass

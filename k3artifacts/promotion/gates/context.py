@@ -5,15 +5,20 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from functools import cached_property
-from pathlib import Path
+from typing import Any, TypeVar
 
-from k3artifacts.errors import CorruptManifest, NotFound
+from pydantic import BaseModel
+
+from k3artifacts.errors import CorruptManifest, NotFound, VerifyMismatch
 from k3artifacts.policy.actor import Actor
+from k3artifacts.policy.document import PolicyDocument
 from k3artifacts.policy.model import ChannelPolicy
-from k3artifacts.policy.signed import RecordTrust
+from k3artifacts.policy.signed import Family, RecordTrust, made_by
 from k3artifacts.releases.tuples import ReleaseTuple, tuple_manifest
 from k3artifacts.revisions.manifest import ShardManifest, manifest_key
 from k3artifacts.stores.base import Store
+
+Signed = TypeVar("Signed", bound=BaseModel)
 
 MAX_LISTED = 5  # problems named in one reason; the count says how many more
 
@@ -25,8 +30,8 @@ class GateContext:
     channel: str
     #: The channel's section of the store's policy in force: each gate reads its own settings.
     policy: ChannelPolicy
-    #: That policy's files, written out for this judgement (suites, trusted keys).
-    policies_dir: Path
+    #: That policy's files (suites, trusted keys), read in memory.
+    document: PolicyDocument
     #: Who that policy trusts to have signed the evidence the gates read (reviews,
     #: evaluations, scans, preflights, traffic analyses): every record is read through it.
     trust: RecordTrust
@@ -34,6 +39,15 @@ class GateContext:
     #: dry run that names nobody (a flow before its approval).
     actor: Actor | None = None
     now: datetime = field(default_factory=lambda: datetime.now(UTC))
+    #: Judge only the evidence this identity signed (``promotion/gates/evidence.py`` asks each
+    #: identity in turn where the policy wants several); None: whoever signed it.
+    signer: str | None = None
+
+    def signed_here(self, records: list[Signed], family: Family[Any]) -> list[Signed]:
+        """``records`` as this judgement counts them: those :attr:`signer` made, or all."""
+        if self.signer is None:
+            return records
+        return [r for r in records if made_by(r, family) == self.signer]
 
     @cached_property
     def _manifest(self) -> tuple[ShardManifest | None, str]:
@@ -43,7 +57,7 @@ class GateContext:
         key = manifest_key(w.repo_id, w.commit)
         try:
             return tuple_manifest(self.store, self.release), ""
-        except CorruptManifest as exc:  # names where it was read
+        except (CorruptManifest, VerifyMismatch) as exc:  # names where it was read
             return None, str(exc).splitlines()[0]
         except NotFound:
             return (

@@ -8,13 +8,13 @@ from __future__ import annotations
 
 from k3artifacts.policy.results import GateResult
 from k3artifacts.promotion.gates.context import GateContext, summarize
-from k3artifacts.releases.scans import list_scans
+from k3artifacts.releases.scans import SCANS, list_scans
 
 NAME = "image_scan"
 
 
 def check(ctx: GateContext) -> GateResult:
-    records = list_scans(ctx.store, ctx.release.id, trust=ctx.trust)
+    records = ctx.signed_here(list_scans(ctx.store, ctx.release.id, trust=ctx.trust), SCANS)
     image = ctx.release.binding.image
     if not records:
         return GateResult(name=NAME, passed=False, reason=(

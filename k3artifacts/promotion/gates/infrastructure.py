@@ -13,7 +13,7 @@ from pydantic import ValidationError
 from k3artifacts.policy.results import GateResult
 from k3artifacts.preflight.model import PreflightReport
 from k3artifacts.promotion.gates.context import GateContext, summarize
-from k3artifacts.releases.preflights import list_preflights
+from k3artifacts.releases.preflights import PREFLIGHTS, list_preflights
 
 NAME = "infrastructure"
 
@@ -24,7 +24,8 @@ def check(ctx: GateContext) -> GateResult:
         return GateResult(name=NAME, passed=False, reason="the channel has no infrastructure "
                           "policy")
     how = f"run `k3a preflight {ctx.release.id} --channel {ctx.channel} --kubeconfig PATH`"
-    records = list_preflights(ctx.store, ctx.release.id, ctx.channel, trust=ctx.trust)
+    records = ctx.signed_here(
+        list_preflights(ctx.store, ctx.release.id, ctx.channel, trust=ctx.trust), PREFLIGHTS)
     if not records:
         return GateResult(name=NAME, passed=False, reason=f"no preflight recorded; {how}")
     latest = records[-1]

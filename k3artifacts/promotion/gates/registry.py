@@ -34,6 +34,7 @@ from k3artifacts.promotion.gates import (
     traffic,
 )
 from k3artifacts.promotion.gates.context import GateContext
+from k3artifacts.promotion.gates.evidence import judge_signers
 from k3artifacts.releases.channels import check_channel
 from k3artifacts.releases.tuples import ReleaseTuple
 from k3artifacts.serving.render import TARGETS
@@ -81,19 +82,17 @@ def channel_policy(policy: InForce, channel: str) -> ChannelPolicy:
 @contextmanager
 def judging(store: Store, release: ReleaseTuple, channel: str, policy: InForce,
             actor: Actor | None, now: datetime | None) -> Iterator[GateContext]:
-    """A gate context for one judgement, reading the policy in force (its files written out
-    for the gates that read files, for as long as the judgement lasts; its identities for
-    the gates that read signed evidence)."""
+    """A gate context for one judgement, reading the policy in force (its files, for the
+    gates that read them; its identities, for the gates that read signed evidence)."""
     chan = channel_policy(policy, channel)
     extra = {} if now is None else {"now": now}
-    with policy.document.written_to() as policies_dir:
-        yield GateContext(store=store, release=release, channel=channel, policy=chan,
-                          policies_dir=policies_dir,
-                          trust=RecordTrust.of(policy.document, policy.label()), actor=actor,
-                          **extra)
+    yield GateContext(store=store, release=release, channel=channel, policy=chan,
+                      document=policy.document,
+                      trust=RecordTrust.of(policy.document, policy.label()), actor=actor,
+                      **extra)
 
 
 def run_gates(ctx: GateContext, policy: InForce) -> GateReport:
-    results = [CHECKS[name](ctx) for name in ctx.policy.gates]
+    results = judge_signers(ctx, [CHECKS[name](ctx) for name in ctx.policy.gates], CHECKS)
     return GateReport(tuple_id=ctx.release.id, channel=ctx.channel, results=results,
                       policy_digest=policy.digest, policy_version=policy.version)

@@ -1,23 +1,23 @@
 """The ``signature`` gate: a tuple moves onto a channel whose signing policy requires it only
 if its revision and the tuple itself are signed by keys the channel trusts.
 
-Policy: ``policies/signing/trusted-keys.yaml`` (which channels require signatures, which keys
-each trusts, and whether the gate re-reads the weights). With ``verify_bytes`` (the default)
-the revision's bytes are checked once with xxh3-128 against the signed manifest, as a node
-does before serving: a byte changed in the store after signing is caught here, before the
-channel moves, not on the first node that pulls it.
+Policy: ``signing/trusted-keys.yaml`` of the store's policy in force (which channels require
+signatures, which keys each trusts, and whether the gate re-reads the weights). With
+``verify_bytes`` (the default) the revision's bytes are checked once with xxh3-128 against the
+signed manifest, as a node does before serving: a byte changed in the store after signing is
+caught here, before the channel moves, not on the first node that pulls it.
 """
 
 from __future__ import annotations
 
-from pathlib import Path
+from collections.abc import Callable
 
 from k3artifacts.errors import K3AError
 from k3artifacts.policy.results import GateResult
 from k3artifacts.promotion.gates.context import GateContext
 from k3artifacts.releases.signatures import check_tuple_signature
 from k3artifacts.releases.tuples import ReleaseTuple
-from k3artifacts.signing.policy import load_trusted_keys
+from k3artifacts.signing.policy import TrustedKeys
 from k3artifacts.signing.verify import SIGNATURE_STAGE, verify_signed_revision
 from k3artifacts.stores.base import Store
 
@@ -25,14 +25,16 @@ NAME = "signature"
 
 
 def check(ctx: GateContext) -> GateResult:
-    return signature_gate(ctx.store, ctx.release, ctx.channel, ctx.policies_dir)
+    return signature_gate(ctx.store, ctx.release, ctx.channel, ctx.document.trusted_keys)
 
 
 def signature_gate(
-    store: Store, release: ReleaseTuple, channel: str, policies_dir: Path
+    store: Store, release: ReleaseTuple, channel: str, keys: Callable[[], TrustedKeys]
 ) -> GateResult:
+    """``keys``: the signing policy the channel is judged by (read inside, so that a policy
+    that does not load fails the gate, naming why)."""
     try:
-        policy = load_trusted_keys(policies_dir)
+        policy = keys()
     except K3AError as exc:
         return GateResult(name=NAME, passed=False, reason=str(exc))
     if not policy.required(channel):

@@ -109,10 +109,11 @@ VERIFIER_VOLUME = "verifier-trust"
 
 @dataclass(frozen=True)
 class VerifierMap:
-    """The rendered ConfigMap the verifier mounts, and its key holding the pin."""
+    """The rendered ConfigMap the verifier mounts, and its keys holding the pin and heads."""
 
     document: dict[str, Any]
-    pin_key: str
+    #: The keys holding the pin and the heads its render saw.
+    trust_keys: tuple[str, ...]
     #: The store's URL as the pod reaches it, the one the pin names.
     store: str = f"file://{STORE_MOUNT}"
 
@@ -124,8 +125,9 @@ class VerifierMap:
 def verifier_config_map(name: str, namespace: str | None, trust: VerifierTrust,
                         store: str = f"file://{STORE_MOUNT}") -> VerifierMap:
     """The verifier's ConfigMap: this client's root pinned for the store as the pod reaches
-    it (``store``: mounted, by default), and the signing policy in force (trusted-keys.yaml
-    and its public keys) as rendered."""
+    it (``store``: mounted, by default), the heads of its histories this client verified (the
+    pod refuses a store set back behind them), and the signing policy in force
+    (trusted-keys.yaml and its public keys) as rendered."""
     pin = trust.pin_for(store)
     meta: dict[str, Any] = {"name": f"{name}-{VERIFIER_VOLUME}"}
     if namespace:
@@ -133,8 +135,7 @@ def verifier_config_map(name: str, namespace: str | None, trust: VerifierTrust,
     meta["labels"] = {"app.kubernetes.io/managed-by": "k3a"}
     document = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": meta,
                 "data": {**trust.signing, **pin}}
-    (pin_key,) = pin
-    return VerifierMap(document, pin_key, store)
+    return VerifierMap(document, tuple(pin), store)
 
 
 def verify_container(
@@ -193,7 +194,8 @@ def _pod_spec(
     if verifier is not None:  # only the pin is mounted: the pod reads keys from the store
         volumes.append({"name": VERIFIER_VOLUME, "configMap": {
             "name": verifier.name,
-            "items": [{"key": verifier.pin_key, "path": f"k3artifacts/trust/{verifier.pin_key}"}],
+            "items": [{"key": key, "path": f"k3artifacts/trust/{key}"}
+                      for key in verifier.trust_keys],
         }})
     if loads_verified(release):  # vLLM verifies as it reads: no pass over the weights before
         _load_verified(release, vol, container, verifier)

@@ -12,6 +12,7 @@ from k3artifacts.errors import AlreadyExists, Conflict
 from k3artifacts.stores.awsclients import aws_errors, error_code, http_status
 from k3artifacts.stores.base import Versioned
 from k3artifacts.stores.capabilities import ensure_conditional_writes
+from k3artifacts.stores.records import MAX_RECORD_BYTES, oversized
 from k3artifacts.stores.s3.bucket import S3Bucket
 from k3artifacts.stores.s3.objects import CHECKSUM_ALGORITHM, etag
 
@@ -34,7 +35,12 @@ class S3Records(S3Bucket):
                     return None
                 raise
             with resp["Body"] as body:
-                return Versioned(body.read(), etag(resp))
+                if resp.get("ContentLength", 0) > MAX_RECORD_BYTES:
+                    raise oversized(key, resp["ContentLength"])
+                data = body.read(MAX_RECORD_BYTES + 1)
+                if len(data) > MAX_RECORD_BYTES:
+                    raise oversized(key, len(data))
+                return Versioned(data, etag(resp))
 
     def _put_small(self, key: str, data: bytes, condition: dict[str, str]) -> dict[str, Any]:
         if key.startswith("releases/"):
