@@ -180,6 +180,12 @@ def test_demo_to_production_walk_runs_as_written(k3a_env, monkeypatch):
         objects = [o for o in yaml.safe_load_all(rendered[0].read_text()) if o]
         deployment = next(o for o in objects if o["kind"] == "Deployment")
         assert deployment["metadata"]["labels"]["k3a.io/tuple-id"] == tuple_id
+        # The walk's pod reads the weights once: vLLM's k3a load format verifies as it loads,
+        # so no init container reads them first.
+        pod = deployment["spec"]["template"]["spec"]
+        (vllm,) = pod["containers"]
+        assert "--load-format=k3a" in vllm["args"], vllm["args"]
+        assert not pod.get("initContainers"), pod.get("initContainers")
         made = Path(k3a_env["HOME"]) / ".config" / "k3artifacts" / "keys" / "personal.pem"
         assert made.is_file() and (second_account_config() / "keys" / "personal.pem").is_file()
     shutil.rmtree(second_account_config(), ignore_errors=True)
