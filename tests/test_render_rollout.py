@@ -4,6 +4,7 @@ CRDs with unknown fields refused, and for Kubernetes where the objects are core.
 
 from __future__ import annotations
 
+import re
 import subprocess
 
 import jsonschema
@@ -82,7 +83,8 @@ def test_rollout_walks_the_channels_steps_with_analysis(published_revision):
     validate_all(docs)
     kinds = by_kind(docs)
     assert "Deployment" not in kinds
-    rollout, template = kinds["Rollout"], kinds["AnalysisTemplate"]
+    rollout = kinds["Rollout"]
+    template, against_stable = (d for d in docs if d["kind"] == "AnalysisTemplate")
     canary = rollout["spec"]["strategy"]["canary"]
     weights = [s["setWeight"] for s in canary["steps"] if "setWeight" in s]
     assert weights == [s.weight for s in traffic.steps] == [1, 5, 25, 100]
@@ -90,9 +92,15 @@ def test_rollout_walks_the_channels_steps_with_analysis(published_revision):
     for i, step in enumerate(traffic.steps):
         set_weight, pause, analysis = canary["steps"][3 * i: 3 * i + 3]
         assert pause == {"pause": {"duration": step.pause}}
-        assert analysis["analysis"]["templates"] == [
-            {"templateName": template["metadata"]["name"]}]
-        assert analysis["analysis"]["args"] == [{"name": "tuple-id", "value": release.id}]
+        templates = [template["metadata"]["name"]]
+        args = [{"name": "tuple-id", "value": release.id}]
+        # below 100% also against the stable ReplicaSet, whose hash the controller fills in
+        if step.weight < 100:
+            templates.append(against_stable["metadata"]["name"])
+            args += [{"name": "canary-hash", "valueFrom": {"podTemplateHashValue": "Latest"}},
+                     {"name": "stable-hash", "valueFrom": {"podTemplateHashValue": "Stable"}}]
+        assert analysis["analysis"]["templates"] == [{"templateName": t} for t in templates]
+        assert analysis["analysis"]["args"] == args
     # the pods are the eks target's: verified weights first, then vLLM of the tuple
     pod = rollout["spec"]["template"]["spec"]
     eks_pod = by_kind(render(release, "eks").documents)["Deployment"]["spec"]["template"]["spec"]
@@ -114,6 +122,27 @@ def test_rollout_walks_the_channels_steps_with_analysis(published_revision):
     assert all(m["failureLimit"] == 0 for m in queries.values())
     assert all('k3a_io_tuple_id="{{args.tuple-id}}"' in m["provider"]["prometheus"]["query"]
                for m in queries.values())
+    # and compares the canary's quantiles with the stable pods' in the same window
+    compared = {m["name"]: m for m in against_stable["spec"]["metrics"]}
+    assert set(compared) == {"e2e-latency-against-stable", "time-to-first-token-against-stable"}
+    for metric in compared.values():
+        promql = metric["provider"]["prometheus"]["query"]
+        assert 'rollouts_pod_template_hash="{{args.canary-hash}}"' in promql
+        assert 'rollouts_pod_template_hash="{{args.stable-hash}}"' in promql
+        # both sides over the same window
+        assert set(re.findall(r"\[(\w+)\]", promql)) == {traffic.window}
+        assert metric["successCondition"].endswith("result[0] <= 1.0")
+        assert metric["failureLimit"] == 0
+
+
+def test_without_against_stable_the_analysis_is_bounds_only(published_revision):
+    traffic = production_traffic().model_copy(update={"against_stable": None})
+    docs = render(make(published_revision), "eks-rollout", traffic=traffic).documents
+    validate_all(docs)
+    assert [d["metadata"]["name"] for d in docs if d["kind"] == "AnalysisTemplate"] == [
+        "kimi-k3-p6-b300-tp8-traffic"]
+    steps = by_kind(docs)["Rollout"]["spec"]["strategy"]["canary"]["steps"]
+    assert all(len(s["analysis"]["templates"]) == 1 for s in steps if "analysis" in s)
 
 
 def test_unknown_fields_are_refused(published_revision):
@@ -123,7 +152,9 @@ def test_unknown_fields_are_refused(published_revision):
     bad_step["spec"]["strategy"]["canary"]["steps"][0] = {"setWeigth": 1}
     bad_metric = yaml.safe_load(yaml.safe_dump(kinds["AnalysisTemplate"]))
     bad_metric["spec"]["metrics"][0]["provider"]["prometheus"]["querry"] = "up"
-    for doc in (bad_step, bad_metric):
+    bad_arg = yaml.safe_load(yaml.safe_dump(kinds["Rollout"]))
+    bad_arg["spec"]["strategy"]["canary"]["steps"][2]["analysis"]["args"][1] = {"nam": "x"}
+    for doc in (bad_step, bad_metric, bad_arg):
         with pytest.raises(jsonschema.ValidationError):
             validate_structural(doc)
         if crds_dir() is not None:

@@ -6,17 +6,22 @@ fails the second, records both, and the `traffic` gate follows."""
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
 import urllib3
 import yaml
 
+from k3artifacts.policy.rollout import TrafficPolicy
 from k3artifacts.releases.analyses import list_analyses
+from k3artifacts.serving.render import render
 from k3artifacts.serving.render.common import served_name
 from k3artifacts.stores.file import FileStore
+from k3artifacts.traffic.prometheus import Prometheus
 from tests.fixtures.moves import check_gate, promote, use_policy
 from tests.fixtures.prometheus import prometheus, prometheus_binary
 from tests.support.openai_server import start
@@ -135,16 +140,30 @@ def test_analysis_passes_the_good_canary_and_fails_the_degrading_one(
     assert "step 1 (100%)" in verdict.reason
 
 
+def _argo_condition(condition: str, result: list[float]) -> bool:
+    """An AnalysisTemplate's successCondition as Argo Rollouts evaluates it (expr-lang), for
+    the few operators the rendered ones use."""
+    python = (condition.replace("&&", " and ").replace("||", " or ").replace("!isNaN", "not isNaN"))
+    return bool(eval(python, {"__builtins__": {}}, {  # noqa: S307 - our own rendered text
+        "len": len, "isNaN": math.isnan, "result": result}))
+
+
+#: A shift must exceed 20 ms to fail: p99 of a 40-request histogram moves by a few ms
+#: between two equal servers on a loaded machine, and the slower canary is 50 ms late.
+COMPARED_TRAFFIC = {**TRAFFIC, "against_stable": {"floor_ms": 20}}
+
+
 def test_a_canary_slower_than_the_stable_pods_fails_under_the_bounds(
     tmp_path: Path, policies: Path, k3a_cmd, k3a_env
 ):
     """Stable, an equal canary and a canary whose first token is 50 ms late (well under the
-    200 ms bound): the same window of each, compared by vLLM's TTFT and e2e histograms."""
+    200 ms bound): the same window of each, compared by vLLM's TTFT and e2e histograms, by
+    `k3a traffic analyze` and by the rendered AnalysisTemplate's own queries."""
     prometheus_binary()
     gate_file = policies / "promotion-gates.yaml"
     gate_policy = yaml.safe_load(gate_file.read_text())
     production = gate_policy["channels"]["production"]
-    production.update(gates=["artifact"], traffic=TRAFFIC)
+    production.update(gates=["artifact"], traffic=COMPARED_TRAFFIC)
     gate_file.write_text(yaml.safe_dump(gate_policy))
     store = FileStore(tmp_path / "store")
     rel = Releases(store, tmp_path / "scratch")
@@ -158,7 +177,12 @@ def test_a_canary_slower_than_the_stable_pods_fails_under_the_bounds(
                          slow_first_token=0.05),
     }
     try:
-        targets = {f"127.0.0.1:{s.port}": {"k3a_io_tuple_id": t} for t, s in servers.items()}
+        # Each server as the pods of one ReplicaSet of the Rollout: the tuple's label, and the
+        # pod-template hash the controller adds.
+        hashes = {t: f"{i}7d9f8c6b5" for i, t in enumerate(servers)}
+        targets = {f"127.0.0.1:{s.port}": {"k3a_io_tuple_id": t,
+                                           "rollouts_pod_template_hash": hashes[t]}
+                   for t, s in servers.items()}
         with prometheus(tmp_path / "prometheus", targets) as prom:
             for tuple_id, server in servers.items():
                 assert _drive(server.url, model, 1) == (1, 0)
@@ -179,6 +203,34 @@ def test_a_canary_slower_than_the_stable_pods_fails_under_the_bounds(
                      "--store", store.url],
                     env=k3a_env, capture_output=True, text=True, timeout=120)
                 return run.returncode, json.loads(run.stdout), run.stderr
+
+            def rendered_comparison(canary, canary_hash=None) -> dict[str, tuple[float | None,
+                                                                                  bool]]:
+                """The rendered AnalysisTemplate's comparison metrics, their arguments as the
+                controller fills them in, asked of Prometheus now: name -> (value, passed)."""
+                docs = render(canary, "eks-rollout",
+                              traffic=TrafficPolicy.model_validate(COMPARED_TRAFFIC)).documents
+                template = next(d for d in docs if d["kind"] == "AnalysisTemplate"
+                                and d["metadata"]["name"].endswith("-against-stable"))
+                out = {}
+                for metric in template["spec"]["metrics"]:
+                    promql = (metric["provider"]["prometheus"]["query"]
+                              .replace("{{args.canary-hash}}", canary_hash or hashes[canary.id])
+                              .replace("{{args.stable-hash}}", hashes[stable.id]))
+                    value = Prometheus(prom.url).value(promql, datetime.now(UTC))
+                    result = [math.nan if value is None else value]
+                    out[metric["name"]] = (value, _argo_condition(metric["successCondition"],
+                                                                  result))
+                return out
+
+            same = rendered_comparison(equal)
+            assert all(passed for _, passed in same.values()), same
+            late = rendered_comparison(slower)
+            ttft_value, ttft_passed = late["time-to-first-token-against-stable"]
+            assert ttft_value is not None and ttft_value > 1 and not ttft_passed, late
+            # pods that finished no request in the window: inconclusive, which fails by default
+            unseen = rendered_comparison(equal, canary_hash="0000000000")
+            assert all(v is None and not passed for v, passed in unseen.values()), unseen
 
             code, out, err = analyze(equal)
             assert code == 0, err

@@ -22,7 +22,7 @@ from k3artifacts.releases.analyses import MetricResult, TrafficAnalysis, record_
 from k3artifacts.stores.file import FileStore
 from k3artifacts.traffic.analysis import analyze_step, per_bucket
 from k3artifacts.traffic.prometheus import Prometheus
-from k3artifacts.traffic.queries import TTFT, histogram_query
+from k3artifacts.traffic.queries import TTFT, by_tuple, histogram_query
 from tests.faults.faultkit import send_slowly, serving
 from tests.fixtures.moves import check_gate, use_policy
 from tests.fixtures.people import person
@@ -251,7 +251,7 @@ def test_bucket_counts_that_are_no_histogram_are_refused(prometheus, answer, wor
     url, answers = prometheus
     answers.by_metric["requests"] = answer  # the histogram query reads increase(), as it does
     with pytest.raises(BadAnswer) as err:
-        Prometheus(url).buckets(histogram_query(TTFT, "k3t-" + "0" * 24, "1m"), AT)
+        Prometheus(url).buckets(histogram_query(TTFT, by_tuple("k3t-" + "0" * 24), "1m"), AT)
     assert words in str(err.value) and err.value.exit_code == 8
 
 
@@ -259,6 +259,6 @@ def test_bucket_counts_become_requests_per_bucket(prometheus):
     url, answers = prometheus
     answers.by_metric["requests"] = _series(("0.01", "4"), ("0.02", "10.5"), ("0.04", "10.5"),
                                             ("+Inf", "12"))
-    counts = Prometheus(url).buckets(histogram_query(TTFT, "k3t-" + "0" * 24, "1m"), AT)
+    counts = Prometheus(url).buckets(histogram_query(TTFT, by_tuple("k3t-" + "0" * 24), "1m"), AT)
     # Beyond the last finite bound counts at it; empty buckets are left out.
     assert per_bucket(counts) == [(0.01, 4.0), (0.02, 6.5), (0.04, 1.5)]

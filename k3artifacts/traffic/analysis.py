@@ -43,7 +43,7 @@ from k3artifacts.releases.lookup import resolve_tuple
 from k3artifacts.releases.tuples import ReleaseTuple
 from k3artifacts.stores.base import Store
 from k3artifacts.traffic.prometheus import Prometheus
-from k3artifacts.traffic.queries import COMPARED, histogram_query, step_queries
+from k3artifacts.traffic.queries import COMPARED, by_tuple, histogram_query, step_queries
 
 
 @dataclass(frozen=True)
@@ -153,7 +153,7 @@ def per_bucket(cumulative: dict[float, float]) -> list[tuple[float, float]]:
 def _against_stable(prometheus: Prometheus, name: str, metric: str, tuple_id: str, stable: str,
                     traffic: TrafficPolicy, at: datetime) -> StableComparison:
     assert traffic.against_stable is not None
-    queries = [histogram_query(metric, t, traffic.window) for t in (tuple_id, stable)]
+    queries = [histogram_query(metric, by_tuple(t), traffic.window) for t in (tuple_id, stable)]
     canary, base = (per_bucket(prometheus.buckets(q, at)) for q in queries)
     return StableComparison(
         name=name, stable_tuple_id=stable, canary_query=queries[0], stable_query=queries[1],

@@ -1,8 +1,11 @@
 """Target ``eks-rollout``: the ``eks`` pods (verify-weights init container, vLLM) under an Argo
 Rollouts ``Rollout`` that moves traffic to a new tuple in the channel's canary steps, through
 the AWS Load Balancer Controller's weighted target groups, with an ``AnalysisTemplate`` judging
-each step on vLLM's own metrics in Prometheus. A failed analysis aborts the rollout: all
-traffic returns to the stable ReplicaSet (the previous tuple), which was never scaled down.
+each step on vLLM's own metrics in Prometheus: the canary's bounds, and (with the channel's
+``traffic.against_stable``) its latency quantiles against the stable pods' over the same window,
+the two ReplicaSets told apart by the pod-template hash Argo Rollouts labels them with. A failed
+analysis aborts the rollout: all traffic returns to the stable ReplicaSet (the previous tuple),
+which was never scaled down.
 
 Inputs: the tuple (what runs) and the channel's ``traffic`` policy (how it is rolled out);
 nothing else, so the same pair renders byte-identical YAML.
@@ -24,20 +27,56 @@ from k3artifacts.serving.render.eks import (
     _volume_objects,
     verifier_config_map,
 )
-from k3artifacts.traffic.queries import step_queries
+from k3artifacts.traffic.queries import by_pod_hash, stable_queries, step_queries
 
 ROLLOUTS_API = "argoproj.io/v1alpha1"
 #: The AnalysisTemplate's argument the queries select the candidate's series by.
 TUPLE_ARG = "tuple-id"
+#: The comparison's arguments: the pod-template hashes of the canary's and the stable
+#: ReplicaSet, filled in by the Rollout controller (``podTemplateHashValue``).
+CANARY_HASH_ARG, STABLE_HASH_ARG = "canary-hash", "stable-hash"
+
+
+def _arg(name: str) -> str:
+    return "{{args." + name + "}}"
 
 
 def analysis_template_name(name: str) -> str:
     return f"{name}-traffic"
 
 
+def stable_template_name(name: str) -> str:
+    return f"{name}-traffic-against-stable"
+
+
+def _template(name: str, meta_base: dict, args: list[str], metrics: list[dict]) -> dict:
+    return {
+        "apiVersion": ROLLOUTS_API,
+        "kind": "AnalysisTemplate",
+        "metadata": {**meta_base, "name": name, "labels": {"app.kubernetes.io/managed-by": "k3a"}},
+        "spec": {"args": [{"name": a} for a in args], "metrics": metrics},
+    }
+
+
+def _against_stable_template(name: str, meta_base: dict, traffic: TrafficPolicy) -> dict:
+    assert traffic.against_stable is not None
+    metrics = [{
+        "name": f"{q.name.replace('_', '-')}-against-stable",
+        # NaN (too few requests a side) is routed by the policy's `inconclusive` into the
+        # condition itself: an Inconclusive run would pause the Rollout for a human instead.
+        "successCondition": q.condition(),
+        "failureLimit": 0,
+        "provider": {"prometheus": {"address": traffic.prometheus, "query": q.promql}},
+    } for q in stable_queries(by_pod_hash(_arg(CANARY_HASH_ARG)),
+                              by_pod_hash(_arg(STABLE_HASH_ARG)), traffic.window,
+                              traffic.thresholds.quantile, traffic.against_stable)]
+    return _template(stable_template_name(name), meta_base, [CANARY_HASH_ARG, STABLE_HASH_ARG],
+                     metrics)
+
+
 def _analysis_template(name: str, meta_base: dict, traffic: TrafficPolicy) -> dict:
     metrics = []
-    for q in step_queries("{{args." + TUPLE_ARG + "}}", traffic.window, traffic.thresholds):
+    for q in step_queries(_arg(TUPLE_ARG), traffic.window, traffic.thresholds):
         metrics.append({
             "name": q.name.replace("_", "-"),
             # One measurement over the step's window, taken when the pause ends; a failed
@@ -46,13 +85,7 @@ def _analysis_template(name: str, meta_base: dict, traffic: TrafficPolicy) -> di
             "failureLimit": 0,
             "provider": {"prometheus": {"address": traffic.prometheus, "query": q.promql}},
         })
-    return {
-        "apiVersion": ROLLOUTS_API,
-        "kind": "AnalysisTemplate",
-        "metadata": {**meta_base, "name": analysis_template_name(name),
-                     "labels": {"app.kubernetes.io/managed-by": "k3a"}},
-        "spec": {"args": [{"name": TUPLE_ARG}], "metrics": metrics},
-    }
+    return _template(analysis_template_name(name), meta_base, [TUPLE_ARG], metrics)
 
 
 def _steps(release: ReleaseTuple, name: str, traffic: TrafficPolicy) -> list[dict]:
@@ -61,12 +94,19 @@ def _steps(release: ReleaseTuple, name: str, traffic: TrafficPolicy) -> list[dic
         run_labels = {f"{ANNOTATION}/step": str(index), f"{ANNOTATION}/weight": str(step.weight)}
         if step.cohort:
             run_labels[f"{ANNOTATION}/cohort"] = step.cohort
+        templates = [{"templateName": analysis_template_name(name)}]
+        args: list[dict[str, Any]] = [{"name": TUPLE_ARG, "value": release.id}]
+        # At 100% the stable pods get no traffic in the window: nothing to compare with.
+        if traffic.against_stable is not None and step.weight < 100:
+            templates.append({"templateName": stable_template_name(name)})
+            args += [{"name": CANARY_HASH_ARG, "valueFrom": {"podTemplateHashValue": "Latest"}},
+                     {"name": STABLE_HASH_ARG, "valueFrom": {"podTemplateHashValue": "Stable"}}]
         steps += [
             {"setWeight": step.weight},
             {"pause": {"duration": step.pause}},
             {"analysis": {
-                "templates": [{"templateName": analysis_template_name(name)}],
-                "args": [{"name": TUPLE_ARG, "value": release.id}],
+                "templates": templates,
+                "args": args,
                 "analysisRunMetadata": {"labels": run_labels},
             }},
         ]
@@ -174,5 +214,7 @@ def render_eks_rollout(
         "metadata": {**meta_base, "labels": labels(release, name)},
         "spec": {**budget, "selector": {"matchLabels": selector}},
     }
-    return [*cluster_objects, _analysis_template(name, meta_base, traffic), rollout,
+    compared = ([] if traffic.against_stable is None
+                else [_against_stable_template(name, meta_base, traffic)])
+    return [*cluster_objects, _analysis_template(name, meta_base, traffic), *compared, rollout,
             service(name), service(canary_service), ingress, pdb]
