@@ -262,7 +262,7 @@ def test_a_policy_restored_to_an_earlier_text_still_verifies_every_entry(
     digest) pair, for the client that moved them and for one that never read the store."""
     first, second, _ = restored
     for env in (any_env, fresh_reader(any_env, tmp_path)):
-        shown = invoke("history", CHANNEL, "--json", env=env).json
+        shown = invoke("channel", "history", CHANNEL, "--json", env=env).json
         assert [(e["policy_version"], e["tuple_id"]) for e in shown] == [
             (1, first.id), (3, second.id)], shown
         invoke("render", CHANNEL, "--target", "eks", env=env)
@@ -285,6 +285,6 @@ def test_an_entry_naming_a_version_not_its_digest_or_out_of_order_is_refused(
         policy_digest=digests[judged_by], policy_version=version),
         acting=people.person(people.ME))
     for env in (any_env, fresh_reader(any_env, tmp_path)):
-        refused = invoke("history", CHANNEL, expect=4, env=env)
+        refused = invoke("channel", "history", CHANNEL, expect=4, env=env)
         assert f"{history_key(CHANNEL, 3)}: refused (edit)" in refused.stderr, refused.stderr
         assert refusal in refused.stderr
