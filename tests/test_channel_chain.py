@@ -222,3 +222,69 @@ def test_a_remembered_reader_reads_what_is_new_a_fresh_one_from_the_checkpoint(
                                                            tmp_path / "fresh")))
     assert cost() == short + 8  # entries #23 down to #16, the checkpoint's
     assert [e.seq for e in read_state(any_store, CHANNEL).entries] == [24]
+
+
+
+def _propose_and_apply(env, directory) -> tuple[int, str]:
+    request = invoke("policy", "propose", str(directory), "--json", env=env).json
+    applied = invoke("policy", "apply", request["id"], "--json", env=env).json
+    return applied["version"], applied["digest"]
+
+
+@pytest.fixture
+def restored(any_env, releases, tmp_path):
+    """`k3a policy init`, staging promoted (#1, v1), a field tightened (v2) and the change
+    undone (v3: v1's text, one digest for two versions), staging promoted again (#2, v3).
+    Returns the two tuples and each version's digest."""
+    first, second = releases.release(), releases.release()
+    seeded = invoke("policy", "init", "--json", env=any_env).json
+    for release in (first, second):
+        invoke("review", "license", release.id, env=any_env)
+        invoke("review", "code", release.id, env=any_env)
+    invoke("promote", first.id, CHANNEL, env=any_env)
+    original = tmp_path / "original"
+    invoke("policy", "show", "--out", str(original), env=any_env)
+    stricter = tmp_path / "stricter"
+    invoke("policy", "show", "--out", str(stricter), env=any_env)
+    gates_file = stricter / "promotion-gates.yaml"
+    gates_file.write_text(gates_file.read_text().replace("min_pass_rate: 0.95",
+                                                         "min_pass_rate: 0.99", 1))
+    tightened = _propose_and_apply(any_env, stricter)
+    assert tightened[0] == 2
+    assert _propose_and_apply(any_env, original) == (3, seeded["digest"])
+    invoke("promote", second.id, CHANNEL, env=any_env)
+    return first, second, {1: seeded["digest"], 2: tightened[1], 3: seeded["digest"]}
+
+
+def test_a_policy_restored_to_an_earlier_text_still_verifies_every_entry(
+        any_env, restored, tmp_path):
+    """The entries v1 judged and the ones v3 judges each verify as their own (version,
+    digest) pair, for the client that moved them and for one that never read the store."""
+    first, second, _ = restored
+    for env in (any_env, fresh_reader(any_env, tmp_path)):
+        shown = invoke("channel", "history", CHANNEL, "--json", env=env).json
+        assert [(e["policy_version"], e["tuple_id"]) for e in shown] == [
+            (1, first.id), (3, second.id)], shown
+        invoke("render", CHANNEL, "--target", "eks", env=env)
+        invoke("gates", second.id, CHANNEL, env=env)
+
+
+@pytest.mark.parametrize("version,judged_by,refusal", [
+    (2, 1, "names policy v2, not the version of its digest"),
+    (1, 1, "names policy v1, out of order (#2 names v3)"),
+])
+def test_an_entry_naming_a_version_not_its_digest_or_out_of_order_is_refused(
+        any_store, any_env, restored, tmp_path, version, judged_by, refusal):
+    """Signed by an identity the policy trusts to promote, so only the pair it names, checked
+    against the policy history, can refuse it."""
+    first, second, digests = restored
+    state = read_state(any_store, CHANNEL)
+    commit_move(any_store, state, HistoryEntry(
+        channel=CHANNEL, seq=3, action="promote", tuple_id=first.id,
+        previous_tuple_id=second.id, who=people.ME, who_source="key", when=datetime.now(UTC),
+        policy_digest=digests[judged_by], policy_version=version),
+        acting=people.person(people.ME))
+    for env in (any_env, fresh_reader(any_env, tmp_path)):
+        refused = invoke("channel", "history", CHANNEL, expect=4, env=env)
+        assert f"{history_key(CHANNEL, 3)}: refused (edit)" in refused.stderr, refused.stderr
+        assert refusal in refused.stderr

@@ -168,8 +168,9 @@ class InForce:
     #: The store predates signed records (no root in it, none pinned here): its histories
     #: are read as found, where the policy says so, and nothing is moved on it.
     legacy: bool = False
-    #: Every version's document digest, by digest, as the history holds them.
-    versions: dict[str, int] = field(default_factory=dict)
+    #: Every version's document digest, by version, as the history holds them. Keyed by
+    #: version: a change that restores an earlier text puts one digest in force twice.
+    digests: dict[int, str] = field(default_factory=dict)
     #: The store's signed freshness head, checked (None where the policy asks for none).
     freshness: Freshness | None = None
 
@@ -349,7 +350,7 @@ def unchecked_freshness(store: RecordStore) -> InForce:
     head = chain.head
     assert head is not None
     return InForce(head.seq, head.entry.digest, read_document(store, head.entry.digest), chain,
-                   roots, versions={e.entry.digest: e.seq for e in chain.entries})
+                   roots, digests={e.seq: e.entry.digest for e in chain.entries})
 
 
 def store_document(store: RecordStore, document: PolicyDocument) -> None:

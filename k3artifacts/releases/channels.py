@@ -14,13 +14,14 @@ Keys (same under every store)::
                                                             (migration)
 
 Who may sign an entry is the policy version that judged the move (the entry names it:
-``policy_digest``): an identity it holds with the role ``promote``. That version must be one
-of the store's verified policy history (:func:`k3artifacts.policy.record.in_force`), and
-the versions a channel's entries name only move forward. Every reader (render, pull, history,
-smoke, gates, promote, rollback, the flows, gc) verifies the whole chain to its start (or a
-checkpoint) through :func:`read_state` and refuses, by name (exit 4), a pointer written by
-hand or by a key the policy does not trust to move it, a gap, an edit, a fork. Rollback
-targets come from the verified entries alone.
+``policy_version`` and ``policy_digest``): an identity it holds with the role ``promote``. That
+version, with that digest, must be one of the store's verified policy history
+(:func:`k3artifacts.policy.record.in_force`; one digest may be several versions: a change
+undone), and the versions a channel's entries name only move forward. Every reader (render,
+pull, history, smoke, gates, promote, rollback, the flows, gc) verifies the whole chain to
+its start (or a checkpoint) through :func:`read_state` and refuses, by name (exit 4), a
+pointer written by hand or by a key the policy does not trust to move it, a gap, an edit, a
+fork. Rollback targets come from the verified entries alone.
 
 Order of writes: the pointer first, then the history entry
 ---------------------------------------------------------
@@ -302,7 +303,7 @@ class _Identities:
 
     def __call__(self, entry: dict[str, Any]) -> Keyring:
         digest = entry.get("policy_digest")
-        if not isinstance(digest, str) or digest not in self.policy.versions:
+        if not isinstance(digest, str) or digest not in self.policy.digests.values():
             raise UntrustedRecord(self.where, "untrusted-key", f"a move judged by policy "
                                   f"{str(digest)[:12]}, which was never in force in "
                                   f"{self.store.url}")
@@ -323,11 +324,11 @@ def _placed(link: ChainEntry[HistoryEntry], channel: str, policy: InForce,
                               f"it is {e.channel}#{e.seq}, after {e.previous_tuple_id}")
     if link.vouched:
         return None
-    version = policy.versions.get(e.policy_digest or "")
-    if version is None or version != e.policy_version:
+    # Checked as a pair: one digest may be in force as several versions (a change undone).
+    if e.policy_version is None or policy.digests.get(e.policy_version) != e.policy_digest:
         raise UntrustedRecord(key, "edit", f"entry #{link.seq} of channel {channel} names "
                               f"policy v{e.policy_version}, not the version of its digest")
-    return version
+    return e.policy_version
 
 
 def _follows(below: ChainEntry[HistoryEntry], above: ChainEntry[HistoryEntry], channel: str,
