@@ -47,7 +47,7 @@ CREATING = ("PutObject", "CopyObject", "CompleteMultipartUpload")
 #: Keys that move by compare-and-swap; every other creating request must be If-None-Match.
 SWAPPED = ("/releases/channels/", "/releases/policy/current.json",
            "/releases/policy/checkpoint.json", "/releases/policy/proposals/",
-           "/releases/trust/proposals/", "/releases/probes/",
+           "/releases/trust/proposals/", "/releases/trust/freshness.json", "/releases/probes/",
            "/.k3a/s3-objects.json", "/.k3a/provenance.json")
 TUNING = TransferTuning(multipart_threshold=5 * MiB, min_part_size=5 * MiB, max_concurrency=4,
                         stream_part_size=5 * MiB)

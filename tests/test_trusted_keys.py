@@ -64,8 +64,10 @@ def test_a_trusted_key_in_a_local_directory_is_ignored(any_store, any_env, tmp_p
     rendered = json.loads(invoke("render", tuple_.id, "--target", "eks",
                               "--verify-signature", "--json", env=pointed).stdout)
     (config_map,) = [d for d in rendered["documents"] if d["kind"] == "ConfigMap"]
-    assert set(config_map["data"]) == {"trusted-keys.yaml", "release.pub.pem",
-                                       pin_name("file:///k3a-store")}
+    pin = pin_name("file:///k3a-store")
+    # The pin, and beside it the heads of the store's histories the render saw.
+    assert set(config_map["data"]) == {"trusted-keys.yaml", "release.pub.pem", pin,
+                                       pin.removesuffix(".json") + ".heads.json"}
     assert "intruder" not in json.dumps(config_map)
     invoke("render", tuple_.id, "--target", "eks", "--verify-signature", "--policies",
         str(local), expect=9, env=any_env)
