@@ -38,6 +38,12 @@ import time
 from k3artifacts.settings import load
 
 
+def armed() -> bool:
+    """Whether any point may pause: a caller on a hot path asks once, not at every point
+    (reading the settings costs a few hundred microseconds)."""
+    return bool(load().fault_pause)
+
+
 def pause(point: str, detail: str = "") -> None:
     settings = load()
     spec = settings.fault_pause

@@ -251,14 +251,15 @@ from k3artifacts.errors import UnsafeCacheEntry, VerifyMismatch
 from k3artifacts.loading.share import agree, node_position, node_share
 from k3artifacts.loading.stream import Shard, stream_tensors
 
-rank, init, plan = int(sys.argv[1]), sys.argv[2], json.loads(sys.argv[3])
+rank, init, plan, keep = int(sys.argv[1]), sys.argv[2], json.loads(sys.argv[3]), json.loads(sys.argv[4])
+wanted = None if keep is None else (lambda name: name in keep)
 dist.init_process_group("gloo", init_method=init, rank=rank, world_size=2)
 index, count = node_position(dist.group.WORLD)
 mine = node_share([Shard(s["rel"], Path(s["path"]), s["size"], s["xxh3"]) for s in plan],
                   index, count)
 refusal, names, seen = None, [], {}
 try:
-    names = [n for n, _ in stream_tensors(mine, "cpu", seen=seen)]
+    names = [n for n, _ in stream_tensors(mine, "cpu", wanted=wanted, seen=seen)]
 except VerifyMismatch as exc:
     refusal = exc
 try:
@@ -266,13 +267,18 @@ try:
     print(json.dumps({"hashed": [s.rel for s in mine if s.xxh3_128], "ok": names}))
 except VerifyMismatch as exc:
     print(json.dumps({"hashed": [s.rel for s in mine if s.xxh3_128], "refused": str(exc)}))
+sys.stdout.flush()
+dist.destroy_process_group()  # left to the interpreter's exit, gloo may abort the process
 """
 
 
 def _start_ranks(tmp_path: Path, run: str, shards: list[Shard], k3a_env,
-                 pauses: tuple[str | None, str | None] = (None, None)) -> list[subprocess.Popen]:
-    """Two ranks of one node loading ``shards``; rank r pauses at fault point ``pauses[r]``
-    until ``<tmp_path>/<run>.go<r>`` exists. Their stderr goes to ``<run>.rank<r>.err``."""
+                 pauses: tuple[str | None, str | None] = (None, None),
+                 keeps: tuple[list[str] | None, list[str] | None] = (None, None),
+                 ) -> list[subprocess.Popen]:
+    """Two ranks of one node loading ``shards``; rank r keeps only the tensors ``keeps[r]``
+    names (expert parallel; None: all) and pauses at fault point ``pauses[r]`` until
+    ``<tmp_path>/<run>.go<r>`` exists. Their stderr goes to ``<run>.rank<r>.err``."""
     plan = json.dumps([{"rel": s.rel, "path": str(s.path), "size": s.size, "xxh3": s.xxh3_128}
                        for s in shards])
     init = f"file://{tmp_path / f'{run}.rendezvous'}"
@@ -282,7 +288,8 @@ def _start_ranks(tmp_path: Path, run: str, shards: list[Shard], k3a_env,
         if point is not None:
             env.update(K3A_FAULT_PAUSE=f"{point}:120", K3A_FAULT_RESUME=str(tmp_path / f"{run}.go{r}"))
         with open(tmp_path / f"{run}.rank{r}.err", "w") as err:
-            procs.append(subprocess.Popen([sys.executable, "-c", _RANK, str(r), init, plan],
+            procs.append(subprocess.Popen([sys.executable, "-c", _RANK, str(r), init, plan,
+                                           json.dumps(keeps[r])],
                                           env=env, stdout=subprocess.PIPE, stderr=err, text=True))
     return procs
 
@@ -290,7 +297,8 @@ def _start_ranks(tmp_path: Path, run: str, shards: list[Shard], k3a_env,
 def _finish_ranks(tmp_path: Path, run: str, procs: list[subprocess.Popen]) -> list[dict]:
     outs = [p.communicate(timeout=120)[0] for p in procs]
     assert all(p.returncode == 0 for p in procs), [
-        (tmp_path / f"{run}.rank{r}.err").read_text()[-3000:] for r in range(2)]
+        (p.returncode, out[-2000:], (tmp_path / f"{run}.rank{r}.err").read_text()[-3000:])
+        for r, (p, out) in enumerate(zip(procs, outs, strict=True))]
     return [json.loads(o.strip().splitlines()[-1]) for o in outs]
 
 
@@ -341,21 +349,27 @@ def _replace(path: Path) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("pause_reader", "change", "refusal"), [
-    ("load-file", _rewrite_in_place, "this rank read it unhashed"),
-    ("load-file", _replace, "this rank read it unhashed"),
-    ("load-read", _rewrite_in_place, "while this rank read it"),
-], ids=["rewritten-before-the-read", "replaced-before-the-read", "rewritten-during-the-read"])
+@pytest.mark.parametrize(("pause_reader", "change", "refusal", "experts"), [
+    ("load-file", _rewrite_in_place, "this rank read it unhashed", False),
+    ("load-file", _replace, "this rank read it unhashed", False),
+    ("load-read", _rewrite_in_place, "while this rank read it", False),
+    ("load-file", _rewrite_in_place, "this rank read it unhashed", True),
+], ids=["rewritten-before-the-read", "replaced-before-the-read", "rewritten-during-the-read",
+        "rewritten-before-an-expert-rank-skips-it"])
 def test_a_file_changed_after_its_hashing_rank_hashed_it_is_refused_by_the_rank_reading_it(
-        tmp_path, k3a_env, pause_reader, change, refusal):
+        tmp_path, k3a_env, pause_reader, change, refusal, experts):
     """Rank 0 hashes the file and waits to compare; rank 1, which reads it unhashed, is held
     before its read (``load-file``) or after it, before its closing stat (``load-read``), while
-    the file is changed on the node. Rank 1 refuses naming the file; rank 0 refuses too."""
+    the file is changed on the node. Rank 1 refuses naming the file; rank 0 refuses too.
+    ``experts``: rank 1 needs no tensor of the file, reads only its header and skips it (the
+    header decided that, so it counts as a read)."""
     shards = [_file(tmp_path, f"m{i}.safetensors", {f"t{i}": torch.full((1000 + i,), float(i))})
               for i in range(4)]
     victim = next(s for s in node_share(shards, 0, 2) if s.xxh3_128 is not None)
+    keep = [f"t{i}" for i in range(4) if f"m{i}.safetensors" != victim.rel] if experts else None
     procs = _start_ranks(tmp_path, "run", shards, k3a_env,
-                         pauses=("load-agree", f"{pause_reader}@{victim.rel}"))
+                         pauses=("load-agree", f"{pause_reader}@{victim.rel}"),
+                         keeps=(None, keep))
     errs = [tmp_path / f"run.rank{r}.err" for r in range(2)]
     wait_until(lambda: "paused at load-agree" in errs[0].read_text(),
                "rank 0 to have hashed its files", timeout=90, proc=procs[0])

@@ -31,7 +31,7 @@ import torch
 import xxhash
 
 from k3artifacts.errors import VerifyMismatch
-from k3artifacts.faultpoints import pause
+from k3artifacts.faultpoints import armed, pause
 from k3artifacts.loading.shards import TensorSpan, header_length, parse_header
 from k3artifacts.loading.witness import identity, open_file, settled, unchanged
 from k3artifacts.nodecache.onhand import Identity
@@ -116,8 +116,9 @@ def _none_wanted(fd: int, shard: Shard, wanted: Callable[[str], bool]) -> bool:
 def _load_file(shard: Shard, device: torch.device, read_bytes: int, buffer_bytes: int,
                hashing: bool, wanted: Callable[[str], bool] | None,
                on_bytes: Callable[[int], None] | None,
-               seen: dict[str, Identity] | None) -> Loaded | None:
-    pause("load-file", shard.rel)
+               seen: dict[str, Identity] | None, faults: bool) -> Loaded | None:
+    if faults:
+        pause("load-file", shard.rel)
     fd = open_file(shard.rel, shard.path)
     try:
         shared = seen is not None
@@ -158,7 +159,8 @@ def _load_file(shard: Shard, device: torch.device, read_bytes: int, buffer_bytes
             if on_bytes is not None:
                 on_bytes(n)
         buffers.finish()
-        pause("load-read", shard.rel)
+        if faults:
+            pause("load-read", shard.rel)
         after = unchanged(fd, shard.rel, before, shared=shared)
         if seen is not None:
             seen[shard.rel] = after
@@ -212,6 +214,7 @@ def stream_tensors(
     if read_bytes % _ALIGN or buffer_bytes % read_bytes:
         raise ValueError("read_bytes must be a multiple of 4096 and divide buffer_bytes")
     ahead = max(1, files_in_flight or threads)
+    faults = armed()
     with ThreadPoolExecutor(max_workers=max(1, min(threads, ahead)),
                             thread_name_prefix="k3a-load") as pool:
         pending: list[Future[Loaded | None]] = []
@@ -220,7 +223,8 @@ def stream_tensors(
         def top_up() -> None:
             for shard in queue:
                 pending.append(pool.submit(_load_file, shard, device, read_bytes,
-                                           buffer_bytes, hashing, wanted, on_bytes, seen))
+                                           buffer_bytes, hashing, wanted, on_bytes, seen,
+                                           faults))
                 if len(pending) >= ahead:
                     return
 
