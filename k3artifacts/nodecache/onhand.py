@@ -128,6 +128,16 @@ def hash_on_disk(dirs: Dirs, records: list[FileRecord], *,
     return out
 
 
+def changed_after_hashing(paths: list[str]) -> VerifyMismatch:
+    """The refusal (exit 4) for files that changed after this pull wrote or hashed them."""
+    return VerifyMismatch(
+        f"{', '.join(paths)}: changed in the node cache after this pull wrote or hashed "
+        f"{'it' if len(paths) == 1 else 'them'}, before the revision was sealed; nothing was "
+        "put at the final path",
+        hint="something other than k3a writes the cache's directory as this account (a pod "
+        "sharing its hostPath): find and stop it, then re-run `k3a pull`")
+
+
 def still_as_hashed(st: os.stat_result | None, identity: Identity | None) -> bool:
     """The file at a path is still the one this run hashed there."""
     return (st is not None and identity is not None and stat.S_ISREG(st.st_mode)

@@ -12,11 +12,13 @@ node: the second waits, then finds the first's complete copy):
 3. files are planned: kept when a file at its final name in the partial directory hashes to
    the manifest in this run, hard-linked when another cached revision holds the same sha256
    and the linked bytes hash to the manifest in this run, else fetched (:mod:`.fetch`: ranged
-   reads, hashed as they arrive, resumed part by part, a file whose resumed parts do not
-   verify fetched again whole);
-4. every file is re-checked: a kept or linked one is still the inode hashed, untouched since
-   (ctime), a fetched one is hashed again from the disk (a part hashed as it landed could be
-   rewritten while later parts arrived): a change is an exit-4 refusal naming the files;
+   reads, each part hashed from the buffer it was written from, never read back; resumed
+   part by part, a file whose resumed parts do not verify fetched again whole). The partial
+   directory is this account's alone (0700; one owned by another account, or that others can
+   write, is refused by name): no other account can open a file in it;
+4. every file is re-checked: still the inode this run hashed (or wrote), untouched since
+   (its ctime, which every write, chmod or utime moves): a change is an exit-4 refusal naming
+   the files;
 5. the partial directory gets the manifest and a verified marker, is made read-only and is
    renamed onto ``models/<org>/<name>/<commit>``: the revision appears complete or not at all.
 
@@ -58,6 +60,7 @@ from k3artifacts.nodecache.onhand import (
     Dirs,
     Identity,
     OnDisk,
+    changed_after_hashing,
     hash_on_disk,
     split_path,
     still_as_hashed,
@@ -72,6 +75,9 @@ from k3artifacts.revisions.manifest import (
 from k3artifacts.revisions.refs import match_revision_ref
 from k3artifacts.stores.base import Store
 from k3artifacts.stores.registry import weights_store
+
+#: The partial directory: this account's alone while files are written and hashed in it.
+PARTIAL_MODE = 0o700
 
 
 @dataclass(frozen=True)
@@ -122,6 +128,9 @@ class PullResult:
     #: Bytes already on this node hashed in this run before being kept or linked: for a
     #: revision already here, all of them.
     bytes_rehashed: int = 0
+    #: Bytes fed to xxh3-128 in this run: those re-hashed, and each fetched file once (from
+    #: the buffers it was written from; parts an interrupted run left, from the disk).
+    bytes_hashed: int = 0
     files_fetched: int = 0
     files_linked: int = 0
     files_kept: int = 0
@@ -348,6 +357,7 @@ def _present(target: PullTarget, layout: CacheLayout, repo: Dir, manifest: Shard
         return PullResult(str(rev), target.tuple_id, manifest.digest(),
                           str(layout.final_dir(rev)), len(manifest.files),
                           manifest.total_bytes, bytes_rehashed=check.bytes,
+                          bytes_hashed=check.bytes,
                           files_kept=len(check.good), already_present=True,
                           algorithms=["xxh3-128"])
     shown = "; ".join(check.problems[:5]) + (
@@ -376,9 +386,11 @@ def _pull_locked(target: PullTarget, layout: CacheLayout, tuning: Tuning,
         present = _present(target, layout, repo, manifest, raw, observer)
         if isinstance(present, PullResult):
             return present
-        with repo.sub(partial_name(rev.commit), create=True) as partial:
+        with repo.sub(partial_name(rev.commit), create=True, mode=PARTIAL_MODE) as partial:
+            _own(partial)
             # A run killed after sealing (read-only) and before the rename left it so.
             safefs.make_writable(partial)
+            os.fchmod(partial.fd, PARTIAL_MODE)
             result = _fill(target, layout, repo, partial, manifest, tuning, observer, present)
             _seal(rev, partial, manifest, raw, result)
         st = repo.lstat(rev.commit)
@@ -418,21 +430,25 @@ def _fill(target: PullTarget, layout: CacheLayout, repo: Dir, partial: Dir,
         with ThreadPoolExecutor(1, thread_name_prefix="k3a-linked") as checker:
             checking = checker.submit(hash_on_disk, dirs, [r for r, _ in candidates],
                                       on_bytes=observer.advance)
-            _fetch(target, layout, repo, dirs,
-                   [r for r in missing if r.path not in linked_paths], tuning, observer, result)
+            fetched = _fetch(target, layout, repo, dirs,
+                             [r for r in missing if r.path not in linked_paths], tuning,
+                             observer, result)
             linked = _keep_linked(dirs, candidates, checking.result(), observer)
         result.files_linked = len(linked)
         result.bytes_reused = sum(r.size for r in linked)
         result.bytes_rehashed = result.bytes_resumed + result.bytes_reused
+        result.bytes_hashed += sum(r.size for r in [*unchanged, *on_disk]) + sum(
+            r.size for r, _ in candidates)
         if linked:
             observer.note(f"reused {len(linked)} file(s), {result.bytes_reused:,} bytes, from "
                           "other cached revisions (hard links, hashed in this run)")
         # Linked, but not the manifest's bytes: fetched after all.
         good = {r.path for r in linked}
-        _fetch(target, layout, repo, dirs, [r for r, _ in candidates if r.path not in good],
-               tuning, observer, result)
+        fetched |= _fetch(target, layout, repo, dirs,
+                          [r for r, _ in candidates if r.path not in good], tuning, observer,
+                          result)
         held = {r.path: hashed[r.path] for r in unchanged} | kept.good | {
-            r.path: checking.result().good[r.path] for r in linked}
+            r.path: checking.result().good[r.path] for r in linked} | fetched
         _recheck(dirs, manifest, held)
     finally:
         dirs.close()
@@ -440,23 +456,26 @@ def _fill(target: PullTarget, layout: CacheLayout, repo: Dir, partial: Dir,
 
 
 def _recheck(dirs: Dirs, manifest: ShardManifest, held: dict[str, Identity]) -> None:
-    """Before the seal, every file is still what this run hashed: a kept or linked file the
-    same inode, untouched since (its ctime), and a fetched file hashed once more from the disk:
-    its parts were hashed as they landed, and a part already hashed could be rewritten while
-    later ones arrived (by whoever shares this account on the node). VerifyMismatch (exit 4)
-    names them; the partial revision is left unsealed."""
-    changed = [record.path for record in manifest.files if record.path in held
-               and not still_as_hashed(dirs.lstat(record.path), held[record.path])]
-    fetched = [record for record in manifest.files if record.path not in held]
-    again = hash_on_disk(dirs, fetched)
-    changed += sorted(again.bad)
+    """Before the seal, every file is still what this run hashed: the same inode, untouched
+    since (its ctime: a fetched file's as the fetch left it, after its own last write and
+    rename). VerifyMismatch (exit 4) names the others; the partial revision is left unsealed."""
+    changed = [record.path for record in manifest.files
+               if not still_as_hashed(dirs.lstat(record.path), held.get(record.path))]
     if changed:
-        raise VerifyMismatch(
-            f"{', '.join(changed)}: changed in the node cache after this pull hashed "
-            f"{'it' if len(changed) == 1 else 'them'}, before the revision was sealed; nothing "
-            "was put at the final path",
-            hint="something other than k3a writes the cache's directory as this account (a pod "
-            "sharing its hostPath): find and stop it, then re-run `k3a pull`")
+        raise changed_after_hashing(changed)
+
+
+def _own(partial: Dir) -> None:
+    """The partial directory must be this account's, and no one else's to write: what the
+    fetch writes in it and then hashes from memory is not read back."""
+    st = os.fstat(partial.fd)
+    if st.st_uid != os.geteuid() or stat.S_IMODE(st.st_mode) & 0o022:
+        owner = f"another account's (uid {st.st_uid})" if st.st_uid != os.geteuid() else \
+            f"writable by others (mode {stat.S_IMODE(st.st_mode):o})"
+        raise UnsafeCacheEntry(
+            f"{partial.path} is {owner}; k3a pulls only into a directory this account alone "
+            "can write, and wrote nothing there",
+            hint=f"remove {partial.path} (as its owner or root), then re-run `k3a pull`")
 
 
 def _sort_on_disk(dirs: Dirs, manifest: ShardManifest, hashed: dict[str, Identity]
@@ -512,10 +531,11 @@ def _keep_linked(dirs: Dirs, linked: list[tuple[FileRecord, Revision]], checked:
 
 def _fetch(target: PullTarget, layout: CacheLayout, repo: Dir, dirs: Dirs,
            to_fetch: list[FileRecord], tuning: Tuning, observer: PullObserver,
-           result: PullResult) -> None:
+           result: PullResult) -> dict[str, Identity]:
+    """Fetch ``to_fetch``: each file as its fetch left it at its final name."""
     if not to_fetch:
         result.algorithms = result.algorithms or ["xxh3-128"]
-        return
+        return {}
     rev = target.revision
     places = [(record, *dirs.parent_of(record.path)) for record in to_fetch]
     _check_space(layout, repo, _still_needed(places))
@@ -541,7 +561,9 @@ def _fetch(target: PullTarget, layout: CacheLayout, repo: Dir, dirs: Dirs,
     result.bytes_fetched += totals.bytes_fetched
     result.bytes_resumed += totals.bytes_resumed
     result.bytes_rehashed += totals.bytes_resumed
+    result.bytes_hashed += totals.bytes_hashed
     result.algorithms = ["xxh3-128"] + (["crc64nvme"] if source.checksums else [])
+    return totals.identities
 
 
 def _still_needed(places: list[tuple[FileRecord, Dir, str]]) -> int:
