@@ -8,7 +8,9 @@ node: the second waits, then finds the first's complete copy):
 2. a complete copy already here is hashed against it, every file, in this run (xxh3-128, one
    file per core: :mod:`.onhand`): if every file matches and nothing else is there, it is
    "already here"; otherwise it is moved back to its partial name, the files that matched
-   kept;
+   kept. With ``verified_by_loader`` (the server loads with ``--load-format k3a`` and hashes
+   every weights file as it reads it) the weights files are held to their kind and size only,
+   and a file the loader refused (:mod:`.refusals`) counts as not matching;
 3. files are planned: kept when a file at its final name in the partial directory hashes to
    the manifest in this run, hard-linked when another cached revision holds the same sha256
    and the linked bytes hash to the manifest in this run, else fetched (:mod:`.fetch`: ranged
@@ -47,7 +49,7 @@ from k3artifacts.errors import (
     UnsafeCacheEntry,
     VerifyMismatch,
 )
-from k3artifacts.nodecache import locks, safefs
+from k3artifacts.nodecache import locks, refusals, safefs
 from k3artifacts.nodecache.fetch import Fetcher, FileJob, Tuning, part_name
 from k3artifacts.nodecache.layout import (
     VERIFIED_NAME,
@@ -57,9 +59,11 @@ from k3artifacts.nodecache.layout import (
     partial_name,
 )
 from k3artifacts.nodecache.onhand import (
+    Check,
     Dirs,
     Identity,
     OnDisk,
+    accept_for_loader,
     changed_after_hashing,
     hash_on_disk,
     split_path,
@@ -159,10 +163,11 @@ class _Check:
     good: dict[str, Identity] = field(default_factory=dict)
     problems: list[str] = field(default_factory=list)
     bytes: int = 0
+    hashed: int = 0
 
 
 def _check_copy(layout: CacheLayout, rev: Revision, manifest: ShardManifest, raw: bytes,
-                observer: PullObserver) -> _Check:
+                observer: PullObserver, on_disk: Check) -> _Check:
     """Every file of the complete copy hashed against ``manifest`` (links anywhere refused);
     its ``.k3a`` must hold exactly this manifest's bytes and a marker naming its digest."""
     check = _Check()
@@ -186,10 +191,10 @@ def _check_copy(layout: CacheLayout, rev: Revision, manifest: ShardManifest, raw
         check.problems += _meta_problems(top, manifest, raw)
         dirs = Dirs(top, create=False)
         try:
-            hashed = hash_on_disk(dirs, to_hash, on_bytes=observer.advance)
+            hashed = on_disk(dirs, to_hash, on_bytes=observer.advance)
         finally:
             dirs.close()
-    check.good, check.bytes = hashed.good, hashed.bytes
+    check.good, check.bytes, check.hashed = hashed.good, hashed.bytes, hashed.hashed
     check.problems += [f"{rel}: {why}" for rel, why in sorted(hashed.bad.items())]
     return check
 
@@ -307,7 +312,11 @@ def _disk_errors(layout: CacheLayout, rev: Revision) -> Iterator[None]:
 
 
 def pull(target: PullTarget, root: Path, *, tuning: Tuning | None = None,
-         observer: PullObserver | None = None) -> PullResult:
+         observer: PullObserver | None = None, verified_by_loader: bool = False) -> PullResult:
+    """``verified_by_loader``: the server loads with ``--load-format k3a``, which hashes every
+    file as it reads it; files already on the node are then kept on their kind and size (a
+    link still refused), not re-hashed, except those the loader refused (:mod:`.refusals`),
+    fetched again. Files fetched are hashed as they are written either way."""
     tuning = tuning or Tuning()
     observer = observer or PullObserver()
     layout = CacheLayout(root)
@@ -316,7 +325,7 @@ def pull(target: PullTarget, root: Path, *, tuning: Tuning | None = None,
     with _disk_errors(layout, rev):
         with locks.exclusive(layout, rev, on_wait=lambda: observer.note(
                 f"waiting for another pull of {rev}")):
-            result = _pull_locked(target, layout, tuning, observer)
+            result = _pull_locked(target, layout, tuning, observer, verified_by_loader)
         # The lease file exists before any server starts: `flock -s FILE` on a read-only
         # mount can then open it.
         os.close(layout.open_state("leases", rev, os.O_RDWR | os.O_CREAT))
@@ -343,21 +352,22 @@ def _read_manifest(target: PullTarget) -> tuple[bytes, ShardManifest]:
 
 
 def _present(target: PullTarget, layout: CacheLayout, repo: Dir, manifest: ShardManifest,
-             raw: bytes, observer: PullObserver) -> PullResult | dict[str, Identity]:
-    """The complete copy, if every byte of it hashes to ``manifest`` in this run; else it is
-    moved back to its partial name and the files that did are returned (kept, not re-read)."""
+             raw: bytes, observer: PullObserver, on_disk: Check) -> PullResult | _Check:
+    """The complete copy, if all of it passes ``on_disk`` (every byte hashes to ``manifest``
+    in this run, unless the loader is left to hash them); else it is moved back to its partial
+    name and the check is returned (the files that passed are kept, not re-read)."""
     rev = target.revision
     st = repo.lstat(rev.commit)
     if st is None:
-        return {}
+        return _Check()
     if not stat.S_ISDIR(st.st_mode):
         raise repo.refuse(rev.commit)
-    check = _check_copy(layout, rev, manifest, raw, observer)
+    check = _check_copy(layout, rev, manifest, raw, observer, on_disk)
     if not check.problems:
         return PullResult(str(rev), target.tuple_id, manifest.digest(),
                           str(layout.final_dir(rev)), len(manifest.files),
-                          manifest.total_bytes, bytes_rehashed=check.bytes,
-                          bytes_hashed=check.bytes,
+                          manifest.total_bytes, bytes_rehashed=check.hashed,
+                          bytes_hashed=check.hashed,
                           files_kept=len(check.good), already_present=True,
                           algorithms=["xxh3-128"])
     shown = "; ".join(check.problems[:5]) + (
@@ -374,46 +384,54 @@ def _present(target: PullTarget, layout: CacheLayout, repo: Dir, manifest: Shard
         safefs.make_writable(top)
     repo.replace(rev.commit, repo, partial_name(rev.commit))
     repo.fsync()
-    return check.good
+    return check
 
 
 def _pull_locked(target: PullTarget, layout: CacheLayout, tuning: Tuning,
-                 observer: PullObserver) -> PullResult:
+                 observer: PullObserver, verified_by_loader: bool) -> PullResult:
     rev = target.revision
     raw, manifest = _read_manifest(target)
     observer.planned(manifest.total_bytes, 0)
+    refused = refusals.refused(layout, manifest.digest())
+    for path, why in sorted(refused.items()):
+        observer.note(f"{path}: the verified load refused it ({why}); fetching it again")
+    on_disk = accept_for_loader(refused) if verified_by_loader else hash_on_disk
     with layout.repo_dir(rev, create=True) as repo:
-        present = _present(target, layout, repo, manifest, raw, observer)
+        present = _present(target, layout, repo, manifest, raw, observer, on_disk)
         if isinstance(present, PullResult):
+            refusals.clear(layout, manifest.digest(), set(refused))
             return present
         with repo.sub(partial_name(rev.commit), create=True, mode=PARTIAL_MODE) as partial:
             _own(partial)
             # A run killed after sealing (read-only) and before the rename left it so.
             safefs.make_writable(partial)
             os.fchmod(partial.fd, PARTIAL_MODE)
-            result = _fill(target, layout, repo, partial, manifest, tuning, observer, present)
+            result = _fill(target, layout, repo, partial, manifest, tuning, observer, present,
+                           on_disk)
             _seal(rev, partial, manifest, raw, result)
         st = repo.lstat(rev.commit)
         if st is not None:  # planted while we pulled
             raise repo.refuse(rev.commit)
         repo.replace(partial_name(rev.commit), repo, rev.commit)
         repo.fsync()
+    refusals.clear(layout, manifest.digest(), set(refused))
     return result
 
 
 def _fill(target: PullTarget, layout: CacheLayout, repo: Dir, partial: Dir,
-          manifest: ShardManifest, tuning: Tuning, observer: PullObserver,
-          hashed: dict[str, Identity]) -> PullResult:
+          manifest: ShardManifest, tuning: Tuning, observer: PullObserver, prior: _Check,
+          on_disk: Check) -> PullResult:
     """Every manifest file verified into ``partial``: kept, hard-linked or fetched; each
-    kept or linked file hashed in this run (``hashed``: files this run already hashed, by
-    the identity they had then)."""
+    kept or linked file held to the manifest by ``on_disk`` in this run (``prior``: the
+    complete copy's check, its files by the identity they had then)."""
+    hashed = prior.good
     rev = target.revision
     result = PullResult(str(rev), target.tuple_id, manifest.digest(),
                         str(layout.final_dir(rev)), len(manifest.files), manifest.total_bytes)
     dirs = Dirs(partial, create=True)
     try:
-        unchanged, on_disk = _sort_on_disk(dirs, manifest, hashed)
-        kept = hash_on_disk(dirs, on_disk, on_bytes=observer.advance)
+        unchanged, lying = _sort_on_disk(dirs, manifest, hashed)
+        kept = on_disk(dirs, lying, on_bytes=observer.advance)
         for rel, why in sorted(kept.bad.items()):
             observer.note(f"{partial.path / rel}: {why}; fetching it again")
             parent, name = dirs.parent_of(rel)
@@ -428,7 +446,7 @@ def _fill(target: PullTarget, layout: CacheLayout, repo: Dir, partial: Dir,
         # commit pulls the next one in the longer of the two, not in their sum (at 8 GiB on
         # 16 cores, the 7.5 GB hashed before one 510 MB shard started to arrive).
         with ThreadPoolExecutor(1, thread_name_prefix="k3a-linked") as checker:
-            checking = checker.submit(hash_on_disk, dirs, [r for r, _ in candidates],
+            checking = checker.submit(on_disk, dirs, [r for r, _ in candidates],
                                       on_bytes=observer.advance)
             fetched = _fetch(target, layout, repo, dirs,
                              [r for r in missing if r.path not in linked_paths], tuning,
@@ -436,9 +454,9 @@ def _fill(target: PullTarget, layout: CacheLayout, repo: Dir, partial: Dir,
             linked = _keep_linked(dirs, candidates, checking.result(), observer)
         result.files_linked = len(linked)
         result.bytes_reused = sum(r.size for r in linked)
-        result.bytes_rehashed = result.bytes_resumed + result.bytes_reused
-        result.bytes_hashed += sum(r.size for r in [*unchanged, *on_disk]) + sum(
-            r.size for r, _ in candidates)
+        already = prior.hashed + kept.hashed + checking.result().hashed
+        result.bytes_rehashed += already
+        result.bytes_hashed += already
         if linked:
             observer.note(f"reused {len(linked)} file(s), {result.bytes_reused:,} bytes, from "
                           "other cached revisions (hard links, hashed in this run)")
