@@ -218,7 +218,12 @@ class FileJob:
         return min(self.part_size, self.record.size - idx * self.part_size)
 
     def record_parts(self) -> bool:
-        """Sync the part file and record which parts it holds (the flusher calls this)."""
+        """Sync the part file and record which parts it holds (the flusher calls this).
+
+        The sync and the record are made outside ``file_lock``: writers, which take it for
+        each part, do not wait for the disk. A record written after the file was finished or
+        started over is a stale one, which costs at most a transfer: the record never saves
+        a hash."""
         with self.file_lock:
             if self.fd < 0:
                 return False
@@ -226,13 +231,17 @@ class FileJob:
                 done = sorted(self.on_disk)
             if len(done) == self.recorded:
                 return False
-            os.fdatasync(self.fd)  # the record never claims bytes a power loss takes back
-            self.parent.write_file(
-                self.sidecar, PartsRecord(size=self.record.size, xxh3_128=self.record.xxh3_128,
-                                          part_size=self.part_size, done=done)
-                .model_dump_json().encode(), mode=0o600)
-            self.recorded = len(done)
-            return True
+            fd = os.dup(self.fd)
+        try:
+            os.fdatasync(fd)  # the record never claims bytes a power loss takes back
+        finally:
+            os.close(fd)
+        self.parent.write_file(
+            self.sidecar, PartsRecord(size=self.record.size, xxh3_128=self.record.xxh3_128,
+                                      part_size=self.part_size, done=done)
+            .model_dump_json().encode(), mode=0o600)
+        self.recorded = len(done)
+        return True
 
     def write(self, idx: int, data: memoryview) -> None:
         """Write part ``idx`` from ``data`` (the buffer it is later hashed from)."""
