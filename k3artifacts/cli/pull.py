@@ -54,7 +54,8 @@ root_option = click.option(
     (7, "unknown tuple or revision"),
     (8, "store unreachable, or not enough space / the disk filled (re-run: parts on disk are "
         "kept)"),
-    (9, "a link planted in the cache (named; nothing was written through it)"),
+    (9, "a link planted in the cache (named; nothing was written through it), or an "
+        "unfinished pull's directory that another account owns or others can write"),
 )
 @click.command("pull")
 @click.argument("target")
