@@ -77,6 +77,8 @@ def test_repair_puts_back_the_damaged_file_with_the_same_digest(
     assert resolve_gets(local_hub.hub, mark) == [SHARD]  # ...--repair fetches only the damage
     ok = k3a("verify", f"{REPO}@{commit}", "--full", "--expect-digest", digest)
     assert ok.returncode == 0, ok.stdout + ok.stderr
+    assert re.match(r"ok: \d+ files, [\d,]+ bytes match \(sha256\)\nmanifest digest: "
+                    + digest + "\n$", ok.stdout), ok.stdout
     assert file_or_s3_store.read_manifest(REPO, commit).digest() == digest
 
     nothing = k3a("stage", REPO, "--revision", commit, "--endpoint", local_hub.endpoint,
