@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -52,3 +53,41 @@ def signing_keys(bench: Bench) -> tuple[Path, Path, Path]:
     (policies / "signing" / "trusted-keys.yaml").write_text(json.dumps(
         {"schema_version": 1, "keys": {"bench": "release.pub.pem"}}))
     return private, public, policies
+
+
+def k3a_json(bench: Bench, *args: str) -> dict:
+    """``k3a ARGS --json`` in the bench's environment; its JSON answer."""
+    out = subprocess.run([sys.executable, "-m", "k3artifacts", *args, "--json"], env=bench.env,
+                         capture_output=True, text=True)
+    if out.returncode != 0:
+        raise RuntimeError(f"k3a {' '.join(args[:2])} failed ({out.returncode}): "
+                           f"{out.stderr[-2000:]}")
+    return json.loads(out.stdout)
+
+
+def trusting_policy(bench: Bench, store_url: str) -> Path:
+    """A signing key, and the store's policy trusting it and requiring signatures on
+    production (as the shipped policy does): a figure runs the whole trust path. The store's
+    first use, as the bench's own identity (its key, in the bench's home, becomes the root)."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    from k3artifacts.bundled import POLICIES
+
+    where = bench.fresh("policy-keys")
+    private = ec.generate_private_key(ec.SECP256R1())
+    key = where / "bench.pem"
+    key.write_bytes(private.private_bytes(serialization.Encoding.PEM,
+                                          serialization.PrivateFormat.PKCS8,
+                                          serialization.NoEncryption()))
+    policies = where / "policies"
+    shutil.copytree(POLICIES, policies)
+    shutil.rmtree(policies / "signing")
+    (policies / "signing" / "keys").mkdir(parents=True)
+    (policies / "signing" / "keys" / "bench.pub.pem").write_bytes(private.public_key().public_bytes(
+        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo))
+    (policies / "signing" / "trusted-keys.yaml").write_text(
+        "schema_version: 1\nkeys: {bench: keys/bench.pub.pem}\n"
+        "channels: {production: {required: true}}\n")
+    k3a_json(bench, "policy", "init", "--from", str(policies), "--store", store_url)
+    return key
