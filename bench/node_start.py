@@ -40,6 +40,7 @@ import json
 import os
 import shlex
 import sys
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -148,7 +149,9 @@ def _setup(bench: Bench, opts, vllm_python: str) -> tuple[Node, str, str]:
     """The staged, signed revision, its two tuples, and the node holding it."""
     files = tiny_llama(bench, opts.node_size, opts.node_shards)
     commit = bench.publish_on_hub(REPO, files)
-    store = bench.fresh("node-start-store")
+    # A new store path each run: the bench's home remembers what it verified of a store at a
+    # path, and would take a fresh one there for a store set back.
+    store = bench.fresh(f"node-start-store-{uuid.uuid4().hex[:8]}")
     store_url = f"file://{store}"
     with bench.hub() as endpoint:
         stage_child(bench, endpoint, store_url, repo_id=REPO, workers=opts.workers)
