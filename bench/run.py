@@ -108,9 +108,6 @@ def main(argv: list[str] | None = None) -> int:
                    help="node-start figure: shards of those weights (default 4)")
     p.add_argument("--node-runs", type=int, default=1,
                    help="node-start figure: alternating rounds of both paths (fastest kept)")
-    p.add_argument("--node-pull-args", default="",
-                   help="node-start figure: extra arguments of the k3a path's `k3a pull`, as "
-                   "one string (--node-pull-args='--flag ...')")
     p.add_argument("--vllm-python", default=None,
                    help="node-start figure: the interpreter that has vLLM (default: the "
                    "checkout's .venv-vllm/bin/python)")
@@ -158,7 +155,7 @@ def main(argv: list[str] | None = None) -> int:
                    load_runs=args.load_runs, load_threads=args.load_threads,
                    history_delay_ms=args.history_delay_ms,
                    node_size=args.node_size, node_shards=args.node_shards,
-                   node_runs=args.node_runs, node_pull_args=args.node_pull_args,
+                   node_runs=args.node_runs,
                    vllm_python=args.vllm_python,
                    eval_first_token_ms=args.eval_first_token_ms,
                    baseline_code=None if args.baseline_code is None

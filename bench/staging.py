@@ -52,7 +52,6 @@ class Options:
     node_size: int = 1 << 30
     node_shards: int = 4
     node_runs: int = 1
-    node_pull_args: str = ""
     vllm_python: str | None = None
 
 
