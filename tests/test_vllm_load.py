@@ -146,6 +146,15 @@ def test_k3a_load_format_matches_vllm_and_refuses_each_tampering(
         path.write_text(json.dumps(raw))
         truncate(d)  # the edited manifest agrees with the truncated shard
 
+    # The repair loop of a node that serves with the k3a load format: its pull leaves the
+    # weights to vLLM's hash, vLLM records the file it refuses, the next pull fetches it.
+    repair = tmp_path / "repair"
+    run_process("pull", good.id, "--store", store_url, "--to", str(repair), "-q", "--json",
+                "--verified-by-loader", env=k3a_env, cmd=k3a_cmd, timeout=300)
+    repair_node = repair / "models" / REPO / commit
+    flip(repair_node)
+    refused_dir = repair / ".k3a-cache" / "refused"
+
     k3a = {"tuple": good.id, "store": store_url}
     cases = [
         {"model": str(node), "load_format": "auto"},
@@ -158,6 +167,8 @@ def test_k3a_load_format_matches_vllm_and_refuses_each_tampering(
          "extra": {"tuple": untrusted.id, "store": store_url}},
         {"model": str(case("writable", lambda d: os.chmod(d, 0o775))), "load_format": "k3a",
          "extra": k3a},
+        {"model": str(repair_node), "load_format": "k3a",
+         "extra": {**k3a, "refusals": str(refused_dir)}},
     ]
     (tmp_path / "cases.json").write_text(json.dumps(cases))
     env = dict(k3a_env, VLLM_ENABLE_V1_MULTIPROCESSING="0", VLLM_NO_USAGE_STATS="1",
@@ -166,13 +177,14 @@ def test_k3a_load_format_matches_vllm_and_refuses_each_tampering(
                            str(tmp_path / "results.json")], cwd=REPO_ROOT, env=env,
                           capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-4000:]
-    default, k3a_ok, flipped, truncated, swapped, edited, untrusted_out, writable = [
+    (default, k3a_ok, flipped, truncated, swapped, edited, untrusted_out, writable,
+     refused) = [
         json.loads(line) for line in (tmp_path / "results.json").read_text().splitlines()]
 
     assert len(default["tokens"]) == 8
     assert k3a_ok == default  # the same tokens as vLLM's own loader
     assert shards[1] in flipped["error"] and "xxh3-128" in flipped["error"]
-    assert "VerifyMismatch" in flipped["error"] and "tokens" not in flipped
+    assert "FileRefused" in flipped["error"] and "tokens" not in flipped  # a VerifyMismatch
     assert shards[2] in truncated["error"] and "signed manifest says" in truncated["error"]
     assert any(t in swapped["error"] for t in twins) and "xxh3-128" in swapped["error"]
     assert "manifest.json" in edited["error"] and "expected" in edited["error"]
@@ -180,6 +192,18 @@ def test_k3a_load_format_matches_vllm_and_refuses_each_tampering(
     assert "signed by an untrusted key" in untrusted_out["error"]
     # Another account could put a file in place of one: refused before a weight byte is read.
     assert "writable by other accounts" in writable["error"] and "tokens" not in writable
+
+    assert shards[1] in refused["error"] and "tokens" not in refused
+    (record,) = [json.loads(p.read_text()) for p in refused_dir.iterdir()]
+    assert record["path"] == shards[1] and record["manifest_digest"] == manifest.digest()
+    assert "xxh3-128" in record["reason"]
+    again = run_process("pull", good.id, "--store", store_url, "--to", str(repair), "-q",
+                        "--json", "--verified-by-loader", env=k3a_env, cmd=k3a_cmd,
+                        timeout=300).json
+    assert again["files_fetched"] == 1
+    assert again["bytes_fetched"] == (node / shards[1]).stat().st_size
+    assert (repair_node / shards[1]).read_bytes() == (node / shards[1]).read_bytes()
+    assert list(refused_dir.iterdir()) == []
 
 
 def _file(tmp_path: Path, name: str, tensors: dict) -> Shard:

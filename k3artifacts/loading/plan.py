@@ -24,13 +24,11 @@ from k3artifacts.loading.witness import check_directory
 from k3artifacts.policy.signing_keys import trusted_keys
 from k3artifacts.releases.signatures import check_tuple_signature
 from k3artifacts.releases.tuples import TupleStore
-from k3artifacts.revisions.manifest import FileRecord
+from k3artifacts.revisions.manifest import is_weights
 from k3artifacts.signing.verify import verify_signed_revision
 from k3artifacts.stores.base import Store
 from k3artifacts.stores.verify import verify_revision
 
-#: What vLLM reads of a safetensors checkpoint (``*.safetensors`` beside its config).
-SAFETENSORS = ".safetensors"
 INDEX = "model.safetensors.index.json"
 
 
@@ -42,10 +40,6 @@ class LoadPlan:
     manifest_digest: str
     #: The weights files vLLM loads, in its order, each with the signed xxh3-128.
     shards: list[Shard]
-
-
-def is_weights(record: FileRecord) -> bool:
-    return "/" not in record.path and record.path.endswith(SAFETENSORS)
 
 
 def _natural(name: str) -> list:

@@ -86,7 +86,10 @@ def agree(refusal: K3AError | None, group, shards: list[Shard],
     if refusal is not None:
         raise refusal
     differing = _differing(accounts)
-    for rank, rel, read, hashed_as in differing:
+    refused = [f"rank {rank}: {a.refused}" for rank, a in enumerate(accounts) if a.refused]
+    # A rank that refused stopped reading: the files it had yet to hash have no identity to
+    # compare with, so its refusal, not a difference, is what every other rank reports.
+    for rank, rel, read, hashed_as in [] if refused else differing:
         if rank == here:
             raise VerifyMismatch(
                 f"{rel}: this rank read it unhashed as {describe(read)}; the rank of this node "
@@ -94,9 +97,8 @@ def agree(refusal: K3AError | None, group, shards: list[Shard],
                 "between or during the reads",
                 hint="restore the node's copy (`k3a pull` the tuple again) and restart the "
                 "server; nothing was served")
-    why = [f"rank {rank}: {a.refused}" for rank, a in enumerate(accounts) if a.refused] + [
-        f"rank {rank}: {rel} was written or replaced between or during the reads"
-        for rank, rel, _, _ in differing]
+    why = refused or [f"rank {rank}: {rel} was written or replaced between or during the reads"
+                      for rank, rel, _, _ in differing]
     if why:
         raise VerifyMismatch(
             "another rank of this server refused the weights it hashed or read; this rank's "

@@ -44,6 +44,16 @@ _ALIGN = 4096
 MAX_HEAD_PEEK = 1 << 20
 
 
+class FileRefused(VerifyMismatch):
+    """A file of the copy that is not the signed one: ``rel``, and ``why`` (its digests or its
+    size), which a node cache records for its next pull (:mod:`k3artifacts.nodecache.refusals`)."""
+
+    def __init__(self, rel: str, why: str, *, hint: str):
+        super().__init__(f"{rel}: {why}", hint=hint)
+        self.rel = rel
+        self.why = why
+
+
 @dataclass(frozen=True)
 class Shard:
     """One file to load: where it is, what the signed manifest says of it."""
@@ -125,8 +135,8 @@ def _load_file(shard: Shard, device: torch.device, read_bytes: int, buffer_bytes
         before = settled(fd, shard.rel) if shared else identity(fd)
         size = before.size
         if size != shard.size:
-            raise VerifyMismatch(
-                f"{shard.rel}: {size} bytes on disk, the signed manifest says {shard.size}",
+            raise FileRefused(
+                shard.rel, f"{size} bytes on disk, the signed manifest says {shard.size}",
                 hint="the node's copy is truncated or replaced; `k3a pull` the tuple again")
         if shard.xxh3_128 is None and wanted is not None and _none_wanted(fd, shard, wanted):
             # Skipped on the strength of a header read unhashed: witnessed like a whole read.
@@ -167,8 +177,8 @@ def _load_file(shard: Shard, device: torch.device, read_bytes: int, buffer_bytes
     finally:
         os.close(fd)
     if digest is not None and digest.hexdigest() != shard.xxh3_128:
-        raise VerifyMismatch(
-            f"{shard.rel}: xxh3-128 {digest.hexdigest()}, the signed manifest says "
+        raise FileRefused(
+            shard.rel, f"xxh3-128 {digest.hexdigest()}, the signed manifest says "
             f"{shard.xxh3_128}",
             hint="the node's copy differs from the signed revision; nothing was served. "
             "`k3a pull` the tuple again, or restore the file from a trusted store")
