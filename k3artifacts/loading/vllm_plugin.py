@@ -51,7 +51,7 @@ def register() -> None:
     from vllm.model_executor.model_loader.default_loader import DefaultModelLoader
     from vllm.model_executor.model_loader.ep_weight_filter import should_skip_weight
 
-    from k3artifacts.errors import VerifyMismatch
+    from k3artifacts.errors import UnsafeCacheEntry, VerifyMismatch
     from k3artifacts.loading.plan import plan_load
     from k3artifacts.loading.share import agree, node_position, node_share
     from k3artifacts.loading.stream import FileRefused, stream_tensors
@@ -82,12 +82,15 @@ def register() -> None:
                 (lambda name: not should_skip_weight(name, experts))
             device = (torch.device("cuda", torch.cuda.current_device())
                       if torch.cuda.is_available() else torch.device("cpu"))
+            share = node_share(plan.shards, index, count)
+            # Alone on its node a rank hashes every byte it reads: no identity to compare.
+            seen = {} if count > 1 else None
             refusal = None
             try:
                 model.load_weights(stream_tensors(
-                    node_share(plan.shards, index, count), device, threads=cfg.threads,
-                    files_in_flight=cfg.files_in_flight, wanted=wanted))
-            except VerifyMismatch as exc:
+                    share, device, threads=cfg.threads, files_in_flight=cfg.files_in_flight,
+                    wanted=wanted, seen=seen))
+            except (VerifyMismatch, UnsafeCacheEntry) as exc:
                 refusal = exc
                 if isinstance(exc, FileRefused) and cfg.refusals is not None:
                     try:
@@ -96,4 +99,4 @@ def register() -> None:
                     except OSError as err:  # the refusal stands; only the repair is lost
                         log.warning("recording the refusal of %s in %s: %s", exc.rel,
                                     cfg.refusals, err)
-            agree(refusal, group)
+            agree(refusal, group, share, seen or {})
