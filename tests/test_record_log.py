@@ -143,3 +143,41 @@ def test_a_log_entry_that_drops_a_record_is_refused(any_store, any_env, reviewed
                      expect=4)
     assert f"refused (edit): entry #{link.seq} of {where.name} does not keep every record" \
         in refused.stderr, refused.stderr
+
+
+@pytest.mark.parametrize("signed_by", ["promote", "refresh"])
+def test_a_fresh_client_is_held_to_the_log_head_the_freshness_head_names(
+        any_store, any_env, reviewed, tmp_path, signed_by):
+    """alice's promotion (she holds `freshness`), or `k3a trust refresh`, re-signs the store's
+    freshness head naming the tuple's record log head; bob then deletes a review with its log
+    entry and sets the log back: a client that never read the log refuses it too."""
+    release, alice = reviewed
+    where = layout(release.id)
+    if signed_by == "promote":
+        invoke("promote", release.id, "staging", env=alice)
+    else:
+        invoke("trust", "refresh", env=alice)
+    named = json.loads(any_store.read("releases/trust/freshness.json").data)["body"]["records"]
+    assert named[release.id]["seq"] == 3
+    entries = any_store.list_keys(where.entries_prefix)
+    newest = json.loads(any_store.read(entries[-1]).data)["body"]["entry"]["records"][-1]
+    remove(any_store, newest["key"])
+    remove(any_store, entries[-1])
+    any_store.replace(where.pointer_key, any_store.read(entries[-2]).data,
+                      any_store.read(where.pointer_key).token)
+    refused = invoke("gates", release.id, "staging", env=fresh_reader(any_env, tmp_path),
+                     expect=4)
+    assert f"{where.pointer_key}: refused (rewound): {where.name}: this client verified #3 " \
+        in refused.stderr, refused.stderr
+    assert "in the store's signed freshness head" in refused.stderr
+
+
+def test_a_refresh_refuses_a_log_whose_pointer_was_removed(any_store, any_env, reviewed):
+    """bob removes the pointer of the tuple's record log, its entries left: `k3a trust refresh`
+    names that log refused instead of leaving it out of the heads it verifies."""
+    release, alice = reviewed
+    where = layout(release.id)
+    remove(any_store, where.pointer_key)
+    refused = invoke("trust", "refresh", env=alice, expect=4)
+    assert f"{where.pointer_key}: refused (rewound): {where.name} has no head, but its log " \
+           "holds entries" in refused.stderr, refused.stderr

@@ -17,7 +17,9 @@ another's record is refused (``edit``). A reader walks only what is new since th
 verified before (kept beside its pin: :mod:`k3artifacts.trust.heads`), so a log set back
 behind it (the entry and the record both deleted) is refused as a rewind
 (:class:`~k3artifacts.errors.HistoryRewound`); a fresh reader walks the log from its start (a
-tuple gathers tens of records, not thousands).
+tuple gathers tens of records, not thousands) and is held to the head the store's signed
+freshness head names for it (:mod:`k3artifacts.policy.freshness`: a promotion names the moved
+tuple's, ``k3a trust refresh`` every tuple's).
 
 An entry is signed by an identity holding the role of the kind of record it adds
 (:data:`~k3artifacts.policy.signed.KIND_ROLES`) in the policy in force, as the record is.
@@ -37,11 +39,12 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from k3artifacts.errors import Conflict, RecordMissing, UntrustedRecord
 from k3artifacts.policy.actor import Acting
+from k3artifacts.policy.freshness import not_behind
 from k3artifacts.policy.signed import KIND_ROLES, RecordTrust, record_trust
 from k3artifacts.releases.tuples import TUPLE_ID, check_tuple_id
 from k3artifacts.stores.records import RecordStore
 from k3artifacts.trust import heads
-from k3artifacts.trust.chain import Chain, ChainLayout, append, verify_chain
+from k3artifacts.trust.chain import Chain, ChainLayout, Mark, append, verify_chain
 from k3artifacts.trust.identities import Keyring
 
 LOG_PREFIX = "releases/records/"
@@ -95,6 +98,8 @@ def _verified(store: RecordStore, tuple_id: str, trust: RecordTrust) -> Chain[Lo
     chain = verify_chain(store, where, LogEntry, keyring=_signers(trust), roles=None,
                          checkpoint_keyring=Keyring({}),
                          last_seen=heads.seen(store.url, where.name))
+    not_behind(where.name, where.pointer_key, trust.record_logs.get(tuple_id), chain.mark,
+               {e.seq: e.digest for e in chain.entries})
     before: list[LoggedRecord] | None = None
     for e in chain.entries:
         records = e.entry.records
@@ -108,6 +113,26 @@ def _verified(store: RecordStore, tuple_id: str, trust: RecordTrust) -> Chain[Lo
         before = records
     heads.remember(store.url, where.name, chain.mark)
     return chain
+
+
+def logged_tuples(store: RecordStore) -> list[str]:
+    """The tuples that have a record log's pointer or entries: one whose pointer is gone while
+    its entries are there is listed, for its reader to refuse, never left out."""
+    ids = set()
+    for key in store.list_keys(LOG_PREFIX):
+        rest = key[len(LOG_PREFIX):]
+        tuple_id, slash, _ = rest.partition("/")
+        tuple_id = tuple_id if slash else tuple_id.removesuffix(".json")
+        if (slash or rest.endswith(".json")) and TUPLE_ID.match(tuple_id):
+            ids.add(tuple_id)
+    return sorted(ids)
+
+
+def head_mark(store: RecordStore, tuple_id: str, *,
+              trust: RecordTrust | None = None) -> Mark | None:
+    """The head of the tuple's record log, verified (None: no log): what the store's
+    freshness head names for it."""
+    return _verified(store, tuple_id, trust or record_trust(store)).mark
 
 
 def logged(store: RecordStore, tuple_id: str, *,
