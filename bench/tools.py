@@ -44,6 +44,7 @@ def signing_keys(bench: Bench) -> tuple[Path, Path, Path]:
     private.write_bytes(key.private_bytes(serialization.Encoding.PEM,
                                           serialization.PrivateFormat.PKCS8,
                                           serialization.NoEncryption()))
+    private.chmod(0o600)  # a key others can read is refused, as ssh refuses one
     policies = root / "policies"
     (policies / "signing").mkdir(parents=True)
     public = policies / "signing" / "release.pub.pem"

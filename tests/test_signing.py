@@ -16,9 +16,9 @@ import pytest
 import xxhash
 import yaml
 from cryptography.hazmat.primitives import serialization
-from cryptography.hazmat.primitives.asymmetric import ec, rsa
+from cryptography.hazmat.primitives.asymmetric import ec, ed25519, rsa
 
-from k3artifacts.errors import AlreadyExists, ConfigError
+from k3artifacts.errors import AlreadyExists, ConfigError, NotFound
 from k3artifacts.policy.document import PolicyDocument
 from k3artifacts.promotion.gates.signature import signature_gate
 from k3artifacts.releases.signatures import (
@@ -29,10 +29,10 @@ from k3artifacts.releases.signatures import (
 )
 from k3artifacts.releases.tuples import tuple_key
 from k3artifacts.revisions.manifest import FileRecord, LicenseRecord, ShardManifest
-from k3artifacts.signing.keys import load_signer
 from k3artifacts.signing.revision import SIGNATURE_REL, sign_revision
 from k3artifacts.signing.verify import verify_signed_revision
 from k3artifacts.stores.file import FileStore
+from k3artifacts.trust.keys import release_signer
 from tests.conftest import REPO_ROOT
 from tests.fixtures.moves import use_policy
 from tests.fixtures.softhsm import SOFTHSM
@@ -52,6 +52,7 @@ def _write_key(path: Path, curve: ec.EllipticCurve) -> Path:
     path.write_bytes(key.private_bytes(serialization.Encoding.PEM,
                                        serialization.PrivateFormat.PKCS8,
                                        serialization.NoEncryption()))
+    path.chmod(0o600)  # a key others can read is refused, as ssh refuses one
     path.with_suffix(".pub.pem").write_bytes(key.public_key().public_bytes(
         serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo))
     return path
@@ -120,7 +121,7 @@ def _upstream_verify(directory: Path, public_key: Path) -> subprocess.CompletedP
 
 def _signed_release(releases: Releases, keys: dict[str, Path], key: str = "release"):
     manifest = releases.publish(code={"modeling_k3.py": b"class K3: pass\n"})
-    signer = load_signer(str(keys[key]))
+    signer = release_signer(str(keys[key]))
     sign_revision(releases.store, manifest.repo_id, manifest.commit, signer)
     release = releases.tuple_for(manifest)
     sign_tuple(releases.store, release.id, signer)
@@ -298,10 +299,10 @@ def test_missing_signatures_are_refused_and_only_where_required(releases, keys, 
     assert not gate.passed and ".k3a/model.sig: missing" in gate.reason
     assert signature_gate(releases.store, release, "staging", keys_in(policies)).passed
     sign_revision(releases.store, manifest.repo_id, manifest.commit,
-                  load_signer(str(keys["release384"])))
+                  release_signer(str(keys["release384"])))
     gate = signature_gate(releases.store, release, "production", keys_in(policies))
     assert not gate.passed and f"{signature_key(release.id)}: missing" in gate.reason
-    sign_tuple(releases.store, release.id, load_signer(str(keys["release384"])))
+    sign_tuple(releases.store, release.id, release_signer(str(keys["release384"])))
     gate = signature_gate(releases.store, release, "production", keys_in(policies))
     assert gate.passed, gate.reason
 
@@ -332,12 +333,25 @@ def test_bad_signing_keys_are_refused_clearly(tmp_path):
     rsa_key.write_bytes(rsa.generate_private_key(65537, 2048).private_bytes(
         serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
         serialization.NoEncryption()))
-    with pytest.raises(ConfigError, match="not ECDSA P-256 or P-384"):
-        load_signer(str(rsa_key))
-    with pytest.raises(ConfigError, match="No such file"):
-        load_signer(str(tmp_path / "absent.pem"))
+    rsa_key.chmod(0o600)
+    with pytest.raises(ConfigError, match="not ed25519, ECDSA P-256 or ECDSA P-384"):
+        release_signer(str(rsa_key))
+    with pytest.raises(NotFound, match="no identity key at"):
+        release_signer(str(tmp_path / "absent.pem"))
+    ed = tmp_path / "ed25519.pem"
+    ed.write_bytes(ed25519.Ed25519PrivateKey.generate().private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+        serialization.NoEncryption()))
+    ed.chmod(0o600)
+    with pytest.raises(ConfigError, match="is ed25519: a release is signed by an ECDSA"):
+        release_signer(str(ed))
+    readable = tmp_path / "readable.pem"
+    readable.write_bytes(ed.read_bytes())
+    readable.chmod(0o644)
+    with pytest.raises(ConfigError, match="can be read or written by other accounts"):
+        release_signer(str(readable))
     with pytest.raises(ConfigError, match="PKCS#11"):
-        load_signer("pkcs11:token=release;object=k3a")
+        release_signer("pkcs11:token=release;object=k3a")
 
 
 def _rchar() -> int:
@@ -372,7 +386,7 @@ def test_signing_reads_no_weight_byte(shard_size, file_store, keys, tmp_path):
                              license=LicenseRecord(path=None, sha256=None, text=None),
                              remote_code=[], total_bytes=4 * shard_size)
     writer.commit(manifest)
-    signer = load_signer(str(keys["release"]))
+    signer = release_signer(str(keys["release"]))
     before = _rchar()
     signed = sign_revision(file_store, "moonshotai/Kimi-K3", "c" * 40, signer)
     read = _rchar() - before
@@ -392,7 +406,7 @@ def test_sign_and_verify_on_every_store(store, keys, policies, tmp_path):
     assert signature_gate(store, release, "production", keys_in(policies)).passed
     with pytest.raises(AlreadyExists):
         sign_revision(store, manifest.repo_id, manifest.commit,
-                      load_signer(str(keys["release384"])))
+                      release_signer(str(keys["release384"])))
 
 
 def test_signed_verification_hashes_with_verify_s_per_core_default(releases, keys, policies):
@@ -404,7 +418,7 @@ def test_signed_verification_hashes_with_verify_s_per_core_default(releases, key
     files = {f"part-{i:02d}.bin": bytes([i]) * (4 << 20) for i in range(16)}
     manifest = releases.publish(extra=files)
     sign_revision(releases.store, manifest.repo_id, manifest.commit,
-                  load_signer(str(keys["release"])))
+                  release_signer(str(keys["release"])))
     directory = _revision_dir(releases.store, manifest)
     trusted = keys_in(policies)().for_channel("production")
 
@@ -431,6 +445,7 @@ def test_k3a_stage_signs_at_publication(local_hub, tmp_path, keys, policies, k3a
 
     commit = local_hub.hub.add_commit(REPO, small_release(tmp_path))
     store = FileStore(tmp_path / "staged")
+    # The deprecated variable still signs, until its removal, and says so once.
     env = dict(k3a_env, K3A_SIGNING_KEY=str(keys["release"]))
     staged = subprocess.run(
         [*k3a_cmd, "stage", REPO, "--store", store.url, "--endpoint", local_hub.endpoint,
@@ -438,6 +453,9 @@ def test_k3a_stage_signs_at_publication(local_hub, tmp_path, keys, policies, k3a
         env=env, capture_output=True, text=True, timeout=300,
     )
     assert staged.returncode == 0, staged.stderr
+    notice = ("K3A_SIGNING_KEY is deprecated and read until k3artifacts 0.3.0 (2027-06-30): "
+              "set K3A_IDENTITY_KEY")
+    assert staged.stderr.count(notice) == 1, staged.stderr
     result = json.loads(staged.stdout)
     assert result["signature"] == f"models/{REPO}/{commit}/{SIGNATURE_REL}"
     directory = store.local_path(f"models/{REPO}/{commit}")
@@ -451,7 +469,7 @@ def test_stage_refuses_a_bad_signing_key_before_downloading(local_hub, tmp_path)
     from tests.staging_helpers import REPO, run_stage, small_release
 
     local_hub.hub.add_commit(REPO, small_release(tmp_path))
-    with pytest.raises(ConfigError, match="signing key"):
+    with pytest.raises(NotFound, match="no identity key at .*missing.pem"):
         run_stage(local_hub.endpoint, FileStore(tmp_path / "s"), tmp_path / "q",
                   signing_key=str(tmp_path / "missing.pem"))
     assert not [r for r in local_hub.hub.requests if "/resolve/" in r.url]
@@ -472,7 +490,7 @@ def test_eks_init_container_checks_signatures_before_vllm(
 
     p = published_revision
     use_policy(p.store, policies)
-    signer = load_signer(str(keys["release"]))
+    signer = release_signer(str(keys["release"]))
     sign_revision(p.store, p.repo_id, p.commit, signer)
     release = make(p)
     sign_tuple(p.store, release.id, signer)
@@ -544,7 +562,7 @@ def test_pkcs11_key_signs_revision_and_tuple(softhsm_uri, releases, policies, tm
     policy["channels"]["production"]["keys"].append("hsm")
     policy_file.write_text(yaml.safe_dump(policy))
 
-    signer = load_signer(uri)
+    signer = release_signer(uri)
     assert "1234" not in signer.source
     manifest = releases.publish()
     sign_revision(releases.store, manifest.repo_id, manifest.commit, signer)
@@ -557,4 +575,4 @@ def test_pkcs11_key_signs_revision_and_tuple(softhsm_uri, releases, policies, tm
     upstream = _upstream_verify(_revision_dir(releases.store, manifest), public)
     assert upstream.returncode == 0, upstream.stdout + upstream.stderr
     with pytest.raises(ConfigError, match="PKCS#11 key pkcs11:token=nope"):
-        load_signer(f"pkcs11:token=nope;object=k3a?module-path={SOFTHSM}&pin-value=1234")
+        release_signer(f"pkcs11:token=nope;object=k3a?module-path={SOFTHSM}&pin-value=1234")

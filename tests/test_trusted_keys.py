@@ -13,8 +13,8 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
 from k3artifacts.releases.signatures import sign_tuple
-from k3artifacts.signing.keys import load_signer
 from k3artifacts.signing.revision import sign_revision
+from k3artifacts.trust.keys import release_signer
 from k3artifacts.trust.pins import pin_name
 from tests.conftest import REPO_ROOT
 from tests.fixtures.moves import use_policy
@@ -51,7 +51,7 @@ def test_a_trusted_key_in_a_local_directory_is_ignored(any_store, any_env, tmp_p
     local = _policies(tmp_path / "local-policy", "intruder", intruder)
     tuple_ = Releases(any_store, tmp_path / "scratch").release()
     w = tuple_.binding.weights
-    signer = load_signer(str(intruder))
+    signer = release_signer(str(intruder))
     sign_revision(any_store, w.repo_id, w.commit, signer)
     sign_tuple(any_store, tuple_.id, signer)
     pointed = dict(any_env, K3A_POLICIES=str(local))

@@ -21,7 +21,8 @@ from k3artifacts.errors import ConfigError
 from k3artifacts.nodecache import locks
 from k3artifacts.nodecache.layout import CacheLayout
 from k3artifacts.policy.signed import record_trust
-from k3artifacts.signing.keys import KeySigner
+from k3artifacts.signing.keys import ReleaseSigner
+from k3artifacts.trust.keys import FileSigner
 from k3artifacts.warm import prewarm
 from k3artifacts.warm.claim import AlreadyCaptured
 from k3artifacts.warm.model import artifact_key, gpu_slug
@@ -135,13 +136,13 @@ def test_an_unsigned_artifact_never_blocks_a_signed_capture(captured, tmp_path):
         capture_as(None)
     assert not refused.value.usable and "(unsigned: " in str(refused.value)
     with pytest.raises(AlreadyCaptured):  # ...nor one signed by a key the channel distrusts
-        capture_as(KeySigner(other_key, "other"))
-    done = capture_as(KeySigner(trusted_key, "release"))
+        capture_as(ReleaseSigner(FileSigner(other_key, "other")))
+    done = capture_as(ReleaseSigner(FileSigner(trusted_key, "release")))
     assert done.replaced and done.replaced.startswith("unsigned: ")
     used = prewarm.fetch(store, release, tmp_path / "b", gpu=GPU, trust=strict)
     assert used.ok, used.line()
     with pytest.raises(AlreadyCaptured) as stands:  # now the first one stands
-        capture_as(KeySigner(trusted_key, "release"))
+        capture_as(ReleaseSigner(FileSigner(trusted_key, "release")))
     assert stands.value.usable
 
 
@@ -173,6 +174,7 @@ def test_if_absent_accepts_only_what_the_channel_would_use(captured, tmp_path, p
     key_file.write_bytes(key.private_bytes(serialization.Encoding.PEM,
                                            serialization.PrivateFormat.PKCS8,
                                            serialization.NoEncryption()))
+    key_file.chmod(0o600)
     (policies / "signing" / "keys").mkdir()
     (policies / "signing" / "keys" / "release.pub.pem").write_bytes(key.public_key().public_bytes(
         serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo))

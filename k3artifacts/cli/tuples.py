@@ -22,6 +22,7 @@ from k3artifacts.errors import ConfigError, TamperedRecord
 
 if TYPE_CHECKING:
     from k3artifacts.releases.tuples import ReleaseTuple
+    from k3artifacts.signing.keys import KeyReference
 
 
 def _summary(release: ReleaseTuple) -> dict:
@@ -97,7 +98,7 @@ def tuple_create(
     fsx_dns_name: str | None,
     fsx_mount_name: str | None,
     fsx_mounted_at: str | None,
-    signing_key: str | None,
+    signing_key: KeyReference | None,
     store_url: str,
     as_json: bool,
 ) -> None:

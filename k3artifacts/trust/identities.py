@@ -40,9 +40,9 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from k3artifacts.errors import ConfigError, plain_validation_errors
+from k3artifacts.signing.keys import Pkcs11Signer
 from k3artifacts.trust.keys import (
     KmsSigner,
-    Pkcs11RecordSigner,
     PublicKey,
     RecordSigner,
     key_id,
@@ -111,7 +111,7 @@ class KeyEntry(_Strict):
         """The entry naming ``signer``'s public key, and where a KMS or HSM key lives."""
         return cls(pem=public_pem(signer.public_key),
                    kms=signer.arn if isinstance(signer, KmsSigner) else None,
-                   pkcs11=signer.source if isinstance(signer, Pkcs11RecordSigner) else None)
+                   pkcs11=signer.source if isinstance(signer, Pkcs11Signer) else None)
 
 
 def check_unique_keys(owners: Iterable[tuple[str, KeyEntry]]) -> None:
