@@ -3,7 +3,6 @@ signing key pair."""
 
 from __future__ import annotations
 
-import json
 import shutil
 import sys
 from pathlib import Path
@@ -34,9 +33,13 @@ def hf_argv() -> list[str] | None:
 
 
 def signing_keys(bench: Bench) -> tuple[Path, Path, Path]:
-    """A fresh P-256 key, and a policies directory trusting its public half."""
+    """A fresh P-256 key, its public half, and a policies directory whose identity
+    ``bench-release`` holds it with the release role."""
     from cryptography.hazmat.primitives import serialization
     from cryptography.hazmat.primitives.asymmetric import ec
+
+    from k3artifacts.policy.document import IDENTITIES_FILE
+    from k3artifacts.trust.identities import Identities, Identity, KeyEntry, identities_yaml
 
     root = bench.fresh("signing-keys")
     key = ec.generate_private_key(ec.SECP256R1())
@@ -46,10 +49,10 @@ def signing_keys(bench: Bench) -> tuple[Path, Path, Path]:
                                           serialization.NoEncryption()))
     private.chmod(0o600)  # a key others can read is refused, as ssh refuses one
     policies = root / "policies"
-    (policies / "signing").mkdir(parents=True)
-    public = policies / "signing" / "release.pub.pem"
+    policies.mkdir()
+    public = root / "release.pub.pem"
     public.write_bytes(key.public_key().public_bytes(
         serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo))
-    (policies / "signing" / "trusted-keys.yaml").write_text(json.dumps(
-        {"schema_version": 1, "keys": {"bench": "release.pub.pem"}}))
+    (policies / IDENTITIES_FILE).write_text(identities_yaml(Identities(identities={
+        "bench-release": Identity(roles=["release"], keys=[KeyEntry.of(key.public_key())])})))
     return private, public, policies

@@ -96,6 +96,14 @@ def _signing(bench: Bench, store) -> Path:
     from cryptography.hazmat.primitives.asymmetric import ec
 
     from k3artifacts.bundled import POLICIES
+    from k3artifacts.policy.document import IDENTITIES_FILE
+    from k3artifacts.trust.identities import (
+        Identities,
+        Identity,
+        KeyEntry,
+        ReleaseChannel,
+        identities_yaml,
+    )
 
     where = bench.fresh("warm-keys")
     private = ec.generate_private_key(ec.SECP256R1())
@@ -105,13 +113,10 @@ def _signing(bench: Bench, store) -> Path:
                                           serialization.NoEncryption()))
     policies = where / "policies"
     shutil.copytree(POLICIES, policies)
-    shutil.rmtree(policies / "signing")
-    (policies / "signing" / "keys").mkdir(parents=True)
-    (policies / "signing" / "keys" / "bench.pub.pem").write_bytes(private.public_key().public_bytes(
-        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo))
-    (policies / "signing" / "trusted-keys.yaml").write_text(
-        "schema_version: 1\nkeys: {bench: keys/bench.pub.pem}\n"
-        "channels: {production: {required: true}}\n")
+    (policies / IDENTITIES_FILE).write_text(identities_yaml(Identities(
+        identities={"bench-release": Identity(roles=["release"],
+                                              keys=[KeyEntry.of(private.public_key())])},
+        release_channels={"production": ReleaseChannel(required=True)})))
     # The store's first use, as the bench's own identity (its key, in the bench's home).
     _k3a(bench, "policy", "init", "--from", str(policies), "--store", store.url)
     return key

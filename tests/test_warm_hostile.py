@@ -13,7 +13,6 @@ import sys
 from pathlib import Path
 
 import pytest
-import yaml
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
@@ -28,7 +27,7 @@ from k3artifacts.warm.claim import AlreadyCaptured
 from k3artifacts.warm.model import artifact_key, gpu_slug
 from k3artifacts.warm.node import _lock_rev, list_warm
 from k3artifacts.warm.trust import WarmTrust
-from tests.fixtures.moves import use_policy
+from tests.fixtures.moves import trust_release_keys, use_policy
 from tests.fixtures.people import person
 from tests.support.cli import invoke
 from tests.test_warm import GPU, OPEN, _capture, a_release_and_its_caches
@@ -175,12 +174,11 @@ def test_if_absent_accepts_only_what_the_channel_would_use(captured, tmp_path, p
                                            serialization.PrivateFormat.PKCS8,
                                            serialization.NoEncryption()))
     key_file.chmod(0o600)
-    (policies / "signing" / "keys").mkdir()
-    (policies / "signing" / "keys" / "release.pub.pem").write_bytes(key.public_key().public_bytes(
+    public = tmp_path / "release.pub.pem"
+    public.write_bytes(key.public_key().public_bytes(
         serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo))
-    (policies / "signing" / "trusted-keys.yaml").write_text(yaml.safe_dump({
-        "schema_version": 1, "keys": {"release": "keys/release.pub.pem"},
-        "channels": {"production": {"required": True, "keys": ["release"]}}}))
+    trust_release_keys(policies, {"release": public},
+                       {"production": {"required": True, "identities": ["release"]}})
     use_policy(store, policies)
     env = {**os.environ, "K3A_STORE": store.url}
     env.pop("K3A_SIGNING_KEY", None)

@@ -289,7 +289,7 @@ class RenderTarget(click.ParamType):
     is_flag=True,
     help="eks: the init container checks the tuple's and the revision's signatures before the "
     "bytes, with the keys the store's signed policy in force trusts, verified under the root "
-    "this client pins (rendered into a ConfigMap with the signing policy as it is now). A "
+    "this client pins (rendered into a ConfigMap with the release identities as they are now). A "
     "profile with --load-format=k3a needs it (vLLM checks them, and the bytes as it loads: no "
     "init container), on eks and eks-node-cache.",
 )

@@ -181,7 +181,7 @@ class CapturePlan:
     jobs: tuple[_Job, ...]
     #: Who captures, with the key the manifest's record is signed with.
     by: Acting
-    #: A release key whose signature the channel's signing policy may ask for, besides.
+    #: A release key whose signature the channel's release rule may ask for, besides.
     signer: ReleaseSigner | None
     #: The channel's rule for what stands at the key (:mod:`.claim`); None: whatever is there.
     trust: WarmTrust | None
