@@ -206,7 +206,7 @@ def test_migrate_makes_release_keys_of_trusted_keys_yaml_identities(any_store, a
 
     dry = invoke("trust", "migrate", "--dry-run", "--json", env=any_env).json
     (step,) = dry["families"]["release keys"]
-    assert step.startswith("propose policy v1") and "(release-2026, " in step
+    assert step.startswith("propose version 1 (") and "(release-2026, " in step
     invoke("trust", "migrate", env=any_env)
     policy = in_force(any_store)
     assert not [rel for rel in policy.document.files if rel.startswith("signing/")]

@@ -79,12 +79,12 @@ def test_a_first_policy_naming_only_a_release_key_names_its_seeder_beside_it(any
     the release identity signs releases, not records, so the seeder is named beside it (with
     every role but release), and both count as the policy says."""
     release_key = _key(tmp_path / "release.pem")
+    tuple_ = Releases(any_store, tmp_path / "scratch").release()
     invoke("policy", "init", "--from", str(_policies(tmp_path / "p", "release", release_key)),
            env=any_env)
     named = in_force(any_store).document.identities
     assert named.identities["release"].roles == ["release"]
     assert named.identities[ME].roles == list(SEEDED_ROLES)
-    tuple_ = Releases(any_store, tmp_path / "scratch").release()
     invoke("sign", tuple_.id, "--signing-key", str(release_key), env=any_env)
     w = tuple_.binding.weights
     invoke("sign", f"{w.repo_id}@{w.commit}", "--signing-key", str(release_key), env=any_env)
@@ -93,10 +93,12 @@ def test_a_first_policy_naming_only_a_release_key_names_its_seeder_beside_it(any
     assert "release" in verified.stdout
 
 
-def test_a_policy_directory_still_trusting_keys_the_old_way_is_refused_by_name(any_env,
+def test_a_policy_directory_still_trusting_keys_the_old_way_is_refused_by_name(any_store,
+                                                                              any_env,
                                                                               tmp_path):
     """A policy directory with signing/trusted-keys.yaml (a copy made before release keys
     were identities) is refused where it is read, naming where its keys go now."""
+    Releases(any_store, tmp_path / "scratch").release()
     where = _policies(tmp_path / "p", "release", _key(tmp_path / "release.pem"))
     (where / "signing").mkdir()
     (where / "signing" / "trusted-keys.yaml").write_text("schema_version: 1\nkeys: {}\n")
