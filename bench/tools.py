@@ -3,7 +3,9 @@ signing key pair."""
 
 from __future__ import annotations
 
+import json
 import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -32,27 +34,70 @@ def hf_argv() -> list[str] | None:
     return [sys.executable, "-m", "huggingface_hub.cli.hf"]
 
 
-def signing_keys(bench: Bench) -> tuple[Path, Path, Path]:
-    """A fresh P-256 key, its public half, and a policies directory whose identity
-    ``bench-release`` holds it with the release role."""
+def _new_key(private: Path) -> bytes:
+    """A fresh P-256 key written (PEM) to ``private``; its public half, PEM."""
     from cryptography.hazmat.primitives import serialization
     from cryptography.hazmat.primitives.asymmetric import ec
 
-    from k3artifacts.policy.document import IDENTITIES_FILE
-    from k3artifacts.trust.identities import Identities, Identity, KeyEntry, identities_yaml
-
-    root = bench.fresh("signing-keys")
     key = ec.generate_private_key(ec.SECP256R1())
-    private = root / "release.pem"
     private.write_bytes(key.private_bytes(serialization.Encoding.PEM,
                                           serialization.PrivateFormat.PKCS8,
                                           serialization.NoEncryption()))
     private.chmod(0o600)  # a key others can read is refused, as ssh refuses one
+    return key.public_key().public_bytes(serialization.Encoding.PEM,
+                                         serialization.PublicFormat.SubjectPublicKeyInfo)
+
+
+def _release_identity(public_pem: bytes, channels: dict[str, dict] | None = None) -> str:
+    """An identities.yaml naming the key ``bench-release``, holding the release role, with
+    ``channels`` its release rules."""
+    from k3artifacts.trust.identities import Identities, Identity, KeyEntry, identities_yaml
+
+    return identities_yaml(Identities.model_validate({
+        "identities": {"bench-release": Identity(roles=["release"],
+                                                 keys=[KeyEntry(pem=public_pem.decode())])},
+        "release_channels": channels or {}}))
+
+
+def signing_keys(bench: Bench) -> tuple[Path, Path, Path]:
+    """A fresh P-256 key, its public half, and a policies directory whose identity
+    ``bench-release`` holds it with the release role."""
+    from k3artifacts.policy.document import IDENTITIES_FILE
+
+    root = bench.fresh("signing-keys")
+    private = root / "release.pem"
+    public_pem = _new_key(private)
+    public = root / "release.pub.pem"
+    public.write_bytes(public_pem)
     policies = root / "policies"
     policies.mkdir()
-    public = root / "release.pub.pem"
-    public.write_bytes(key.public_key().public_bytes(
-        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo))
-    (policies / IDENTITIES_FILE).write_text(identities_yaml(Identities(identities={
-        "bench-release": Identity(roles=["release"], keys=[KeyEntry.of(key.public_key())])})))
+    (policies / IDENTITIES_FILE).write_text(_release_identity(public_pem))
     return private, public, policies
+
+
+def k3a_json(bench: Bench, *args: str) -> dict:
+    """``k3a ARGS --json`` in the bench's environment; its JSON answer."""
+    out = subprocess.run([sys.executable, "-m", "k3artifacts", *args, "--json"], env=bench.env,
+                         capture_output=True, text=True)
+    if out.returncode != 0:
+        raise RuntimeError(f"k3a {' '.join(args[:2])} failed ({out.returncode}): "
+                           f"{out.stderr[-2000:]}")
+    return json.loads(out.stdout)
+
+
+def trusting_policy(bench: Bench, store_url: str) -> Path:
+    """A signing key, and the store's policy trusting it and requiring signatures on
+    production (as the shipped policy does): a figure runs the whole trust path. The store's
+    first use, as the bench's own identity (its key, in the bench's home, becomes the root)."""
+    from k3artifacts.bundled import POLICIES
+    from k3artifacts.policy.document import IDENTITIES_FILE
+
+    where = bench.fresh("policy-keys")
+    key = where / "bench.pem"
+    public_pem = _new_key(key)
+    policies = where / "policies"
+    shutil.copytree(POLICIES, policies)
+    (policies / IDENTITIES_FILE).write_text(
+        _release_identity(public_pem, {"production": {"required": True}}))
+    k3a_json(bench, "policy", "init", "--from", str(policies), "--store", store_url)
+    return key
