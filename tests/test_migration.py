@@ -15,6 +15,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from k3artifacts.canonical import canonical_json
 from k3artifacts.errors import UntrustedRecord
 from k3artifacts.migration.registry import MIGRATORS
+from k3artifacts.migration.release_keys import migrated
 from k3artifacts.policy.actor import Actor
 from k3artifacts.policy.document import SIGNING_FILE, PolicyDocument
 from k3artifacts.policy.record import (
@@ -29,6 +30,7 @@ from k3artifacts.policy.record import (
 )
 from k3artifacts.releases.channels import ChannelPointer, HistoryEntry, history, history_key
 from k3artifacts.releases.channels import pointer_key as channel_key
+from k3artifacts.trust.identities import Identities, Identity, KeyEntry, identities_yaml
 from k3artifacts.trust.pins import load_pin
 from k3artifacts.trust.root import root_key
 from tests.fixtures import people
@@ -217,3 +219,31 @@ def test_migrate_makes_release_keys_of_trusted_keys_yaml_identities(any_store, a
                       env=any_env)
     assert "release-2026" in verified.stdout
     assert "nothing to migrate" in invoke("trust", "migrate", env=any_env).stdout
+
+
+def test_a_migrated_release_key_joins_its_holder_or_takes_a_free_name(policies):
+    """One key is one identity: a trusted key some identity already holds gives that identity
+    the release role; a key whose name an identity of another key has is named by its key
+    id; the channel rule names whichever identity each key became."""
+    held, named_after = (ec.generate_private_key(ec.SECP256R1()).public_key() for _ in range(2))
+    pem = {name: key.public_bytes(serialization.Encoding.PEM,
+                                  serialization.PublicFormat.SubjectPublicKeyInfo).decode()
+           for name, key in (("held", held), ("rita", named_after))}
+    someone_else = people.signer_of("rita")
+    document = PolicyDocument.from_dir(policies).with_file("identities.yaml", identities_yaml(
+        Identities(identities={
+            "ops": Identity(roles=["review"], keys=[KeyEntry.of(held)]),
+            "rita": Identity(roles=["review"], keys=[KeyEntry.for_signer(someone_else)]),
+            "rita-release": Identity(roles=["review"], keys=[
+                KeyEntry.for_signer(people.signer_of("rita-release"))])})))
+    for name, text in pem.items():
+        document = document.with_file(f"signing/keys/{name}.pem", text)
+    document = document.with_file(SIGNING_FILE, "schema_version: 1\nkeys: {held: keys/held.pem, "
+                                  "rita: keys/rita.pem}\nchannels: {production: {keys: [held, "
+                                  "rita]}}\n")
+    after = migrated(document).identities
+    by_id = f"release-{KeyEntry.of(named_after).id}"
+    assert after.identities["ops"].roles == ["review", "release"]
+    assert after.identities[by_id].roles == ["release"]
+    assert after.identities["rita"].roles == ["review"]
+    assert after.release_channels["production"].identities == sorted(["ops", by_id])

@@ -94,12 +94,18 @@ def migrated(document: PolicyDocument) -> PolicyDocument:
     for key_name, entry in keys.items():
         name = owner.get(entry.id)
         if name is None:
-            name = key_name if key_name not in identities else f"{key_name}-release"
-            if not IDENTITY_NAME.match(name) or name in identities:
+            # The key's own name where it is free; else one no person would have chosen.
+            free = [n for n in (key_name, f"{key_name}-release", f"release-{entry.id}")
+                    if IDENTITY_NAME.match(n) and n not in identities]
+            if not free:
                 raise ConfigError(
                     f"{document.label} {SIGNING_FILE}: key {key_name!r} cannot be named as an "
-                    f"identity ({name!r} is taken or not a name)",
-                    hint="rename the key in trusted-keys.yaml by a policy change, then migrate")
+                    f"identity (every name tried is taken: {key_name}, {key_name}-release, "
+                    f"release-{entry.id})",
+                    hint="migrate it by hand: `k3a policy show --out DIR`, add the key to "
+                    "DIR/identities.yaml with the release role under a free name, remove "
+                    "DIR/signing, then `k3a policy propose DIR` (docs/guides/signing.md)")
+            name = free[0]
             identities[name] = Identity(about=f"release key {key_name} (migrated from "
                                         f"{SIGNING_FILE})", roles=["release"], keys=[entry])
         elif "release" not in identities[name].roles:
