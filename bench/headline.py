@@ -77,7 +77,7 @@ class _Sides:
         leg = Leg()
         os.sync()
         # Signed as it is published (`k3a stage --signing-key`): from the digests just
-        # computed, in the same process (K3A_SIGNING_KEY does the same for any `k3a stage`).
+        # computed, in the same process.
         staged, child = stage_child(self.bench, self.hub, self.k3a_url, repo_id=REPO,
                                     workers=self.opts.workers, revision=commit,
                                     extra_env=self.env,

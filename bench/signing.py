@@ -20,7 +20,7 @@ from .tools import signing_keys
 _SIGN_CHILD = """
 import json, sys, time
 from pathlib import Path
-from k3artifacts.signing.keys import load_signer
+from k3artifacts.trust.keys import release_signer
 from k3artifacts.signing.revision import sign_revision
 from k3artifacts.stores.registry import open_store
 
@@ -30,7 +30,7 @@ def rchar():
             return int(line.split()[1])
 
 store = open_store(sys.argv[1])
-signer = load_signer(sys.argv[4])
+signer = release_signer(sys.argv[4])
 before, t = rchar(), time.perf_counter()
 signed = sign_revision(store, sys.argv[2], sys.argv[3], signer)
 seconds, read = time.perf_counter() - t, rchar() - before

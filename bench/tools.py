@@ -43,21 +43,35 @@ def _new_key(private: Path) -> bytes:
     private.write_bytes(key.private_bytes(serialization.Encoding.PEM,
                                           serialization.PrivateFormat.PKCS8,
                                           serialization.NoEncryption()))
+    private.chmod(0o600)  # a key others can read is refused, as ssh refuses one
     return key.public_key().public_bytes(serialization.Encoding.PEM,
                                          serialization.PublicFormat.SubjectPublicKeyInfo)
 
 
+def _release_identity(public_pem: bytes, channels: dict[str, dict] | None = None) -> str:
+    """An identities.yaml naming the key ``bench-release``, holding the release role, with
+    ``channels`` its release rules."""
+    from k3artifacts.trust.identities import Identities, Identity, KeyEntry, identities_yaml
+
+    return identities_yaml(Identities.model_validate({
+        "identities": {"bench-release": Identity(roles=["release"],
+                                                 keys=[KeyEntry(pem=public_pem.decode())])},
+        "release_channels": channels or {}}))
+
+
 def signing_keys(bench: Bench) -> tuple[Path, Path, Path]:
-    """A fresh P-256 key, and a policies directory trusting its public half."""
+    """A fresh P-256 key, its public half, and a policies directory whose identity
+    ``bench-release`` holds it with the release role."""
+    from k3artifacts.policy.document import IDENTITIES_FILE
+
     root = bench.fresh("signing-keys")
     private = root / "release.pem"
     public_pem = _new_key(private)
-    policies = root / "policies"
-    (policies / "signing").mkdir(parents=True)
-    public = policies / "signing" / "release.pub.pem"
+    public = root / "release.pub.pem"
     public.write_bytes(public_pem)
-    (policies / "signing" / "trusted-keys.yaml").write_text(json.dumps(
-        {"schema_version": 1, "keys": {"bench": "release.pub.pem"}}))
+    policies = root / "policies"
+    policies.mkdir()
+    (policies / IDENTITIES_FILE).write_text(_release_identity(public_pem))
     return private, public, policies
 
 
@@ -76,17 +90,14 @@ def trusting_policy(bench: Bench, store_url: str) -> Path:
     production (as the shipped policy does): a figure runs the whole trust path. The store's
     first use, as the bench's own identity (its key, in the bench's home, becomes the root)."""
     from k3artifacts.bundled import POLICIES
+    from k3artifacts.policy.document import IDENTITIES_FILE
 
     where = bench.fresh("policy-keys")
     key = where / "bench.pem"
     public_pem = _new_key(key)
     policies = where / "policies"
     shutil.copytree(POLICIES, policies)
-    shutil.rmtree(policies / "signing")
-    (policies / "signing" / "keys").mkdir(parents=True)
-    (policies / "signing" / "keys" / "bench.pub.pem").write_bytes(public_pem)
-    (policies / "signing" / "trusted-keys.yaml").write_text(
-        "schema_version: 1\nkeys: {bench: keys/bench.pub.pem}\n"
-        "channels: {production: {required: true}}\n")
+    (policies / IDENTITIES_FILE).write_text(
+        _release_identity(public_pem, {"production": {"required": True}}))
     k3a_json(bench, "policy", "init", "--from", str(policies), "--store", store_url)
     return key

@@ -255,21 +255,25 @@ class Settings(BaseModel):
     # ---- signing, registries, endpoints ----------------------------------------------------
     signing_key: str | None = var(
         "K3A_SIGNING_KEY", "Credentials",
-        "Key to sign revisions and tuples with: a PEM file (ECDSA P-256/P-384) or a "
-        "`pkcs11:` URI. `--signing-key` overrides it.")
+        "Deprecated, read until k3artifacts 0.3.0 (2027-06-30), with a notice: the key "
+        "`--signing-key` stands for when not given. Pass `--signing-key`, or set "
+        "`K3A_IDENTITY_KEY` to the key (`k3a sign` signs with it).")
     signing_key_password: SecretStr | None = var(
-        "K3A_SIGNING_KEY_PASSWORD", "Credentials", "Passphrase of an encrypted PEM signing key.")
+        "K3A_SIGNING_KEY_PASSWORD", "Credentials",
+        "Deprecated, read until k3artifacts 0.3.0 (2027-06-30), with a notice: the passphrase "
+        "of the `--signing-key` file where `K3A_IDENTITY_KEY_PASSWORD` is unset.")
     identity_key: str | None = var(
         "K3A_IDENTITY_KEY", "Credentials",
-        "Key this process signs its records with (reviews, approvals, evidence, moves, policy "
-        "and root changes): a PEM private key file (ed25519, ECDSA P-256/P-384, not readable by "
+        "Key this process signs with: its records (reviews, approvals, evidence, moves, policy "
+        "and root changes) and, with `k3a sign`, releases (an ECDSA key of an identity holding "
+        "the release role). A PEM private key file (ed25519, ECDSA P-256/P-384, not readable by "
         "others), `kms:KEY` (an AWS KMS ECC_NIST_P256 signing key: id, ARN or alias) or a "
         "`pkcs11:` URI. Whose key it is decides who acted (docs/policy-and-identity.md).",
         shown="this account's personal key, `$XDG_CONFIG_HOME/k3artifacts/keys/personal.pem` "
         "(`k3a key create`)")
     identity_key_password: SecretStr | None = var(
         "K3A_IDENTITY_KEY_PASSWORD", "Credentials",
-        "Passphrase of an encrypted PEM identity key (`K3A_IDENTITY_KEY`).")
+        "Passphrase of an encrypted PEM key: `K3A_IDENTITY_KEY`'s, or `--signing-key`'s.")
     registry_username: str | None = var(
         "K3A_REGISTRY_USERNAME", "Credentials",
         "User for the container registry when k3a resolves an image tag to its digest; used "

@@ -9,12 +9,15 @@ import json
 from datetime import UTC, datetime, timedelta
 
 import pytest
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ec
 
 from k3artifacts.canonical import canonical_json
 from k3artifacts.errors import UntrustedRecord
 from k3artifacts.migration.registry import MIGRATORS
+from k3artifacts.migration.release_keys import migrated
 from k3artifacts.policy.actor import Actor
-from k3artifacts.policy.document import PolicyDocument
+from k3artifacts.policy.document import SIGNING_FILE, PolicyDocument
 from k3artifacts.policy.record import (
     POINTER_KEY,
     LegacyPointer,
@@ -22,12 +25,15 @@ from k3artifacts.policy.record import (
     change_key,
     changes,
     in_force,
+    seed,
     store_document,
 )
 from k3artifacts.releases.channels import ChannelPointer, HistoryEntry, history, history_key
 from k3artifacts.releases.channels import pointer_key as channel_key
+from k3artifacts.trust.identities import Identities, Identity, KeyEntry, identities_yaml
 from k3artifacts.trust.pins import load_pin
 from k3artifacts.trust.root import root_key
+from tests.fixtures import people
 from tests.fixtures.any_store import overwrite
 from tests.fixtures.people import ME
 from tests.support.cli import invoke
@@ -171,3 +177,73 @@ def test_migrate_re_signs_evidence_written_before_signing(any_store, any_env, po
     overwrite(any_store, key, canonical_json(record))
     with pytest.raises(UntrustedRecord, match="tampered"):
         read_signed(any_store, key, REVIEWS)
+
+
+def test_migrate_makes_release_keys_of_trusted_keys_yaml_identities(any_store, any_env,
+                                                                    policies, tmp_path):
+    """A policy in force that still trusts a release key by signing/trusted-keys.yaml: its
+    release signatures are checked against nothing (refused, naming `k3a trust migrate`)
+    until the migration makes the key an identity holding the release role and the channel
+    rule a release_channels rule; a signature the key made before then verifies as it did."""
+    key = ec.generate_private_key(ec.SECP256R1())
+    private = tmp_path / "release.pem"
+    private.write_bytes(key.private_bytes(serialization.Encoding.PEM,
+                                          serialization.PrivateFormat.PKCS8,
+                                          serialization.NoEncryption()))
+    private.chmod(0o600)
+    public = key.public_key().public_bytes(serialization.Encoding.PEM,
+                                           serialization.PublicFormat.SubjectPublicKeyInfo)
+    document = PolicyDocument.from_dir(policies).with_file(
+        SIGNING_FILE, "schema_version: 1\nkeys: {release-2026: keys/release-2026.pub.pem}\n"
+        "channels: {production: {required: true, keys: [release-2026]}}\n").with_file(
+        "signing/keys/release-2026.pub.pem", public.decode())
+    seed(any_store, document, acting=people.seeder(ME))
+    release = Releases(any_store, tmp_path / "scratch").release()
+    weights = release.binding.weights
+    invoke("sign", f"{weights.repo_id}@{weights.commit}", "--signing-key", str(private),
+           env=any_env)
+    invoke("sign", release.id, "--signing-key", str(private), env=any_env)
+    refused = invoke("verify", "--signature", release.id, expect=9, env=any_env)
+    assert SIGNING_FILE in refused.stderr and "k3a trust migrate" in refused.stderr
+
+    dry = invoke("trust", "migrate", "--dry-run", "--json", env=any_env).json
+    (step,) = dry["families"]["release keys"]
+    assert step.startswith("propose version 1 (") and "(release-2026, " in step
+    invoke("trust", "migrate", env=any_env)
+    policy = in_force(any_store)
+    assert not [rel for rel in policy.document.files if rel.startswith("signing/")]
+    named = policy.document.identities
+    assert named.identities["release-2026"].roles == ["release"]
+    assert named.release_channels["production"].identities == ["release-2026"]
+    verified = invoke("verify", "--signature", release.id, "--channel", "production",
+                      env=any_env)
+    assert "release-2026" in verified.stdout
+    assert "nothing to migrate" in invoke("trust", "migrate", env=any_env).stdout
+
+
+def test_a_migrated_release_key_joins_its_holder_or_takes_a_free_name(policies):
+    """One key is one identity: a trusted key some identity already holds gives that identity
+    the release role; a key whose name an identity of another key has is named by its key
+    id; the channel rule names whichever identity each key became."""
+    held, named_after = (ec.generate_private_key(ec.SECP256R1()).public_key() for _ in range(2))
+    pem = {name: key.public_bytes(serialization.Encoding.PEM,
+                                  serialization.PublicFormat.SubjectPublicKeyInfo).decode()
+           for name, key in (("held", held), ("rita", named_after))}
+    someone_else = people.signer_of("rita")
+    document = PolicyDocument.from_dir(policies).with_file("identities.yaml", identities_yaml(
+        Identities(identities={
+            "ops": Identity(roles=["review"], keys=[KeyEntry.of(held)]),
+            "rita": Identity(roles=["review"], keys=[KeyEntry.for_signer(someone_else)]),
+            "rita-release": Identity(roles=["review"], keys=[
+                KeyEntry.for_signer(people.signer_of("rita-release"))])})))
+    for name, text in pem.items():
+        document = document.with_file(f"signing/keys/{name}.pem", text)
+    document = document.with_file(SIGNING_FILE, "schema_version: 1\nkeys: {held: keys/held.pem, "
+                                  "rita: keys/rita.pem}\nchannels: {production: {keys: [held, "
+                                  "rita]}}\n")
+    after = migrated(document).identities
+    by_id = f"release-{KeyEntry.of(named_after).id}"
+    assert after.identities["ops"].roles == ["review", "release"]
+    assert after.identities[by_id].roles == ["release"]
+    assert after.identities["rita"].roles == ["review"]
+    assert after.release_channels["production"].identities == sorted(["ops", by_id])

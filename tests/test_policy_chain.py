@@ -11,6 +11,7 @@ from collections.abc import Callable
 
 import pytest
 import yaml
+from cryptography.hazmat.primitives.asymmetric import ec
 
 from k3artifacts.canonical import canonical_json
 from k3artifacts.errors import UntrustedRecord
@@ -31,7 +32,7 @@ from k3artifacts.policy.record import (
 from k3artifacts.trust import rotation
 from k3artifacts.trust.chain import Link
 from k3artifacts.trust.envelope import sign_record
-from k3artifacts.trust.identities import Identity, KeyEntry, identities_yaml
+from k3artifacts.trust.identities import Identity, KeyEntry, ReleaseChannel, identities_yaml
 from k3artifacts.trust.pins import require_pin
 from tests.fixtures import people
 from tests.fixtures.any_store import overwrite, remove
@@ -73,21 +74,25 @@ def identities(change: Callable[[dict], None]) -> Callable[[PolicyDocument], Pol
         named = dict(document.identities.identities)
         change(named)
         return document.with_file("identities.yaml", identities_yaml(
-            type(document.identities)(identities=named)))
+            document.identities.model_copy(update={"identities": named})))
     return edit
 
 
-def signing(text: str, key: str | None = None) -> Callable[[PolicyDocument], PolicyDocument]:
+def release_rule(**rule: object) -> Callable[[PolicyDocument], PolicyDocument]:
+    """The document with production's release rule ``rule``."""
     def edit(document: PolicyDocument) -> PolicyDocument:
-        files = {**document.files, "signing/trusted-keys.yaml": text}
-        if key:
-            files["signing/keys/extra.pub.pem"] = key
-        return PolicyDocument.parse_files(files, where="test")
+        return document.with_file("identities.yaml", identities_yaml(
+            document.identities.model_copy(update={"release_channels": {
+                "production": ReleaseChannel.model_validate(rule)}})))
     return edit
 
 
-EXTRA_KEY = KeyEntry.for_signer(people.signer_of("extra-ecdsa-holder")).pem
-_SIGNED = "schema_version: 1\nkeys: {}\nchannels: {production: {required: true}}\n"
+#: One key for every call: a change is built twice (proposed, then compared with what applied).
+RELEASE_KEY = KeyEntry.of(ec.generate_private_key(ec.SECP256R1()).public_key())
+
+
+def _release_key(named: dict) -> None:
+    named["release"] = Identity(roles=["release"], keys=[RELEASE_KEY])
 
 
 def _role_back(named: dict) -> None:
@@ -140,10 +145,10 @@ LOOSENING = [
         roles=n["rita"].roles, keys=[*n["rita"].keys, KeyEntry.for_signer(
             people.signer_of("rita-laptop"))])))),
     ("roles", identities(_role_less), identities(_role_back)),
-    ("signing policy", signing(_SIGNED),
-     signing("schema_version: 1\nkeys: {}\nchannels: {production: {required: false}}\n")),
-    ("signing keys", None,
-     signing("schema_version: 1\nkeys: {extra: keys/extra.pub.pem}\nchannels: {}\n", EXTRA_KEY)),
+    ("release rule", release_rule(required=True), release_rule(required=False)),
+    ("release bytes", release_rule(required=True), release_rule(required=True,
+                                                                verify_bytes=False)),
+    ("release identity", release_rule(required=True), identities(_release_key)),
 ]
 
 

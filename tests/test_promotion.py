@@ -214,7 +214,7 @@ def test_reviews_are_idempotent_create_once_records_in_the_store(store, releases
     assert code_again.recorded == [] and len(code_again.already_reviewed) == 1
     # Nothing but the fixture's own policy files in policies/: the reviews are store records.
     assert sorted(p.name for p in policies.rglob("*.yaml")) == [
-        "k3-core.yaml", "promotion-gates.yaml", "trusted-keys.yaml"]
+        "k3-core.yaml", "promotion-gates.yaml"]
 
 
 def test_malformed_policy_files_and_review_records_are_named(store, releases, policies):

@@ -16,10 +16,10 @@ import pytest
 import xxhash
 import yaml
 from cryptography.hazmat.primitives import serialization
-from cryptography.hazmat.primitives.asymmetric import ec, rsa
+from cryptography.hazmat.primitives.asymmetric import ec, ed25519, rsa
 
-from k3artifacts.errors import AlreadyExists, ConfigError
-from k3artifacts.policy.document import PolicyDocument
+from k3artifacts.errors import AlreadyExists, ConfigError, NotFound
+from k3artifacts.policy.document import IDENTITIES_FILE, PolicyDocument
 from k3artifacts.promotion.gates.signature import signature_gate
 from k3artifacts.releases.signatures import (
     TupleSignatureRefused,
@@ -29,12 +29,13 @@ from k3artifacts.releases.signatures import (
 )
 from k3artifacts.releases.tuples import tuple_key
 from k3artifacts.revisions.manifest import FileRecord, LicenseRecord, ShardManifest
-from k3artifacts.signing.keys import load_signer
 from k3artifacts.signing.revision import SIGNATURE_REL, sign_revision
 from k3artifacts.signing.verify import verify_signed_revision
 from k3artifacts.stores.file import FileStore
+from k3artifacts.trust.identities import ROLES, Identity, KeyEntry, identities_yaml
+from k3artifacts.trust.keys import release_signer
 from tests.conftest import REPO_ROOT
-from tests.fixtures.moves import use_policy
+from tests.fixtures.moves import trust_release_keys, use_policy, with_people
 from tests.fixtures.softhsm import SOFTHSM
 from tests.support.cli import run_process
 from tests.support.releases import Releases
@@ -44,7 +45,7 @@ MODEL_SIGNING = str(Path(sys.executable).parent / "model_signing")
 
 def keys_in(policies):
     """The signing policy of a policies directory, as the signature gate is handed it."""
-    return lambda: PolicyDocument.from_dir(policies).trusted_keys()
+    return lambda: PolicyDocument.from_dir(policies).release_keys()
 
 
 def _write_key(path: Path, curve: ec.EllipticCurve) -> Path:
@@ -52,6 +53,7 @@ def _write_key(path: Path, curve: ec.EllipticCurve) -> Path:
     path.write_bytes(key.private_bytes(serialization.Encoding.PEM,
                                        serialization.PrivateFormat.PKCS8,
                                        serialization.NoEncryption()))
+    path.chmod(0o600)  # a key others can read is refused, as ssh refuses one
     path.with_suffix(".pub.pem").write_bytes(key.public_key().public_bytes(
         serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo))
     return path
@@ -70,20 +72,17 @@ def keys(tmp_path: Path) -> dict[str, Path]:
 
 @pytest.fixture
 def policies(tmp_path: Path, keys: dict[str, Path]) -> Path:
-    """The checkout's gates, trusting `release` and `release384`; `intruder` is a valid key
-    nobody listed."""
+    """The checkout's gates, with `release` and `release384` identities holding the release
+    role; `intruder` is a valid key nobody listed."""
     root = tmp_path / "policies"
-    (root / "signing" / "keys").mkdir(parents=True)
+    root.mkdir()
     shutil.copy(REPO_ROOT / "policies" / "promotion-gates.yaml", root)
     shutil.copytree(REPO_ROOT / "policies" / "eval-suites", root / "eval-suites")
-    for name in ("release", "release384"):
-        shutil.copy(keys[name].with_suffix(".pub.pem"), root / "signing" / "keys" / f"{name}.pub.pem")
-    (root / "signing" / "trusted-keys.yaml").write_text(yaml.safe_dump({
-        "schema_version": 1,
-        "keys": {"release": "keys/release.pub.pem", "release384": "keys/release384.pub.pem"},
-        "channels": {"production": {"required": True, "keys": ["release", "release384"]},
-                     "staging": {"required": False}},
-    }))
+    trust_release_keys(root, {name: keys[name].with_suffix(".pub.pem")
+                              for name in ("release", "release384")},
+                       {"production": {"required": True,
+                                       "identities": ["release", "release384"]},
+                        "staging": {"required": False}})
     return root
 
 
@@ -120,7 +119,7 @@ def _upstream_verify(directory: Path, public_key: Path) -> subprocess.CompletedP
 
 def _signed_release(releases: Releases, keys: dict[str, Path], key: str = "release"):
     manifest = releases.publish(code={"modeling_k3.py": b"class K3: pass\n"})
-    signer = load_signer(str(keys[key]))
+    signer = release_signer(str(keys[key]))
     sign_revision(releases.store, manifest.repo_id, manifest.commit, signer)
     release = releases.tuple_for(manifest)
     sign_tuple(releases.store, release.id, signer)
@@ -298,10 +297,10 @@ def test_missing_signatures_are_refused_and_only_where_required(releases, keys, 
     assert not gate.passed and ".k3a/model.sig: missing" in gate.reason
     assert signature_gate(releases.store, release, "staging", keys_in(policies)).passed
     sign_revision(releases.store, manifest.repo_id, manifest.commit,
-                  load_signer(str(keys["release384"])))
+                  release_signer(str(keys["release384"])))
     gate = signature_gate(releases.store, release, "production", keys_in(policies))
     assert not gate.passed and f"{signature_key(release.id)}: missing" in gate.reason
-    sign_tuple(releases.store, release.id, load_signer(str(keys["release384"])))
+    sign_tuple(releases.store, release.id, release_signer(str(keys["release384"])))
     gate = signature_gate(releases.store, release, "production", keys_in(policies))
     assert gate.passed, gate.reason
 
@@ -310,7 +309,7 @@ def test_checkout_policy_fails_closed_until_a_key_is_listed(releases, keys):
     manifest, release = _signed_release(releases, keys)
     checkout = Path(__file__).resolve().parents[1] / "policies"
     gate = signature_gate(releases.store, release, "production", keys_in(checkout))
-    assert not gate.passed and "lists no trusted signing key" in gate.reason
+    assert not gate.passed and "names no identity holding the release role" in gate.reason
 
 
 def test_tuple_create_signs_with_signing_key(releases, keys, policies, k3a_cmd, k3a_env):
@@ -332,12 +331,25 @@ def test_bad_signing_keys_are_refused_clearly(tmp_path):
     rsa_key.write_bytes(rsa.generate_private_key(65537, 2048).private_bytes(
         serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
         serialization.NoEncryption()))
-    with pytest.raises(ConfigError, match="not ECDSA P-256 or P-384"):
-        load_signer(str(rsa_key))
-    with pytest.raises(ConfigError, match="No such file"):
-        load_signer(str(tmp_path / "absent.pem"))
+    rsa_key.chmod(0o600)
+    with pytest.raises(ConfigError, match="not ed25519, ECDSA P-256 or ECDSA P-384"):
+        release_signer(str(rsa_key))
+    with pytest.raises(NotFound, match="no identity key at"):
+        release_signer(str(tmp_path / "absent.pem"))
+    ed = tmp_path / "ed25519.pem"
+    ed.write_bytes(ed25519.Ed25519PrivateKey.generate().private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+        serialization.NoEncryption()))
+    ed.chmod(0o600)
+    with pytest.raises(ConfigError, match="is ed25519: a release is signed by an ECDSA"):
+        release_signer(str(ed))
+    readable = tmp_path / "readable.pem"
+    readable.write_bytes(ed.read_bytes())
+    readable.chmod(0o644)
+    with pytest.raises(ConfigError, match="can be read or written by other accounts"):
+        release_signer(str(readable))
     with pytest.raises(ConfigError, match="PKCS#11"):
-        load_signer("pkcs11:token=release;object=k3a")
+        release_signer("pkcs11:token=release;object=k3a")
 
 
 def _rchar() -> int:
@@ -372,7 +384,7 @@ def test_signing_reads_no_weight_byte(shard_size, file_store, keys, tmp_path):
                              license=LicenseRecord(path=None, sha256=None, text=None),
                              remote_code=[], total_bytes=4 * shard_size)
     writer.commit(manifest)
-    signer = load_signer(str(keys["release"]))
+    signer = release_signer(str(keys["release"]))
     before = _rchar()
     signed = sign_revision(file_store, "moonshotai/Kimi-K3", "c" * 40, signer)
     read = _rchar() - before
@@ -392,7 +404,7 @@ def test_sign_and_verify_on_every_store(store, keys, policies, tmp_path):
     assert signature_gate(store, release, "production", keys_in(policies)).passed
     with pytest.raises(AlreadyExists):
         sign_revision(store, manifest.repo_id, manifest.commit,
-                      load_signer(str(keys["release384"])))
+                      release_signer(str(keys["release384"])))
 
 
 def test_signed_verification_hashes_with_verify_s_per_core_default(releases, keys, policies):
@@ -404,7 +416,7 @@ def test_signed_verification_hashes_with_verify_s_per_core_default(releases, key
     files = {f"part-{i:02d}.bin": bytes([i]) * (4 << 20) for i in range(16)}
     manifest = releases.publish(extra=files)
     sign_revision(releases.store, manifest.repo_id, manifest.commit,
-                  load_signer(str(keys["release"])))
+                  release_signer(str(keys["release"])))
     directory = _revision_dir(releases.store, manifest)
     trusted = keys_in(policies)().for_channel("production")
 
@@ -431,6 +443,7 @@ def test_k3a_stage_signs_at_publication(local_hub, tmp_path, keys, policies, k3a
 
     commit = local_hub.hub.add_commit(REPO, small_release(tmp_path))
     store = FileStore(tmp_path / "staged")
+    # The deprecated variable still signs, until its removal, and says so once.
     env = dict(k3a_env, K3A_SIGNING_KEY=str(keys["release"]))
     staged = subprocess.run(
         [*k3a_cmd, "stage", REPO, "--store", store.url, "--endpoint", local_hub.endpoint,
@@ -438,6 +451,9 @@ def test_k3a_stage_signs_at_publication(local_hub, tmp_path, keys, policies, k3a
         env=env, capture_output=True, text=True, timeout=300,
     )
     assert staged.returncode == 0, staged.stderr
+    notice = ("K3A_SIGNING_KEY is deprecated and read until k3artifacts 0.3.0 (2027-06-30): "
+              "set K3A_IDENTITY_KEY")
+    assert staged.stderr.count(notice) == 1, staged.stderr
     result = json.loads(staged.stdout)
     assert result["signature"] == f"models/{REPO}/{commit}/{SIGNATURE_REL}"
     directory = store.local_path(f"models/{REPO}/{commit}")
@@ -451,7 +467,7 @@ def test_stage_refuses_a_bad_signing_key_before_downloading(local_hub, tmp_path)
     from tests.staging_helpers import REPO, run_stage, small_release
 
     local_hub.hub.add_commit(REPO, small_release(tmp_path))
-    with pytest.raises(ConfigError, match="signing key"):
+    with pytest.raises(NotFound, match="no identity key at .*missing.pem"):
         run_stage(local_hub.endpoint, FileStore(tmp_path / "s"), tmp_path / "q",
                   signing_key=str(tmp_path / "missing.pem"))
     assert not [r for r in local_hub.hub.requests if "/resolve/" in r.url]
@@ -472,7 +488,7 @@ def test_eks_init_container_checks_signatures_before_vllm(
 
     p = published_revision
     use_policy(p.store, policies)
-    signer = load_signer(str(keys["release"]))
+    signer = release_signer(str(keys["release"]))
     sign_revision(p.store, p.repo_id, p.commit, signer)
     release = make(p)
     sign_tuple(p.store, release.id, signer)
@@ -481,8 +497,9 @@ def test_eks_init_container_checks_signatures_before_vllm(
     (config_map,) = [d for d in docs if d["kind"] == "ConfigMap"]
     pod_pin = pin_name("file:///k3a-store")
     pod_heads = heads_name("file:///k3a-store")
-    assert set(config_map["data"]) == {"trusted-keys.yaml", "release.pub.pem",
-                                       "release384.pub.pem", pod_pin, pod_heads}
+    assert set(config_map["data"]) == {"release-identities.yaml", pod_pin, pod_heads}
+    rendered = yaml.safe_load(config_map["data"]["release-identities.yaml"])
+    assert sorted(rendered["identities"]) == ["release", "release384"]
     # The pod pins the heads its render saw: the policy's, as this client verified it.
     seen = Heads.model_validate_json(config_map["data"][pod_heads])
     assert seen.store == "file:///k3a-store"
@@ -535,26 +552,54 @@ def test_hyperpod_render_refuses_to_promise_a_signature_check(published_revision
         render(release, "hyperpod", verifier=verifier_trust(published_revision.store))
 
 
-def test_pkcs11_key_signs_revision_and_tuple(softhsm_uri, releases, policies, tmp_path):
+def test_pkcs11_release_identity_signs_and_verifies_in_k3a_and_upstream(
+        softhsm_uri, releases, keys, policies, tmp_path, k3a_cmd, k3a_env):
+    """One key reference for both: an HSM key (pkcs11:) is an identity holding the release
+    role; `k3a sign --signing-key pkcs11:...` signs, `k3a verify --signature` checks against
+    the store's policy, and upstream model_signing verifies against its public key."""
     uri, pem = softhsm_uri
-    (policies / "signing" / "keys" / "hsm.pub.pem").write_bytes(pem)
-    policy_file = policies / "signing" / "trusted-keys.yaml"
-    policy = yaml.safe_load(policy_file.read_text())
-    policy["keys"]["hsm"] = "keys/hsm.pub.pem"
-    policy["channels"]["production"]["keys"].append("hsm")
-    policy_file.write_text(yaml.safe_dump(policy))
-
-    signer = load_signer(uri)
-    assert "1234" not in signer.source
-    manifest = releases.publish()
-    sign_revision(releases.store, manifest.repo_id, manifest.commit, signer)
-    release = releases.tuple_for(manifest)
-    sign_tuple(releases.store, release.id, signer)
-    gate = signature_gate(releases.store, release, "production", keys_in(policies))
-    assert gate.passed and "key hsm" in gate.reason, gate.reason
     public = tmp_path / "hsm.pub.pem"
     public.write_bytes(pem)
+    trust_release_keys(policies, {"release": keys["release"].with_suffix(".pub.pem"),
+                                 "hsm": public},
+                       {"production": {"required": True, "identities": ["hsm"]}})
+    use_policy(releases.store, policies)
+    manifest = releases.publish()
+    ref = f"{manifest.repo_id}@{manifest.commit}"
+    release = releases.tuple_for(manifest)
+    for target in (ref, release.id):
+        signed = run_process("sign", target, "--signing-key", uri, "--store", releases.store.url,
+                             env=k3a_env, cmd=k3a_cmd, expect=None)
+        assert signed.returncode == 0, signed.stderr
+        assert "1234" not in signed.stdout + signed.stderr
+    verified = run_process("verify", "--signature", release.id, "--channel", "production",
+                           "--store", releases.store.url, env=k3a_env, cmd=k3a_cmd, expect=None)
+    assert verified.returncode == 0, verified.stderr
+    assert "signed by hsm" in verified.stdout
+    gate = signature_gate(releases.store, release, "production", keys_in(policies))
+    assert gate.passed and "key hsm" in gate.reason, gate.reason
     upstream = _upstream_verify(_revision_dir(releases.store, manifest), public)
     assert upstream.returncode == 0, upstream.stdout + upstream.stderr
     with pytest.raises(ConfigError, match="PKCS#11 key pkcs11:token=nope"):
-        load_signer(f"pkcs11:token=nope;object=k3a?module-path={SOFTHSM}&pin-value=1234")
+        release_signer(f"pkcs11:token=nope;object=k3a?module-path={SOFTHSM}&pin-value=1234")
+
+
+def test_a_key_whose_identity_lacks_the_release_role_signs_nothing_that_verifies(
+        releases, keys, policies, k3a_cmd, k3a_env):
+    """The same ECDSA key named as an identity of the policy, with every role but release:
+    what it signs is refused by `k3a verify --signature` and the signature gate."""
+    entry = KeyEntry(pem=keys["intruder"].with_suffix(".pub.pem").read_text())
+    document = with_people(policies)
+    named = document.identities
+    roles = [r for r in ROLES if r != "release"]
+    widened = named.model_copy(update={"identities": {
+        **named.identities, "ops": Identity(roles=roles, keys=[entry])}})
+    (policies / IDENTITIES_FILE).write_text(identities_yaml(widened))
+    use_policy(releases.store, policies)
+    manifest, release = _signed_release(releases, keys, key="intruder")
+    refused = run_process("verify", "--signature", release.id, "--store", releases.store.url,
+                          env=k3a_env, cmd=k3a_cmd, expect=None)
+    assert refused.returncode == 4, refused.stderr
+    assert "untrusted key" in refused.stderr
+    gate = signature_gate(releases.store, release, "production", keys_in(policies))
+    assert not gate.passed and "untrusted key" in gate.reason

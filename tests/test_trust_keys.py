@@ -12,11 +12,11 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 
 from k3artifacts.errors import ConfigError, NotFound, UntrustedRecord
+from k3artifacts.signing.keys import Pkcs11Signer
 from k3artifacts.trust.envelope import MAX_KEY, sign_record, verify_record
 from k3artifacts.trust.identities import Identities, Identity, KeyEntry
 from k3artifacts.trust.keys import (
     KmsSigner,
-    Pkcs11RecordSigner,
     identity_signer,
     key_id,
     personal_key_path,
@@ -172,7 +172,7 @@ def test_a_pkcs11_key_signs_records_inside_its_token(softhsm_uri, monkeypatch):
     uri, pem = softhsm_uri
     monkeypatch.setenv("K3A_IDENTITY_KEY", uri)
     mine = identity_signer(create=False).signer
-    assert isinstance(mine, Pkcs11RecordSigner) and "1234" not in mine.source
+    assert isinstance(mine, Pkcs11Signer) and "1234" not in mine.source
     entry = KeyEntry.for_signer(mine)
     assert entry.pem == pem.decode() and entry.pkcs11 == mine.source
     assert round_trip(mine).signers == {"eval-ci"}

@@ -27,9 +27,9 @@ from k3artifacts.loading.share import node_share
 from k3artifacts.loading.stream import Shard, stream_tensors
 from k3artifacts.releases.signatures import sign_tuple, signature_key
 from k3artifacts.revisions.manifest import ShardManifest
-from k3artifacts.signing.keys import load_signer
 from k3artifacts.signing.revision import sign_revision
 from k3artifacts.stores.registry import open_store
+from k3artifacts.trust.keys import release_signer
 from tests.conftest import REPO_ROOT
 from tests.fixtures.moves import use_policy
 from tests.staging_helpers import CARD, LICENSE
@@ -97,7 +97,7 @@ def test_k3a_load_format_matches_vllm_and_refuses_each_tampering(
     release_key = _write_key(keys / "release.pem", ec.SECP256R1())
     intruder = _write_key(keys / "intruder.pem", ec.SECP256R1())
     use_policy(store, _policies(tmp_path / "policies", "release", release_key))
-    signer = load_signer(str(release_key))
+    signer = release_signer(str(release_key))
     sign_revision(store, REPO, commit, signer)
     manifest = ShardManifest.parse(store.published_manifest_bytes(REPO, commit))
     scratch = tmp_path / "scratch"
@@ -106,7 +106,7 @@ def test_k3a_load_format_matches_vllm_and_refuses_each_tampering(
     good = releases.tuple_for(manifest)
     sign_tuple(store, good.id, signer)
     untrusted = releases.tuple_for(manifest, verifier_image=None)
-    sign_tuple(store, untrusted.id, load_signer(str(intruder)))
+    sign_tuple(store, untrusted.id, release_signer(str(intruder)))
 
     pulled = run_process("pull", good.id, "--store", store_url, "--to", str(tmp_path / "cache"),
                          "-q", "--json", env=k3a_env, cmd=k3a_cmd, timeout=300).json

@@ -20,8 +20,9 @@ from k3artifacts.policy.model import load_gate_policy
 from k3artifacts.policy.record import packaged_document
 from k3artifacts.policy.signed import record_trust
 from k3artifacts.releases.retention import plan, retire
-from k3artifacts.signing.keys import KeySigner
+from k3artifacts.signing.keys import ReleaseSigner
 from k3artifacts.stores.file import FileStore
+from k3artifacts.trust.keys import FileSigner
 from k3artifacts.warm import prewarm
 from k3artifacts.warm.capture import capture, parse_roots
 from k3artifacts.warm.claim import AlreadyCaptured
@@ -207,11 +208,11 @@ def test_unsigned_and_untrusted_signatures_are_misses_where_signatures_are_requi
         "unsigned"
     # Signed afterwards by a key the channel does not trust.
     signed = releases.release()
-    _capture(store, signed, dirs, signer=KeySigner(other_key, "other"))
+    _capture(store, signed, dirs, signer=ReleaseSigner(FileSigner(other_key, "other")))
     assert prewarm.fetch(store, signed, tmp_path / "b", gpu=GPU, trust=strict).reason == \
         "bad-signature"
     good = releases.release()
-    ok = _capture(store, good, dirs, signer=KeySigner(trusted_key, "release"))
+    ok = _capture(store, good, dirs, signer=ReleaseSigner(FileSigner(trusted_key, "release")))
     outcome = prewarm.fetch(store, good, tmp_path / "c", gpu=GPU, trust=strict)
     assert outcome.ok, outcome.line()
     assert store.read(signature_key(ok.key)) is not None

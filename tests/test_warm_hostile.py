@@ -13,7 +13,6 @@ import sys
 from pathlib import Path
 
 import pytest
-import yaml
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
@@ -21,13 +20,14 @@ from k3artifacts.errors import ConfigError
 from k3artifacts.nodecache import locks
 from k3artifacts.nodecache.layout import CacheLayout
 from k3artifacts.policy.signed import record_trust
-from k3artifacts.signing.keys import KeySigner
+from k3artifacts.signing.keys import ReleaseSigner
+from k3artifacts.trust.keys import FileSigner
 from k3artifacts.warm import prewarm
 from k3artifacts.warm.claim import AlreadyCaptured
 from k3artifacts.warm.model import artifact_key, gpu_slug
 from k3artifacts.warm.node import _lock_rev, list_warm
 from k3artifacts.warm.trust import WarmTrust
-from tests.fixtures.moves import use_policy
+from tests.fixtures.moves import trust_release_keys, use_policy
 from tests.fixtures.people import person
 from tests.support.cli import invoke
 from tests.test_warm import GPU, OPEN, _capture, a_release_and_its_caches
@@ -135,13 +135,13 @@ def test_an_unsigned_artifact_never_blocks_a_signed_capture(captured, tmp_path):
         capture_as(None)
     assert not refused.value.usable and "(unsigned: " in str(refused.value)
     with pytest.raises(AlreadyCaptured):  # ...nor one signed by a key the channel distrusts
-        capture_as(KeySigner(other_key, "other"))
-    done = capture_as(KeySigner(trusted_key, "release"))
+        capture_as(ReleaseSigner(FileSigner(other_key, "other")))
+    done = capture_as(ReleaseSigner(FileSigner(trusted_key, "release")))
     assert done.replaced and done.replaced.startswith("unsigned: ")
     used = prewarm.fetch(store, release, tmp_path / "b", gpu=GPU, trust=strict)
     assert used.ok, used.line()
     with pytest.raises(AlreadyCaptured) as stands:  # now the first one stands
-        capture_as(KeySigner(trusted_key, "release"))
+        capture_as(ReleaseSigner(FileSigner(trusted_key, "release")))
     assert stands.value.usable
 
 
@@ -173,12 +173,12 @@ def test_if_absent_accepts_only_what_the_channel_would_use(captured, tmp_path, p
     key_file.write_bytes(key.private_bytes(serialization.Encoding.PEM,
                                            serialization.PrivateFormat.PKCS8,
                                            serialization.NoEncryption()))
-    (policies / "signing" / "keys").mkdir()
-    (policies / "signing" / "keys" / "release.pub.pem").write_bytes(key.public_key().public_bytes(
+    key_file.chmod(0o600)
+    public = tmp_path / "release.pub.pem"
+    public.write_bytes(key.public_key().public_bytes(
         serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo))
-    (policies / "signing" / "trusted-keys.yaml").write_text(yaml.safe_dump({
-        "schema_version": 1, "keys": {"release": "keys/release.pub.pem"},
-        "channels": {"production": {"required": True, "keys": ["release"]}}}))
+    trust_release_keys(policies, {"release": public},
+                       {"production": {"required": True, "identities": ["release"]}})
     use_policy(store, policies)
     env = {**os.environ, "K3A_STORE": store.url}
     env.pop("K3A_SIGNING_KEY", None)

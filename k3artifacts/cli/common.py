@@ -101,11 +101,26 @@ def refuse_local_policies(local: Path | None, store: Store, what: str) -> None:
         "apply REQUEST` (a change that is not provably stricter needs the root's threshold of "
         "signatures: another root identity's `k3a approve REQUEST`)")
 
+def _signing_key(ctx: click.Context, param: click.Parameter, value: str | None) -> Any:
+    """The flag's key reference, or the deprecated K3A_SIGNING_KEY's (read by its migration,
+    which says once that it is deprecated and until when)."""
+    from k3artifacts.migration.signing_variables import signing_key
+
+    try:
+        old = signing_key(value)
+    except K3AError as exc:
+        raise SettingsRefused(exc) from None
+    if old.notice is not None:
+        click.echo(f"k3a: {old.notice}", err=True)
+    return old.reference
+
+
 signing_key_option = click.option(
-    "--signing-key",
-    default=from_settings(lambda: load().signing_key),
-    help="PEM private key (ECDSA P-256/P-384) to sign with; its passphrase, if any, from "
-    "K3A_SIGNING_KEY_PASSWORD.  [env var: K3A_SIGNING_KEY]",
+    "--signing-key", callback=_signing_key, metavar="KEY",
+    help="Key to sign the release with: a PEM private key file (ECDSA P-256/P-384, readable "
+    "by you alone; its passphrase from K3A_IDENTITY_KEY_PASSWORD), kms:KEY or a pkcs11: URI. "
+    "Its public key counts where the store's policy names it under an identity holding the "
+    "release role.",
 )
 
 

@@ -18,8 +18,9 @@ from k3artifacts.cli.exits import exits
 @exits((0, "signed, or already signed by this key"),
        (4, "the tuple's body does not match its id, or the revision's manifest does not "
            "parse (edited in the store)"),
-       (6, "already signed by another key"), (7, "not a published revision or tuple"),
-       (9, "the signing key refused"))
+       (6, "already signed by another key"),
+       (7, "not a published revision or tuple, or no key file where the key reference says"),
+       (9, "the signing key refused (unusable, readable by others, not ECDSA P-256/P-384)"))
 @click.command("sign")
 @click.argument("target")
 @signing_key_option
@@ -36,6 +37,11 @@ def sign_cmd(target, signing_key, store_url, as_json):
       model_signing verify key DIR --signature DIR/.k3a/model.sig --public_key KEY.pub
     A tuple's signature goes to releases/tuples/<id>.sig. Both are created once: signing
     again with the same key is a no-op, with another key a conflict.
+
+    \b
+    The key: --signing-key, else your identity key (K3A_IDENTITY_KEY, else your personal
+    key); an ECDSA P-256/P-384 one, as model-signing verifies. A signature counts where the
+    store's policy names its key under an identity holding the release role.
     """
     from k3artifacts.releases.signing import sign
 

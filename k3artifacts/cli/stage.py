@@ -235,8 +235,8 @@ def stage_cmd(repo_id, revision, store_url, quarantine, endpoint, workers, strea
     --progress-interval seconds with bytes done/total, rate, ETA and files done/total, as
     JSON objects with --log-format json.
 
-    With --signing-key (or K3A_SIGNING_KEY) the published revision is signed (.k3a/model.sig)
-    from the digests just computed: no byte is read again.
+    With --signing-key the published revision is signed (.k3a/model.sig) from the digests
+    just computed: no byte is read again.
 
     Before any byte moves, each file is planned: already verified here, reused from a
     published revision of the repo holding the same content (same upstream hash and size;

@@ -97,7 +97,8 @@ def key_create_cmd(kind: str, as_json: bool) -> None:
               "then `k3a policy propose`).")
 @click.option("--roles", default="", metavar="ROLE,...",
               help="With --entry: the roles the identity is to hold (review, approve, evaluate, "
-              "scan, preflight, traffic, promote, policy, warm).")
+              "scan, preflight, traffic, promote, policy, warm, freshness, release: an "
+              "ECDSA key's, to sign releases).")
 @json_option
 def key_show_cmd(pem_only: bool, entry_name: str | None, roles: str, as_json: bool) -> None:
     """Which key this process signs with, its key id and public key, and how a policy names it."""
@@ -129,7 +130,8 @@ def _identity_entry(name: str, roles: str, key: dict[str, Any]) -> str:
         detail = exc.errors()[0]["msg"] if isinstance(exc, ValidationError) else str(exc)
         raise UsageError(f"not an identity entry: {detail}",
                          hint="roles: review, approve, evaluate, scan, preflight, traffic, "
-                         "promote, policy, warm; names: letters, digits and ._@:/+=-") from None
+                         "promote, policy, warm, freshness, release; names: letters, digits and "
+                         "._@:/+=-") from None
     return entry_yaml(name, identity)
 
 

@@ -22,6 +22,7 @@ from k3artifacts.errors import ConfigError, TamperedRecord
 
 if TYPE_CHECKING:
     from k3artifacts.releases.tuples import ReleaseTuple
+    from k3artifacts.signing.keys import KeyReference
 
 
 def _summary(release: ReleaseTuple) -> dict:
@@ -97,7 +98,7 @@ def tuple_create(
     fsx_dns_name: str | None,
     fsx_mount_name: str | None,
     fsx_mounted_at: str | None,
-    signing_key: str | None,
+    signing_key: KeyReference | None,
     store_url: str,
     as_json: bool,
 ) -> None:
@@ -297,7 +298,7 @@ class RenderTarget(click.ParamType):
     is_flag=True,
     help="eks: the init container checks the tuple's and the revision's signatures before the "
     "bytes, with the keys the store's signed policy in force trusts, verified under the root "
-    "this client pins (rendered into a ConfigMap with the signing policy as it is now). A "
+    "this client pins (rendered into a ConfigMap with the release identities as they are now). A "
     "profile with --load-format=k3a needs it (vLLM checks them, and the bytes as it loads: no "
     "init container), on eks and eks-node-cache.",
 )

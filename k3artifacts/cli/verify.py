@@ -72,7 +72,8 @@ def parse_target(target: str, *, tuples: bool = False) -> tuple[str, str] | Path
 )
 @click.option("--channel", default=from_settings(lambda: load().channel),
               show_default="$K3A_CHANNEL or the context's channel, else none",
-              help="With --signature: trust only the keys this channel's signing policy lists.")
+              help="With --signature: count only the release identities this channel's rule "
+              "names.")
 @local_policies_option
 @click.option("--workers", type=click.IntRange(min=1), default=None,
               help="Files hashed at once  [default: one per usable core; at least 4 from a "
@@ -132,14 +133,14 @@ def _say_ok(report: VerifyReport) -> None:
 def _verify_signed(target, store_url, full, expect_digest, channel, workers, quiet,
                    progress_interval, log_format, as_json):
     # Imported here: a plain `k3a verify` on a node needs neither cryptography nor policies.
-    from k3artifacts.policy.signing_keys import trusted_keys
+    from k3artifacts.policy.signing_keys import release_keys
     from k3artifacts.releases.signatures import check_tuple_signature
     from k3artifacts.releases.tuples import TupleStore
     from k3artifacts.reporting.progress import BytesProgress
     from k3artifacts.signing.verify import verify_signed_revision
 
     store = get_store(store_url)
-    trusted = trusted_keys(store).for_channel(channel)
+    trusted = release_keys(store).for_channel(channel)
     parsed = parse_target(target, tuples=True)
     tuple_signer = None
     if isinstance(parsed, str):

@@ -94,7 +94,7 @@ def capture_cmd(target, dirs, gpu, tp, channel, store_url, signing_key, if_absen
     manifest); the manifest, keyed by the tuple, the GPU model and the parallel layout, is
     created once, a record signed by your key (K3A_IDENTITY_KEY: the capture Job's own; the
     role warm); with --signing-key it also carries a release signature, as a tuple does, for
-    channels whose signing policy requires one. A link, FIFO or device
+    channels whose release rule requires one. A link, FIFO or device
     anywhere in a directory, or a path nested deeper than 32 or longer than a node cache path
     may be, refuses the capture (exit 9): nothing is stored.
 

@@ -21,7 +21,7 @@ from pathlib import Path
 from k3artifacts.errors import VerifyMismatch
 from k3artifacts.loading.stream import Shard
 from k3artifacts.loading.witness import check_directory
-from k3artifacts.policy.signing_keys import trusted_keys
+from k3artifacts.policy.signing_keys import release_keys
 from k3artifacts.releases.signatures import check_tuple_signature
 from k3artifacts.releases.tuples import TupleStore
 from k3artifacts.revisions.manifest import is_weights
@@ -51,7 +51,7 @@ def plan_load(store: Store, tuple_id: str, directory: Path, *,
     """Signatures, manifest and small files checked; the weights to read. Raises the refusal
     that names the record or file (:class:`~k3artifacts.errors.VerifyMismatch`, a tuple
     signature refusal) before any weight byte is read."""
-    trusted = trusted_keys(store).for_channel(channel)
+    trusted = release_keys(store).for_channel(channel)
     tuple_signer = check_tuple_signature(store, tuple_id, trusted)
     weights = TupleStore(store).get(tuple_id).binding.weights
     signed = verify_signed_revision(trusted, store=store, repo_id=weights.repo_id,

@@ -1,9 +1,11 @@
 """Every record family ``k3a trust migrate`` migrates, in the order it runs them: the policy
-first (the others are judged by it). A new family is one line here: its migrator
+first (the others are judged by it), its release keys last (a change that may wait for a
+second root identity ends the run). A new family is one line here: its migrator
 (:class:`k3artifacts.policy.migrating.Migrator`), beside the records it migrates."""
 
 from __future__ import annotations
 
+from k3artifacts.migration import release_keys
 from k3artifacts.policy import migrate as policy
 from k3artifacts.policy.migrating import Migrator
 from k3artifacts.promotion import evidence_migration as evidence
@@ -13,4 +15,5 @@ MIGRATORS: tuple[Migrator, ...] = (
     policy.MIGRATOR,
     channels.MIGRATOR,
     evidence.MIGRATOR,
+    release_keys.MIGRATOR,
 )

@@ -31,7 +31,14 @@ from k3artifacts.errors import ConfigError, MigrationNeeded, TrustRootError
 from k3artifacts.policy.actor import Acting, Actor, Seeding, os_account
 from k3artifacts.policy.record import in_force
 from k3artifacts.stores.records import RecordStore
-from k3artifacts.trust.identities import IDENTITY_NAME, ROLES, Identities, Identity, KeyEntry
+from k3artifacts.trust.identities import (
+    IDENTITY_NAME,
+    ROLES,
+    SEEDED_ROLES,
+    Identities,
+    Identity,
+    KeyEntry,
+)
 from k3artifacts.trust.keys import RecordSigner, identity_signer, signer_key_id
 from k3artifacts.trust.pins import load_pin
 from k3artifacts.trust.root import Root, first_root, root_key, walk_rotations
@@ -78,9 +85,9 @@ def identify(store: RecordStore, signer: RecordSigner, *,
 
 
 def seeded_identities(root: Root) -> Identities:
-    """A first policy's identities: every root identity, with every role (a team narrows
-    them, and adds people, by policy changes)."""
-    return Identities(identities={name: Identity(roles=list(ROLES), keys=keys)
+    """A first policy's identities: every root identity, with every role but ``release`` (a
+    team narrows them, and adds people and release keys, by policy changes)."""
+    return Identities(identities={name: Identity(roles=list(SEEDED_ROLES), keys=keys)
                                   for name, keys in root.identities.items()})
 
 

@@ -1,14 +1,18 @@
 """The policy as one document: the files that judge a promotion, canonical and digested.
 
 A policy directory (the packaged ``policies/``, or one a release engineer edits to propose a
-change) holds ``promotion-gates.yaml``, ``signing/trusted-keys.yaml`` with the public keys it
-names, ``identities.yaml`` (who may sign which records, :mod:`k3artifacts.trust.identities`)
-and the evaluation suites (``eval-suites/*.yaml``, which the channels name). The document
-carries exactly those files' text, so its sha256 (of canonical JSON) names everything the gates
-read, and a loose file beside them can change nothing. The gates that read files (a suite's
-sha256, the trusted keys) read them from the document in memory, and what a gate or an error
-says about them names the policy and the file in it ("policy v2 (1f3a...)
-signing/trusted-keys.yaml").
+change) holds ``promotion-gates.yaml``, ``identities.yaml`` (who may sign which records and
+releases, :mod:`k3artifacts.trust.identities`) and the evaluation suites
+(``eval-suites/*.yaml``, which the channels name). The document carries exactly those files'
+text, so its sha256 (of canonical JSON) names everything the gates read, and a loose file
+beside them can change nothing. The gates that read files (a suite's sha256, the release keys)
+read them from the document in memory, and what a gate or an error says about them names the
+policy and the file in it ("policy v2 (1f3a...) identities.yaml").
+
+A policy of the time release keys were a model of their own carries
+``signing/trusted-keys.yaml`` and its keys: those files are kept as they are, and read only by
+their migration (:mod:`k3artifacts.migration.release_keys`, ``k3a trust migrate``); until it
+ran, a reader of release signatures is refused by name (:meth:`PolicyDocument.release_keys`).
 """
 
 from __future__ import annotations
@@ -22,18 +26,13 @@ import yaml
 from pydantic import BaseModel, ConfigDict, PrivateAttr, ValidationError, model_validator
 
 from k3artifacts.canonical import canonical_json
-from k3artifacts.errors import ConfigError, plain_validation_errors
+from k3artifacts.errors import ConfigError, MigrationNeeded, plain_validation_errors
 from k3artifacts.policy.model import GATES_FILE, GatePolicy, load_gate_policy
-from k3artifacts.signing.policy import (
-    SIGNING_DIR,
-    TRUSTED_KEYS_FILE,
-    SigningPolicy,
-    TrustedKeys,
-    trusted_keys_of,
-)
+from k3artifacts.policy.release_keys import ReleaseKeys
 from k3artifacts.trust.identities import Identities
 
-SIGNING_FILE = f"{SIGNING_DIR}/{TRUSTED_KEYS_FILE}"
+#: Where release keys were trusted before they were identities: read only by its migration.
+SIGNING_FILE = "signing/trusted-keys.yaml"
 IDENTITIES_FILE = "identities.yaml"
 #: Evaluation suites: every ``*.yaml`` here is part of the policy (``k3a eval run --suite
 #: NAME`` finds them by name).
@@ -105,8 +104,9 @@ class PolicyDocument(BaseModel):
     @classmethod
     def from_dir(cls, policies_dir: Path) -> PolicyDocument:
         """The document of a policy directory: its gate policy, its identities, its
-        evaluation suites (``eval-suites/*.yaml``, and any other suite a channel names) and its
-        signing policy with the keys that names. Any other file there is not policy."""
+        evaluation suites (``eval-suites/*.yaml``, and any other suite a channel names). Any
+        other file there is not policy; a ``signing/trusted-keys.yaml`` is refused (ConfigError,
+        exit 9), naming where its keys go now."""
         root = Path(policies_dir)
         gates = load_gate_policy(root)
         wanted = [GATES_FILE]
@@ -118,13 +118,13 @@ class PolicyDocument(BaseModel):
                    if p.is_file()}
         wanted += sorted(suites)
         if (root / SIGNING_FILE).is_file():
-            wanted.append(SIGNING_FILE)
-            try:
-                signing = SigningPolicy.model_validate(
-                    yaml.safe_load((root / SIGNING_FILE).read_text(encoding="utf-8")))
-            except (yaml.YAMLError, ValidationError) as exc:
-                raise ConfigError(f"{root / SIGNING_FILE}: {exc}") from None
-            wanted += [f"{SIGNING_DIR}/{_safe(rel)}" for rel in signing.keys.values()]
+            raise ConfigError(
+                f"{root / SIGNING_FILE}: release keys are no longer trusted there, but as "
+                f"identities holding the release role in {IDENTITIES_FILE}",
+                hint=f"move each key into {root / IDENTITIES_FILE} (`k3a key show --entry NAME "
+                "--roles release`), its channel rules under release_channels, and remove "
+                f"{root / 'signing'}; a store's policy that still has it: `k3a trust migrate` "
+                "(docs/guides/signing.md)")
         files = {}
         for rel in wanted:
             try:
@@ -159,9 +159,16 @@ class PolicyDocument(BaseModel):
         """How messages name this document ("policy v2 (1f3a...)")."""
         return self._shown or f"policy {self.digest[:12]}"
 
-    def trusted_keys(self) -> TrustedKeys:
-        """Its signing policy and release keys, read from the document itself."""
-        return trusted_keys_of(self.files, f"{self.label} ")
+    def release_keys(self) -> ReleaseKeys:
+        """Its release identities and channel rules, read from the document itself;
+        MigrationNeeded (exit 9) while it still trusts release keys the old way."""
+        if SIGNING_FILE in self.files:
+            raise MigrationNeeded(
+                f"{self.label} still trusts release keys by {SIGNING_FILE}, which only its "
+                "migration reads now: no release signature is checked against it",
+                hint="a root identity of the store runs `k3a trust migrate`: it proposes the "
+                "keys as identities holding the release role (docs/guides/signing.md)")
+        return ReleaseKeys(self.identities, f"{self.label} {IDENTITIES_FILE}")
 
     def file_sha256(self, rel: str) -> str:
         """sha256 of one of its files as a policy directory holds it (an evaluation suite's,

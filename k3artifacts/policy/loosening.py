@@ -28,9 +28,10 @@ traffic step or window, a Prometheus URL, a region, a suite's text, a key's desc
   ``lifetime_hours`` shorter;
   ``identity.claimed_actor_on_file_stores`` and ``unsigned.read_before_migration`` turned off;
 * identities (``identities.yaml``): an identity, a key or a role removed
-  (:func:`k3artifacts.trust.identities.loosening` names what is added);
-* signing (``signing/trusted-keys.yaml``): a key removed; a channel's rule added, made
-  ``required``, ``verify_bytes``, or given fewer keys (none listed: every key).
+  (:func:`k3artifacts.trust.identities.loosening` names what is added: a release identity, or
+  the ``release`` role, loosens as trusting a release key did); a channel's
+  ``release_channels`` rule added, made ``required``, ``verify_bytes``, or counting fewer
+  release identities (none listed: every one holding the role).
 """
 
 from __future__ import annotations
@@ -40,9 +41,8 @@ from typing import Any
 
 import yaml
 
-from k3artifacts.policy.document import IDENTITIES_FILE, SIGNING_FILE, PolicyDocument
+from k3artifacts.policy.document import IDENTITIES_FILE, PolicyDocument
 from k3artifacts.policy.model import GATES_FILE
-from k3artifacts.signing.policy import SIGNING_DIR, SigningPolicy
 from k3artifacts.trust.identities import loosening as identities_loosening
 
 #: A verdict on two different values of one field: True stricter, False not, None: compare
@@ -166,12 +166,6 @@ _GATES: dict[Path, Rule] = {
     ("unsigned", "read_before_migration"): _turned_off,
 }
 
-_SIGNING_RULE: dict[Path, Rule] = {
-    ("required",): _turned_on,
-    ("verify_bytes",): _turned_on,
-}
-
-
 def _shown(value: Any) -> str:
     text = yaml.safe_dump(value, default_flow_style=True, width=10_000).strip()
     text = text.removesuffix("...").strip()
@@ -221,36 +215,6 @@ def _gate_policy(old: PolicyDocument, new: PolicyDocument) -> list[str]:
     return found
 
 
-def _signing(document: PolicyDocument) -> SigningPolicy:
-    text = document.files.get(SIGNING_FILE)
-    if not text:
-        return SigningPolicy(keys={}, channels={})
-    return SigningPolicy.model_validate(yaml.safe_load(text) or {})
-
-
-def _signing_policy(old: PolicyDocument, new: PolicyDocument) -> list[str]:
-    found = []
-    before, after = _signing(old), _signing(new)
-    for name, rel in after.keys.items():
-        if name not in before.keys:
-            found.append(f"trusts a new signing key {name}")
-        elif old.files.get(f"{SIGNING_DIR}/{before.keys[name]}") \
-                != new.files.get(f"{SIGNING_DIR}/{rel}"):
-            found.append(f"replaces signing key {name}")
-    for name, rule in before.channels.items():
-        later = after.channels.get(name)
-        if later is None:
-            found.append(f"drops the signing requirement of {name}")
-            continue
-        _diff((), rule.model_dump(mode="json", exclude={"keys"}),
-              later.model_dump(mode="json", exclude={"keys"}), _SIGNING_RULE,
-              f"the signing rule of {name}: ", found)
-        trusted_before = set(rule.keys or before.keys)
-        if not set(later.keys or after.keys) <= trusted_before:
-            found.append(f"trusts other keys for {name}")
-    return found
-
-
 def _identities(old: PolicyDocument, new: PolicyDocument) -> list[str]:
     before, after = old.identities, new.identities
     found = identities_loosening(before, after)
@@ -266,9 +230,9 @@ def _identities(old: PolicyDocument, new: PolicyDocument) -> list[str]:
 
 
 def _other_files(old: PolicyDocument, new: PolicyDocument) -> list[str]:
-    """Every other file (evaluation suites, key files) that differs: none has a rule."""
-    judged = {GATES_FILE, IDENTITIES_FILE, SIGNING_FILE}
-    judged |= {f"{SIGNING_DIR}/{rel}" for d in (old, new) for rel in _signing(d).keys.values()}
+    """Every other file (evaluation suites; an old policy's ``signing/`` files, which only
+    their migration reads) that differs: none has a rule."""
+    judged = {GATES_FILE, IDENTITIES_FILE}
     return [f"changes {rel}" for rel in sorted(set(old.files) | set(new.files))
             if rel not in judged and old.files.get(rel) != new.files.get(rel)]
 
@@ -276,5 +240,4 @@ def _other_files(old: PolicyDocument, new: PolicyDocument) -> list[str]:
 def loosening(old: PolicyDocument, new: PolicyDocument) -> list[str]:
     """What ``new`` relaxes against ``old``, in words; empty when every difference is proven
     stricter (or there is none)."""
-    return [*_gate_policy(old, new), *_identities(old, new), *_signing_policy(old, new),
-            *_other_files(old, new)]
+    return [*_gate_policy(old, new), *_identities(old, new), *_other_files(old, new)]

@@ -114,11 +114,12 @@ class FreshnessPolicy(_Strict):
 
 class WarmStartPolicy(_Strict):
     """Whether pods on this channel may start from a warm-start artifact (``k3artifacts.warm``)
-    and what it must carry. The channel's signing policy (the policy's ``signing/``) already
-    requires a trusted signature where it requires one for the tuple."""
+    and what it must carry. The channel's release rule (``release_channels`` of the policy's
+    ``identities.yaml``) already requires a trusted signature where it requires one for the
+    tuple."""
 
     enabled: bool = True
-    #: Ask for a trusted signature even where the signing policy does not.
+    #: Ask for a trusted signature even where the channel's release rule does not.
     require_signature: bool = False
 
 
@@ -182,7 +183,7 @@ class ChannelPolicy(_Strict):
     #: response, so by default it does not.
     rollback_approval: bool = False
     #: Warm starts (compile caches bound to the tuple); absent: allowed, signed as the
-    #: signing policy says.
+    #: channel's release rule says.
     warm_start: WarmStartPolicy | None = None
     #: Who must have signed the evidence gates' records (absent: anyone the policy lets make
     #: them, one identity carrying them all). A kind whose gate the channel does not list is

@@ -57,6 +57,7 @@ from k3artifacts.errors import (
     HistoryRewound,
     StoredRecordRefused,
     UntrustedRecord,
+    plain_validation_errors,
 )
 from k3artifacts.policy.actor import Acting, Actor
 from k3artifacts.policy.document import IDENTITIES_FILE, PolicyDocument
@@ -75,7 +76,7 @@ from k3artifacts.trust.chain import (
     verify_chain,
 )
 from k3artifacts.trust.envelope import is_unsigned
-from k3artifacts.trust.identities import Keyring, identities_yaml
+from k3artifacts.trust.identities import Identities, Keyring, identities_yaml
 from k3artifacts.trust.keys import RecordSigner
 from k3artifacts.trust.pins import Roots, load_pin, trusted_roots
 from k3artifacts.trust.root import root_key
@@ -364,11 +365,29 @@ def store_document(store: RecordStore, document: PolicyDocument) -> None:
 
 def seeding_document(document: PolicyDocument, acting: Acting) -> PolicyDocument:
     """``document`` as the first policy of a store ``acting`` seeds: naming the root's
-    identities with every role where it names none; ConfigError (exit 9) when it names
-    identities and none of them holds the seeder's key (the seeder could not act on it)."""
+    identities with every role but release where it names nobody else (its release
+    identities and rules kept beside them); ConfigError (exit 9) when it names identities
+    and none of them holds the seeder's key (the seeder could not act on it)."""
     assert acting.seeding is not None
-    if not document.identities.identities:
-        return document.with_file(IDENTITIES_FILE, identities_yaml(acting.seeding.identities))
+    named = document.identities
+    if not any(set(ident.roles) - {"release"} for ident in named.identities.values()):
+        # A release key names who signs releases, not who acts on the store: the seeder
+        # still needs an identity, or nobody could.
+        taken = sorted(set(acting.seeding.identities.identities) & set(named.identities))
+        if taken:
+            raise ConfigError(
+                f"the policy to seed names a release identity {', '.join(taken)}, the name "
+                "first use gives you",
+                hint="rename that release identity in its identities.yaml, then seed again")
+        try:
+            seeded = Identities(identities={**acting.seeding.identities.identities,
+                                            **named.identities},
+                                release_channels=named.release_channels)
+        except ValidationError as exc:
+            raise ConfigError(f"the policy to seed: {plain_validation_errors(exc)}",
+                              hint="your key is one of its release identities': sign your "
+                              "records with another (`k3a key show`)") from None
+        return document.with_file(IDENTITIES_FILE, identities_yaml(seeded))
     if document.identities.keyring().get(acting.key_id) is None:
         raise ConfigError(
             f"the policy to seed names identities ({', '.join(document.identities.identities)})"

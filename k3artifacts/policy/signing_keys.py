@@ -12,7 +12,7 @@ from datetime import datetime
 
 from k3artifacts.errors import ConfigError
 from k3artifacts.policy.record import InForce, in_force
-from k3artifacts.signing.policy import TrustedKeys, config_map_files
+from k3artifacts.policy.release_keys import ReleaseKeys
 from k3artifacts.stores.records import RecordStore
 from k3artifacts.trust import pins
 from k3artifacts.trust.heads import Heads, load_heads
@@ -31,18 +31,19 @@ def _signed(store: RecordStore) -> InForce:
     return policy
 
 
-def trusted_keys(store: RecordStore) -> TrustedKeys:
-    """The signing policy and keys of the store's policy in force, its history verified."""
+def release_keys(store: RecordStore) -> ReleaseKeys:
+    """The release identities and channel rules of the store's policy in force, its history
+    verified."""
     policy = _signed(store)
-    return policy.document.trusted_keys()
+    return policy.document.release_keys()
 
 
 @dataclass(frozen=True)
 class VerifierTrust:
     """What a pod's verifier is given: the store's root as this client trusts it, to pin for
-    the store the pod mounts, and the signing policy in force, flattened for a ConfigMap (the
-    pod reads the keys it checks with from the store's policy, verified under that root; the
-    copy shows what was trusted when it was rendered)."""
+    the store the pod mounts, and the release identities and channel rules in force, as a
+    ConfigMap file (the pod reads the keys it checks with from the store's policy, verified
+    under that root; the copy shows what was trusted when it was rendered)."""
 
     root: Root
     pinned_at: datetime
@@ -62,6 +63,6 @@ class VerifierTrust:
 def verifier_trust(store: RecordStore) -> VerifierTrust:
     policy = _signed(store)
     assert policy.roots is not None
-    signing = config_map_files(policy.document.trusted_keys())
+    signing = policy.document.release_keys().config_map_files()
     return VerifierTrust(policy.roots.current, policy.roots.pin.pinned_at, signing,
                          load_heads(store.url))

@@ -19,7 +19,7 @@ from k3artifacts.errors import AlreadyExists, K3AError, StoredRecordRefused
 from k3artifacts.releases.tuples import TUPLE_PREFIX, ReleaseTuple, TupleStore, tuple_key
 from k3artifacts.signing.attestation import statement, verify_statement
 from k3artifacts.signing.dsse import BundleError
-from k3artifacts.signing.keys import Signer
+from k3artifacts.signing.keys import ReleaseSigner
 from k3artifacts.stores.records import RecordStore
 
 PREDICATE_TYPE = "urn:k3artifacts:release-tuple:v1"
@@ -58,7 +58,7 @@ class TupleSignature:
     new: bool
 
 
-def sign_tuple(store: RecordStore, tuple_id: str, signer: Signer) -> TupleSignature:
+def sign_tuple(store: RecordStore, tuple_id: str, signer: ReleaseSigner) -> TupleSignature:
     release, digest = _subject(store, tuple_id)
     predicate = tuple_predicate(release)
     key = signature_key(tuple_id)

@@ -18,7 +18,7 @@ from k3artifacts.releases.tuples import TUPLE_ID, TupleStore
 from k3artifacts.revisions.manifest import ShardManifest
 from k3artifacts.revisions.refs import match_revision_ref
 from k3artifacts.signing.dsse import BundleError, verify_bundle
-from k3artifacts.signing.keys import Signer, load_signer
+from k3artifacts.signing.keys import KeyReference, ReleaseSigner
 from k3artifacts.signing.revision import (
     published_manifest_bytes,
     revision_statement,
@@ -26,6 +26,7 @@ from k3artifacts.signing.revision import (
     signature_key,
 )
 from k3artifacts.stores.base import Store
+from k3artifacts.trust.keys import release_signer
 
 
 @dataclass(frozen=True)
@@ -33,7 +34,7 @@ class SignPlan:
     #: As given: ``org/name@<commit>`` or a tuple id.
     target: str
     kind: Literal["revision", "tuple"]
-    signer: Signer
+    signer: ReleaseSigner
     #: Where the signature is stored.
     key: str
     #: Signed already by this key over the same statement: nothing to write.
@@ -51,7 +52,8 @@ class Signed:
     files: int | None = None
 
 
-def _same_revision_signature(store: Store, key: str, signer: Signer, statement: dict) -> bool:  # type: ignore[type-arg]
+def _same_revision_signature(store: Store, key: str, signer: ReleaseSigner,
+                             statement: dict) -> bool:  # type: ignore[type-arg]
     found = store.read(key)
     if found is None:
         return False
@@ -64,7 +66,7 @@ def _same_revision_signature(store: Store, key: str, signer: Signer, statement: 
     return True
 
 
-def _same_tuple_signature(store: Store, tuple_id: str, signer: Signer) -> bool:
+def _same_tuple_signature(store: Store, tuple_id: str, signer: ReleaseSigner) -> bool:
     key = signatures.signature_key(tuple_id)
     if store.read(key) is None:
         return False
@@ -75,13 +77,13 @@ def _same_tuple_signature(store: Store, tuple_id: str, signer: Signer) -> bool:
     return True
 
 
-def plan_sign(store: Store, target: str, signing_key: str | None) -> SignPlan:
-    """ConfigError (exit 9) for no key, an unusable key or a target that is neither a revision
-    nor a tuple id; NotFound (exit 7) for a revision not published or an unknown tuple;
-    AlreadyExists (exit 6) when another key signed it."""
-    if not signing_key:
-        raise ConfigError("no signing key", hint="pass --signing-key PATH or set K3A_SIGNING_KEY")
-    signer = load_signer(signing_key)
+def plan_sign(store: Store, target: str, signing_key: str | KeyReference | None) -> SignPlan:
+    """``signing_key`` None: this process's identity key (``K3A_IDENTITY_KEY``, else the
+    personal key). ConfigError (exit 9) for an unusable key (one that is not ECDSA P-256/P-384
+    included) or a target that is neither a revision nor a tuple id; NotFound (exit 7) for a
+    revision not published, an unknown tuple or no identity key; AlreadyExists (exit 6) when
+    another key signed it."""
+    signer = release_signer(signing_key)
     ref = match_revision_ref(target)
     if ref is not None:
         raw = published_manifest_bytes(store, ref.repo_id, ref.commit)
@@ -113,6 +115,6 @@ def act_sign(store: Store, plan: SignPlan) -> Signed:
     return Signed(plan.target, signed.key, hint, new=signed.new)
 
 
-def sign(store: Store, target: str, signing_key: str | None) -> Signed:
+def sign(store: Store, target: str, signing_key: str | KeyReference | None) -> Signed:
     """The sign move: :func:`plan_sign`, then :func:`act_sign`."""
     return act_sign(store, plan_sign(store, target, signing_key))

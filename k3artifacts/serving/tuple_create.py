@@ -25,8 +25,9 @@ from k3artifacts.serving.profiles import (
     load_profile,
     serving_spec,
 )
-from k3artifacts.signing.keys import Signer, load_signer
+from k3artifacts.signing.keys import KeyReference, ReleaseSigner
 from k3artifacts.stores.base import Store
+from k3artifacts.trust.keys import release_signer
 
 FsxDetails = tuple[str | None, str | None, str | None, str | None]
 
@@ -37,7 +38,7 @@ class TuplePlan:
     commit: str
     image: ImageRef
     serving: ServingSpec
-    signer: Signer | None
+    signer: ReleaseSigner | None
     created_by: str | None
 
 
@@ -79,14 +80,15 @@ def storage_target(store: Store, s3_region: str | None,
 def plan_tuple(store: Store, revision: str, image: str, profile: str, *,
                verifier_image: str | None = None, insecure_registries: Iterable[str] = (),
                offline: bool = False, s3_region: str | None = None,
-               fsx: FsxDetails = (None, None, None, None), signing_key: str | None = None,
+               fsx: FsxDetails = (None, None, None, None),
+               signing_key: str | KeyReference | None = None,
                created_by: str | None = None) -> TuplePlan:
     """UsageError (exit 2) for a revision that is not ``org/name@<commit>``; NotFound (exit 7)
     for a revision not published, a profile or an image not found; Unavailable (exit 8) for a
     registry that cannot be reached; ConfigError (exit 9) for a bad key, profile, reference or
     storage details."""
     repo_id, commit = parse_revision_ref(revision)
-    signer = load_signer(signing_key) if signing_key else None
+    signer = release_signer(signing_key) if signing_key else None
     loaded = load_profile(profile)
     published_manifest(store, repo_id, commit)
     pinned = resolve_image(image, insecure_registries=insecure_registries, offline=offline)
@@ -111,7 +113,7 @@ def create_release_tuple(store: Store, revision: str, image: str, profile: str, 
                          insecure_registries: Iterable[str] = (), offline: bool = False,
                          s3_region: str | None = None,
                          fsx: FsxDetails = (None, None, None, None),
-                         signing_key: str | None = None,
+                         signing_key: str | KeyReference | None = None,
                          created_by: str | None = None) -> TupleCreated:
     """The tuple-create move: :func:`plan_tuple`, then :func:`act_tuple`."""
     return act_tuple(store, plan_tuple(

@@ -15,7 +15,7 @@ import binascii
 import hashlib
 import json
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import hashes, serialization
@@ -59,14 +59,26 @@ def _hash_for(key: ec.EllipticCurvePublicKey) -> hashes.HashAlgorithm:
     return CURVE_HASHES[key.curve.name]()
 
 
-def sign_statement(private_key: ec.EllipticCurvePrivateKey, statement: dict[str, Any]) -> bytes:
-    """A bundle (JSON bytes) holding ``statement`` signed by ``private_key``."""
+class KeySigner(Protocol):
+    """Any key k3a signs with (:func:`k3artifacts.trust.keys.load_signer`): its public half,
+    where it is (for messages), and a signature over bytes (ed25519's, or ECDSA's in DER over
+    the curve's digest)."""
+
+    public_key: Any
+    source: str
+
+    def sign(self, message: bytes) -> bytes: ...
+
+
+def sign_statement(signer: KeySigner, statement: dict[str, Any]) -> bytes:
+    """A bundle (JSON bytes) holding ``statement`` signed by ``signer``'s ECDSA key (a key in
+    memory, KMS or a token: it is given the DSSE encoding and answers a DER signature)."""
     payload = json.dumps(statement, sort_keys=True, separators=(",", ":")).encode()
-    signature = private_key.sign(pae(payload), ec.ECDSA(_hash_for(private_key.public_key())))
+    signature = signer.sign(pae(payload))
     bundle = {
         "mediaType": BUNDLE_MEDIA_TYPE,
         "verificationMaterial": {
-            "publicKey": {"hint": key_hint(private_key.public_key())},
+            "publicKey": {"hint": key_hint(signer.public_key)},
             "tlogEntries": [],
         },
         "dsseEnvelope": {

@@ -24,7 +24,7 @@ from k3artifacts.revisions.manifest import (
     revision_prefix,
 )
 from k3artifacts.signing.dsse import STATEMENT_TYPE, BundleError, verify_bundle
-from k3artifacts.signing.keys import Signer
+from k3artifacts.signing.keys import ReleaseSigner
 from k3artifacts.stores.base import OBJECT_RECORDS_REL, Store
 
 SIGNATURE_NAME = "model.sig"
@@ -92,7 +92,8 @@ def published_manifest_bytes(store: Store, repo_id: str, commit: str) -> bytes:
     )
 
 
-def sign_revision(store: Store, repo_id: str, commit: str, signer: Signer) -> RevisionSignature:
+def sign_revision(store: Store, repo_id: str, commit: str,
+                  signer: ReleaseSigner) -> RevisionSignature:
     """Sign a published revision and store ``.k3a/model.sig``; reads only its manifest."""
     raw = published_manifest_bytes(store, repo_id, commit)
     statement = revision_statement(

@@ -33,7 +33,7 @@ from k3artifacts import faultpoints
 from k3artifacts.errors import AlreadyExists, K3AError, Refusal, ReleaseRefused, VerifyMismatch
 from k3artifacts.revisions.manifest import FileRecord, RemoteCodeEntry, ShardManifest
 from k3artifacts.revisions.refs import COMMIT, check_repo_id
-from k3artifacts.signing.keys import Signer, load_signer
+from k3artifacts.signing.keys import ReleaseSigner
 from k3artifacts.signing.revision import sign_revision
 from k3artifacts.staging import license as license_capture
 from k3artifacts.staging.events import StageObserver
@@ -60,6 +60,7 @@ from k3artifacts.staging.worker import (
 )
 from k3artifacts.stores.base import PutReceipt, ReuseFailed, Store, receipt_stats
 from k3artifacts.stores.revisions import RevisionStore
+from k3artifacts.trust.keys import release_signer
 
 __all__ = ["StageOptions", "StageResult", "act_stage", "plan_stage", "stage"]
 
@@ -200,7 +201,7 @@ def act_stage(
     options = options or StageOptions()
     observer = observer or StageObserver()
     repo_id, commit = plan.repo_id, plan.commit
-    signer = load_signer(options.signing_key) if options.signing_key else None
+    signer = release_signer(options.signing_key) if options.signing_key else None
     with Quarantine(quarantine_root, repo_id, commit) as quarantine:
         existing = store.read_manifest(repo_id, commit)
         if existing is not None:
@@ -220,7 +221,7 @@ def act_stage(
 
 
 def _sign(
-    store: Store, repo_id: str, commit: str, signer: Signer, observer: StageObserver
+    store: Store, repo_id: str, commit: str, signer: ReleaseSigner, observer: StageObserver
 ) -> str:
     """Sign the published revision from its manifest's digests (no byte is read again)."""
     try:
@@ -250,7 +251,7 @@ def plan_stage(
     options = options or StageOptions()
     check_repo_id(repo_id)
     if options.signing_key:
-        load_signer(options.signing_key)
+        release_signer(options.signing_key)
     commit = source.resolve(repo_id, revision)
     published = store.read_manifest(repo_id, commit)
     if published is not None:

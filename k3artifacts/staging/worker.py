@@ -28,6 +28,7 @@ from k3artifacts.net.policy import RetryPolicy
 from k3artifacts.revisions.hashing import MultiHasher
 from k3artifacts.revisions.manifest import FileRecord
 from k3artifacts.settings import default_quarantine, default_workers
+from k3artifacts.signing.keys import KeyReference
 from k3artifacts.staging.download import Ranges, fetch, kept_prefix
 from k3artifacts.staging.events import StageObserver
 from k3artifacts.staging.hub import HubSource, RemoteFile
@@ -59,9 +60,10 @@ class StageOptions:
     #: under this many bytes, and a shard's local copy is deleted once the store has it. For a
     #: checkpoint larger than the staging worker's disk (S3, or an FSx mount off local NVMe).
     window_bytes: int | None = None
-    #: PEM private key to sign the revision with once it is published (``.k3a/model.sig``);
-    #: read by the coordinating process only, never by a worker.
-    signing_key: str | None = None
+    #: The key to sign the revision with once it is published (``.k3a/model.sig``): a key
+    #: reference (a PEM file, kms:KEY, a pkcs11: URI); read by the coordinating process only,
+    #: never by a worker.
+    signing_key: str | KeyReference | None = None
     #: Re-hash files reused from a published revision after the store copied them, where the
     #: store keeps no checksum of its own (a file tree: xxh3-128; S3 always checks CRC64NVME).
     reverify_reused: bool = False

@@ -4,6 +4,8 @@ The store's policy names them in ``identities.yaml`` (carried by the policy docu
 changed only as the policy is: :mod:`k3artifacts.policy.record`)::
 
     schema_version: 1
+    release_channels:          # a channel not listed requires no release signature
+      production: {required: true, identities: [release-2026], verify_bytes: true}
     identities:
       alice:
         about: release engineer
@@ -22,10 +24,22 @@ changed only as the policy is: :mod:`k3artifacts.policy.record`)::
         roles: [preflight, traffic]
         keys:
           - pem: "-----BEGIN PUBLIC KEY-----\\n..."
+      release-2026:
+        roles: [release]
+        keys:
+          - pem: "-----BEGIN PUBLIC KEY-----\\n..."   # ECDSA P-256 or P-384
+            pkcs11: pkcs11:token=release;object=k3a
 
 A record is trusted only when signed by a key listed here under an identity holding the role
 that kind of record needs (:data:`ROLES`). One key belongs to one identity: a key shared by two
 would let one person count as two where a second identity is required.
+
+Releases (a revision's ``.k3a/model.sig``, a tuple's signature, a warm start's) are signed by
+identities holding the ``release`` role, with their ECDSA keys (model-signing's verifiers check
+those only; an ed25519 key of such an identity signs its records, never a release).
+``release_channels`` says, per channel, whether the promotion gate requires a release
+signature, whose (``identities``; empty: every identity holding ``release``), and whether the
+gate re-reads the weights against the signed manifest (``verify_bytes``).
 """
 
 from __future__ import annotations
@@ -37,12 +51,20 @@ from functools import cached_property
 from typing import Literal, get_args
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from cryptography.hazmat.primitives.asymmetric import ec
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from k3artifacts.errors import ConfigError, plain_validation_errors
+from k3artifacts.signing.keys import Pkcs11Signer
 from k3artifacts.trust.keys import (
     KmsSigner,
-    Pkcs11RecordSigner,
     PublicKey,
     RecordSigner,
     key_id,
@@ -55,10 +77,15 @@ from k3artifacts.trust.keys import (
 #: gates read (evaluation reports, image scans, infrastructure preflights, canary analyses);
 #: ``promote``: channel moves (history entries and pointers) and the approval requests they
 #: make; ``policy``: policy proposals; ``warm``: warm-start manifests; ``freshness``: the
-#: store's signed freshness head (``policy/freshness.py``: a scheduled refresh's identity).
+#: store's signed freshness head (``policy/freshness.py``: a scheduled refresh's identity);
+#: ``release``: releases (revisions, tuples, warm starts) in the model-signing format.
 Role = Literal["review", "approve", "evaluate", "scan", "preflight", "traffic", "promote",
-               "policy", "warm", "freshness"]
+               "policy", "warm", "freshness", "release"]
 ROLES: tuple[Role, ...] = get_args(Role)
+#: The roles a store's first policy gives its seeders: every one but ``release``, which a
+#: policy change grants to a release key (production stays closed until one does).
+SEEDED_ROLES: tuple[Role, ...] = tuple(r for r in ROLES if r != "release")
+RELEASE_CURVES = ("secp256r1", "secp384r1")
 
 IDENTITY_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._@:/+=-]{0,127}$")
 
@@ -111,7 +138,7 @@ class KeyEntry(_Strict):
         """The entry naming ``signer``'s public key, and where a KMS or HSM key lives."""
         return cls(pem=public_pem(signer.public_key),
                    kms=signer.arn if isinstance(signer, KmsSigner) else None,
-                   pkcs11=signer.source if isinstance(signer, Pkcs11RecordSigner) else None)
+                   pkcs11=signer.source if isinstance(signer, Pkcs11Signer) else None)
 
 
 def check_unique_keys(owners: Iterable[tuple[str, KeyEntry]]) -> None:
@@ -138,9 +165,29 @@ class Identity(_Strict):
     keys: list[KeyEntry] = Field(min_length=1)
 
 
+class ReleaseChannel(_Strict):
+    """Whether a channel requires release signatures, and whose count there."""
+
+    required: bool = True
+    #: The identities whose release signatures count on the channel; empty: every identity
+    #: holding the ``release`` role.
+    identities: list[str] = Field(default_factory=list)
+    #: The promotion gate re-reads the weights (xxh3-128) against the signed manifest.
+    verify_bytes: bool = True
+
+
 class Identities(_Strict):
     schema_version: Literal[1] = 1
+    #: Before ``identities``, which ends the file: an entry printed by `k3a key show --entry`
+    #: is appended to it.
+    release_channels: dict[str, ReleaseChannel] = Field(default_factory=dict)
     identities: dict[str, Identity] = Field(default_factory=dict)
+
+    @field_validator("identities", "release_channels", mode="before")
+    @classmethod
+    def _none_is_empty(cls, value: object) -> object:
+        # ``identities:`` with nothing under it yet (the packaged file, entries to append).
+        return {} if value is None else value
 
     @field_validator("identities")
     @classmethod
@@ -148,6 +195,32 @@ class Identities(_Strict):
         check_names(value)
         check_unique_keys((name, k) for name, ident in value.items() for k in ident.keys)
         return value
+
+    @model_validator(mode="after")
+    def _release_identities(self) -> Identities:
+        for channel, rule in self.release_channels.items():
+            wrong = [name for name in rule.identities if name not in self.identities
+                     or "release" not in self.identities[name].roles]
+            if wrong:
+                raise ValueError(f"release_channels.{channel} names {wrong}, not identities "
+                                 "holding the release role")
+        return self
+
+    def release_keys(self, channel: str | None) -> dict[str, ec.EllipticCurvePublicKey]:
+        """The ECDSA keys whose release signatures count on ``channel`` (None: anywhere), by
+        name: the identity's, or ``identity:keyid`` where it has several."""
+        rule = None if channel is None else self.release_channels.get(channel)
+        named = set(rule.identities) if rule is not None and rule.identities else None
+        found = {}
+        for name, ident in self.identities.items():
+            if "release" not in ident.roles or (named is not None and name not in named):
+                continue
+            usable = [k for k in ident.keys if isinstance(k.public_key, ec.EllipticCurvePublicKey)
+                      and k.public_key.curve.name in RELEASE_CURVES]
+            for k in usable:
+                label = name if len(usable) == 1 else f"{name}:{k.id[:12]}"
+                found[label] = k.public_key
+        return found
 
     def keyring(self) -> Keyring:
         return Keyring.of((name, ident.keys, frozenset(ident.roles))
@@ -182,8 +255,9 @@ class Keyring:
 
 def seeded(name: str, key: KeyEntry, *, about: str | None = None) -> Identities:
     """The identities of a store's first policy made on first use: its seeder, with every
-    role (a team narrows them, and adds people, by policy changes)."""
-    return Identities(identities={name: Identity(about=about, roles=list(ROLES), keys=[key])})
+    role but ``release`` (a team narrows them, and adds people, by policy changes)."""
+    return Identities(identities={name: Identity(about=about, roles=list(SEEDED_ROLES),
+                                                 keys=[key])})
 
 
 def loosening(old: Identities, new: Identities) -> list[str]:
@@ -201,6 +275,26 @@ def loosening(old: Identities, new: Identities) -> list[str]:
         added = [r for r in ident.roles if r not in before.roles]
         if added:
             found.append(f"lets {name} sign {', '.join(added)}")
+    return found + _release_loosening(old, new)
+
+
+def _release_loosening(old: Identities, new: Identities) -> list[str]:
+    """A channel's release rule dropped, no longer required or re-reading the weights, or
+    counting an identity it did not (none listed: every release identity of the policy)."""
+    found = []
+    for channel, rule in old.release_channels.items():
+        later = new.release_channels.get(channel)
+        if later is None:
+            found.append(f"drops the release rule of {channel}")
+            continue
+        if rule.required and not later.required:
+            found.append(f"no longer requires release signatures on {channel}")
+        if rule.verify_bytes and not later.verify_bytes:
+            found.append(f"no longer re-reads the weights of {channel}'s releases")
+        counted = set(old.release_keys(channel))
+        more = sorted(set(new.release_keys(channel)) - counted)
+        if more:
+            found.append(f"counts release signatures by {', '.join(more)} on {channel}")
     return found
 
 
@@ -223,8 +317,10 @@ _Dumper.add_representer(str, lambda dumper, text: dumper.represent_scalar(
 
 
 def identities_yaml(identities: Identities) -> str:
-    return yaml.dump(identities.model_dump(mode="json", exclude_none=True), Dumper=_Dumper,
-                     sort_keys=False)
+    data = identities.model_dump(mode="json", exclude_none=True)
+    if not data["release_channels"]:
+        del data["release_channels"]
+    return yaml.dump(data, Dumper=_Dumper, sort_keys=False)
 
 
 def entry_yaml(name: str, identity: Identity) -> str:

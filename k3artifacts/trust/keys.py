@@ -2,7 +2,8 @@
 
 Who signed a record is whoever holds the private half of the key that verifies it: a record
 says nothing about its author that its signature does not prove. The key this process signs
-with is a setting (``K3A_IDENTITY_KEY``), one of:
+with is named by a key reference (``K3A_IDENTITY_KEY``, or ``--signing-key`` where a command
+signs a release), one of:
 
 * a PEM private key file, ed25519 or ECDSA P-256 / P-384, one per person, in the spirit of
   git's allowed signers (the policy lists each person's public key). Unset, it is this
@@ -12,12 +13,16 @@ with is a setting (``K3A_IDENTITY_KEY``), one of:
 * ``kms:KEY`` (a key id, ARN or alias): an AWS KMS ``ECC_NIST_P256`` signing key. The IAM
   permission ``kms:Sign`` on it is the identity: the private half never leaves KMS, and no STS
   answer is asked or trusted. The public half comes from ``GetPublicKey``; the message is
-  signed ``RAW`` (KMS takes at most 4096 bytes: the signed payloads are small by design,
-  :mod:`.envelope`);
+  signed ``RAW`` (records' payloads are small by design, :mod:`.envelope`), or, past the
+  4096 bytes KMS takes raw (a revision's statement), as the sha256 ``DIGEST`` computed here,
+  which is the same ECDSA_SHA_256 signature;
 * a ``pkcs11:`` URI: a key held in an HSM, through the PKCS#11 signer of :mod:`k3artifacts.
   signing.keys` (the ``pkcs11`` extra).
 
-Every signer has ``public_key``, ``key_id``, ``source`` and ``sign(message) -> signature``.
+:func:`load_signer` is the one loader of a key reference: the same key signs records as an
+identity and releases (wrapped by :class:`~k3artifacts.signing.keys.ReleaseSigner`) when its
+identity holds the ``release`` role. Every signer has ``public_key``, ``source`` and
+``sign(message) -> signature``.
 A key id is the sha256 of the public key's PEM SubjectPublicKeyInfo: the number a sigstore
 bundle names its key by (``signing/dsse.key_hint``), so one key has one id everywhere in k3a.
 """
@@ -25,6 +30,7 @@ bundle names its key by (``signing/dsse.key_hint``), so one key has one id every
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -34,10 +40,12 @@ from typing import Any, Literal, Protocol
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, ed25519
+from pydantic import SecretStr
 
 from k3artifacts.errors import ConfigError, NotFound
 from k3artifacts.settings import config_home, load
 from k3artifacts.signing.dsse import CURVE_HASHES, key_hint
+from k3artifacts.signing.keys import KeyReference, Pkcs11Signer, ReleaseSigner
 from k3artifacts.trust.localfiles import private_dir, problem, write_new
 
 PublicKey = ed25519.Ed25519PublicKey | ec.EllipticCurvePublicKey
@@ -159,10 +167,13 @@ class KmsSigner:
 
     def sign(self, message: bytes) -> bytes:
         if len(message) > KMS_RAW_LIMIT:
-            raise ValueError(f"{len(message)} bytes to sign; KMS signs at most {KMS_RAW_LIMIT} "
-                             "raw (sign a small statement, not a record)")
+            # KMS hashes a RAW message itself; past its limit the digest is sent instead, and
+            # the signature over it is the one ECDSA_SHA_256 makes over the message.
+            message, kind = hashlib.sha256(message).digest(), "DIGEST"
+        else:
+            kind = "RAW"
         answer = self._call(f"KMS Sign with {self.arn}", self._client.sign, KeyId=self.arn,
-                            Message=message, MessageType="RAW", SigningAlgorithm=KMS_ALGORITHM)
+                            Message=message, MessageType=kind, SigningAlgorithm=KMS_ALGORITHM)
         return bytes(answer["Signature"])
 
     @staticmethod
@@ -200,26 +211,13 @@ class KmsSigner:
             raise translate(exc, what) from exc
 
 
-class Pkcs11RecordSigner:
-    """A key in a PKCS#11 token (an HSM, SoftHSM), signing through model-signing's session."""
-
-    def __init__(self, uri: str):
-        from k3artifacts.signing.keys import Pkcs11Signer
-
-        self._token = Pkcs11Signer(uri)
-        self.source = self._token.source
-        self.public_key: PublicKey = self._token.public_key
-
-    def sign(self, message: bytes) -> bytes:
-        return self._token.sign_bytes(message)
-
-
 def personal_key_path() -> Path:
     return config_home() / "keys" / PERSONAL_KEY
 
 
-def load_file_signer(path: Path) -> FileSigner:
-    """The private key in ``path``, refused when others can read or write it."""
+def load_file_signer(path: Path, password: SecretStr | None = None) -> FileSigner:
+    """The private key in ``path``, refused when others can read or write it; an encrypted
+    one opened with ``password``, else ``K3A_IDENTITY_KEY_PASSWORD``."""
     try:
         data = path.read_bytes()
     except FileNotFoundError:
@@ -233,10 +231,10 @@ def load_file_signer(path: Path) -> FileSigner:
         raise ConfigError(f"identity key {path} refused: {unsafe}",
                           hint=f"chmod 600 {path} (and 700 its directory), as ssh requires of "
                           "a private key; then check no one else used it")
-    secret = load().identity_key_password
-    password = secret.get_secret_value().encode() if secret is not None else None
+    secret = password or load().identity_key_password
     try:
-        key = serialization.load_pem_private_key(data, password)
+        key = serialization.load_pem_private_key(
+            data, secret.get_secret_value().encode() if secret is not None else None)
         key_kind(key.public_key())  # type: ignore[arg-type]
     except (ValueError, TypeError) as exc:
         raise ConfigError(
@@ -301,11 +299,7 @@ def identity_signer(*, create: bool, on_first_signature: bool = False) -> Identi
     ``on_first_signature`` when it first signs: :class:`UnsavedPersonalKey`)."""
     spec = load().identity_key
     if spec is not None:
-        if spec.startswith("kms:"):
-            return IdentityKey(KmsSigner(spec.removeprefix("kms:")))
-        if spec.startswith("pkcs11:"):
-            return IdentityKey(Pkcs11RecordSigner(spec))
-        return IdentityKey(load_file_signer(Path(spec).expanduser()))
+        return IdentityKey(load_signer(spec))
     path = personal_key_path()
     if create and not path.exists():
         if on_first_signature:
@@ -316,3 +310,29 @@ def identity_signer(*, create: bool, on_first_signature: bool = False) -> Identi
         except FileExistsError:
             pass  # another k3a of this account made it first: use that one
     return IdentityKey(load_file_signer(path))
+
+
+def load_signer(reference: str | KeyReference) -> RecordSigner:
+    """The key ``reference`` names: ``kms:KEY``, a ``pkcs11:`` URI or a PEM file (see the
+    module doc); ConfigError (exit 9) naming what is wrong with it."""
+    ref = KeyReference.of(reference)
+    spec = ref.spec
+    if spec.startswith("kms:"):
+        return KmsSigner(spec.removeprefix("kms:"))
+    if spec.startswith("pkcs11:"):
+        return Pkcs11Signer(spec)
+    if spec == "sigstore":
+        raise ConfigError(
+            "sigstore keyless signing needs a Fulcio/Rekor reachable and an identity policy on "
+            "every verifier; k3a verifies key signatures only",
+            hint="name a key: a PEM file, kms:KEY or a pkcs11: URI (docs/guides/signing.md, "
+            "'Keyless')")
+    return load_file_signer(Path(spec).expanduser(), ref.password)
+
+
+def release_signer(reference: str | KeyReference | None) -> ReleaseSigner:
+    """The key a release statement is signed with: ``reference``, else this process's
+    identity key (``K3A_IDENTITY_KEY``, else the personal key); refused unless ECDSA."""
+    if reference is None:
+        return ReleaseSigner(identity_signer(create=False).signer)
+    return ReleaseSigner(load_signer(reference))

@@ -36,8 +36,9 @@ from k3artifacts.releases.lookup import resolve_tuple
 from k3artifacts.releases.tuples import ReleaseTuple
 from k3artifacts.revisions.hashing import MultiHasher
 from k3artifacts.signing.attestation import statement
-from k3artifacts.signing.keys import Signer, load_signer
+from k3artifacts.signing.keys import KeyReference, ReleaseSigner
 from k3artifacts.stores.base import Store
+from k3artifacts.trust.keys import release_signer
 from k3artifacts.warm.claim import check_claim, publish
 from k3artifacts.warm.model import (
     BLOB_PREFIX,
@@ -180,8 +181,8 @@ class CapturePlan:
     jobs: tuple[_Job, ...]
     #: Who captures, with the key the manifest's record is signed with.
     by: Acting
-    #: A release key whose signature the channel's signing policy may ask for, besides.
-    signer: Signer | None
+    #: A release key whose signature the channel's release rule may ask for, besides.
+    signer: ReleaseSigner | None
     #: The channel's rule for what stands at the key (:mod:`.claim`); None: whatever is there.
     trust: WarmTrust | None
     #: The manifest's key: the tuple, the GPU model and the layout.
@@ -190,7 +191,8 @@ class CapturePlan:
 
 def plan_capture(store: Store, release: ReleaseTuple, *, gpu: str, tensor_parallel: int,
                  pipeline_parallel: int, roots: list[CaptureRoot], by: Acting,
-                 signer: Signer | None = None, trust: WarmTrust | None = None) -> CapturePlan:
+                 signer: ReleaseSigner | None = None,
+                 trust: WarmTrust | None = None) -> CapturePlan:
     """RoleRefused (exit 9) for a capturer without the role ``warm``; list and check every file
     under ``roots`` (a link, FIFO or device refuses the capture, ConfigError exit 9);
     AlreadyCaptured (exit 6) when the tuple has an artifact for this GPU and layout that
@@ -274,7 +276,7 @@ def act_capture(store: Store, plan: CapturePlan, *, workers: int = WORKERS,
 
 def capture(store: Store, release: ReleaseTuple, *, gpu: str, tensor_parallel: int,
             pipeline_parallel: int, roots: list[CaptureRoot], by: Acting,
-            signer: Signer | None = None, workers: int = WORKERS,
+            signer: ReleaseSigner | None = None, workers: int = WORKERS,
             on_file: Callable[[int], None] | None = None,
             trust: WarmTrust | None = None) -> CaptureResult:
     """:func:`plan_capture`, then :func:`act_capture`. ``trust``: the channel's rule, which
@@ -288,7 +290,8 @@ def capture(store: Store, release: ReleaseTuple, *, gpu: str, tensor_parallel: i
 
 def capture_target(store: Store, target: str, dirs: list[str], *, by: Acting,
                    gpu: str | None = None, tp: int | None = None,
-                   signing_key: str | None = None, channel: str | None = None) -> CaptureResult:
+                   signing_key: str | KeyReference | None = None,
+                   channel: str | None = None) -> CaptureResult:
     """The warm-capture move as ``k3a warm capture`` names it: ``target`` a tuple or a
     channel, ``dirs`` ``NAME=DIR`` specs, the GPU detected with nvidia-smi unless given, the
     layout the tuple's unless ``tp`` overrides it, the capturer ``by`` (the identity whose key
@@ -300,7 +303,7 @@ def capture_target(store: Store, target: str, dirs: list[str], *, by: Acting,
     if not gpu:
         raise UsageError("no GPU found (nvidia-smi)", hint="pass --gpu MODEL")
     want_tp, pp = tuple_layout(release)
-    signer = load_signer(signing_key) if signing_key else None
+    signer = release_signer(signing_key) if signing_key else None
     trust = warm_trust(in_force(store), channel)
     return capture(store, release, gpu=gpu, tensor_parallel=tp or want_tp, pipeline_parallel=pp,
                    roots=roots, by=by, signer=signer, trust=trust)

@@ -23,7 +23,7 @@ from dataclasses import replace
 from k3artifacts.errors import AlreadyExists
 from k3artifacts.releases.tuples import ReleaseTuple
 from k3artifacts.signing.dsse import key_hint
-from k3artifacts.signing.keys import Signer
+from k3artifacts.signing.keys import ReleaseSigner
 from k3artifacts.stores.base import Store
 from k3artifacts.warm.model import WarmManifest, signature_key
 from k3artifacts.warm.trust import NOBODY_MADE, WarmMiss, WarmTrust, check_manifest
@@ -58,7 +58,7 @@ def _unusable(store: Store, release: ReleaseTuple, *, gpu: str, tp: int, pp: int
     return None
 
 
-def _may_replace(miss: WarmMiss, signer: Signer | None, trust: WarmTrust | None) -> bool:
+def _may_replace(miss: WarmMiss, signer: ReleaseSigner | None, trust: WarmTrust | None) -> bool:
     if miss.reason in NOBODY_MADE:
         return True
     trusted = {key_hint(k) for k in trust.trusted.values()} if trust else set()
@@ -66,7 +66,7 @@ def _may_replace(miss: WarmMiss, signer: Signer | None, trust: WarmTrust | None)
 
 
 def check_claim(store: Store, release: ReleaseTuple, key: str, *, gpu: str, tp: int, pp: int,
-                signer: Signer | None, trust: WarmTrust | None) -> None:
+                signer: ReleaseSigner | None, trust: WarmTrust | None) -> None:
     """Before anything is read or stored: AlreadyCaptured when an artifact stands at ``key``
     that the channel would use, or that this capture may not replace. :func:`publish` decides
     again at the write, for a capture that got there meanwhile."""
@@ -81,7 +81,7 @@ def check_claim(store: Store, release: ReleaseTuple, key: str, *, gpu: str, tp: 
 
 
 def publish(store: Store, release: ReleaseTuple, manifest: WarmManifest, record: bytes,
-            signature: bytes | None, signer: Signer | None,
+            signature: bytes | None, signer: ReleaseSigner | None,
             trust: WarmTrust | None) -> str | None:
     """Create the manifest's signed ``record`` (then its release signature, if any) at its
     key; returns why an artifact already there was replaced, None when the key was free.

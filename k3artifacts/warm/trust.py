@@ -12,10 +12,11 @@ an artifact is used only when all of these hold, checked in this order:
   ``malformed`` for bytes that are no record), never used;
 * it was captured for this tuple (id, image digest and serving args), this GPU model and this
   tensor/pipeline-parallel layout;
-* where the channel's signing policy requires signatures (or its warm-start policy asks for
-  one), it also carries a release signature (``.sig``, as a tuple's) by a key the channel
-  trusts, over exactly this manifest: the channel's rule, on top of the capturer's record. A
-  release signature present but failing to verify is never ignored;
+* where the channel's release rule (``identities.yaml``) requires signatures (or its
+  warm-start policy asks for one), it also carries a release signature (``.sig``, as a
+  tuple's) by a key the channel trusts, over exactly this manifest: the channel's rule, on
+  top of the capturer's record. A release signature present but failing to verify is never
+  ignored;
 * later, every file matches the manifest's digests (:mod:`.node`).
 
 Anything else is a :class:`WarmMiss` with a named reason: the server starts cold, the reason
@@ -28,7 +29,7 @@ from dataclasses import dataclass, field
 
 from cryptography.hazmat.primitives.asymmetric import ec
 
-from k3artifacts.errors import ConfigError, UntrustedRecord
+from k3artifacts.errors import ConfigError, MigrationNeeded, UntrustedRecord
 from k3artifacts.policy.record import InForce
 from k3artifacts.policy.signed import Family, RecordTrust, parse_signed
 from k3artifacts.releases.tuples import ReleaseTuple
@@ -85,9 +86,9 @@ class WarmTrust:
 
 def warm_trust(policy: InForce, channel: str | None) -> WarmTrust:
     """The channel's warm-start rule: who may capture (the policy's identities), its
-    ``warm_start`` policy and its signing policy. No channel (a bare tuple, a pre-warm of a
+    ``warm_start`` policy and its release rule. No channel (a bare tuple, a pre-warm of a
     candidate): release signatures are required when any channel requires them, since the
-    artifact may end up serving there. Never raises over the signing policy: a channel that
+    artifact may end up serving there. Never raises over the release rules: a channel that
     requires signatures and trusts no key gets misses. ``policy``: the store's policy in force
     (``k3a policy show``)."""
     document = policy.document
@@ -95,16 +96,19 @@ def warm_trust(policy: InForce, channel: str | None) -> WarmTrust:
     rule = gates.channels.get(channel) if channel else None
     warm = rule.warm_start if rule is not None else None
     try:
-        keys = document.trusted_keys()
-    except ConfigError:
+        keys = document.release_keys()
+    except MigrationNeeded:
+        # Release keys still trusted the old way: nothing counts until the migration ran,
+        # and an unsigned artifact is not used meanwhile.
         keys = None
     if keys is None:
-        required, trusted = False, {}
+        required, trusted = True, {}
     else:
         if channel is not None:
             required = keys.required(channel)
         else:
-            required = any(rule.required for rule in keys.policy.channels.values())
+            required = any(rule.required
+                           for rule in keys.identities.release_channels.values())
         try:
             trusted = keys.for_channel(channel)
         except ConfigError:
@@ -123,7 +127,7 @@ class Trusted:
     raw: bytes
     #: The release signature (``.sig``), where there is one.
     signature: bytes | None
-    #: The release key that made it, where the channel's signing policy checked one.
+    #: The release key that made it, where the channel's release rule checked one.
     signed_by: str | None
 
     @property
@@ -187,8 +191,8 @@ def check_manifest(store: Store, release: ReleaseTuple, *, gpu: str | None, tp: 
         raise WarmMiss("unsigned", f"{key} has no release signature and {whose} requires "
                        "one (capture with --signing-key KEY, a key the policy trusts)")
     if sig is not None and trust.require_signature and not trust.trusted:
-        raise WarmMiss("bad-signature", f"{signature_key(key)}: the signing policy trusts no "
-                       f"key for {whose}")
+        raise WarmMiss("bad-signature", f"{signature_key(key)}: the policy names no release "
+                       f"identity for {whose}")
     if sig is not None and trust.trusted:
         try:
             signed_by = verify_statement(

@@ -5,7 +5,7 @@ cluster can be given; a failure carries the renderer's own message and what to a
 S3 location, the verifier image, a profile the target accepts). A tuple whose profile loads
 with ``--load-format k3a`` only renders with the trust its pod checks signatures under, so the
 gate renders it as ``k3a render --verify-signature`` would: with this client's pinned root and
-the signing policy in force.
+the release identities in force.
 """
 
 from __future__ import annotations

@@ -1,8 +1,9 @@
-"""The ``signature`` gate: a tuple moves onto a channel whose signing policy requires it only
-if its revision and the tuple itself are signed by keys the channel trusts.
+"""The ``signature`` gate: a tuple moves onto a channel whose release rule requires it only
+if its revision and the tuple itself are signed by release identities the channel counts.
 
-Policy: ``signing/trusted-keys.yaml`` of the store's policy in force (which channels require
-signatures, which keys each trusts, and whether the gate re-reads the weights). With
+Policy: ``identities.yaml`` of the store's policy in force (its identities holding the
+``release`` role, and ``release_channels``: which channels require release signatures, whose,
+and whether the gate re-reads the weights). With
 ``verify_bytes`` (the default) the revision's bytes are checked once with xxh3-128 against the
 signed manifest, as a node does before serving: a byte changed in the store after signing is
 caught here, before the channel moves, not on the first node that pulls it.
@@ -13,11 +14,11 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from k3artifacts.errors import K3AError
+from k3artifacts.policy.release_keys import ReleaseKeys
 from k3artifacts.policy.results import GateResult
 from k3artifacts.promotion.gates.context import GateContext
 from k3artifacts.releases.signatures import check_tuple_signature
 from k3artifacts.releases.tuples import ReleaseTuple
-from k3artifacts.signing.policy import TrustedKeys
 from k3artifacts.signing.verify import SIGNATURE_STAGE, verify_signed_revision
 from k3artifacts.stores.base import Store
 
@@ -25,13 +26,13 @@ NAME = "signature"
 
 
 def check(ctx: GateContext) -> GateResult:
-    return signature_gate(ctx.store, ctx.release, ctx.channel, ctx.document.trusted_keys)
+    return signature_gate(ctx.store, ctx.release, ctx.channel, ctx.document.release_keys)
 
 
 def signature_gate(
-    store: Store, release: ReleaseTuple, channel: str, keys: Callable[[], TrustedKeys]
+    store: Store, release: ReleaseTuple, channel: str, keys: Callable[[], ReleaseKeys]
 ) -> GateResult:
-    """``keys``: the signing policy the channel is judged by (read inside, so that a policy
+    """``keys``: the release keys and rules the channel is judged by (read inside, so that a policy
     that does not load fails the gate, naming why)."""
     try:
         policy = keys()

@@ -90,7 +90,7 @@ def render(
     verifier: VerifierTrust | None = None,
     traffic: TrafficPolicy | None = None,
 ) -> Rendered:
-    """``verifier``: the store's root and signing policy in force as this client trusts them
+    """``verifier``: the store's root and release identities in force as this client trusts them
     (:func:`k3artifacts.policy.signing_keys.verifier_trust`): the pods check signatures with
     the keys of that policy, verified under that root (eks only: a HyperPod endpoint has no
     init container of ours; there the signature gate at promotion is the check). ``traffic``:

@@ -4,7 +4,7 @@ of the bound revision on the mounted weights, under a timeout, before vLLM start
 with signatures checked (``--verify-signature``), that check starts with the tuple's and the
 revision's signatures, by the keys the store's signed policy in force trusts, verified under
 the root this client pins: a ConfigMap carries that pin (for the store as the pod mounts it)
-and, for the record, the signing policy as rendered."""
+and, for the record, the release identities in force as rendered."""
 
 from __future__ import annotations
 
@@ -126,8 +126,8 @@ def verifier_config_map(name: str, namespace: str | None, trust: VerifierTrust,
                         store: str = f"file://{STORE_MOUNT}") -> VerifierMap:
     """The verifier's ConfigMap: this client's root pinned for the store as the pod reaches
     it (``store``: mounted, by default), the heads of its histories this client verified (the
-    pod refuses a store set back behind them), and the signing policy in force
-    (trusted-keys.yaml and its public keys) as rendered."""
+    pod refuses a store set back behind them), and the release identities
+    and channel rules in force (``release-identities.yaml``) as rendered."""
     pin = trust.pin_for(store)
     meta: dict[str, Any] = {"name": f"{name}-{VERIFIER_VOLUME}"}
     if namespace:
@@ -264,7 +264,7 @@ def render_eks(
     verifier: VerifierTrust | None = None,
     pod_store: str = f"file://{STORE_MOUNT}",
 ) -> list[dict]:
-    """``verifier``: the store's root and signing policy as this client trusts them
+    """``verifier``: the store's root and release identities as this client trusts them
     (:func:`k3artifacts.policy.signing_keys.verifier_trust`); given, the init container checks
     the tuple's and the revision's signatures first (with ``--load-format k3a``, vLLM does).
     ``pod_store``: the store's URL as the pods reach it, which the pin names."""

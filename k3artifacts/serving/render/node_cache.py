@@ -172,7 +172,7 @@ def _record_refusals(container: dict) -> None:
 
 def render_eks_node_cache(release: ReleaseTuple, *, name: str, namespace: str | None,
                           verifier: VerifierTrust | None = None) -> list[dict]:
-    """``verifier`` (the pinned root and signing policy): only for a tuple that loads with
+    """``verifier`` (the pinned root and release identities): only for a tuple that loads with
     ``--load-format k3a``, the one way these pods check signatures (vLLM does, as it loads)."""
     res = serving_resources(release.binding.serving, f"tuple {release.id}")
     vol = weights_volume(release, res)
