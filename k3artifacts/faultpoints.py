@@ -22,6 +22,8 @@ Points:
   ``pull-planned`` ``k3a pull`` checked free space, before preallocating (detail: revision)
   ``references-checked`` an S3 revision's object records are written and the revisions it
                   reads objects of were found published (detail: commit), before its manifest
+  ``migrate-resigned`` ``k3a trust migrate`` re-signed every entry of a history older than
+                  signing (detail: the history, ``channel staging``), before its pointer
 """
 
 from __future__ import annotations

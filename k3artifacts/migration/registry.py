@@ -4,10 +4,9 @@ first (the others are judged by it). A new family is one line here: its migrator
 
 from __future__ import annotations
 
-from k3artifacts.policy import migrate as policy
+from k3artifacts.migration import channels, policy
 from k3artifacts.policy.migrating import Migrator
 from k3artifacts.promotion import evidence_migration as evidence
-from k3artifacts.releases import migrate_channels as channels
 
 MIGRATORS: tuple[Migrator, ...] = (
     policy.MIGRATOR,
