@@ -389,7 +389,8 @@ class _Further:
 
 def _checkpointers(root: Keyring, policy: InForce) -> Keyring:
     """Who may sign a channel's checkpoint: its movers (those holding ``promote`` in the
-    policy in force, as they sign its entries) and the root identities (a migration's)."""
+    policy in force, as they sign its entries) and the root identities (before a key is
+    retired: the entries it signed would no longer verify)."""
     movers = {} if policy.version == 0 else {
         k: v for k, v in policy.document.identities.keyring().keys.items()
         if "promote" in v.roles}
