@@ -29,8 +29,8 @@ identity vouches for it.
 from __future__ import annotations
 
 import json
-from collections.abc import Collection
-from dataclasses import dataclass
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Generic, TypeVar
 
@@ -40,9 +40,11 @@ from k3artifacts.canonical import parse_json
 from k3artifacts.errors import AlreadyExists, UntrustedRecord, plain_validation_errors
 from k3artifacts.policy.actor import Acting, RoleRefused
 from k3artifacts.policy.document import PolicyDocument
+from k3artifacts.policy.freshness import Freshness
 from k3artifacts.policy.record import ensure_seeded, in_force
 from k3artifacts.stores.records import RecordStore
 from k3artifacts.trust.envelope import verify_record
+from k3artifacts.trust.heads import Head
 from k3artifacts.trust.identities import Keyring, Role
 
 #: Which roles may sign each kind of record. An approval request is signed with ``promote``
@@ -92,11 +94,16 @@ class RecordTrust:
     #: The policy, for messages (``the store's policy, version 3 (1f3a...)``).
     policy: str
     unsigned_before: datetime | None = None
+    #: The heads of tuples' record logs the store's signed freshness head names (by tuple
+    #: id): a reader that never read a log is held to them.
+    record_logs: Mapping[str, Head] = field(default_factory=dict, hash=False)
 
     @classmethod
-    def of(cls, document: PolicyDocument, label: str) -> RecordTrust:
+    def of(cls, document: PolicyDocument, label: str,
+           freshness: Freshness | None = None) -> RecordTrust:
         return cls(document.identities.keyring(), f"the store's policy, {label},",
-                   document.gates.unsigned.read_evidence_before)
+                   document.gates.unsigned.read_evidence_before,
+                   {} if freshness is None else freshness.records)
 
     def reads_unsigned(self, kind: str, now: datetime | None = None) -> bool:
         return (kind in UNSIGNED_READABLE and self.unsigned_before is not None
@@ -107,7 +114,7 @@ def record_trust(store: RecordStore) -> RecordTrust:
     """What the store's policy in force trusts (the packaged policy, naming nobody, while the
     store has none: no signed record verifies before the first move seeds it)."""
     policy = in_force(store)
-    return RecordTrust.of(policy.document, policy.label())
+    return RecordTrust.of(policy.document, policy.label(), policy.freshness)
 
 
 def _unsigned(data: bytes) -> dict[str, Any] | None:
