@@ -297,8 +297,8 @@ class MigrationNeeded(ConfigError):
     """A store older than signed records: its policy and histories are read as found, and
     nothing moves on it, until one of its root identities migrates it."""
 
-    hint = ("one of the store's root identities runs `k3a trust migrate` (it checkpoints the "
-            "unsigned histories under its signature; docs/policy-and-identity.md, Migration)")
+    hint = ("one of the store's root identities runs `k3a trust migrate` (it signs the "
+            "unsigned histories as found; docs/policy-and-identity.md, Migration)")
 
 
 class UnsafeCacheEntry(ConfigError):

@@ -27,6 +27,8 @@ Points:
   ``load-read``   the verified load read all it reads of a file (detail: its path), before it
                   checks the file is still the one it opened
   ``load-agree``  a rank of the verified load read its files, before the ranks compare them
+  ``migrate-resigned`` ``k3a trust migrate`` re-signed every entry of a history older than
+                  signing (detail: the history, ``channel staging``), before its pointer
 """
 
 from __future__ import annotations

@@ -1,18 +1,19 @@
-"""Stores older than signing (k3artifacts/migration, policy/migrate.py, releases/
-migrate_channels.py), on a file store and on SeaweedFS: read as found where their policy says
-so, never moved on, until `k3a trust migrate` vouches for their histories under a root
-identity's signature; then verified like any other, old entries included."""
+"""Stores older than signing (k3artifacts/migration), on a file store and on SeaweedFS: read as
+found where their policy says so, never moved on, until `k3a trust migrate` re-signs their
+histories as found under a root identity's signature; then verified like any other, signed
+throughout, old entries included."""
 
 from __future__ import annotations
 
 import json
+import subprocess
 from datetime import UTC, datetime, timedelta
 
 import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
-from k3artifacts.canonical import canonical_json
+from k3artifacts.canonical import canonical_digest, canonical_json
 from k3artifacts.errors import UntrustedRecord
 from k3artifacts.migration.registry import MIGRATORS
 from k3artifacts.migration.release_keys import migrated
@@ -30,16 +31,19 @@ from k3artifacts.policy.record import (
 )
 from k3artifacts.releases.channels import ChannelPointer, HistoryEntry, history, history_key
 from k3artifacts.releases.channels import pointer_key as channel_key
+from k3artifacts.trust.chain import Link
+from k3artifacts.trust.envelope import is_unsigned, sign_record
 from k3artifacts.trust.identities import Identities, Identity, KeyEntry, identities_yaml
 from k3artifacts.trust.pins import load_pin
 from k3artifacts.trust.root import root_key
 from tests.fixtures import people
 from tests.fixtures.any_store import overwrite
-from tests.fixtures.people import ME
-from tests.support.cli import invoke
+from tests.fixtures.people import ME, me_signer
+from tests.support.cli import K3A, invoke
 from tests.support.releases import Releases
 
 OLD = Actor(name="alice", source="os-user")
+BASE = "releases/channels/staging/base.json"
 T0 = datetime(2026, 1, 5, tzinfo=UTC)
 
 
@@ -101,16 +105,15 @@ def test_an_old_store_whose_policy_says_so_is_not_read(any_store, any_env, polic
     assert "refused (unsigned)" in refused.stderr and "k3a trust migrate" in refused.stderr
 
 
-def test_migrate_vouches_for_the_histories_and_signs_the_next_version(any_store, any_env, policies,
-                                                                      tmp_path):
+def test_migrate_re_signs_the_histories_and_signs_the_next_version(any_store, any_env, policies,
+                                                                   tmp_path):
     releases, (a, b, c) = old_store(any_store, policies, tmp_path)
     dry = invoke("trust", "migrate", "--dry-run", "--json", env=any_env).json
     assert dry["first_use"] and set(dry["families"]) == {m.family for m in MIGRATORS}
-    assert dry["families"]["policy"][0] == ("vouch for policy versions 1 to 2 (unsigned) with "
-                                            "a checkpoint")
+    assert dry["families"]["policy"][0] == "re-sign policy versions 1 to 2 (unsigned) as found"
     assert sorted(dry["families"]["channels"]) == [
-        "vouch for channel production's entries 1 to 1 (unsigned) with a checkpoint",
-        "vouch for channel staging's entries 1 to 2 (unsigned) with a checkpoint"]
+        "re-sign channel production's entries 1 to 1 (unsigned) as found",
+        "re-sign channel staging's entries 1 to 2 (unsigned) as found"]
     assert any_store.read(root_key(1)) is None  # a dry run writes nothing
 
     migrated = invoke("trust", "migrate", env=any_env)
@@ -123,18 +126,79 @@ def test_migrate_vouches_for_the_histories_and_signs_the_next_version(any_store,
     assert [e.tuple_id for e in history(any_store, "staging")] == [a.id, b.id]
     assert [e.tuple_id for e in history(any_store, "production")] == [c.id]
 
-    # Moves go on from the vouched entries, signed; a vouched entry is a rollback target.
+    # The pointers hold the signed bases; the log's unsigned copies stay as written, unread.
+    for key in (channel_key("production"), channel_key("staging"), POINTER_KEY):
+        assert not is_unsigned(any_store.read(key).data, key=key), key
+    assert is_unsigned(any_store.read(history_key("staging", 1)).data, key="")
+
+    # Moves go on from the re-signed entries; one older than signing is a rollback target.
     back = invoke("rollback", "staging", "--json", env=any_env).json
     assert (back["tuple_id"], back["entry"]["seq"], back["entry"]["who"]) == (a.id, 3, ME)
     assert [e.seq for e in history(any_store, "staging")] == [1, 2, 3]
     assert "nothing to migrate" in invoke("trust", "migrate", env=any_env).stdout
 
-    # A vouched entry edited after the fact is refused as a signed one would be.
-    record = json.loads(any_store.read(history_key("staging", 1)).data)
-    record["why"] = "rewritten"
-    overwrite(any_store, history_key("staging", 1), canonical_json(record))
+    # The log's unsigned copy edited changes nothing; the base edited is refused.
+    plain = json.loads(any_store.read(history_key("staging", 1)).data)
+    overwrite(any_store, history_key("staging", 1),
+              canonical_json({**plain, "tuple_id": c.id}))
+    assert [e.tuple_id for e in history(any_store, "staging")] == [a.id, b.id, a.id]
+    record = json.loads(any_store.read(BASE).data)
+    record["body"]["links"][-1]["entry"]["why"] = "rewritten"
+    overwrite(any_store, BASE, canonical_json(record))
     refused = invoke("history", "staging", expect=4, env=any_env)
-    assert "refused (edit)" in refused.stderr and "checkpoint vouches for" in refused.stderr
+    assert f"{BASE}: refused (tampered)" in refused.stderr
+
+
+def test_an_entry_older_than_signing_only_in_the_base(any_store, any_env, policies, tmp_path):
+    """A root identity signs the entries older than signing into the base; it cannot pass a
+    move of its own off as one older than signing (it holds no `promote` for it)."""
+    _, (a, b, _) = old_store(any_store, policies, tmp_path)
+    invoke("trust", "migrate", env=any_env)
+    invoke("rollback", "staging", env=any_env)  # #3, signed by its mover
+    head = json.loads(any_store.read(channel_key("staging")).data)["body"]
+    forged = {**head["entry"], "seq": 4, "tuple_id": b.id, "previous_tuple_id": a.id,
+              "who_source": "os-user", "policy_version": None, "policy_digest": None,
+              "migrated_under": 1}
+    link = Link(seq=4, previous=canonical_digest(head), entry=forged)
+    key = history_key("staging", 4)
+    any_store.replace(channel_key("staging"),
+                      sign_record(key=key, kind="channel-entry", body=link, signer=me_signer(),
+                                  identity=ME), any_store.read(channel_key("staging")).token)
+    refused = invoke("history", "staging", expect=4, env=any_env)
+    assert "refused (edit)" in refused.stderr
+    assert "older than signing where it is not in the history's base" in refused.stderr
+
+
+def test_a_migration_that_died_part_way_is_refused_until_it_runs_again(any_store, any_env,
+                                                                       policies, tmp_path):
+    """Killed with staging's entries re-signed and its pointer not yet: readers refuse the
+    unsigned head naming `k3a trust migrate`, which then finishes the job."""
+    _, (a, b, _) = old_store(any_store, policies, tmp_path)
+    env = dict(any_env, K3A_FAULT_PAUSE="migrate-resigned@channel staging:120")
+    proc = subprocess.Popen([*K3A, "trust", "migrate"], env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True)
+    try:
+        assert proc.stderr is not None
+        seen = []
+        # Blocks until the process prints the pause (or exits: then the lines say why).
+        for line in iter(proc.stderr.readline, ""):
+            seen.append(line)
+            if line.startswith("k3a: paused at"):
+                break
+        assert "k3a: paused at migrate-resigned channel staging" in seen[-1], seen
+    finally:
+        proc.kill()
+        proc.wait()
+    refused = invoke("history", "staging", expect=4, env=any_env)
+    assert f"{channel_key('staging')}: refused (unsigned)" in refused.stderr
+    assert "k3a trust migrate" in refused.stderr
+
+    dry = invoke("trust", "migrate", "--dry-run", "--json", env=any_env).json
+    assert dry["families"]["channels"] == [
+        "re-sign channel staging's entries 1 to 2 (unsigned) as found"]
+    assert dry["families"]["policy"] == []
+    invoke("trust", "migrate", env=any_env)
+    assert [e.tuple_id for e in history(any_store, "staging")] == [a.id, b.id]
 
 
 def test_a_history_that_does_not_hold_together_is_not_vouched_for(any_store, any_env, policies,

@@ -12,6 +12,7 @@ from pydantic import BaseModel, ConfigDict
 
 from k3artifacts.canonical import canonical_json
 from k3artifacts.errors import Conflict, UntrustedRecord
+from k3artifacts.migration.histories import based
 from k3artifacts.stores.file import FileStore
 from k3artifacts.trust.chain import (
     Chain,
@@ -245,3 +246,52 @@ def test_a_checkpoint_ends_the_walk_and_must_agree_with_the_history(store, tmp_p
         key=LAYOUT.checkpoint_key, kind="checkpoint",
         body={"seq": 3, "digest": chain.head.digest}, signer=MALLORY, identity="alice"))
     refused(store, "untrusted-key")
+
+
+BASED = ChainLayout(name=LAYOUT.name, pointer_key=LAYOUT.pointer_key,
+                    entries_prefix=LAYOUT.entries_prefix, entry_kind=LAYOUT.entry_kind,
+                    base_key="releases/channels/production/base.json")
+
+
+def read_based(store) -> Chain[Move]:
+    return verify_chain(store, BASED, Move, keyring=KEYRING, roles=["promote"])
+
+
+def test_a_history_older_than_signing_is_read_only_through_its_signed_base(store):
+    """Unsigned entries and pointer (a store older than signing) are refused, naming the
+    migration; once migrated, the base's signed entries are read in place of the log's
+    unsigned ones, and the base is held to its signature like any entry."""
+    plain = [{"tuple_id": "t1", "why": "old"}, {"tuple_id": "t2", "why": "old"}]
+    for seq, entry in enumerate(plain, start=1):
+        put(store, BASED.entry_key(seq), canonical_json(entry))
+    put(store, BASED.pointer_key, canonical_json({"seq": 2, "entry": plain[-1]}))
+    with pytest.raises(UntrustedRecord) as caught:
+        read_based(store)
+    assert caught.value.reason == "unsigned" and "k3a trust migrate" in caught.value.hint
+
+    based(store, BASED, plain, store.read(BASED.pointer_key).token, signer=ALICE,
+          identity="alice")
+    chain = read_based(store)
+    assert [(e.entry.tuple_id, e.in_base, e.signers) for e in chain.entries] == [
+        ("t1", True, {"alice"}), ("t2", True, {"alice"})]
+    chain = append(store, chain, Move(tuple_id="t3", why="new"), signer=ALICE, identity="alice")
+    # The log's unsigned copy is never read: edited, it changes nothing.
+    put(store, BASED.entry_key(1), canonical_json({"tuple_id": "t9", "why": "rewritten"}))
+    again = read_based(store)
+    assert [(e.entry.tuple_id, e.in_base) for e in again.entries] == [
+        ("t1", True), ("t2", True), ("t3", False)]
+    assert again.mark == chain.mark
+
+    record = json.loads(raw(store, BASED.base_key))
+    record["body"]["links"][0]["entry"]["tuple_id"] = "t9"
+    put(store, BASED.base_key, canonical_json(record))
+    with pytest.raises(UntrustedRecord) as caught:
+        read_based(store)
+    assert caught.value.key == BASED.base_key and caught.value.reason == "tampered"
+    # Signed anew by a key the keyring does not trust, it is no base either.
+    put(store, BASED.base_key, sign_record(key=BASED.base_key, kind=BASED.base_kind,
+                                           body=record["body"], signer=MALLORY,
+                                           identity="alice"))
+    with pytest.raises(UntrustedRecord) as caught:
+        read_based(store)
+    assert caught.value.key == BASED.base_key and caught.value.reason == "untrusted-key"

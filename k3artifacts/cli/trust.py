@@ -349,20 +349,21 @@ def trust_rotate_cmd(added: tuple[str, ...], removed: tuple[str, ...], threshold
 @exits(
     (0, "migrated (or nothing to do, or shown)"),
     (4, "a history that does not hold together as found (a pointer set back or edited, an entry "
-        "removed): never vouched for"),
+        "removed): never re-signed"),
     (9, "your key is not one of the store's root identities, or the store has a root this client "
         "does not pin"),
 )
 @trust_group.command("migrate")
-@click.option("--dry-run", is_flag=True, help="Say what it would vouch for and sign; write "
+@click.option("--dry-run", is_flag=True, help="Say what it would re-sign and sign; write "
               "nothing.")
 @store_option
 @json_option
 def trust_migrate_cmd(dry_run: bool, store_url: str, as_json: bool) -> None:
-    """Vouch for a store's records written before records were signed, as one of its root
-    identities: each record family in turn (the policy, then the channels' histories), each
-    history by a checkpoint you sign, listing the digest of every entry as it is; the policy's
-    next version is signed into force, naming the root's identities where it names none.
+    """Re-sign a store's records written before records were signed, as one of its root
+    identities (you vouch for them as found): each record family in turn (the policy, then the
+    channels' histories), each history's entries signed by you into its base, which its pointer
+    then holds (no record written once is replaced); the policy's next version is signed into
+    force, naming the root's identities where it names none.
 
     \b
     A store with no root of trust at all gets one from your key first (as its first move

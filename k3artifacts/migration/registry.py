@@ -5,11 +5,9 @@ second root identity ends the run). A new family is one line here: its migrator
 
 from __future__ import annotations
 
-from k3artifacts.migration import release_keys
-from k3artifacts.policy import migrate as policy
+from k3artifacts.migration import channels, policy, release_keys
 from k3artifacts.policy.migrating import Migrator
 from k3artifacts.promotion import evidence_migration as evidence
-from k3artifacts.releases import migrate_channels as channels
 
 MIGRATORS: tuple[Migrator, ...] = (
     policy.MIGRATOR,

@@ -5,8 +5,8 @@ each registered in ``k3artifacts/migration/registry.py``.
 A migrator plans first (what it would vouch for or re-sign, in words, and what it needs to do
 it, read as found: nothing is written, nothing verified yet) and then acts on that plan, as
 the identity migrating: a root identity of the store, whose root exists by then
-(:class:`Migrating`), who signs what it vouches for (a checkpoint of a history,
-:func:`k3artifacts.trust.chain.vouch_legacy`; a record re-signed as its own). Running it again
+(:class:`Migrating`), who signs what it vouches for (a history's base,
+:func:`k3artifacts.migration.histories.based`; a record re-signed as its own). Running it again
 on a migrated store plans nothing.
 """
 

@@ -9,7 +9,9 @@ Keys (same under every store)::
     releases/policy/changes/<version:010d>.json    one signed change per version (create-once):
                                                    {"seq", "previous": <digest of the change
                                                    before>, "entry": PolicyChange}
-    releases/policy/checkpoint.json                a root identity's checkpoint (migration)
+    releases/policy/checkpoint.json                a root identity's checkpoint
+    releases/policy/base.json                      changes older than signing, re-signed
+                                                   (migration)
     releases/policy/proposals/<request-id>.json    a change collecting root signatures
                                                    (:mod:`.proposal`; nothing trusts it)
 
@@ -34,13 +36,15 @@ version changes only by ``k3a policy propose DIR`` and ``k3a policy apply REQUES
 and unsigned changes. While the store has no root of trust and this client pins none, they
 are read as found where their policy says so (``unsigned.read_before_migration``, default
 true): nothing is more trusted than it was, and no move is made on them
-(:class:`~.acting.MigrationNeeded`). ``k3a trust migrate`` checkpoints them under a root
-identity's signature and signs the next version (:mod:`.migrate`).
+(:class:`~.acting.MigrationNeeded`). ``k3a trust migrate`` re-signs the changes as found into
+the history's base (``releases/policy/base.json``, :class:`~k3artifacts.trust.chain.Base`),
+each marked with the root whose identity signed it (``migrated_under``), and signs the next
+version into force (:mod:`k3artifacts.migration.policy`): from then on the history is signed
+throughout.
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
@@ -68,6 +72,7 @@ from k3artifacts.policy.results import policy_label
 from k3artifacts.stores.records import RecordStore
 from k3artifacts.trust import enrol, heads
 from k3artifacts.trust.chain import (
+    UNSIGNED_HINT,
     Chain,
     ChainEntry,
     ChainLayout,
@@ -86,13 +91,10 @@ POINTER_KEY = f"{PREFIX}current.json"
 CHECKPOINT_KEY = f"{PREFIX}checkpoint.json"
 VERSION_WIDTH = 10
 KIND = "policy-change"
-MIGRATE_HINT = ("a store older than signed records: one of its root identities runs `k3a "
-                "trust migrate`; anywhere else, restore the record from a backup and find who "
-                "can write to the store")
 
 LAYOUT = ChainLayout(name="the store's policy", pointer_key=POINTER_KEY,
                      entries_prefix=f"{PREFIX}changes/", entry_kind=KIND,
-                     checkpoint_key=CHECKPOINT_KEY, unsigned_hint=MIGRATE_HINT)
+                     checkpoint_key=CHECKPOINT_KEY, base_key=f"{PREFIX}base.json")
 
 
 def document_key(digest: str) -> str:
@@ -125,6 +127,9 @@ class PolicyChange(BaseModel):
     loosens: list[str] = Field(default_factory=list)
     #: The root whose identities signed it (None: a change older than signing).
     root_version: int | None = Field(default=None, ge=1)
+    #: A change older than signing, re-signed as found by a root identity of this root
+    #: version (``k3a trust migrate``): it vouches for the change, it did not make it.
+    migrated_under: int | None = Field(default=None, ge=1)
 
 
 class LegacyPointer(BaseModel):
@@ -150,7 +155,8 @@ class Recorded:
     """One version of the store's policy as its history holds it."""
 
     change: PolicyChange
-    #: The root identities whose signatures put it in force (none: older than signing).
+    #: The root identities whose signatures put it in force (none: older than signing,
+    #: re-signed by a migration).
     signers: frozenset[str]
 
 
@@ -227,13 +233,6 @@ def _legacy_pointer(data: bytes) -> LegacyPointer:
                               f"older than signing: {exc.errors()[0]['msg']}") from None
 
 
-def legacy_head(data: bytes) -> tuple[int, dict[str, Any]]:
-    """A pointer older than signing: the version it names, and its change as stored (its
-    digest is the one a checkpoint vouches for: never re-serialized)."""
-    pointer = _legacy_pointer(data)
-    return pointer.version, json.loads(data)["change"]
-
-
 def unsigned_pointer(data: bytes) -> bool:
     """Whether the policy pointer ``data`` is unsigned (a store older than signing, or
     written by hand)."""
@@ -242,7 +241,7 @@ def unsigned_pointer(data: bytes) -> bool:
 
 def _keyring_for(roots: Roots) -> Any:
     def keyring(entry: dict[str, Any]) -> Keyring:
-        version = entry.get("root_version")
+        version = entry.get("root_version") or entry.get("migrated_under")
         if not isinstance(version, int):
             raise UntrustedRecord(POINTER_KEY, "malformed", "a signed change names no root")
         return roots.at(version, key=POINTER_KEY).keyring()
@@ -252,12 +251,19 @@ def _keyring_for(roots: Roots) -> Any:
 def _authorize(store: RecordStore, chain: Chain[PolicyChange], roots: Roots) -> None:
     """Each signed change's authority: its place, the document before it, the root it names
     (never behind the one before), and that root's threshold of signatures, or one where the
-    change is provably stricter than the version before it."""
+    change is provably stricter than the version before it. A change older than signing
+    (``migrated_under``, only in the history's base) needs one root identity."""
     before: ChainEntry[PolicyChange] | None = None
     floor = 0
     for entry in chain.entries:
         change, key = entry.entry, change_key(entry.seq)
-        if entry.vouched:
+        if (change.migrated_under is not None) != entry.in_base:
+            raise UntrustedRecord(key, "edit", f"version {change.version} says it is older "
+                                  "than signing where it is not in the history's base, or the "
+                                  "other way round")
+        if change.migrated_under is not None:
+            floor = change.migrated_under
+            roots.at(floor, key=key).authorize(entry.signers, stricter=True, key=key)
             before = entry
             continue
         if change.version != entry.seq or change.previous_digest != (
@@ -273,7 +279,7 @@ def _authorize(store: RecordStore, chain: Chain[PolicyChange], roots: Roots) -> 
         floor = change.root_version
         root = roots.at(change.root_version, key=key)
         first = change.action == "seed" and before is None
-        migrated = change.action == "migrate" and before is not None and before.vouched
+        migrated = change.action == "migrate" and before is not None and before.in_base
         if change.action != "change" and not (first or migrated):
             raise UntrustedRecord(key, "edit", f"version {change.version} is a "
                                   f"{change.action}, which it can only be first")
@@ -297,7 +303,7 @@ def _as_legacy(store: RecordStore, found_data: bytes) -> InForce:
     if not document.gates.unsigned.read_before_migration:
         raise UntrustedRecord(POINTER_KEY, "unsigned", "the store's policy predates signed "
                               "records, and says not to read it until it is migrated",
-                              hint=MIGRATE_HINT)
+                              hint=UNSIGNED_HINT)
     return InForce(pointer.version, pointer.digest, document, legacy=True)
 
 
@@ -346,7 +352,7 @@ def unchecked_freshness(store: RecordStore) -> InForce:
     # Walked whole (a policy has a few versions, not a channel's thousands of moves): every
     # version's digest is what a channel entry's judge is looked up in.
     chain = verify_chain(store, LAYOUT, PolicyChange, keyring=_keyring_for(roots), roles=None,
-                         checkpoint_keyring=roots.current.keyring(), legacy_head=legacy_head,
+                         checkpoint_keyring=roots.current.keyring(),
                          last_seen=heads.seen(store.url, LAYOUT.name), full=True)
     _authorize(store, chain, roots)
     heads.remember(store.url, LAYOUT.name, chain.mark)
@@ -474,4 +480,5 @@ def changes(store: RecordStore) -> list[Recorded]:
     if policy.legacy:
         return _legacy_changes(store, policy)
     assert policy.chain is not None
-    return [Recorded(e.entry, e.signers) for e in policy.chain.entries]
+    return [Recorded(e.entry, frozenset() if e.in_base else e.signers)
+            for e in policy.chain.entries]

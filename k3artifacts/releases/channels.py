@@ -10,8 +10,8 @@ Keys (same under every store)::
                                                             (create-once): {"seq", "previous":
                                                             <digest of the entry before>,
                                                             "entry": HistoryEntry}
-    releases/channels/<channel>/checkpoint.json             a root identity's checkpoint
-                                                            (migration)
+    releases/channels/<channel>/checkpoint.json             a mover's checkpoint, every
+                                                            ``CHECKPOINT_EVERY`` moves
 
 Who may sign an entry is the policy version that judged the move (the entry names it:
 ``policy_version`` and ``policy_digest``): an identity it holds with the role ``promote``. That
@@ -47,14 +47,16 @@ history write that follows is a copy of something already decided. Why this orde
 **Stores older than signing** (:attr:`~k3artifacts.policy.record.InForce.legacy`) hold a
 pointer that copies its entry (:class:`ChannelPointer`) and unsigned entries: read as found,
 checked against each other as before (:class:`PointerMismatch`), never moved on, until ``k3a
-trust migrate`` checkpoints them; their pointer is then accepted as the last entry the
-checkpoint vouches for, until the next move signs the one after it.
+trust migrate`` re-signs their entries as found into the history's base
+(``<channel>/base.json``, :class:`~k3artifacts.trust.chain.Base`), each marked with the root
+whose identity signed it (``migrated_under``), and swaps the pointer to it
+(:mod:`k3artifacts.migration.channels`). From then on the history is signed throughout: an
+entry marked so counts signed by an identity of that root, and only in the base.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass
 from datetime import datetime
@@ -74,7 +76,7 @@ from k3artifacts.errors import (
 from k3artifacts.policy.actor import Acting
 from k3artifacts.policy.freshness import not_behind
 from k3artifacts.policy.model import CHANNEL_NAME
-from k3artifacts.policy.record import MIGRATE_HINT, InForce, in_force, read_document, renewed
+from k3artifacts.policy.record import InForce, in_force, read_document, renewed
 from k3artifacts.policy.results import GateResult, Override
 from k3artifacts.releases.record_log import head_mark
 from k3artifacts.releases.tuples import TUPLE_ID
@@ -92,7 +94,7 @@ from k3artifacts.trust.chain import (
     verify_chain,
 )
 from k3artifacts.trust.identities import Keyring
-from k3artifacts.trust.pins import trusted_roots
+from k3artifacts.trust.pins import Roots, trusted_roots
 from k3artifacts.trust.storage import Found
 
 CHANNEL_SCHEMA = 1
@@ -148,6 +150,9 @@ class HistoryEntry(_Frozen):
     #: entries written before the policy was the store's.
     policy_digest: str | None = None
     policy_version: int | None = None
+    #: An entry older than signing, re-signed as found by a root identity of this root
+    #: version (``k3a trust migrate``): it vouches for the move, it did not make it.
+    migrated_under: int | None = Field(default=None, ge=1)
 
 
 class ChannelPointer(_Frozen):
@@ -230,7 +235,7 @@ def layout(channel: str) -> ChainLayout:
                        entries_prefix=f"{CHANNELS_PREFIX}{channel}/history/",
                        entry_kind=ENTRY_KIND,
                        checkpoint_key=f"{CHANNELS_PREFIX}{channel}/checkpoint.json",
-                       unsigned_hint=MIGRATE_HINT)
+                       base_key=f"{CHANNELS_PREFIX}{channel}/base.json")
 
 
 def history_key(channel: str, seq: int) -> str:
@@ -285,25 +290,22 @@ class ChannelState:
             raise MigrationNeeded(f"channel {self.channel}'s history predates signed records")
 
 
-def _legacy_head(data: bytes) -> tuple[int, dict[str, Any]]:
-    """A pointer older than signing: its seq, and the entry it copies as stored."""
-    try:
-        pointer = ChannelPointer.model_validate_json(data)
-    except ValidationError as exc:
-        raise UntrustedRecord("channel pointer", "malformed", "neither a signed entry nor a "
-                              f"pointer older than signing: {exc.errors()[0]['msg']}") from None
-    return pointer.seq, json.loads(data)["entry"]
-
-
 class _Identities:
     """Who may sign each entry: the identities of the policy version it names, a version of
-    the verified policy history (read once per version)."""
+    the verified policy history (read once per version); for an entry older than signing,
+    the identities of the root it names (its migration's)."""
 
-    def __init__(self, store: RecordStore, policy: InForce, where: str):
-        self.store, self.policy, self.where = store, policy, where
+    def __init__(self, store: RecordStore, policy: InForce, roots: Roots, where: str):
+        self.store, self.policy, self.roots, self.where = store, policy, roots, where
         self._keyrings: dict[str, Keyring] = {}
 
     def __call__(self, entry: dict[str, Any]) -> Keyring:
+        migrated = entry.get("migrated_under")
+        if isinstance(migrated, int):
+            # The root's identities vouch for the move here, as promote would sign it.
+            root = self.roots.at(migrated, key=self.where)
+            return Keyring.of((name, keys, frozenset({"promote"}))
+                              for name, keys in root.identities.items())
         digest = entry.get("policy_digest")
         if not isinstance(digest, str) or digest not in self.policy.digests.values():
             raise UntrustedRecord(self.where, "untrusted-key", f"a move judged by policy "
@@ -316,15 +318,19 @@ class _Identities:
 
 def _placed(link: ChainEntry[HistoryEntry], channel: str, policy: InForce,
             key: str) -> int | None:
-    """The policy version entry ``link`` names (None: vouched for, older than signing),
-    once it says what its place says: this channel and its seq, judged by a version of the
-    verified policy history."""
+    """The policy version entry ``link`` names (None: older than signing, in the history's
+    base), once it says what its place says: this channel and its seq, judged by a version of
+    the verified policy history."""
     e = link.entry
     if (e.channel, e.seq) != (channel, link.seq) or (link.seq == 1) != (
             e.previous_tuple_id is None):
         raise UntrustedRecord(key, "edit", f"entry #{link.seq} of channel {channel} says "
                               f"it is {e.channel}#{e.seq}, after {e.previous_tuple_id}")
-    if link.vouched:
+    if (e.migrated_under is not None) != link.in_base:
+        raise UntrustedRecord(key, "edit", f"entry #{link.seq} of channel {channel} says it is "
+                              "older than signing where it is not in the history's base, or "
+                              "the other way round")
+    if link.in_base:
         return None
     # Checked as a pair: one digest may be in force as several versions (a change undone).
     if e.policy_version is None or policy.digests.get(e.policy_version) != e.policy_digest:
@@ -381,15 +387,12 @@ class _Further:
                      self.chain.layout.entry_key(above.seq))
             yield below.entry
             above, above_version = below, version
-        if above.seq > 1:
-            # At the floor: entries a checkpoint vouches for, read as the whole walk reads them.
-            whole = _verified(self.store, self.channel, self.policy, full=True)
-            yield from reversed([e for e in whole.entries if e.seq < above.seq])
 
 
 def _checkpointers(root: Keyring, policy: InForce) -> Keyring:
     """Who may sign a channel's checkpoint: its movers (those holding ``promote`` in the
-    policy in force, as they sign its entries) and the root identities (a migration's)."""
+    policy in force, as they sign its entries) and the root identities (before a key is
+    retired: the entries it signed would no longer verify)."""
     movers = {} if policy.version == 0 else {
         k: v for k, v in policy.document.identities.keyring().keys.items()
         if "promote" in v.roles}
@@ -399,12 +402,11 @@ def _checkpointers(root: Keyring, policy: InForce) -> Keyring:
 def _verified(store: RecordStore, channel: str, policy: InForce, *,
               full: bool = False) -> ChannelState:
     where = layout(channel)
-    # A store migrated before its first policy has roots and vouched histories, no policy yet.
+    # A store migrated before its first policy has roots and re-signed histories, no policy.
     roots = policy.roots or trusted_roots(store)
-    keyring = _Identities(store, policy, where.pointer_key)
+    keyring = _Identities(store, policy, roots, where.pointer_key)
     chain = verify_chain(store, where, HistoryEntry, keyring=keyring, roles=["promote"],
                          checkpoint_keyring=_checkpointers(roots.current.keyring(), policy),
-                         legacy_keyring=roots.current.keyring(), legacy_head=_legacy_head,
                          last_seen=heads.seen(store.url, where.name), full=full)
     _consistent(chain, channel, policy)
     if policy.freshness is not None:
@@ -537,8 +539,8 @@ def list_channels(store: RecordStore) -> list[ChannelPointer]:
 def history(
     store: RecordStore, channel: str, policy_channels: Collection[str] | None = None
 ) -> list[HistoryEntry]:
-    """Every move of ``channel``, oldest first, verified (seq 1..N, or from the entries a
-    migration's checkpoint vouches for).
+    """Every move of ``channel``, oldest first, verified (seq 1..N, those older than signing
+    read from the history's base).
     ``policy_channels`` shapes the advice when the channel is unknown
     (see :func:`unknown_channel`)."""
     state = read_state(store, channel)

@@ -6,6 +6,8 @@ Keys (a :class:`ChainLayout` names them)::
     <pointer_key>                      the head: a copy of the newest entry (compare-and-swap)
     <entries_prefix><seq:010d>.json    one entry per move (create-once)
     <checkpoint_key>                   optional: a signed {seq, digest} the walk may stop at
+    <base_key>                         optional: entries 1..N of a history older than signing,
+                                       re-signed as one record (its migration's)
 
 Every entry is a signed record (:mod:`.envelope`) whose body is a :class:`Link`::
 
@@ -22,7 +24,9 @@ refuses by name (:class:`~k3artifacts.errors.UntrustedRecord`):
 
 * a pointer that is not a trusted entry: its own reason (``unsigned``, ``untrusted-key``,
   ``wrong-role``, ``tampered``...): a pointer written by hand, or by a key the policy does not
-  trust to move this history;
+  trust to move this history; ``unsigned`` names ``k3a trust migrate`` as the next step (a
+  history older than signing is migrated into signed entries before anyone reads it:
+  :mod:`k3artifacts.migration`);
 * ``rewound``: the log goes on past the head, the pointer is gone while the log is not, or the
   head is behind what this reader verified before (``last_seen``);
 * ``gap``: an entry missing between the head and the start;
@@ -39,27 +43,31 @@ entry's body: a policy change is checked against the root it names, a channel mo
 the policy version that judged it); the caller then checks that what entries name only moves
 forward. A checkpoint is signed by keys of its own (``checkpoint_keyring``: the root's).
 
-**Histories older than signing.** A checkpoint may vouch for entries written before records
-were signed (``Checkpoint.legacy``: the digest of each, 1..seq, as stored): those are read as
-they are, each checked against its digest, and returned marked ``vouched``; the first signed
-entry after them names the digest of the last. Until its next move such a history's pointer
-is still the old unsigned one: ``legacy_head`` reads it, and it is accepted only when it
-holds exactly the entry the checkpoint vouches for as the last (``k3a trust migrate`` writes
-these checkpoints).
+**A history older than signing** is migrated once (:mod:`k3artifacts.migration.histories`):
+its entries, as found, re-signed as links in one record, the **base** (:class:`Base`), which
+the pointer holds until the next move. Where the log's entry is unsigned (or absent: its mover
+died before logging it) and the base holds one in that place, the base's is read instead; the
+log's own copy is never read as an entry. Entries read from it are marked ``in_base``. Every
+entry, pointer, checkpoint and base read here is signed: nothing is read as found.
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Collection
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from k3artifacts.canonical import canonical_digest, to_plain
 from k3artifacts.errors import AlreadyExists, Conflict, HistoryRewound, UntrustedRecord
-from k3artifacts.trust.envelope import Verified, parse_record, sign_record, verify_record
+from k3artifacts.trust.envelope import (
+    Verified,
+    is_unsigned,
+    parse_record,
+    sign_record,
+    verify_record,
+)
 from k3artifacts.trust.identities import Keyring
 from k3artifacts.trust.keys import RecordSigner
 from k3artifacts.trust.storage import Found, RecordReader, RecordStore
@@ -67,6 +75,10 @@ from k3artifacts.trust.storage import Found, RecordReader, RecordStore
 T = TypeVar("T", bound=BaseModel)
 SEQ_WIDTH = 10
 DIGEST = r"^[0-9a-f]{64}$"
+#: The next step for an unsigned entry or pointer.
+UNSIGNED_HINT = ("a store older than signed records: one of its root identities runs `k3a trust "
+                 "migrate`; anywhere else, restore the record from a backup and find who can "
+                 "write to the store")
 
 
 class _Strict(BaseModel):
@@ -89,18 +101,26 @@ class Link(_Strict):
 
 class Checkpoint(_Strict):
     """Entries up to ``seq`` are vouched for by the digest of entry ``seq``: a walk may stop
-    there (a long history, or one whose early entries were signed by keys since retired).
-    ``legacy``: the entries 1..seq predate signing; the digest of each, as stored."""
+    there (a long history, or one whose early entries were signed by keys since retired)."""
 
     seq: int = Field(ge=1)
     digest: str = Field(pattern=DIGEST)
-    legacy: list[str] | None = None
+
+
+class Base(_Strict):
+    """Entries 1..N of a history written before records were signed, each as found inside a
+    link naming the one before, signed together by one record (``k3a trust migrate``)."""
+
+    links: list[Link] = Field(min_length=1)
 
     @model_validator(mode="after")
-    def _vouches(self) -> Checkpoint:
-        if self.legacy is not None and (len(self.legacy) != self.seq
-                                        or self.legacy[-1] != self.digest):
-            raise ValueError("a legacy checkpoint lists the digest of every entry up to seq")
+    def _in_order(self) -> Base:
+        previous = None
+        for seq, link in enumerate(self.links, start=1):
+            if link.seq != seq or link.previous != previous:
+                raise ValueError("the base's links are not entries 1..N each naming the one "
+                                 "before")
+            previous = canonical_digest(link)
         return self
 
 
@@ -115,8 +135,9 @@ class ChainLayout:
     entry_kind: str
     checkpoint_key: str | None = None
     checkpoint_kind: str = "checkpoint"
-    #: The next step where an entry or the pointer is unsigned (a history older than signing).
-    unsigned_hint: str | None = None
+    #: Where a history migrated from before signing keeps its :class:`Base`.
+    base_key: str | None = None
+    base_kind: str = "history-base"
 
     def entry_key(self, seq: int) -> str:
         return f"{self.entries_prefix}{seq:0{SEQ_WIDTH}d}.json"
@@ -137,11 +158,11 @@ class ChainEntry(Generic[T]):
     digest: str
     previous: str | None
     entry: T
-    #: The identity that made the entry, and every trusted identity that signed it (none for
-    #: an entry older than signing, which a checkpoint vouches for).
+    #: The identity that made the entry, and every trusted identity that signed it (for an
+    #: entry ``in_base``: that signed the base, vouching for it).
     signer: str
     signers: frozenset[str]
-    vouched: bool = False
+    in_base: bool = False
 
 
 @dataclass(frozen=True)
@@ -155,14 +176,14 @@ class Chain(Generic[T]):
     #: The head's signed record as the pointer holds it, and whether the log holds it yet.
     head_record: bytes | None
     head_logged: bool
-    #: The oldest signed entry (1, or the first after those a checkpoint vouches for):
-    #: :func:`entry_below` reads back down to it.
-    floor: int = 1
+    #: The history's base as this walk read it, for :func:`entry_below` (read once).
+    base: _BaseReader | None = field(default=None, compare=False, repr=False)
 
     @property
     def whole(self) -> bool:
-        """Whether :attr:`entries` go back as far as a walk may (not only what was new)."""
-        return not self.entries or self.entries[0].seq <= self.floor
+        """Whether :attr:`entries` go back to the start (not only what was new, or only down
+        to a checkpoint)."""
+        return not self.entries or self.entries[0].seq == 1
 
     @property
     def head(self) -> ChainEntry[T] | None:
@@ -182,8 +203,6 @@ class Chain(Generic[T]):
 #: Who may sign an entry: one keyring for all, or one chosen by the entry's body (the
 #: ``entry`` of its link, as stored: only a choice, the signature then decides).
 KeyringFor = Keyring | Callable[[dict[str, Any]], Keyring]
-#: Reads a pointer older than signing: its seq and the entry it holds, as plain JSON.
-LegacyHead = Callable[[bytes], tuple[int, dict[str, Any]]]
 
 
 def logged_seqs(store: RecordReader, layout: ChainLayout) -> list[int]:
@@ -200,12 +219,13 @@ def logged_seqs(store: RecordReader, layout: ChainLayout) -> list[int]:
 class _Checked:
     verified: Verified
     link: Link
+    in_base: bool = False
 
 
-def _unsigned(exc: UntrustedRecord, layout: ChainLayout) -> UntrustedRecord:
-    """``exc``, with the layout's next step where the record is unsigned."""
-    if exc.reason == "unsigned" and layout.unsigned_hint:
-        return UntrustedRecord(exc.key, exc.reason, exc.detail, hint=layout.unsigned_hint)
+def _unsigned(exc: UntrustedRecord) -> UntrustedRecord:
+    """``exc``, with the next step where the record is unsigned."""
+    if exc.reason == "unsigned":
+        return UntrustedRecord(exc.key, exc.reason, exc.detail, hint=UNSIGNED_HINT)
     return exc
 
 
@@ -222,7 +242,7 @@ def _verify(data: bytes, layout: ChainLayout, seq: int, keyring: KeyringFor,
         return verify_record(data, key=layout.entry_key(seq), kind=layout.entry_kind,
                              keyring=_keyring(keyring, data, where), roles=roles)
     except UntrustedRecord as exc:
-        raise _unsigned(exc, layout) from None
+        raise _unsigned(exc) from None
 
 
 def _linked(verified: Verified, layout: ChainLayout, seq: int, *, where: str) -> _Checked:
@@ -251,7 +271,53 @@ def _check_entry(data: bytes, layout: ChainLayout, seq: int, keyring: KeyringFor
 def _entry(checked: _Checked, model: type[T], key: str) -> ChainEntry[T]:
     v = checked.verified
     return ChainEntry(checked.link.seq, v.digest, checked.link.previous,
-                      _parsed(checked.link.entry, model, key), v.signer, v.signers)
+                      _parsed(checked.link.entry, model, key), v.signer, v.signers,
+                      checked.in_base)
+
+
+def _base_links(data: bytes, layout: ChainLayout, keyring: KeyringFor,
+                roles: Collection[str] | None) -> list[_Checked]:
+    """The base's entries, verified: who may sign it is chosen by its last entry, as for an
+    entry (only a choice: the signature then decides, before the body is parsed)."""
+    where = layout.base_key
+    assert where is not None
+    if isinstance(keyring, Keyring):
+        ring = keyring
+    else:
+        links = parse_record(data, key=where).body.get("links")
+        last = links[-1] if isinstance(links, list) and links else None
+        entry = last.get("entry") if isinstance(last, dict) else None
+        ring = keyring(entry if isinstance(entry, dict) else {})
+    verified = verify_record(data, key=where, kind=layout.base_kind, keyring=ring, roles=roles)
+    try:
+        links = Base.model_validate(verified.body).links
+    except ValidationError as exc:
+        raise UntrustedRecord(where, "malformed", f"not a base of {layout.name}: "
+                              f"{exc.errors()[0]['msg']}") from None
+    return [_Checked(Verified(where, layout.entry_kind, to_plain(link), canonical_digest(link),
+                              verified.signer, verified.signers), link, in_base=True)
+            for link in links]
+
+
+class _BaseReader:
+    """The base, read once and only when an entry in its place is wanted. A plain class, not a
+    dataclass: a :class:`Chain` holding one sits in pydantic plans, which would otherwise build
+    a validator for each field (a store is a protocol, nothing to check an instance against)."""
+
+    def __init__(self, store: RecordReader, layout: ChainLayout, keyring: KeyringFor,
+                 roles: Collection[str] | None):
+        self.store, self.layout, self.keyring, self.roles = store, layout, keyring, roles
+        self._links: list[_Checked] | None = None
+
+    def at(self, seq: int) -> _Checked | None:
+        if self.layout.base_key is None:
+            return None
+        if self._links is None:
+            found = self.store.read(self.layout.base_key)
+            if found is None:
+                return None
+            self._links = _base_links(found.data, self.layout, self.keyring, self.roles)
+        return self._links[seq - 1] if seq <= len(self._links) else None
 
 
 def _parsed(plain: dict[str, Any], model: type[T], key: str) -> T:
@@ -271,8 +337,7 @@ def _head_seq(data: bytes, key: str) -> int:
     return seq
 
 
-def _checkpoint(store: RecordReader, layout: ChainLayout, keyring: Keyring,
-                legacy_keyring: Keyring | None) -> Checkpoint | None:
+def _checkpoint(store: RecordReader, layout: ChainLayout, keyring: Keyring) -> Checkpoint | None:
     if layout.checkpoint_key is None:
         return None
     found = store.read(layout.checkpoint_key)
@@ -285,62 +350,7 @@ def _checkpoint(store: RecordReader, layout: ChainLayout, keyring: Keyring,
     except ValidationError as exc:
         raise UntrustedRecord(layout.checkpoint_key, "malformed",
                               f"not a checkpoint: {exc.errors()[0]['msg']}") from None
-    if point.legacy is not None and legacy_keyring is not None:
-        # Vouching for unsigned entries is the root's alone, whoever may start a walk.
-        verify_record(found.data, key=layout.checkpoint_key, kind=layout.checkpoint_kind,
-                      keyring=legacy_keyring, roles=None)
     return point
-
-
-def _plain(data: bytes, key: str) -> dict[str, Any]:
-    try:
-        plain = json.loads(data.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError) as exc:
-        raise UntrustedRecord(key, "unreadable", f"not JSON ({exc})") from None
-    if not isinstance(plain, dict):
-        raise UntrustedRecord(key, "malformed", "not a JSON object")
-    return plain
-
-
-def _vouched(store: RecordReader, layout: ChainLayout, checkpoint: Checkpoint, model: type[T],
-             upto: int) -> list[ChainEntry[T]]:
-    """Entries 1..``upto`` of a history older than signing, each the one ``checkpoint``
-    vouches for (oldest first)."""
-    assert checkpoint.legacy is not None
-    out: list[ChainEntry[T]] = []
-    for seq in range(1, upto + 1):
-        key = layout.entry_key(seq)
-        found = store.read(key)
-        if found is None:
-            raise UntrustedRecord(key, "gap", f"entry #{seq} of {layout.name} is missing (its "
-                                  f"checkpoint vouches for #1 to #{checkpoint.seq})")
-        plain = _plain(found.data, key)
-        digest = canonical_digest(plain)
-        if digest != checkpoint.legacy[seq - 1]:
-            raise UntrustedRecord(key, "edit", f"entry #{seq} of {layout.name} is not the one "
-                                  "its checkpoint vouches for")
-        out.append(ChainEntry(seq, digest, out[-1].digest if out else None,
-                              _parsed(plain, model, key), "", frozenset(), vouched=True))
-    return out
-
-
-def _legacy_chain(store: RecordReader, layout: ChainLayout, model: type[T], found: Found,
-                  legacy_head: LegacyHead, checkpoint: Checkpoint | None,
-                  seqs: list[int]) -> Chain[T]:
-    """A history whose pointer is still the one written before signing: accepted only as the
-    last entry a legacy checkpoint vouches for."""
-    where = layout.pointer_key
-    seq, plain = legacy_head(found.data)
-    if checkpoint is None or checkpoint.legacy is None or checkpoint.seq != seq \
-            or canonical_digest(plain) != checkpoint.digest:
-        raise UntrustedRecord(where, "unsigned", f"the head of {layout.name} (#{seq}) is not "
-                              "signed, and no checkpoint of a root identity vouches for it",
-                              hint=layout.unsigned_hint)
-    if seqs and seqs[-1] > seq:
-        raise UntrustedRecord(where, "rewound", f"the head of {layout.name} is #{seq}, but its "
-                              f"log goes on to #{seqs[-1]}: the pointer was set back")
-    entries = _vouched(store, layout, checkpoint, model, seq)
-    return Chain(layout, tuple(entries), found.token, found.data, True)
 
 
 def _logged(store: RecordReader, layout: ChainLayout, seq: int) -> bool:
@@ -355,15 +365,12 @@ def _shown(mark: Mark) -> str:
 def verify_chain(store: RecordReader, layout: ChainLayout, model: type[T], *,
                  keyring: KeyringFor, roles: Collection[str] | None,
                  checkpoint_keyring: Keyring | None = None,
-                 legacy_head: LegacyHead | None = None,
-                 last_seen: Mark | None = None, full: bool = False,
-                 legacy_keyring: Keyring | None = None) -> Chain[T]:
+                 last_seen: Mark | None = None, full: bool = False) -> Chain[T]:
     """The history as the pointer names it, verified and linked from its head down to
     ``last_seen`` (the head this reader verified before: only what is new), else to the
     checkpoint, else to the start (``full``: to the checkpoint or the start whatever the
     reader saw); refused by name otherwise (module doc). ``checkpoint_keyring``: who may sign
-    its checkpoint (default: ``keyring``, when that is one keyring); ``legacy_keyring``: who
-    may sign one that vouches for entries older than signing, where that is fewer."""
+    its checkpoint (default: ``keyring``, when that is one keyring)."""
     where = layout.pointer_key
     found = store.read(where)
     if found is None:
@@ -376,16 +383,14 @@ def verify_chain(store: RecordReader, layout: ChainLayout, model: type[T], *,
     if checkpoint_keyring is None:
         assert isinstance(keyring, Keyring), "a per-entry keyring needs a checkpoint_keyring"
         checkpoint_keyring = keyring
-    checkpoint = _checkpoint(store, layout, checkpoint_keyring, legacy_keyring)
+    checkpoint = _checkpoint(store, layout, checkpoint_keyring)
+    base = _BaseReader(store, layout, keyring, roles)
+    if layout.base_key is not None and _kind(found.data, where) == layout.base_kind:
+        return _base_only(store, layout, model, found, base, checkpoint, last_seen)
     try:
         seq = _head_seq(found.data, where)
     except UntrustedRecord as exc:
-        if exc.reason != "unsigned" or legacy_head is None:
-            raise _unsigned(exc, layout) from None
-        chain = _legacy_chain(store, layout, model, found, legacy_head, checkpoint,
-                              logged_seqs(store, layout))
-        _check_last_seen(chain, last_seen)
-        return chain
+        raise _unsigned(exc) from None
     # The pointer's failures keep their own names: it is a forged or a foreign head.
     try:
         head = _linked(_verify(found.data, layout, seq, keyring, roles, where=where), layout,
@@ -410,44 +415,42 @@ def verify_chain(store: RecordReader, layout: ChainLayout, model: type[T], *,
         raise UntrustedRecord(layout.checkpoint_key or where, "rewound",
                               f"a checkpoint at #{checkpoint.seq} of {layout.name} is past its "
                               f"head #{seq}")
-    legacy = checkpoint is not None and checkpoint.legacy is not None
-    stop = 1 if checkpoint is None else checkpoint.seq + (1 if legacy else 0)
+    stop = 1 if checkpoint is None else checkpoint.seq
     if last_seen is not None and not full and last_seen.seq >= stop:
         stop = last_seen.seq  # what this reader verified before needs no second walk
     walked = [head]
     for _ in range(seq - 1, stop - 1, -1):
         walked.append(_below(store, layout, walked[-1].link.seq, walked[-1].link.previous,
-                             keyring, roles, head_seq=seq))
+                             keyring, roles, head_seq=seq, base=base))
     entries = [_entry(c, model, layout.entry_key(c.link.seq)) for c in reversed(walked)]
-    if checkpoint is not None and entries[0].seq <= checkpoint.seq + 1:
-        if legacy:
-            if entries[0].previous != checkpoint.digest:
-                raise UntrustedRecord(layout.entry_key(entries[0].seq), "fork",
-                                      f"entry #{entries[0].seq} of {layout.name} does not follow "
-                                      "the entries its checkpoint vouches for")
-            entries = [*_vouched(store, layout, checkpoint, model, checkpoint.seq), *entries]
-        elif entries[0].seq == checkpoint.seq and entries[0].digest != checkpoint.digest:
-            raise UntrustedRecord(layout.entry_key(checkpoint.seq), "fork",
-                                  f"entry #{checkpoint.seq} of {layout.name} is not the one its "
-                                  "checkpoint vouches for")
-    # Below a checkpoint of signed entries they are still signed: read back on demand.
-    floor = checkpoint.seq + 1 if checkpoint is not None and legacy else 1
-    chain = Chain(layout, tuple(entries), found.token, found.data, logged, floor)
+    if checkpoint is not None and entries[0].seq == checkpoint.seq \
+            and entries[0].digest != checkpoint.digest:
+        raise UntrustedRecord(layout.entry_key(checkpoint.seq), "fork",
+                              f"entry #{checkpoint.seq} of {layout.name} is not the one its "
+                              "checkpoint vouches for")
+    # Below a checkpoint the entries are still signed: read back on demand.
+    chain = Chain(layout, tuple(entries), found.token, found.data, logged, base)
     _check_last_seen(chain, last_seen)
     return chain
 
 
 def _below(store: RecordReader, layout: ChainLayout, above: int, previous: str | None,
-           keyring: KeyringFor, roles: Collection[str] | None, *, head_seq: int) -> _Checked:
+           keyring: KeyringFor, roles: Collection[str] | None, *, head_seq: int,
+           base: _BaseReader) -> _Checked:
     """The entry #``above`` follows, verified for its place and as the one it names
-    (``previous``)."""
+    (``previous``): the log's, or the base's where the log's is older than signing."""
     below = above - 1
     key = layout.entry_key(below)
     entry = store.read(key)
-    if entry is None:
+    based = None if entry is not None and not is_unsigned(entry.data, key=key) \
+        else base.at(below)
+    if based is not None:
+        checked = based
+    elif entry is None:
         raise UntrustedRecord(key, "gap", f"entry #{below} of {layout.name} is missing "
                               f"(the head is #{head_seq})")
-    checked = _check_entry(entry.data, layout, below, keyring, roles, where=key)
+    else:
+        checked = _check_entry(entry.data, layout, below, keyring, roles, where=key)
     if checked.verified.digest != previous:
         raise UntrustedRecord(key, "fork", f"entry #{below} of {layout.name} is not the one "
                               f"entry #{below + 1} follows")
@@ -456,15 +459,48 @@ def _below(store: RecordReader, layout: ChainLayout, above: int, previous: str |
 
 def entry_below(store: RecordReader, chain: Chain[T], entry: ChainEntry[T], model: type[T], *,
                 keyring: KeyringFor, roles: Collection[str] | None) -> ChainEntry[T] | None:
-    """The signed entry ``entry`` follows, verified as :func:`verify_chain` would (for a
-    reader that verified only what was new and now reads further back); None at the chain's
-    floor."""
-    if entry.seq <= chain.floor:
+    """The entry ``entry`` follows, verified as :func:`verify_chain` would (for a reader that
+    verified only what was new, or down to a checkpoint, and now reads further back); None
+    below the first."""
+    if entry.seq <= 1:
         return None
     head = chain.head
     checked = _below(store, chain.layout, entry.seq, entry.previous, keyring, roles,
-                     head_seq=entry.seq if head is None else head.seq)
+                     head_seq=entry.seq if head is None else head.seq,
+                     base=chain.base or _BaseReader(store, chain.layout, keyring, roles))
     return _entry(checked, model, chain.layout.entry_key(checked.link.seq))
+
+
+def _kind(data: bytes, key: str) -> str | None:
+    try:
+        return parse_record(data, key=key).kind
+    except UntrustedRecord:
+        return None  # the head's own reading names what it is
+
+
+def _base_only(store: RecordReader, layout: ChainLayout, model: type[T], found: Found,
+               base: _BaseReader, checkpoint: Checkpoint | None,
+               last_seen: Mark | None) -> Chain[T]:
+    """A history whose pointer holds its base, byte for byte: migrated, not moved since."""
+    assert layout.base_key is not None
+    where = layout.pointer_key
+    stored = store.read(layout.base_key)
+    if stored is None or stored.data != found.data:
+        raise UntrustedRecord(where, "fork", f"the head of {layout.name} is a base that "
+                              f"{layout.base_key} does not hold")
+    links = _base_links(found.data, layout, base.keyring, base.roles)
+    seq = len(links)
+    if _logged(store, layout, seq + 1):
+        raise UntrustedRecord(where, "rewound", f"the head of {layout.name} is #{seq}, but its "
+                              f"log goes on to #{seq + 1}: the pointer was set back")
+    if checkpoint is not None and checkpoint.seq > seq:
+        raise UntrustedRecord(layout.checkpoint_key or where, "rewound",
+                              f"a checkpoint at #{checkpoint.seq} of {layout.name} is past its "
+                              f"head #{seq}")
+    entries = [_entry(c, model, layout.entry_key(c.link.seq)) for c in links]
+    chain = Chain(layout, tuple(entries), found.token, found.data, True)
+    _check_last_seen(chain, last_seen)
+    return chain
 
 
 def _check_last_seen(chain: Chain[T], last_seen: Mark | None) -> None:
@@ -535,7 +571,7 @@ def append(store: RecordStore, chain: Chain[T], entry: T, *, signer: RecordSigne
     token = append_record(store, chain, record)
     made = ChainEntry(link.seq, canonical_digest(link), link.previous, entry, identity,
                       frozenset({identity}))
-    return Chain(layout, (*chain.entries, made), token, record, True, chain.floor)
+    return Chain(layout, (*chain.entries, made), token, record, True, chain.base)
 
 
 def checkpoint(store: RecordStore, chain: Chain[T], *, signer: RecordSigner,
@@ -547,19 +583,6 @@ def checkpoint(store: RecordStore, chain: Chain[T], *, signer: RecordSigner,
     if layout.checkpoint_key is None or head is None:
         raise ValueError(f"{layout.name} has no checkpoint place, or nothing to vouch for")
     return _vouch(store, layout, Checkpoint(seq=head.seq, digest=head.digest), signer, identity)
-
-
-def vouch_legacy(store: RecordStore, layout: ChainLayout, entries: list[bytes], *,
-                 signer: RecordSigner, identity: str) -> Checkpoint:
-    """Vouch for a history written before signing: ``entries`` are its entries 1..N as
-    stored (each checked by its digest from then on); the next entry is signed and names the
-    digest of entry N."""
-    if layout.checkpoint_key is None or not entries:
-        raise ValueError(f"{layout.name} has no checkpoint place, or nothing to vouch for")
-    digests = [canonical_digest(_plain(data, layout.entry_key(i)))
-               for i, data in enumerate(entries, start=1)]
-    point = Checkpoint(seq=len(digests), digest=digests[-1], legacy=digests)
-    return _vouch(store, layout, point, signer, identity)
 
 
 def _vouch(store: RecordStore, layout: ChainLayout, point: Checkpoint, signer: RecordSigner,

@@ -26,12 +26,11 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
 from k3artifacts.canonical import canonical_json
-from k3artifacts.errors import TrustRootError
 from k3artifacts.trust.chain import Mark
-from k3artifacts.trust.localfiles import private_dir, read_shared, write_replacing
+from k3artifacts.trust.localfiles import private_dir, read_store_file, write_replacing
 from k3artifacts.trust.pins import pin_name, trust_dir
 
 
@@ -65,20 +64,11 @@ def heads_path(store_url: str) -> Path:
 def load_heads(store_url: str) -> Heads:
     """The heads this client verified of ``store_url``'s histories (none yet: empty)."""
     path = heads_path(store_url)
-    data = read_shared(path, "remembered heads", why="make this client forget what it verified")
-    if data is None:
-        return Heads(store=store_url)
-    try:
-        heads = Heads.model_validate_json(data)
-    except ValidationError as exc:
-        raise TrustRootError(f"remembered heads {path} are malformed: {exc.errors()[0]['msg']}",
-                             hint=f"find out who wrote {path}; removing it makes this client "
-                             "a fresh reader of the store again") from None
-    if heads.store != store_url:
-        raise TrustRootError(f"remembered heads {path} are for {heads.store}, not {store_url}",
-                             hint=f"find out who wrote {path}; removing it makes this client "
-                             "a fresh reader of the store again")
-    return heads
+    heads = read_store_file(path, Heads, store_url, what="remembered heads", verb="are",
+                            why="make this client forget what it verified",
+                            hint=f"find out who wrote {path}; removing it makes this client "
+                            "a fresh reader of the store again")
+    return Heads(store=store_url) if heads is None else heads
 
 
 def seen(store_url: str, history: str) -> Mark | None:

@@ -1,5 +1,5 @@
-"""This client's own trust files (its personal key, the roots it pins): made private, and
-refused when another account could have written them.
+"""This client's own trust files (its personal key, the roots it pins, the heads it verified):
+made private, and refused when another account could have written them.
 
 A pinned root decides which keys this machine trusts for a store, and a personal key decides
 who this account is: if another account could write either, that account would decide. So, as
@@ -13,6 +13,9 @@ import contextlib
 import os
 import stat
 from pathlib import Path
+from typing import TypeVar
+
+from pydantic import BaseModel, ValidationError
 
 from k3artifacts.errors import TrustRootError
 
@@ -81,3 +84,26 @@ def read_shared(path: Path, what: str, *, why: str) -> bytes | None:
                              f"could {why}: check who did, then `chmod 644 {path}; chmod 700 "
                              f"{path.parent}`")
     return data
+
+
+M = TypeVar("M", bound=BaseModel)
+
+
+def read_store_file(path: Path, model: type[M], store_url: str, *, what: str, why: str,
+                    hint: str, verb: str = "is") -> M | None:
+    """``path`` (:func:`read_shared`) as ``model``, a file this client keeps for
+    ``store_url`` (None when absent): TrustRootError naming ``what`` it is (``verb`` agreeing
+    with it) when it is malformed or names another store (``model.store``); ``hint``: the
+    next step then."""
+    data = read_shared(path, what, why=why)
+    if data is None:
+        return None
+    try:
+        found = model.model_validate_json(data)
+    except ValidationError as exc:
+        raise TrustRootError(f"{what} {path} {verb} malformed: {exc.errors()[0]['msg']}",
+                             hint=hint) from None
+    named = found.store  # type: ignore[attr-defined]  # every such model names its store
+    if named != store_url:
+        raise TrustRootError(f"{what} {path} {verb} for {named}, not {store_url}", hint=hint)
+    return found

@@ -28,12 +28,12 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict
 
 from k3artifacts.canonical import canonical_json
 from k3artifacts.errors import TrustRootError, UntrustedRecord
 from k3artifacts.settings import config_home
-from k3artifacts.trust.localfiles import private_dir, read_shared, write_replacing
+from k3artifacts.trust.localfiles import private_dir, read_store_file, write_replacing
 from k3artifacts.trust.root import Root, root_key, stored_root, walk_rotations
 from k3artifacts.trust.storage import RecordReader
 
@@ -68,20 +68,10 @@ def pin_path(store_url: str) -> Path:
 def load_pin(store_url: str) -> Pin | None:
     """This client's pin for ``store_url``; None when it has none."""
     path = pin_path(store_url)
-    data = read_shared(path, "pinned root", why="choose which keys you trust (`k3a trust show` "
-                       "shows it after fixing)")
-    if data is None:
-        return None
-    try:
-        pin = Pin.model_validate_json(data)
-    except ValidationError as exc:
-        raise TrustRootError(f"pinned root {path} is malformed: {exc.errors()[0]['msg']}",
-                             hint=f"remove {path} and pin the store's root again "
-                             "(`k3a trust init`)") from None
-    if pin.store != store_url:
-        raise TrustRootError(f"pinned root {path} is for {pin.store}, not {store_url}",
-                             hint=f"remove {path} and pin {store_url}'s root (`k3a trust init`)")
-    return pin
+    return read_store_file(path, Pin, store_url, what="pinned root",
+                           why="choose which keys you trust (`k3a trust show` shows it after "
+                           "fixing)", hint=f"remove {path} and pin {store_url}'s root again "
+                           "(`k3a trust init`)")
 
 
 def require_pin(store_url: str) -> Pin:
