@@ -76,7 +76,7 @@ def read_freshness(store: RecordReader, document: PolicyDocument,
     if found is None:
         return None
     verified = verify_record(found.data, key=KEY, kind=KIND, keyring=signers(document, roots),
-                             roles=None)
+                             roles=None, bound=roots.bound)
     try:
         return Freshness.model_validate(verified.body)
     except ValidationError as exc:
@@ -154,7 +154,7 @@ def renew(store: RecordStore, document: PolicyDocument, roots: Roots, signer: Re
                           policy=Head(seq=policy_head.seq, digest=policy_head.digest),
                           channels=named)
         record = sign_record(key=KEY, kind=KIND, body=fresh, signer=signer,
-                             identity=trusted.identity)
+                             identity=trusted.identity, store_id=roots.current.store_id)
         try:
             store.replace(KEY, record, None if found is None else found.token)
             return fresh

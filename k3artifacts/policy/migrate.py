@@ -72,7 +72,8 @@ class PolicyMigrator:
                                       "removed while it was migrated")
             entries.append(record.data)
         signer, name = who.acting.signer, who.acting.name
-        vouch_legacy(store, LAYOUT, entries, signer=signer, identity=name)
+        vouch_legacy(store, LAYOUT, entries, signer=signer, identity=name,
+                     store_id=who.roots.current.store_id)
         # Not yet fresh: this move signs the freshness head once the version is in force.
         current = unchecked_freshness(store)
         assert current.chain is not None

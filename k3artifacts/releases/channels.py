@@ -401,6 +401,7 @@ def _verified(store: RecordStore, channel: str, policy: InForce, *,
     roots = policy.roots or trusted_roots(store)
     keyring = _Identities(store, policy, where.pointer_key)
     chain = verify_chain(store, where, HistoryEntry, keyring=keyring, roles=["promote"],
+                         bound=roots.bound,
                          checkpoint_keyring=_checkpointers(roots.current.keyring(), policy),
                          legacy_keyring=roots.current.keyring(), legacy_head=_legacy_head,
                          last_seen=heads.seen(store.url, where.name), full=full)

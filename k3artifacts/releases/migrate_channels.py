@@ -79,7 +79,7 @@ class ChannelsMigrator:
                                           f"{where.name} was removed while it was migrated")
                 entries.append(record.data)
             vouch_legacy(store, where, entries, signer=who.acting.signer,
-                         identity=who.acting.name)
+                         identity=who.acting.name, store_id=who.roots.current.store_id)
 
 
 MIGRATOR = ChannelsMigrator()

@@ -59,7 +59,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from k3artifacts.canonical import canonical_digest, to_plain
 from k3artifacts.errors import AlreadyExists, Conflict, HistoryRewound, UntrustedRecord
-from k3artifacts.trust.envelope import Verified, parse_record, sign_record, verify_record
+from k3artifacts.trust.envelope import Bound, Verified, parse_record, sign_record, verify_record
 from k3artifacts.trust.identities import Keyring
 from k3artifacts.trust.keys import RecordSigner
 from k3artifacts.trust.storage import Found, RecordReader, RecordStore
@@ -155,6 +155,8 @@ class Chain(Generic[T]):
     #: The head's signed record as the pointer holds it, and whether the log holds it yet.
     head_record: bytes | None
     head_logged: bool
+    #: The store its entries were verified for: what the next entry is signed for.
+    bound: Bound
     #: The oldest signed entry (1, or the first after those a checkpoint vouches for):
     #: :func:`entry_below` reads back down to it.
     floor: int = 1
@@ -217,10 +219,10 @@ def _keyring(keyring: KeyringFor, data: bytes, key: str) -> Keyring:
 
 
 def _verify(data: bytes, layout: ChainLayout, seq: int, keyring: KeyringFor,
-            roles: Collection[str] | None, *, where: str) -> Verified:
+            roles: Collection[str] | None, bound: Bound, *, where: str) -> Verified:
     try:
         return verify_record(data, key=layout.entry_key(seq), kind=layout.entry_kind,
-                             keyring=_keyring(keyring, data, where), roles=roles)
+                             keyring=_keyring(keyring, data, where), roles=roles, bound=bound)
     except UntrustedRecord as exc:
         raise _unsigned(exc, layout) from None
 
@@ -238,11 +240,14 @@ def _linked(verified: Verified, layout: ChainLayout, seq: int, *, where: str) ->
 
 
 def _check_entry(data: bytes, layout: ChainLayout, seq: int, keyring: KeyringFor,
-                 roles: Collection[str] | None, *, where: str) -> _Checked:
-    """Entry ``seq``'s record, verified for its place; any failure is an ``edit``."""
+                 roles: Collection[str] | None, bound: Bound, *, where: str) -> _Checked:
+    """Entry ``seq``'s record, verified for its place; any failure is an ``edit``, but for
+    one signed for another store, which keeps its name."""
     try:
-        verified = _verify(data, layout, seq, keyring, roles, where=where)
+        verified = _verify(data, layout, seq, keyring, roles, bound, where=where)
     except UntrustedRecord as exc:
+        if exc.reason == "another-store":
+            raise
         raise UntrustedRecord(where, "edit", f"entry #{seq} of {layout.name} does not check "
                               f"({exc.reason}: {exc.detail})", hint=exc.hint) from None
     return _linked(verified, layout, seq, where=where)
@@ -272,14 +277,14 @@ def _head_seq(data: bytes, key: str) -> int:
 
 
 def _checkpoint(store: RecordReader, layout: ChainLayout, keyring: Keyring,
-                legacy_keyring: Keyring | None) -> Checkpoint | None:
+                legacy_keyring: Keyring | None, bound: Bound) -> Checkpoint | None:
     if layout.checkpoint_key is None:
         return None
     found = store.read(layout.checkpoint_key)
     if found is None:
         return None
     verified = verify_record(found.data, key=layout.checkpoint_key, kind=layout.checkpoint_kind,
-                             keyring=keyring, roles=None)
+                             keyring=keyring, roles=None, bound=bound)
     try:
         point = Checkpoint.model_validate(verified.body)
     except ValidationError as exc:
@@ -288,7 +293,7 @@ def _checkpoint(store: RecordReader, layout: ChainLayout, keyring: Keyring,
     if point.legacy is not None and legacy_keyring is not None:
         # Vouching for unsigned entries is the root's alone, whoever may start a walk.
         verify_record(found.data, key=layout.checkpoint_key, kind=layout.checkpoint_kind,
-                      keyring=legacy_keyring, roles=None)
+                      keyring=legacy_keyring, roles=None, bound=bound)
     return point
 
 
@@ -326,7 +331,7 @@ def _vouched(store: RecordReader, layout: ChainLayout, checkpoint: Checkpoint, m
 
 def _legacy_chain(store: RecordReader, layout: ChainLayout, model: type[T], found: Found,
                   legacy_head: LegacyHead, checkpoint: Checkpoint | None,
-                  seqs: list[int]) -> Chain[T]:
+                  seqs: list[int], bound: Bound) -> Chain[T]:
     """A history whose pointer is still the one written before signing: accepted only as the
     last entry a legacy checkpoint vouches for."""
     where = layout.pointer_key
@@ -340,7 +345,7 @@ def _legacy_chain(store: RecordReader, layout: ChainLayout, model: type[T], foun
         raise UntrustedRecord(where, "rewound", f"the head of {layout.name} is #{seq}, but its "
                               f"log goes on to #{seqs[-1]}: the pointer was set back")
     entries = _vouched(store, layout, checkpoint, model, seq)
-    return Chain(layout, tuple(entries), found.token, found.data, True)
+    return Chain(layout, tuple(entries), found.token, found.data, True, bound)
 
 
 def _logged(store: RecordReader, layout: ChainLayout, seq: int) -> bool:
@@ -353,7 +358,7 @@ def _shown(mark: Mark) -> str:
 
 
 def verify_chain(store: RecordReader, layout: ChainLayout, model: type[T], *,
-                 keyring: KeyringFor, roles: Collection[str] | None,
+                 keyring: KeyringFor, roles: Collection[str] | None, bound: Bound,
                  checkpoint_keyring: Keyring | None = None,
                  legacy_head: LegacyHead | None = None,
                  last_seen: Mark | None = None, full: bool = False,
@@ -361,7 +366,8 @@ def verify_chain(store: RecordReader, layout: ChainLayout, model: type[T], *,
     """The history as the pointer names it, verified and linked from its head down to
     ``last_seen`` (the head this reader verified before: only what is new), else to the
     checkpoint, else to the start (``full``: to the checkpoint or the start whatever the
-    reader saw); refused by name otherwise (module doc). ``checkpoint_keyring``: who may sign
+    reader saw); refused by name otherwise (module doc). ``bound``: the store every entry
+    and checkpoint must be signed for (its root's id). ``checkpoint_keyring``: who may sign
     its checkpoint (default: ``keyring``, when that is one keyring); ``legacy_keyring``: who
     may sign one that vouches for entries older than signing, where that is fewer."""
     where = layout.pointer_key
@@ -372,24 +378,24 @@ def verify_chain(store: RecordReader, layout: ChainLayout, model: type[T], *,
                                   "holds entries: the pointer was removed")
         if last_seen is not None:
             raise HistoryRewound(where, "rewound", layout.name, _shown(last_seen), "no head")
-        return Chain(layout, (), None, None, False)
+        return Chain(layout, (), None, None, False, bound)
     if checkpoint_keyring is None:
         assert isinstance(keyring, Keyring), "a per-entry keyring needs a checkpoint_keyring"
         checkpoint_keyring = keyring
-    checkpoint = _checkpoint(store, layout, checkpoint_keyring, legacy_keyring)
+    checkpoint = _checkpoint(store, layout, checkpoint_keyring, legacy_keyring, bound)
     try:
         seq = _head_seq(found.data, where)
     except UntrustedRecord as exc:
         if exc.reason != "unsigned" or legacy_head is None:
             raise _unsigned(exc, layout) from None
         chain = _legacy_chain(store, layout, model, found, legacy_head, checkpoint,
-                              logged_seqs(store, layout))
+                              logged_seqs(store, layout), bound)
         _check_last_seen(chain, last_seen)
         return chain
     # The pointer's failures keep their own names: it is a forged or a foreign head.
     try:
-        head = _linked(_verify(found.data, layout, seq, keyring, roles, where=where), layout,
-                       seq, where=where)
+        head = _linked(_verify(found.data, layout, seq, keyring, roles, bound, where=where),
+                       layout, seq, where=where)
     except UntrustedRecord as exc:
         raise UntrustedRecord(where, exc.reason, f"the head of {layout.name} (#{seq}): "
                               f"{exc.detail}", hint=exc.hint) from None
@@ -402,7 +408,7 @@ def verify_chain(store: RecordReader, layout: ChainLayout, model: type[T], *,
     key = layout.entry_key(seq)
     copy = store.read(key)
     logged = copy is not None
-    if copy is not None and _check_entry(copy.data, layout, seq, keyring, roles,
+    if copy is not None and _check_entry(copy.data, layout, seq, keyring, roles, bound,
                                          where=key).verified.digest != head.verified.digest:
         raise UntrustedRecord(key, "fork", f"the log's entry #{seq} of {layout.name} is not "
                               "the one its pointer holds")
@@ -417,7 +423,7 @@ def verify_chain(store: RecordReader, layout: ChainLayout, model: type[T], *,
     walked = [head]
     for _ in range(seq - 1, stop - 1, -1):
         walked.append(_below(store, layout, walked[-1].link.seq, walked[-1].link.previous,
-                             keyring, roles, head_seq=seq))
+                             keyring, roles, bound, head_seq=seq))
     entries = [_entry(c, model, layout.entry_key(c.link.seq)) for c in reversed(walked)]
     if checkpoint is not None and entries[0].seq <= checkpoint.seq + 1:
         if legacy:
@@ -432,13 +438,14 @@ def verify_chain(store: RecordReader, layout: ChainLayout, model: type[T], *,
                                   "checkpoint vouches for")
     # Below a checkpoint of signed entries they are still signed: read back on demand.
     floor = checkpoint.seq + 1 if checkpoint is not None and legacy else 1
-    chain = Chain(layout, tuple(entries), found.token, found.data, logged, floor)
+    chain = Chain(layout, tuple(entries), found.token, found.data, logged, bound, floor)
     _check_last_seen(chain, last_seen)
     return chain
 
 
 def _below(store: RecordReader, layout: ChainLayout, above: int, previous: str | None,
-           keyring: KeyringFor, roles: Collection[str] | None, *, head_seq: int) -> _Checked:
+           keyring: KeyringFor, roles: Collection[str] | None, bound: Bound, *,
+           head_seq: int) -> _Checked:
     """The entry #``above`` follows, verified for its place and as the one it names
     (``previous``)."""
     below = above - 1
@@ -447,7 +454,7 @@ def _below(store: RecordReader, layout: ChainLayout, above: int, previous: str |
     if entry is None:
         raise UntrustedRecord(key, "gap", f"entry #{below} of {layout.name} is missing "
                               f"(the head is #{head_seq})")
-    checked = _check_entry(entry.data, layout, below, keyring, roles, where=key)
+    checked = _check_entry(entry.data, layout, below, keyring, roles, bound, where=key)
     if checked.verified.digest != previous:
         raise UntrustedRecord(key, "fork", f"entry #{below} of {layout.name} is not the one "
                               f"entry #{below + 1} follows")
@@ -463,7 +470,7 @@ def entry_below(store: RecordReader, chain: Chain[T], entry: ChainEntry[T], mode
         return None
     head = chain.head
     checked = _below(store, chain.layout, entry.seq, entry.previous, keyring, roles,
-                     head_seq=entry.seq if head is None else head.seq)
+                     chain.bound, head_seq=entry.seq if head is None else head.seq)
     return _entry(checked, model, chain.layout.entry_key(checked.link.seq))
 
 
@@ -531,11 +538,11 @@ def append(store: RecordStore, chain: Chain[T], entry: T, *, signer: RecordSigne
     layout = chain.layout
     link = next_link(chain, entry)
     record = sign_record(key=layout.entry_key(link.seq), kind=layout.entry_kind, body=link,
-                         signer=signer, identity=identity)
+                         signer=signer, identity=identity, store_id=chain.bound.store_id)
     token = append_record(store, chain, record)
     made = ChainEntry(link.seq, canonical_digest(link), link.previous, entry, identity,
                       frozenset({identity}))
-    return Chain(layout, (*chain.entries, made), token, record, True, chain.floor)
+    return Chain(layout, (*chain.entries, made), token, record, True, chain.bound, chain.floor)
 
 
 def checkpoint(store: RecordStore, chain: Chain[T], *, signer: RecordSigner,
@@ -546,11 +553,12 @@ def checkpoint(store: RecordStore, chain: Chain[T], *, signer: RecordSigner,
     head = chain.head
     if layout.checkpoint_key is None or head is None:
         raise ValueError(f"{layout.name} has no checkpoint place, or nothing to vouch for")
-    return _vouch(store, layout, Checkpoint(seq=head.seq, digest=head.digest), signer, identity)
+    return _vouch(store, layout, Checkpoint(seq=head.seq, digest=head.digest), signer, identity,
+                  chain.bound.store_id)
 
 
 def vouch_legacy(store: RecordStore, layout: ChainLayout, entries: list[bytes], *,
-                 signer: RecordSigner, identity: str) -> Checkpoint:
+                 signer: RecordSigner, identity: str, store_id: str | None) -> Checkpoint:
     """Vouch for a history written before signing: ``entries`` are its entries 1..N as
     stored (each checked by its digest from then on); the next entry is signed and names the
     digest of entry N."""
@@ -559,15 +567,15 @@ def vouch_legacy(store: RecordStore, layout: ChainLayout, entries: list[bytes], 
     digests = [canonical_digest(_plain(data, layout.entry_key(i)))
                for i, data in enumerate(entries, start=1)]
     point = Checkpoint(seq=len(digests), digest=digests[-1], legacy=digests)
-    return _vouch(store, layout, point, signer, identity)
+    return _vouch(store, layout, point, signer, identity, store_id)
 
 
 def _vouch(store: RecordStore, layout: ChainLayout, point: Checkpoint, signer: RecordSigner,
-           identity: str) -> Checkpoint:
+           identity: str, store_id: str | None) -> Checkpoint:
     assert layout.checkpoint_key is not None
     found = store.read(layout.checkpoint_key)
     store.replace(layout.checkpoint_key,
                   sign_record(key=layout.checkpoint_key, kind=layout.checkpoint_kind, body=point,
-                              signer=signer, identity=identity),
+                              signer=signer, identity=identity, store_id=store_id),
                   None if found is None else found.token)
     return point
