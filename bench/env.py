@@ -49,6 +49,9 @@ class Child:
     stdout: str
     stderr: str
     returncode: int
+    started_at: float = 0.0  # time.time() at the child's start
+    #: Its /proc io counters, with those of every process it waited for (own_usage).
+    io: dict[str, int] = field(default_factory=dict)
 
     def json(self) -> dict:
         return json.loads(self.stdout)
@@ -215,7 +218,7 @@ class Bench:
         child = Child(
             usage.seconds, usage.max_rss, usage.cpu_seconds,
             (stdout or b"").decode(errors="replace"), stderr.decode(errors="replace"),
-            proc.returncode,
+            proc.returncode, usage.started_at, usage.io,
         )
         if check and child.returncode != 0:
             raise RuntimeError(

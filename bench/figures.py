@@ -374,6 +374,12 @@ def _load(bench: Bench, opts: Options, shared: dict) -> list[Row]:
     return load(bench, opts, shared)
 
 
+def _node_start(bench: Bench, opts: Options, shared: dict) -> list[Row]:
+    from .node_start import node_start
+
+    return node_start(bench, opts, shared)
+
+
 FIGURES = {
     "staging": staging,  # 1 and 2
     "s3": s3,  # 3
@@ -391,6 +397,7 @@ FIGURES = {
     "cli-start": cli_start,  # 12
     "warm": warm_start,  # 13
     "load": _load,  # issue 42
+    "node-start": _node_start,  # issue 42
     "history": _history,  # issue 41
     "eval-latency": eval_latency,  # issue 40
 }

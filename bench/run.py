@@ -101,6 +101,16 @@ def main(argv: list[str] | None = None) -> int:
                    help="load figure: alternating rounds (best and median of each side)")
     p.add_argument("--load-threads", type=int, default=8,
                    help="load figure: files k3a's reader reads at once (default 8)")
+    p.add_argument("--node-size", type=parse_size, default=parse_size("1GiB"),
+                   help="node-start figure: weights of its tiny-architecture Llama (float32; "
+                   "default 1GiB)")
+    p.add_argument("--node-shards", type=int, default=4,
+                   help="node-start figure: shards of those weights (default 4)")
+    p.add_argument("--node-runs", type=int, default=1,
+                   help="node-start figure: alternating rounds of both paths (fastest kept)")
+    p.add_argument("--vllm-python", default=None,
+                   help="node-start figure: the interpreter that has vLLM (default: the "
+                   "checkout's .venv-vllm/bin/python)")
     p.add_argument("--history-delay-ms", type=float, default=5.0,
                    help="history figure: each S3 request held this long before SeaweedFS")
     p.add_argument("--baseline-code", type=Path, default=None,
@@ -144,6 +154,9 @@ def main(argv: list[str] | None = None) -> int:
                    load_size=args.load_size, load_shards=args.load_shards,
                    load_runs=args.load_runs, load_threads=args.load_threads,
                    history_delay_ms=args.history_delay_ms,
+                   node_size=args.node_size, node_shards=args.node_shards,
+                   node_runs=args.node_runs,
+                   vllm_python=args.vllm_python,
                    eval_first_token_ms=args.eval_first_token_ms,
                    baseline_code=None if args.baseline_code is None
                    else str(args.baseline_code))

@@ -47,6 +47,12 @@ class Options:
     #: The eval-latency figure (issue 40): the test server's fixed delay before the first
     #: token, in ms, under the 0-5 ms jitter (0: the server as it is).
     eval_first_token_ms: float = 0.0
+    #: The node-start figure (issue 42): checkpoint size and shards, rounds, the extra
+    #: arguments of the k3a path's ``k3a pull``, the interpreter that has vLLM.
+    node_size: int = 1 << 30
+    node_shards: int = 4
+    node_runs: int = 1
+    vllm_python: str | None = None
 
 
 def stage_child(bench: Bench, endpoint: str, store_url: str, repo_id: str = REPO,

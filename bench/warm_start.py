@@ -21,6 +21,7 @@ from pathlib import Path
 
 from .env import Bench, Row
 from .staging import Options
+from .tools import k3a_json, trusting_policy
 
 TARGET = 0.3
 
@@ -78,45 +79,6 @@ def _compile(bench: Bench, device: str, caches: Path) -> float:
     return float(json.loads(out.stdout.strip().splitlines()[-1])["seconds"])
 
 
-def _k3a(bench: Bench, *args: str) -> dict:
-    out = subprocess.run([sys.executable, "-m", "k3artifacts", *args, "--json"], env=bench.env,
-                         capture_output=True, text=True)
-    if out.returncode != 0:
-        raise RuntimeError(f"k3a {' '.join(args[:2])} failed ({out.returncode}): "
-                           f"{out.stderr[-2000:]}")
-    return json.loads(out.stdout)
-
-
-def _signing(bench: Bench, store) -> Path:
-    """A signing key, and the store's policy trusting it and requiring signatures on
-    production (as the shipped policy does): the figure runs the whole trust path."""
-    import shutil
-
-    from cryptography.hazmat.primitives import serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-
-    from k3artifacts.bundled import POLICIES
-
-    where = bench.fresh("warm-keys")
-    private = ec.generate_private_key(ec.SECP256R1())
-    key = where / "bench.pem"
-    key.write_bytes(private.private_bytes(serialization.Encoding.PEM,
-                                          serialization.PrivateFormat.PKCS8,
-                                          serialization.NoEncryption()))
-    policies = where / "policies"
-    shutil.copytree(POLICIES, policies)
-    shutil.rmtree(policies / "signing")
-    (policies / "signing" / "keys").mkdir(parents=True)
-    (policies / "signing" / "keys" / "bench.pub.pem").write_bytes(private.public_key().public_bytes(
-        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo))
-    (policies / "signing" / "trusted-keys.yaml").write_text(
-        "schema_version: 1\nkeys: {bench: keys/bench.pub.pem}\n"
-        "channels: {production: {required: true}}\n")
-    # The store's first use, as the bench's own identity (its key, in the bench's home).
-    _k3a(bench, "policy", "init", "--from", str(policies), "--store", store.url)
-    return key
-
-
 def warm_start(bench: Bench, opts: Options, shared: dict) -> list[Row]:
     device = opts.device
     probe = subprocess.run([sys.executable, "-c", _PROBE], capture_output=True, text=True)
@@ -134,19 +96,19 @@ def warm_start(bench: Bench, opts: Options, shared: dict) -> list[Row]:
     store = FileStore(bench.fresh("warm-store"))
     release = Releases(store, bench.fresh("warm-scratch")).release()
     bench.env["K3A_STORE"] = store.url
-    key = _signing(bench, store)
+    key = trusting_policy(bench, store.url)
     cold_dir = bench.fresh("warm-cold")
     bench.log(f"warm: cold compile on {gpu}")
     cold = _compile(bench, device, cold_dir)
     started = time.perf_counter()
     # On the CPU inductor writes no Triton kernels: capture the directories that exist.
     roots = [f"{n}={cold_dir / n}" for n in ("inductor", "triton") if (cold_dir / n).is_dir()]
-    captured = _k3a(bench, "warm", "capture", release.id, "--gpu", gpu, "--signing-key",
+    captured = k3a_json(bench, "warm", "capture", release.id, "--gpu", gpu, "--signing-key",
                     str(key), *roots)
     capture_s = time.perf_counter() - started
     node, into = bench.fresh("warm-node"), bench.fresh("warm-into")
     started = time.perf_counter()
-    used = _k3a(bench, "warm", "use", release.id, "--gpu", gpu, "--to", str(node),
+    used = k3a_json(bench, "warm", "use", release.id, "--gpu", gpu, "--to", str(node),
                 "--into", str(into))
     use_s = time.perf_counter() - started
     if not used["ok"]:
@@ -160,7 +122,7 @@ def warm_start(bench: Bench, opts: Options, shared: dict) -> list[Row]:
     blob.chmod(0o644)
     blob.write_bytes(b"\0" * victim["size"])
     node2, into2 = bench.fresh("warm-node2"), bench.fresh("warm-into2")
-    missed = _k3a(bench, "warm", "use", release.id, "--gpu", gpu, "--to", str(node2),
+    missed = k3a_json(bench, "warm", "use", release.id, "--gpu", gpu, "--to", str(node2),
                   "--into", str(into2))
     corrupt = _compile(bench, device, into2)
     ratio = warm / cold

@@ -22,6 +22,11 @@ Points:
   ``pull-planned`` ``k3a pull`` checked free space, before preallocating (detail: revision)
   ``references-checked`` an S3 revision's object records are written and the revisions it
                   reads objects of were found published (detail: commit), before its manifest
+  ``load-file``   the verified load (``--load-format k3a``) is about to open a weights file
+                  (detail: its path in the revision)
+  ``load-read``   the verified load read all it reads of a file (detail: its path), before it
+                  checks the file is still the one it opened
+  ``load-agree``  a rank of the verified load read its files, before the ranks compare them
 """
 
 from __future__ import annotations
@@ -31,6 +36,12 @@ import sys
 import time
 
 from k3artifacts.settings import load
+
+
+def armed() -> bool:
+    """Whether any point may pause: a caller on a hot path asks once, not at every point
+    (reading the settings costs a few hundred microseconds)."""
+    return bool(load().fault_pause)
 
 
 def pause(point: str, detail: str = "") -> None:

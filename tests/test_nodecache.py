@@ -52,6 +52,8 @@ def test_pull_from_a_file_store_lays_out_verifies_and_is_then_a_noop(file_releas
     out = pull_json(file_releases.store.url, release.id, root)
     assert out["tuple_id"] == release.id and not out["already_present"]
     assert out["bytes_fetched"] == out["bytes"] and out["files_fetched"] == out["files"]
+    # Hashed once, from the buffers written: nothing read back from the disk.
+    assert out["bytes_hashed"] == out["bytes"] and out["bytes_rehashed"] == 0
     final = check_copy(root, file_releases.store, release)
     assert json.loads((final / ".k3a/verified.json").read_text())["manifest_digest"] \
         == release.binding.weights.manifest_digest

@@ -251,23 +251,26 @@ def test_a_planted_tree_too_deep_to_walk_is_refused_not_a_recursion_error(
 
 def test_a_part_file_truncated_before_the_pull_hashes_it_is_exit_4_named(
         file_releases, tmp_path, k3a_cmd, k3a_env):
-    """A pod sharing the cache's hostPath cuts a part file the pull wrote but has not hashed
-    yet: the pull names the file as changed while it was read (exit 4), no traceback, no
-    SIGBUS, and nothing reaches the final path."""
+    """A process of this account sharing the cache's hostPath cuts a part file the pull wrote
+    but has not hashed yet: the pull hashes the buffer it wrote, never the file, and its next
+    change to the file finds the file's ctime moved: exit 4 naming it, no traceback, and
+    nothing reaches the final path."""
     said, root, release = _pull_spoiled_at(file_releases, tmp_path, k3a_cmd, k3a_env, 0,
                                            lambda part: os.truncate(part, 0))
-    assert ("big.bin: the partial copy changed while it was read: it ended at byte 0, where "
-            f"it had reached byte {MiB:,}") in said
+    assert ("big.bin: changed in the node cache after this pull wrote or hashed it, before the "
+            "revision was sealed; nothing was put at the final path") in said
     assert "find and stop it, then re-run `k3a pull`" in said and "Traceback" not in said
     assert not CacheLayout(root).final_dir(rev_of(release)).exists()
+    assert not (CacheLayout(root).partial_dir(rev_of(release)) / ".big.bin.part").exists()
 
 
 def test_an_already_hashed_part_rewritten_before_the_seal_is_exit_4_named(
         file_releases, tmp_path, k3a_cmd, k3a_env):
     """The issue's case: bytes of a part the pull had already hashed are rewritten (and the
-    mtime put back) while later parts arrive. The running hash never reads them again, so the
-    pull used to print "verified" and `k3a verify --expect-digest` then exited 4. Now the
-    re-check before the seal names the file (exit 4) and nothing reaches the final path."""
+    mtime put back) while later parts arrive. The hash is fed from the buffers written and
+    never reads the file, so the pull used to print "verified" and `k3a verify
+    --expect-digest` then exited 4. Now the file's ctime, moved by the rewrite, is found at
+    the pull's next change to it: exit 4 naming the file, nothing at the final path."""
     def rewrite(part: Path) -> None:
         before = part.stat()
         with open(part, "r+b") as f:  # part 0: written and hashed before part 1 paused
@@ -276,8 +279,8 @@ def test_an_already_hashed_part_rewritten_before_the_seal_is_exit_4_named(
         os.utime(part, ns=(before.st_atime_ns, before.st_mtime_ns))
 
     said, root, release = _pull_spoiled_at(file_releases, tmp_path, k3a_cmd, k3a_env, 1, rewrite)
-    assert ("big.bin: changed in the node cache after this pull hashed it, before the revision "
-            "was sealed; nothing was put at the final path") in said
+    assert ("big.bin: changed in the node cache after this pull wrote or hashed it, before the "
+            "revision was sealed; nothing was put at the final path") in said
     assert "find and stop it, then re-run `k3a pull`" in said and "Traceback" not in said
     assert not CacheLayout(root).final_dir(rev_of(release)).exists()
 

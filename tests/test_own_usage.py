@@ -7,6 +7,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from tests.support.own_usage import launched, read_usage
 
 MiB = 1 << 20
@@ -52,3 +54,37 @@ def test_the_launcher_passes_the_child_status_and_output_through(tmp_path):
                              capture_output=True, text=True)
     assert missing.returncode == 127 and "nowhere" in missing.stderr
     assert read_usage(report).max_rss > 0
+
+
+def _evicted(path) -> None:
+    os.sync()
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
+def test_the_launcher_counts_the_reads_of_every_process_the_child_waited_for(tmp_path):
+    data = tmp_path / "data.bin"
+    data.write_bytes(os.urandom(16 * MiB))
+    report = tmp_path / "usage.json"
+    # The reads are a grandchild's: the child waits for it, the launcher for the child.
+    read = f"open({str(data)!r}, 'rb').read()"
+    mapped = (f"import mmap; f = open({str(data)!r}, 'rb'); "
+              "m = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ); "
+              "sum(m[i] for i in range(0, len(m), 4096))")
+
+    def run(code: str) -> dict[str, int]:
+        _evicted(data)
+        nested = f"import subprocess, sys; subprocess.run([sys.executable, '-c', {code!r}])"
+        assert subprocess.run(launched([sys.executable, "-c", nested], report)).returncode == 0
+        return read_usage(report).io
+
+    by_read = run(read)
+    assert by_read["rchar"] >= 16 * MiB
+    by_map = run(mapped)
+    assert by_map["rchar"] < 16 * MiB  # a mapping's pages pass through no read call
+    if by_read["read_bytes"] == 0:
+        pytest.skip(f"{tmp_path} is not on a block device (tmpfs?): nothing is read from disk")
+    assert by_map["read_bytes"] >= 16 * MiB  # ...but come from the disk all the same

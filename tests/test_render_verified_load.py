@@ -92,6 +92,12 @@ def test_node_cache_with_k3a_pulls_then_vllm_verifies_the_local_copy(
     model = mounts[release.binding.serving.model_path]
     assert model["name"] == "node-cache" and model["readOnly"]
     assert (STORE_MOUNT in mounts) == (where == "fsx")  # S3 is read through its API
+    # The pull leaves the weights on the node to vLLM's hash; a file vLLM refuses is recorded
+    # in the one directory of the cache it writes, where the next pull looks.
+    assert "--verified-by-loader" in pull
+    refused = mounts[extra.refusals]
+    assert refused["name"] == "node-cache" and not refused.get("readOnly")
+    assert refused["subPath"] == ".k3a-cache/refused"
 
 
 def test_node_cache_without_k3a_refuses_a_signature_check_it_would_not_make(

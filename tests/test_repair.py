@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 
 import pytest
 
@@ -53,6 +54,15 @@ def test_repair_puts_back_the_damaged_file_with_the_same_digest(
     broken = k3a("verify", f"{REPO}@{commit}", "--full")
     assert broken.returncode == 4 and SHARD in broken.stdout + broken.stderr
     assert "--repair" in broken.stderr  # the advice leads somewhere
+    # One problem per damaged file, with every reason it fails for: on S3 its recorded
+    # version is gone and the prefix serves nothing, two reasons for one file.
+    assert re.search(r": 1 of \d+ file\(s\) do not match the manifest", broken.stderr)
+    listed = k3a("verify", f"{REPO}@{commit}", "--full", "--json")
+    (problem,) = json.loads(listed.stdout)["problems"]
+    assert (problem["path"], problem["kind"]) == (SHARD, "file")
+    if isinstance(file_or_s3_store, S3Store):
+        assert problem["reason"] == ("missing; as served where the revision is placed: no "
+                                     "current object under the prefix")
     again = k3a("stage", REPO, "--revision", commit, "--endpoint", local_hub.endpoint,
                 "--quarantine", str(tmp_path / "q"), "-q")
     assert again.returncode == 0  # published: a plain re-stage changes nothing...
@@ -67,6 +77,8 @@ def test_repair_puts_back_the_damaged_file_with_the_same_digest(
     assert resolve_gets(local_hub.hub, mark) == [SHARD]  # ...--repair fetches only the damage
     ok = k3a("verify", f"{REPO}@{commit}", "--full", "--expect-digest", digest)
     assert ok.returncode == 0, ok.stdout + ok.stderr
+    assert re.match(r"ok: \d+ files, [\d,]+ bytes match \(sha256\)\nmanifest digest: "
+                    + digest + "\n$", ok.stdout), ok.stdout
     assert file_or_s3_store.read_manifest(REPO, commit).digest() == digest
 
     nothing = k3a("stage", REPO, "--revision", commit, "--endpoint", local_hub.endpoint,

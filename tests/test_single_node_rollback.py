@@ -11,6 +11,7 @@ import json
 import subprocess
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import urllib3
@@ -91,18 +92,52 @@ def _wait_running(metrics: str, n: int):
     wait_until(lambda: running_requests(metrics) == n, f"{n} requests in flight", timeout=20)
 
 
+def _held_node(tmp_path, release):
+    """The node serving ``release``, its completions held before their first token while the
+    file returned exists: in flight exactly as long as the test needs them, however slow the
+    machine. (A fixed slow first token, 1.5 s, also slowed the smoke's own requests to within
+    0.5 s of its 2 s TTFT SLO: under load the smoke step failed.) Its access log is the third
+    value returned."""
+    hold, log = tmp_path / "hold", tmp_path / "node.log"
+    hold.touch()
+    return start(served_names(release), log, hold_file=hold, access_log=True), hold, log
+
+
+def _metrics_reads(log) -> int:
+    """How many times the node has answered ``GET /metrics``, by its access log."""
+    return log.read_text().count('"GET /metrics HTTP/1.1" 200')
+
+
+CLOSED = {"spec": {"selector": {"k3a.io/admitting": "closed"}}}
+
+
 def test_steps_in_order_after_the_node_drained(tmp_path, cluster, channel):
     config, calls = cluster
     store, a, b = channel
-    node = start(served_names(a), tmp_path / "node.log", slow_first_token=1.5)
+    node, hold, log = _held_node(tmp_path, a)
     try:
         metrics = f"http://127.0.0.1:{node.port}/metrics"
         finished = _in_flight(node.url, served_name(a), 3)
         _wait_running(metrics, 3)
-        done = rollback_single_node(
-            store, "staging", kube=KubeAPI(config), name="kimi", namespace="serving",
-            endpoint=node.url, metrics_url=metrics, acting=as_acting("oncall"), settings=QUICK,
-            poll_s=0.1, drain_timeout_s=30, ready_timeout_s=30)
+        with ThreadPoolExecutor(1) as pool:
+            rolling = pool.submit(
+                rollback_single_node, store, "staging", kube=KubeAPI(config), name="kimi",
+                namespace="serving", endpoint=node.url, metrics_url=metrics,
+                acting=as_acting("oncall"), settings=QUICK, poll_s=0.1, drain_timeout_s=30,
+                ready_timeout_s=30)
+            # Let the requests go once the drain has seen them in flight: the first read of
+            # the node's metrics after the Service stopped admitting is the drain's.
+            try:
+                wait_until(lambda: rolling.done() or any(c.body == CLOSED for c in calls),
+                           "the Service to stop admitting")
+                before = _metrics_reads(log)
+                wait_until(lambda: rolling.done() or _metrics_reads(log) > before,
+                           "the drain to read the node's metrics")
+            finally:
+                released = time.monotonic()
+                hold.unlink()
+            done = rolling.result(timeout=120)
+        wait_until(lambda: len(finished) == 3, "the in-flight requests answered")
     finally:
         node.stop()
     report = done.report
@@ -111,13 +146,13 @@ def test_steps_in_order_after_the_node_drained(tmp_path, cluster, channel):
     assert report.completed, [s.detail for s in report.steps if not s.passed]
     assert (report.from_tuple, report.to_tuple) == (b.id, a.id)
     assert "in flight: 3 at most, 0 after" in report.steps[1].detail
-    # nothing was applied before the last in-flight request had finished
+    # Nothing was applied before the in-flight requests were let go (and the drain saw none
+    # running); each was answered, after that.
     applies = [c.at for c in calls
                if "apply-patch" in (c.content_type or "") and "/deployments/" in c.path]
-    assert len(finished) == 3 and applies and min(applies) > max(finished)
+    assert applies and min(applies) > released and min(finished) > released
     patches = [(c.path, c.body) for c in calls if c.method == "PATCH"]
-    assert patches[0] == ("/api/v1/namespaces/serving/services/kimi",
-                          {"spec": {"selector": {"k3a.io/admitting": "closed"}}})
+    assert patches[0] == ("/api/v1/namespaces/serving/services/kimi", CLOSED)
     deployment = next(body for path, body in patches if "/deployments/kimi" in path)
     assert deployment["metadata"]["labels"]["k3a.io/tuple-id"] == a.id
     assert ("/api/v1/namespaces/serving/services/kimi",
@@ -131,7 +166,7 @@ def test_steps_in_order_after_the_node_drained(tmp_path, cluster, channel):
 def test_a_drain_that_times_out_changes_nothing_and_reopens(tmp_path, cluster, channel):
     config, calls = cluster
     store, a, b = channel
-    node = start(served_names(a), tmp_path / "node.log", slow_first_token=3)
+    node, hold, _ = _held_node(tmp_path, a)
     try:
         metrics = f"http://127.0.0.1:{node.port}/metrics"
         finished = _in_flight(node.url, served_name(a), 1)
@@ -140,7 +175,8 @@ def test_a_drain_that_times_out_changes_nothing_and_reopens(tmp_path, cluster, c
             store, "staging", kube=KubeAPI(config), name="kimi", namespace="serving",
             endpoint=node.url, metrics_url=metrics, acting=as_acting("oncall"), settings=QUICK,
             poll_s=0.1, drain_timeout_s=0.5).report
-        # the slow request ends on its own, answered
+        # the request the drain waited for is still answered once let go
+        hold.unlink()
         wait_until(lambda: finished, "the in-flight request to finish", timeout=20)
     finally:
         node.stop()

@@ -24,7 +24,7 @@ from k3artifacts.cli.common import (
     store_option,
 )
 from k3artifacts.cli.exits import exits
-from k3artifacts.cli.stage import print_stage_result, run_stage, unreviewed_code
+from k3artifacts.cli.stage import print_stage_result, run_stage, unreviewed_staged_code
 
 if TYPE_CHECKING:
     from k3artifacts.localhub import LocalHub
@@ -184,7 +184,7 @@ def demo_cmd(store_url, size, shards, seed, workdir, next_revision, change, work
         if upstream is not None:
             click.echo(f"upstream:        new commit {upstream} in the demo hub "
                        f"(changed {change})")
-        print_stage_result(result, unreviewed_code(store, result))
+        print_stage_result(result, unreviewed_staged_code(store, result))
         outcome = "ok" if report.ok else "FAILED"
         click.echo(f"verify:          {outcome} ({report.algorithm}, {report.files} files)")
         click.echo("next: make a release tuple and render it, no registry or network needed")

@@ -54,7 +54,8 @@ root_option = click.option(
     (7, "unknown tuple or revision"),
     (8, "store unreachable, or not enough space / the disk filled (re-run: parts on disk are "
         "kept)"),
-    (9, "a link planted in the cache (named; nothing was written through it)"),
+    (9, "a link planted in the cache (named; nothing was written through it), or an "
+        "unfinished pull's directory that another account owns or others can write"),
 )
 @click.command("pull")
 @click.argument("target")
@@ -77,12 +78,18 @@ root_option = click.option(
 @click.option("--channel", default=None,
               help="Channel whose policy governs the warm start  [default: TARGET when it is "
               "a channel]")
+@click.option("--verified-by-loader", is_flag=True,
+              help="The server loads these weights with --load-format k3a, which hashes every "
+              "file as it reads it: files already on this node are kept on their kind and size, "
+              "not re-hashed, except those the loader refused (recorded under "
+              "ROOT/.k3a-cache/refused/), which are fetched again. Files fetched are hashed as "
+              "they are written either way.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar or log lines.")
 @progress_options
 @json_option
 @resumable
 def pull_cmd(target, store_url, root, part_size, concurrency, connections, keep, gpu, no_warm,
-             channel, quiet, progress_interval, log_format, as_json):
+             channel, verified_by_loader, quiet, progress_interval, log_format, as_json):
     """Put a release's weights on this node's disk, verified as the bytes arrive.
 
     TARGET is a tuple id, a channel (its current tuple) or org/name@<commit>. The manifest
@@ -119,7 +126,8 @@ def pull_cmd(target, store_url, root, part_size, concurrency, connections, keep,
                 click.echo(f"k3a: {text}", err=True)
 
         observer = PullObserver(planned=planned, advance=bar, note=note)
-        result = pull(resolved, root, tuning=tuning, observer=observer)
+        result = pull(resolved, root, tuning=tuning, observer=observer,
+                      verified_by_loader=verified_by_loader)
     warm = None
     if resolved.tuple_id is not None and not no_warm:
         warm = _pull_warm(store, target, resolved.tuple_id, root, gpu, channel)
@@ -133,15 +141,21 @@ def pull_cmd(target, store_url, root, part_size, concurrency, connections, keep,
     def human() -> None:
         if result.already_present:
             click.echo(f"already here: {result.path}")
-            click.echo(f"  verified: re-hashed {result.files} files, {result.bytes:,} bytes in "
-                       f"{result.seconds:.2f} s (xxh3-128); manifest digest "
-                       f"{result.manifest_digest}")
+            if result.bytes_hashed:
+                click.echo(f"  verified: re-hashed {result.files} files, {result.bytes:,} bytes "
+                           f"in {result.seconds:.2f} s (xxh3-128); manifest digest "
+                           f"{result.manifest_digest}")
+            else:
+                click.echo(f"  {result.files} files, {result.bytes:,} bytes, not re-hashed: the "
+                           "verified load hashes them as it reads them; manifest digest "
+                           f"{result.manifest_digest}")
         else:
             rate = result.bytes_fetched / max(result.seconds, 1e-9)
             click.echo(f"pulled {result.revision} to {result.path}")
             click.echo(f"  {result.files} files, {result.bytes:,} bytes: fetched "
                        f"{result.bytes_fetched:,} ({rate / 1e6:.0f} MB/s), reused "
-                       f"{result.bytes_reused:,}, resumed {result.bytes_resumed:,} (re-hashed "
+                       f"{result.bytes_reused:,}, resumed {result.bytes_resumed:,}; hashed "
+                       f"{result.bytes_hashed:,} (of which re-read from this disk "
                        f"{result.bytes_rehashed:,})")
             click.echo(f"  verified: {', '.join(result.algorithms)}; manifest digest "
                        f"{result.manifest_digest}")

@@ -126,11 +126,13 @@ def _download_rate(result: StageResult) -> str:
     return f"{human_size(result.downloaded_bytes / result.seconds)}/s averaged over the run"
 
 
-def unreviewed_code(store: Store, result: StageResult) -> list[str]:
-    """:func:`k3artifacts.releases.reviewing.unreviewed_code` of what was staged."""
-    from k3artifacts.releases.reviewing import unreviewed_code as pending
+def unreviewed_staged_code(store: Store, result: StageResult) -> list[str]:
+    """The remote-code files of the revision a stage published that no trusted review covers
+    yet (:func:`k3artifacts.releases.reviewing.unreviewed_code`); nothing read from the store
+    when it staged no remote code."""
+    from k3artifacts.releases.reviewing import unreviewed_code
 
-    return pending(store, result.repo_id, result.commit) if result.remote_code else []
+    return unreviewed_code(store, result.repo_id, result.commit) if result.remote_code else []
 
 
 def print_plan(plan: StagePlan) -> None:
@@ -300,4 +302,4 @@ def stage_cmd(repo_id, revision, store_url, quarantine, endpoint, workers, strea
         log_format=log_format,
     )
     emit(as_json, result.__dict__,
-         lambda: print_stage_result(result, unreviewed_code(store, result)))
+         lambda: print_stage_result(result, unreviewed_staged_code(store, result)))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
@@ -20,6 +21,9 @@ from k3artifacts.cli.common import (
 )
 from k3artifacts.cli.exits import exits
 from k3artifacts.errors import UsageError, VerifyMismatch
+
+if TYPE_CHECKING:
+    from k3artifacts.stores.verify import VerifyReport
 
 
 def parse_target(target: str, *, tuples: bool = False) -> tuple[str, str] | Path | str:
@@ -109,25 +113,20 @@ def verify_cmd(target, store_url, full, expect_digest, check_signature, channel,
         else:
             report = verify_revision(store=store, repo_id=parsed[0],
                                      commit=parsed[1], **kwargs)
-    payload = {
-        "target": report.target,
-        "ok": report.ok,
-        "algorithm": report.algorithm,
-        "manifest_digest": report.manifest_digest,
-        "files": report.files,
-        "bytes": report.bytes,
-        "problems": [p.__dict__ for p in report.problems],
-    }
-
-    def human() -> None:
-        if report.ok:
-            click.echo(
-                f"ok: {report.files} files, {report.bytes:,} bytes match ({report.algorithm})"
-            )
-            click.echo(f"manifest digest: {report.manifest_digest}")
-
-    emit(as_json, payload, human)
+    emit(as_json, _payload(report), lambda: report.ok and _say_ok(report))
     report.raise_for_problems()
+
+
+def _payload(report: VerifyReport, **signed: str | None) -> dict:
+    """What ``--json`` prints of a report; ``signed``: who signed what, with --signature."""
+    return {"target": report.target, "ok": report.ok, "algorithm": report.algorithm,
+            "manifest_digest": report.manifest_digest, **signed, "files": report.files,
+            "bytes": report.bytes, "problems": [p.__dict__ for p in report.problems]}
+
+
+def _say_ok(report: VerifyReport) -> None:
+    click.echo(f"ok: {report.files} files, {report.bytes:,} bytes match ({report.algorithm})")
+    click.echo(f"manifest digest: {report.manifest_digest}")
 
 
 def _verify_signed(target, store_url, full, expect_digest, channel, workers, quiet,
@@ -164,28 +163,15 @@ def _verify_signed(target, store_url, full, expect_digest, channel, workers, qui
     if expect_digest is not None and report.manifest_digest != expect_digest:
         raise VerifyMismatch(f"{report.target}: the signed manifest has digest "
                              f"{report.manifest_digest}, expected {expect_digest}")
-    payload = {
-        "target": report.target,
-        "ok": report.ok,
-        "algorithm": report.algorithm,
-        "manifest_digest": report.manifest_digest,
-        "signed_by": checked.key_name,
-        "key_hint": checked.key_hint,
-        "tuple_signed_by": tuple_signer,
-        "files": report.files,
-        "bytes": report.bytes,
-        "problems": [p.__dict__ for p in report.problems],
-    }
+    payload = _payload(report, signed_by=checked.key_name, key_hint=checked.key_hint,
+                       tuple_signed_by=tuple_signer)
 
     def human() -> None:
         if report.ok:
             if tuple_signer is not None:
                 click.echo(f"tuple {target}: signed by {tuple_signer}")
             click.echo(f"signature: ok, signed by {checked.key_name}")
-            click.echo(
-                f"ok: {report.files} files, {report.bytes:,} bytes match ({report.algorithm})"
-            )
-            click.echo(f"manifest digest: {report.manifest_digest}")
+            _say_ok(report)
 
     emit(as_json, payload, human)
     checked.raise_for_problems()

@@ -2,7 +2,7 @@
 started for, its signature, the revision's signature over its manifest in the tuple's store,
 both by keys the store's policy in force trusts (that policy verified under the root this
 process pins), that manifest being the one the tuple binds, and the copy vLLM reads (a node's
-cache, or the store's own directory) holding that manifest.
+cache, or the store's own directory, writable by no other account) holding that manifest.
 
 The copy's ``.k3a/manifest.json`` is not evidence: it must have the signed manifest's digest
 (an edited one does not). The small files vLLM reads besides the weights (config, index) are
@@ -20,16 +20,15 @@ from pathlib import Path
 
 from k3artifacts.errors import VerifyMismatch
 from k3artifacts.loading.stream import Shard
+from k3artifacts.loading.witness import check_directory
 from k3artifacts.policy.signing_keys import trusted_keys
 from k3artifacts.releases.signatures import check_tuple_signature
 from k3artifacts.releases.tuples import TupleStore
-from k3artifacts.revisions.manifest import FileRecord
+from k3artifacts.revisions.manifest import is_weights
 from k3artifacts.signing.verify import verify_signed_revision
 from k3artifacts.stores.base import Store
 from k3artifacts.stores.verify import verify_revision
 
-#: What vLLM reads of a safetensors checkpoint (``*.safetensors`` beside its config).
-SAFETENSORS = ".safetensors"
 INDEX = "model.safetensors.index.json"
 
 
@@ -41,10 +40,6 @@ class LoadPlan:
     manifest_digest: str
     #: The weights files vLLM loads, in its order, each with the signed xxh3-128.
     shards: list[Shard]
-
-
-def is_weights(record: FileRecord) -> bool:
-    return "/" not in record.path and record.path.endswith(SAFETENSORS)
 
 
 def _natural(name: str) -> list:
@@ -69,6 +64,7 @@ def plan_load(store: Store, tuple_id: str, directory: Path, *,
             f"of {weights.repo_id}@{weights.commit} in {store.url} is {manifest.digest()}",
             hint="the store's revision is not the tuple's; do not serve this tuple")
     # The copy vLLM reads: its manifest must be the signed one, its small files match it.
+    check_directory(directory)
     verify_revision(directory=directory, expect_digest=manifest.digest(),
                     leave=is_weights).raise_for_problems()
     records = [r for r in manifest.files if is_weights(r)]

@@ -14,7 +14,9 @@ at most ``files_in_flight`` files beyond what the model keeps.
 
 A file that is not this reader's to hash (``Shard.xxh3_128`` None: another rank of the node
 hashes it, :mod:`.share`) is read the same way and handed over unhashed; the load is refused
-on every rank before it returns if any rank's file did not match.
+on every rank before it returns if any rank's file did not match, or if any rank read a file
+other than the one its node's hashing rank hashed (each file's identity, unchanged over each
+read, :mod:`.witness`).
 """
 
 from __future__ import annotations
@@ -29,7 +31,10 @@ import torch
 import xxhash
 
 from k3artifacts.errors import VerifyMismatch
+from k3artifacts.faultpoints import armed, pause
 from k3artifacts.loading.shards import TensorSpan, header_length, parse_header
+from k3artifacts.loading.witness import identity, open_file, settled, unchanged
+from k3artifacts.nodecache.onhand import Identity
 
 READ_BYTES = 4 << 20
 BUFFER_BYTES = 64 << 20
@@ -37,6 +42,16 @@ _ALIGN = 4096
 #: Bytes kept from the stream to parse the header from; a longer header is read back from the
 #: block (already hashed, so the same bytes).
 MAX_HEAD_PEEK = 1 << 20
+
+
+class FileRefused(VerifyMismatch):
+    """A file of the copy that is not the signed one: ``rel``, and ``why`` (its digests or its
+    size), which a node cache records for its next pull (:mod:`k3artifacts.nodecache.refusals`)."""
+
+    def __init__(self, rel: str, why: str, *, hint: str):
+        super().__init__(f"{rel}: {why}", hint=hint)
+        self.rel = rel
+        self.why = why
 
 
 @dataclass(frozen=True)
@@ -110,15 +125,24 @@ def _none_wanted(fd: int, shard: Shard, wanted: Callable[[str], bool]) -> bool:
 
 def _load_file(shard: Shard, device: torch.device, read_bytes: int, buffer_bytes: int,
                hashing: bool, wanted: Callable[[str], bool] | None,
-               on_bytes: Callable[[int], None] | None) -> Loaded | None:
-    fd = os.open(shard.path, os.O_RDONLY)
+               on_bytes: Callable[[int], None] | None,
+               seen: dict[str, Identity] | None, faults: bool) -> Loaded | None:
+    if faults:
+        pause("load-file", shard.rel)
+    fd = open_file(shard.rel, shard.path)
     try:
-        size = os.fstat(fd).st_size
+        shared = seen is not None
+        before = settled(fd, shard.rel) if shared else identity(fd)
+        size = before.size
         if size != shard.size:
-            raise VerifyMismatch(
-                f"{shard.rel}: {size} bytes on disk, the signed manifest says {shard.size}",
+            raise FileRefused(
+                shard.rel, f"{size} bytes on disk, the signed manifest says {shard.size}",
                 hint="the node's copy is truncated or replaced; `k3a pull` the tuple again")
         if shard.xxh3_128 is None and wanted is not None and _none_wanted(fd, shard, wanted):
+            # Skipped on the strength of a header read unhashed: witnessed like a whole read.
+            after = unchanged(fd, shard.rel, before, shared=shared)
+            if seen is not None:
+                seen[shard.rel] = after
             return None
         os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
         digest = xxhash.xxh3_128() if hashing and shard.xxh3_128 is not None else None
@@ -145,11 +169,16 @@ def _load_file(shard: Shard, device: torch.device, read_bytes: int, buffer_bytes
             if on_bytes is not None:
                 on_bytes(n)
         buffers.finish()
+        if faults:
+            pause("load-read", shard.rel)
+        after = unchanged(fd, shard.rel, before, shared=shared)
+        if seen is not None:
+            seen[shard.rel] = after
     finally:
         os.close(fd)
     if digest is not None and digest.hexdigest() != shard.xxh3_128:
-        raise VerifyMismatch(
-            f"{shard.rel}: xxh3-128 {digest.hexdigest()}, the signed manifest says "
+        raise FileRefused(
+            shard.rel, f"xxh3-128 {digest.hexdigest()}, the signed manifest says "
             f"{shard.xxh3_128}",
             hint="the node's copy differs from the signed revision; nothing was served. "
             "`k3a pull` the tuple again, or restore the file from a trusted store")
@@ -183,15 +212,19 @@ def stream_tensors(
     hashing: bool = True,
     wanted: Callable[[str], bool] | None = None,
     on_bytes: Callable[[int], None] | None = None,
+    seen: dict[str, Identity] | None = None,
 ) -> Iterator[tuple[str, torch.Tensor]]:
     """``(name, tensor)`` of every file, file by file in the order given, each file's only
     after it was read whole and (``hashing``, where its ``xxh3_128`` is set) matched.
     ``wanted``: tensors this rank keeps (the others are not handed over; a file with none of
-    them is not read unless this reader hashes it)."""
+    them is not read unless this reader hashes it). ``seen``: given when the node's ranks share
+    the hashing out; filled with each file's identity as this reader read it (hashed or not),
+    for :func:`~k3artifacts.loading.share.agree`."""
     device = torch.device(device)
     if read_bytes % _ALIGN or buffer_bytes % read_bytes:
         raise ValueError("read_bytes must be a multiple of 4096 and divide buffer_bytes")
     ahead = max(1, files_in_flight or threads)
+    faults = armed()
     with ThreadPoolExecutor(max_workers=max(1, min(threads, ahead)),
                             thread_name_prefix="k3a-load") as pool:
         pending: list[Future[Loaded | None]] = []
@@ -200,7 +233,8 @@ def stream_tensors(
         def top_up() -> None:
             for shard in queue:
                 pending.append(pool.submit(_load_file, shard, device, read_bytes,
-                                           buffer_bytes, hashing, wanted, on_bytes))
+                                           buffer_bytes, hashing, wanted, on_bytes, seen,
+                                           faults))
                 if len(pending) >= ahead:
                     return
 

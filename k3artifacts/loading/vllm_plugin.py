@@ -12,16 +12,21 @@ The server is started with::
 
 and ``XDG_CONFIG_HOME`` where the store's pinned root is (as ``k3a verify --signature`` in the
 pod reads it). Optional keys: ``channel`` (trust only that channel's keys), ``threads`` and
-``files_in_flight`` (the reader's, :func:`~k3artifacts.loading.stream.stream_tensors`).
+``files_in_flight`` (the reader's, :func:`~k3artifacts.loading.stream.stream_tensors`),
+``refusals`` (a node cache's ``.k3a-cache/refused`` directory: a file refused is recorded there,
+and the next ``k3a pull --verified-by-loader`` fetches it again).
 """
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
 LOAD_FORMAT = "k3a"
+
+log = logging.getLogger(__name__)
 
 
 class LoaderConfig(BaseModel):
@@ -34,6 +39,7 @@ class LoaderConfig(BaseModel):
     channel: str | None = None
     threads: int = Field(default=8, ge=1)
     files_in_flight: int | None = Field(default=None, ge=1)
+    refusals: str | None = None
 
 
 def register() -> None:
@@ -45,10 +51,11 @@ def register() -> None:
     from vllm.model_executor.model_loader.default_loader import DefaultModelLoader
     from vllm.model_executor.model_loader.ep_weight_filter import should_skip_weight
 
-    from k3artifacts.errors import VerifyMismatch
+    from k3artifacts.errors import UnsafeCacheEntry, VerifyMismatch
     from k3artifacts.loading.plan import plan_load
     from k3artifacts.loading.share import agree, node_position, node_share
-    from k3artifacts.loading.stream import stream_tensors
+    from k3artifacts.loading.stream import FileRefused, stream_tensors
+    from k3artifacts.nodecache import refusals
     from k3artifacts.stores.registry import open_store
 
     @register_model_loader(LOAD_FORMAT)
@@ -75,11 +82,21 @@ def register() -> None:
                 (lambda name: not should_skip_weight(name, experts))
             device = (torch.device("cuda", torch.cuda.current_device())
                       if torch.cuda.is_available() else torch.device("cpu"))
+            share = node_share(plan.shards, index, count)
+            # Alone on its node a rank hashes every byte it reads: no identity to compare.
+            seen = {} if count > 1 else None
             refusal = None
             try:
                 model.load_weights(stream_tensors(
-                    node_share(plan.shards, index, count), device, threads=cfg.threads,
-                    files_in_flight=cfg.files_in_flight, wanted=wanted))
-            except VerifyMismatch as exc:
+                    share, device, threads=cfg.threads, files_in_flight=cfg.files_in_flight,
+                    wanted=wanted, seen=seen))
+            except (VerifyMismatch, UnsafeCacheEntry) as exc:
                 refusal = exc
-            agree(refusal, group)
+                if isinstance(exc, FileRefused) and cfg.refusals is not None:
+                    try:
+                        refusals.record(Path(cfg.refusals), plan.manifest_digest, exc.rel,
+                                        exc.why)
+                    except OSError as err:  # the refusal stands; only the repair is lost
+                        log.warning("recording the refusal of %s in %s: %s", exc.rel,
+                                    cfg.refusals, err)
+            agree(refusal, group, share, seen or {})

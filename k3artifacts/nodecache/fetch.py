@@ -1,25 +1,34 @@
-"""Many ranged reads in flight, written in place, hashed in order as the bytes land.
+"""Many ranged reads in flight, each part written once and hashed from the buffer it was
+written from: no byte of a fetched file is read back from the disk.
 
-Each file to fetch is preallocated (``posix_fallocate``) as ``.<name>.part`` (opened in its
-directory's descriptor, never through a link) and cut into parts;
-``Tuning.concurrency`` worker threads take parts in file order and stream each one from the
-source through their own small chunk buffer into the file with ``pwrite``: memory is
-``concurrency * CHUNK`` whatever the shard or part size. Parts finish out of order, so each
-file keeps a hash cursor: whichever thread completes the part at the cursor hashes it, and
-any later parts already complete, from the page cache while those bytes are still hot there
-(read into a small buffer, never mapped: a part file truncated by something else sharing the
-cache's directory is a named refusal, not a SIGBUS). Parts are handed out in order, so the
-cursor trails the newest part by at most ``concurrency`` parts. Every byte crosses the network
-once, is written once and is read back from memory once; parts a previous run left on disk are
-hashed the same way.
+Each file to fetch is preallocated (``posix_fallocate``) as ``.<name>.part``, created anew
+(``O_EXCL``, never through a link, mode 0600) in the pull's partial directory, which only this
+account can write (:func:`k3artifacts.nodecache.pull`) and cut into parts. ``Tuning.concurrency``
+worker threads take parts in file order; each first takes a part buffer from a bounded pool
+(``2 * concurrency`` buffers of ``part_size``), streams its part from the source into it,
+writes it to the part file with ``pwrite`` and hands it to the file. Parts finish out of order,
+so each file keeps a hash cursor: whichever thread completes the part at the cursor feeds
+xxh3-128 from the buffers of it and any later parts already complete, and returns those
+buffers to the pool. A worker takes its buffer before it takes a part, so the part at every
+cursor always holds one: the pool never starves the cursor.
+
+What was written is what was hashed only if nothing else wrote the file meanwhile. Other
+accounts cannot (the directory); this account's other processes can, so every change the pull
+makes to a part file (preallocation, each ``pwrite``, the final ``chmod`` and rename) is
+bracketed by an ``fstat``: the file's ctime must still be the one the pull's own last change
+left (the kernel sets it on every write, chmod or utime, and since the pull looked at it, to
+the nanosecond on Linux 6.13+), else the file is deleted and the pull refuses it (exit 4). The
+ctime after the rename is the file's identity, held in memory to the seal
+(:func:`~k3artifacts.nodecache.onhand.still_as_hashed`).
 
 A flusher thread records which parts are on disk in a sidecar (``.<name>.part.json``) once a
 second, each time after an ``fdatasync``, so a killed pull resumes from the last record
 without fetching those parts again; workers never wait for it. The record saves a transfer,
-never a hash: a file is renamed to its final name only when all of its bytes, resumed parts
-included, hash in this run to its xxh3-128 (and the store's CRC64NVME, when recorded). A
-mismatch in a file with resumed parts (planted, or torn on disk) fetches the whole file
-again; a mismatch in bytes all fetched by this run deletes it and names the store's copy.
+never a hash: parts a previous run left are read from the disk and hashed in order with the
+rest (the only bytes of a fetched file read back), and a file is renamed to its final name only
+when all of its bytes hash in this run to its xxh3-128 (and the store's CRC64NVME, when
+recorded). A mismatch in a file with resumed parts (planted, or torn on disk) fetches the whole
+file again; a mismatch in bytes all fetched by this run deletes it and names the store's copy.
 """
 
 from __future__ import annotations
@@ -30,11 +39,12 @@ import os
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from k3artifacts import faultpoints
 from k3artifacts.errors import ConfigError, NotFound, Unavailable, VerifyMismatch
 from k3artifacts.nodecache.layout import PartsRecord
+from k3artifacts.nodecache.onhand import Identity, changed_after_hashing
 from k3artifacts.nodecache.safefs import FILE_MODE, Dir
 from k3artifacts.revisions.hashing import MultiHasher, feed_range
 from k3artifacts.revisions.hashworker import ChangedWhileRead
@@ -45,9 +55,12 @@ from k3artifacts.stores.base import ShortRead
 log = logging.getLogger(__name__)
 
 MiB = 1 << 20
-#: Bytes each worker moves per read/write call: big enough that syscalls cost nothing, small
-#: enough that memory stays a few MiB per worker.
+#: Bytes each worker receives per read call (then copied into its part buffer).
 CHUNK = 1 * MiB
+#: Part buffers per worker: parts that finished ahead of their file's hash cursor wait in them.
+BUFFERS_PER_WORKER = 2
+#: Mode of a part file while it is written: this account's alone.
+PART_MODE = 0o600
 #: Seconds between sidecar records (each costs an fdatasync per file in flight).
 FLUSH_INTERVAL = 1.0
 
@@ -57,7 +70,8 @@ class Tuning:
     """Defaults measured against SeaweedFS on loopback (bench/RESULTS.md, figure 8): 512 MiB
     in shards of 256 MiB down to 8 MiB, 16 MiB x 16 in flight gave 490-630 MB/s; 8 MiB parts
     ~300, 32-64 MiB ~400-530, 8 or 32 in flight less than 16. On EC2 against S3 more in
-    flight pays (S3 serves ~100 MB/s per connection): raise --concurrency there."""
+    flight pays (S3 serves ~100 MB/s per connection): raise --concurrency there. Memory is
+    ``BUFFERS_PER_WORKER * concurrency * part_size`` (512 MiB at the defaults)."""
 
     part_size: int = 16 * MiB
     concurrency: int = 16
@@ -85,12 +99,13 @@ def sidecar_name(name: str) -> str:
 
 
 class FileJob:
-    """One file being fetched: its part file, which parts are on disk, its hash cursor.
+    """One file being fetched: its part file, which parts are on disk, the buffers of parts
+    not yet hashed, its hash cursor, and the ctime its last change by this pull left.
 
     Every name is opened in ``parent`` (a directory descriptor) without following links."""
 
     def __init__(self, record: FileRecord, parent: Dir, name: str, part_size: int,
-                 want_crc: str | None):
+                 want_crc: str | None, release: Callable[[bytearray], None]):
         self.record = record
         self.parent = parent
         self.name = name
@@ -98,18 +113,27 @@ class FileJob:
         self.sidecar = sidecar_name(name)
         self.want_crc = want_crc
         self.part_size = part_size
+        self.release = release
         self.fd = -1
+        self.ctime_ns = 0
+        #: The file at its final name as this pull left it (set once it is verified).
+        self.identity: Identity | None = None
         done = self._resume(part_size)
         self.nparts = -(-record.size // self.part_size)
         self.on_disk: set[int] = set(done)
+        #: Parts written by this run and not hashed yet: the buffers they were written from.
+        self.held: dict[int, bytearray] = {}
         self.resumed_bytes = sum(self.length(i) for i in done)
         self.missing = [i for i in range(self.nparts) if i not in self.on_disk]
         self.hasher = MultiHasher(sha256=False, xxh3=True, crc64nvme=want_crc is not None)
         self.cursor = 0
+        #: Bytes this run fed to the hash (resumed parts read from the disk included).
+        self.hashed = 0
         self.hashing = False
         self.finished = False
         self.lock = threading.Lock()
-        #: Held while the part file's fd or sidecar changes (record, finish, close).
+        #: Held while the part file changes (a write, a record, the finish, a close): each
+        #: change is checked and marked as this pull's (:meth:`_change`).
         self.file_lock = threading.Lock()
         self.recorded = len(done)
 
@@ -149,10 +173,13 @@ class FileJob:
             if fd >= 0:
                 st = os.fstat(fd)
                 # Another name for this inode (a planted hard link) could change it behind
-                # the record: only a part file this pull alone names is resumed.
-                if st.st_size == rec.size and st.st_nlink == 1:
+                # the record: only a part file this pull alone names, and this account owns,
+                # is resumed.
+                if st.st_size == rec.size and st.st_nlink == 1 and st.st_uid == os.geteuid():
+                    os.fchmod(fd, PART_MODE)
                     self.part_size = rec.part_size  # the parts on disk are cut that way
                     self.fd = fd
+                    self._mark()
                     nparts = -(-self.record.size // self.part_size)
                     return sorted({i for i in rec.done if 0 <= i < nparts})
                 os.close(fd)
@@ -162,7 +189,7 @@ class FileJob:
     def _fresh(self) -> None:
         """An empty part file in place of whatever is there, and no record of parts."""
         self.parent.unlink(self.sidecar)
-        self.fd = self.parent.create_new(self.part)
+        self.fd = self.parent.create_new(self.part, PART_MODE)
         if self.record.size:
             # One extent up front: no fragmentation from out-of-order writes, and ENOSPC now
             # rather than after most of a shard has crossed the network.
@@ -173,12 +200,30 @@ class FileJob:
                 self.fd = -1
                 raise OSError(exc.errno, f"{exc.strerror} (preallocating {self.record.size:,} "
                               "bytes)", str(self.parent.path / self.part)) from None
+        self._mark()
+
+    def _mark(self) -> None:
+        self.ctime_ns = os.fstat(self.fd).st_ctime_ns
+
+    def _change(self, change: Callable[[], None]) -> None:
+        """Make ``change`` to the part file (``file_lock`` held) if the file is still as this
+        pull's last change left it, and mark the result as this pull's."""
+        st = os.fstat(self.fd)
+        if st.st_ctime_ns != self.ctime_ns or st.st_nlink != 1:
+            raise _Tampered
+        change()
+        self._mark()
 
     def length(self, idx: int) -> int:
         return min(self.part_size, self.record.size - idx * self.part_size)
 
     def record_parts(self) -> bool:
-        """Sync the part file and record which parts it holds (the flusher calls this)."""
+        """Sync the part file and record which parts it holds (the flusher calls this).
+
+        The sync and the record are made outside ``file_lock``: writers, which take it for
+        each part, do not wait for the disk. A record written after the file was finished or
+        started over is a stale one, which costs at most a transfer: the record never saves
+        a hash."""
         with self.file_lock:
             if self.fd < 0:
                 return False
@@ -186,18 +231,37 @@ class FileJob:
                 done = sorted(self.on_disk)
             if len(done) == self.recorded:
                 return False
-            os.fdatasync(self.fd)  # the record never claims bytes a power loss takes back
-            self.parent.write_file(
-                self.sidecar, PartsRecord(size=self.record.size, xxh3_128=self.record.xxh3_128,
-                                          part_size=self.part_size, done=done)
-                .model_dump_json().encode(), mode=0o644)
-            self.recorded = len(done)
-            return True
+            fd = os.dup(self.fd)
+        try:
+            os.fdatasync(fd)  # the record never claims bytes a power loss takes back
+        finally:
+            os.close(fd)
+        self.parent.write_file(
+            self.sidecar, PartsRecord(size=self.record.size, xxh3_128=self.record.xxh3_128,
+                                      part_size=self.part_size, done=done)
+            .model_dump_json().encode(), mode=0o600)
+        self.recorded = len(done)
+        return True
 
-    def written(self, idx: int) -> None:
-        """Part ``idx`` is wholly in the part file (the flusher may now record it)."""
+    def write(self, idx: int, data: memoryview) -> None:
+        """Write part ``idx`` from ``data`` (the buffer it is later hashed from)."""
+        offset = idx * self.part_size
+
+        def pwrite() -> None:
+            written = 0
+            while written < len(data):
+                written += os.pwrite(self.fd, data[written:], offset + written)
+
+        with self.file_lock:
+            self._change(pwrite)
+
+    def written(self, idx: int, buffer: bytearray | None = None) -> None:
+        """Part ``idx`` is wholly in the part file (the flusher may now record it); ``buffer``
+        holds its bytes, to be hashed from (None: hashed from the disk)."""
         with self.lock:
             self.on_disk.add(idx)
+            if buffer is not None:
+                self.held[idx] = buffer
 
     def advance(self) -> bool:
         """Move the hash cursor over the parts on disk as far as it goes. True when this call
@@ -215,14 +279,22 @@ class FileJob:
                         break
                     return False
                 i = self.cursor
-            self._hash_part(i)
+                buffer = self.held.pop(i, None)
+            self._hash_part(i, buffer)
             with self.lock:
                 self.cursor += 1
         self._finish()
         return True
 
-    def _hash_part(self, idx: int) -> None:
-        start = idx * self.part_size
+    def _hash_part(self, idx: int, buffer: bytearray | None) -> None:
+        self.hashed += self.length(idx)
+        if buffer is not None:
+            try:
+                self.hasher.update(memoryview(buffer)[: self.length(idx)])
+            finally:
+                self.release(buffer)
+            return
+        start = idx * self.part_size  # a part an earlier run left: on disk only
         try:
             feed_range(self.hasher, self.fd, start, start + self.length(idx))
         except ChangedWhileRead as exc:
@@ -253,11 +325,11 @@ class FileJob:
                 "it (re-stage the revision) and pull again; nothing was put at the final path",
             )
         with self.file_lock:
-            os.fchmod(self.fd, FILE_MODE)
-            os.fsync(self.fd)
+            self._change(lambda: (os.fchmod(self.fd, FILE_MODE), os.fsync(self.fd)))
+            self._change(lambda: self.parent.replace(self.part, self.parent, self.name))
+            self.identity = Identity.of(os.fstat(self.fd))
             os.close(self.fd)
             self.fd = -1
-            self.parent.replace(self.part, self.parent, self.name)
             self.parent.unlink(self.sidecar)
 
     def discard(self) -> None:
@@ -281,11 +353,46 @@ class _StaleParts(Exception):
     """A file whose parts from an earlier run are in the mismatch: fetch it again whole."""
 
 
+class _Tampered(Exception):
+    """A part file changed by something other than this pull."""
+
+
+class _Buffers:
+    """Part buffers, at most ``count`` at a time; :meth:`take` waits for one to come back."""
+
+    def __init__(self, count: int):
+        self._free: list[bytearray] = []
+        self._slots = threading.Semaphore(count)
+        self._lock = threading.Lock()
+
+    def take(self) -> None:
+        self._slots.acquire()
+
+    def buffer(self, size: int) -> bytearray:
+        """A buffer of at least ``size`` bytes for the slot :meth:`take` got."""
+        with self._lock:
+            while self._free:
+                buf = self._free.pop()
+                if len(buf) >= size:
+                    return buf
+        return bytearray(size)
+
+    def give(self, buf: bytearray | None) -> None:
+        if buf is not None:
+            with self._lock:
+                self._free.append(buf)
+        self._slots.release()
+
+
 @dataclass
 class FetchTotals:
     bytes_fetched: int = 0
     bytes_resumed: int = 0
+    #: Bytes fed to the hash: each fetched file's once (more for a file started over).
+    bytes_hashed: int = 0
     files: int = 0
+    #: Each verified file at its final name as the fetch left it, for the seal's re-check.
+    identities: dict[str, Identity] = field(default_factory=dict)
 
 
 class Fetcher:
@@ -299,12 +406,14 @@ class Fetcher:
         self.on_bytes = on_bytes
         self.on_note = on_note
         self.totals = FetchTotals()
+        self._buffers = _Buffers(BUFFERS_PER_WORKER * tuning.concurrency)
         self._stop = threading.Event()
         self._errors: list[BaseException] = []
         self._lock = threading.Lock()
 
     def job(self, record: FileRecord, parent: Dir, name: str, want_crc: str | None) -> FileJob:
-        return FileJob(record, parent, name, self.tuning.part_size, want_crc)
+        return FileJob(record, parent, name, self.tuning.part_size, want_crc,
+                       self._buffers.give)
 
     def run(self, jobs: list[FileJob]) -> FetchTotals:
         tasks: collections.deque[tuple[FileJob, int | None]] = collections.deque()
@@ -331,6 +440,9 @@ class Fetcher:
                     job.close()
             mismatches = [e for e in self._errors if isinstance(e, VerifyMismatch)]
             raise (mismatches or self._errors)[0]
+        self.totals.bytes_hashed = sum(job.hashed for job in jobs)
+        self.totals.identities = {job.record.path: job.identity for job in jobs
+                                  if job.identity is not None}
         return self.totals
 
     def _flusher(self, jobs: list[FileJob], done: threading.Event) -> None:
@@ -343,16 +455,20 @@ class Fetcher:
                         log.warning("recording parts of %s: %s", job.record.path, exc)
 
     def _worker(self, tasks: collections.deque[tuple[FileJob, int | None]]) -> None:
-        buf = memoryview(bytearray(CHUNK))
+        chunk = memoryview(bytearray(CHUNK))
         try:
             while not self._stop.is_set():
+                # The buffer before the part: the part at a file's cursor never waits for one.
+                self._buffers.take()
                 try:
                     job, idx = tasks.popleft()
                 except IndexError:
+                    self._buffers.give(None)
                     return
-                if idx is not None:
-                    self._fetch_part(job, idx, buf)
-                    job.written(idx)
+                if idx is None:
+                    self._buffers.give(None)
+                else:
+                    self._fetch_part(job, idx, chunk)
                     faultpoints.pause("pull-part", f"{job.record.path}#{idx}")
                 try:
                     verified = job.advance()
@@ -362,6 +478,11 @@ class Fetcher:
                 if verified:
                     with self._lock:
                         self.totals.files += 1
+        except _Tampered:
+            job.discard()
+            with self._lock:
+                self._errors.append(changed_after_hashing([job.record.path]))
+            self._stop.set()
         except BaseException as exc:  # noqa: BLE001 - handed to run(), which raises it
             with self._lock:
                 self._errors.append(exc)
@@ -377,34 +498,47 @@ class Fetcher:
         job.restart()
         tasks.extend((job, i) for i in (job.missing or [None]))
 
-    def _fetch_part(self, job: FileJob, idx: int, buf: memoryview) -> None:
+    def _fetch_part(self, job: FileJob, idx: int, chunk: memoryview) -> None:
+        """Part ``idx`` into a part buffer, then into the part file from that buffer, which
+        the file keeps until its cursor hashes it."""
         length = job.length(idx)
         offset = idx * job.part_size
+        buffer = self._buffers.buffer(length)
+        try:
+            part = memoryview(buffer)[:length]
+            self._receive(job, offset, length, chunk, part)
+            job.write(idx, part)
+        except BaseException:
+            self._buffers.give(buffer)
+            raise
+        job.written(idx, buffer)
+
+    def _receive(self, job: FileJob, offset: int, length: int, chunk: memoryview,
+                 part: memoryview) -> None:
         for attempt in range(1, self.tuning.attempts + 1):
             if self._stop.is_set():
                 raise Unavailable("stopped: another part failed")
-            position = offset
+            got = 0
 
             def sink(view: memoryview) -> None:
-                nonlocal position
-                written = 0
-                while written < len(view):
-                    written += os.pwrite(job.fd, view[written:], position + written)
-                position += written
+                nonlocal got
+                part[got : got + len(view)] = view
+                got += len(view)
                 if self.on_bytes is not None:
-                    self.on_bytes(written)
+                    self.on_bytes(len(view))
 
             try:
-                self.source.read_range(job.record.path, offset, length, buf, sink)
+                self.source.read_range(job.record.path, offset, length, chunk, sink)
                 break
             except (ShortRead, Unavailable) as exc:
                 with self._lock:
-                    self.totals.bytes_fetched += position - offset
+                    self.totals.bytes_fetched += got
                 if attempt == self.tuning.attempts:
                     raise Unavailable(
                         f"{job.record.path}: bytes {offset}-{offset + length - 1}: {exc}",
                         hint="re-run `k3a pull`: parts already on disk are kept") from exc
-                log.warning("%s part %d: %s; retrying", job.record.path, idx, exc)
+                log.warning("%s part %d: %s; retrying", job.record.path, offset // job.part_size,
+                            exc)
                 time.sleep(0.2 * 2**attempt)
             except NotFound:
                 raise

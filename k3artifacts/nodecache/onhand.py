@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 from k3artifacts.errors import VerifyMismatch
 from k3artifacts.nodecache.safefs import Dir
-from k3artifacts.revisions.manifest import META_DIR, FileRecord
+from k3artifacts.revisions.manifest import META_DIR, FileRecord, is_weights
 from k3artifacts.revisions.parallel import FileToHash, hash_files
 
 
@@ -88,6 +88,13 @@ class OnDisk:
     good: dict[str, Identity] = field(default_factory=dict)
     bad: dict[str, str] = field(default_factory=dict)
     bytes: int = 0
+    #: Bytes read and hashed to decide (0 where the loader is left to hash them).
+    hashed: int = 0
+
+
+#: How files on disk are held to their records: :func:`hash_on_disk`, or
+#: :func:`accept_for_loader`.
+Check = Callable[..., OnDisk]
 
 
 def hash_on_disk(dirs: Dirs, records: list[FileRecord], *,
@@ -113,7 +120,7 @@ def hash_on_disk(dirs: Dirs, records: list[FileRecord], *,
             dirs.parent_of(rel)
     results = hash_files([FileToHash(r.path, r.size, opener(r.path)) for r in records],
                          "xxh3-128", on_bytes=on_bytes)
-    out = OnDisk()
+    out = OnDisk(hashed=sum(r.size for r in records))
     for rel, result in results.items():
         record = by_path[rel]
         if result.error is not None:
@@ -126,6 +133,52 @@ def hash_on_disk(dirs: Dirs, records: list[FileRecord], *,
             out.good[rel] = seen[rel]
             out.bytes += record.size
     return out
+
+
+def accept_for_loader(refused: dict[str, str]) -> Check:
+    """The check where the server hashes the weights as it loads them (``--load-format
+    k3a``): each weights file (:func:`~k3artifacts.revisions.manifest.is_weights`), opened as
+    :func:`hash_on_disk` opens it (a link refused), is kept when it is a regular file of the
+    record's size and the loader has not refused it (``refused``: path -> the loader's reason,
+    :mod:`.refusals`), its bytes not read here; every other file (config, tokenizer, index:
+    small, and checked by no one else) is hashed by :func:`hash_on_disk`."""
+
+    def check(dirs: Dirs, records: list[FileRecord], *,
+              on_bytes: Callable[[int], None] | None = None) -> OnDisk:
+        out = hash_on_disk(dirs, [r for r in records if not is_weights(r)], on_bytes=on_bytes)
+        for record in filter(is_weights, records):
+            try:
+                parent, name = dirs.parent_of(record.path)
+                fd = parent.open_regular(name, os.O_RDONLY)
+            except FileNotFoundError:
+                out.bad[record.path] = "missing"
+                continue
+            try:
+                st = os.fstat(fd)
+            finally:
+                os.close(fd)
+            if record.path in refused:
+                out.bad[record.path] = f"refused by the verified load: {refused[record.path]}"
+            elif st.st_size != record.size:
+                out.bad[record.path] = f"{st.st_size} bytes, manifest says {record.size}"
+            else:
+                out.good[record.path] = Identity.of(st)
+                out.bytes += record.size
+                if on_bytes is not None:
+                    on_bytes(record.size)
+        return out
+
+    return check
+
+
+def changed_after_hashing(paths: list[str]) -> VerifyMismatch:
+    """The refusal (exit 4) for files that changed after this pull wrote or hashed them."""
+    return VerifyMismatch(
+        f"{', '.join(paths)}: changed in the node cache after this pull wrote or hashed "
+        f"{'it' if len(paths) == 1 else 'them'}, before the revision was sealed; nothing was "
+        "put at the final path",
+        hint="something other than k3a writes the cache's directory as this account (a pod "
+        "sharing its hostPath): find and stop it, then re-run `k3a pull`")
 
 
 def still_as_hashed(st: os.stat_result | None, identity: Identity | None) -> bool:

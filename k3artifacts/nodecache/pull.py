@@ -8,15 +8,19 @@ node: the second waits, then finds the first's complete copy):
 2. a complete copy already here is hashed against it, every file, in this run (xxh3-128, one
    file per core: :mod:`.onhand`): if every file matches and nothing else is there, it is
    "already here"; otherwise it is moved back to its partial name, the files that matched
-   kept;
+   kept. With ``verified_by_loader`` (the server loads with ``--load-format k3a`` and hashes
+   every weights file as it reads it) the weights files are held to their kind and size only,
+   and a file the loader refused (:mod:`.refusals`) counts as not matching;
 3. files are planned: kept when a file at its final name in the partial directory hashes to
    the manifest in this run, hard-linked when another cached revision holds the same sha256
    and the linked bytes hash to the manifest in this run, else fetched (:mod:`.fetch`: ranged
-   reads, hashed as they arrive, resumed part by part, a file whose resumed parts do not
-   verify fetched again whole);
-4. every file is re-checked: a kept or linked one is still the inode hashed, untouched since
-   (ctime), a fetched one is hashed again from the disk (a part hashed as it landed could be
-   rewritten while later parts arrived): a change is an exit-4 refusal naming the files;
+   reads, each part hashed from the buffer it was written from, never read back; resumed
+   part by part, a file whose resumed parts do not verify fetched again whole). The partial
+   directory is this account's alone (0700; one owned by another account, or that others can
+   write, is refused by name): no other account can open a file in it;
+4. every file is re-checked: still the inode this run hashed (or wrote), untouched since
+   (its ctime, which every write, chmod or utime moves): a change is an exit-4 refusal naming
+   the files;
 5. the partial directory gets the manifest and a verified marker, is made read-only and is
    renamed onto ``models/<org>/<name>/<commit>``: the revision appears complete or not at all.
 
@@ -45,7 +49,7 @@ from k3artifacts.errors import (
     UnsafeCacheEntry,
     VerifyMismatch,
 )
-from k3artifacts.nodecache import locks, safefs
+from k3artifacts.nodecache import locks, refusals, safefs
 from k3artifacts.nodecache.fetch import Fetcher, FileJob, Tuning, part_name
 from k3artifacts.nodecache.layout import (
     VERIFIED_NAME,
@@ -55,9 +59,12 @@ from k3artifacts.nodecache.layout import (
     partial_name,
 )
 from k3artifacts.nodecache.onhand import (
+    Check,
     Dirs,
     Identity,
     OnDisk,
+    accept_for_loader,
+    changed_after_hashing,
     hash_on_disk,
     split_path,
     still_as_hashed,
@@ -72,6 +79,9 @@ from k3artifacts.revisions.manifest import (
 from k3artifacts.revisions.refs import match_revision_ref
 from k3artifacts.stores.base import Store
 from k3artifacts.stores.registry import weights_store
+
+#: The partial directory: this account's alone while files are written and hashed in it.
+PARTIAL_MODE = 0o700
 
 
 @dataclass(frozen=True)
@@ -122,6 +132,9 @@ class PullResult:
     #: Bytes already on this node hashed in this run before being kept or linked: for a
     #: revision already here, all of them.
     bytes_rehashed: int = 0
+    #: Bytes fed to xxh3-128 in this run: those re-hashed, and each fetched file once (from
+    #: the buffers it was written from; parts an interrupted run left, from the disk).
+    bytes_hashed: int = 0
     files_fetched: int = 0
     files_linked: int = 0
     files_kept: int = 0
@@ -150,10 +163,11 @@ class _Check:
     good: dict[str, Identity] = field(default_factory=dict)
     problems: list[str] = field(default_factory=list)
     bytes: int = 0
+    hashed: int = 0
 
 
 def _check_copy(layout: CacheLayout, rev: Revision, manifest: ShardManifest, raw: bytes,
-                observer: PullObserver) -> _Check:
+                observer: PullObserver, on_disk: Check) -> _Check:
     """Every file of the complete copy hashed against ``manifest`` (links anywhere refused);
     its ``.k3a`` must hold exactly this manifest's bytes and a marker naming its digest."""
     check = _Check()
@@ -177,10 +191,10 @@ def _check_copy(layout: CacheLayout, rev: Revision, manifest: ShardManifest, raw
         check.problems += _meta_problems(top, manifest, raw)
         dirs = Dirs(top, create=False)
         try:
-            hashed = hash_on_disk(dirs, to_hash, on_bytes=observer.advance)
+            hashed = on_disk(dirs, to_hash, on_bytes=observer.advance)
         finally:
             dirs.close()
-    check.good, check.bytes = hashed.good, hashed.bytes
+    check.good, check.bytes, check.hashed = hashed.good, hashed.bytes, hashed.hashed
     check.problems += [f"{rel}: {why}" for rel, why in sorted(hashed.bad.items())]
     return check
 
@@ -298,7 +312,11 @@ def _disk_errors(layout: CacheLayout, rev: Revision) -> Iterator[None]:
 
 
 def pull(target: PullTarget, root: Path, *, tuning: Tuning | None = None,
-         observer: PullObserver | None = None) -> PullResult:
+         observer: PullObserver | None = None, verified_by_loader: bool = False) -> PullResult:
+    """``verified_by_loader``: the server loads with ``--load-format k3a``, which hashes every
+    file as it reads it; files already on the node are then kept on their kind and size (a
+    link still refused), not re-hashed, except those the loader refused (:mod:`.refusals`),
+    fetched again. Files fetched are hashed as they are written either way."""
     tuning = tuning or Tuning()
     observer = observer or PullObserver()
     layout = CacheLayout(root)
@@ -307,7 +325,7 @@ def pull(target: PullTarget, root: Path, *, tuning: Tuning | None = None,
     with _disk_errors(layout, rev):
         with locks.exclusive(layout, rev, on_wait=lambda: observer.note(
                 f"waiting for another pull of {rev}")):
-            result = _pull_locked(target, layout, tuning, observer)
+            result = _pull_locked(target, layout, tuning, observer, verified_by_loader)
         # The lease file exists before any server starts: `flock -s FILE` on a read-only
         # mount can then open it.
         os.close(layout.open_state("leases", rev, os.O_RDWR | os.O_CREAT))
@@ -334,20 +352,22 @@ def _read_manifest(target: PullTarget) -> tuple[bytes, ShardManifest]:
 
 
 def _present(target: PullTarget, layout: CacheLayout, repo: Dir, manifest: ShardManifest,
-             raw: bytes, observer: PullObserver) -> PullResult | dict[str, Identity]:
-    """The complete copy, if every byte of it hashes to ``manifest`` in this run; else it is
-    moved back to its partial name and the files that did are returned (kept, not re-read)."""
+             raw: bytes, observer: PullObserver, on_disk: Check) -> PullResult | _Check:
+    """The complete copy, if all of it passes ``on_disk`` (every byte hashes to ``manifest``
+    in this run, unless the loader is left to hash them); else it is moved back to its partial
+    name and the check is returned (the files that passed are kept, not re-read)."""
     rev = target.revision
     st = repo.lstat(rev.commit)
     if st is None:
-        return {}
+        return _Check()
     if not stat.S_ISDIR(st.st_mode):
         raise repo.refuse(rev.commit)
-    check = _check_copy(layout, rev, manifest, raw, observer)
+    check = _check_copy(layout, rev, manifest, raw, observer, on_disk)
     if not check.problems:
         return PullResult(str(rev), target.tuple_id, manifest.digest(),
                           str(layout.final_dir(rev)), len(manifest.files),
-                          manifest.total_bytes, bytes_rehashed=check.bytes,
+                          manifest.total_bytes, bytes_rehashed=check.hashed,
+                          bytes_hashed=check.hashed,
                           files_kept=len(check.good), already_present=True,
                           algorithms=["xxh3-128"])
     shown = "; ".join(check.problems[:5]) + (
@@ -364,44 +384,54 @@ def _present(target: PullTarget, layout: CacheLayout, repo: Dir, manifest: Shard
         safefs.make_writable(top)
     repo.replace(rev.commit, repo, partial_name(rev.commit))
     repo.fsync()
-    return check.good
+    return check
 
 
 def _pull_locked(target: PullTarget, layout: CacheLayout, tuning: Tuning,
-                 observer: PullObserver) -> PullResult:
+                 observer: PullObserver, verified_by_loader: bool) -> PullResult:
     rev = target.revision
     raw, manifest = _read_manifest(target)
     observer.planned(manifest.total_bytes, 0)
+    refused = refusals.refused(layout, manifest.digest())
+    for path, why in sorted(refused.items()):
+        observer.note(f"{path}: the verified load refused it ({why}); fetching it again")
+    on_disk = accept_for_loader(refused) if verified_by_loader else hash_on_disk
     with layout.repo_dir(rev, create=True) as repo:
-        present = _present(target, layout, repo, manifest, raw, observer)
+        present = _present(target, layout, repo, manifest, raw, observer, on_disk)
         if isinstance(present, PullResult):
+            refusals.clear(layout, manifest.digest(), set(refused))
             return present
-        with repo.sub(partial_name(rev.commit), create=True) as partial:
+        with repo.sub(partial_name(rev.commit), create=True, mode=PARTIAL_MODE) as partial:
+            _own(partial)
             # A run killed after sealing (read-only) and before the rename left it so.
             safefs.make_writable(partial)
-            result = _fill(target, layout, repo, partial, manifest, tuning, observer, present)
+            os.fchmod(partial.fd, PARTIAL_MODE)
+            result = _fill(target, layout, repo, partial, manifest, tuning, observer, present,
+                           on_disk)
             _seal(rev, partial, manifest, raw, result)
         st = repo.lstat(rev.commit)
         if st is not None:  # planted while we pulled
             raise repo.refuse(rev.commit)
         repo.replace(partial_name(rev.commit), repo, rev.commit)
         repo.fsync()
+    refusals.clear(layout, manifest.digest(), set(refused))
     return result
 
 
 def _fill(target: PullTarget, layout: CacheLayout, repo: Dir, partial: Dir,
-          manifest: ShardManifest, tuning: Tuning, observer: PullObserver,
-          hashed: dict[str, Identity]) -> PullResult:
+          manifest: ShardManifest, tuning: Tuning, observer: PullObserver, prior: _Check,
+          on_disk: Check) -> PullResult:
     """Every manifest file verified into ``partial``: kept, hard-linked or fetched; each
-    kept or linked file hashed in this run (``hashed``: files this run already hashed, by
-    the identity they had then)."""
+    kept or linked file held to the manifest by ``on_disk`` in this run (``prior``: the
+    complete copy's check, its files by the identity they had then)."""
+    hashed = prior.good
     rev = target.revision
     result = PullResult(str(rev), target.tuple_id, manifest.digest(),
                         str(layout.final_dir(rev)), len(manifest.files), manifest.total_bytes)
     dirs = Dirs(partial, create=True)
     try:
-        unchanged, on_disk = _sort_on_disk(dirs, manifest, hashed)
-        kept = hash_on_disk(dirs, on_disk, on_bytes=observer.advance)
+        unchanged, lying = _sort_on_disk(dirs, manifest, hashed)
+        kept = on_disk(dirs, lying, on_bytes=observer.advance)
         for rel, why in sorted(kept.bad.items()):
             observer.note(f"{partial.path / rel}: {why}; fetching it again")
             parent, name = dirs.parent_of(rel)
@@ -416,23 +446,27 @@ def _fill(target: PullTarget, layout: CacheLayout, repo: Dir, partial: Dir,
         # commit pulls the next one in the longer of the two, not in their sum (at 8 GiB on
         # 16 cores, the 7.5 GB hashed before one 510 MB shard started to arrive).
         with ThreadPoolExecutor(1, thread_name_prefix="k3a-linked") as checker:
-            checking = checker.submit(hash_on_disk, dirs, [r for r, _ in candidates],
+            checking = checker.submit(on_disk, dirs, [r for r, _ in candidates],
                                       on_bytes=observer.advance)
-            _fetch(target, layout, repo, dirs,
-                   [r for r in missing if r.path not in linked_paths], tuning, observer, result)
+            fetched = _fetch(target, layout, repo, dirs,
+                             [r for r in missing if r.path not in linked_paths], tuning,
+                             observer, result)
             linked = _keep_linked(dirs, candidates, checking.result(), observer)
         result.files_linked = len(linked)
         result.bytes_reused = sum(r.size for r in linked)
-        result.bytes_rehashed = result.bytes_resumed + result.bytes_reused
+        already = prior.hashed + kept.hashed + checking.result().hashed
+        result.bytes_rehashed += already
+        result.bytes_hashed += already
         if linked:
             observer.note(f"reused {len(linked)} file(s), {result.bytes_reused:,} bytes, from "
                           "other cached revisions (hard links, hashed in this run)")
         # Linked, but not the manifest's bytes: fetched after all.
         good = {r.path for r in linked}
-        _fetch(target, layout, repo, dirs, [r for r, _ in candidates if r.path not in good],
-               tuning, observer, result)
+        fetched |= _fetch(target, layout, repo, dirs,
+                          [r for r, _ in candidates if r.path not in good], tuning, observer,
+                          result)
         held = {r.path: hashed[r.path] for r in unchanged} | kept.good | {
-            r.path: checking.result().good[r.path] for r in linked}
+            r.path: checking.result().good[r.path] for r in linked} | fetched
         _recheck(dirs, manifest, held)
     finally:
         dirs.close()
@@ -440,23 +474,26 @@ def _fill(target: PullTarget, layout: CacheLayout, repo: Dir, partial: Dir,
 
 
 def _recheck(dirs: Dirs, manifest: ShardManifest, held: dict[str, Identity]) -> None:
-    """Before the seal, every file is still what this run hashed: a kept or linked file the
-    same inode, untouched since (its ctime), and a fetched file hashed once more from the disk:
-    its parts were hashed as they landed, and a part already hashed could be rewritten while
-    later ones arrived (by whoever shares this account on the node). VerifyMismatch (exit 4)
-    names them; the partial revision is left unsealed."""
-    changed = [record.path for record in manifest.files if record.path in held
-               and not still_as_hashed(dirs.lstat(record.path), held[record.path])]
-    fetched = [record for record in manifest.files if record.path not in held]
-    again = hash_on_disk(dirs, fetched)
-    changed += sorted(again.bad)
+    """Before the seal, every file is still what this run hashed: the same inode, untouched
+    since (its ctime: a fetched file's as the fetch left it, after its own last write and
+    rename). VerifyMismatch (exit 4) names the others; the partial revision is left unsealed."""
+    changed = [record.path for record in manifest.files
+               if not still_as_hashed(dirs.lstat(record.path), held.get(record.path))]
     if changed:
-        raise VerifyMismatch(
-            f"{', '.join(changed)}: changed in the node cache after this pull hashed "
-            f"{'it' if len(changed) == 1 else 'them'}, before the revision was sealed; nothing "
-            "was put at the final path",
-            hint="something other than k3a writes the cache's directory as this account (a pod "
-            "sharing its hostPath): find and stop it, then re-run `k3a pull`")
+        raise changed_after_hashing(changed)
+
+
+def _own(partial: Dir) -> None:
+    """The partial directory must be this account's, and no one else's to write: what the
+    fetch writes in it and then hashes from memory is not read back."""
+    st = os.fstat(partial.fd)
+    if st.st_uid != os.geteuid() or stat.S_IMODE(st.st_mode) & 0o022:
+        owner = f"another account's (uid {st.st_uid})" if st.st_uid != os.geteuid() else \
+            f"writable by others (mode {stat.S_IMODE(st.st_mode):o})"
+        raise UnsafeCacheEntry(
+            f"{partial.path} is {owner}; k3a pulls only into a directory this account alone "
+            "can write, and wrote nothing there",
+            hint=f"remove {partial.path} (as its owner or root), then re-run `k3a pull`")
 
 
 def _sort_on_disk(dirs: Dirs, manifest: ShardManifest, hashed: dict[str, Identity]
@@ -512,10 +549,11 @@ def _keep_linked(dirs: Dirs, linked: list[tuple[FileRecord, Revision]], checked:
 
 def _fetch(target: PullTarget, layout: CacheLayout, repo: Dir, dirs: Dirs,
            to_fetch: list[FileRecord], tuning: Tuning, observer: PullObserver,
-           result: PullResult) -> None:
+           result: PullResult) -> dict[str, Identity]:
+    """Fetch ``to_fetch``: each file as its fetch left it at its final name."""
     if not to_fetch:
         result.algorithms = result.algorithms or ["xxh3-128"]
-        return
+        return {}
     rev = target.revision
     places = [(record, *dirs.parent_of(record.path)) for record in to_fetch]
     _check_space(layout, repo, _still_needed(places))
@@ -541,7 +579,9 @@ def _fetch(target: PullTarget, layout: CacheLayout, repo: Dir, dirs: Dirs,
     result.bytes_fetched += totals.bytes_fetched
     result.bytes_resumed += totals.bytes_resumed
     result.bytes_rehashed += totals.bytes_resumed
+    result.bytes_hashed += totals.bytes_hashed
     result.algorithms = ["xxh3-128"] + (["crc64nvme"] if source.checksums else [])
+    return totals.identities
 
 
 def _still_needed(places: list[tuple[FileRecord, Dir, str]]) -> int:

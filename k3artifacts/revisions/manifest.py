@@ -206,6 +206,12 @@ class ShardManifest(Frozen):
                 f"{plain_validation_errors(exc)}") from None
 
 
+def is_weights(record: FileRecord) -> bool:
+    """A safetensors file at the revision's top: what vLLM loads as weights (and what the
+    verified load, ``--load-format k3a``, hashes as it reads them)."""
+    return "/" not in record.path and record.path.endswith(".safetensors")
+
+
 def revision_prefix(repo_id: str, commit: str) -> str:
     """Store key prefix of a revision: ``models/<org>/<name>/<commit>``."""
     return f"models/{repo_id}/{commit}"

@@ -50,10 +50,7 @@ def repair_revision(source: HubSource, store: Store, repo_id: str, commit: str,
             "it does not list need an investigation of the store, not a re-fetch")
     result = RepairResult(repo_id, commit, manifest.digest(), len(manifest.files))
     workdir.mkdir(parents=True, exist_ok=True)
-    # A file can fail twice (its bytes, and what is served where the revision is placed):
-    # fetched and put back once.
-    damaged = {p.path: p for p in reversed(before.problems)}
-    for problem in sorted(damaged.values(), key=lambda p: p.path):
+    for problem in before.problems:
         record = manifest.file(problem.path)
         assert record is not None  # a "file" problem names a file of the manifest
         part = workdir / f"repair-{record.sha256}.part"

@@ -53,10 +53,12 @@ def _token(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def _fsync_dir(path: Path) -> None:
+def _sync(path: Path, *, data_only: bool = False) -> None:
+    """Flush a file or a directory (its entries) to disk; ``data_only``: a file's bytes, not
+    its metadata (fdatasync)."""
     fd = os.open(path, os.O_RDONLY)
     try:
-        os.fsync(fd)
+        (os.fdatasync if data_only else os.fsync)(fd)
     finally:
         os.close(fd)
 
@@ -231,7 +233,7 @@ class FileStore(Store):
                 os.link(tmp, path)
             except FileExistsError:
                 raise AlreadyExists(key) from None
-            _fsync_dir(path.parent)
+            _sync(path.parent)
         finally:
             tmp.unlink(missing_ok=True)
 
@@ -260,7 +262,7 @@ class FileStore(Store):
                 _write_durable(tmp, data)
                 os.chmod(tmp, record_mode(self.root))
                 os.replace(tmp, path)
-                _fsync_dir(path.parent)
+                _sync(path.parent)
             finally:
                 tmp.unlink(missing_ok=True)
         return _token(data)
@@ -270,7 +272,7 @@ class FileStore(Store):
         path = self._path(key)
         path.unlink(missing_ok=True)
         if path.parent.exists():
-            _fsync_dir(path.parent)
+            _sync(path.parent)
 
     @guarded("read")
     def modified_at(self, key: str) -> datetime | None:
@@ -362,14 +364,10 @@ class FileStore(Store):
             os.chmod(dest.parent, 0o755)
             try:
                 shutil.copyfile(local_path, tmp)
-                fd = os.open(tmp, os.O_RDONLY)
-                try:
-                    os.fsync(fd)
-                finally:
-                    os.close(fd)
+                _sync(tmp)
                 os.chmod(tmp, READ_ONLY_FILE)
                 os.replace(tmp, dest)
-                _fsync_dir(dest.parent)
+                _sync(dest.parent)
             finally:
                 tmp.unlink(missing_ok=True)
                 os.chmod(dest.parent, stat.S_IMODE(mode))
@@ -573,11 +571,7 @@ class _FileRevisionWriter(RevisionWriter):
             if how != "link":
                 os.chmod(tmp, READ_ONLY_FILE)
                 if record.size >= SMALL_FILE:  # durable before in place, as put_file does
-                    fd = os.open(tmp, os.O_RDONLY)
-                    try:
-                        os.fdatasync(fd)
-                    finally:
-                        os.close(fd)
+                    _sync(tmp, data_only=True)
             os.replace(tmp, dest)
         # A hard link is the same bytes under a second name: nothing moved.
         return PutReceipt(record.path, record.size, "referenced" if how == "link" else "copied")
@@ -627,11 +621,7 @@ class _FileRevisionWriter(RevisionWriter):
         # the new link count and mode). Small files are left to one syncfs at commit: a sync
         # each is ~10 ms, which dominates a release of thousands of small files.
         if record.size >= SMALL_FILE:
-            fd = os.open(tmp, os.O_RDONLY)
-            try:
-                os.fdatasync(fd)
-            finally:
-                os.close(fd)
+            _sync(tmp, data_only=True)
         os.replace(tmp, dest)
 
     def commit(self, manifest: ShardManifest) -> None:
@@ -672,7 +662,7 @@ class _FileRevisionWriter(RevisionWriter):
         for dirpath, _, filenames in os.walk(self.work, topdown=False):
             for name in filenames:
                 os.chmod(os.path.join(dirpath, name), READ_ONLY_FILE)
-            _fsync_dir(Path(dirpath))
+            _sync(Path(dirpath))
             os.chmod(dirpath, READ_ONLY_DIR)
         # The revision directory itself stays writable by its owner so that rename works;
         # everything inside is read-only.
@@ -693,7 +683,7 @@ class _FileRevisionWriter(RevisionWriter):
                 ) from None
             self._same_or_conflict(existing, manifest)
             return
-        _fsync_dir(self.final.parent)
+        _sync(self.final.parent)
 
     def abort(self) -> None:
         with self._locked(fcntl.LOCK_EX):

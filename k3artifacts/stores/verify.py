@@ -45,6 +45,7 @@ class VerifyReport:
     files: int
     bytes: int
     algorithm: str
+    #: One per path, sorted, each with every reason found for that path.
     problems: list[Problem] = field(default_factory=list)
 
     @property
@@ -216,8 +217,20 @@ def verify_revision(
             or record.key == f"{reader.prefix}/{path}"]
     for extra in reader.extra_files(manifest):
         report.problems.append(Problem(extra, "not in the manifest", kind="extra"))
-    report.problems.sort(key=lambda p: p.path)
+    report.problems = _one_per_path(report.problems)
     return report
+
+
+def _one_per_path(problems: list[Problem]) -> list[Problem]:
+    """A file can fail twice (its bytes, and what is served where the revision is placed);
+    every reader of the report (the count in :meth:`VerifyReport.raise_for_problems`, the
+    files ``--repair`` fetches, the gates) wants it once, with every reason."""
+    by_path: dict[str, list[Problem]] = {}
+    for problem in problems:
+        by_path.setdefault(problem.path, []).append(problem)
+    # One path is one kind: an extra file is one the manifest does not list.
+    return [Problem(path, "; ".join(p.reason for p in found), found[0].kind)
+            for path, found in sorted(by_path.items())]
 
 
 def _compare(record: FileRecord, full: bool, size: int, got: str | None) -> Problem | None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from k3artifacts.cli.stage import print_stage_result, run_stage, unreviewed_code
+from k3artifacts.cli.stage import print_stage_result, run_stage, unreviewed_staged_code
 from k3artifacts.net.policy import RetryPolicy
 from k3artifacts.staging.engine import StageOptions
 from k3artifacts.stores.s3 import MiB, S3Store, TransferTuning
@@ -21,7 +21,7 @@ def main(store_url: str, endpoint: str, quarantine: str) -> None:
     result = run_stage(store, REPO, "main", endpoint=endpoint, quarantine=Path(quarantine),
                        options=StageOptions(retry=RetryPolicy(attempts=3, backoff=0.05)),
                        as_json=False, quiet=True)
-    print_stage_result(result, unreviewed_code(store, result))
+    print_stage_result(result, unreviewed_staged_code(store, result))
 
 
 if __name__ == "__main__":

@@ -38,7 +38,10 @@ another tuple);
 first token: run-to-run noise); ``--slowdown F`` (every completion takes F times as long as it
 otherwise would, whatever made it take that long: its first token and its end are each held
 back by F - 1 times the time spent before them, so every quantile of TTFT and end-to-end latency
-is F times larger; 1.3 is an endpoint 30% slower at p50 and p99);
+is F times larger; 1.3 is an endpoint 30% slower at p50 and p99); ``--hold-file PATH`` (every
+completion holds its first token while PATH exists: requests kept in flight until the caller
+removes it, however slow the machine); ``--access-log`` (a line on stderr per request answered,
+as uvicorn logs in front of vLLM: when a reader such as a drain has read ``/metrics``);
 ``--answer TEXT`` (every completion answers TEXT: no tool call, no schema; an empty, refused,
 hostile or over-long answer); ``--echo-url`` (every completion answered 500 with a body quoting
 the URL it was sent to, credential included, as some proxies' error pages do); ``--model PATH`` (the ``root`` it reports; default
@@ -56,6 +59,7 @@ from __future__ import annotations
 import argparse
 import base64
 import json
+import os
 import random
 import re
 import subprocess
@@ -107,6 +111,11 @@ class Config:
     jitter_ms: tuple[float, float] = (0.0, 0.0)
     #: Every completion takes this many times as long (1.0: as it would).
     slowdown: float = 1.0
+    #: While this file exists, every completion holds its first token: requests the caller
+    #: keeps in flight for exactly as long as it needs them, and not a moment longer.
+    hold_file: str | None = None
+    #: A line on stderr per request answered, as uvicorn's access log in front of vLLM.
+    access_log: bool = False
 
 
 @dataclass
@@ -205,7 +214,8 @@ class Handler(BaseHTTPRequestHandler):
     server: _Server
 
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - stdlib's name
-        pass
+        if self.server.cfg.access_log:
+            super().log_message(format, *args)
 
     # -- plumbing -------------------------------------------------------------------------
 
@@ -430,6 +440,8 @@ class Handler(BaseHTTPRequestHandler):
 
     def _before_first_token(self) -> None:
         cfg = self.server.cfg
+        while cfg.hold_file is not None and os.path.exists(cfg.hold_file):
+            time.sleep(0.01)
         time.sleep(cfg.slow_first_token + random.uniform(*cfg.jitter_ms) / 1000)
         self._stretch(self._t0)
 
@@ -528,13 +540,16 @@ def _parse(argv: list[str]) -> tuple[int, Config]:
     p.add_argument("--echo-url", action="store_true")
     p.add_argument("--jitter-ms", type=_span, default=(0.0, 0.0), metavar="LO-HI")
     p.add_argument("--slowdown", type=float, default=1.0)
+    p.add_argument("--hold-file", default=None, metavar="PATH")
+    p.add_argument("--access-log", action="store_true")
     a = p.parse_args(argv)
     return a.port, Config(a.served_names, a.max_model_len, a.token_delay, a.slow_first_token,
                           a.rate_limit, a.max_inflight, a.malformed_json, a.capacity,
                           error_rate=a.error_rate, text_only=a.text_only,
                           follow_injections=a.follow_injections, chatty=a.chatty,
                           chars_per_token=a.chars_per_token, model=a.model, answer=a.answer,
-                          echo_url=a.echo_url, jitter_ms=a.jitter_ms, slowdown=a.slowdown)
+                          echo_url=a.echo_url, jitter_ms=a.jitter_ms, slowdown=a.slowdown,
+                          hold_file=a.hold_file, access_log=a.access_log)
 
 
 def _span(text: str) -> tuple[float, float]:

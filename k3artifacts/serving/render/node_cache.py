@@ -6,7 +6,12 @@ cache (``k3a pull``), and the DaemonSet that fills it ahead of a promotion.
 weights come from: the first init container runs ``k3a pull <tuple>`` from the tuple's store
 (S3 directly; FSx or a host tree through the same volume the store render uses) into a
 hostPath on the node's instance-store NVMe, the second runs ``k3a verify --expect-digest`` on
-the pulled revision directory, and vLLM mounts exactly that directory read-only. vLLM runs
+the pulled revision directory, and vLLM mounts exactly that directory read-only. Where vLLM
+loads with ``--load-format k3a`` (which hashes every byte as it reads it) there is no second
+container and the pull runs with ``--verified-by-loader``: it fetches and hashes only what the
+node lacks, and files the loader refused, which the loader records in the one directory of
+the cache it may write (``.k3a-cache/refused``, mounted at ``/k3a-refused``): a node's copy is
+read once from pull to first token. vLLM runs
 under ``flock -s <lease file>`` (util-linux, in every vLLM image): a shared lock the node
 cache's eviction honours, released by the kernel when the server dies.
 
@@ -18,6 +23,7 @@ rolling back to it finds the weights already local.
 from __future__ import annotations
 
 import copy
+import json
 from typing import Any
 
 from k3artifacts.errors import ConfigError
@@ -47,6 +53,9 @@ from k3artifacts.serving.render.warm import (
 NODE_CACHE_HOST_PATH = "/mnt/k8s-disks/0/k3a"
 CACHE_MOUNT = "/k3a-cache"
 CACHE_VOLUME = "node-cache"
+#: Where the verified load records a file it refused, for the next pull to fetch again.
+REFUSALS_MOUNT = "/k3a-refused"
+REFUSALS_SUBPATH = ".k3a-cache/refused"
 #: Revisions a node keeps: the one serving, a candidate, the previous one for a rollback.
 KEEP = 3
 PULL_RESOURCES = {"requests": {"cpu": "4", "memory": "4Gi"}, "limits": {"memory": "8Gi"}}
@@ -89,7 +98,7 @@ def _init_containers(release: ReleaseTuple, res: ServingResources,
         "command": [
             "timeout", "--kill-after=30", str(res.startup_seconds),
             "k3a", "pull", release.id, "--store", store_url, "--to", CACHE_MOUNT,
-            "--keep", str(KEEP),
+            "--keep", str(KEEP), *(["--verified-by-loader"] if loads_verified(release) else []),
         ],  # fmt: skip
         "resources": copy.deepcopy(PULL_RESOURCES),
         "volumeMounts": [{"name": CACHE_VOLUME, "mountPath": CACHE_MOUNT}, *store_mounts],
@@ -142,9 +151,23 @@ def _serve_from_cache(pod: dict, release: ReleaseTuple, res: ServingResources,
         ] + [{"name": CACHE_VOLUME, "mountPath": CACHE_MOUNT, "readOnly": True}]
         if loads_verified(release):
             container["env"] = [*container["env"], *env]
+            _record_refusals(container)
         container["command"] = ["flock", "-s", _lease_path(release), *container["command"]]
     volumes = [v for v in pod["volumes"] if v["name"] != VOLUME or vol.kind != "s3"]
     pod["volumes"] = [_cache_volume(), *volumes]
+
+
+def _record_refusals(container: dict) -> None:
+    """The verified load records a file it refuses where the next pull looks: the loader is
+    told the directory, mounted writable (the rest of the cache stays read-only to it)."""
+    args = container.get("args", [])
+    if "--model-loader-extra-config" not in args:
+        return
+    at = args.index("--model-loader-extra-config") + 1
+    extra = {**json.loads(args[at]), "refusals": REFUSALS_MOUNT}
+    args[at] = json.dumps(extra, sort_keys=True, separators=(",", ":"))
+    container["volumeMounts"].append(
+        {"name": CACHE_VOLUME, "mountPath": REFUSALS_MOUNT, "subPath": REFUSALS_SUBPATH})
 
 
 def render_eks_node_cache(release: ReleaseTuple, *, name: str, namespace: str | None,
