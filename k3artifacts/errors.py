@@ -182,6 +182,24 @@ class HistoryRewound(UntrustedRecord):
                 self.__dict__)
 
 
+class RecordMissing(StoredRecordRefused):
+    """Records a tuple's signed record log names that are not in the store: deleted after
+    they were recorded (by anyone who can write to the store), so their absence is not read
+    as "never recorded". ``missing``: one line per record (its key, kind, signer, when)."""
+
+    hint = ("do not act on their absence: restore the records named from a backup (or S3 "
+            "versioning), or record them again with the command that made them, and find who "
+            "can write to the store")
+
+    def __init__(self, history: str, missing: list[str], *, hint: str | None = None):
+        super().__init__(f"{history} names {len(missing)} record(s) missing from the store: "
+                         + "; ".join(missing), hint=hint)
+        self.history, self.missing = history, missing
+
+    def __reduce__(self):
+        return (type(self), (self.history, self.missing), self.__dict__)
+
+
 class StaleStore(StoredRecordRefused):
     """The store's signed freshness head is missing or expired: a frozen or restored copy of
     the store, or one nobody refreshed within the lifetime its policy sets."""

@@ -183,7 +183,8 @@ def test_bucket_policy_guards(inputs) -> None:
     # Every record kind; not the pins and probes a promoter removes after itself.
     assert set(deletes["Resource"]) == {"arn:aws:s3:::k3a-releases/k3a/models/*"} | {
         f"arn:aws:s3:::k3a-releases/k3a/releases/{kind}/*"
-        for kind in ("tuples", "channels", "evaluations", "reviews", "retirement/tombstones")}
+        for kind in ("tuples", "channels", "evaluations", "reviews", "records",
+                     "retirement/tombstones")}
     assert deletes["Condition"] == {"ArnNotEquals": {"aws:PrincipalArn": ADMIN}}
 
     reads = by_sid["DenyReadsOfReleasesAndModelsExceptReaders"]
@@ -218,12 +219,14 @@ def test_the_store_cannot_be_overwritten_under_the_bucket_policy(inputs) -> None
         "releases/tuples/k3t-1.json", "releases/channels/production/history/0000000007.json",
         "releases/policy/documents/ab.json", "releases/approvals/r/decision.json",
         "releases/reviews/license/ab.json", "releases/retirement/pins/org/name/abc/1.json",
+        "releases/records/k3t-1/log/0000000003.json",
         "warm/blobs/ab/abcd", "warm/artifacts/k3t-1/h100/tp8.json",
     ]
     swapped = ["releases/channels/production.json", "releases/policy/current.json",
                "releases/channels/production/checkpoint.json",
                "releases/policy/checkpoint.json", "releases/policy/proposals/k3r-1.json",
                "releases/trust/proposals/root-0000000002.json",
+               "releases/records/k3t-1.json",
                "releases/probes/123", "models/org/name/abc/.k3a/s3-objects.json",
                "models/org/name/abc/.k3a/provenance.json"]
 

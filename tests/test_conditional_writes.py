@@ -48,6 +48,7 @@ CREATING = ("PutObject", "CopyObject", "CompleteMultipartUpload")
 SWAPPED = ("/releases/channels/", "/releases/policy/current.json",
            "/releases/policy/checkpoint.json", "/releases/policy/proposals/",
            "/releases/trust/proposals/", "/releases/trust/freshness.json", "/releases/probes/",
+           "/releases/records/k3t-",
            "/.k3a/s3-objects.json", "/.k3a/provenance.json")
 TUNING = TransferTuning(multipart_threshold=5 * MiB, min_part_size=5 * MiB, max_concurrency=4,
                         stream_part_size=5 * MiB)

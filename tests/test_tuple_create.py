@@ -121,6 +121,7 @@ def test_cli_tuple_create_end_to_end(published_revision, oci_registry, k3a_cmd, 
             "tuples", "show", release["id"], "--store", store, "--json", env=k3a_env, cmd=k3a_cmd
         ).stdout
     )
+    assert shown.pop("records") == []  # nothing recorded for it yet
     assert shown == release
 
     # A second tuple, the same revision on another profile, diffed against the first.

@@ -419,10 +419,10 @@ def trust_migrate_cmd(dry_run: bool, store_url: str, as_json: bool) -> None:
 @store_option
 @json_option
 def trust_refresh_cmd(store_url: str, as_json: bool) -> None:
-    """Re-sign the store's freshness head: the root, the policy and every channel verified
-    first, their heads named, valid for the lifetime the store's policy sets (`freshness:
-    lifetime_hours`). Readers refuse the store once it expires; every move re-signs it too, and
-    the `refresh-freshness` deployment runs this daily.
+    """Re-sign the store's freshness head: the root, the policy, every channel and every
+    tuple's record log verified first, their heads named, valid for the lifetime the store's
+    policy sets (`freshness: lifetime_hours`). Readers refuse the store once it expires; every
+    move re-signs it too, and the `refresh-freshness` deployment runs this daily.
     """
     from k3artifacts.releases.freshness import refresh
     from k3artifacts.trust.keys import identity_signer
@@ -434,6 +434,6 @@ def trust_refresh_cmd(store_url: str, as_json: bool) -> None:
     def human() -> None:
         click.echo(f"refreshed: {store.url} until {fresh.expires:%Y-%m-%d %H:%M} UTC (policy "
                    f"#{fresh.policy.seq}, root v{fresh.root_version}, "
-                   f"{len(fresh.channels)} channel(s))")
+                   f"{len(fresh.channels)} channel(s), {len(fresh.records)} record log(s))")
 
     emit(as_json, view, human)

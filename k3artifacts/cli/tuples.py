@@ -167,17 +167,23 @@ def tuples_list(store_url: str, as_json: bool) -> None:
 
 
 @exits(0, (2, "a malformed tuple id"),
-       (4, "the tuple's body does not match its id (edited in the store)"),
+       (4, "the tuple's body does not match its id (edited in the store), or a record its "
+           "record log names is gone from the store (RecordMissing) or the log was set back"),
        (7, "no such tuple or no store there"), 8)
 @tuple_group.command("show")
 @click.argument("tuple_id", type=TUPLE_ID)
 @store_option
 @json_option
 def tuples_show(tuple_id: str, store_url: str, as_json: bool) -> None:
-    """One tuple, in full (its id is re-derived from the body: a tampered one is refused)."""
+    """One tuple, in full (its id is re-derived from the body: a tampered one is refused),
+    with the records made for it (reviews, evaluations, scans, preflights, traffic analyses)
+    as its signed record log names them, each still in the store."""
+    from k3artifacts.releases.record_log import check_all
     from k3artifacts.releases.tuples import TupleStore, check_tuple_id
 
-    release = TupleStore(get_store(store_url)).get(check_tuple_id(tuple_id))
+    store = get_store(store_url)
+    release = TupleStore(store).get(check_tuple_id(tuple_id))
+    records = check_all(store, release.id)
 
     def human() -> None:
         b = release.binding
@@ -194,8 +200,11 @@ def tuples_show(tuple_id: str, store_url: str, as_json: bool) -> None:
         click.echo("args      " + " ".join(b.serving.args))
         for key, value in sorted(b.serving.env.items()):
             click.echo(f"env       {key}={value}")
+        for r in records:
+            click.echo(f"record    {r.shown()}")
 
-    emit(as_json, release, human)
+    emit(as_json, {**release.model_dump(mode="json"),
+                   "records": [r.model_dump(mode="json") for r in records]}, human)
 
 
 @exits((0, "compared (differences or none)"), (2, "a malformed tuple id"),

@@ -8,7 +8,11 @@ that never read the store before (a client that did also remembers its heads:
 
     {"issued_at": ..., "expires": ..., "root_version": 2,
      "policy": {"seq": 3, "digest": ...},
-     "channels": {"production": {"seq": 120, "digest": ...}, ...}}
+     "channels": {"production": {"seq": 120, "digest": ...}, ...},
+     "records": {"k3t-...": {"seq": 5, "digest": ...}, ...}}
+
+``records``: the heads of tuples' record logs (:mod:`k3artifacts.releases.record_log`) a move
+or a refresh verified, so a fresh reader notices a record deleted with its log entry.
 
 **Who signs it**: a root identity, or an identity holding the role ``freshness`` in the policy
 in force (a scheduled refresh's own key, which can do nothing else). Every move re-signs it
@@ -58,6 +62,7 @@ class Freshness(BaseModel):
     root_version: int = Field(ge=1)
     policy: Head
     channels: dict[str, Head] = Field(default_factory=dict)
+    records: dict[str, Head] = Field(default_factory=dict)
 
 
 def now() -> datetime:
@@ -129,11 +134,20 @@ def check(store: RecordReader, document: PolicyDocument, roots: Roots, label: st
     return fresh
 
 
+def _forward(named: Mapping[str, Head], marks: Mapping[str, Mark]) -> dict[str, Head]:
+    moved = dict(named)
+    for name, mark in marks.items():
+        if name not in moved or moved[name].seq < mark.seq:
+            moved[name] = Head(seq=mark.seq, digest=mark.digest)
+    return moved
+
+
 def renew(store: RecordStore, document: PolicyDocument, roots: Roots, signer: RecordSigner, *,
-          policy_head: Mark, channels: Mapping[str, Mark]) -> Freshness | None:
+          policy_head: Mark, channels: Mapping[str, Mark],
+          records: Mapping[str, Mark] | None = None) -> Freshness | None:
     """Re-sign the freshness head as ``signer`` (None, nothing written, where the policy asks
-    for none or ``signer`` may not sign it): ``channels``' heads (and the policy's) moved
-    forward over the ones it named, its lifetime from now."""
+    for none or ``signer`` may not sign it): ``channels``' heads, ``records``' (record logs by
+    tuple id) and the policy's moved forward over the ones it named, its lifetime from now."""
     bound = document.gates.freshness
     trusted = signers(document, roots).get(signer_key_id(signer))
     if bound is None or trusted is None:
@@ -144,15 +158,14 @@ def renew(store: RecordStore, document: PolicyDocument, roots: Roots, signer: Re
             before = read_freshness(store, document, roots)
         except UntrustedRecord:
             before = None  # a forged or foreign record names nothing worth keeping
-        named = dict(before.channels) if before is not None else {}
-        for name, mark in channels.items():
-            if name not in named or named[name].seq < mark.seq:
-                named[name] = Head(seq=mark.seq, digest=mark.digest)
         at = now()
         fresh = Freshness(issued_at=at, expires=at + timedelta(hours=bound.lifetime_hours),
                           root_version=roots.current.version,
                           policy=Head(seq=policy_head.seq, digest=policy_head.digest),
-                          channels=named)
+                          channels=_forward({} if before is None else before.channels,
+                                            channels),
+                          records=_forward({} if before is None else before.records,
+                                           records or {}))
         record = sign_record(key=KEY, kind=KIND, body=fresh, signer=signer,
                              identity=trusted.identity, store_id=roots.current.store_id)
         try:

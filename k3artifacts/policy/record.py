@@ -314,13 +314,15 @@ def in_force(store: RecordStore) -> InForce:
 
 
 def renewed(store: RecordStore, signer: RecordSigner,
-            channels: Mapping[str, Mark] | None = None) -> InForce:
+            channels: Mapping[str, Mark] | None = None,
+            records: Mapping[str, Mark] | None = None) -> InForce:
     """The policy in force after a move of ``signer``'s, the store's freshness head re-signed
-    by it first where it may sign one (``channels``: the heads of channels it moved)."""
+    by it first where it may sign one (``channels``: the heads of channels it moved;
+    ``records``: of tuples' record logs it verified)."""
     policy = unchecked_freshness(store)
     if policy.chain is not None and policy.roots is not None and policy.chain.mark is not None:
         renew(store, policy.document, policy.roots, signer, policy_head=policy.chain.mark,
-              channels=channels or {})
+              channels=channels or {}, records=records)
     return in_force(store)
 
 

@@ -29,8 +29,8 @@ identity vouches for it.
 from __future__ import annotations
 
 import json
-from collections.abc import Collection
-from dataclasses import dataclass
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Generic, TypeVar
 
@@ -42,6 +42,7 @@ from k3artifacts.policy.actor import Acting, RoleRefused
 from k3artifacts.policy.record import InForce, ensure_seeded, in_force
 from k3artifacts.stores.records import RecordStore
 from k3artifacts.trust.envelope import Bound, verify_record
+from k3artifacts.trust.heads import Head
 from k3artifacts.trust.identities import Keyring, Role
 from k3artifacts.trust.pins import trusted_roots
 
@@ -95,16 +96,20 @@ class RecordTrust:
     #: The store (its root's id) every record read here was signed for.
     bound: Bound
     unsigned_before: datetime | None = None
+    #: The heads of tuples' record logs the store's signed freshness head names (by tuple
+    #: id): a reader that never read a log is held to them.
+    record_logs: Mapping[str, Head] = field(default_factory=dict, hash=False)
 
     @classmethod
     def of(cls, policy: InForce) -> RecordTrust:
         """What ``policy`` trusts, in the store whose roots it was verified under (a policy
         without roots, the packaged one or one older than signing, names nobody who signs:
-        no store id to bind to)."""
-        document = policy.document
+        no store id to bind to), held to the record logs its freshness head names."""
+        document, freshness = policy.document, policy.freshness
         return cls(document.identities.keyring(), f"the store's policy, {policy.label()},",
                    Bound(None) if policy.roots is None else policy.roots.bound,
-                   document.gates.unsigned.read_evidence_before)
+                   document.gates.unsigned.read_evidence_before,
+                   {} if freshness is None else freshness.records)
 
     def reads_unsigned(self, kind: str, now: datetime | None = None) -> bool:
         return (kind in UNSIGNED_READABLE and self.unsigned_before is not None

@@ -21,9 +21,9 @@ from k3artifacts.errors import UntrustedRecord
 from k3artifacts.judging.compare import Criteria, Judgement, compare_counts
 from k3artifacts.policy.actor import Acting
 from k3artifacts.policy.rollout import TrafficThresholds, duration_seconds
-from k3artifacts.policy.signed import Family, RecordTrust, create_signed
+from k3artifacts.policy.signed import Family, RecordTrust
 from k3artifacts.releases.channels import check_channel
-from k3artifacts.releases.records import read_records
+from k3artifacts.releases.records import create_record, read_records
 from k3artifacts.releases.tuples import TupleStore, check_tuple_id
 from k3artifacts.stores.records import RecordStore
 
@@ -152,7 +152,7 @@ def record_analysis(
     key = f"{_prefix(analysis.tuple_id, analysis.channel, analysis.step)}{sha}.json"
     record = AnalysisRecord(analysis_sha256=sha, recorded_by=by.name,
                             recorded_at=now or datetime.now(UTC), analysis=analysis)
-    return create_signed(store, key, ANALYSES, record, by=by)
+    return create_record(store, key, ANALYSES, record, tuple_id=analysis.tuple_id, by=by)
 
 
 def list_analyses(store: RecordStore, tuple_id: str, channel: str, *,
@@ -160,7 +160,8 @@ def list_analyses(store: RecordStore, tuple_id: str, channel: str, *,
     """Every recorded analysis of ``tuple_id`` on ``channel``, oldest window first, each
     verified (``trust``: the store's policy in force unless given)."""
     records = []
-    for key, record in read_records(store, _prefix(tuple_id, channel), ANALYSES, trust=trust):
+    for key, record in read_records(store, _prefix(tuple_id, channel), ANALYSES,
+                                    tuple_id=tuple_id, trust=trust):
         a = record.analysis
         sha = canonical_digest(a.model_dump(mode="json"))
         if (sha != record.analysis_sha256 or a.tuple_id != tuple_id or a.channel != channel

@@ -76,6 +76,7 @@ from k3artifacts.policy.freshness import not_behind
 from k3artifacts.policy.model import CHANNEL_NAME
 from k3artifacts.policy.record import MIGRATE_HINT, InForce, in_force, read_document, renewed
 from k3artifacts.policy.results import GateResult, Override
+from k3artifacts.releases.record_log import head_mark
 from k3artifacts.releases.tuples import TUPLE_ID
 from k3artifacts.stores.records import RecordStore
 from k3artifacts.trust import heads
@@ -83,6 +84,7 @@ from k3artifacts.trust.chain import (
     Chain,
     ChainEntry,
     ChainLayout,
+    Mark,
     append,
     checkpoint,
     entry_below,
@@ -575,7 +577,7 @@ def commit_move(store: RecordStore, state: ChannelState, entry: HistoryEntry, *,
         raise _lost_race(store, state, entry) from None
     heads.remember(store.url, chain.layout.name, moved.mark)
     assert moved.mark is not None
-    renewed(store, acting.signer, {state.channel: moved.mark})
+    renewed(store, acting.signer, {state.channel: moved.mark}, _record_log(store, entry))
     if entry.seq % CHECKPOINT_EVERY == 0:
         # A fresh reader's walk starts here, not at #1: what a read costs stays bounded. A
         # checkpoint lost to a race only leaves the walk longer.
@@ -583,6 +585,17 @@ def commit_move(store: RecordStore, state: ChannelState, entry: HistoryEntry, *,
             checkpoint(store, moved, signer=acting.signer, identity=acting.name)
     # If we die here the entry survives in the pointer; the next move logs it.
     return ChannelPointer.for_entry(entry)
+
+
+def _record_log(store: RecordStore, entry: HistoryEntry) -> dict[str, Mark]:
+    """The head of the record log of the tuple the channel now points at, for the freshness
+    head to name, so a fresh reader of the tuple served next notices its records set back.
+    The move is committed already: a log that does not verify is named by the next reader of
+    the tuple's records, not here."""
+    with contextlib.suppress(StoredRecordRefused):
+        mark = head_mark(store, entry.tuple_id)
+        return {} if mark is None else {entry.tuple_id: mark}
+    return {}
 
 
 def _lost_race(store: RecordStore, state: ChannelState, entry: HistoryEntry) -> ChannelMoved:

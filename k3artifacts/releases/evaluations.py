@@ -29,8 +29,8 @@ from k3artifacts.canonical import canonical_digest
 from k3artifacts.errors import ConfigError, UntrustedRecord, plain_validation_errors
 from k3artifacts.judging.compare import Criteria, Judgement, compare
 from k3artifacts.policy.actor import Acting
-from k3artifacts.policy.signed import Family, RecordTrust, create_signed
-from k3artifacts.releases.records import read_records
+from k3artifacts.policy.signed import Family, RecordTrust
+from k3artifacts.releases.records import create_record, read_records
 from k3artifacts.releases.tuples import TupleStore, check_tuple_id
 from k3artifacts.stores.records import RecordStore
 
@@ -310,7 +310,7 @@ def _create(
         report=report,
         origin=origin,
     )
-    return create_signed(store, key, EVALUATIONS, record, by=by)
+    return create_record(store, key, EVALUATIONS, record, tuple_id=tuple_id, by=by)
 
 
 def list_evaluations(store: RecordStore, tuple_id: str, *,
@@ -319,7 +319,7 @@ def list_evaluations(store: RecordStore, tuple_id: str, *,
     policy in force unless given); one that is not the record of its key is refused."""
     records = []
     for key, record in read_records(store, evaluations_prefix(tuple_id), EVALUATIONS,
-                                    trust=trust):
+                                    tuple_id=tuple_id, trust=trust):
         sha = canonical_digest(record.report)
         if (
             record.tuple_id != tuple_id

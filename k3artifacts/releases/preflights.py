@@ -14,9 +14,9 @@ from pydantic import BaseModel, ConfigDict
 from k3artifacts.canonical import canonical_digest
 from k3artifacts.errors import UntrustedRecord
 from k3artifacts.policy.actor import Acting
-from k3artifacts.policy.signed import Family, RecordTrust, create_signed
+from k3artifacts.policy.signed import Family, RecordTrust
 from k3artifacts.releases.channels import check_channel
-from k3artifacts.releases.records import read_records
+from k3artifacts.releases.records import create_record, read_records
 from k3artifacts.releases.tuples import TupleStore, check_tuple_id
 from k3artifacts.stores.records import RecordStore
 
@@ -52,7 +52,7 @@ def record_preflight(store: RecordStore, tuple_id: str, channel: str, report: di
     record = PreflightRecord(tuple_id=tuple_id, channel=channel, report_sha256=sha,
                              recorded_by=by.name, recorded_at=now or datetime.now(UTC),
                              report=report)
-    return create_signed(store, key, PREFLIGHTS, record, by=by)
+    return create_record(store, key, PREFLIGHTS, record, tuple_id=tuple_id, by=by)
 
 
 def list_preflights(store: RecordStore, tuple_id: str, channel: str, *,
@@ -60,7 +60,8 @@ def list_preflights(store: RecordStore, tuple_id: str, channel: str, *,
     """Recorded preflights of ``tuple_id`` for ``channel``, oldest first, each verified
     (``trust``: the store's policy in force unless given)."""
     records = []
-    for key, record in read_records(store, _prefix(tuple_id, channel), PREFLIGHTS, trust=trust):
+    for key, record in read_records(store, _prefix(tuple_id, channel), PREFLIGHTS,
+                                    tuple_id=tuple_id, trust=trust):
         sha = canonical_digest(record.report)
         if (sha != record.report_sha256 or record.tuple_id != tuple_id
                 or record.channel != channel or not key.endswith(f"/{sha}.json")):

@@ -16,7 +16,9 @@ from datetime import UTC, datetime
 from k3artifacts.errors import NotFound, StoredRecordRefused, VerifyMismatch
 from k3artifacts.policy.actor import Acting
 from k3artifacts.policy.signed import record_trust, require_role
+from k3artifacts.releases.record_log import log_record
 from k3artifacts.releases.reviews import (
+    REVIEWS,
     CodeReviewOutcome,
     LicenseReviewOutcome,
     Review,
@@ -118,8 +120,12 @@ def plan_code_review(store: Store, tuple_id: str, *, by: Acting, note: str | Non
 
 def _record(store: Store, plan: ReviewPlan) -> tuple[list[Review], list[Review]]:
     """(recorded now, already reviewed): a review recorded by someone else since the plan
-    stands, and counts as already reviewed."""
+    stands, and counts as already reviewed. Reviews made for another tuple that cover this
+    one are logged in this tuple's record log too, so their deletion is noticed here."""
     recorded, already = [], list(plan.existing)
+    for review in plan.existing:
+        log_record(store, plan.tuple_id, key=review_key(review.kind, review.sha256),
+                   kind=REVIEWS.kind, signed_by=review.reviewed_by, by=plan.by)
     for review in plan.new:
         stands, written = create_review(store, review, by=plan.by)
         (recorded if written else already).append(stands)

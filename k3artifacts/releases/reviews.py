@@ -26,7 +26,9 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from k3artifacts.errors import UntrustedRecord
 from k3artifacts.policy.actor import Acting
-from k3artifacts.policy.signed import Family, RecordTrust, create_signed, read_signed, record_trust
+from k3artifacts.policy.signed import Family, RecordTrust, read_signed, record_trust
+from k3artifacts.releases.record_log import check_present
+from k3artifacts.releases.records import create_record
 from k3artifacts.releases.tuples import TUPLE_ID, ReleaseTuple
 from k3artifacts.revisions.manifest import ShardManifest
 from k3artifacts.stores.records import RecordStore
@@ -84,12 +86,16 @@ def review_key(kind: ReviewKind, sha256: str) -> str:
 
 
 def read_review(store: RecordStore, kind: ReviewKind, sha256: str, *,
-                trust: RecordTrust | None = None) -> Review | None:
+                trust: RecordTrust | None = None, tuple_id: str | None = None) -> Review | None:
     """The review of ``sha256``, or None. A record that does not verify (unsigned, signed by a
     key the policy does not trust to review, edited), or that is about another sha256 or kind
-    than its key, is refused naming its key (UntrustedRecord, exit 4)."""
+    than its key, is refused naming its key (UntrustedRecord, exit 4); one ``tuple_id``'s
+    record log names that is gone is named missing (RecordMissing, exit 4)."""
     key = review_key(kind, sha256)
+    trust = trust or record_trust(store)
     review = read_signed(store, key, REVIEWS, trust=trust)
+    if review is None and tuple_id is not None:
+        check_present(store, tuple_id, key, (), trust=trust)
     if review is not None and (review.kind, review.sha256) != (kind, sha256):
         raise UntrustedRecord(key, "wrong-key", f"a review of {review.kind} {review.sha256}, "
                               "not of its key's")
@@ -113,7 +119,8 @@ def list_reviews(store: RecordStore, kind: ReviewKind, *,
 def create_review(store: RecordStore, review: Review, *, by: Acting) -> tuple[Review, bool]:
     """Record ``review``, signed by ``by``, unless its sha256 is reviewed already: (the review
     that stands, whether this call wrote it)."""
-    return create_signed(store, review_key(review.kind, review.sha256), REVIEWS, review, by=by)
+    return create_record(store, review_key(review.kind, review.sha256), REVIEWS, review,
+                         tuple_id=review.tuple_id, by=by)
 
 
 def reviewers_of(
@@ -125,9 +132,11 @@ def reviewers_of(
     trust = trust or record_trust(store)
     found: dict[str, set[str]] = {"license": set(), "code": set()}
     sha = release.binding.license_sha256
-    if sha is not None and (review := read_review(store, "license", sha, trust=trust)):
+    if sha is not None and (review := read_review(store, "license", sha, trust=trust,
+                                                  tuple_id=release.id)):
         found["license"].add(review.reviewed_by)
     for entry in [] if manifest is None else manifest.remote_code:
-        if (review := read_review(store, "code", entry.sha256, trust=trust)) is not None:
+        if (review := read_review(store, "code", entry.sha256, trust=trust,
+                                  tuple_id=release.id)) is not None:
             found["code"].add(review.reviewed_by)
     return found

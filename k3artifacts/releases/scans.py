@@ -20,8 +20,8 @@ from pydantic import BaseModel, ConfigDict
 from k3artifacts.canonical import canonical_digest
 from k3artifacts.errors import ConfigError, NotFound, UntrustedRecord
 from k3artifacts.policy.actor import Acting
-from k3artifacts.policy.signed import Family, RecordTrust, create_signed
-from k3artifacts.releases.records import read_records
+from k3artifacts.policy.signed import Family, RecordTrust
+from k3artifacts.releases.records import create_record, read_records
 from k3artifacts.releases.tuples import ReleaseTuple, TupleStore, check_tuple_id
 from k3artifacts.stores.awsclients import aws_errors, error_code
 from k3artifacts.stores.records import RecordStore
@@ -146,7 +146,7 @@ def record_scan(store: RecordStore, scan: ImageScan, *, by: Acting,
     key = f"{SCANS_PREFIX}{check_tuple_id(scan.tuple_id)}/{sha}.json"
     record = ScanRecord(scan_sha256=sha, recorded_by=by.name,
                         recorded_at=now or datetime.now(UTC), scan=scan)
-    return create_signed(store, key, SCANS, record, by=by)
+    return create_record(store, key, SCANS, record, tuple_id=scan.tuple_id, by=by)
 
 
 def list_scans(store: RecordStore, tuple_id: str, *,
@@ -155,7 +155,7 @@ def list_scans(store: RecordStore, tuple_id: str, *,
     store's policy in force unless given)."""
     records = []
     prefix = f"{SCANS_PREFIX}{check_tuple_id(tuple_id)}/"
-    for key, record in read_records(store, prefix, SCANS, trust=trust):
+    for key, record in read_records(store, prefix, SCANS, tuple_id=tuple_id, trust=trust):
         sha = canonical_digest(record.scan.model_dump(mode="json"))
         if (sha != record.scan_sha256 or record.scan.tuple_id != tuple_id
                 or not key.endswith(f"/{sha}.json")):

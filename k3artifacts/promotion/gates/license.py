@@ -17,7 +17,7 @@ def check(ctx: GateContext) -> GateResult:
     sha = release.binding.license_sha256
     if sha is None:
         return GateResult(name=NAME, passed=False, reason="the revision carries no license text")
-    review = read_review(ctx.store, "license", sha, trust=ctx.trust)
+    review = read_review(ctx.store, "license", sha, trust=ctx.trust, tuple_id=release.id)
     if review is None:
         repo = release.binding.weights.repo_id
         earlier = [r for r in list_reviews(ctx.store, "license", trust=ctx.trust)

@@ -19,7 +19,8 @@ def check(ctx: GateContext) -> GateResult:
         )
     if not manifest.remote_code:
         return GateResult(name=NAME, passed=True, reason="the revision has no *.py files")
-    reviews = {e.sha256: read_review(ctx.store, "code", e.sha256, trust=ctx.trust)
+    reviews = {e.sha256: read_review(ctx.store, "code", e.sha256, trust=ctx.trust,
+                                     tuple_id=ctx.release.id)
                for e in manifest.remote_code}
     unreviewed = [e for e in manifest.remote_code if reviews[e.sha256] is None]
     if unreviewed:
