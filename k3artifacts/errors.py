@@ -223,6 +223,8 @@ RECORD_REFUSALS = (
     "wrong-kind",       # a record of another kind where this one is read
     "wrong-key",        # a record signed for another store key (moved, swapped)
     "signer-mismatch",  # the identity the statement names as its maker did not sign it
+    "another-store",    # signed for another store's id (or for none, and not vouched for as
+                        # one this store held when it was given its id)
     # a hash-chained history (trust/chain.py)
     "gap",              # an entry missing between the head and the start (or checkpoint)
     "edit",             # an entry changed after it was signed

@@ -14,6 +14,7 @@ import pytest
 
 from k3artifacts.canonical import canonical_digest, canonical_json
 from k3artifacts.policy.record import in_force
+from k3artifacts.policy.signed import store_id
 from k3artifacts.releases.channels import (
     ENTRY_KIND,
     ChannelPointer,
@@ -83,7 +84,8 @@ def test_a_forged_next_pointer_is_refused(any_store, any_env, served, tmp_path):
     refused_by_every_reader(any_env, served, tmp_path, "unsigned", pointer_key(CHANNEL))
     link = Link(seq=4, previous=_digest(any_store, 3), entry=entry)
     forged = sign_record(key=history_key(CHANNEL, 4), kind=ENTRY_KIND, body=link,
-                         signer=people.signer_of("mallory"), identity="ci")
+                         signer=people.signer_of("mallory"), identity="ci",
+                         store_id=store_id(any_store))
     any_store.replace(pointer_key(CHANNEL), forged, any_store.read(pointer_key(CHANNEL)).token)
     refused_by_every_reader(any_env, served, tmp_path, "untrusted-key", pointer_key(CHANNEL))
 
@@ -116,7 +118,8 @@ def test_a_forked_entry_is_refused(any_store, any_env, served, tmp_path):
     body["entry"]["why"] = "another move #2"
     overwrite(any_store, history_key(CHANNEL, 2),
              sign_record(key=history_key(CHANNEL, 2), kind=ENTRY_KIND, body=body,
-                         signer=people.signer_of("ci"), identity="ci"))
+                         signer=people.signer_of("ci"), identity="ci",
+                         store_id=store_id(any_store)))
     refused_by_every_reader(any_env, served, tmp_path, "fork", history_key(CHANNEL, 2))
 
 
@@ -168,7 +171,8 @@ def test_a_history_forked_past_what_a_reader_saw_is_refused(any_store, any_env, 
     body = _body(any_store, 3)
     body["entry"]["why"] = "another move #3"
     forked = sign_record(key=history_key(CHANNEL, 3), kind=ENTRY_KIND, body=body,
-                         signer=people.signer_of("ci"), identity="ci")
+                         signer=people.signer_of("ci"), identity="ci",
+                         store_id=store_id(any_store))
     overwrite(any_store, history_key(CHANNEL, 3), forked)
     overwrite(any_store, pointer_key(CHANNEL), forked)
     readers(any_env, served, tmp_path, "fork", history_key(CHANNEL, 3))

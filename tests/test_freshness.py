@@ -11,6 +11,7 @@ from datetime import UTC, datetime, timedelta
 from k3artifacts.policy.freshness import KEY, KIND, Freshness
 from k3artifacts.policy.loosening import loosening
 from k3artifacts.policy.record import in_force
+from k3artifacts.policy.signed import store_id
 from k3artifacts.releases.channels import history_key, pointer_key
 from k3artifacts.trust.envelope import parse_record, sign_record
 from tests.fixtures import people
@@ -80,7 +81,8 @@ def test_a_freshness_head_signed_by_a_key_the_policy_does_not_trust_is_refused(
     body = _freshness(any_store).model_copy(
         update={"expires": datetime.now(UTC) + timedelta(days=3650)}).model_dump(mode="json")
     overwrite(any_store, KEY, sign_record(key=KEY, kind=KIND, body=body,
-                                          signer=people.signer_of("mallory"), identity="ci"))
+                                          signer=people.signer_of("mallory"), identity="ci",
+                                          store_id=store_id(any_store)))
     for err in _readers(any_env, served, tmp_path, expect=4):
         assert f"{KEY}: refused (untrusted-key)" in err
 

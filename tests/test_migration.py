@@ -29,6 +29,7 @@ from k3artifacts.policy.record import (
     seed,
     store_document,
 )
+from k3artifacts.policy.signed import store_id
 from k3artifacts.releases.channels import ChannelPointer, HistoryEntry, history, history_key
 from k3artifacts.releases.channels import pointer_key as channel_key
 from k3artifacts.trust.chain import Link
@@ -163,7 +164,8 @@ def test_an_entry_older_than_signing_only_in_the_base(any_store, any_env, polici
     key = history_key("staging", 4)
     any_store.replace(channel_key("staging"),
                       sign_record(key=key, kind="channel-entry", body=link, signer=me_signer(),
-                                  identity=ME), any_store.read(channel_key("staging")).token)
+                                  identity=ME, store_id=store_id(any_store)),
+                      any_store.read(channel_key("staging")).token)
     refused = invoke("history", "staging", expect=4, env=any_env)
     assert "refused (edit)" in refused.stderr
     assert "older than signing where it is not in the history's base" in refused.stderr

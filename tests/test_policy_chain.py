@@ -29,6 +29,7 @@ from k3artifacts.policy.record import (
     in_force,
     seed,
 )
+from k3artifacts.policy.signed import store_id
 from k3artifacts.trust import rotation
 from k3artifacts.trust.chain import Link
 from k3artifacts.trust.envelope import sign_record
@@ -223,7 +224,8 @@ def test_a_pointer_written_by_hand_is_refused(any_store, as_alice, policies, tmp
     _refused_everywhere(as_alice, any_store, tmp_path, "unsigned")
     forged = sign_record(key=change_key(3), kind=KIND, signer=people.signer_of("mallory"),
                          identity="alice", body=Link(seq=3, previous=current.chain.head.digest,
-                                                     entry=change.model_dump(mode="json")))
+                                                     entry=change.model_dump(mode="json")),
+                         store_id=store_id(any_store))
     any_store.replace(POINTER_KEY, forged, token)
     _refused_everywhere(as_alice, any_store, tmp_path, "untrusted-key")
 
@@ -274,7 +276,7 @@ def test_a_forked_change_is_refused(any_store, as_alice, policies, tmp_path):
     entry["entry"]["why"] = "another version 2"
     overwrite(any_store, change_key(2), sign_record(key=change_key(2), kind=KIND, body=entry,
                                                signer=people.signer_of(ALICE),
-                                               identity=ALICE))
+                                               identity=ALICE, store_id=store_id(any_store)))
     _refused_everywhere(as_alice, any_store, tmp_path, "fork")
 
 

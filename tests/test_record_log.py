@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from k3artifacts.canonical import canonical_digest
+from k3artifacts.policy.signed import store_id
 from k3artifacts.releases.record_log import layout
 from k3artifacts.releases.reviews import review_key
 from k3artifacts.trust.chain import Link
@@ -136,7 +137,8 @@ def test_a_log_entry_that_drops_a_record_is_refused(any_store, any_env, reviewed
     link = Link(seq=head["seq"] + 1, previous=canonical_digest(head),
                 entry={"tuple_id": release.id, "records": [*kept, extra]})
     forged = sign_record(key=where.entry_key(link.seq), kind=where.entry_kind, body=link,
-                         signer=signer_of("bob"), identity="bob")
+                         signer=signer_of("bob"), identity="bob",
+                         store_id=store_id(any_store))
     any_store.replace(where.pointer_key, forged, any_store.read(where.pointer_key).token)
     remove(any_store, license_key)
     refused = invoke("gates", release.id, "staging", env=fresh_reader(any_env, tmp_path),

@@ -22,7 +22,7 @@ from k3artifacts.trust.chain import (
     checkpoint,
     verify_chain,
 )
-from k3artifacts.trust.envelope import sign_record
+from k3artifacts.trust.envelope import Bound, sign_record
 from tests.fixtures.releases import ATOMIC_STORES
 from tests.trust_helpers import identities, signer
 
@@ -35,6 +35,9 @@ LAYOUT = ChainLayout(
 )
 ALICE, BOB, MALLORY = signer(), signer("ecdsa-p384"), signer()
 KEYRING = identities(alice=(ALICE, ["promote"]), bob=(BOB, ["review"])).keyring()
+#: These histories are the chain's alone, in a store whose root has no id (binding to a store
+#: id is tested with real roots: tests/test_store_binding.py).
+UNBOUND = Bound(None)
 
 
 class Move(BaseModel):
@@ -45,7 +48,7 @@ class Move(BaseModel):
 
 
 def read(store, last_seen: Mark | None = None) -> Chain[Move]:
-    return verify_chain(store, LAYOUT, Move, keyring=KEYRING, roles=["promote"],
+    return verify_chain(store, LAYOUT, Move, keyring=KEYRING, roles=["promote"], bound=UNBOUND,
                         last_seen=last_seen)
 
 
@@ -138,11 +141,13 @@ def test_an_entry_rewritten_and_signed_by_another_key_is_refused(store):
     link = {"seq": 2, "previous": chain.entries[0].digest,
             "entry": {"tuple_id": "t-evil", "why": "rewritten"}}
     put(store, LAYOUT.entry_key(2), sign_record(key=LAYOUT.entry_key(2), kind="channel-entry",
-                                                body=link, signer=MALLORY, identity="alice"))
+                                                body=link, signer=MALLORY, identity="alice",
+                                                store_id=None))
     assert "untrusted-key" in str(refused(store, "edit"))
     # By a key the policy knows, but not for moving channels.
     put(store, LAYOUT.entry_key(2), sign_record(key=LAYOUT.entry_key(2), kind="channel-entry",
-                                                body=link, signer=BOB, identity="bob"))
+                                                body=link, signer=BOB, identity="bob",
+                                                store_id=None))
     assert "wrong-role" in str(refused(store, "edit"))
 
 
@@ -219,7 +224,7 @@ def test_a_forged_next_pointer_is_refused(store, forger, reason):
     else:
         key = {"mallory": MALLORY, "bob": BOB}[forger]
         forged = sign_record(key=LAYOUT.entry_key(3), kind="channel-entry", body=link,
-                             signer=key, identity=forger)
+                             signer=key, identity=forger, store_id=None)
     put(store, LAYOUT.pointer_key, forged)
     refused(store, reason)
 
@@ -239,12 +244,13 @@ def test_a_checkpoint_ends_the_walk_and_must_agree_with_the_history(store, tmp_p
     refused(store, "rewound")
     forged = sign_record(key=LAYOUT.checkpoint_key, kind="checkpoint",
                          body={"seq": 3, "digest": theirs.entries[2].digest},
-                         signer=ALICE, identity="alice")
+                         signer=ALICE, identity="alice", store_id=None)
     put(store, LAYOUT.checkpoint_key, forged)
     refused(store, "fork")
     put(store, LAYOUT.checkpoint_key, sign_record(
         key=LAYOUT.checkpoint_key, kind="checkpoint",
-        body={"seq": 3, "digest": chain.head.digest}, signer=MALLORY, identity="alice"))
+        body={"seq": 3, "digest": chain.head.digest}, signer=MALLORY, identity="alice",
+        store_id=None))
     refused(store, "untrusted-key")
 
 
@@ -254,7 +260,7 @@ BASED = ChainLayout(name=LAYOUT.name, pointer_key=LAYOUT.pointer_key,
 
 
 def read_based(store) -> Chain[Move]:
-    return verify_chain(store, BASED, Move, keyring=KEYRING, roles=["promote"])
+    return verify_chain(store, BASED, Move, keyring=KEYRING, roles=["promote"], bound=UNBOUND)
 
 
 def test_a_history_older_than_signing_is_read_only_through_its_signed_base(store):
@@ -270,7 +276,7 @@ def test_a_history_older_than_signing_is_read_only_through_its_signed_base(store
     assert caught.value.reason == "unsigned" and "k3a trust migrate" in caught.value.hint
 
     based(store, BASED, plain, store.read(BASED.pointer_key).token, signer=ALICE,
-          identity="alice")
+          identity="alice", store_id=None)
     chain = read_based(store)
     assert [(e.entry.tuple_id, e.in_base, e.signers) for e in chain.entries] == [
         ("t1", True, {"alice"}), ("t2", True, {"alice"})]
@@ -291,7 +297,7 @@ def test_a_history_older_than_signing_is_read_only_through_its_signed_base(store
     # Signed anew by a key the keyring does not trust, it is no base either.
     put(store, BASED.base_key, sign_record(key=BASED.base_key, kind=BASED.base_kind,
                                            body=record["body"], signer=MALLORY,
-                                           identity="alice"))
+                                           identity="alice", store_id=None))
     with pytest.raises(UntrustedRecord) as caught:
         read_based(store)
     assert caught.value.key == BASED.base_key and caught.value.reason == "untrusted-key"

@@ -24,7 +24,7 @@ from k3artifacts.policy.document import PolicyDocument
 from k3artifacts.policy.loosening import loosening
 from k3artifacts.policy.model import InfrastructurePolicy, TrafficPolicy
 from k3artifacts.policy.record import in_force
-from k3artifacts.policy.signed import read_signed
+from k3artifacts.policy.signed import read_signed, store_id
 from k3artifacts.preflight.model import CHECKS, CheckOutcome, PreflightReport
 from k3artifacts.promotion.evidence_migration import migrate_evidence
 from k3artifacts.releases.analyses import MetricResult, TrafficAnalysis, record_analysis
@@ -316,7 +316,7 @@ def _review(store, release, *, maker: str, signer: str | None, edited_to: str | 
     if signer is None:
         return canonical_json(body)
     data = sign_record(key=key, kind="review", body=body, signer=signer_of(signer),
-                       identity=signer)
+                       identity=signer, store_id=store_id(store))
     if edited_to is None:
         return data
     record = json.loads(data)
@@ -375,9 +375,11 @@ def test_a_hand_written_approval_decision_is_refused(judged, policies, tmp_path)
     forgeries = {
         "unsigned": canonical_json(decision("bob")),
         "wrong-role": sign_record(key=key, kind="approval-decision", body=decision("rita"),
-                                  signer=signer_of("rita"), identity="rita"),
+                                  signer=signer_of("rita"), identity="rita",
+                                  store_id=store_id(store)),
         "untrusted-key": sign_record(key=key, kind="approval-decision", body=decision("bob"),
-                                     signer=signer_of("mallory"), identity="bob"),
+                                     signer=signer_of("mallory"), identity="bob",
+                                     store_id=store_id(store)),
     }
     for reason, data in forgeries.items():
         insider(key, data)
@@ -385,7 +387,8 @@ def test_a_hand_written_approval_decision_is_refused(judged, policies, tmp_path)
                       "--approval", rid, expect=4)
         assert refused["error"].startswith(f"{key}: refused ({reason}): "), refused
     insider(key, sign_record(key=key, kind="approval-decision", body=decision("alice"),
-                             signer=signer_of("alice"), identity="alice"))
+                             signer=signer_of("alice"), identity="alice",
+                             store_id=store_id(store)))
     own = k3a(env, "alice", tmp_path, "promote", release.id, "staging", "--approval", rid,
               expect=5)
     assert "approved by alice, who asked for it: approval needs a second identity" in \
@@ -507,7 +510,7 @@ def test_a_kms_service_identity_signs_an_evaluation_the_gate_accepts(
 
     body = dict(stored["body"], attached_by="rita")
     insider(key, sign_record(key=key, kind="evaluation", body=body, signer=signer_of("rita"),
-                             identity="rita"))
+                             identity="rita", store_id=store_id(store)))
     refused = k3a(env, "pat", tmp_path, "gates", release.id, "production", expect=4)
     assert refused["error"].startswith(
         f"{key}: refused (wrong-role): a evaluation needs a signer with the role evaluate: rita "

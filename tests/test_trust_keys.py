@@ -13,7 +13,7 @@ from cryptography.hazmat.primitives import serialization
 
 from k3artifacts.errors import ConfigError, NotFound, UntrustedRecord
 from k3artifacts.signing.keys import Pkcs11Signer
-from k3artifacts.trust.envelope import MAX_KEY, sign_record, verify_record
+from k3artifacts.trust.envelope import MAX_KEY, Bound, sign_record, verify_record
 from k3artifacts.trust.identities import Identities, Identity, KeyEntry
 from k3artifacts.trust.keys import (
     KmsSigner,
@@ -39,9 +39,10 @@ def config_home(tmp_path, monkeypatch):
 def round_trip(key_signer, name="eval-ci", roles=("evaluate",)):
     policy = Identities(identities={name: Identity(roles=list(roles),
                                                    keys=[KeyEntry.for_signer(key_signer)])})
-    data = sign_record(key=KEY, kind="evaluation", body=BODY, signer=key_signer, identity=name)
+    data = sign_record(key=KEY, kind="evaluation", body=BODY, signer=key_signer, identity=name,
+                       store_id=None)
     return verify_record(data, key=KEY, kind="evaluation", keyring=policy.keyring(),
-                         roles=["evaluate"])
+                         roles=["evaluate"], bound=Bound(None))
 
 
 def write_key(path, private_key, mode=0o600, password=None):
@@ -63,10 +64,10 @@ def test_a_pem_key_file_signs_records_its_identity_verifies(kind, tmp_path, monk
     # The same record is refused by a policy that names another key for that identity.
     policy = identities(**{"eval-ci": (signer(kind), ["evaluate"])})
     data = sign_record(key=KEY, kind="evaluation", body=BODY, signer=mine.signer,
-                       identity="eval-ci")
+                       identity="eval-ci", store_id=None)
     with pytest.raises(UntrustedRecord, match="untrusted-key"):
         verify_record(data, key=KEY, kind="evaluation", keyring=policy.keyring(),
-                      roles=["evaluate"])
+                      roles=["evaluate"], bound=Bound(None))
 
 
 def test_the_personal_key_is_made_on_first_use_private_and_said_where(k3a_cmd, k3a_env):
@@ -150,11 +151,12 @@ def test_a_kms_key_signs_raw_and_verifies_outside_kms(kms, monkeypatch):
     assert round_trip(mine).signers == {"eval-ci"}
     # The largest statement k3a signs (longest store key, longest identity name) fits KMS RAW.
     longest, name = "k/" + "a" * (MAX_KEY - 2), "n" * 128
+    # ... for a store with an id (a root's: 32 hex).
     data = sign_record(key=longest, kind="evaluation", body={"blob": "x" * 100_000}, signer=mine,
-                       identity=name)
+                       identity=name, store_id="f" * 32)
     policy = Identities(identities={name: Identity(keys=[entry])})
     assert verify_record(data, key=longest, kind="evaluation", keyring=policy.keyring(),
-                         roles=None).signer == name
+                         roles=None, bound=Bound("f" * 32)).signer == name
 
 
 @pytest.mark.s3

@@ -14,9 +14,11 @@ from k3artifacts.errors import UntrustedRecord
 from k3artifacts.signing.dsse import pae
 from k3artifacts.trust.envelope import (
     MAX_KEY,
+    Bound,
     add_signature,
     sign_record,
     statement,
+    statement_digest,
     verify_record,
 )
 from k3artifacts.trust.keys import KMS_RAW_LIMIT
@@ -30,13 +32,18 @@ POLICY = identities(alice=(ALICE, ["review", "promote"]), bob=(BOB, ["approve"])
 KEYRING = POLICY.keyring()
 
 
-def review(by=ALICE, name="alice", key=KEY, body=None, kind="review") -> bytes:
+#: The id of the store these records are signed for and read in (a root's store id).
+STORE = "5" * 32
+HERE = Bound(STORE)
+
+
+def review(by=ALICE, name="alice", key=KEY, body=None, kind="review", store=STORE) -> bytes:
     return sign_record(key=key, kind=kind, body=BODY if body is None else body, signer=by,
-                       identity=name)
+                       identity=name, store_id=store)
 
 
-def check(data: bytes, *, key=KEY, kind="review", roles=("review",)):
-    return verify_record(data, key=key, kind=kind, keyring=KEYRING, roles=roles)
+def check(data: bytes, *, key=KEY, kind="review", roles=("review",), bound=HERE):
+    return verify_record(data, key=key, kind=kind, keyring=KEYRING, roles=roles, bound=bound)
 
 
 def refused(data: bytes, reason: str, **kwargs) -> UntrustedRecord:
@@ -61,7 +68,7 @@ def test_a_record_signed_by_a_key_holding_the_role_verifies():
     assert stored["body"] == BODY and stored["kind"] == "review"
     signed = json.loads(base64.b64decode(stored["envelope"]["payload"]))
     assert signed["subject"] == [{"name": KEY, "digest": {"sha256": verified.digest}}]
-    assert signed["predicate"] == {"kind": "review", "signer": "alice"}
+    assert signed["predicate"] == {"kind": "review", "signer": "alice", "store": STORE}
 
 
 def test_a_key_without_the_role_is_refused_naming_the_role():
@@ -166,12 +173,13 @@ def test_the_signed_payload_stays_small_enough_for_kms_raw_whatever_the_body():
     payload = base64.b64decode(json.loads(data)["envelope"]["payload"])
     assert len(pae(payload)) < KMS_RAW_LIMIT
     keyring = identities(**{name: (ALICE, [])}).keyring()
-    verified = verify_record(data, key=longest, kind="a" * 63, keyring=keyring, roles=None)
+    verified = verify_record(data, key=longest, kind="a" * 63, keyring=keyring, roles=None,
+                             bound=Bound(STORE))
     assert verified.body == huge
     with pytest.raises(ValueError, match="store key"):
-        statement("k" * (MAX_KEY + 1), "review", "0" * 64, "alice")
+        statement("k" * (MAX_KEY + 1), "review", "0" * 64, "alice", STORE)
     with pytest.raises(ValueError, match="identity name"):
-        statement(KEY, "review", "0" * 64, "not a name")
+        statement(KEY, "review", "0" * 64, "not a name", STORE)
 
 
 def test_the_refusal_names_its_key_and_reason_and_survives_pickling():
@@ -188,3 +196,28 @@ def test_a_trusted_signature_over_something_else_than_a_statement_is_malformed()
             record["envelope"]["signatures"][0]["sig"] = base64.b64encode(
                 ALICE.sign(pae(payload))).decode()
         refused(edit(review(), other), "malformed")
+
+
+def test_a_record_is_read_only_in_the_store_it_was_signed_for():
+    other = "6" * 32
+    # Signed by the same identity, for another store: refused by name, naming both ids.
+    err = refused(review(store=other), "another-store")
+    assert other in str(err) and STORE in str(err)
+    # A store whose root predates ids reads only records naming no store.
+    assert check(review(store=None), bound=Bound(None)).signer == "alice"
+    refused(review(), "another-store", bound=Bound(None))
+    # Once it has an id, a record naming none counts only if its statement is one the store
+    # held when it was given the id: signing without an id is no way around the binding.
+    earlier = review(store=None)
+    payload = base64.b64decode(json.loads(earlier)["envelope"]["payload"])
+    held = Bound(STORE, lambda: frozenset({statement_digest(payload)}))
+    assert check(earlier, bound=held).signer == "alice"
+    refused(earlier, "another-store")
+    refused(review(store=None, body={**BODY, "verdict": "rejected"}), "another-store",
+            bound=held)
+    # The id is inside what is signed: naming another one breaks the signature.
+    def restore(plain):
+        envelope = plain["envelope"]
+        text = base64.b64decode(envelope["payload"]).decode().replace(STORE, other)
+        envelope["payload"] = base64.b64encode(text.encode()).decode()
+    refused(edit(review(), restore), "tampered", bound=Bound(other))

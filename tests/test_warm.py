@@ -180,16 +180,18 @@ def test_an_artifact_of_another_tuple_or_by_nobody_the_policy_trusts_is_a_miss(c
     miss = planted(json.dumps(raw["body"]).encode())
     assert miss.reason == "untrusted" and "refused (unsigned)" in miss.detail
     # Signed by someone the policy does not let capture warm starts.
+    from k3artifacts.policy.signed import store_id
     from k3artifacts.trust.envelope import sign_record
     from tests.fixtures.people import signer_of
 
     forged = sign_record(key=key, kind="warm-manifest", body=raw["body"],
-                         signer=signer_of("mallory"), identity="mallory")
+                         signer=signer_of("mallory"), identity="mallory",
+                         store_id=store_id(store))
     miss = planted(forged)
     assert miss.reason == "untrusted" and "refused (untrusted-key)" in miss.detail
     # A capturer's record whose body names another tuple's image: another tuple's capture.
     signed = person("test").sign(key=key, kind="warm-manifest", body=raw["body"] | {
-        "image_digest": "sha256:" + "0" * 64})
+        "image_digest": "sha256:" + "0" * 64}, store_id=store_id(store))
     assert planted(signed).reason == "other-tuple"
     # Bytes that are no record at all.
     assert planted(b"\xff not json").reason == "malformed"

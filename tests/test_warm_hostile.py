@@ -19,7 +19,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from k3artifacts.errors import ConfigError
 from k3artifacts.nodecache import locks
 from k3artifacts.nodecache.layout import CacheLayout
-from k3artifacts.policy.signed import record_trust
+from k3artifacts.policy.signed import record_trust, store_id
 from k3artifacts.signing.keys import ReleaseSigner
 from k3artifacts.trust.keys import FileSigner
 from k3artifacts.warm import prewarm
@@ -68,7 +68,7 @@ def test_a_manifest_with_a_deep_path_is_refused_by_name_before_anything_is_made(
     raw["files"][0]["path"] = "/".join(["d"] * DEEP) + "/kernel.cubin"
     store.delete(result.key)  # a capturer's broken (or hostile) key: its record verifies
     store.create(result.key, person("test").sign(key=result.key, kind="warm-manifest",
-                                                 body=raw))
+                                                 body=raw, store_id=store_id(store)))
     root = tmp_path / "node"
     miss = prewarm.fetch(store, release, root, gpu=GPU, trust=OPEN(store))
     assert miss.reason == "malformed", miss.line()

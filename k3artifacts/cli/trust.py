@@ -137,7 +137,7 @@ def _identity_entry(name: str, roles: str, key: dict[str, Any]) -> str:
 
 def _root_view(root: Root) -> dict[str, Any]:
     return {"version": root.version, "fingerprint": root.fingerprint,
-            "threshold": root.threshold, "previous": root.previous,
+            "store_id": root.store_id, "threshold": root.threshold, "previous": root.previous,
             "identities": {name: [k.id for k in keys] for name, keys in root.identities.items()}}
 
 
@@ -153,6 +153,7 @@ def _print_pin(view: dict[str, Any], verb: str) -> None:
     root = view["root"]
     click.echo(f"{verb}: root v{root['version']} of {view['store']}\n"
                f"fingerprint: {root['fingerprint']}\n"
+               f"store id: {root['store_id'] or 'none (a root older than store ids)'}\n"
                f"threshold: {root['threshold']} of {len(root['identities'])} identities\n"
                f"pinned in: {view['pin']} ({view['how']})")
     for name, ids in root["identities"].items():
@@ -211,6 +212,9 @@ def trust_group() -> None:
 @click.option("--threshold", type=click.IntRange(min=1), default=None,
               help="Root identities a change that is not provably stricter needs "
               "[default: 2, or 1 for a single identity].")
+@click.option("--store-id", default=None, metavar="ID",
+              help="With --root: the store id the team's first pin drew (`k3a trust show` "
+              "prints it), so every member pins the same root [default: a new one].")
 @click.option("--fingerprint", default=None, metavar="FP",
               help="Pin the root the store already has, if its fingerprint is FP (given to you "
               "out of band by someone who pinned it).")
@@ -219,13 +223,15 @@ def trust_group() -> None:
               "--fingerprint) [default: your account name].")
 @store_option
 @json_option
-def trust_init_cmd(roots: tuple[str, ...], threshold: int | None, fingerprint: str | None,
-                   name: str | None, store_url: str, as_json: bool) -> None:
+def trust_init_cmd(roots: tuple[str, ...], threshold: int | None, store_id: str | None,
+                   fingerprint: str | None, name: str | None, store_url: str,
+                   as_json: bool) -> None:
     """Pin the store's root of trust in this client's configuration.
 
     \b
     With --root: those keys are the root (a team, before or after first use; the root is
-    published in the store when your key is one of them and the store has none).
+    published in the store when your key is one of them and the store has none), with a
+    new store id, or the one a teammate's pin drew (--store-id).
     With --fingerprint: the root the store holds, if it has that fingerprint.
     With neither: your own key becomes the root of a store that has none (first use).
     Rotations the store holds after the pinned root are verified and followed.
@@ -239,12 +245,14 @@ def trust_init_cmd(roots: tuple[str, ...], threshold: int | None, fingerprint: s
         raise UsageError("--root and --fingerprint pin two different ways: give one")
     if threshold is not None and not roots:
         raise UsageError("--threshold goes with --root (a pinned or first root keeps its own)")
+    if store_id is not None and not roots:
+        raise UsageError("--store-id goes with --root (a pinned or first root names its own)")
     # A team may pin its keys before the store exists; nothing is written to it then.
     store = get_store(store_url, must_exist=not roots)
     if fingerprint:
         pin, changed = enrol.join(store, fingerprint)
     elif roots:
-        root = first_root(_named_keys(roots), threshold)
+        root = first_root(_named_keys(roots), threshold, store_id)
         signer = None
         if store.exists():
             try:
@@ -310,7 +318,9 @@ def trust_rotate_cmd(added: tuple[str, ...], removed: tuple[str, ...], threshold
                      cosign: str | None, store_url: str, as_json: bool) -> None:
     """Change the store's root: signed by you under the root in force, published (and pinned)
     once its threshold of root identities signed; until then it waits in the store as a
-    proposal, and another root identity adds their signature with --cosign FP.
+    proposal, and another root identity adds their signature with --cosign FP. A root older
+    than store ids gets one (with no other change, too): the records the store holds are
+    vouched for first, and every record signed after names it.
     """
     from k3artifacts.errors import UsageError
     from k3artifacts.trust import rotation
@@ -319,11 +329,12 @@ def trust_rotate_cmd(added: tuple[str, ...], removed: tuple[str, ...], threshold
 
     if cosign and (added or removed or threshold):
         raise UsageError("--cosign signs a proposal as it is: it takes no changes")
-    if not cosign and not (added or removed or threshold):
-        raise UsageError("nothing to change", hint="--add NAME=KEYFILE, --remove NAME, "
-                         "--threshold N, or --cosign FP")
     store = get_store(store_url)
     pin, _ = follow(store, require_pin(store.url))
+    # A root older than store ids changes by getting one, if by nothing else.
+    if not cosign and not (added or removed or threshold) and pin.root.store_id is not None:
+        raise UsageError("nothing to change", hint="--add NAME=KEYFILE, --remove NAME, "
+                         "--threshold N, or --cosign FP")
     signer = identity_signer(create=False).signer
     if cosign:
         done = rotation.cosign(store, pin, signer, cosign)

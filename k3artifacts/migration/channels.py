@@ -52,7 +52,8 @@ class ChannelsMigrator:
         for unsigned in plan.found:
             based(store, layout(unsigned.channel),
                   [{**to_plain(e), "migrated_under": under} for e in unsigned.entries],
-                  unsigned.token, signer=who.acting.signer, identity=who.acting.name)
+                  unsigned.token, signer=who.acting.signer, identity=who.acting.name,
+                  store_id=who.roots.current.store_id)
 
 
 MIGRATOR = ChannelsMigrator()

@@ -24,10 +24,11 @@ from k3artifacts.trust.keys import RecordSigner
 
 
 def based(store: RecordStore, layout: ChainLayout, entries: list[dict[str, Any]],
-          pointer_token: str | None, *, signer: RecordSigner, identity: str) -> None:
+          pointer_token: str | None, *, signer: RecordSigner, identity: str,
+          store_id: str | None) -> None:
     """Entries 1..N of ``layout``'s history (each as found, with the migration's mark) signed
-    into its base, then the pointer (still at ``pointer_token``: Conflict if it moved)
-    swapped to hold it."""
+    into its base for the store ``store_id``, then the pointer (still at ``pointer_token``:
+    Conflict if it moved) swapped to hold it."""
     assert layout.base_key is not None, f"{layout.name} has no place for a base"
     links: list[Link] = []
     for seq, plain in enumerate(entries, start=1):
@@ -35,7 +36,7 @@ def based(store: RecordStore, layout: ChainLayout, entries: list[dict[str, Any]]
                           entry=plain))
     base = Base(links=links)
     record = sign_record(key=layout.base_key, kind=layout.base_kind, body=base, signer=signer,
-                         identity=identity)
+                         identity=identity, store_id=store_id)
     try:
         store.create(layout.base_key, record)
     except AlreadyExists:

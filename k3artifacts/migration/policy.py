@@ -111,7 +111,7 @@ class PolicyMigrator:
         if found.changes:
             based(store, LAYOUT, [{**to_plain(c), "migrated_under": under}
                                   for c in found.changes], found.token, signer=signer,
-                  identity=name)
+                  identity=name, store_id=who.roots.current.store_id)
         # Not yet fresh: this move signs the freshness head once the version is in force.
         current = unchecked_freshness(store)
         assert current.chain is not None

@@ -60,7 +60,7 @@ def act_migration(store: RecordStore, plan: MigrationPlan) -> None:
     if plan.empty:
         return
     if plan.first_root is not None:
-        enrol.first_use(store, plan.signer, plan.identity)
+        enrol.first_use(store, plan.signer, plan.identity, plan.first_root)
     acting = Acting(Actor(name=plan.identity, source="key", key_id=signer_key_id(plan.signer)),
                     plan.signer, frozenset(ROLES))
     who = Migrating(acting, trusted_roots(store))

@@ -7,7 +7,8 @@ every move and record writer takes.
     me = acting(store)               # refused by name when the key is no identity of the policy
     me.actor                         # the Actor records name (identity, key id)
     me.require("promote", "moving production")   # refused unless the identity holds the role
-    data = me.sign(key=KEY, kind="review", body=review)   # the stored bytes, signed
+    data = me.sign(key=KEY, kind="review", body=review,   # the stored bytes, signed
+                   store_id=store_id(store))             # for this store (policy/signed.py)
     data = me.cosign(data, key=KEY)  # one more signature (a second identity's assent)
 
 The key is ``K3A_IDENTITY_KEY`` or this account's personal key, made on first use

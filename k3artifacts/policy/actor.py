@@ -112,11 +112,12 @@ class Acting:
             held = ", ".join(sorted(self.roles)) or "no role"
             raise RoleRefused(f"{what} is signed with the role {role}; {self.name} holds {held}")
 
-    def sign(self, *, key: str, kind: str, body: BaseModel | dict[str, Any]) -> bytes:
-        """``body`` as the stored bytes of a record of ``kind`` at store ``key``, signed by
-        this identity (:func:`k3artifacts.trust.envelope.sign_record`)."""
+    def sign(self, *, key: str, kind: str, body: BaseModel | dict[str, Any],
+             store_id: str | None) -> bytes:
+        """``body`` as the stored bytes of a record of ``kind`` at store ``key`` of the store
+        ``store_id``, signed by this identity (:func:`k3artifacts.trust.envelope.sign_record`)."""
         return sign_record(key=key, kind=kind, body=body, signer=self.signer,
-                           identity=self.name)
+                           identity=self.name, store_id=store_id)
 
     def cosign(self, data: bytes, *, key: str) -> bytes:
         """``data`` (a signed record for ``key``) with this identity's signature added."""

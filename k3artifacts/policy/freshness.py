@@ -81,7 +81,7 @@ def read_freshness(store: RecordReader, document: PolicyDocument,
     if found is None:
         return None
     verified = verify_record(found.data, key=KEY, kind=KIND, keyring=signers(document, roots),
-                             roles=None)
+                             roles=None, bound=roots.bound)
     try:
         return Freshness.model_validate(verified.body)
     except ValidationError as exc:
@@ -167,7 +167,7 @@ def renew(store: RecordStore, document: PolicyDocument, roots: Roots, signer: Re
                           records=_forward({} if before is None else before.records,
                                            records or {}))
         record = sign_record(key=KEY, kind=KIND, body=fresh, signer=signer,
-                             identity=trusted.identity)
+                             identity=trusted.identity, store_id=roots.current.store_id)
         try:
             store.replace(KEY, record, None if found is None else found.token)
             return fresh

@@ -79,7 +79,8 @@ def pending(store: RecordStore, request: ApprovalRequest, current: InForce) -> P
                        hint="propose the change again (`k3a policy propose DIR`): the root in "
                        "force signs it")
     verified = verify_record(found.data, key=change_key(link.seq), kind=KIND,
-                             keyring=current.roots.current.keyring(), roles=None)
+                             keyring=current.roots.current.keyring(), roles=None,
+                             bound=current.roots.bound)
     if verified.digest != canonical_digest(link):
         raise UntrustedRecord(key, "tampered", f"the proposal of {request.id} is not the change "
                               "it asks for (another body, or it follows another version)",
@@ -101,7 +102,8 @@ def assent(store: RecordStore, request: ApprovalRequest, current: InForce,
     link = expected_link(request, current)
     key = change_key(link.seq)
     if before is None:  # signed as the root names it, which the policy's name need not be
-        data = sign_record(key=key, kind=KIND, body=link, signer=acting.signer, identity=me)
+        data = sign_record(key=key, kind=KIND, body=link, signer=acting.signer, identity=me,
+                           store_id=current.roots.current.store_id)
     else:
         data = acting.cosign(before.data, key=key)
     try:

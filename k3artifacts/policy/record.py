@@ -352,7 +352,7 @@ def unchecked_freshness(store: RecordStore) -> InForce:
     # Walked whole (a policy has a few versions, not a channel's thousands of moves): every
     # version's digest is what a channel entry's judge is looked up in.
     chain = verify_chain(store, LAYOUT, PolicyChange, keyring=_keyring_for(roots), roles=None,
-                         checkpoint_keyring=roots.current.keyring(),
+                         bound=roots.bound, checkpoint_keyring=roots.current.keyring(),
                          last_seen=heads.seen(store.url, LAYOUT.name), full=True)
     _authorize(store, chain, roots)
     heads.remember(store.url, LAYOUT.name, chain.mark)
@@ -409,7 +409,7 @@ def _establish_root(store: RecordStore, acting: Acting) -> None:
     seeding = acting.seeding
     assert seeding is not None
     if seeding.first_use:
-        enrol.first_use(store, acting.signer, acting.name)
+        enrol.first_use(store, acting.signer, acting.name, seeding.root)
     elif seeding.root.version == 1 and store.read(root_key(1)) is None:
         enrol.publish_first_root(store, seeding.root, acting.signer, acting.name)
 
@@ -432,7 +432,7 @@ def seed(store: RecordStore, document: PolicyDocument, *, acting: Acting,
                           at=now or datetime.now(UTC), why=why or "first policy of this store",
                           root_version=roots.current.version)
     empty = verify_chain(store, LAYOUT, PolicyChange, keyring=roots.current.keyring(),
-                         roles=None)
+                         roles=None, bound=roots.bound)
     try:
         append(store, empty, change, signer=acting.signer, identity=acting.name)
     except Conflict:

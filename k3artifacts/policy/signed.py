@@ -39,13 +39,12 @@ from pydantic import BaseModel, ValidationError
 from k3artifacts.canonical import parse_json
 from k3artifacts.errors import AlreadyExists, UntrustedRecord, plain_validation_errors
 from k3artifacts.policy.actor import Acting, RoleRefused
-from k3artifacts.policy.document import PolicyDocument
-from k3artifacts.policy.freshness import Freshness
-from k3artifacts.policy.record import ensure_seeded, in_force
+from k3artifacts.policy.record import InForce, ensure_seeded, in_force
 from k3artifacts.stores.records import RecordStore
-from k3artifacts.trust.envelope import verify_record
+from k3artifacts.trust.envelope import Bound, verify_record
 from k3artifacts.trust.heads import Head
 from k3artifacts.trust.identities import Keyring, Role
+from k3artifacts.trust.pins import trusted_roots
 
 #: Which roles may sign each kind of record. An approval request is signed with ``promote``
 #: when it asks for a move, ``policy`` when it proposes a policy change (``policy/approvals``).
@@ -87,21 +86,28 @@ class Family(Generic[Model]):
 
 @dataclass(frozen=True)
 class RecordTrust:
-    """What a policy trusts to have made records: its identities' keys (with their roles), and
-    until when it reads evidence written before k3a signed records."""
+    """What a policy trusts to have made records: its identities' keys (with their roles), the
+    store they are signed for, and until when it reads evidence written before k3a signed
+    records."""
 
     keyring: Keyring
     #: The policy, for messages (``the store's policy, version 3 (1f3a...)``).
     policy: str
+    #: The store (its root's id) every record read here was signed for.
+    bound: Bound
     unsigned_before: datetime | None = None
     #: The heads of tuples' record logs the store's signed freshness head names (by tuple
     #: id): a reader that never read a log is held to them.
     record_logs: Mapping[str, Head] = field(default_factory=dict, hash=False)
 
     @classmethod
-    def of(cls, document: PolicyDocument, label: str,
-           freshness: Freshness | None = None) -> RecordTrust:
-        return cls(document.identities.keyring(), f"the store's policy, {label},",
+    def of(cls, policy: InForce) -> RecordTrust:
+        """What ``policy`` trusts, in the store whose roots it was verified under (a policy
+        without roots, the packaged one or one older than signing, names nobody who signs:
+        no store id to bind to), held to the record logs its freshness head names."""
+        document, freshness = policy.document, policy.freshness
+        return cls(document.identities.keyring(), f"the store's policy, {policy.label()},",
+                   Bound(None) if policy.roots is None else policy.roots.bound,
                    document.gates.unsigned.read_evidence_before,
                    {} if freshness is None else freshness.records)
 
@@ -113,8 +119,7 @@ class RecordTrust:
 def record_trust(store: RecordStore) -> RecordTrust:
     """What the store's policy in force trusts (the packaged policy, naming nobody, while the
     store has none: no signed record verifies before the first move seeds it)."""
-    policy = in_force(store)
-    return RecordTrust.of(policy.document, policy.label(), policy.freshness)
+    return RecordTrust.of(in_force(store))
 
 
 def _unsigned(data: bytes) -> dict[str, Any] | None:
@@ -159,7 +164,8 @@ def _body(data: bytes, key: str, kind: str, trust: RecordTrust,
                                   f"{trust.policy} reads none{since}", hint=UNSIGNED_HINT)
         return plain, None, False
     verified = verify_record(data, key=key, kind=kind, keyring=trust.keyring,
-                             roles=KIND_ROLES[kind] if roles is None else roles)
+                             roles=KIND_ROLES[kind] if roles is None else roles,
+                             bound=trust.bound)
     body = verified.body
     if list(body) != [MIGRATED]:
         return body, verified.signer, False
@@ -222,6 +228,11 @@ def read_signed(store: RecordStore, key: str, family: Family[Model], *,
                         trust=trust or record_trust(store), roles=roles)
 
 
+def store_id(store: RecordStore) -> str | None:
+    """The id a record signed for ``store`` names: its root's, as this client pins it."""
+    return trusted_roots(store).current.store_id
+
+
 def require_role(by: Acting, kind: str, what: str,
                  roles: Collection[Role] | None = None) -> None:
     """RoleRefused (exit 9) unless ``by`` may sign ``kind`` records (one of ``roles``, default
@@ -241,7 +252,7 @@ def signed_bytes(store: RecordStore, key: str, family: Family[Model], record: Mo
     require_role(by, family.kind, f"a {family.kind} record", roles)
     if by.seeding is not None:
         ensure_seeded(store, acting=by)
-    return by.sign(key=key, kind=family.kind, body=record)
+    return by.sign(key=key, kind=family.kind, body=record, store_id=store_id(store))
 
 
 def create_signed(store: RecordStore, key: str, family: Family[Model], record: Model, *,
@@ -281,5 +292,6 @@ def resign_unsigned(store: RecordStore, key: str, family: Family[Model], *, by: 
     require_role(by, family.kind, f"re-signing a {family.kind} record")
     wrapped = {MIGRATED: {"record": _unsigned(found.data), "from": "unsigned",
                           "at": (now or datetime.now(UTC)).isoformat()}}
-    store.replace(key, by.sign(key=key, kind=family.kind, body=wrapped), found.token)
+    store.replace(key, by.sign(key=key, kind=family.kind, body=wrapped,
+                               store_id=store_id(store)), found.token)
     return True

@@ -406,6 +406,7 @@ def _verified(store: RecordStore, channel: str, policy: InForce, *,
     roots = policy.roots or trusted_roots(store)
     keyring = _Identities(store, policy, roots, where.pointer_key)
     chain = verify_chain(store, where, HistoryEntry, keyring=keyring, roles=["promote"],
+                         bound=roots.bound,
                          checkpoint_keyring=_checkpointers(roots.current.keyring(), policy),
                          last_seen=heads.seen(store.url, where.name), full=full)
     _consistent(chain, channel, policy)

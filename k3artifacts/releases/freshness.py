@@ -38,7 +38,7 @@ def refresh(store: RecordStore, signer: RecordSigner) -> Freshness:
         chain = read_state(store, name, policy=policy).chain
         if chain is not None and chain.mark is not None:
             marks[name] = chain.mark
-    trust = RecordTrust.of(policy.document, policy.label())
+    trust = RecordTrust.of(policy)
     records = {tuple_id: mark for tuple_id in logged_tuples(store)
                if (mark := head_mark(store, tuple_id, trust=trust)) is not None}
     fresh = renew(store, policy.document, policy.roots, signer,

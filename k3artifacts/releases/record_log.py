@@ -96,6 +96,7 @@ def _signers(trust: RecordTrust) -> Callable[[dict[str, Any]], Keyring]:
 def _verified(store: RecordStore, tuple_id: str, trust: RecordTrust) -> Chain[LogEntry]:
     where = layout(tuple_id)
     chain = verify_chain(store, where, LogEntry, keyring=_signers(trust), roles=None,
+                         bound=trust.bound,
                          checkpoint_keyring=Keyring({}),
                          last_seen=heads.seen(store.url, where.name))
     not_behind(where.name, where.pointer_key, trust.record_logs.get(tuple_id), chain.mark,

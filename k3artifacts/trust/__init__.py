@@ -7,8 +7,9 @@ cannot choose.
   policy names them;
 * :mod:`.envelope`: one signed record: the body and a DSSE envelope over a small in-toto
   statement naming its store key and digest; verification with named refusals;
-* :mod:`.root`: the root of trust (the identities that sign policy versions, and their
-  threshold) and its rotation under the old root;
+* :mod:`.root`: the root of trust (the identities that sign policy versions, their
+  threshold, and the store's id every record names) and its rotation under the old root;
+  :mod:`.storeid`: how a store whose root predates ids gets one, and reads what it held;
 * :mod:`.pins`: the root each client pins per store, outside the store;
 * :mod:`.enrol`: how a client comes to pin a store's root (first use, a team's keys, a
   fingerprint); :mod:`.rotation`: how the root changes, under the old one;

@@ -62,6 +62,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from k3artifacts.canonical import canonical_digest, to_plain
 from k3artifacts.errors import AlreadyExists, Conflict, HistoryRewound, UntrustedRecord
 from k3artifacts.trust.envelope import (
+    Bound,
     Verified,
     is_unsigned,
     parse_record,
@@ -176,6 +177,8 @@ class Chain(Generic[T]):
     #: The head's signed record as the pointer holds it, and whether the log holds it yet.
     head_record: bytes | None
     head_logged: bool
+    #: The store its entries were verified for: what the next entry is signed for.
+    bound: Bound
     #: The history's base as this walk read it, for :func:`entry_below` (read once).
     base: _BaseReader | None = field(default=None, compare=False, repr=False)
 
@@ -237,10 +240,10 @@ def _keyring(keyring: KeyringFor, data: bytes, key: str) -> Keyring:
 
 
 def _verify(data: bytes, layout: ChainLayout, seq: int, keyring: KeyringFor,
-            roles: Collection[str] | None, *, where: str) -> Verified:
+            roles: Collection[str] | None, bound: Bound, *, where: str) -> Verified:
     try:
         return verify_record(data, key=layout.entry_key(seq), kind=layout.entry_kind,
-                             keyring=_keyring(keyring, data, where), roles=roles)
+                             keyring=_keyring(keyring, data, where), roles=roles, bound=bound)
     except UntrustedRecord as exc:
         raise _unsigned(exc) from None
 
@@ -258,11 +261,14 @@ def _linked(verified: Verified, layout: ChainLayout, seq: int, *, where: str) ->
 
 
 def _check_entry(data: bytes, layout: ChainLayout, seq: int, keyring: KeyringFor,
-                 roles: Collection[str] | None, *, where: str) -> _Checked:
-    """Entry ``seq``'s record, verified for its place; any failure is an ``edit``."""
+                 roles: Collection[str] | None, bound: Bound, *, where: str) -> _Checked:
+    """Entry ``seq``'s record, verified for its place; any failure is an ``edit``, but for
+    one signed for another store, which keeps its name."""
     try:
-        verified = _verify(data, layout, seq, keyring, roles, where=where)
+        verified = _verify(data, layout, seq, keyring, roles, bound, where=where)
     except UntrustedRecord as exc:
+        if exc.reason == "another-store":
+            raise
         raise UntrustedRecord(where, "edit", f"entry #{seq} of {layout.name} does not check "
                               f"({exc.reason}: {exc.detail})", hint=exc.hint) from None
     return _linked(verified, layout, seq, where=where)
@@ -276,7 +282,7 @@ def _entry(checked: _Checked, model: type[T], key: str) -> ChainEntry[T]:
 
 
 def _base_links(data: bytes, layout: ChainLayout, keyring: KeyringFor,
-                roles: Collection[str] | None) -> list[_Checked]:
+                roles: Collection[str] | None, bound: Bound) -> list[_Checked]:
     """The base's entries, verified: who may sign it is chosen by its last entry, as for an
     entry (only a choice: the signature then decides, before the body is parsed)."""
     where = layout.base_key
@@ -288,7 +294,8 @@ def _base_links(data: bytes, layout: ChainLayout, keyring: KeyringFor,
         last = links[-1] if isinstance(links, list) and links else None
         entry = last.get("entry") if isinstance(last, dict) else None
         ring = keyring(entry if isinstance(entry, dict) else {})
-    verified = verify_record(data, key=where, kind=layout.base_kind, keyring=ring, roles=roles)
+    verified = verify_record(data, key=where, kind=layout.base_kind, keyring=ring, roles=roles,
+                             bound=bound)
     try:
         links = Base.model_validate(verified.body).links
     except ValidationError as exc:
@@ -305,8 +312,9 @@ class _BaseReader:
     a validator for each field (a store is a protocol, nothing to check an instance against)."""
 
     def __init__(self, store: RecordReader, layout: ChainLayout, keyring: KeyringFor,
-                 roles: Collection[str] | None):
+                 roles: Collection[str] | None, bound: Bound):
         self.store, self.layout, self.keyring, self.roles = store, layout, keyring, roles
+        self.bound = bound
         self._links: list[_Checked] | None = None
 
     def at(self, seq: int) -> _Checked | None:
@@ -316,7 +324,8 @@ class _BaseReader:
             found = self.store.read(self.layout.base_key)
             if found is None:
                 return None
-            self._links = _base_links(found.data, self.layout, self.keyring, self.roles)
+            self._links = _base_links(found.data, self.layout, self.keyring, self.roles,
+                                      self.bound)
         return self._links[seq - 1] if seq <= len(self._links) else None
 
 
@@ -337,14 +346,15 @@ def _head_seq(data: bytes, key: str) -> int:
     return seq
 
 
-def _checkpoint(store: RecordReader, layout: ChainLayout, keyring: Keyring) -> Checkpoint | None:
+def _checkpoint(store: RecordReader, layout: ChainLayout, keyring: Keyring,
+                bound: Bound) -> Checkpoint | None:
     if layout.checkpoint_key is None:
         return None
     found = store.read(layout.checkpoint_key)
     if found is None:
         return None
     verified = verify_record(found.data, key=layout.checkpoint_key, kind=layout.checkpoint_kind,
-                             keyring=keyring, roles=None)
+                             keyring=keyring, roles=None, bound=bound)
     try:
         point = Checkpoint.model_validate(verified.body)
     except ValidationError as exc:
@@ -363,14 +373,15 @@ def _shown(mark: Mark) -> str:
 
 
 def verify_chain(store: RecordReader, layout: ChainLayout, model: type[T], *,
-                 keyring: KeyringFor, roles: Collection[str] | None,
+                 keyring: KeyringFor, roles: Collection[str] | None, bound: Bound,
                  checkpoint_keyring: Keyring | None = None,
                  last_seen: Mark | None = None, full: bool = False) -> Chain[T]:
     """The history as the pointer names it, verified and linked from its head down to
     ``last_seen`` (the head this reader verified before: only what is new), else to the
     checkpoint, else to the start (``full``: to the checkpoint or the start whatever the
-    reader saw); refused by name otherwise (module doc). ``checkpoint_keyring``: who may sign
-    its checkpoint (default: ``keyring``, when that is one keyring)."""
+    reader saw); refused by name otherwise (module doc). ``bound``: the store every entry,
+    base and checkpoint must be signed for (its root's id). ``checkpoint_keyring``: who may
+    sign its checkpoint (default: ``keyring``, when that is one keyring)."""
     where = layout.pointer_key
     found = store.read(where)
     if found is None:
@@ -379,12 +390,12 @@ def verify_chain(store: RecordReader, layout: ChainLayout, model: type[T], *,
                                   "holds entries: the pointer was removed")
         if last_seen is not None:
             raise HistoryRewound(where, "rewound", layout.name, _shown(last_seen), "no head")
-        return Chain(layout, (), None, None, False)
+        return Chain(layout, (), None, None, False, bound)
     if checkpoint_keyring is None:
         assert isinstance(keyring, Keyring), "a per-entry keyring needs a checkpoint_keyring"
         checkpoint_keyring = keyring
-    checkpoint = _checkpoint(store, layout, checkpoint_keyring)
-    base = _BaseReader(store, layout, keyring, roles)
+    checkpoint = _checkpoint(store, layout, checkpoint_keyring, bound)
+    base = _BaseReader(store, layout, keyring, roles, bound)
     if layout.base_key is not None and _kind(found.data, where) == layout.base_kind:
         return _base_only(store, layout, model, found, base, checkpoint, last_seen)
     try:
@@ -393,8 +404,8 @@ def verify_chain(store: RecordReader, layout: ChainLayout, model: type[T], *,
         raise _unsigned(exc) from None
     # The pointer's failures keep their own names: it is a forged or a foreign head.
     try:
-        head = _linked(_verify(found.data, layout, seq, keyring, roles, where=where), layout,
-                       seq, where=where)
+        head = _linked(_verify(found.data, layout, seq, keyring, roles, bound, where=where),
+                       layout, seq, where=where)
     except UntrustedRecord as exc:
         raise UntrustedRecord(where, exc.reason, f"the head of {layout.name} (#{seq}): "
                               f"{exc.detail}", hint=exc.hint) from None
@@ -407,7 +418,7 @@ def verify_chain(store: RecordReader, layout: ChainLayout, model: type[T], *,
     key = layout.entry_key(seq)
     copy = store.read(key)
     logged = copy is not None
-    if copy is not None and _check_entry(copy.data, layout, seq, keyring, roles,
+    if copy is not None and _check_entry(copy.data, layout, seq, keyring, roles, bound,
                                          where=key).verified.digest != head.verified.digest:
         raise UntrustedRecord(key, "fork", f"the log's entry #{seq} of {layout.name} is not "
                               "the one its pointer holds")
@@ -421,7 +432,7 @@ def verify_chain(store: RecordReader, layout: ChainLayout, model: type[T], *,
     walked = [head]
     for _ in range(seq - 1, stop - 1, -1):
         walked.append(_below(store, layout, walked[-1].link.seq, walked[-1].link.previous,
-                             keyring, roles, head_seq=seq, base=base))
+                             keyring, roles, bound, head_seq=seq, base=base))
     entries = [_entry(c, model, layout.entry_key(c.link.seq)) for c in reversed(walked)]
     if checkpoint is not None and entries[0].seq == checkpoint.seq \
             and entries[0].digest != checkpoint.digest:
@@ -429,14 +440,14 @@ def verify_chain(store: RecordReader, layout: ChainLayout, model: type[T], *,
                               f"entry #{checkpoint.seq} of {layout.name} is not the one its "
                               "checkpoint vouches for")
     # Below a checkpoint the entries are still signed: read back on demand.
-    chain = Chain(layout, tuple(entries), found.token, found.data, logged, base)
+    chain = Chain(layout, tuple(entries), found.token, found.data, logged, bound, base)
     _check_last_seen(chain, last_seen)
     return chain
 
 
 def _below(store: RecordReader, layout: ChainLayout, above: int, previous: str | None,
-           keyring: KeyringFor, roles: Collection[str] | None, *, head_seq: int,
-           base: _BaseReader) -> _Checked:
+           keyring: KeyringFor, roles: Collection[str] | None, bound: Bound, *,
+           head_seq: int, base: _BaseReader) -> _Checked:
     """The entry #``above`` follows, verified for its place and as the one it names
     (``previous``): the log's, or the base's where the log's is older than signing."""
     below = above - 1
@@ -450,7 +461,7 @@ def _below(store: RecordReader, layout: ChainLayout, above: int, previous: str |
         raise UntrustedRecord(key, "gap", f"entry #{below} of {layout.name} is missing "
                               f"(the head is #{head_seq})")
     else:
-        checked = _check_entry(entry.data, layout, below, keyring, roles, where=key)
+        checked = _check_entry(entry.data, layout, below, keyring, roles, bound, where=key)
     if checked.verified.digest != previous:
         raise UntrustedRecord(key, "fork", f"entry #{below} of {layout.name} is not the one "
                               f"entry #{below + 1} follows")
@@ -466,8 +477,9 @@ def entry_below(store: RecordReader, chain: Chain[T], entry: ChainEntry[T], mode
         return None
     head = chain.head
     checked = _below(store, chain.layout, entry.seq, entry.previous, keyring, roles,
-                     head_seq=entry.seq if head is None else head.seq,
-                     base=chain.base or _BaseReader(store, chain.layout, keyring, roles))
+                     chain.bound, head_seq=entry.seq if head is None else head.seq,
+                     base=chain.base or _BaseReader(store, chain.layout, keyring, roles,
+                                                    chain.bound))
     return _entry(checked, model, chain.layout.entry_key(checked.link.seq))
 
 
@@ -488,7 +500,7 @@ def _base_only(store: RecordReader, layout: ChainLayout, model: type[T], found: 
     if stored is None or stored.data != found.data:
         raise UntrustedRecord(where, "fork", f"the head of {layout.name} is a base that "
                               f"{layout.base_key} does not hold")
-    links = _base_links(found.data, layout, base.keyring, base.roles)
+    links = _base_links(found.data, layout, base.keyring, base.roles, base.bound)
     seq = len(links)
     if _logged(store, layout, seq + 1):
         raise UntrustedRecord(where, "rewound", f"the head of {layout.name} is #{seq}, but its "
@@ -498,7 +510,7 @@ def _base_only(store: RecordReader, layout: ChainLayout, model: type[T], found: 
                               f"a checkpoint at #{checkpoint.seq} of {layout.name} is past its "
                               f"head #{seq}")
     entries = [_entry(c, model, layout.entry_key(c.link.seq)) for c in links]
-    chain = Chain(layout, tuple(entries), found.token, found.data, True)
+    chain = Chain(layout, tuple(entries), found.token, found.data, True, base.bound, base)
     _check_last_seen(chain, last_seen)
     return chain
 
@@ -567,11 +579,11 @@ def append(store: RecordStore, chain: Chain[T], entry: T, *, signer: RecordSigne
     layout = chain.layout
     link = next_link(chain, entry)
     record = sign_record(key=layout.entry_key(link.seq), kind=layout.entry_kind, body=link,
-                         signer=signer, identity=identity)
+                         signer=signer, identity=identity, store_id=chain.bound.store_id)
     token = append_record(store, chain, record)
     made = ChainEntry(link.seq, canonical_digest(link), link.previous, entry, identity,
                       frozenset({identity}))
-    return Chain(layout, (*chain.entries, made), token, record, True, chain.base)
+    return Chain(layout, (*chain.entries, made), token, record, True, chain.bound, chain.base)
 
 
 def checkpoint(store: RecordStore, chain: Chain[T], *, signer: RecordSigner,
@@ -582,15 +594,16 @@ def checkpoint(store: RecordStore, chain: Chain[T], *, signer: RecordSigner,
     head = chain.head
     if layout.checkpoint_key is None or head is None:
         raise ValueError(f"{layout.name} has no checkpoint place, or nothing to vouch for")
-    return _vouch(store, layout, Checkpoint(seq=head.seq, digest=head.digest), signer, identity)
+    return _vouch(store, layout, Checkpoint(seq=head.seq, digest=head.digest), signer, identity,
+                  chain.bound.store_id)
 
 
 def _vouch(store: RecordStore, layout: ChainLayout, point: Checkpoint, signer: RecordSigner,
-           identity: str) -> Checkpoint:
+           identity: str, store_id: str | None) -> Checkpoint:
     assert layout.checkpoint_key is not None
     found = store.read(layout.checkpoint_key)
     store.replace(layout.checkpoint_key,
                   sign_record(key=layout.checkpoint_key, kind=layout.checkpoint_kind, body=point,
-                              signer=signer, identity=identity),
+                              signer=signer, identity=identity, store_id=store_id),
                   None if found is None else found.token)
     return point

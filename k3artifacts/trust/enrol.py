@@ -19,10 +19,10 @@ client that already pins another root for the store is refused before anything i
 
 from __future__ import annotations
 
-from k3artifacts.errors import AlreadyExists, NotFound, TrustRootError
+from k3artifacts.errors import AlreadyExists, NotFound, TrustRootError, UntrustedRecord
 from k3artifacts.trust.identities import KeyEntry
 from k3artifacts.trust.keys import RecordSigner, signer_key_id
-from k3artifacts.trust.pins import Pin, check_pinnable, pin_root
+from k3artifacts.trust.pins import Pin, check_pinnable, load_pin, pin_root
 from k3artifacts.trust.root import (
     Root,
     first_root,
@@ -44,6 +44,24 @@ def _refuse_another_root(store: RecordReader, root: Root) -> None:
             "`k3a trust init --fingerprint FP`")
 
 
+def _refuse_another_id(store: RecordReader, root: Root) -> None:
+    """The store's root v1 is this team's but for the store id (drawn by another member's
+    pin): say so, rather than only that the roots differ."""
+    key = root_key(1)
+    found = store.read(key)
+    if found is None:
+        return
+    stored = stored_root(found.data, key)
+    if stored.store_id != root.store_id and (stored.identities, stored.threshold) == (
+            root.identities, root.threshold):
+        raise UntrustedRecord(
+            key, "root-mismatch", f"the store's root v1 names these keys with store id "
+            f"{stored.store_id}; this pin drew {root.store_id}",
+            hint="pin the store's root by its fingerprint, compared with a root identity's "
+            "`k3a trust show` (`k3a trust init --fingerprint FP`), or pin the keys with the "
+            "store id your team drew (`--store-id ID`)")
+
+
 def publish_first_root(store: RecordStore, root: Root, signer: RecordSigner,
                        identity: str) -> None:
     """Store ``root`` as the store's root v1 (create-once), unless it holds this same root;
@@ -54,9 +72,17 @@ def publish_first_root(store: RecordStore, root: Root, signer: RecordSigner,
         _refuse_another_root(store, root)
 
 
-def first_use(store: RecordStore, signer: RecordSigner, name: str) -> tuple[Pin, bool]:
-    """Make ``signer`` (as identity ``name``) the root of a store that has none; pin it."""
-    root = first_root({name: [KeyEntry.for_signer(signer)]})
+def first_use(store: RecordStore, signer: RecordSigner, name: str,
+              root: Root | None = None) -> tuple[Pin, bool]:
+    """Make ``signer`` (as identity ``name``) the root of a store that has none; pin it.
+    ``root``: that root as a plan made it already (its store id is drawn once). A client
+    that already pins a root for the store keeps its store id: first use again is the same
+    root, and pins nothing new."""
+    if root is None:
+        root = first_root({name: [KeyEntry.for_signer(signer)]})
+        existing = load_pin(store.url)
+        if existing is not None:
+            root = Root.model_validate({**root.model_dump(), "store_id": existing.root.store_id})
     _refuse_another_root(store, root)
     check_pinnable(store, root)
     publish_first_root(store, root, signer, name)
@@ -66,6 +92,7 @@ def first_use(store: RecordStore, signer: RecordSigner, name: str) -> tuple[Pin,
 def pin_keys(store: RecordStore, root: Root, signer: RecordSigner | None) -> tuple[Pin, bool]:
     """Pin a team's root; publish it as root v1 where ``signer`` is one of its identities and
     the store (existing) has no root yet."""
+    _refuse_another_id(store, root)
     check_pinnable(store, root)
     trusted = None if signer is None else root.keyring().get(signer_key_id(signer))
     if signer is not None and trusted is not None and store.read(root_key(1)) is None:

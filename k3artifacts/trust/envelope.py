@@ -15,17 +15,23 @@ Stored form (canonical JSON)::
                  "subject": [{"name": "<the record's store key>",
                               "digest": {"sha256": "<canonical digest of body>"}}],
                  "predicateType": "urn:k3artifacts:record:<kind>:v1",
-                 "predicate": {"kind": "<kind>", "signer": "<identity that made it>"}}
+                 "predicate": {"kind": "<kind>", "signer": "<identity that made it>",
+                               "store": "<the store's id, as its root names it>"}}
 
 The body stays readable in place (``jq .body``) while the signed payload stays small whatever
 the body's size: what is signed is the statement naming the body's digest, never the body, so
 a KMS key signs it RAW (KMS takes at most 4096 bytes). The subject names the store key, so a
-record moved or copied elsewhere is refused there. More signatures over the same payload may be
-added (:func:`add_signature`) where a change needs more than one identity.
+record moved or copied elsewhere is refused there; the predicate names the store's id (its
+root's :attr:`~k3artifacts.trust.root.Root.store_id`), so a record copied from another store
+signed by the same identities is refused here (``another-store``). A store whose root predates
+ids signs without one, as before: :class:`Bound` says how such records are read once the store
+has an id. More signatures over the same payload may be added (:func:`add_signature`) where a
+change needs more than one identity.
 
 :func:`verify_record` checks, in order: the bytes parse, the kind is the one read, there are
 signatures, each signature by a key the keyring trusts for one of the roles verifies, the
-signed kind and store key are these, the body is the one signed, and its maker signed it.
+signed kind and store key are these, the body is the one signed, its maker signed it, and it
+was signed for this store (:class:`Bound`).
 Each failure is an :class:`~k3artifacts.errors.UntrustedRecord` naming the check.
 """
 
@@ -33,9 +39,10 @@ from __future__ import annotations
 
 import base64
 import binascii
+import hashlib
 import json
 import re
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -88,6 +95,32 @@ class SignedRecord(_Strict):
 
 
 @dataclass(frozen=True)
+class Bound:
+    """The store a record is signed for, or read in: the id its root in force names (None: a
+    root made before stores had ids, which signs and reads records naming none).
+
+    A store given an id later (:mod:`k3artifacts.trust.storeid`) still holds records signed
+    before it had one: ``earlier`` answers the digests of their signed statements, as a root
+    identity vouched for them when the id came; a record naming no store is read there only
+    if it is one of those. So a record signed without an id, here or in any other store, is
+    never a way around the binding."""
+
+    store_id: str | None
+    earlier: Callable[[], frozenset[str]] | None = None
+
+    def shown(self) -> str:
+        return self.store_id or "none (its root predates store ids)"
+
+    def vouches(self, payload: bytes) -> bool:
+        return self.earlier is not None and statement_digest(payload) in self.earlier()
+
+
+def statement_digest(payload: bytes) -> str:
+    """What names one signed statement (its store key, kind, body digest, signer, store)."""
+    return hashlib.sha256(payload).hexdigest()
+
+
+@dataclass(frozen=True)
 class Verified:
     """A record whose signatures checked out: its body (plain JSON values, for the caller's
     model), the identity that made it and every trusted identity that signed it."""
@@ -100,7 +133,8 @@ class Verified:
     signers: frozenset[str]
 
 
-def statement(key: str, kind: str, digest: str, signer: str) -> dict[str, Any]:
+def statement(key: str, kind: str, digest: str, signer: str,
+              store_id: str | None) -> dict[str, Any]:
     if not KIND.match(kind):
         raise ValueError(f"{kind!r} is not a record kind")
     if len(key.encode()) > MAX_KEY:
@@ -111,7 +145,9 @@ def statement(key: str, kind: str, digest: str, signer: str) -> dict[str, Any]:
         "_type": STATEMENT_TYPE,
         "subject": [{"name": key, "digest": {"sha256": digest}}],
         "predicateType": PREDICATE_TYPE.format(kind=kind),
-        "predicate": {"kind": kind, "signer": signer},
+        # A store whose root predates ids signs exactly as before: no ``store`` at all.
+        "predicate": {"kind": kind, "signer": signer,
+                      **({} if store_id is None else {"store": store_id})},
     }
 
 
@@ -128,11 +164,12 @@ def _signature(signer: RecordSigner, payload: bytes) -> Signature:
 
 
 def sign_record(*, key: str, kind: str, body: BaseModel | dict[str, Any], signer: RecordSigner,
-                identity: str) -> bytes:
-    """The stored bytes of ``body`` as a record of ``kind`` at store ``key``, signed by
-    ``signer`` as ``identity``."""
+                identity: str, store_id: str | None) -> bytes:
+    """The stored bytes of ``body`` as a record of ``kind`` at store ``key`` of the store
+    ``store_id`` (its root's; None for a root older than ids), signed by ``signer`` as
+    ``identity``."""
     plain = to_plain(body)
-    payload = canonical_json(statement(key, kind, canonical_digest(plain), identity))
+    payload = canonical_json(statement(key, kind, canonical_digest(plain), identity, store_id))
     assert len(payload) <= MAX_PAYLOAD, len(payload)  # bounded by statement()'s checks
     record = SignedRecord(schema=SCHEMA, kind=kind, body=plain, envelope=Envelope(
         payloadType=PAYLOAD_TYPE, payload=base64.b64encode(payload).decode(),
@@ -240,10 +277,28 @@ def _check_signatures(record: SignedRecord, payload: bytes, key: str, keyring: K
                           "identity")
 
 
+def _check_store(predicate: dict[str, Any], payload: bytes, key: str, bound: Bound) -> None:
+    named = predicate.get("store")
+    if named == bound.store_id:
+        return
+    if named is not None:
+        raise UntrustedRecord(key, "another-store", f"signed for store {named}; this store's id "
+                              f"is {bound.shown()}: a record copied from another store",
+                              hint="sign it here (redo the move or the evidence against this "
+                              "store); if this store should be that one, compare `k3a trust "
+                              "show` with a colleague's pin before anything else")
+    if not bound.vouches(payload):
+        raise UntrustedRecord(key, "another-store", f"signed for no store, and not among the "
+                              f"records store {bound.shown()} held when it was given its id: "
+                              "copied from another store, or signed since by a client that "
+                              "had not yet followed the root", hint="sign it here (redo the "
+                              "move or the evidence against this store)")
+
+
 def verify_record(data: bytes, *, key: str, kind: str, keyring: Keyring,
-                  roles: Collection[str] | None) -> Verified:
+                  roles: Collection[str] | None, bound: Bound) -> Verified:
     """The record at store ``key``, of ``kind``, signed by keys of ``keyring`` holding one of
-    ``roles`` (None: any key of the keyring, as a root's)."""
+    ``roles`` (None: any key of the keyring, as a root's), for the store ``bound`` names."""
     record = parse_record(data, key=key)
     if record.kind != kind:
         raise UntrustedRecord(key, "wrong-kind", f"a {record.kind} record where a {kind} is read")
@@ -274,6 +329,7 @@ def verify_record(data: bytes, *, key: str, kind: str, keyring: Keyring,
     if maker not in signers:
         raise UntrustedRecord(key, "signer-mismatch", f"the statement names {maker!r} as its "
                               f"maker; signed by {sorted(signers)}")
+    _check_store(predicate, payload, key, bound)
     return Verified(key, kind, record.body, digest, maker, signers)
 
 

@@ -33,6 +33,8 @@ from pydantic import BaseModel, ConfigDict
 from k3artifacts.canonical import canonical_json
 from k3artifacts.errors import TrustRootError, UntrustedRecord
 from k3artifacts.settings import config_home
+from k3artifacts.trust import storeid
+from k3artifacts.trust.envelope import Bound
 from k3artifacts.trust.localfiles import private_dir, read_store_file, write_replacing
 from k3artifacts.trust.root import Root, root_key, stored_root, walk_rotations
 from k3artifacts.trust.storage import RecordReader
@@ -147,6 +149,9 @@ class Roots:
 
     pin: Pin
     by_version: dict[int, Root]
+    #: The store every record read or signed here is bound to: the id of the root in force,
+    #: and the records it held before it had one (:mod:`.storeid`).
+    bound: Bound
 
     @property
     def current(self) -> Root:
@@ -179,7 +184,7 @@ def trusted_roots(store: RecordReader) -> Roots:
                                   f"root v{version} of {store.url} is not the one root "
                                   f"v{version + 1} follows")
         roots[version] = older
-    return Roots(pin, roots)
+    return Roots(pin, roots, storeid.bound(store, roots, pin.root))
 
 
 def config_map_files(pin: Pin) -> dict[str, str]:

@@ -5,7 +5,14 @@ changed only by a rotation signed under the root it replaces.
 A root is a small document::
 
     {"schema_version": 1, "version": 2, "threshold": 2, "previous": "<fingerprint of v1>",
+     "store_id": "<32 hex, random, made with root v1>",
      "identities": {"alice": [{"pem": "..."}], "bob": [{"pem": "...", "kms": "arn:..."}]}}
+
+Its **store id** is what makes this store's root another one than a store seeded by the same
+people: every record signed here names it (:mod:`.envelope`), so one copied from another store
+is refused. It is made at random with root v1 and kept by every rotation; a root made before
+ids has none (the field is absent, so its fingerprint is what it was) until a rotation gives it
+one (:mod:`.storeid`).
 
 Its **fingerprint** is the sha256 of its canonical JSON: what people compare out of band when
 a second machine pins the same root (``k3a trust init --fingerprint``).
@@ -23,6 +30,7 @@ a second machine pins the same root (``k3a trust init --fingerprint``).
 
 from __future__ import annotations
 
+import secrets
 from functools import cached_property
 from typing import Literal
 
@@ -36,7 +44,7 @@ from k3artifacts.errors import (
     UsageError,
     plain_validation_errors,
 )
-from k3artifacts.trust.envelope import parse_record, sign_record, verify_record
+from k3artifacts.trust.envelope import Bound, parse_record, sign_record, verify_record
 from k3artifacts.trust.identities import KeyEntry, Keyring, check_names, check_unique_keys
 from k3artifacts.trust.keys import RecordSigner, signer_key_id
 from k3artifacts.trust.storage import RecordReader
@@ -45,6 +53,11 @@ ROOT_PREFIX = "releases/trust/root/"
 PROPOSALS_PREFIX = "releases/trust/proposals/"
 KIND = "root"
 VERSION_WIDTH = 10
+STORE_ID = r"^[0-9a-f]{32}$"
+
+
+def new_store_id() -> str:
+    return secrets.token_hex(16)
 
 
 def root_key(version: int) -> str:
@@ -66,6 +79,10 @@ class Root(BaseModel):
     #: The fingerprint of the root this one replaced; None for a first root.
     previous: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$")
     identities: dict[str, list[KeyEntry]] = Field(min_length=1)
+    #: The store's id (module doc); None for a root made before stores had ids. Left out of
+    #: the document when None, so such a root keeps its fingerprint.
+    store_id: str | None = Field(default=None, pattern=STORE_ID,
+                                 exclude_if=lambda v: v is None)
 
     @model_validator(mode="after")
     def _sound(self) -> Root:
@@ -90,6 +107,11 @@ class Root(BaseModel):
 
     def keyring(self) -> Keyring:
         return Keyring.of((name, keys, frozenset()) for name, keys in self.identities.items())
+
+    @property
+    def bound(self) -> Bound:
+        """What a record signed by this root's identities for its own place is bound to."""
+        return Bound(self.store_id)
 
     def identity_of(self, signer: RecordSigner) -> str | None:
         """The root identity ``signer``'s key belongs to, if any."""
@@ -135,30 +157,33 @@ def _made(**fields: object) -> Root:
                          "the number of root identities") from None
 
 
-def first_root(identities: dict[str, list[KeyEntry]], threshold: int | None = None) -> Root:
-    """Version 1 of a root: ``threshold`` defaults to two where there are two identities."""
+def first_root(identities: dict[str, list[KeyEntry]], threshold: int | None = None,
+               store_id: str | None = None) -> Root:
+    """Version 1 of a root: ``threshold`` defaults to two where there are two identities;
+    ``store_id`` to a new random one (a new store)."""
     return _made(version=1, threshold=threshold or min(2, len(identities)),
-                 identities=identities)
+                 identities=identities, store_id=store_id or new_store_id())
 
 
 def next_root(old: Root, *, add: dict[str, list[KeyEntry]] | None = None,
               remove: list[str] | None = None, threshold: int | None = None) -> Root:
     """The rotation of ``old``: identities added (a name already there gets the keys given,
     replacing its own), removed, and the threshold (default: kept, raised to two when the
-    root grows to two identities)."""
+    root grows to two identities). The store id is kept; a root older than ids gets one
+    (:mod:`.storeid`)."""
     identities = {n: k for n, k in old.identities.items() if n not in set(remove or ())}
     identities.update(add or {})
     count = len(identities)
     chosen = threshold or min(max(old.threshold, min(2, count)), count)
     return _made(version=old.version + 1, threshold=chosen, previous=old.fingerprint,
-                 identities=identities)
+                 identities=identities, store_id=old.store_id or new_store_id())
 
 
 def sign_root(root: Root, signer: RecordSigner, identity: str) -> bytes:
     """``root`` signed for its place in the root chain (a proposal waiting for signatures is
     signed for that place too, wherever it waits)."""
     return sign_record(key=root_key(root.version), kind=KIND, body=root, signer=signer,
-                       identity=identity)
+                       identity=identity, store_id=root.store_id)
 
 
 def _root_body(body: dict, key: str) -> Root:  # type: ignore[type-arg]
@@ -180,13 +205,19 @@ def verify_root_rotation(old: Root, data: bytes, *,
     identities that signed it. ``complete``: it must carry old's threshold of them (a
     proposal still collecting signatures is checked with ``complete=False``: one suffices)."""
     key = root_key(old.version + 1)
-    verified = verify_record(data, key=key, kind=KIND, keyring=old.keyring(), roles=None)
+    # A root names its own store id in what is signed (the one it holds).
+    verified = verify_record(data, key=key, kind=KIND, keyring=old.keyring(), roles=None,
+                             bound=stored_root(data, key).bound)
     new = _root_body(verified.body, key)
     if new.version != old.version + 1 or new.previous != old.fingerprint:
         raise UntrustedRecord(
             key, "root-mismatch",
             f"root v{new.version} follows {str(new.previous)[:16]}, not v{old.version} "
             f"({old.fingerprint[:16]})")
+    if old.store_id is not None and new.store_id != old.store_id:
+        raise UntrustedRecord(key, "another-store",
+                              f"root v{new.version} names store {new.store_id}; the store's id "
+                              f"is {old.store_id}, and an id never changes")
     if complete:
         old.authorize(verified.signers, stricter=False, key=key)
     return new, verified.signers & set(old.identities)
@@ -203,7 +234,8 @@ def verify_first_root(data: bytes, fingerprint: str) -> Root:
                               f"{fingerprint}",
                               hint="check the fingerprint with whoever pinned the store's root "
                               "(`k3a trust show`); never pin one you cannot compare")
-    verified = verify_record(data, key=key, kind=KIND, keyring=claimed.keyring(), roles=None)
+    verified = verify_record(data, key=key, kind=KIND, keyring=claimed.keyring(), roles=None,
+                             bound=claimed.bound)
     return _root_body(verified.body, key)
 
 

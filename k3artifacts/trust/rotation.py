@@ -26,6 +26,7 @@ from k3artifacts.trust.root import (
     verify_root_rotation,
 )
 from k3artifacts.trust.storage import RecordStore
+from k3artifacts.trust.storeid import vouch_earlier
 
 
 @dataclass(frozen=True)
@@ -45,14 +46,19 @@ def _signing_identity(root: Root, signer: RecordSigner) -> str:
     return root.require_identity(signer, only="sign its rotation", hint="ask one of them to run it")
 
 
-def _settle(store: RecordStore, pin: Pin, data: bytes, token: str | None) -> Rotation:
-    """Publish ``data`` if it carries the threshold, else leave it as the proposal."""
+def _settle(store: RecordStore, pin: Pin, data: bytes, token: str | None,
+            signer: RecordSigner, identity: str) -> Rotation:
+    """Publish ``data`` if it carries the threshold, else leave it as the proposal. The
+    rotation that gives the store its id is published after ``identity`` vouched for the
+    records signed before it (:func:`~k3artifacts.trust.storeid.vouch_earlier`)."""
     current = pin.root
     proposed, signers = verify_root_rotation(current, data, complete=False)
     version = proposed.version
     if len(signers) < current.threshold:
         store.replace(proposal_key(version), data, token)
         return Rotation(proposed, signers, current.threshold, proposal_key(version), False, pin)
+    if current.store_id is None:
+        vouch_earlier(store, current, proposed, signer, identity)
     try:
         store.create(root_key(version), data)
     except AlreadyExists:
@@ -76,14 +82,14 @@ def rotate(store: RecordStore, pin: Pin, signer: RecordSigner, *,
     proposed = next_root(current, add=add, remove=remove, threshold=threshold)
     waiting = store.read(proposal_key(proposed.version))
     return _settle(store, pin, sign_root(proposed, signer, me),
-                   None if waiting is None else waiting.token)
+                   None if waiting is None else waiting.token, signer, me)
 
 
 def cosign(store: RecordStore, pin: Pin, signer: RecordSigner, fingerprint: str) -> Rotation:
     """Add ``signer``'s signature to the proposed rotation, if it is the one ``fingerprint``
     names; published when that completes the threshold."""
     current = pin.root
-    _signing_identity(current, signer)
+    me = _signing_identity(current, signer)
     key = proposal_key(current.version + 1)
     found = store.read(key)
     if found is None:
@@ -96,4 +102,4 @@ def cosign(store: RecordStore, pin: Pin, signer: RecordSigner, fingerprint: str)
                               f"{fingerprint}: it is not the one you were shown",
                               hint="compare it with the proposer again; sign nothing else")
     return _settle(store, pin, add_signature(found.data, key=root_key(proposed.version),
-                                             signer=signer), found.token)
+                                             signer=signer), found.token, signer, me)

@@ -115,7 +115,7 @@ def warm_trust(policy: InForce, channel: str | None) -> WarmTrust:
             trusted = {}
     if warm is not None and warm.require_signature:
         required = True
-    return WarmTrust(records=RecordTrust.of(document, policy.label()),
+    return WarmTrust(records=RecordTrust.of(policy),
                      enabled=warm.enabled if warm is not None else True,
                      require_signature=required, trusted=trusted, channel=channel)
 

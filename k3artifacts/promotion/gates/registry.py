@@ -88,8 +88,7 @@ def judging(store: Store, release: ReleaseTuple, channel: str, policy: InForce,
     extra = {} if now is None else {"now": now}
     yield GateContext(store=store, release=release, channel=channel, policy=chan,
                       document=policy.document,
-                      trust=RecordTrust.of(policy.document, policy.label(), policy.freshness),
-                      actor=actor,
+                      trust=RecordTrust.of(policy), actor=actor,
                       **extra)
 
 
