@@ -39,6 +39,7 @@ from k3artifacts.trust.root import (
     sign_root,
     verify_root_rotation,
 )
+from tests.fixtures.any_store import remove
 from tests.support.cli import run_process
 from tests.trust_helpers import signer
 
@@ -293,16 +294,20 @@ def test_a_proposal_signed_before_a_root_rotation_is_exit_6_as_the_docs_say(
     assert "propose the change again" in refused["next"]
     again = k3a("alice", "policy", "propose", str(policies), "--why", "keep three")["id"]
     assert k3a("alice", "policy", "apply", again)["version"] == 2
+
+
 def test_a_root_rotation_deleted_from_the_store_is_refused_by_a_client_that_followed_it(
-        store, client):
-    """Root v2 removed from the store (a restored copy from before the rotation): a client
-    pinning v2 refuses it, naming both heads; one that never saw v2 reads v1 as before."""
+        any_store, client):
+    """Root v2 removed from the store (a restored copy from before the rotation), on a file
+    store and on S3: a client pinning v2 refuses it, naming both heads; one that never saw v2
+    reads v1 as before."""
+    store = any_store
     pin, _ = enrol.first_use(store, ALICE, "alice")
     client("bob")
     enrol.join(store, pin.root.fingerprint)
     client("alice")
     done = rotation.rotate(store, pin, ALICE, add=keys(bob=BOB), remove=[], threshold=None)
-    store.delete(root_key(2))
+    remove(store, root_key(2))
     caught = refused("rewound", follow, store, require_pin(store.url))
     assert isinstance(caught, HistoryRewound)
     assert f"the store's root: this client verified v2 ({done.root.fingerprint[:12]})" \
