@@ -16,7 +16,7 @@ from k3artifacts.errors import GateFailed, ReleaseRefused
 from k3artifacts.releases.channels import current, history
 from k3artifacts.releases.reviewing import review_code, review_license
 from tests.faults.faultkit import SHARD1, assert_nothing_published, stage_args
-from tests.fixtures.moves import check_gates, promote
+from tests.fixtures.moves import check_gates, promote, use_policy
 from tests.fixtures.people import person
 from tests.staging_helpers import LICENSE, REPO, raw_safetensors, run_stage, small_release
 from tests.support.cli import run_process
@@ -159,6 +159,8 @@ def test_changed_license_and_new_remote_code_stage_but_block_promotion(
     local_hub.hub.add_commit(REPO, files)
     first = run_stage(local_hub.endpoint, file_store, tmp_path / "q")
     old = reviewed.tuple_for(file_store.read_manifest(REPO, first.commit))
+    # The store's policy (and its root, which every signed record names) before the reviews.
+    use_policy(file_store, policies)
     review_license(file_store, old.id, by=person("alice"))
     review_code(file_store, old.id, by=person("alice"))
     promote(file_store, old.id, "staging", actor="alice", policies_dir=policies)
