@@ -64,6 +64,7 @@ def channel(tmp_path, policies):
     store = FileStore(tmp_path / "store")
     rel = Releases(store, tmp_path / "scratch")
     a, b = rel.release(), rel.release()
+    use_policy(store, policies)  # the store's root, which every signed record names
     for t in (a, b):
         review_license(store, t.id, by=person("rita"))
         review_code(store, t.id, by=person("rita"))
