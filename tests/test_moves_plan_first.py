@@ -122,6 +122,7 @@ def _sign_unpublished(ctx: Ctx) -> Case:
     key.write_bytes(ec.generate_private_key(ec.SECP256R1()).private_bytes(
         serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
         serialization.NoEncryption()))
+    key.chmod(0o600)  # a private key as its owner keeps it (k3a refuses one others can read)
     return Case(lambda: sign(ctx.store, f"{REPO_ID}@{'a' * 40}", str(key)), NotFound, 7)
 
 
