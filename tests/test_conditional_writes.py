@@ -31,7 +31,7 @@ from k3artifacts.revisions.manifest import FileRecord, SafetensorsSummary
 from k3artifacts.stores.bucket_policies import BucketPolicyInputs, rendered
 from k3artifacts.stores.s3 import MiB, S3Store, TransferTuning
 from k3artifacts.stores.verify import verify_revision
-from tests.fixtures.moves import check_gates, promote
+from tests.fixtures.moves import check_gates, promote, use_policy
 from tests.fixtures.people import person
 from tests.fixtures.s3_fault_proxy import S3FaultProxy
 from tests.staging_helpers import REPO, run_stage, small_release
@@ -90,6 +90,7 @@ def test_every_write_the_store_makes_passes_the_bootstrap_policy(guarded, local_
     releases = Releases(store, tmp_path / "scratch")
     for commit in (first, second):
         release = releases.tuple_for(store.published_manifest(REPO, commit))
+        use_policy(store, policies)  # its root: every signed record names it
         review_license(store, release.id, by=person("rita"))
         review_code(store, release.id, by=person("rita"))
         promote(store, release.id, "staging", actor="ci", policies_dir=policies)  # CAS twice
@@ -149,6 +150,7 @@ def test_an_overwritten_object_is_not_served(seaweed, versioned, tmp_path, polic
     releases = Releases(store, tmp_path / "scratch")
     manifest = releases.publish()
     release = releases.tuple_for(manifest)
+    use_policy(store, policies)  # its root: every signed record names it
     review_license(store, release.id, by=person("rita"))
     review_code(store, release.id, by=person("rita"))
     assert store.check_served(manifest.repo_id, manifest.commit, manifest) == {}
@@ -233,6 +235,7 @@ def test_the_file_store_hashes_small_files_and_headers_of_what_it_serves(file_st
     served = file_store.check_served(manifest.repo_id, commit, big)
     assert set(served) == {"config.json", "big.safetensors"}
     assert "xxh3-128" in served["config.json"] and "header sha256" in served["big.safetensors"]
+    use_policy(file_store, policies)  # its root: every signed record names it
     review_license(file_store, release.id, by=person("rita"))
     review_code(file_store, release.id, by=person("rita"))
     report = check_gates(file_store, release.id, "staging", policies_dir=policies)

@@ -190,6 +190,7 @@ def test_a_policy_change_is_recorded_with_identity_and_digest(
 def test_the_override_hint_offers_only_gates_that_have_one(file_store, policies, tmp_path):
     store = file_store
     release = Releases(store, tmp_path / "scratch").release(code=CODE)
+    use_policy(store, policies)  # its root: every signed record names it
     review_code(store, release.id, by=person("ci"))  # the promoter's own review
     gates = policies / "promotion-gates.yaml"
     gates.write_text(gates.read_text().replace(
@@ -216,6 +217,7 @@ def test_k3a_rollback_needs_the_approval_the_store_policy_asks_for(
         "    gates: [artifact, license, remote_code]\n    rollback_approval: true\n", 1))
     releases = Releases(store, tmp_path / "scratch")
     first, second = releases.release(), releases.release()
+    use_policy(store, policies)  # its root: every signed record names it
     for r in (first, second):
         review_license(store, r.id, by=person(REVIEWER))
         review_code(store, r.id, by=person(REVIEWER))

@@ -74,6 +74,7 @@ def test_a_failing_gate_blocks_promotion_with_its_reason(store, releases, polici
 
 def test_an_override_needs_a_reason_and_is_recorded(store, releases, policies):
     release = releases.release()
+    use_policy(store, policies)  # its root: every signed record names it
     review_license(store, release.id, by=person("rita"))
     staged_for(store, release, policies)
     with pytest.raises(ConfigError, match="needs a reason"):

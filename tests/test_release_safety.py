@@ -36,6 +36,7 @@ def test_a_tuple_that_does_not_render_is_refused_until_recreated_with_the_input(
     manifest = releases.publish()
     bare = releases.tuple_for(manifest, site=False)  # made without --fsx-*
     for r in (bare,):
+        use_policy(file_store, policies)  # its root: every signed record names it
         review_license(file_store, r.id, by=person("rita"))
         passing_run(file_store, r)
         staged_for(file_store, r, policies)
@@ -188,6 +189,7 @@ def test_order_can_require_gates_passed_on_the_earlier_channel(store, releases, 
     gates = policies / "promotion-gates.yaml"
     gates.write_text(gates.read_text().replace("after: staging", "after: staging\n      passed: [license]"))
     release = releases.release()
+    use_policy(store, policies)  # its root: every signed record names it
     passing_run(store, release)
     promote(store, release.id, "staging", actor="ci", policies_dir=policies,
             overrides={"license": "legal is reading it"},
