@@ -13,7 +13,14 @@ import yaml
 
 from k3artifacts.policy.record import in_force
 from k3artifacts.releases.channels import history
-from k3artifacts.trust.identities import ROLES, Identities, Identity, KeyEntry, identities_yaml
+from k3artifacts.trust.identities import (
+    ROLES,
+    SEEDED_ROLES,
+    Identities,
+    Identity,
+    KeyEntry,
+    identities_yaml,
+)
 from k3artifacts.trust.keys import personal_key_path, read_public_key
 from k3artifacts.trust.pins import load_pin
 from k3artifacts.trust.root import root_key
@@ -44,7 +51,7 @@ def test_first_use_makes_the_key_the_root_and_names_the_seeder(judged, tmp_path)
     assert [k.id for k in pin.root.identities[ME]] == [signer.id]
     assert store.read(root_key(1)) is not None  # published for others to pin by fingerprint
     named = in_force(store).document.identities.identities
-    assert list(named) == [ME] and named[ME].roles == list(ROLES)
+    assert list(named) == [ME] and named[ME].roles == list(SEEDED_ROLES)  # all but release
     assert [k.id for k in named[ME].keys] == [signer.id]
     shown = invoke("key", "show", "--json", env=env).json
     assert shown["key_id"] == signer.id

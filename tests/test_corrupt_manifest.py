@@ -40,6 +40,7 @@ def test_a_cut_manifest_is_refused_by_name(broken, tmp_path, command):
     (tmp_path / "release.pem").write_bytes(key.private_bytes(
         serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
         serialization.NoEncryption()))
+    (tmp_path / "release.pem").chmod(0o600)  # as its owner keeps it: k3a refuses one others read
     args = [a.format(tuple=tuple_id, revision=revision, tmp=tmp_path) for a in command]
     ran = invoke(*args, "--json", env=env, expect=4)
     assert "does not parse as a revision manifest" in ran.json["error"], ran.json

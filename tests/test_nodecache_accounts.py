@@ -59,8 +59,9 @@ def node(tmp_path: Path) -> Iterator[Path]:
 
 
 def as_user(user: str, *argv: str) -> subprocess.CompletedProcess:
+    # errors="replace": a command may print a weights file's bytes (head -c 1 of a shard).
     return subprocess.run(["runuser", "-u", user, "--", *argv], cwd="/", capture_output=True,
-                          text=True, timeout=60)
+                          text=True, errors="replace", timeout=60)
 
 
 def _releases(tmp_path: Path) -> Releases:
