@@ -90,6 +90,7 @@ from k3artifacts.trust.chain import (
     append,
     checkpoint,
     entry_below,
+    histories_under,
     logged_seqs,
     verify_chain,
 )
@@ -493,16 +494,8 @@ def _read_entry(store: RecordStore, channel: str, seq: int) -> HistoryEntry:
 
 
 def channel_names(store: RecordStore) -> list[str]:
-    """Channels that have a pointer or a history in ``store``: one whose pointer is gone
-    while its history is there is listed, for its reader to refuse, never left out."""
-    names = set()
-    for key in store.list_keys(CHANNELS_PREFIX):
-        rest = key[len(CHANNELS_PREFIX) :]
-        name, slash, _ = rest.partition("/")
-        name = name if slash else name.removesuffix(".json")
-        if (slash or rest.endswith(".json")) and CHANNEL_NAME.match(name):
-            names.add(name)
-    return sorted(names)
+    """Channels that have a pointer or a history in ``store`` (:func:`histories_under`)."""
+    return histories_under(store, CHANNELS_PREFIX, lambda name: bool(CHANNEL_NAME.match(name)))
 
 
 def unknown_channel(

@@ -44,7 +44,14 @@ from k3artifacts.policy.signed import KIND_ROLES, RecordTrust, record_trust
 from k3artifacts.releases.tuples import TUPLE_ID, check_tuple_id
 from k3artifacts.stores.records import RecordStore
 from k3artifacts.trust import heads
-from k3artifacts.trust.chain import Chain, ChainLayout, Mark, append, verify_chain
+from k3artifacts.trust.chain import (
+    Chain,
+    ChainLayout,
+    Mark,
+    append,
+    histories_under,
+    verify_chain,
+)
 from k3artifacts.trust.identities import Keyring
 
 LOG_PREFIX = "releases/records/"
@@ -117,16 +124,8 @@ def _verified(store: RecordStore, tuple_id: str, trust: RecordTrust) -> Chain[Lo
 
 
 def logged_tuples(store: RecordStore) -> list[str]:
-    """The tuples that have a record log's pointer or entries: one whose pointer is gone while
-    its entries are there is listed, for its reader to refuse, never left out."""
-    ids = set()
-    for key in store.list_keys(LOG_PREFIX):
-        rest = key[len(LOG_PREFIX):]
-        tuple_id, slash, _ = rest.partition("/")
-        tuple_id = tuple_id if slash else tuple_id.removesuffix(".json")
-        if (slash or rest.endswith(".json")) and TUPLE_ID.match(tuple_id):
-            ids.add(tuple_id)
-    return sorted(ids)
+    """The tuples that have a record log's pointer or entries (:func:`histories_under`)."""
+    return histories_under(store, LOG_PREFIX, lambda name: bool(TUPLE_ID.match(name)))
 
 
 def head_mark(store: RecordStore, tuple_id: str, *,

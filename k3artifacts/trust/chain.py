@@ -208,6 +208,20 @@ class Chain(Generic[T]):
 KeyringFor = Keyring | Callable[[dict[str, Any]], Keyring]
 
 
+def histories_under(store: RecordReader, prefix: str, named: Callable[[str], bool]) -> list[str]:
+    """The names of the histories laid out under ``prefix`` (a pointer ``<name>.json`` beside
+    its entries under ``<name>/``) that ``named`` accepts: one whose pointer is gone while its
+    entries are there is listed, for its reader to refuse, never left out."""
+    names = set()
+    for key in store.list_keys(prefix):
+        rest = key[len(prefix):]
+        name, slash, _ = rest.partition("/")
+        name = name if slash else name.removesuffix(".json")
+        if (slash or rest.endswith(".json")) and named(name):
+            names.add(name)
+    return sorted(names)
+
+
 def logged_seqs(store: RecordReader, layout: ChainLayout) -> list[int]:
     prefix = layout.entries_prefix
     seqs = []
